@@ -1,0 +1,213 @@
+"""Options: how a recorded program is placed and scheduled (PopTorch-like).
+
+Facts behind the defaults (AMP 0.6, schedules, stash) are in shared/reference/ipu.md.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+DEFAULT_AMP = 0.6
+STRATEGIES = ("pipelined", "sharded")
+SCHEDULES = ("Grouped", "Interleaved", "Sequential")
+PRECISIONS = ("16.16", "16.32", "32.32")
+
+# One AMP value for both convolutions and matmuls, or (conv, matmul).
+AMP = Union[float, tuple[float, float]]
+
+
+def _check_amp_value(value: float, where: str) -> float:
+    try:
+        amp = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"availableMemoryProportion {value!r} for {where} is not a number") from None
+    if not 0.0 < amp <= 1.0:
+        raise ValueError(
+            f"availableMemoryProportion {amp:g} for {where} is outside (0, 1]; "
+            "a reasonable range is 0.05-0.6"
+        )
+    return amp
+
+
+def _parse_ipu_key(key: Any) -> int:
+    """'IPU3' or 3 -> 3; 'all' or -1 -> -1 (the value for every IPU not named)."""
+    if isinstance(key, int) and key >= -1:
+        return key
+    if str(key).strip().lower() == "all":
+        return -1
+    text = str(key).strip()
+    if text.upper().startswith("IPU"):
+        text = text[3:]
+    if not text.isdigit():
+        raise ValueError(f"availableMemoryProportion key {key!r} is not an IPU (use 'IPU0' or 0)")
+    return int(text)
+
+
+def normalise_amp(value: Any) -> dict[int, AMP]:
+    """Accept PopTorch's {"IPU0": 0.5}, {0: (0.2, 0.4)}, a float for every IPU, or a list
+    with one entry per IPU; return {ipu: amp} with every value checked. A single float is
+    stored under -1 ('all'): `amp_for` uses it for every IPU not named."""
+    if value is None:
+        return {}
+    if isinstance(value, (int, float)):
+        return {-1: _check_amp_value(value, "every IPU")}
+    if isinstance(value, (list, tuple)) and not isinstance(value, dict):
+        return {i: _normalise_one(v, f"IPU{i}") for i, v in enumerate(value)}
+    if isinstance(value, dict):
+        result: dict[int, AMP] = {}
+        for key, amp in value.items():
+            ipu = _parse_ipu_key(key)
+            result[ipu] = _normalise_one(amp, "every IPU" if ipu == -1 else f"IPU{ipu}")
+        return result
+    raise ValueError(f"availableMemoryProportion {value!r} is neither a number nor a dict")
+
+
+def _normalise_one(value: Any, where: str) -> AMP:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(
+                f"availableMemoryProportion for {where} takes one value or two (conv, matmul), "
+                f"got {len(value)}"
+            )
+        return (_check_amp_value(value[0], where), _check_amp_value(value[1], where))
+    return _check_amp_value(value, where)
+
+
+@dataclass
+class Options:
+    """Placement, schedule and precision of a recorded program. See docs/internals.md."""
+
+    target: str = "mk2"
+    strategy: str = "pipelined"
+    schedule: str = "Grouped"
+    gradient_accumulation: int = 1
+    device_iterations: int = 1
+    replication_factor: int = 1
+    micro_batch_size: int = 1
+    available_memory_proportion: dict[int, AMP] = field(default_factory=dict)
+    precision: str = "16.16"
+    half_partials: bool = False
+    recomputation: bool = False
+    splits: list[str] = field(default_factory=list)
+    stages: list[list[str]] = field(default_factory=list)
+    stage_ipus: list[int] = field(default_factory=list)
+    num_ipus: int | None = None
+    optimiser_offload: bool = False
+    training: bool = True
+
+    # ---- PopTorch-like setters (each returns self so calls chain) ----
+    def set_available_memory_proportion(self, value: Any) -> Options:
+        self.available_memory_proportion = normalise_amp(value)
+        return self
+
+    def set_gradient_accumulation(self, count: int) -> Options:
+        self.gradient_accumulation = int(count)
+        self.validate()
+        return self
+
+    def set_device_iterations(self, count: int) -> Options:
+        self.device_iterations = int(count)
+        self.validate()
+        return self
+
+    def set_replication_factor(self, count: int) -> Options:
+        self.replication_factor = int(count)
+        self.validate()
+        return self
+
+    def set_precision(self, precision: str, half_partials: bool | None = None) -> Options:
+        self.precision = str(precision)
+        if half_partials is not None:
+            self.half_partials = bool(half_partials)
+        self.validate()
+        return self
+
+    def set_execution_strategy(self, execution: Any) -> Options:
+        """Take a `popviz.PipelinedExecution` / `ShardedExecution` (see annotate.py)."""
+        execution.apply_to(self)
+        self.validate()
+        return self
+
+    def set_schedule(self, schedule: str) -> Options:
+        self.schedule = str(schedule)
+        self.validate()
+        return self
+
+    def set_recomputation(self, enabled: bool = True) -> Options:
+        self.recomputation = bool(enabled)
+        return self
+
+    def set_target(self, target: str) -> Options:
+        self.target = str(target)
+        return self
+
+    def set_optimiser_offload(self, enabled: bool = True) -> Options:
+        self.optimiser_offload = bool(enabled)
+        return self
+
+    # ---- queries ----
+    def amp_for(self, ipu: int, op_kind: str = "conv") -> float:
+        """AMP that applies to a conv or matmul on `ipu`."""
+        value = self.available_memory_proportion.get(
+            ipu, self.available_memory_proportion.get(-1, DEFAULT_AMP)
+        )
+        if isinstance(value, tuple):
+            return value[0] if op_kind == "conv" else value[1]
+        return float(value)
+
+    def validate(self) -> Options:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        for name in ("gradient_accumulation", "device_iterations", "replication_factor",
+                     "micro_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}")
+        if self.num_ipus is not None and self.num_ipus < 1:
+            raise ValueError(f"num_ipus must be >= 1, got {self.num_ipus!r}")
+        self.available_memory_proportion = normalise_amp(self.available_memory_proportion)
+        if self.stage_ipus:
+            if any(i < 0 for i in self.stage_ipus):
+                raise ValueError(f"stage IPU ids must be >= 0, got {self.stage_ipus}")
+            if any(b < a for a, b in zip(self.stage_ipus, self.stage_ipus[1:])):
+                raise ValueError(
+                    f"stages must be placed on IPUs in order, got IPUs {self.stage_ipus}"
+                )
+        if len(set(self.splits)) != len(self.splits):
+            raise ValueError(f"pipeline splits repeat a name: {self.splits}")
+        return self
+
+    def copy(self, **changes: Any) -> Options:
+        """A validated copy with some fields changed (used when re-planning)."""
+        new = copy.deepcopy(self)
+        for key, value in changes.items():
+            if not hasattr(new, key):
+                raise ValueError(f"unknown option {key!r}")
+            setattr(new, key, value)
+        if "available_memory_proportion" in changes:
+            new.available_memory_proportion = normalise_amp(changes["available_memory_proportion"])
+        return new.validate()
+
+    def to_meta(self) -> dict[str, Any]:
+        """The `options` dict of the profile contract (JSON-safe)."""
+        meta = asdict(self)
+        meta["available_memory_proportion"] = {
+            ("all" if k == -1 else f"IPU{k}"): (list(v) if isinstance(v, tuple) else v)
+            for k, v in sorted(self.available_memory_proportion.items())
+        }
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Options:
+        """Rebuild Options from a profile's `meta['options']` (for re-planning)."""
+        known = {k: v for k, v in meta.items() if k in cls.__dataclass_fields__}
+        amp = known.pop("available_memory_proportion", {}) or {}
+        options = cls(**known)
+        options.available_memory_proportion = normalise_amp(amp)
+        return options.validate()
