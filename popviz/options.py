@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 DEFAULT_AMP = 0.6
 STRATEGIES = ("pipelined", "sharded")
@@ -15,14 +15,16 @@ SCHEDULES = ("Grouped", "Interleaved", "Sequential")
 PRECISIONS = ("16.16", "16.32", "32.32")
 
 # One AMP value for both convolutions and matmuls, or (conv, matmul).
-AMP = Union[float, tuple[float, float]]
+AMP = float | tuple[float, float]
 
 
 def _check_amp_value(value: float, where: str) -> float:
     try:
         amp = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"availableMemoryProportion {value!r} for {where} is not a number") from None
+        raise ValueError(
+            f"availableMemoryProportion {value!r} for {where} is not a number"
+        ) from None
     if not 0.0 < amp <= 1.0:
         raise ValueError(
             f"availableMemoryProportion {amp:g} for {where} is outside (0, 1]; "
@@ -159,16 +161,24 @@ class Options:
 
     def validate(self) -> Options:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+            raise ValueError(
+                f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}"
+            )
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+            raise ValueError(
+                f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}"
+            )
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise ValueError(
+                f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
         for name in ("gradient_accumulation", "device_iterations", "replication_factor",
                      "micro_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}")
+                raise ValueError(
+                    f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}"
+                )
         if self.num_ipus is not None and self.num_ipus < 1:
             raise ValueError(f"num_ipus must be >= 1, got {self.num_ipus!r}")
         self.available_memory_proportion = normalise_amp(self.available_memory_proportion)

@@ -1,0 +1,1 @@
+"""popviz Dash app (installed as the package `popviz_app`): wiring only."""

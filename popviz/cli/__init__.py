@@ -1,0 +1,1 @@
+"""The `popviz` command line: one small module per subcommand (see main.py)."""

@@ -1,0 +1,46 @@
+"""A subcommand is a small object: a name, its arguments and what it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from popviz.errors import ProfileError
+
+EXIT_OK = 0
+EXIT_BAD_PROFILE = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad arguments found after parsing (exit code 2, one line on stderr)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def fail(message: str, code: int) -> int:
+    print(f"popviz: error: {message}", file=sys.stderr)
+    return code
+
+
+def run_guarded(command: Command, args: argparse.Namespace) -> int:
+    """Run a command, turning the errors users can cause into one line and an exit code."""
+    try:
+        return command.run(args)
+    except ProfileError as exc:
+        return fail(str(exc), EXIT_BAD_PROFILE)
+    except UsageError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)

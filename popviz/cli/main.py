@@ -1,0 +1,49 @@
+"""Entry point of the `popviz` command: builds the parser from the subcommand modules."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from popviz._version import __version__
+from popviz.cli.command import Command, run_guarded
+
+# Each module defines COMMAND: Command. Order is the order `popviz --help` lists them.
+SUBCOMMAND_MODULES = [
+    "popviz.cli.summary",
+]
+
+
+def load_commands() -> list[Command]:
+    return [importlib.import_module(name).COMMAND for name in SUBCOMMAND_MODULES]
+
+
+def build_parser(commands: list[Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="popviz",
+        description="PopVision-style profiler for pipelined and recomputed PyTorch training.",
+        epilog="Record a run with `python train.py --profile --profile-dir DIR`, then "
+        "`popviz serve DIR`.",
+    )
+    parser.add_argument("--version", action="version", version=f"popviz {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in commands:
+        child = sub.add_parser(command.name, help=command.help, description=command.description)
+        command.add_arguments(child)
+        child.set_defaults(_command=command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    commands = load_commands()
+    parser = build_parser(commands)
+    args = parser.parse_args(argv)
+    if getattr(args, "_command", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run_guarded(args._command, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
