@@ -131,7 +131,7 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
     attrs["torch_version"] = torch_version
     attrs["command_line"] = command_line if command_line is not None else " ".join(sys.argv)
     attrs["kind"] = kind
-    attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    attrs["created_utc"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     attrs["meta"] = to_json(dict(meta, kind=kind))
     attrs["summary"] = to_json(dict(summary))
 

@@ -1,0 +1,45 @@
+# popviz: the two commands a fresh machine needs are `make serve` and `make test`.
+# Both create .venv and install what they need; torch is pinned to the CPU wheel 2.13.0.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(VENV)/bin/pip
+HOST   ?= 127.0.0.1
+PORT   ?= 8050
+PYTEST_ARGS ?=
+
+.PHONY: serve test setup setup-test system-deps lint bench profiles clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# The exact pin matters: an unpinned torch pulls a multi-GB CUDA build.
+	$(PIP) install --quiet torch==2.13.0
+
+setup: $(PY)
+	$(PIP) install --quiet -e .
+
+setup-test: $(PY)
+	$(PIP) install --quiet -e '.[test]'
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+## serve the bundled example profiles at http://$(HOST):$(PORT)
+serve: setup
+	$(VENV)/bin/popviz serve profiles/ --host $(HOST) --port $(PORT)
+
+## install everything the tests need and run the whole suite (browser tests included)
+test: setup-test system-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+lint: setup-test
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

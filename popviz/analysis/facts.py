@@ -1,0 +1,73 @@
+"""Headline facts of one profile, as a JSON-safe dict (what `popviz summary --json` prints).
+
+Facts that the tables determine (fit, OOM tiles, peaks, per-stage cycles) are derived from
+the tables here, so they are right even for a profile whose stored summary lacks them; the
+stored summary adds what only the compiler knows (throughput, latency, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and containers -> plain Python, for json.dumps."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    """Tiles whose total memory exceeds their capacity, fullest first."""
+    over = tile_memory[tile_memory["total_bytes"] > tile_memory["capacity_bytes"]]
+    over = over.assign(bytes_over=over["total_bytes"] - over["capacity_bytes"])
+    return over.sort_values(["bytes_over", "ipu", "tile"], ascending=[False, True, True])
+
+
+def peak_liveness(liveness: pd.DataFrame) -> dict[int, int]:
+    """Peak of always-live + not-always-live bytes per IPU over program steps."""
+    if liveness.empty:
+        return {}
+    total = liveness["always_live_bytes"] + liveness["not_always_live_bytes"]
+    peaks = total.groupby(liveness["ipu"]).max()
+    return {int(ipu): int(v) for ipu, v in peaks.items()}
+
+
+def profile_facts(profile: Any) -> dict[str, Any]:
+    """One JSON-safe dict of headline facts about `profile` (a popviz.Profile)."""
+    meta, stored = profile.meta, dict(profile.summary)
+    tiles = profile.tile_memory
+    over = oom_tiles(tiles)
+    stages = profile.stages
+    facts: dict[str, Any] = {
+        "profile": str(profile.path),
+        "name": profile.name,
+        "kind": profile.kind,
+        "format_version": profile.format_version,
+        "model": meta.get("model", {}).get("name"),
+        "target": meta.get("target", {}),
+        "options": meta.get("options", {}),
+        "fits": bool(over.empty),
+        "oom_tiles": len(over),
+        "oom_ipus": sorted(int(i) for i in over["ipu"].unique()),
+        "num_ipus": int(meta.get("target", {}).get("num_ipus", tiles["ipu"].nunique())),
+        "peak_liveness_bytes": peak_liveness(profile.liveness),
+        "stages": _plain(stages.to_dict(orient="records")),
+        "tile_memory_bytes": {
+            "max": int(tiles["total_bytes"].max()) if len(tiles) else 0,
+            "mean": float(tiles["total_bytes"].mean()) if len(tiles) else 0.0,
+            "capacity": int(tiles["capacity_bytes"].max()) if len(tiles) else 0,
+        },
+    }
+    # The compiler's own figures win for what only it knows; table-derived facts win
+    # for what the tables decide.
+    for key, value in stored.items():
+        facts.setdefault(key, value)
+    return _plain(facts)

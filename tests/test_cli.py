@@ -1,0 +1,63 @@
+"""The `popviz` command line: summary output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from popviz.cli.main import main
+from tests.test_format import write_tiny
+
+
+def test_summary_json_has_contract_facts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_tiny(tmp_path / "run")
+    assert main(["summary", str(tmp_path / "run"), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["fits"] is False and facts["oom_tiles"] == 1 and facts["oom_ipus"] == [1]
+    assert facts["peak_liveness_bytes"] == {"0": 600, "1": 340}
+    assert [s["forward_cycles"] for s in facts["stages"]] == [1000, 1500]
+    assert facts["throughput"] == 1234.5
+
+
+def test_summary_text(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_tiny(tmp_path / "run")
+    assert main(["summary", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "fits: NO" in out and "1 tile(s) out of memory on IPU 1" in out
+
+
+def test_summary_of_directory_lists_each(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_tiny(tmp_path / "d" / "training")
+    write_tiny(tmp_path / "d" / "inference")
+    assert main(["summary", str(tmp_path / "d"), "--json"]) == 0
+    names = [f["name"] for f in json.loads(capsys.readouterr().out)]
+    assert names == ["inference", "training"]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "no such file"),
+    (b"not hdf5", "not an HDF5 file"),
+])
+def test_bad_profile_is_one_line_exit_1(tmp_path: Path, content: bytes | None,
+                                        fragment: str) -> None:
+    path = tmp_path / "x.h5"
+    if content is not None:
+        path.write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "popviz.cli.main", "summary", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_errors_exit_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "popviz.cli.main", "summary"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "popviz.cli.main", "--version"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("popviz ")
