@@ -1,0 +1,28 @@
+"""Analysis: pure functions over a profile's DataFrames (pandas in, pandas / dicts out)."""
+
+from popviz.analysis.advice import Advice, advise
+from popviz.analysis.balance import (
+                                     bottleneck_stage,
+                                     imbalance,
+                                     ipu_balance,
+                                     stage_balance,
+                                     time_by_kind,
+)
+from popviz.analysis.exchange import exchange_by_kind, exchange_matrix, exchange_over_time
+from popviz.analysis.insights import insights
+from popviz.analysis.liveness import bumps, find_bumps, liveness_peaks, variables_live_at
+from popviz.analysis.memory import (
+                                     fit_summary,
+                                     fullest_tiles,
+                                     ipu_totals,
+                                     memory_categories,
+                                     oom_tiles,
+                                     tile_breakdown,
+)
+from popviz.analysis.table import filter_table, query_table
+
+__all__ = ["Advice", "advise", "bottleneck_stage", "bumps", "exchange_by_kind",
+           "exchange_matrix", "exchange_over_time", "filter_table", "find_bumps",
+           "fit_summary", "fullest_tiles", "imbalance", "insights", "ipu_balance",
+           "ipu_totals", "liveness_peaks", "memory_categories", "oom_tiles", "query_table",
+           "stage_balance", "tile_breakdown", "time_by_kind", "variables_live_at"]

@@ -1,0 +1,84 @@
+"""Stage and IPU balance: compute / exchange / idle, bubble fraction, the bottleneck."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles")
+
+
+def _num(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A numeric column, or zeros when an optional column is absent."""
+    if column in frame.columns:
+        return pd.to_numeric(frame[column], errors="coerce").fillna(0).astype(float)
+    return pd.Series(0.0, index=frame.index)
+
+
+def _derive(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    out["compute_cycles"] = sum(_num(frame, c) for c in COMPUTE_COLUMNS)
+    out["busy_cycles"] = out["compute_cycles"] + _num(frame, "exchange_cycles")
+    out["total_cycles"] = out["busy_cycles"] + _num(frame, "idle_cycles")
+    total = out["total_cycles"].replace(0, np.nan)
+    out["busy_fraction"] = (out["busy_cycles"] / total).fillna(0.0)
+    out["bubble_fraction"] = (_num(frame, "idle_cycles") / total).fillna(0.0)
+    mean = out["busy_cycles"].mean() if len(out) else 0.0
+    out["relative_load"] = out["busy_cycles"] / mean if mean else 0.0
+    return out
+
+
+def stage_balance(stages: pd.DataFrame) -> pd.DataFrame:
+    """One row per stage with compute/busy/total cycles, bubble fraction and load vs mean."""
+    return _derive(stages.sort_values("stage").reset_index(drop=True))
+
+
+def ipu_balance(stages: pd.DataFrame) -> pd.DataFrame:
+    """The same per IPU (several stages may share one IPU, e.g. recomputation on one IPU)."""
+    if stages.empty:
+        return _derive(stages.assign(ipu=pd.Series(dtype="int64")))
+    cols = [c for c in (*COMPUTE_COLUMNS, "exchange_cycles", "idle_cycles", "stash_bytes")
+            if c in stages.columns]
+    grouped = stages.groupby("ipu", sort=True)[cols].sum().reset_index()
+    if "peak_bytes" in stages.columns:
+        grouped["peak_bytes"] = stages.groupby("ipu", sort=True)["peak_bytes"].max().to_numpy()
+    return _derive(grouped)
+
+
+def imbalance(stages: pd.DataFrame) -> float:
+    """Busiest stage's busy cycles over the mean (1.0 = perfectly balanced)."""
+    bal = stage_balance(stages)
+    mean = bal["busy_cycles"].mean() if len(bal) else 0.0
+    return float(bal["busy_cycles"].max() / mean) if mean else 1.0
+
+
+def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:
+    """The stage with the most busy cycles: it sets the pipeline's pace."""
+    bal = stage_balance(stages)
+    if bal.empty or bal["busy_cycles"].max() <= 0:
+        return None
+    row = bal.loc[bal["busy_cycles"].idxmax()]
+    return {"stage": int(row["stage"]), "ipu": int(row["ipu"]),
+            "busy_cycles": float(row["busy_cycles"]),
+            "relative_load": float(row["relative_load"]),
+            "bubble_fraction": float(row["bubble_fraction"])}
+
+
+def time_by_kind(trace: pd.DataFrame) -> pd.DataFrame:
+    """Cycles per IPU per event kind from the trace (columns: one per kind, plus span and
+    bubble_fraction = idle + sync over the IPU's span)."""
+    if trace.empty:
+        return pd.DataFrame(columns=["ipu", "span", "bubble_fraction"])
+    dur = (trace["end"] - trace["start"]).astype(float)
+    table = (pd.DataFrame({"ipu": trace["ipu"].astype(int), "kind": trace["kind"].astype(str),
+                           "cycles": dur})
+             .pivot_table(index="ipu", columns="kind", values="cycles", aggfunc="sum",
+                          fill_value=0.0))
+    table.columns = [str(c) for c in table.columns]
+    span = trace.groupby("ipu")["end"].max() - trace.groupby("ipu")["start"].min()
+    table["span"] = span.astype(float)
+    waiting = sum(table[c] for c in ("idle", "sync") if c in table.columns)
+    table["bubble_fraction"] = waiting / table["span"].replace(0, np.nan) if len(table) else []
+    return table.fillna(0.0).reset_index()

@@ -1,0 +1,70 @@
+"""Everything the summary page says about one profile, as plain data."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pandas as pd
+
+from popviz.analysis.advice import Advice, advise
+from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance
+from popviz.analysis.liveness import liveness_peaks
+from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
+
+
+class ProfileLike(Protocol):
+    """The part of `popviz.Profile` the analysis reads."""
+
+    meta: dict[str, Any]
+    summary: dict[str, Any]
+
+    def table(self, name: str) -> pd.DataFrame: ...
+
+
+def capacity_per_ipu(meta: dict[str, Any]) -> float:
+    target = meta.get("target") or {}
+    return float(target.get("tiles_per_ipu", 0)) * float(target.get("bytes_per_tile", 0))
+
+
+def insights(profile: ProfileLike) -> dict[str, Any]:
+    """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
+    (never the trace), so it is cheap on big profiles."""
+    meta, summary = profile.meta or {}, profile.summary or {}
+    stages = profile.table("stages")
+    tile_memory = profile.table("tile_memory")
+    fit = fit_summary(tile_memory, profile.table("oom"))
+    if not fit["known"] and "fits" in summary:
+        fit["fits"] = bool(summary["fits"])
+    target = meta.get("target") or {}
+    clock = float(target.get("clock_hz") or 0)
+    step_cycles = summary.get("step_cycles")
+    if step_cycles is None and not stages.empty:
+        step_cycles = float(stage_balance(stages)["total_cycles"].max())
+    step_ms = summary.get("step_ms")
+    if step_ms is None and step_cycles and clock:
+        step_ms = float(step_cycles) / clock * 1e3
+    bal = stage_balance(stages)
+    total = float(bal["total_cycles"].sum()) if len(bal) else 0.0
+    return {
+        "kind": getattr(profile, "kind", meta.get("kind", "modelled")),
+        "model": (meta.get("model") or {}).get("name", ""),
+        "target": target.get("name", ""),
+        "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)
+                        else target.get("num_ipus") or 0),
+        "fit": fit,
+        "fullest_tiles": fullest_tiles(tile_memory) if len(tile_memory) else pd.DataFrame(),
+        "ipu_totals": ipu_totals(tile_memory) if len(tile_memory) else pd.DataFrame(),
+        "capacity_per_ipu": capacity_per_ipu(meta),
+        "throughput": summary.get("throughput"),
+        "latency_ms": summary.get("latency_ms"),
+        "step_cycles": step_cycles,
+        "step_ms": step_ms,
+        "bottleneck": bottleneck_stage(stages),
+        "imbalance": imbalance(stages) if len(stages) else 1.0,
+        "bubble_fraction": float(bal["idle_cycles"].sum() / total) if total else 0.0,
+        "peaks": liveness_peaks(profile.table("liveness")),
+        "advice": advise(meta, stages, tile_memory, profile.table("ops")),
+    }
+
+
+__all__ = ["Advice", "ProfileLike", "capacity_per_ipu", "insights"]

@@ -1,0 +1,84 @@
+"""Tile memory: fit / out-of-memory, the fullest tiles, per-IPU totals, one tile's breakdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+BASE_COLUMNS = ("ipu", "tile", "capacity_bytes", "total_bytes")
+
+
+def memory_categories(tile_memory: pd.DataFrame) -> list[str]:
+    """Category columns in file order (code, always_live, not_always_live_peak, exchange,
+    and any extra numeric column a compiler adds)."""
+    return [c for c in tile_memory.columns if c not in BASE_COLUMNS
+            and pd.api.types.is_numeric_dtype(tile_memory[c])]
+
+
+def with_utilisation(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    out = tile_memory.copy()
+    cap = out["capacity_bytes"].astype(float).where(out["capacity_bytes"] > 0)
+    out["utilisation"] = (out["total_bytes"] / cap).fillna(0.0)
+    out["over_bytes"] = (out["total_bytes"] - out["capacity_bytes"]).clip(lower=0)
+    return out
+
+
+def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    """Tiles whose total exceeds their capacity, worst first."""
+    tm = with_utilisation(tile_memory)
+    over = tm[tm["over_bytes"] > 0]
+    return over.sort_values(["over_bytes", "ipu", "tile"], ascending=[False, True, True],
+                            kind="stable").reset_index(drop=True)
+
+
+def fullest_tiles(tile_memory: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The `n` tiles with the highest utilisation, with their largest category."""
+    tm = with_utilisation(tile_memory)
+    top = tm.sort_values(["utilisation", "ipu", "tile"], ascending=[False, True, True],
+                         kind="stable").head(n).reset_index(drop=True)
+    cats = memory_categories(tile_memory)
+    top["largest_category"] = top[cats].idxmax(axis=1).astype(str) if cats and len(top) else ""
+    return top
+
+
+def ipu_totals(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    """Per IPU: bytes per category, total, capacity, utilisation and OOM tile count."""
+    cats = memory_categories(tile_memory)
+    tm = with_utilisation(tile_memory)
+    grouped = tm.groupby("ipu", sort=True)
+    out = grouped[[*cats, "total_bytes", "capacity_bytes"]].sum()
+    out["utilisation"] = out["total_bytes"] / out["capacity_bytes"].where(
+        out["capacity_bytes"] > 0)
+    out["max_tile_utilisation"] = grouped["utilisation"].max()
+    out["oom_tiles"] = grouped["over_bytes"].apply(lambda s: int((s > 0).sum()))
+    return out.fillna(0.0).reset_index()
+
+
+def tile_breakdown(tile_memory: pd.DataFrame, ipu: int, tile: int) -> pd.DataFrame:
+    """Bytes per category of one tile (category, bytes, share of capacity)."""
+    row = tile_memory[(tile_memory["ipu"] == ipu) & (tile_memory["tile"] == tile)]
+    if row.empty:
+        raise ValueError(f"no tile {tile} on IPU {ipu}")
+    row = row.iloc[0]
+    cats = memory_categories(tile_memory)
+    cap = float(row["capacity_bytes"]) or 1.0
+    return pd.DataFrame({"category": cats, "bytes": [int(row[c]) for c in cats],
+                         "share_of_capacity": [float(row[c]) / cap for c in cats]})
+
+
+def fit_summary(tile_memory: pd.DataFrame, oom: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Does it fit? OOM tile count overall and per IPU, worst overflow, worst utilisation."""
+    if tile_memory.empty:
+        return {"known": False, "fits": None, "oom_tiles": 0, "oom_by_ipu": {},
+                "max_over_bytes": 0, "max_utilisation": 0.0}
+    over = oom_tiles(tile_memory)
+    by_ipu = {int(k): int(v) for k, v in over.groupby("ipu").size().items()}
+    result: dict[str, Any] = {
+        "known": True, "fits": over.empty, "oom_tiles": len(over), "oom_by_ipu": by_ipu,
+        "max_over_bytes": int(over["over_bytes"].max()) if len(over) else 0,
+        "max_utilisation": float(with_utilisation(tile_memory)["utilisation"].max()),
+    }
+    if oom is not None and not oom.empty and "variables" in oom.columns:
+        result["oom_variables"] = [str(v) for v in oom["variables"].head(5)]
+    return result
