@@ -1,0 +1,47 @@
+"""Exchange between IPUs and the host: a bytes matrix and bytes over time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from popviz.figures.style import MiB, base_layout, empty_figure, fmt_bytes
+
+KIND_COLOURS = {"activation": "#3b75af", "gradient": "#ef8636", "allreduce": "#8e6bbf",
+                "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#c53a32"}
+
+
+def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged"
+                           ) -> go.Figure:
+    """Heat map of bytes from each source (rows) to each destination (columns)."""
+    if matrix.empty or int(matrix.to_numpy().sum()) == 0:
+        return empty_figure("No exchange between IPUs or with the host.", title)
+    z = matrix.to_numpy(dtype=float) / MiB
+    text = np.vectorize(lambda b: fmt_bytes(b) if b else "")(matrix.to_numpy())
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
+        texttemplate="%{text}", colorscale="Blues", colorbar={"title": "MiB"},
+        hovertemplate="%{y} → %{x}: %{z:,.2f} MiB<extra></extra>"))
+    fig.update_xaxes(title_text="to", side="top")
+    fig.update_yaxes(title_text="from", autorange="reversed")
+    return base_layout(fig, title + " (from row to column)", height=120 + 45 * len(matrix))
+
+
+def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
+                         title: str = "Exchange over time") -> go.Figure:
+    """Stacked bytes per time bin per kind (from `exchange_over_time`)."""
+    if over_time.empty:
+        return empty_figure("No exchange in this profile.", title)
+    fig = go.Figure()
+    for kind, g in over_time.groupby("kind", sort=True):
+        fig.add_trace(go.Bar(
+            x=(g["bin_start"] + g["bin_end"]) / 2, y=g["bytes"] / MiB,
+            width=(g["bin_end"] - g["bin_start"]) * 0.95, name=str(kind),
+            marker={"color": KIND_COLOURS.get(str(kind), "#7f7f7f")},
+            hovertemplate="%{x:,.0f} " + unit + ": %{y:,.2f} MiB<extra>" + str(kind)
+            + "</extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text=unit, tickformat=",d")
+    fig.update_yaxes(title_text="MiB")
+    return base_layout(fig, title, height=340)

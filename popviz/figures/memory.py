@@ -1,0 +1,149 @@
+"""Memory per tile by category, a tile map, per-IPU totals, a histogram, one tile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from popviz.analysis.memory import memory_categories, with_utilisation
+from popviz.figures.style import (
+    CAPACITY_COLOUR,
+    OOM_COLOUR,
+    KiB,
+    MiB,
+    base_layout,
+    empty_figure,
+    memory_colour,
+    pretty,
+)
+
+TILE_MAP_COLUMNS = 64  # tiles per row of the tile map
+
+
+def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
+                       title: str = "Memory per tile") -> go.Figure:
+    """Stacked bars of every tile of one IPU by category; OOM tiles marked in red."""
+    tm = tile_memory[tile_memory["ipu"] == ipu].sort_values("tile")
+    if tm.empty:
+        return empty_figure(f"No tile memory for IPU{ipu}.", title)
+    fig = go.Figure()
+    tiles = tm["tile"].to_numpy()
+    for i, cat in enumerate(memory_categories(tile_memory)):
+        fig.add_trace(go.Bar(x=tiles, y=tm[cat].to_numpy() / KiB, name=pretty(cat),
+                             marker={"color": memory_colour(cat, i), "line": {"width": 0}},
+                             hovertemplate="tile %{x}: %{y:,.1f} KiB<extra>" + pretty(cat)
+                             + "</extra>"))
+    cap = float(tm["capacity_bytes"].max()) / KiB
+    fig.add_hline(y=cap, line={"color": CAPACITY_COLOUR, "dash": "dash", "width": 1.5},
+                  annotation_text=f"tile capacity {cap:,.0f} KiB",
+                  annotation_position="top left")
+    over = tm[tm["total_bytes"] > tm["capacity_bytes"]]
+    if len(over):
+        fig.add_trace(go.Scatter(
+            x=over["tile"], y=over["total_bytes"] / KiB, mode="markers",
+            name=f"out of memory ({len(over)} tiles)",
+            marker={"symbol": "x", "size": 9, "color": OOM_COLOUR},
+            hovertemplate="tile %{x} OUT OF MEMORY: %{y:,.1f} KiB<extra></extra>"))
+    fig.update_layout(barmode="stack", bargap=0, clickmode="event")
+    fig.update_xaxes(title_text="tile", range=[-0.5, len(tiles) - 0.5])
+    fig.update_yaxes(title_text="KiB")
+    return base_layout(fig, f"{title} · IPU{ipu} · click a tile for its breakdown")
+
+
+def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
+                    columns: int = TILE_MAP_COLUMNS, title: str = "Tile map") -> go.Figure:
+    """Utilisation of each tile laid out in a grid; OOM tiles crossed out."""
+    tm = with_utilisation(tile_memory[tile_memory["ipu"] == ipu].sort_values("tile"))
+    if tm.empty:
+        return empty_figure(f"No tile memory for IPU{ipu}.", title)
+    n = int(tm["tile"].max()) + 1
+    rows = -(-n // columns)
+    z = np.full(rows * columns, np.nan)
+    z[tm["tile"].to_numpy()] = tm["utilisation"].to_numpy() * 100
+    tile_ids = np.arange(rows * columns).astype(float)
+    tile_ids[n:] = np.nan
+    fig = go.Figure(go.Heatmap(
+        z=z.reshape(rows, columns), customdata=tile_ids.reshape(rows, columns),
+        colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
+        zmin=0, zmax=100, colorbar={"title": "% used"}, xgap=1, ygap=1,
+        hovertemplate="tile %{customdata:.0f}: %{z:.1f}% of capacity<extra></extra>"))
+    over = tm[tm["over_bytes"] > 0]
+    if len(over):
+        t = over["tile"].to_numpy()
+        fig.add_trace(go.Scatter(x=t % columns, y=t // columns, mode="markers",
+                                 name="out of memory", customdata=t,
+                                 marker={"symbol": "x", "size": 8, "color": OOM_COLOUR},
+                                 hovertemplate="tile %{customdata} OUT OF MEMORY"
+                                 "<extra></extra>"))
+    fig.update_xaxes(title_text=f"tile mod {columns}", showgrid=False)
+    fig.update_yaxes(title_text=f"tile div {columns}", autorange="reversed", showgrid=False,
+                     scaleanchor="x")
+    return base_layout(fig, f"{title} · IPU{ipu}", height=200 + 12 * rows)
+
+
+def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go.Figure:
+    """Stacked bars per IPU by category with each IPU's capacity (from `ipu_totals`)."""
+    if totals.empty:
+        return empty_figure("No tile memory in this profile.", title)
+    labels = [f"IPU{i}" for i in totals["ipu"]]
+    skip = {"ipu", "total_bytes", "capacity_bytes", "utilisation", "max_tile_utilisation",
+            "oom_tiles"}
+    fig = go.Figure()
+    for i, cat in enumerate(c for c in totals.columns if c not in skip):
+        fig.add_trace(go.Bar(x=labels, y=totals[cat] / MiB, name=pretty(cat),
+                             marker={"color": memory_colour(cat, i)},
+                             hovertemplate="%{x}: %{y:,.1f} MiB<extra>" + pretty(cat)
+                             + "</extra>"))
+    fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
+                             name="capacity", marker={"symbol": "line-ew-open", "size": 40,
+                                                      "color": CAPACITY_COLOUR,
+                                                      "line": {"width": 2}},
+                             hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
+    text = [f"{u:.0%}" + (f" · {o} OOM tiles" if o else "")
+            for u, o in zip(totals["utilisation"], totals["oom_tiles"])]
+    fig.add_trace(go.Scatter(x=labels, y=totals["total_bytes"] / MiB, mode="text", text=text,
+                             textposition="top center", showlegend=False, hoverinfo="skip"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text="MiB")
+    return base_layout(fig, title, height=380)
+
+
+def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histogram"
+                     ) -> go.Figure:
+    """How many tiles hold how much memory, one colour per IPU, capacity marked."""
+    if tile_memory.empty:
+        return empty_figure("No tile memory in this profile.", title)
+    fig = go.Figure()
+    cap = float(tile_memory["capacity_bytes"].max()) / KiB
+    top = max(cap, float(tile_memory["total_bytes"].max()) / KiB)
+    for ipu, g in tile_memory.groupby("ipu", sort=True):
+        fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=f"IPU{ipu}", opacity=0.7,
+                                   xbins={"start": 0, "end": top * 1.02, "size": top / 60},
+                                   hovertemplate="%{x} KiB: %{y} tiles<extra>IPU" + str(ipu)
+                                   + "</extra>"))
+    fig.add_vline(x=cap, line={"color": CAPACITY_COLOUR, "dash": "dash"},
+                  annotation_text="tile capacity", annotation_position="top left")
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(title_text="memory per tile (KiB)")
+    fig.update_yaxes(title_text="tiles")
+    return base_layout(fig, title, height=340)
+
+
+def tile_breakdown_figure(breakdown: pd.DataFrame, ipu: int, tile: int,
+                          capacity_bytes: float) -> go.Figure:
+    """One tile's bytes per category against its capacity."""
+    title = f"IPU{ipu} tile {tile}"
+    if breakdown.empty:
+        return empty_figure("No categories for this tile.", title)
+    fig = go.Figure(go.Bar(
+        x=breakdown["bytes"] / KiB, y=[pretty(c) for c in breakdown["category"]],
+        orientation="h", marker={"color": [memory_colour(c, i) for i, c in
+                                           enumerate(breakdown["category"])]},
+        hovertemplate="%{y}: %{x:,.1f} KiB<extra></extra>", showlegend=False))
+    total = breakdown["bytes"].sum()
+    state = "OUT OF MEMORY" if total > capacity_bytes else f"{total / capacity_bytes:.0%} used"
+    fig.update_xaxes(title_text="KiB")
+    fig.update_yaxes(autorange="reversed")
+    return base_layout(fig, f"{title}: {total / KiB:,.1f} of {capacity_bytes / KiB:,.0f} KiB "
+                       f"({state})", height=260)

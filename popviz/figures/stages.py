@@ -1,0 +1,88 @@
+"""Pipeline stages: compute / exchange / idle per IPU, bubble fraction, stash, AMP."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from popviz.analysis.advice import amp_for
+from popviz.analysis.balance import ipu_balance, stage_balance
+from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
+
+_PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
+          ("recompute_cycles", "recompute", "R"), ("optimiser_cycles", "weight update", "WU"),
+          ("exchange_cycles", "exchange", "exchange"), ("idle_cycles", "idle", "idle")]
+
+
+def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
+                    title: str = "Time per IPU") -> go.Figure:
+    """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top."""
+    if stages.empty:
+        return empty_figure("This profile has no stage table.", title)
+    bal = ipu_balance(stages)
+    labels = [f"IPU{i}" for i in bal["ipu"]]
+    fig = go.Figure()
+    for col, name, colour in _PARTS:
+        if col in bal.columns and bal[col].sum() > 0:
+            fig.add_trace(go.Bar(x=labels, y=bal[col], name=name,
+                                 marker={"color": CATEGORY_COLOURS[colour]},
+                                 hovertemplate="%{x}: %{y:,.0f} " + unit + "<extra>" + name
+                                 + "</extra>"))
+    fig.add_trace(go.Scatter(
+        x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
+        text=[f"{b:.0%} idle" for b in bal["bubble_fraction"]], textposition="top center"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text=unit, tickformat=",d")
+    return base_layout(fig, title + " (bubble fraction on top)", height=380)
+
+
+def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage") -> go.Figure:
+    """Busy cycles of each stage relative to the mean: the bottleneck stands out."""
+    if stages.empty:
+        return empty_figure("This profile has no stage table.", title)
+    bal = stage_balance(stages)
+    top = bal["busy_cycles"].idxmax()
+    colours = ["#c53a32" if i == top else "#3b75af" for i in bal.index]
+    labels = [f"stage {s} (IPU{i})" for s, i in zip(bal["stage"], bal["ipu"])]
+    fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
+                           text=[f"{x:.2f}x" for x in bal["relative_load"]],
+                           textposition="outside", showlegend=False,
+                           hovertemplate="%{x}: %{y:.2f}x the mean busy cycles<extra></extra>"))
+    fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
+    fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
+    return base_layout(fig, title + " (red: bottleneck)", height=340)
+
+
+def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage"
+                 ) -> go.Figure:
+    if stages.empty or "stash_bytes" not in stages.columns:
+        return empty_figure("This profile has no stash figures.", title)
+    s = stages.sort_values("stage")
+    labels = [f"stage {a} (IPU{b})" for a, b in zip(s["stage"], s["ipu"])]
+    fig = go.Figure([
+        go.Bar(x=labels, y=s["stash_bytes"] / MiB, name="stash", marker={"color": "#8e6bbf"},
+               hovertemplate="%{x}: stash %{y:,.1f} MiB<extra></extra>"),
+        go.Bar(x=labels, y=s["peak_bytes"] / MiB, name="peak liveness",
+               marker={"color": "#ef8636"},
+               hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"),
+    ])
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="MiB")
+    return base_layout(fig, title, height=340)
+
+
+def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryProportion"
+               ) -> go.Figure:
+    """AMP per stage (the stage table's `amp`, else the options in meta)."""
+    if stages.empty:
+        return empty_figure("This profile has no stage table.", title)
+    s = stages.sort_values("stage")
+    amps = (s["amp"].astype(float).tolist() if "amp" in s.columns
+            else [amp_for(meta, int(i)) for i in s["ipu"]])
+    labels = [f"stage {a} (IPU{b})" for a, b in zip(s["stage"], s["ipu"])]
+    fig = go.Figure(go.Bar(x=labels, y=amps, marker={"color": "#519e3e"}, showlegend=False,
+                           text=[f"{a:g}" for a in amps], textposition="outside",
+                           hovertemplate="%{x}: AMP %{y:g}<extra></extra>"))
+    fig.add_hline(y=0.6, line={"color": "#555", "dash": "dot"}, annotation_text="default 0.6")
+    fig.update_yaxes(title_text="AMP", range=[0, 1])
+    return base_layout(fig, title + " per stage", height=300)

@@ -1,0 +1,65 @@
+"""Shared look: colours per trace category and memory category, units, empty figures."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+MiB = 2**20
+KiB = 2**10
+
+# trace: forward / backward / recompute / weight update are distinct hues of compute
+CATEGORY_COLOURS = {
+    "F": "#3b75af", "B": "#ef8636", "R": "#8e6bbf", "WU": "#519e3e", "compute": "#56a3c9",
+    "exchange": "#c53a32", "host_io": "#8d6e63", "sync": "#6d6d6d", "idle": "#dcdcdc",
+}
+CATEGORY_NAMES = {
+    "F": "compute: forward", "B": "compute: backward", "R": "compute: recompute",
+    "WU": "compute: weight update", "compute": "compute", "exchange": "exchange",
+    "host_io": "host I/O", "sync": "sync", "idle": "idle",
+}
+MEMORY_COLOURS = {
+    "code": "#7f7f7f", "always_live": "#3b75af", "not_always_live_peak": "#ef8636",
+    "exchange": "#c53a32",
+}
+_EXTRA = ["#519e3e", "#8e6bbf", "#8d6e63", "#e377c2", "#bcbd22", "#17becf"]
+OOM_COLOUR = "#d62728"
+CAPACITY_COLOUR = "#b22222"
+
+
+def memory_colour(category: str, index: int) -> str:
+    return MEMORY_COLOURS.get(category, _EXTRA[index % len(_EXTRA)])
+
+
+def pretty(name: str) -> str:
+    """'not_always_live_peak' -> 'not always live peak'."""
+    return name.replace("_", " ")
+
+
+def fmt_bytes(value: float) -> str:
+    value = float(value)
+    for unit, size in (("GiB", 2**30), ("MiB", MiB), ("KiB", KiB)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 16}},
+        template="plotly_white", height=height,
+        margin={"l": 70, "r": 20, "t": 60, "b": 50},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1, "xanchor": "right"},
+        font={"family": "Inter, Segoe UI, Helvetica, Arial, sans-serif", "size": 12},
+        hoverlabel={"namelength": -1},
+    )
+    return fig
+
+
+def empty_figure(message: str, title: str = "") -> go.Figure:
+    """A figure that says why there is nothing to draw (never blank axes)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
+                       yref="paper", font={"size": 14, "color": "#555"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return base_layout(fig, title, height=240)
