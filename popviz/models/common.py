@@ -41,17 +41,19 @@ class HeadWithLoss(nn.Module):
 
 class SyntheticImages:
     """Learnable synthetic classification data: each class has a fixed random template
-    image; a sample is its class template plus noise. A model can learn it in a few steps,
-    unlike pure noise, and it needs no download. Deterministic for a given seed."""
+    image; a sample is its class template plus noise (`stream` picks the samples). A model
+    learns it in a few steps, unlike pure noise, and it needs no download. Deterministic
+    for a given seed."""
 
     def __init__(self, num_classes: int, channels: int, image_size: int, seed: int = 0,
-                 noise: float = 0.5) -> None:
+                 noise: float = 0.5, stream: int = 1) -> None:
         self.num_classes = num_classes
         self.shape = (channels, image_size, image_size)
         self.noise = noise
         gen = torch.Generator().manual_seed(seed)
         self.templates = torch.randn((num_classes, *self.shape), generator=gen)
-        self._gen = torch.Generator().manual_seed(seed + 1)
+        # same templates, another sample stream: a held-out set of the same task
+        self._gen = torch.Generator().manual_seed(seed * 1000 + stream)
 
     def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         labels = torch.randint(0, self.num_classes, (batch_size,), generator=self._gen)

@@ -114,6 +114,14 @@ class ResNet(nn.Module):
             setattr(self, f"layer{g}", nn.Sequential(*layers))
         self.head = HeadWithLoss(in_ch, num_classes)
         layer_names["head"] = "fc"
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            # zero-init the last BN of each residual branch (Goyal et al. 2017): every unit
+            # starts as the identity, so a few steps train stably at small batch sizes
+            if isinstance(m, (BasicUnit, BottleneckUnit)):
+                last_bn = m.bn3 if isinstance(m, BottleneckUnit) else m.bn2
+                nn.init.zeros_(last_bn.weight)
         self.popviz_layer_names = layer_names
         # a split name is the first layer of the next stage; splitting before b0 would
         # leave the first stage empty

@@ -1,0 +1,177 @@
+"""The four kinds of train.py run: tutorial, CNN training, CNN inference benchmark, plan.
+
+train.py parses and checks the flags and builds Options; these functions train for real,
+record one step with `popviz.record` and print one summary line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from popviz.models import build, input_channels
+from popviz.models.common import SyntheticImages
+from popviz.models.training import RunResult, evaluate, model_info, train
+
+OptionsFactory = Callable[[argparse.Namespace, int, bool], Any]
+
+
+def _recorder(args: argparse.Namespace, options: Any, profile_dir: Path,
+              model: torch.nn.Module, info: dict[str, Any]) -> Callable[[], Any]:
+    """A factory of `popviz.record` context managers for one step of this run."""
+    import popviz
+
+    def make() -> Any:
+        return popviz.record(options, profile_dir=str(profile_dir), model=model,
+                             name=info["name"], model_info=info)
+
+    return make
+
+
+def _data(args: argparse.Namespace, stream: int) -> SyntheticImages:
+    return SyntheticImages(args.num_classes, input_channels(args.name), args.image_size,
+                           seed=args.seed, stream=stream)
+
+
+def _model(args: argparse.Namespace) -> torch.nn.Module:
+    torch.manual_seed(args.seed)
+    return build(args.name, args.model_size, num_classes=args.num_classes,
+                 image_size=args.image_size)
+
+
+def _debug(args: argparse.Namespace, options: Any, model: torch.nn.Module) -> None:
+    if not args.debug:
+        return
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model {args.name} {args.model_size or ''}: {params:,} parameters, "
+          f"{len(model.popviz_split_names)} split names")
+    print("options " + json.dumps(options.to_meta(), sort_keys=True))
+
+
+def _line(title: str, result: RunResult, extra: str = "") -> str:
+    loss = (f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses
+            else "no steps")
+    profiles = ", ".join(str(p) for p in result.profiles)
+    return (f"{title}: {len(result.losses)} steps, {loss}, "
+            f"{result.samples_per_second:.1f} samples/s{extra}"
+            + (f"; profile: {profiles}" if profiles else ""))
+
+
+def run_tutorial(args: argparse.Namespace, make_options: OptionsFactory) -> int:
+    """PopTorch pipelining tutorial: AdamW, gradient accumulation and device iterations for
+    real; profiles in DIR/training and DIR/inference (the test pass)."""
+    micro = args.batch_size[0]
+    model = _model(args)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    options = make_options(args, micro, True)
+    _debug(args, options, model)
+    data, test = _data(args, 1), _data(args, 2)
+    per_call = micro * args.gradient_accumulation * args.device_iterations
+    updates = max(1, args.dataset_size // per_call) * args.device_iterations
+    info = model_info(model, "tutorial", args.image_size)
+    total = RunResult()
+    for epoch in range(args.epochs):
+        recorder = None
+        if args.profile and epoch == 0:
+            recorder = _recorder(args, options, Path(args.profile_dir, "training"), model,
+                                 info)
+        result = train(model, optimiser, data, updates=updates, micro_batch=micro,
+                       accumulation=args.gradient_accumulation,
+                       desc=f"epoch {epoch + 1}/{args.epochs}", quiet=args.quiet,
+                       record_at=min(1, updates - 1), recorder=recorder)
+        _merge(total, result)
+    print(_line(f"tutorial training ({args.strategy}, {args.epochs} epochs)", total))
+    if args.no_validation:
+        return 0
+    test_options = make_options(args, args.test_batch_size, False)
+    recorder = None
+    if args.profile:
+        recorder = _recorder(args, test_options, Path(args.profile_dir, "inference"), model,
+                             info)
+    batches = max(1, args.dataset_size // 10 // args.test_batch_size)
+    result = evaluate(model, test, batches=batches, batch_size=args.test_batch_size,
+                      quiet=args.quiet, recorder=recorder)
+    print(_line("tutorial inference", result, f", accuracy {result.accuracy:.1%}"))
+    return 0
+
+
+def run_cnn(args: argparse.Namespace, make_options: OptionsFactory) -> int:
+    """CNN app training: SGD with momentum on micro-batches of synthetic ImageNet-shaped
+    data; the recorded step goes to DIR/profile.h5."""
+    micro = args.batch_size[0]
+    model = _model(args)
+    optimiser = torch.optim.SGD(model.parameters(), lr=args.learning_rate, momentum=0.9)
+    options = make_options(args, micro, True)
+    _debug(args, options, model)
+    data = _data(args, 1)
+    updates = args.epochs * args.iterations
+    recorder = None
+    if args.profile:
+        info = model_info(model, f"{args.name}{args.model_size}", args.image_size)
+        recorder = _recorder(args, options, Path(args.profile_dir), model, info)
+    result = train(model, optimiser, data, updates=updates, micro_batch=micro,
+                   desc=f"{args.name}{args.model_size}", quiet=args.quiet,
+                   record_at=min(1, updates - 1), recorder=recorder)
+    print(_line(f"{args.name}{args.model_size} training", result))
+    if not args.no_validation:
+        val = evaluate(model, _data(args, 2), batches=2, batch_size=micro, quiet=args.quiet)
+        print(_line(f"{args.name}{args.model_size} validation", val,
+                    f", accuracy {val.accuracy:.1%}"))
+    return 0
+
+
+def run_inference(args: argparse.Namespace, make_options: OptionsFactory) -> int:
+    """Forward-only benchmark: for each total batch size, record one forward pass of the
+    per-IPU micro-batch and print the modelled latency and throughput."""
+    model = _model(args)
+    data = _data(args, 2)
+    info = model_info(model, f"{args.name}{args.model_size}", args.image_size)
+    rows = []
+    for batch in args.batch_size:
+        micro = batch // args.replicas
+        options = make_options(args, micro, False)
+        _debug(args, options, model)
+        out = Path(args.profile_dir) if len(args.batch_size) == 1 else \
+            Path(args.profile_dir, f"bs{batch}")
+        summary = _inference_summary(args, options, model, data, micro, out, info)
+        rows.append((batch, micro, summary))
+    print(f"{'batch':>6} {'micro':>6} {'ipus':>5} {'latency ms':>11} {'images/s':>10} fits")
+    for batch, micro, s in rows:
+        print(f"{batch:>6} {micro:>6} {args.replicas * args.shards:>5} "
+              f"{s.get('latency_ms', float('nan')):>11.3f} "
+              f"{s.get('throughput', float('nan')):>10.1f} {s.get('fits')}")
+    return 0
+
+
+def _inference_summary(args: argparse.Namespace, options: Any, model: torch.nn.Module,
+                       data: SyntheticImages, micro: int, out: Path,
+                       info: dict[str, Any]) -> dict[str, Any]:
+    import popviz
+    from popviz.record import Recorder
+
+    images, _ = data.batch(micro)
+    model.eval()
+    if args.profile:
+        with torch.no_grad(), popviz.record(options, profile_dir=str(out), model=model,
+                                            name=info["name"], model_info=info):
+            model(images)
+        return dict(popviz.open(out).summary)
+    with torch.no_grad(), Recorder(model, name=info["name"], model_info=info) as rec:
+        model(images)
+    return dict(popviz.compile(rec.program, options).summary)
+
+
+def run_plan(args: argparse.Namespace, make_options: OptionsFactory) -> int:
+    raise ValueError("--plan-only is not wired yet")
+
+
+def _merge(total: RunResult, part: RunResult) -> None:
+    total.losses += part.losses
+    total.samples += part.samples
+    total.seconds += part.seconds
+    total.profiles += part.profiles
