@@ -1,0 +1,545 @@
+"""Recorder: runs one training step under a TorchDispatchMode and builds its Program.
+
+How each column is found (docs/recording.md has the user's view):
+- module: a stack kept by global module forward hooks. Forward ops stamp their module,
+  layer and block into the autograd node of their output (`grad_fn.metadata`); a backward
+  op reads the node the autograd engine is running (`torch._C._current_autograd_node`),
+  so it gets the module of the forward op it differentiates without keeping anything alive.
+- phase: optimiser between torch.optim's global step pre/post hooks; backward while the
+  autograd engine runs a graph task; recompute = ops run by the engine with grad mode on
+  (torch.utils.checkpoint re-running a forward, reentrant or not); host_io for copies into
+  the step before the model runs, `popviz.host_io()` scopes and reads back to the host.
+- tensors: one row per storage, identified by its StorageImpl and watched through a
+  StorageWeakRef (which neither keeps the data alive nor lets the address be reused).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from popviz.annotate import STATE
+from popviz.record import flops as _flops
+from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
+
+aten = torch.ops.aten
+_SCALAR_READ = aten._local_scalar_dense.default
+_HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
+# indices into an op row (a list, so a checkpoint mark can be set after the fact)
+_OP_FIELDS = list(OP_COLUMNS)
+_CHECKPOINT = _OP_FIELDS.index("checkpoint")
+_PHASE = _OP_FIELDS.index("phase")
+_META_KEY = "popviz"
+# record_function markers and tensor-metadata queries (fake tensors answer `.device`,
+# `.is_contiguous()` ... through dispatch): not work, and absent from real runs
+_NOT_WORK = {"profiler", "prim"}
+_METADATA_QUERIES = {
+    aten.is_contiguous.default, aten.is_contiguous.memory_format,
+    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
+    aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default,
+    aten.storage_offset.default, aten.sym_storage_offset.default, aten.numel.default,
+    aten.sym_numel.default, aten.dim.default, aten.sym_is_contiguous.default,
+}
+
+
+class _Storage:
+    """One tensor row: a storage seen during the step."""
+
+    __slots__ = ("block", "dtype", "last", "layer", "module", "name", "nbytes", "producer",
+                 "ref", "shape", "tid")
+
+    def __init__(self, tid: int, t: torch.Tensor, storage: Any, producer: int, module: str | None,
+                 layer: str | None, block: str | None) -> None:
+        self.tid = tid
+        self.ref = StorageWeakRef(storage)
+        self.nbytes = int(storage.nbytes())
+        self.dtype = str(t.dtype).removeprefix("torch.")
+        self.shape = _shape_str(t.shape)
+        self.producer = producer
+        self.last = producer
+        # None = not known yet; set by the first op that reads it
+        self.module, self.layer, self.block = module, layer, block
+        self.name = ""
+
+
+def _shape_str(shape: Any) -> str:
+    return "[" + ",".join(str(int(s)) for s in shape) + "]"
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    """Tensors among op arguments or outputs, tensor lists flattened, in order."""
+    found: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
+
+
+def _dummy_scalar(t: torch.Tensor) -> bool | int | float:
+    """What `.item()` gives in plan mode, where there is no data: a neutral non-zero."""
+    if t.dtype == torch.bool:
+        return False
+    return 1 if not (t.dtype.is_floating_point or t.dtype.is_complex) else 1.0
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.recorder._on_op(func, args, kwargs or {})
+
+
+class Recorder:
+    """Context manager around one step; `.program` holds the Program after a clean exit.
+
+    `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
+    `host_ns` is 0 and `.item()` returns a placeholder (1, 1.0 or False).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, *, name: str | None = None,
+                 model_info: dict[str, Any] | None = None, mode: str = "measured",
+                 progress: bool | None = None) -> None:
+        if mode not in ("measured", "plan"):
+            raise ValueError(f"record mode {mode!r} is not 'measured' or 'plan'")
+        self.model = model
+        self.name = name
+        self.model_info = dict(model_info or {})
+        self.mode = mode
+        self.progress = progress
+        self.program: Program | None = None
+        self._active = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Recorder:
+        if self._active:
+            raise RuntimeError("this Recorder is already recording")
+        self._ops: list[list[Any]] = []
+        self._storages: dict[int, _Storage] = {}
+        self._rows: list[_Storage] = []
+        self._kinds: dict[Any, str] = {}
+        self._layer_cache: dict[str, str] = {}
+        self._paths: dict[int, str] = {}
+        self._mod_stack: list[str] = []
+        self._module_block: dict[str, str] = {}
+        self._pending: list[tuple[weakref.ref[torch.Tensor], tuple[str, str, str]]] = []
+        self._optimisers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._opt_depth = 0
+        self._forward_started = False
+        self._backward_seen = False
+        self._grad_cds: set[int] = set()
+        self._input_shape: list[int] | None = None
+        self._root: torch.nn.Module | None = None
+        self._layer_names: dict[str, str] = {}
+        self._param_names: dict[int, str] = {}
+        self._params: list[torch.nn.Parameter] = []
+        self._timed = self.mode == "measured"
+        if self.model is not None:
+            self._adopt_root(self.model)
+        STATE.reset()
+        self._bar = self._progress_bar()
+        self._hooks = [
+            register_module_forward_pre_hook(self._module_pre),
+            register_module_forward_hook(self._module_post, always_call=True),
+            register_optimizer_step_pre_hook(self._optimiser_pre),
+            register_optimizer_step_post_hook(self._optimiser_post),
+        ]
+        STATE.on_checkpoint = self._mark_checkpoint
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self._active = True
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            self._active = False
+            STATE.on_checkpoint = None
+            for handle in self._hooks:
+                handle.remove()
+            if self._bar is not None:
+                self._bar.close()
+        if exc_type is None:  # an interrupted step leaves no program (and so no profile)
+            self._resolve_pending()
+            self.program = self._build()
+        self._pending.clear()
+
+    def _progress_bar(self) -> Any:
+        if self.progress is False:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            return None
+        # disable=None: tqdm shows itself only on a terminal unless progress=True
+        return tqdm(desc=f"popviz {self.mode}", unit=" ops", file=sys.stderr,
+                    disable=None if self.progress is None else False, mininterval=0.5)
+
+    # ---------------------------------------------------------------- modules
+    def _adopt_root(self, model: torch.nn.Module) -> None:
+        self._root = model
+        for path, mod in model.named_modules():
+            self._paths.setdefault(id(mod), path)
+        for pname, p in model.named_parameters():
+            self._param_names.setdefault(p.untyped_storage()._cdata, pname)
+            self._params.append(p)
+        for bname, b in model.named_buffers():
+            self._param_names.setdefault(b.untyped_storage()._cdata, bname)
+        self._layer_names = dict(getattr(model, "popviz_layer_names", None) or {})
+        # parameters, buffers and existing gradients exist before the step: rows up front
+        for t in [*model.parameters(), *model.buffers()]:
+            self._register_existing(t)
+        for p in self._params:
+            if p.grad is not None:
+                rec = self._register_existing(p.grad)
+                self._grad_cds.add(p.grad.untyped_storage()._cdata)
+                rec.module, rec.layer = None, None
+
+    def _register_existing(self, t: torch.Tensor) -> _Storage:
+        storage = t.untyped_storage()
+        cd = storage._cdata
+        rec = self._storages.get(cd)
+        if rec is None:
+            rec = _Storage(len(self._rows), t, storage, -1, None, None, None)
+            name = self._param_names.get(cd)
+            if name is not None:
+                rec.name = name
+                rec.module = name.rpartition(".")[0]
+                rec.layer = self._layer_of(rec.module)
+            self._storages[cd] = rec
+            self._rows.append(rec)
+        return rec
+
+    def _path_of(self, mod: torch.nn.Module) -> str:
+        path = self._paths.get(id(mod))
+        if path is None:
+            if self._root is None and not self._mod_stack:
+                self._adopt_root(mod)  # no model given: the first module called is the model
+                return ""
+            parent = self._mod_stack[-1] if self._mod_stack else ""
+            path = f"{parent}.{type(mod).__name__}" if parent else type(mod).__name__
+            self._paths[id(mod)] = path
+        return path
+
+    def _module_pre(self, mod: torch.nn.Module, args: Any) -> None:
+        path = self._path_of(mod)
+        if path == "" and mod is self._root and torch._C._current_graph_task_id() == -1:
+            STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
+            if self._input_shape is None:
+                first = next(iter(_tensors(args)), None)
+                if first is not None:
+                    self._input_shape = [int(s) for s in first.shape]
+            self._forward_started = True
+        self._mod_stack.append(path)
+
+    def _module_post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
+        path = self._paths.get(id(mod))
+        stack = self._mod_stack
+        if stack and stack[-1] == path:
+            stack.pop()
+        elif path in stack:  # an exception unwound inner modules without their hooks
+            del stack[len(stack) - 1 - stack[::-1].index(path):]
+
+    def _layer_of(self, module: str) -> str:
+        layer = self._layer_cache.get(module)
+        if layer is None:
+            layer = module
+            names = self._layer_names
+            if names:
+                parts = module.split(".") if module else []
+                for k in range(len(parts), -1, -1):  # longest matching prefix wins
+                    prefix = ".".join(parts[:k])
+                    if prefix in names:
+                        layer = names[prefix]
+                        break
+            self._layer_cache[module] = layer
+        return layer
+
+    # ---------------------------------------------------------------- optimiser
+    def _optimiser_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._opt_depth += 1
+        if not any(ref() is opt for ref in self._optimisers):
+            self._optimisers.append(weakref.ref(opt))
+
+    def _optimiser_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._opt_depth = max(0, self._opt_depth - 1)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _mark_checkpoint(self, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        rec = self._storages.get(t.untyped_storage()._cdata)
+        if rec is not None and rec.producer >= 0:
+            self._ops[rec.producer][_CHECKPOINT] = True
+
+    # ---------------------------------------------------------------- ops
+    def _resolve_pending(self) -> None:
+        """Stamp module/layer/block into the autograd nodes of recent forward outputs
+        (autograd attaches grad_fn only after the dispatch mode returns)."""
+        for ref, info in self._pending:
+            t = ref()
+            if t is not None:
+                node = t.grad_fn
+                if node is not None:
+                    node.metadata[_META_KEY] = info
+        self._pending.clear()
+
+    def _on_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
+            return func(*args, **kwargs)
+        if self._timed:
+            start = time.perf_counter_ns()
+            out = func(*args, **kwargs)
+            host_ns = time.perf_counter_ns() - start
+        else:
+            host_ns = 0
+            if func is _SCALAR_READ:
+                out = _dummy_scalar(args[0])
+            else:
+                out = func(*args, **kwargs)
+        if self._pending:
+            self._resolve_pending()
+        self._record(func, args, kwargs, out, host_ns)
+        return out
+
+    def _phase_and_owner(self, func: Any, name: str, inputs: list[torch.Tensor]
+                         ) -> tuple[str, str, str]:
+        """(phase, module, block) of the op being recorded."""
+        stack = self._mod_stack
+        if self._opt_depth:
+            module = self._owner_of(inputs)
+            return "optimiser", module, self._module_block.get(module, "")
+        if torch._C._current_graph_task_id() != -1:
+            self._backward_seen = True
+            info = self._node_info()
+            if torch.is_grad_enabled():  # the engine re-running a forward: checkpointing
+                module = stack[-1] if stack else info[0]
+                block = STATE.block_stack[-1] if STATE.block_stack else \
+                    self._module_block.get(module, info[2])
+                return "recompute", module, block
+            return "backward", info[0], info[2]
+        module = stack[-1] if stack else ""
+        if STATE.host_io_depth:
+            return "host_io", module, STATE.current_block()
+        if not stack:
+            if func is _SCALAR_READ or (not self._forward_started and name in _HOST_COPIES):
+                return "host_io", "", STATE.current_block()
+            if self._backward_seen and any(
+                    t.untyped_storage()._cdata in self._grad_cds for t in inputs):
+                module = self._owner_of(inputs)  # e.g. gradient clipping before step()
+                return "optimiser", module, self._module_block.get(module, "")
+        block = STATE.current_block()
+        if module not in self._module_block:
+            self._module_block[module] = block
+        return "forward", module, block
+
+    def _node_info(self) -> tuple[str, str, str]:
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return ("", "", "")
+        info = node.metadata.get(_META_KEY)
+        if info is not None:
+            return info
+        variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
+        if isinstance(variable, torch.Tensor):
+            rec = self._storages.get(variable.untyped_storage()._cdata)
+            if rec is not None and rec.module is not None:
+                return (rec.module, rec.layer or "", rec.block or "")
+        return ("", "", "")
+
+    def _owner_of(self, inputs: list[torch.Tensor]) -> str:
+        """The one module whose tensors an optimiser op touches, else ''."""
+        owners = set()
+        for t in inputs:
+            rec = self._storages.get(t.untyped_storage()._cdata)
+            if rec is not None and rec.module:
+                owners.add(rec.module)
+        return owners.pop() if len(owners) == 1 else ""
+
+    def _record(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
+                host_ns: int) -> None:
+        op_id = len(self._ops)
+        kind = self._kinds.get(func)
+        if kind is None:
+            kind = self._kinds[func] = _flops.kind_of(func)
+        name = func._overloadpacket.__name__
+        inputs = _tensors(args)
+        if kwargs:
+            inputs.extend(_tensors(kwargs.values()))
+        outputs = _tensors(out if isinstance(out, (tuple, list)) else (out,))
+        phase, module, block = self._phase_and_owner(func, name, inputs)
+        layer = self._layer_of(module)
+        is_view = kind == "data_movement" and func.is_view
+        storages = self._storages
+        in_shapes = [tuple(t.shape) for t in inputs]
+        out_shapes = [tuple(t.shape) for t in outputs]
+        bytes_read = bytes_written = 0
+        dtype = ""
+        # lift_fresh turns a constant made by torch.tensor(...) into a tensor: the output
+        # is new in this step (fake mode copies it, real mode aliases it)
+        for t in inputs if name != "lift_fresh" else ():
+            storage = t.untyped_storage()
+            rec = storages.get(storage._cdata)
+            if rec is None:  # exists from before the step
+                rec = self._register_existing(t)
+            rec.last = op_id
+            if rec.module is None:
+                rec.module, rec.layer, rec.block = module, layer, block
+            elif rec.block is None and phase == "forward":
+                rec.block = block
+            if not is_view:
+                bytes_read += t.numel() * t.element_size()
+            if not dtype and t.dtype.is_floating_point:
+                dtype = str(t.dtype).removeprefix("torch.")
+        grad_owner = phase == "backward" and self._node_is_accumulate()
+        for t in outputs:
+            storage = t.untyped_storage()
+            cd = storage._cdata
+            rec = storages.get(cd)
+            if rec is None:
+                rec = _Storage(len(self._rows), t, storage, op_id, module, layer, block)
+                storages[cd] = rec
+                self._rows.append(rec)
+            else:
+                rec.last = op_id
+            if grad_owner:
+                self._grad_cds.add(cd)
+            if not is_view:
+                bytes_written += t.numel() * t.element_size()
+        if not dtype:
+            source = inputs or outputs
+            dtype = str(source[0].dtype).removeprefix("torch.") if source else ""
+        op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes, out_shapes)
+        self._ops.append([
+            op_id, str(func), op_class, phase, module, layer, block, False, int(n_flops),
+            bytes_read, bytes_written, ";".join(_shape_str(s) for s in in_shapes),
+            _shape_str(out_shapes[0]) if out_shapes else "", dtype, host_ns,
+        ])
+        if outputs and phase in ("forward", "recompute") and torch.is_grad_enabled():
+            self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
+        if self._bar is not None and op_id % 256 == 255:
+            self._bar.update(256)
+
+    @staticmethod
+    def _node_is_accumulate() -> bool:
+        node = torch._C._current_autograd_node()
+        return node is not None and type(node).__name__ == "AccumulateGrad"
+
+    # ---------------------------------------------------------------- program
+    def _all_params(self) -> list[tuple[str, torch.Tensor]]:
+        named: dict[int, tuple[str, torch.Tensor]] = {}
+        for p in self._params:
+            cd = p.untyped_storage()._cdata
+            named.setdefault(cd, (self._param_names.get(cd, ""), p))
+        for ref in self._optimisers:
+            opt = ref()
+            if opt is None:
+                continue
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    cd = p.untyped_storage()._cdata
+                    if cd not in named:
+                        named[cd] = (self._param_names.get(cd, f"param{len(named)}"), p)
+        return list(named.values())
+
+    def _build(self) -> Program:
+        last_op = len(self._ops) - 1
+        category: dict[int, str] = {}
+        persistent: set[int] = set()
+        params = self._all_params()
+        for _, b in (self._root.named_buffers() if self._root is not None else []):
+            category[b.untyped_storage()._cdata] = "parameter"
+        for pname, p in params:
+            cd = p.untyped_storage()._cdata
+            category[cd] = "parameter"
+            rec = self._storages.get(cd)
+            if rec is not None and not rec.name:
+                rec.name = pname
+            if p.grad is not None:
+                self._name_owned(p.grad, f"{pname}.grad", rec, category, "gradient")
+        by_cd = {p.untyped_storage()._cdata: (pname, p) for pname, p in params}
+        for ref in self._optimisers:
+            opt = ref()
+            for p, state in (opt.state.items() if opt is not None else ()):
+                pname = by_cd.get(p.untyped_storage()._cdata, ("", p))[0]
+                owner = self._storages.get(p.untyped_storage()._cdata)
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        self._name_owned(value, f"{pname}.{key}", owner, category,
+                                         "optimiser_state")
+        persistent.update(category)
+        rows = []
+        ops = self._ops
+        for cd, rec in self._storages.items():
+            cat = category.get(cd)
+            if cat is None:
+                if rec.producer < 0:
+                    cat = "input"
+                else:
+                    cat = {"forward": "activation", "recompute": "activation",
+                           "host_io": "input"}.get(ops[rec.producer][_PHASE], "temporary")
+            alive = cd in persistent or not rec.ref.expired()
+            name = rec.name or (f"{ops[rec.producer][1]}#{rec.producer}" if rec.producer >= 0
+                                else f"input#{rec.tid}")
+            rows.append({
+                "tensor_id": rec.tid, "name": name, "bytes": rec.nbytes, "dtype": rec.dtype,
+                "shape": rec.shape, "category": cat, "module": rec.module or "",
+                "layer": rec.layer or "", "block": rec.block or "", "producer": rec.producer,
+                "last_use": max(last_op, rec.last) if alive else rec.last,
+            })
+        rows.sort(key=lambda r: r["tensor_id"])
+        ops_df = frame([dict(zip(_OP_FIELDS, row)) for row in ops], OP_COLUMNS)
+        tensors_df = frame(rows, TENSOR_COLUMNS)
+        return Program(ops=ops_df, tensors=tensors_df, model=self._model_facts(ops_df, params),
+                       mode=self.mode)
+
+    def _name_owned(self, t: torch.Tensor, name: str, owner: _Storage | None,
+                    category: dict[int, str], cat: str) -> None:
+        """Name a gradient or optimiser state tensor after its parameter."""
+        cd = t.untyped_storage()._cdata
+        rec = self._storages.get(cd)
+        if rec is None:  # never touched by an op in the step, but it exists
+            rec = self._register_existing(t)
+        rec.name = name
+        rec.shape = _shape_str(t.shape)  # e.g. a bias gradient made as [1,n], kept as [n]
+        if owner is not None and rec.producer < 0:
+            rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
+        category[cd] = cat
+
+    def _model_facts(self, ops: Any, params: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        fwd = ops[ops["phase"] == "forward"]
+        layers = [x for x in dict.fromkeys(fwd["layer"].tolist()) if x]
+        blocks = [b for b in dict.fromkeys(ops["block"].tolist()) if b]
+        blocks += [b for b in STATE.block_ipus if b not in blocks]
+        root = self._root
+        split_names = getattr(root, "popviz_split_names", None) if root is not None else None
+        name = self.name or (type(root).__name__ if root is not None else "model")
+        facts: dict[str, Any] = {
+            "name": name,
+            "parameters": int(sum(p.numel() for _, p in params)),
+            "parameter_bytes": int(sum(p.numel() * p.element_size() for _, p in params)),
+            "batch_size": int(self._input_shape[0]) if self._input_shape else 0,
+            "input_shape": list(self._input_shape or []),
+            "layers": layers,
+            "split_names": list(split_names) if split_names else list(layers),
+            "blocks": blocks,
+            "block_ipus": {b: STATE.block_ipus.get(b) for b in blocks},
+            "torch_version": torch.__version__,
+        }
+        facts.update(self.model_info)
+        return facts
