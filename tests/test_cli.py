@@ -61,3 +61,39 @@ def test_usage_errors_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "popviz.cli.main", "--version"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("popviz ")
+
+
+def test_export_csv_round_trips_tables(tmp_path: Path) -> None:
+    import pandas as pd
+
+    import popviz
+
+    write_tiny(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "csv")]) == 0
+    profile = popviz.open(tmp_path / "run")
+    for name in profile.table_names:
+        got = pd.read_csv(tmp_path / "csv" / f"{name}.csv", keep_default_na=False)
+        assert len(got) == len(profile.table(name))
+        assert list(got.columns) == list(profile.table(name).columns)
+    assert json.loads((tmp_path / "csv" / "meta.json").read_text())["summary"]["oom_tiles"] == 1
+
+
+def test_export_chrome_trace_times_in_microseconds(tmp_path: Path) -> None:
+    write_tiny(tmp_path / "run")
+    out = tmp_path / "t.json"
+    assert main(["export", str(tmp_path / "run"), "--to", str(out), "--format", "chrome"]) == 0
+    events = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == 4
+    conv = next(e for e in events if e["name"] == "conv1" and e["args"]["microbatch"] == 1)
+    # start 100 cycles at 1.33 GHz
+    assert conv["ts"] == pytest.approx(100 / 1.33e9 * 1e6)
+    assert conv["dur"] == pytest.approx(100 / 1.33e9 * 1e6)
+    assert conv["args"]["pass"] == "F" and conv["pid"] == 0
+
+
+def test_export_unknown_table_is_usage_error(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    write_tiny(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "o"),
+                 "--tables", "nope"]) == 2
+    assert "unknown table(s) nope" in capsys.readouterr().err

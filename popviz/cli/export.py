@@ -1,0 +1,49 @@
+"""`popviz export PROFILE --to OUT [--format csv|chrome]`: tables as CSV, or a Perfetto trace."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from popviz.cli.command import EXIT_OK, Command
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profile", help="a profile .h5 file or a directory holding one")
+    parser.add_argument("--to", required=True, type=Path,
+                        help="output: a directory for csv, a .json file for chrome")
+    parser.add_argument("--format", choices=("csv", "chrome"), default="csv",
+                        help="csv: one CSV per table plus meta.json (default); chrome: the "
+                        "execution trace as Chrome trace-event JSON for Perfetto")
+    parser.add_argument("--tables", nargs="+", metavar="NAME",
+                        help="with csv: only these tables (default: all)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import popviz
+    from popviz.cli.command import UsageError
+    from popviz.format.export import export_chrome_trace, export_csv
+
+    with popviz.open(args.profile) as profile:
+        if args.format == "csv":
+            unknown = sorted(set(args.tables or []) - set(profile.table_names))
+            if unknown:
+                raise UsageError(f"unknown table(s) {', '.join(unknown)}; this profile has "
+                                 f"{', '.join(profile.table_names)}")
+            written = export_csv(profile, args.to, args.tables)
+            print(f"wrote {len(written)} files to {args.to}")
+        else:
+            target = args.to if args.to.suffix == ".json" else args.to / "trace.json"
+            export_chrome_trace(profile, target)
+            print(f"wrote {target} (open it in https://ui.perfetto.dev)")
+    return EXIT_OK
+
+
+COMMAND = Command(
+    name="export",
+    help="export tables as CSV, or the trace as Chrome/Perfetto JSON",
+    description="Export a profile's tables as CSV files (plus meta.json), or its execution "
+    "trace as Chrome trace-event JSON that Perfetto and chrome://tracing open.",
+    add_arguments=_add_arguments,
+    run=_run,
+)

@@ -1,0 +1,80 @@
+"""Export a profile's tables to other formats: CSV files, or a Chrome / Perfetto trace.
+
+Import back is `popviz.format.writer.write_profile` over the same tables (see cli/io.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Chrome trace "ts"/"dur" are microseconds.
+_US_PER_S = 1e6
+
+
+def export_csv(profile: Any, out_dir: Path, tables: list[str] | None = None) -> list[Path]:
+    """Write one CSV per table into out_dir; return the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in tables or profile.table_names:
+        path = out_dir / f"{name}.csv"
+        profile.table(name).to_csv(path, index=False)
+        written.append(path)
+    meta_path = out_dir / "meta.json"
+    meta_path.write_text(json.dumps({"meta": profile.meta, "summary": profile.summary},
+                                    indent=2, sort_keys=True))
+    written.append(meta_path)
+    return written
+
+
+def time_scale_us(profile: Any) -> float:
+    """Multiply a trace time by this to get microseconds (cycles or ns -> us)."""
+    if profile.kind == "measured":
+        return 1e-3
+    clock = float(profile.meta.get("target", {}).get("clock_hz") or 0)
+    if clock <= 0:
+        raise ValueError(f"{profile.path}: modelled profile without target.clock_hz")
+    return _US_PER_S / clock
+
+
+def chrome_trace(profile: Any) -> dict[str, Any]:
+    """The trace as Chrome trace-event JSON (opens in Perfetto or chrome://tracing).
+
+    One process row per IPU; compute / exchange / sync / host_io / idle events on separate
+    threads of it, so overlapping kinds stay readable.
+    """
+    trace: pd.DataFrame = profile.trace
+    scale = time_scale_us(profile)
+    kinds = sorted(trace["kind"].unique().tolist()) if len(trace) else []
+    tid = {kind: i for i, kind in enumerate(kinds)}
+    events: list[dict[str, Any]] = []
+    for ipu in sorted(trace["ipu"].unique().tolist()) if len(trace) else []:
+        label = f"rank {ipu}" if profile.kind == "measured" else f"IPU{ipu}"
+        events.append({"name": "process_name", "ph": "M", "pid": int(ipu),
+                       "args": {"name": label}})
+        for kind, t in tid.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": int(ipu), "tid": t,
+                           "args": {"name": kind}})
+    starts = trace["start"].to_numpy(dtype=np.float64) * scale
+    ends = trace["end"].to_numpy(dtype=np.float64) * scale
+    columns = [trace[c].tolist() for c in ("ipu", "kind", "stage", "microbatch", "pass", "op")]
+    for ts, te, ipu, kind, stage, microbatch, pass_, op in zip(starts, ends, *columns,
+                                                                 strict=True):
+        events.append({
+            "name": str(op or f"{kind} {pass_}".strip()), "cat": str(kind), "ph": "X",
+            "ts": float(ts), "dur": float(max(te - ts, 0.0)),
+            "pid": int(ipu), "tid": tid[kind],
+            "args": {"stage": int(stage), "microbatch": int(microbatch), "pass": str(pass_)},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"profile": str(profile.path), "kind": profile.kind}}
+
+
+def export_chrome_trace(profile: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(profile)))
+    return path
