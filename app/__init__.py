@@ -1,1 +1,81 @@
-"""popviz Dash app (installed as the package `popviz_app`): wiring only."""
+"""popviz Dash app (installed as the package `popviz_app`): wiring only.
+
+`create_app(profile_dir)` builds the app; `popviz serve DIR` runs it. Pages live in
+`pages/` and are listed in `pages.PAGES`; every page takes `?profile=<path relative to
+DIR>` so a URL can be shared."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dash
+from dash import Input, Output, dcc, html
+
+from popviz.errors import ProfileError
+
+from . import downloads
+from .cache import PathRefused, ProfileCache, resolve_profile
+from .common import AppContext, message, profile_of, profile_query
+from .pages import PAGES
+from .style import INDEX_STRING
+
+__all__ = ["PathRefused", "ProfileCache", "create_app", "render", "resolve_profile"]
+
+
+def _nav(path: str, rel: str) -> html.Nav:
+    links = []
+    for page in PAGES:
+        href = page.PATH + (profile_query(rel) if page.NEEDS_PROFILE else "")
+        cls = "nav-link active" if path == page.PATH else "nav-link"
+        if page.NEEDS_PROFILE and not rel:
+            links.append(html.Span(page.TITLE, className="nav-link disabled"))
+        else:
+            links.append(dcc.Link(page.TITLE, href=href, className=cls))
+    return html.Nav([html.Span("popviz", className="brand"), *links], className="nav")
+
+
+def render(ctx: AppContext, path: str | None, search: str | None) -> list[Any]:
+    """Navigation plus the page for a URL (a refused or broken profile becomes a message
+    on the page, never an exception)."""
+    path = path or "/"
+    rel = profile_of(search)
+    page = next((p for p in PAGES if path == p.PATH), None)
+    if page is None:
+        return [_nav(path, rel), message(f"No page {path}. Pages: "
+                                         + ", ".join(p.PATH for p in PAGES))]
+    if not page.NEEDS_PROFILE:
+        return [_nav(path, rel), page.layout(ctx, None)]
+    try:
+        entry = ctx.cache.get(rel)
+    except (PathRefused, ProfileError) as exc:
+        return [_nav(path, ""), message(str(exc)),
+                dcc.Link("Back to the list of profiles", href="/")]
+    return [_nav(path, rel), page.layout(ctx, entry)]
+
+
+def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6) -> dash.Dash:
+    """The Dash app serving every profile under `profile_dir` (and nothing outside it)."""
+    root = Path(profile_dir)
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such directory")
+    ctx = AppContext(root=root.resolve(), cache=ProfileCache(root.resolve(), cache_size))
+    app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
+                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"))
+    app.index_string = INDEX_STRING
+    app.layout = html.Div([dcc.Location(id="url", refresh=False),
+                           html.Div(id="page", className="page")])
+    app.popviz_context = ctx  # tests call page builders with it
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"),
+                  Input("url", "search"))
+    def route(path: str | None, search: str | None) -> list[Any]:
+        return render(ctx, path, search)
+
+    views: dict[str, Any] = {}
+    for page in PAGES:
+        page.register(app, ctx)
+        views.update(page.FIGURES)
+    downloads.register(app.server, ctx, views)
+    return app

@@ -183,12 +183,13 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
     # tile memory: code + always-live spread evenly, not-always-live peaks on hot tiles
     tid = np.arange(tiles)
     tm_frames = []
+    unit = KiB * cap / (624 * KiB)  # the shapes below are for Mk2 tiles; scale to the target
     for ipu in range(num_ipus):
-        code = rng.integers(40, 80, tiles) * KiB
-        alive = rng.integers(60, 140, tiles) * KiB * (1.3 if ipu == 0 else 1.0)
+        code = rng.integers(40, 80, tiles) * unit
+        alive = rng.integers(60, 140, tiles) * unit * (1.3 if ipu == 0 else 1.0)
         hot = np.exp(-((tid - tiles * (0.3 + 0.1 * ipu)) / (tiles * 0.05)) ** 2)
-        nal = (rng.random(tiles) * 120 + 200 * hot) * KiB
-        exch = rng.integers(10, 40, tiles) * KiB
+        nal = (rng.random(tiles) * 120 + 200 * hot) * unit
+        exch = rng.integers(10, 40, tiles) * unit
         if ipu == oom_ipu:
             nal[tiles // 2: tiles // 2 + 7] += cap  # seven tiles overflow
         frame = pd.DataFrame({

@@ -41,13 +41,14 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
         phases = g["phase"].astype(str).to_numpy()[a:b][keep] if "phase" in g else None
         custom = np.stack([labels if labels is not None else np.full(len(keep), ""),
                            phases if phases is not None else np.full(len(keep), ""),
-                           total[keep] - base[keep]], axis=1).astype(object)
+                           total[keep] - base[keep], np.full(len(keep), ipu)],
+                          axis=1).astype(object)  # the IPU lets a click find its panel
         points[f"IPU{ipu}"] = len(keep)
         first = row == 1
         fig.add_trace(go.Scatter(
             x=steps[keep], y=base[keep], name="always-live", legendgroup="always",
             showlegend=first, mode="lines", line={"color": "#3b75af", "width": 1},
-            fill="tozeroy", fillcolor="rgba(59,117,175,0.35)",
+            fill="tozeroy", fillcolor="rgba(59,117,175,0.35)", customdata=custom,
             hovertemplate="step %{x}: always-live %{y:,.1f} MiB<extra>IPU" + str(ipu)
             + "</extra>"), row=row, col=1)
         fig.add_trace(go.Scatter(

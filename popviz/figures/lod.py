@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,3 +165,40 @@ def dominant_segments(occ: np.ndarray, edges: np.ndarray) -> pd.DataFrame:
                                                                     1e-9),
     })
     return seg[seg["category"] >= 0].reset_index(drop=True)
+
+
+def _pool_rows(raw: np.ndarray, k: int) -> np.ndarray:
+    """Max over each run of k rows (the last run may be shorter)."""
+    if k == 1 or raw.shape[0] == 0:
+        return raw
+    rows = -(-raw.shape[0] // k)
+    padded = np.zeros((rows * k, raw.shape[1]), dtype=raw.dtype)
+    padded[:raw.shape[0]] = raw
+    return padded.reshape(rows, k, raw.shape[1]).max(axis=1)
+
+
+class StepPyramid:
+    """A max-pooled copy of one IPU's (steps x tiles) liveness, built once by reading
+    blocks, so an overview never reads the whole array again; narrow views read their raw
+    slice (at most `raw_rows` steps)."""
+
+    def __init__(self, read: Callable[[int, int], np.ndarray], steps: int,
+                 rows: int = 2048, raw_rows: int = 2000) -> None:
+        self.read, self.steps, self.raw_rows = read, steps, raw_rows
+        self.k = max(1, -(-steps // rows))
+        block = self.k * max(1, 65536 // self.k)  # whole coarse rows per read
+        parts = []
+        for s0 in range(0, steps, block):
+            raw = read(s0, min(steps, s0 + block))
+            parts.append(_pool_rows(raw, self.k))
+        self.coarse = np.concatenate(parts) if parts else np.zeros((0, 0), np.uint32)
+
+    def view(self, start: int, stop: int) -> tuple[np.ndarray, int, int]:
+        """(rows covering [start, stop), first step, steps per row)."""
+        start, stop = max(0, int(start)), min(self.steps, int(stop))
+        if stop <= start:
+            start, stop = 0, self.steps
+        if self.k == 1 or stop - start <= self.raw_rows:
+            return self.read(start, stop), start, 1
+        a, b = start // self.k, -(-stop // self.k)
+        return self.coarse[a:b], a * self.k, self.k

@@ -1,0 +1,131 @@
+"""Which files the app may serve, and a bounded LRU of open profiles with derived data.
+
+Only files under the served directory are ever opened: a `profile=` that is absolute or
+resolves (through `..` or a symlink) outside it is refused with `PathRefused`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import popviz
+from popviz.errors import ProfileError
+
+
+class PathRefused(Exception):
+    """A profile path the app will not serve (one-line reason)."""
+
+
+def resolve_profile(root: Path, rel: str | None) -> Path:
+    """The real path of `rel` inside `root`, or PathRefused saying why not."""
+    if not rel:
+        raise PathRefused("no profile chosen: pick one on the home page")
+    if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ":" in rel[:3]:
+        raise PathRefused(f"refused '{rel}': profile paths are relative to the served "
+                          "directory")
+    base = root.resolve()
+    target = (base / rel).resolve()  # follows symlinks and '..'
+    if target != base and base not in target.parents:
+        raise PathRefused(f"refused '{rel}': it is outside the served directory")
+    if not target.exists():
+        raise PathRefused(f"no profile '{rel}' in the served directory")
+    return target
+
+
+@dataclass
+class Entry:
+    """One open profile and whatever has been derived from it (built once, on demand)."""
+
+    profile: Any
+    rel: str
+    derived: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: str, build: Callable[[], Any]) -> Any:
+        with self.lock:  # one build per key even when callbacks race
+            if key not in self.derived:
+                self.derived[key] = build()
+            return self.derived[key]
+
+
+class ProfileCache:
+    """LRU of open profiles keyed by real path and file stamp (a rewritten file reopens)."""
+
+    def __init__(self, root: Path, capacity: int = 6,
+                 opener: Callable[[Path], Any] | None = None) -> None:
+        self.root = Path(root)
+        self.capacity = capacity
+        self._open = opener or popviz.open
+        self._entries: OrderedDict[tuple[str, float, int], Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._listing: dict[str, tuple[tuple[float, int], dict[str, Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, rel: str | None) -> Entry:
+        """The entry for `rel`; raises PathRefused or ProfileError (one line)."""
+        path = resolve_profile(self.root, rel)
+        stat = path.stat()
+        key = (str(path), stat.st_mtime, stat.st_size)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry
+        profile = self._open(path)  # outside the lock: opening may take a moment
+        with self._lock:
+            entry = self._entries.setdefault(key, Entry(profile, str(rel)))
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)  # dropped; h5py closes it when unused
+            return entry
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every profile file under the root with its headline facts, or its error.
+        Rescanned on each call; facts are reused while a file's stamp is unchanged."""
+        rows = []
+        for path in popviz.discover(self.root):
+            rel = path.relative_to(self.root).as_posix()
+            try:
+                stat = path.stat()
+                stamp = (stat.st_mtime, stat.st_size)
+            except OSError as exc:
+                rows.append({"profile": rel, "error": f"{rel}: {exc.strerror}"})
+                continue
+            cached = self._listing.get(rel)
+            if cached is None or cached[0] != stamp:
+                cached = (stamp, self._facts(rel))
+                self._listing[rel] = cached
+            rows.append(cached[1])
+        return rows
+
+    def _facts(self, rel: str) -> dict[str, Any]:
+        try:
+            profile = self.get(rel).profile
+        except (ProfileError, PathRefused) as exc:
+            return {"profile": rel, "error": str(exc)}
+        except Exception as exc:  # a file we cannot read must not break the listing
+            return {"profile": rel, "error": f"{rel}: {type(exc).__name__}: {exc}"}
+        meta, summary = profile.meta or {}, profile.summary or {}
+        target = meta.get("target") or {}
+        fits = summary.get("fits")
+        oom = summary.get("oom_tiles")
+        folder = Path(rel).parent.name
+        return {
+            "profile": rel, "error": "",
+            "kind": str(getattr(profile, "kind", meta.get("kind", ""))),
+            "run": "inference" if folder == "inference" else "training"
+            if folder == "training" else "",
+            "model": str((meta.get("model") or {}).get("name", "")),
+            "target": str(target.get("name", "")),
+            "ipus": target.get("num_ipus", ""),
+            "fits": "unknown" if fits is None else "fits" if fits else f"OOM ({oom} tiles)",
+            "throughput": summary.get("throughput"),
+            "latency_ms": summary.get("latency_ms"),
+        }

@@ -1,0 +1,142 @@
+"""Small pieces every page uses: the profile from the URL, graphs, tables, downloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import pandas as pd
+import plotly.graph_objects as go
+from dash import dash_table, dcc, html
+
+from popviz import analysis
+from popviz.figures.lod import TraceIndex
+
+from .cache import Entry, ProfileCache
+
+GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True,
+                "toImageButtonOptions": {"format": "png", "scale": 2}}
+SMALL_TABLE_ROWS = 15
+
+
+@dataclass
+class AppContext:
+    root: Path
+    cache: ProfileCache
+
+
+def profile_of(search: str | None) -> str:
+    """The `profile` query parameter of a URL search string ('' when absent)."""
+    values = parse_qs((search or "").lstrip("?")).get("profile", [])
+    return values[0] if values else ""
+
+
+def profile_query(rel: str) -> str:
+    return "?" + urlencode({"profile": rel}) if rel else ""
+
+
+def unit(entry: Entry) -> str:
+    return "ns" if str(getattr(entry.profile, "kind", "")) == "measured" else "cycles"
+
+
+def message(text: str, tone: str = "error") -> html.Div:
+    return html.Div(text, className=f"message {tone}")
+
+
+def graph(id_: str | dict, figure: go.Figure, **kwargs: Any) -> dcc.Graph:
+    return dcc.Graph(id=id_, figure=figure, config=GRAPH_CONFIG, className="graph", **kwargs)
+
+
+def downloads(rel: str, tables: list[str], views: list[str]) -> html.Div:
+    """Links to CSV of tables and standalone HTML of figures (PNG is in each modebar)."""
+    q = "?profile=" + quote(rel)
+    links: list[Any] = [html.Span("Download: ", className="label")]
+    links += [html.A(f"{t}.csv", href=f"/download/csv/{t}{q}", className="download")
+              for t in tables]
+    links += [html.A(f"{v}.html", href=f"/download/html/{v}{q}", className="download")
+              for v in views]
+    return html.Div(links, className="downloads")
+
+
+def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    out = frame.copy()
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            out[col] = out[col].round(4)
+        elif not pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(
+                out[col]):
+            out[col] = out[col].astype(str)
+        elif pd.api.types.is_bool_dtype(out[col]):
+            out[col] = out[col].map({True: "yes", False: "no"})
+    return out.to_dict("records")
+
+
+def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
+          **kwargs: Any) -> dash_table.DataTable:
+    """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
+    columns = [{"name": c.replace("_", " "), "id": c,
+                "type": "numeric" if pd.api.types.is_numeric_dtype(frame[c])
+                and not pd.api.types.is_bool_dtype(frame[c]) else "text"}
+               for c in frame.columns]
+    params = {"sort_action": "native", "page_size": page_size, "style_table":
+              {"overflowX": "auto"}, "style_cell": {"fontFamily": "inherit",
+                                                     "fontSize": 12, "padding": "4px 8px",
+                                                     "maxWidth": 360, "overflow": "hidden",
+                                                     "textOverflow": "ellipsis"},
+              "style_header": {"fontWeight": 600, "backgroundColor": "#f3f5f8"}}
+    params.update(kwargs)
+    return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)
+
+
+# ---- derived data, built once per open profile ----
+def trace_index(entry: Entry) -> TraceIndex:
+    return entry.get("trace_index", lambda: TraceIndex(entry.profile.trace))
+
+
+def insights(entry: Entry) -> dict[str, Any]:
+    return entry.get("insights", lambda: analysis.insights(entry.profile))
+
+
+def bumps(entry: Entry) -> pd.DataFrame:
+    return entry.get("bumps", lambda: analysis.bumps(entry.profile.liveness))
+
+
+def capacity_per_ipu(entry: Entry) -> float:
+    from popviz.analysis.insights import capacity_per_ipu as cap
+    return cap(entry.profile.meta or {})
+
+
+def title_of(entry: Entry) -> str:
+    meta = entry.profile.meta or {}
+    model = (meta.get("model") or {}).get("name", "")
+    target = (meta.get("target") or {}).get("name", "")
+    return f"{entry.rel} · {model} on {target} ({entry.profile.kind})"
+
+
+def axis_range(relayout: dict[str, Any] | None,
+               axis: str = "x") -> tuple[float, float] | str | None:
+    """The range a zoom or pan asked for on any `x` (or `y`) axis: (lo, hi); 'auto' for a
+    reset (double-click, autoscale); None when the event did not touch such an axis."""
+    if not relayout:
+        return None
+    for key, value in relayout.items():
+        name, _, rest = key.partition(".")
+        if not name.startswith(f"{axis}axis"):
+            continue
+        if rest == "autorange" and value is True:
+            return "auto"
+        if rest == "range" and isinstance(value, list) and len(value) == 2:
+            lo, hi = float(value[0]), float(value[1])
+            return (min(lo, hi), max(lo, hi))
+        if rest == "range[0]":
+            other = relayout.get(f"{name}.range[1]")
+            if other is not None:
+                lo, hi = float(value), float(other)
+                return (min(lo, hi), max(lo, hi))
+    return None
+
+
+def x_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None:
+    return axis_range(relayout, "x")

@@ -1,0 +1,46 @@
+"""`/exchange`: bytes between IPUs and the host as a matrix and over time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import html
+
+from popviz import analysis, figures
+
+from ..cache import Entry
+from ..common import AppContext, downloads, graph, table, title_of, unit
+
+PATH = "/exchange"
+TITLE = "Exchange"
+NEEDS_PROFILE = True
+
+
+def matrix(ctx: AppContext, entry: Entry) -> Any:
+    num = ((entry.profile.meta or {}).get("target") or {}).get("num_ipus")
+    return figures.exchange_matrix_figure(analysis.exchange_matrix(entry.profile.exchange,
+                                                                   num))
+
+
+def over_time(ctx: AppContext, entry: Entry) -> Any:
+    return figures.exchange_time_figure(analysis.exchange_over_time(entry.profile.exchange),
+                                        unit=unit(entry))
+
+
+FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    return html.Div([
+        html.H2(title_of(entry)),
+        html.Div([graph("exchange-matrix", matrix(ctx, entry)),
+                  graph("exchange-time", over_time(ctx, entry))], className="row two"),
+        html.H3("By kind"),
+        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange)),
+        downloads(entry.rel, ["exchange"], list(FIGURES)),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    """No callbacks: the page is rebuilt on each visit."""

@@ -1,0 +1,138 @@
+"""`/liveness`: always-live + not-always-live per step per IPU, bumps, capacity; click a
+step for the variables live there; a step x tile heat map of one IPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import pandas as pd
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+
+from popviz import analysis, figures
+from popviz.figures.lod import StepPyramid
+from popviz.figures.style import fmt_bytes
+
+from ..cache import Entry
+from ..common import (
+    AppContext,
+    axis_range,
+    bumps,
+    capacity_per_ipu,
+    downloads,
+    graph,
+    insights,
+    profile_of,
+    table,
+    title_of,
+)
+
+PATH = "/liveness"
+TITLE = "Liveness"
+NEEDS_PROFILE = True
+HEAT_ROWS = 400
+
+
+def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
+             hi: float | None = None) -> Any:
+    return figures.liveness_figure(entry.profile.liveness, bumps(entry),
+                                   capacity_per_ipu(entry), lo, hi)
+
+
+def _steps(entry: Entry) -> int:
+    shape = entry.profile.array_shape("tile_liveness")
+    return int(shape[1]) if len(shape) == 3 else 0
+
+
+def _pyramid(entry: Entry, ipu: int) -> StepPyramid:
+    return entry.get(f"pyramid{ipu}", lambda: StepPyramid(
+        lambda a, b: entry.profile.tile_liveness(ipu, a, b), _steps(entry)))
+
+
+def tiles(ctx: AppContext, entry: Entry, ipu: int = 0, lo: float | None = None,
+          hi: float | None = None) -> Any:
+    shape = entry.profile.array_shape("tile_liveness")
+    if len(shape) != 3 or ipu >= shape[0]:
+        return figures.tile_liveness_figure(pd.DataFrame().to_numpy())
+    pyramid = _pyramid(entry, ipu)
+    matrix, first, stride = pyramid.view(0 if lo is None else lo,
+                                         pyramid.steps if hi is None else hi + 1)
+    return figures.tile_liveness_figure(matrix, first, stride, rows=HEAT_ROWS,
+                                        title=f"Not-always-live memory per tile · IPU{ipu}")
+
+
+FIGURES = {"liveness": liveness, "tile_liveness": tiles}
+
+
+def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame]:
+    live = analysis.variables_live_at(entry.profile.variables, ipu, step)
+    head = (f"IPU{ipu}, step {step}: {len(live)} not-always-live variables, "
+            f"{fmt_bytes(live['bytes'].sum()) if len(live) else '0 B'}")
+    if len(live):
+        live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[
+            ["name", "category", "size", "bytes", "first_step", "last_step"]]
+    return head, live
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    peaks = insights(entry)["peaks"]
+    ipu, step = (int(peaks["ipu"].iloc[0]), int(peaks["peak_step"].iloc[0])) if len(peaks) \
+        else (0, 0)
+    head, live = live_variables(entry, ipu, step)
+    shape = entry.profile.array_shape("tile_liveness")
+    ipus = list(range(shape[0])) if len(shape) == 3 else []
+    heat: list[Any] = []
+    if ipus:
+        heat = [html.H3("Per tile"),
+                dcc.Dropdown(id="live-ipu", options=[{"label": f"IPU{i}", "value": i}
+                                                     for i in ipus],
+                             value=ipus[0], clearable=False, className="picker"),
+                graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
+    return html.Div([
+        html.H2(title_of(entry)),
+        html.P("Red triangles mark bumps (local peaks); the dashed line is the IPU's total "
+               "memory. Zoom to see more steps; click the curve to list live variables.",
+               className="hint"),
+        graph("live-graph", liveness(ctx, entry)),
+        html.H3(head, id="live-vars-head"),
+        html.Div(table("live-vars", live), id="live-vars-box"),
+        *heat,
+        downloads(entry.rel, ["liveness", "variables"], list(FIGURES)),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    @app.callback(Output("live-graph", "figure"), Input("live-graph", "relayoutData"),
+                  State("url", "search"), prevent_initial_call=True)
+    def zoom(relayout: dict | None, search: str) -> Any:
+        wanted = axis_range(relayout, "x")
+        if wanted is None:
+            raise PreventUpdate
+        entry = ctx.cache.get(profile_of(search))
+        return liveness(ctx, entry) if wanted == "auto" else liveness(ctx, entry, *wanted)
+
+    @app.callback(Output("live-vars-head", "children"), Output("live-vars-box", "children"),
+                  Input("live-graph", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def click(click: dict | None, search: str) -> tuple[str, Any]:
+        point = (click or {}).get("points", [{}])[0]
+        custom = point.get("customdata")
+        if "x" not in point or not isinstance(custom, list) or len(custom) < 4:
+            raise PreventUpdate
+        entry = ctx.cache.get(profile_of(search))
+        head, live = live_variables(entry, int(custom[3]), round(float(point["x"])))
+        return head, table("live-vars", live)
+
+    @app.callback(Output("tile-live-graph", "figure"), Input("live-ipu", "value"),
+                  Input("tile-live-graph", "relayoutData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def heat(ipu: int, relayout: dict | None, search: str) -> Any:
+        entry = ctx.cache.get(profile_of(search))
+        wanted = axis_range(relayout, "y") if dash.ctx.triggered_id == "tile-live-graph" \
+            else "auto"
+        if wanted is None:
+            raise PreventUpdate
+        if wanted == "auto":
+            return tiles(ctx, entry, int(ipu))
+        return tiles(ctx, entry, int(ipu), *wanted)

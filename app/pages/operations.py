@@ -1,0 +1,71 @@
+"""`/operations`: every op, sorted, filtered and paged on the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import pandas as pd
+from dash import Input, Output, State, dash_table, html
+
+from popviz import analysis
+
+from ..cache import Entry
+from ..common import AppContext, downloads, message, profile_of, title_of
+from ..common import _format as records
+
+PATH = "/operations"
+TITLE = "Operations"
+NEEDS_PROFILE = True
+PAGE_SIZE = 25
+FIGURES: dict[str, Any] = {}
+
+
+def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
+         number: int, size: int = PAGE_SIZE) -> tuple[list[dict], int, str]:
+    """(rows of the page, page count, a message: '' or why the filter failed)."""
+    ops = entry.profile.ops
+    try:
+        rows, total = analysis.query_table(ops, filter_query, sort_by, number, size)
+        note = f"{total:,} of {len(ops):,} ops"
+    except ValueError as exc:
+        rows, total = ops.iloc[0:0], 0
+        note = f"Filter not understood: {exc}"
+    return records(rows), max(1, -(-total // size)), note
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    ops = entry.profile.ops
+    if ops.empty:
+        return html.Div([html.H2(title_of(entry)), message("No ops in this profile.", "info")])
+    data, count, note = page(entry, "", [], 0)
+    columns = [{"name": c.replace("_", " "), "id": c,
+                "type": "numeric" if pd.api.types.is_numeric_dtype(ops[c])
+                and not pd.api.types.is_bool_dtype(ops[c]) else "text"} for c in ops.columns]
+    return html.Div([
+        html.H2(title_of(entry)),
+        html.P("Type in the row under the headers to filter (e.g. conv, or > 1000 in a number "
+               "column); click a header to sort.", className="hint"),
+        html.Div(note, id="ops-note", className="status"),
+        dash_table.DataTable(
+            id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
+            page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
+            filter_action="custom", filter_query="", sort_by=[],
+            style_table={"overflowX": "auto"},
+            style_cell={"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
+                        "maxWidth": 320, "overflow": "hidden", "textOverflow": "ellipsis"},
+            style_header={"fontWeight": 600, "backgroundColor": "#f3f5f8"}),
+        downloads(entry.rel, ["ops"], []),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    @app.callback(Output("ops-table", "data"), Output("ops-table", "page_count"),
+                  Output("ops-note", "children"), Input("ops-table", "page_current"),
+                  Input("ops-table", "page_size"), Input("ops-table", "sort_by"),
+                  Input("ops-table", "filter_query"), State("url", "search"),
+                  prevent_initial_call=True)
+    def refresh(number: int, size: int, sort_by: list[dict], filter_query: str,
+                search: str) -> tuple[list[dict], int, str]:
+        return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
+                    size or PAGE_SIZE)

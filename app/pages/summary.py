@@ -1,0 +1,111 @@
+"""`/summary`: does it fit, the fullest tiles, speed, the bottleneck, and advice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import pandas as pd
+from dash import html
+
+from popviz import figures
+from popviz.figures.style import fmt_bytes
+
+from ..cache import Entry
+from ..common import AppContext, downloads, graph, insights, table, title_of, unit
+
+PATH = "/summary"
+TITLE = "Summary"
+NEEDS_PROFILE = True
+
+
+def _card(label: str, value: str, tone: str = "") -> html.Div:
+    return html.Div([html.Div(label, className="card-label"),
+                     html.Div(value, className="card-value")], className=f"card {tone}")
+
+
+def _cards(info: dict[str, Any], clock_unit: str) -> html.Div:
+    fit = info["fit"]
+    if fit["fits"] is None:
+        fit_card = _card("memory", "unknown", "")
+    elif fit["fits"]:
+        fit_card = _card("memory", f"fits · fullest tile {fit['max_utilisation']:.0%}", "good")
+    else:
+        by_ipu = ", ".join(f"IPU{k}: {v}" for k, v in sorted(fit["oom_by_ipu"].items()))
+        fit_card = _card("memory", f"OUT OF MEMORY · {fit['oom_tiles']} tiles ({by_ipu})",
+                         "bad")
+    cards = [fit_card]
+    if info["throughput"] is not None:
+        cards.append(_card("throughput", f"{float(info['throughput']):,.1f} samples/s"))
+    if info["latency_ms"] is not None:
+        cards.append(_card("latency", f"{float(info['latency_ms']):,.3f} ms"))
+    if info["step_cycles"] is not None:
+        step = f"{float(info['step_cycles']):,.0f} {clock_unit}"
+        if info["step_ms"]:
+            step += f" ({float(info['step_ms']):,.3f} ms)"
+        cards.append(_card("step", step))
+    b = info["bottleneck"]
+    if b:
+        cards.append(_card("bottleneck", f"stage {b['stage']} on IPU{b['ipu']} · "
+                           f"{b['relative_load']:.2f}x mean",
+                           "warn" if info["imbalance"] > 1.15 else ""))
+    cards.append(_card("pipeline bubbles", f"{info['bubble_fraction']:.0%} idle"))
+    return html.Div(cards, className="cards")
+
+
+def _advice(info: dict[str, Any]) -> html.Ul:
+    return html.Ul([html.Li(a.text, className=f"advice {a.severity}") for a in info["advice"]],
+                   id="advice")
+
+
+def histogram(ctx: AppContext, entry: Entry) -> Any:
+    return figures.memory_histogram(entry.profile.tile_memory)
+
+
+def totals(ctx: AppContext, entry: Entry) -> Any:
+    return figures.ipu_totals_figure(insights(entry)["ipu_totals"])
+
+
+FIGURES = {"histogram": histogram, "ipu_totals": totals}
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    info = insights(entry)
+    fullest = info["fullest_tiles"]
+    if len(fullest):
+        fullest = pd.DataFrame({
+            "ipu": fullest["ipu"], "tile": fullest["tile"],
+            "used": [fmt_bytes(x) for x in fullest["total_bytes"]],
+            "capacity": [fmt_bytes(x) for x in fullest["capacity_bytes"]],
+            "utilisation": [f"{u:.1%}" for u in fullest["utilisation"]],
+            "largest category": fullest["largest_category"].str.replace("_", " "),
+        })
+    peaks = info["peaks"]
+    if len(peaks):
+        peaks = pd.DataFrame({
+            "ipu": peaks["ipu"], "peak step": peaks["peak_step"],
+            "peak": [fmt_bytes(x) for x in peaks["peak_bytes"]],
+            "always-live": [fmt_bytes(x) for x in peaks["always_live_bytes"]],
+            "not-always-live": [fmt_bytes(x) for x in peaks["not_always_live_bytes"]],
+            "phase": peaks["phase"], "at": peaks["label"],
+        })
+    return html.Div([
+        html.H2(title_of(entry)),
+        _cards(info, unit(entry)),
+        html.H3("Advice"), _advice(info),
+        html.Div([
+            html.Div([html.H3("Five fullest tiles"),
+                      table("fullest-tiles", fullest) if len(fullest)
+                      else html.P("No tile memory in this profile.")], className="half"),
+            html.Div([html.H3("Peak liveness per IPU"),
+                      table("peak-liveness", peaks) if len(peaks)
+                      else html.P("No liveness in this profile.")], className="half"),
+        ], className="row"),
+        html.Div([graph("summary-histogram", histogram(ctx, entry)),
+                  graph("summary-totals", totals(ctx, entry))], className="row two"),
+        downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES)),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    """The summary has no callbacks: it is rebuilt on each visit."""

@@ -1,0 +1,62 @@
+"""`/trace`: one row per IPU; zoom or pan redraws the visible range on the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, State, html
+from dash.exceptions import PreventUpdate
+
+from popviz import figures
+
+from ..cache import Entry
+from ..common import AppContext, downloads, graph, profile_of, title_of, trace_index, unit, x_range
+
+PATH = "/trace"
+TITLE = "Trace"
+NEEDS_PROFILE = True
+
+
+def trace(ctx: AppContext, entry: Entry, lo: float | None = None,
+          hi: float | None = None) -> Any:
+    return figures.trace_figure(trace_index(entry), lo, hi, unit=unit(entry))
+
+
+FIGURES = {"trace": trace}
+
+
+def _status(fig: Any) -> str:
+    meta = fig.layout.meta or {}
+    if not meta:
+        return ""
+    lo, hi = meta["range"]
+    mode = ("every event drawn" if meta["mode"] == "events"
+            else "busiest category per pixel; zoom in to see single events")
+    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f}: {mode}."
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    fig = trace(ctx, entry)
+    return html.Div([
+        html.H2(title_of(entry)),
+        html.P("Drag to zoom, shift-drag or scroll to pan, double-click to reset. Colours: "
+               "forward, backward, recompute and weight-update compute; exchange; sync; "
+               "host I/O; idle.", className="hint"),
+        html.Div(_status(fig), id="trace-status", className="status"),
+        graph("trace-graph", fig),
+        downloads(entry.rel, ["trace"], list(FIGURES)),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
+                  Input("trace-graph", "relayoutData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def zoom(relayout: dict | None, search: str) -> tuple[Any, str]:
+        wanted = x_range(relayout)
+        if wanted is None:
+            raise PreventUpdate
+        entry = ctx.cache.get(profile_of(search))
+        fig = trace(ctx, entry) if wanted == "auto" else trace(ctx, entry, *wanted)
+        return fig, _status(fig)

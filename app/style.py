@@ -1,0 +1,64 @@
+"""The page shell and its CSS (inline, so the installed package needs no asset files)."""
+
+CSS = """
+body { margin: 0; font-family: Inter, 'Segoe UI', Helvetica, Arial, sans-serif;
+       color: #1f2933; background: #f6f7f9; }
+.nav { display: flex; gap: 4px; align-items: center; background: #1f2d3d;
+       padding: 0 16px; height: 46px; position: sticky; top: 0; z-index: 10; }
+.brand { color: #fff; font-weight: 700; margin-right: 18px; letter-spacing: .5px; }
+.nav-link { color: #c9d4e0; text-decoration: none; padding: 6px 10px; border-radius: 4px;
+            font-size: 14px; }
+.nav-link:hover { background: #2e4259; color: #fff; }
+.nav-link.active { background: #3b75af; color: #fff; }
+.nav-link.disabled { color: #66788a; }
+.page { padding: 12px 22px 40px; }
+h2 { font-size: 19px; margin: 10px 0 8px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+.hint { color: #52606d; font-size: 13px; margin: 2px 0 6px; }
+.status { color: #3e4c59; font-size: 13px; margin: 2px 0 6px; }
+.graph { background: #fff; border: 1px solid #e1e5ea; border-radius: 6px; margin: 8px 0;
+         min-width: 0; }
+.row { display: flex; gap: 14px; align-items: flex-start; }
+.row.two > * { flex: 1 1 0; }
+.half { flex: 1 1 0; min-width: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
+.card { background: #fff; border: 1px solid #e1e5ea; border-left: 5px solid #9aa5b1;
+        border-radius: 6px; padding: 8px 12px; min-width: 170px; }
+.card.good { border-left-color: #3f9142; } .card.bad { border-left-color: #c53a32; }
+.card.warn { border-left-color: #e59b25; }
+.card-label { font-size: 11px; text-transform: uppercase; color: #7b8794; }
+.card-value { font-size: 15px; font-weight: 600; margin-top: 2px; }
+ul#advice { padding-left: 0; list-style: none; margin: 4px 0; }
+.advice { background: #fff; border: 1px solid #e1e5ea; border-left: 5px solid #3b75af;
+          border-radius: 4px; padding: 6px 10px; margin: 4px 0; font-size: 14px; }
+.advice.error { border-left-color: #c53a32; } .advice.warning { border-left-color: #e59b25; }
+.message { padding: 10px 14px; border-radius: 6px; margin: 10px 0; font-size: 14px; }
+.message.error { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; }
+.message.info { background: #eef4fb; color: #1f4f7a; border: 1px solid #c9dcf0; }
+table.listing { border-collapse: collapse; background: #fff; width: 100%; font-size: 13px; }
+table.listing th, table.listing td { border-bottom: 1px solid #e4e7eb; padding: 6px 10px;
+                                     text-align: left; }
+table.listing th { background: #f3f5f8; }
+table.listing td.ok { color: #2f7a32; font-weight: 600; }
+table.listing td.bad, table.listing td.error { color: #b3261e; font-weight: 600; }
+.downloads { margin: 14px 0; font-size: 13px; }
+.downloads .download { margin-right: 10px; color: #3b75af; }
+.label { font-weight: 600; margin-right: 6px; align-self: center; }
+.picker { width: 160px; }
+"""
+
+INDEX_STRING = """<!DOCTYPE html>
+<html>
+<head>
+{%metas%}
+<title>{%title%}</title>
+{%favicon%}
+{%css%}
+<style>""" + CSS + """</style>
+</head>
+<body>
+{%app_entry%}
+<footer>{%config%}{%scripts%}{%renderer%}</footer>
+</body>
+</html>
+"""
