@@ -233,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = resolve(parser.parse_args(argv), parser)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
+    # the command line stored in each profile
+    args.command_line = " ".join(["train.py", *(sys.argv[1:] if argv is None else argv)])
     from popviz.models import runs
 
     try:

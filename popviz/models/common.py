@@ -13,11 +13,8 @@ from torch import nn
 def block_scope(name: str, ipu_id: int | None = None) -> Iterator[None]:
     """`popviz.Block(name, ipu_id)`: outside recording it changes nothing, so the models
     compute the same numbers with or without popviz annotations."""
-    try:  # annotate sits below models in the layering
-        from popviz.annotate import Block
-    except ModuleNotFoundError:  # TODO(models): drop once popviz.annotate lands
-        yield
-        return
+    from popviz.annotate import Block  # annotate sits below models in the layering
+
     with Block(name, ipu_id=ipu_id):
         yield
 

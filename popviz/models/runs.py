@@ -28,7 +28,8 @@ def _recorder(args: argparse.Namespace, options: Any, profile_dir: Path,
 
     def make() -> Any:
         return popviz.record(options, profile_dir=str(profile_dir), model=model,
-                             name=info["name"], model_info=info)
+                             name=info["name"], model_info=info, progress=not args.quiet,
+                             command_line=args.command_line)
 
     return make
 
@@ -57,8 +58,9 @@ def _line(title: str, result: RunResult, extra: str = "") -> str:
     loss = (f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses
             else "no steps")
     profiles = ", ".join(str(p) for p in result.profiles)
+    modelled = "".join(f"; modelled: {_modelled(s)}" for s in result.summaries)
     return (f"{title}: {len(result.losses)} steps, {loss}, "
-            f"{result.samples_per_second:.1f} samples/s{extra}"
+            f"{result.samples_per_second:.1f} samples/s on this CPU{extra}{modelled}"
             + (f"; profile: {profiles}" if profiles else ""))
 
 
@@ -67,7 +69,7 @@ def run_tutorial(args: argparse.Namespace, make_options: OptionsFactory) -> int:
     real; profiles in DIR/training and DIR/inference (the test pass)."""
     micro = args.batch_size[0]
     model = _model(args)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    optimiser = _optimiser(args, model)
     options = make_options(args, micro, True)
     _debug(args, options, model)
     data, test = _data(args, 1), _data(args, 2)
@@ -105,7 +107,7 @@ def run_cnn(args: argparse.Namespace, make_options: OptionsFactory) -> int:
     data; the recorded step goes to DIR/profile.h5."""
     micro = args.batch_size[0]
     model = _model(args)
-    optimiser = torch.optim.SGD(model.parameters(), lr=args.learning_rate, momentum=0.9)
+    optimiser = _optimiser(args, model)
     options = make_options(args, micro, True)
     _debug(args, options, model)
     data = _data(args, 1)
@@ -151,23 +153,96 @@ def run_inference(args: argparse.Namespace, make_options: OptionsFactory) -> int
 def _inference_summary(args: argparse.Namespace, options: Any, model: torch.nn.Module,
                        data: SyntheticImages, micro: int, out: Path,
                        info: dict[str, Any]) -> dict[str, Any]:
+    """Record one forward pass; compile it (and write it with --profile)."""
     import popviz
-    from popviz.record import Recorder
 
     images, _ = data.batch(micro)
     model.eval()
-    if args.profile:
-        with torch.no_grad(), popviz.record(options, profile_dir=str(out), model=model,
-                                            name=info["name"], model_info=info):
-            model(images)
-        return dict(popviz.open(out).summary)
-    with torch.no_grad(), Recorder(model, name=info["name"], model_info=info) as rec:
+    with torch.no_grad(), popviz.record(options, profile_dir=out if args.profile else None,
+                                        model=model, name=info["name"], model_info=info,
+                                        progress=not args.quiet,
+                                        command_line=args.command_line) as rec:
         model(images)
-    return dict(popviz.compile(rec.program, options).summary)
+    report = rec.report if rec.report is not None else popviz.compile(rec.program,
+                                                                      rec.options)
+    return dict(report.summary)
 
 
 def run_plan(args: argparse.Namespace, make_options: OptionsFactory) -> int:
-    raise ValueError("--plan-only is not wired yet")
+    """--plan-only: record one step on fake tensors at full size (nothing is computed) and
+    print the modelled result; with --profile write it like a real run would."""
+    tutorial = args.name == "tutorial"
+    jobs: list[tuple[str, Path, bool, int]] = []
+    if args.inference:
+        for batch in args.batch_size:
+            sub = () if len(args.batch_size) == 1 else (f"bs{batch}",)
+            jobs.append((f"bs{batch}", Path(args.profile_dir, *sub), False,
+                         batch // args.replicas))
+    elif tutorial:
+        jobs.append(("training", Path(args.profile_dir, "training"), True,
+                     args.batch_size[0]))
+        if not args.no_validation:
+            jobs.append(("inference", Path(args.profile_dir, "inference"), False,
+                         args.test_batch_size))
+    else:
+        jobs.append(("training", Path(args.profile_dir), True, args.batch_size[0]))
+    for label, out, training, micro in jobs:
+        options = make_options(args, micro, training)
+        report, path = _plan_one(args, options, out if args.profile else None, training,
+                                 micro)
+        where = f"; profile: {path}" if path else ""
+        print(f"{_title(args)} plan ({label}): {_modelled(report.summary)}{where}")
+    return 0
+
+
+def _plan_one(args: argparse.Namespace, options: Any, out: Path | None, training: bool,
+              micro: int) -> tuple[Any, Path | None]:
+    import popviz
+
+    name = _title(args)
+    info = {"name": name, "image_size": args.image_size, "num_classes": args.num_classes}
+    with popviz.plan(options, profile_dir=out, name=name, model_info=info,
+                     progress=not args.quiet, command_line=args.command_line) as session:
+        model = _model(args)
+        images = torch.randn(micro, input_channels(args.name), args.image_size,
+                             args.image_size)
+        labels = torch.randint(0, args.num_classes, (micro,))
+        if training:
+            optimiser = _optimiser(args, model)
+            with session.step(model=model):
+                _, loss = model(images, labels)
+                loss.backward()
+                optimiser.step()
+        else:
+            model.eval()
+            with torch.no_grad(), session.step(model=model):
+                model(images)
+    rec = session.recording
+    report = rec.report if rec.report is not None else popviz.compile(rec.program,
+                                                                      rec.options)
+    return report, rec.profile_path
+
+
+def _optimiser(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if args.name == "tutorial":
+        return torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    return torch.optim.SGD(model.parameters(), lr=args.learning_rate, momentum=0.9)
+
+
+def _title(args: argparse.Namespace) -> str:
+    return "tutorial" if args.name == "tutorial" else f"{args.name}{args.model_size}"
+
+
+def _modelled(summary: dict[str, Any]) -> str:
+    """The modelled facts of a compiled summary, for the summary line."""
+    parts = [f"fits {summary.get('fits')}"]
+    if summary.get("total_ipus") is not None:
+        parts.append(f"{summary['total_ipus']} IPUs")
+    if summary.get("latency_ms") is not None:
+        parts.append(f"latency {summary['latency_ms']:.3f} ms")
+    if summary.get("throughput") is not None:
+        parts.append(f"{summary['throughput']:.0f} samples/s modelled")
+    return ", ".join(parts)
 
 
 def _merge(total: RunResult, part: RunResult) -> None:
@@ -175,3 +250,4 @@ def _merge(total: RunResult, part: RunResult) -> None:
     total.samples += part.samples
     total.seconds += part.seconds
     total.profiles += part.profiles
+    total.summaries += part.summaries

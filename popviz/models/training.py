@@ -134,9 +134,9 @@ def _collect(result: RunResult, rec: Any) -> None:
     path = getattr(rec, "profile_path", None)
     if path is not None:
         result.profiles.append(Path(path))
-    summary = getattr(rec, "summary", None)
-    if summary:
-        result.summaries.append(dict(summary))
+    report = getattr(rec, "report", None)
+    if report is not None:
+        result.summaries.append(dict(report.summary))
 
 
 @contextlib.contextmanager
