@@ -1,0 +1,223 @@
+"""Bulk-synchronous timing of a schedule: each superstep is compute, sync, exchange.
+
+Every IPU waits at the sync for the slowest one (that wait is `idle`), then all transfers
+of the superstep run (IPU-Links in parallel, host stream copies share the PCIe link).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from popviz.compile.schedule import Schedule
+from popviz.target.machines import Target
+
+KIND_CODES = ("compute", "exchange", "sync", "host_io", "idle")
+
+
+@dataclass
+class StageCosts:
+    """Per-stage inputs of the timing, per micro-batch (WU per weight update)."""
+
+    ipu: np.ndarray
+    forward: np.ndarray
+    recompute: np.ndarray
+    backward: np.ndarray
+    optimiser: np.ndarray
+    boundary_bytes: np.ndarray  # activation bytes into stage s (0 for stage 0)
+    grad_bytes: np.ndarray  # weight-gradient bytes to all-reduce, per stage
+    offload_bytes: np.ndarray  # optimiser state streamed in and out per WU, per stage
+    input_bytes: int  # host -> first stage per micro-batch
+    output_bytes: int  # last stage -> host per micro-batch
+
+
+@dataclass
+class Timing:
+    trace: pd.DataFrame
+    exchange: pd.DataFrame
+    superstep_start: np.ndarray
+    superstep_end: np.ndarray
+    total_cycles: int
+    latency_cycles: float  # mean host-in to host-out of one micro-batch
+
+
+def _transfers(schedule: Schedule, costs: StageCosts, target: Target,
+               replicas: int) -> pd.DataFrame:
+    a = schedule.actions
+    n = len(costs.ipu)
+    k, s, mb, ps = (a["superstep"].to_numpy(), a["stage"].to_numpy(),
+                    a["microbatch"].to_numpy(), a["pass"].to_numpy(str))
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in
+                                         ("k", "src", "dst", "bytes", "kind", "stage", "mb")}
+
+    def add(mask: np.ndarray, kk, src, dst, nbytes, kind: str, stage) -> None:
+        m = int(mask.sum())
+        if not m:
+            return
+        for name, value in (("k", kk), ("src", src), ("dst", dst), ("bytes", nbytes),
+                            ("stage", stage)):
+            cols[name].append(np.broadcast_to(np.asarray(value, dtype=object)
+                                              if name in ("src", "dst") else value,
+                                              mask.shape)[mask])
+        cols["kind"].append(np.full(m, kind, dtype=object))
+        cols["mb"].append(mb[mask] if kind not in ("allreduce", "weights") else np.full(m, -1))
+
+    ipu = costs.ipu
+    fwd, bwd = ps == "F", ps == "B"
+    nxt = np.minimum(s + 1, n - 1)
+    add(fwd & (s < n - 1) & (ipu[s] != ipu[nxt]), k, ipu[s], ipu[nxt],
+        costs.boundary_bytes[nxt], "activation", s)
+    prv = np.maximum(s - 1, 0)
+    add(bwd & (s > 0) & (ipu[s] != ipu[prv]), k, ipu[s], ipu[prv],
+        costs.boundary_bytes[s], "gradient", s)
+    add(fwd & (s == 0), k - 1, "host", ipu[0], costs.input_bytes, "host_in", s)
+    add(fwd & (s == n - 1), k, ipu[n - 1], "host", costs.output_bytes, "host_out", s)
+    wu = ps == "WU"
+    add(wu & (costs.offload_bytes[s] > 0), k, "host", ipu[s], costs.offload_bytes[s],
+        "host_in", s)
+    add(wu & (costs.offload_bytes[s] > 0), k, ipu[s], "host", costs.offload_bytes[s],
+        "host_out", s)
+    if replicas > 1 and len(schedule.allreduce_steps):
+        ks = np.repeat(schedule.allreduce_steps, n)
+        ss = np.tile(np.arange(n), len(schedule.allreduce_steps))
+        ring = costs.grad_bytes[ss] * 2.0 * (replicas - 1) / replicas
+        add(np.ones(len(ks), dtype=bool), ks, ipu[ss], ipu[ss], ring.astype(np.int64),
+            "allreduce", ss)
+    if not cols["k"]:
+        return pd.DataFrame({c: [] for c in (*cols, "cycles")})
+    out = pd.DataFrame({c: np.concatenate(v) for c, v in cols.items()})
+    out = out[out["bytes"].astype(np.int64) > 0].reset_index(drop=True)
+    nbytes = out["bytes"].to_numpy(np.float64)
+    host = out["kind"].isin(["host_in", "host_out"]).to_numpy()
+    cyc = np.where(host, [target.host_cycles(b) for b in nbytes],
+                   [target.link_cycles(b) for b in nbytes])
+    ar = (out["kind"] == "allreduce").to_numpy()
+    cyc[ar] += 2 * (replicas - 1) * target.ipu_link_latency_s * target.clock_hz
+    out["cycles"] = np.ceil(cyc).astype(np.int64)
+    return out
+
+
+def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipus: int,
+                  replicas: int) -> Timing:
+    a = schedule.actions
+    K, n = schedule.num_supersteps, len(costs.ipu)
+    s = a["stage"].to_numpy()
+    ps = a["pass"].to_numpy(str)
+    # compute segments: F, or R then B, or WU
+    per_pass = {"F": costs.forward, "B": costs.backward, "WU": costs.optimiser}
+    seg_rows = []
+    for p, label in (("F", "F"), ("R", "R"), ("B", "B"), ("WU", "WU")):
+        src = "B" if p == "R" else p
+        m = ps == src
+        dur = (costs.recompute if p == "R" else per_pass[p])[s[m]]
+        seg_rows.append(pd.DataFrame({
+            "order": np.flatnonzero(m) * 2 + (0 if p == "R" else 1),
+            "k": a["superstep"].to_numpy()[m], "stage": s[m],
+            "microbatch": a["microbatch"].to_numpy()[m], "pass": label,
+            "dur": dur.astype(np.int64)}))
+    seg = pd.concat(seg_rows, ignore_index=True)
+    seg = seg[seg["dur"] > 0].sort_values("order", kind="stable").reset_index(drop=True)
+    seg["ipu"] = costs.ipu[seg["stage"].to_numpy()]
+    busy = np.zeros((K, num_ipus), dtype=np.int64)
+    np.add.at(busy, (seg["k"].to_numpy(), seg["ipu"].to_numpy()), seg["dur"].to_numpy())
+    compute_len = busy.max(axis=1) if num_ipus else np.zeros(K, dtype=np.int64)
+
+    tr = _transfers(schedule, costs, target, replicas)
+    link_x = np.zeros((K, num_ipus), dtype=np.int64)
+    host_x = np.zeros((K, num_ipus), dtype=np.int64)
+    host_total = np.zeros(K, dtype=np.int64)
+    if len(tr):
+        tk = tr["k"].to_numpy(np.int64)
+        tc = tr["cycles"].to_numpy(np.int64)
+        is_host = tr["kind"].isin(["host_in", "host_out"]).to_numpy()
+        for col in ("src", "dst"):
+            v = tr[col].to_numpy(object)
+            on = np.array([x != "host" for x in v], dtype=bool)
+            idx = np.where(on, v, 0).astype(np.int64)
+            lm = on & ~is_host
+            np.maximum.at(link_x, (tk[lm], idx[lm]), tc[lm])
+            hm = on & is_host
+            np.add.at(host_x, (tk[hm], idx[hm]), tc[hm])
+        np.add.at(host_total, tk[is_host], tc[is_host])
+    x_len = np.maximum((link_x + host_x).max(axis=1), host_total)
+    sync = np.full(K, target.sync_cycles, dtype=np.int64)
+    length = compute_len + sync + x_len
+    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    end = start + length
+
+    # compute events, back to back within (superstep, ipu)
+    offs = seg.groupby(["k", "ipu"])["dur"].cumsum().to_numpy() - seg["dur"].to_numpy()
+    c_start = start[seg["k"].to_numpy()] + offs
+    stage_of_ipu = np.full(num_ipus, -1, dtype=np.int64)
+    for st in range(n - 1, -1, -1):
+        stage_of_ipu[costs.ipu[st]] = st
+    kk, ii = np.meshgrid(np.arange(K), np.arange(num_ipus), indexing="ij")
+    kk, ii = kk.ravel(), ii.ravel()
+    b = busy.ravel()
+    sync_at = start[kk] + compute_len[kk]
+    x0 = sync_at + sync[kk]
+    lx, hx = link_x.ravel(), host_x.ravel()
+    pieces = [
+        (seg["ipu"].to_numpy(), c_start, c_start + seg["dur"].to_numpy(), "compute",
+         seg["stage"].to_numpy(), seg["microbatch"].to_numpy(), seg["pass"].to_numpy(str),
+         (seg["pass"] + seg["stage"].astype(str) + " mb" + seg["microbatch"].astype(str))
+         .to_numpy(str)),
+    ]
+
+    def ipu_events(mask, t0, t1, kind, label):
+        m = mask & (t1 > t0)
+        pieces.append((ii[m], t0[m], t1[m], kind, stage_of_ipu[ii[m]], np.full(m.sum(), -1),
+                       np.full(m.sum(), ""), np.full(m.sum(), label)))
+
+    ones = np.ones(len(kk), dtype=bool)
+    ipu_events(ones, start[kk] + b, sync_at, "idle", "wait for sync")
+    ipu_events(ones, sync_at, x0, "sync", "sync")
+    ipu_events(ones, x0, x0 + lx, "exchange", "exchange")
+    ipu_events(ones, x0 + lx, x0 + lx + hx, "host_io", "host stream copy")
+    ipu_events(ones, x0 + lx + hx, end[kk], "idle", "wait for exchange")
+    cols = ("ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op")
+    trace = pd.DataFrame({c: np.concatenate([np.broadcast_to(np.asarray(p[i]), p[0].shape)
+                                             for p in pieces]) for i, c in enumerate(cols)})
+    trace = trace.astype({"ipu": np.int64, "start": np.int64, "end": np.int64,
+                          "stage": np.int64, "microbatch": np.int64})
+    for c in ("kind", "pass", "op"):
+        trace[c] = trace[c].astype(str)
+    trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
+
+    exchange = pd.DataFrame({
+        "src": tr["src"].astype(object) if len(tr) else pd.Series(dtype=object),
+        "dst": tr["dst"].astype(object) if len(tr) else pd.Series(dtype=object),
+        "bytes": tr["bytes"].astype(np.int64) if len(tr) else pd.Series(dtype=np.int64),
+    })
+    if len(tr):
+        tk = tr["k"].to_numpy(np.int64)
+        exchange["start"] = start[tk] + compute_len[tk] + sync[tk]
+        exchange["end"] = exchange["start"] + tr["cycles"].to_numpy(np.int64)
+        exchange["kind"] = tr["kind"].astype(str).to_numpy()
+        exchange["stage"] = tr["stage"].astype(np.int64).to_numpy()
+        exchange["microbatch"] = tr["mb"].astype(np.int64).to_numpy()
+    else:
+        for c in ("start", "end", "stage", "microbatch"):
+            exchange[c] = pd.Series(dtype=np.int64)
+        exchange["kind"] = pd.Series(dtype=str)
+
+    latency = _latency(a, n, start, end, compute_len, sync)
+    return Timing(trace, exchange, start, end, int(end[-1]) if K else 0, latency)
+
+
+def _latency(a: pd.DataFrame, n: int, start: np.ndarray, end: np.ndarray,
+             compute_len: np.ndarray, sync: np.ndarray) -> float:
+    """Mean time from a micro-batch's host-in to the end of its last forward superstep
+    (host-out included): the latency of one batch in inference."""
+    f = a[a["pass"] == "F"]
+    first = f[f["stage"] == 0].set_index("microbatch")["superstep"]
+    last = f[f["stage"] == n - 1].set_index("microbatch")["superstep"]
+    both = pd.concat([first.rename("a"), last.rename("b")], axis=1, join="inner")
+    if both.empty:
+        return 0.0
+    k0 = both["a"].to_numpy() - 1
+    t0 = start[k0] + compute_len[k0] + sync[k0]
+    t1 = end[both["b"].to_numpy()]
+    return float(np.mean(t1 - t0))

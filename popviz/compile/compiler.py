@@ -1,0 +1,271 @@
+"""compile(program, options) -> Report: place a recorded program on a target and model it.
+
+Pure and deterministic: the model is never run, so re-planning with other splits, AMP,
+schedule or target is just another call. The steps and the cost model are described in
+docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.compile.bsp import StageCosts, Timing, time_schedule
+from popviz.compile.memory import Memory, analyse_memory
+from popviz.compile.order import program_order
+from popviz.compile.report import Report
+from popviz.compile.schedule import Schedule, build_schedule
+from popviz.compile.stages import StagePlan, plan_stages
+from popviz.options import Options
+from popviz.record.program import Program
+from popviz.target.cost import Precision, dtype_scale, op_costs
+from popviz.target.machines import Target, get_target
+
+PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
+PER_SAMPLE_CATEGORIES = ("activation", "temporary", "input")
+
+
+def compile(program: Program, options: Options | None = None) -> Report:
+    """Model `program` on `options.target` with `options`' stages, schedule and AMP."""
+    options = (options or Options()).copy()
+    target = get_target(options.target)
+    precision = Precision.parse(options.precision, options.half_partials)
+    program, micro_batch = _rescale(program, options)
+    if not options.training:
+        program = _forward_only(program)
+
+    plan = plan_stages(program, options)
+    ops = plan.ops
+    is_matmul = ops["op_class"].to_numpy(str) == "matmul"
+    amp = np.array([options.amp_for(int(i), "matmul" if m else "conv")
+                    for i, m in zip(ops["ipu"].to_numpy(), is_matmul, strict=True)])
+    costs = op_costs(ops, target, precision, amp)
+    ops = pd.concat([ops, costs], axis=1)
+    ops.loc[ops["phase"] == "host_io", "cycles"] = 0  # stream copies are exchange, not compute
+    ops = program_order(ops)
+
+    n_stages = len(plan.stages)
+    stage_costs = _stage_costs(ops, program, plan, options, precision, n_stages)
+    kind = "Sequential" if options.strategy == "sharded" else options.schedule
+    microbatches = options.gradient_accumulation
+    iterations = options.device_iterations
+    if not options.training:  # inference pipelines across all batches of a host call
+        microbatches, iterations = microbatches * iterations, 1
+    has_wu = options.training and bool((ops["pass"] == "WU").any())
+    schedule = build_schedule(n_stages, microbatches, iterations, options.training, kind,
+                              options.replication_factor, has_wu)
+    timing = time_schedule(schedule, stage_costs, target, plan.num_ipus,
+                           options.replication_factor)
+    memory = analyse_memory(ops, program.tensors, options, precision, target,
+                            plan.module_stage, plan.stages["ipu"].to_numpy(np.int64),
+                            schedule.stash_depth, plan.num_ipus)
+
+    stages = _stages_table(plan, ops, schedule, timing, memory, stage_costs, options)
+    out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
+    meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
+            "model": dict(program.model), "kind": "modelled"}
+    summary = _summary(plan, schedule, timing, memory, stages, out_ops, options, target,
+                       micro_batch, microbatches * iterations)
+    tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
+              "tile_memory": memory.tile_memory, "exchange": timing.exchange,
+              "ops": out_ops, "tensors": memory.tensors, "variables": memory.variables,
+              "oom": memory.oom}
+    return Report(meta=meta, tables=tables, arrays={"tile_liveness": memory.tile_liveness},
+                  summary=summary)
+
+
+def _rescale(program: Program, options: Options) -> tuple[Program, int]:
+    """Scale per-sample work when options.micro_batch_size (if not the default 1) differs
+    from the recorded batch; returns the program and the micro-batch size."""
+    recorded = int(program.model.get("batch_size") or 0)
+    wanted = options.micro_batch_size
+    if not recorded or wanted in (1, recorded):
+        return program, recorded or wanted
+    ratio = wanted / recorded
+    ops, tensors = program.ops.copy(), program.tensors.copy()
+    m = ops["phase"].isin(PER_SAMPLE_PHASES)
+    for col in ("flops", "bytes_read", "bytes_written"):
+        ops.loc[m, col] = np.round(ops.loc[m, col].to_numpy(np.float64) * ratio).astype(np.int64)
+    t = tensors["category"].isin(PER_SAMPLE_CATEGORIES)
+    tensors.loc[t, "bytes"] = np.round(tensors.loc[t, "bytes"].to_numpy(np.float64) * ratio
+                                       ).astype(np.int64)
+    model = dict(program.model, batch_size=wanted)
+    return Program(ops, tensors, model, program.mode), wanted
+
+
+def _forward_only(program: Program) -> Program:
+    """Inference: drop backward / recompute / optimiser ops and what only they made."""
+    ops = program.ops
+    keep = ops["phase"].isin(["forward", "host_io"])
+    kept = ops[keep]
+    t = program.tensors
+    alive = (t["producer"] < 0) | t["producer"].isin(kept["op_id"])
+    t = t[alive & ~t["category"].isin(["gradient", "optimiser_state"])].copy()
+    last = int(kept["op_id"].max()) if len(kept) else 0
+    t["last_use"] = np.minimum(t["last_use"].to_numpy(np.int64), last)
+    return Program(kept.reset_index(drop=True), t.reset_index(drop=True), program.model,
+                   program.mode)
+
+
+def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: Options,
+                 precision: Precision, n: int) -> StageCosts:
+    def per_stage(mask: pd.Series) -> np.ndarray:
+        return np.bincount(ops.loc[mask, "stage"].to_numpy(np.int64),
+                           weights=ops.loc[mask, "cycles"].to_numpy(np.float64),
+                           minlength=n)[:n].astype(np.int64)
+
+    t = program.tensors
+    scale = dtype_scale(t["dtype"], precision.compute_bytes)
+    wscale = dtype_scale(t["dtype"], precision.weight_bytes)
+    nbytes = t["bytes"].to_numpy(np.float64)
+    real = ops[ops["source_op"] < 0]
+    op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
+    ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
+    us = op_stage.reindex(t["last_use"].to_numpy()).to_numpy()
+    act = t["category"].isin(["activation", "input"]).to_numpy() & ~np.isnan(ps) & \
+        ~np.isnan(us) & (us > ps)
+    # bytes entering stage s: activations made before s and still used at s or later
+    diff = np.zeros(n + 1)
+    np.add.at(diff, ps[act].astype(np.int64) + 1, nbytes[act] * scale[act])
+    np.add.at(diff, us[act].astype(np.int64) + 1, -nbytes[act] * scale[act])
+    boundary = np.cumsum(diff)[:n]
+    fwd = real[real["pass"] == "F"]
+    last_out = fwd.groupby("stage")["bytes_written"].last() * precision.compute_bytes / 4
+    for s in range(1, n):
+        boundary[s] = max(boundary[s], float(last_out.get(s - 1, 0)))
+    boundary[0] = 0
+    tensor_stage = plan_tensor_stage(t, op_stage, plan)
+    grad = (t["category"] == "gradient").to_numpy()
+    grad_bytes = np.bincount(tensor_stage[grad], weights=nbytes[grad] * wscale[grad],
+                             minlength=n)[:n]
+    state = (t["category"] == "optimiser_state").to_numpy() & options.optimiser_offload
+    offload = np.bincount(tensor_stage[state], weights=nbytes[state] * wscale[state],
+                          minlength=n)[:n]
+    inp = (t["category"] == "input").to_numpy()
+    last_fwd = fwd[fwd["stage"] == n - 1]
+    out_bytes = int(last_fwd["bytes_written"].iloc[-1] * precision.compute_bytes / 4) \
+        if len(last_fwd) else 0
+    return StageCosts(
+        ipu=plan.stages["ipu"].to_numpy(np.int64),
+        forward=per_stage(ops["pass"] == "F"), recompute=per_stage(ops["pass"] == "R"),
+        backward=per_stage(ops["pass"] == "B"), optimiser=per_stage(ops["pass"] == "WU"),
+        boundary_bytes=np.ceil(boundary).astype(np.int64),
+        grad_bytes=np.ceil(grad_bytes).astype(np.int64),
+        offload_bytes=np.ceil(offload).astype(np.int64),
+        input_bytes=math.ceil(float((nbytes[inp] * scale[inp]).sum())),
+        output_bytes=max(out_bytes, 0))
+
+
+def plan_tensor_stage(t: pd.DataFrame, op_stage: pd.Series, plan: StagePlan) -> np.ndarray:
+    """Stage of each tensor: its producer's, else its module's (parents too), else 0."""
+    ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
+    out = np.zeros(len(t), dtype=np.int64)
+    for i, (p, module) in enumerate(zip(ps, t["module"].astype(str).tolist(), strict=True)):
+        if not np.isnan(p):
+            out[i] = int(p)
+            continue
+        while module and module not in plan.module_stage and "." in module:
+            module = module.rsplit(".", 1)[0]
+        out[i] = plan.module_stage.get(module, 0)
+    return out
+
+
+def _stages_table(plan: StagePlan, ops: pd.DataFrame, schedule: Schedule, timing: Timing,
+                  memory: Memory, costs: StageCosts, options: Options) -> pd.DataFrame:
+    tr = timing.trace
+    dur = (tr["end"] - tr["start"]).to_numpy(np.int64)
+    n = len(plan.stages)
+    comp = (tr["kind"] == "compute").to_numpy()
+    st = tr["stage"].to_numpy(np.int64)
+    ps = tr["pass"].to_numpy(str)
+    kind = tr["kind"].to_numpy(str)
+
+    def total(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(st[mask & (st >= 0)], weights=dur[mask & (st >= 0)],
+                           minlength=n)[:n].astype(np.int64)
+
+    ipu = plan.stages["ipu"].to_numpy(np.int64)
+    out = plan.stages[["stage", "ipu"]].copy()
+    out["forward_cycles"] = total(comp & (ps == "F"))
+    out["backward_cycles"] = total(comp & (ps == "B"))
+    out["recompute_cycles"] = total(comp & (ps == "R"))
+    out["exchange_cycles"] = total(np.isin(kind, ["exchange", "host_io"]))
+    out["idle_cycles"] = total(np.isin(kind, ["idle", "sync"]))
+    out["stash_bytes"] = memory.stash_bytes
+    out["peak_bytes"] = memory.peak_bytes[ipu]
+    out["optimiser_cycles"] = total(comp & (ps == "WU"))
+    out["amp"] = [options.amp_for(int(i), "conv") for i in ipu]
+    out["first_layer"] = plan.stages["first_layer"].astype(str)
+    out["last_layer"] = plan.stages["last_layer"].astype(str)
+    out["num_ops"] = np.bincount(ops["stage"].to_numpy(np.int64), minlength=n)[:n]
+    out["sync_cycles"] = total(kind == "sync")
+    out["forward_cycles_per_microbatch"] = costs.forward
+    out["recompute_cycles_per_microbatch"] = costs.recompute
+    out["backward_cycles_per_microbatch"] = costs.backward
+    out["stash_depth"] = schedule.stash_depth
+    out["stash_bytes_per_microbatch"] = memory.stash_per_microbatch
+    out["boundary_bytes"] = costs.boundary_bytes
+    out["amp_ignored_ops"] = np.bincount(
+        ops.loc[ops["amp_ignored"], "stage"].to_numpy(np.int64), minlength=n)[:n]
+    return out
+
+
+def _py(value: Any) -> Any:
+    """JSON-safe scalars and containers."""
+    if isinstance(value, dict):
+        return {str(k): _py(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_py(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if not math.isfinite(float(value)) else float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory,
+             stages: pd.DataFrame, ops: pd.DataFrame, options: Options, target: Target,
+             micro_batch: int, microbatches_per_replica: int) -> dict[str, Any]:
+    step_cycles = timing.total_cycles
+    seconds = step_cycles / target.clock_hz if step_cycles else 0.0
+    replicas = options.replication_factor
+    samples = micro_batch * microbatches_per_replica * replicas
+    total_ipus = plan.num_ipus * replicas
+    throughput = samples / seconds if seconds else 0.0
+    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
+              + stages["backward_cycles_per_microbatch"])
+    tr = timing.trace
+    idle = float((tr["end"] - tr["start"])[tr["kind"].isin(["idle", "sync"])].sum())
+    ignored = ops[ops["amp_ignored"]]
+    oom_ipus = sorted({int(i) for i in memory.oom["ipu"]})
+    summary = {
+        "fits": memory.oom.empty, "oom_tiles": len(memory.oom), "oom_ipus": oom_ipus,
+        "num_ipus": plan.num_ipus, "replicas": replicas, "total_ipus": total_ipus,
+        "step_cycles": step_cycles, "step_seconds": seconds, "step_ms": seconds * 1e3,
+        "samples_per_step": samples, "throughput": throughput,
+        "throughput_per_ipu": throughput / total_ipus if total_ipus else 0.0,
+        "latency_ms": (timing.latency_cycles / target.clock_hz * 1e3
+                       if not options.training else None),
+        "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
+        "idle_fraction": idle / (plan.num_ipus * step_cycles) if step_cycles else 0.0,
+        "peak_liveness_bytes": {str(i): int(p) for i, p in enumerate(memory.peak_bytes)},
+        "amp_ignored": len(ignored),
+        "amp_ignored_ops": [f"{o}#{i}" for o, i in zip(ignored["op"].head(50),
+                                                      ignored["op_id"].head(50), strict=True)],
+        "schedule": schedule.name, "strategy": options.strategy,
+        "micro_batch_size": micro_batch, "microbatches": microbatches_per_replica,
+        "training": options.training, "stage_mode": plan.split_mode,
+        "stash_depth": schedule.stash_depth.tolist(),
+        "liveness_steps": memory.liveness.groupby("ipu")["step"].max().add(1).tolist(),
+        "max_tile_bytes": int(memory.tile_memory["total_bytes"].max())
+        if len(memory.tile_memory) else 0,
+        "stages": stages.drop(columns=["first_layer", "last_layer"]).to_dict("records"),
+    }
+    for row, (_, s) in zip(summary["stages"], stages.iterrows(), strict=True):
+        row["first_layer"], row["last_layer"] = str(s["first_layer"]), str(s["last_layer"])
+    return _py(summary)

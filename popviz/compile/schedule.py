@@ -1,0 +1,160 @@
+"""Pipeline schedules as an IR of actions, like torch.distributed.pipelining's.
+
+An action is (superstep, stage, microbatch, pass) with pass F (forward), B (backward,
+preceded by its recompute R on the same IPU) or WU (weight update). A schedule places the
+actions into BSP supersteps; `popviz.compile.bsp` then times them. Superstep 0 only
+streams the first micro-batch in from the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+PASS_RANK = {"F": 0, "B": 1, "WU": 2}
+
+
+@dataclass
+class Schedule:
+    actions: pd.DataFrame  # superstep, stage, microbatch, pass (sorted)
+    allreduce_steps: np.ndarray  # supersteps that only all-reduce gradients
+    num_supersteps: int
+    stash_depth: np.ndarray  # per stage, micro-batches held between F and B (0 = none)
+    name: str
+
+
+def _grouped(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
+    """All stages run each clock: F of micro-batch c - s, then B of c - (2n - 2 - s)."""
+    mb, s = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
+    mb, s = mb.ravel(), s.ravel()
+    rows = [(int(k), int(st), int(b), "F") for k, st, b in zip(mb + s, s, mb, strict=True)]
+    if training:
+        rows += [(int(k), int(st), int(b), "B")
+                 for k, st, b in zip(mb + 2 * n - 2 - s, s, mb, strict=True)]
+    return rows
+
+
+def _interleaved(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
+    """1F1B: each stage runs one pass per superstep and a backward as soon as it can;
+    the last stage runs a micro-batch's F and B in the same superstep."""
+    if not training:
+        return _grouped(n, m, False)
+    seqs: list[list[tuple[int, str]]] = []
+    for s in range(n):
+        if s == n - 1:
+            seqs.append([(b, "FB") for b in range(m)])
+            continue
+        warm = min(n - 1 - s, m)
+        seq = [(b, "F") for b in range(warm)]
+        nf, nb = warm, 0
+        while nb < m:
+            if nf < m:
+                seq.append((nf, "F"))
+                nf += 1
+            seq.append((nb, "B"))
+            nb += 1
+        seqs.append(seq)
+    done_f = np.full((n, m), -1, dtype=np.int64)
+    done_b = np.full((n, m), -1, dtype=np.int64)
+    pos = [0] * n
+    rows: list[tuple[int, int, int, str]] = []
+    k = 0
+    while any(pos[s] < len(seqs[s]) for s in range(n)):
+        progressed = False
+        for s in range(n):
+            if pos[s] >= len(seqs[s]):
+                continue
+            b, kind = seqs[s][pos[s]]
+            f_ready = s == 0 or 0 <= done_f[s - 1, b] < k
+            if kind == "F" and f_ready:
+                done_f[s, b] = k
+            elif kind == "FB" and f_ready:
+                done_f[s, b] = done_b[s, b] = k
+                rows.append((k, s, b, "F"))
+                kind = "B"
+            elif kind == "B" and 0 <= done_b[s + 1, b] < k:
+                done_b[s, b] = k
+            else:
+                continue
+            rows.append((k, s, b, kind))
+            pos[s] += 1
+            progressed = True
+        if not progressed and k > 4 * (m + n) + 8:
+            raise RuntimeError("interleaved schedule made no progress")  # a bug, not input
+        k += 1
+    return rows
+
+
+def _sequential(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
+    """One stage at a time (sharded execution): F through the stages, then B back."""
+    rows: list[tuple[int, int, int, str]] = []
+    k = 0
+    for b in range(m):
+        for s in range(n):
+            rows.append((k, s, b, "F"))
+            if training and s == n - 1:
+                rows.append((k, s, b, "B"))
+            k += 1
+        if training:
+            for s in range(n - 2, -1, -1):
+                rows.append((k, s, b, "B"))
+                k += 1
+    return rows
+
+
+def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
+    """Max micro-batches a stage holds whose F has run and whose B has not finished,
+    counting only micro-batches whose F and B are in different supersteps."""
+    depth = np.zeros(num_stages, dtype=np.int64)
+    f = actions[actions["pass"] == "F"].set_index(["stage", "microbatch"])["superstep"]
+    b = actions[actions["pass"] == "B"].set_index(["stage", "microbatch"])["superstep"]
+    both = pd.concat([f.rename("f"), b.rename("b")], axis=1, join="inner")
+    both = both[both["b"] > both["f"]]
+    for s, grp in both.groupby(level="stage"):
+        lo, hi = grp["f"].to_numpy(), grp["b"].to_numpy()
+        span = int(hi.max()) + 2
+        diff = np.zeros(span, dtype=np.int64)
+        np.add.at(diff, lo, 1)
+        np.add.at(diff, hi + 1, -1)
+        depth[int(s)] = int(np.cumsum(diff).max())
+    return depth
+
+
+def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
+                   training: bool, kind: str, replicas: int, has_wu: bool) -> Schedule:
+    """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution)."""
+    makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential}
+    rows = makers[kind](num_stages, microbatches, training)
+    one = pd.DataFrame(rows, columns=["superstep", "stage", "microbatch", "pass"])
+    one["superstep"] += 1  # superstep 0 streams the first micro-batch in
+    length = int(one["superstep"].max()) + 1
+    allreduce: list[int] = []
+    if training and has_wu:
+        if replicas > 1:
+            allreduce.append(length)
+            length += 1
+        # one IPU at a time also for the weight update when execution is sequential
+        serial = kind == "Sequential"
+        wu = pd.DataFrame({"superstep": length + (np.arange(num_stages) if serial else 0),
+                           "stage": np.arange(num_stages), "microbatch": -1, "pass": "WU"})
+        one = pd.concat([one, wu], ignore_index=True)
+        length += num_stages if serial else 1
+    period = length - 1  # later iterations need no separate host prelude
+    parts, ar = [], []
+    for it in range(device_iterations):
+        part = one.copy()
+        part["superstep"] += it * period
+        part.loc[part["microbatch"] >= 0, "microbatch"] += it * microbatches
+        parts.append(part)
+        ar += [a + it * period for a in allreduce]
+    actions = pd.concat(parts, ignore_index=True)
+    actions["rank"] = actions["pass"].map(PASS_RANK)
+    actions = actions.sort_values(["superstep", "stage", "rank"], kind="stable")
+    actions = actions.drop(columns="rank").reset_index(drop=True)
+    actions = actions.astype({"superstep": np.int64, "stage": np.int64,
+                              "microbatch": np.int64})
+    depth = stash_depth(actions[actions["microbatch"] < microbatches], num_stages)
+    return Schedule(actions, np.asarray(ar, dtype=np.int64),
+                    period * device_iterations + 1, depth, kind)
