@@ -1,0 +1,176 @@
+"""train.py end to end at tiny sizes: real training, recorded profiles, inference, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import popviz
+import popviz.models as models
+from popviz.models.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("popviz_train_script", ROOT / "train.py")
+assert _spec is not None and _spec.loader is not None
+train_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train_script)
+main = train_script.main
+
+TINY_TUTORIAL = ["--epochs", "1", "--dataset-size", "64", "--batch-size", "4",
+                 "--gradient-accumulation", "2", "--device-iterations", "2",
+                 "--test-batch-size", "4", "--quiet"]
+TINY_RESNET = ["--model", "resnet", "--model-size", "18", "--image-size", "32",
+               "--batch-size", "2", "--iterations", "2", "--num-classes", "10", "--quiet",
+               "--no-validation"]
+
+
+def test_tutorial_profile_writes_training_and_inference(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    assert main([*TINY_TUTORIAL, "--profile", "--profile-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tutorial training" in out and "tutorial inference" in out
+    training = popviz.open(tmp_path / "training")
+    inference = popviz.open(tmp_path / "inference")
+    opts = training.meta["options"]
+    assert opts["strategy"] == "pipelined"
+    assert opts["gradient_accumulation"] == 2 and opts["device_iterations"] == 2
+    assert opts["micro_batch_size"] == 4
+    # blocks B1-B4 on IPUs 0-3, one stage each
+    assert training.stages["ipu"].tolist() == [0, 1, 2, 3]
+    assert set(training.ops["phase"]) >= {"forward", "backward", "optimiser"}
+    assert inference.meta["options"]["training"] is False
+    assert inference.meta["options"]["micro_batch_size"] == 4
+    assert "backward" not in set(inference.ops["phase"])
+    assert training.command_line.startswith("train.py --epochs 1")
+    assert "--profile-dir" in inference.command_line
+
+
+def test_tutorial_sharded_without_profile_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "none"
+    assert main([*TINY_TUTORIAL, "--strategy", "sharded", "--profile-dir", str(out)]) == 0
+    assert not out.exists()
+    assert main([*TINY_TUTORIAL, "--strategy", "sharded", "--no-validation", "--profile",
+                 "--profile-dir", str(out)]) == 0
+    prof = popviz.open(out / "training")
+    assert prof.meta["options"]["strategy"] == "sharded"
+    assert not (out / "inference").exists()
+
+
+def test_resnet_pipeline_run_places_stages_at_the_splits(tmp_path: Path) -> None:
+    assert main([*TINY_RESNET, "--shards", "3", "--pipeline", "--pipeline-splits",
+                 "b2/0/relu", "b3/1", "--pipeline-schedule", "Interleaved",
+                 "--available-memory-proportion", "0.2", "0.3", "0.4", "0.5", "0.6", "0.3",
+                 "--profile", "--profile-dir", str(tmp_path)]) == 0
+    prof = popviz.open(tmp_path)
+    opts = prof.meta["options"]
+    assert opts["splits"] == ["b2/0/relu", "b3/1"] and opts["schedule"] == "Interleaved"
+    assert opts["available_memory_proportion"]["IPU1"] == [0.4, 0.5]
+    stages = prof.stages
+    assert stages["ipu"].tolist() == [0, 1, 2]
+    assert stages["first_layer"].tolist() == ["b0", "b2/0/relu", "b3/1"]
+    fwd = prof.ops[prof.ops["phase"] == "forward"]
+    assert {"b0", "b2/0/relu", "fc"} <= set(fwd["layer"])
+
+
+def test_recomputation_on_one_ipu(tmp_path: Path) -> None:
+    splits = ["b1/1/relu", "b3/0/relu"]
+    assert main([*TINY_RESNET, "--shards", "1", "--pipeline-splits", *splits,
+                 "--enable-recomputation", "--profile", "--profile-dir", str(tmp_path)]) == 0
+    prof = popviz.open(tmp_path)
+    assert prof.meta["options"]["recomputation"] is True
+    assert prof.meta["options"]["splits"] == splits
+    assert set(prof.stages["ipu"]) == {0}
+    assert (prof.ops["phase"] == "recompute").any()
+
+
+def test_inference_table_and_profiles(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--model", "resnet", "--model-size", "18", "--image-size", "32", "--inference",
+            "--batch-size", "2", "4", "--replicas", "2", "--target", "mk1", "--quiet"]
+    assert main([*argv, "--profile", "--profile-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[:3] == ["batch", "micro", "ipus"]
+    rows = [line.split() for line in lines[1:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("2", "1", "2"), ("4", "2", "2")]
+    latency = [float(r[3]) for r in rows]
+    throughput = [float(r[4]) for r in rows]
+    assert all(v > 0 for v in latency + throughput)
+    assert latency[1] > latency[0]  # a bigger micro-batch takes longer per batch
+    for batch, micro in ((2, 1), (4, 2)):
+        prof = popviz.open(tmp_path / f"bs{batch}")
+        assert prof.meta["target"]["name"] == "mk1"
+        assert prof.meta["options"]["training"] is False
+        assert prof.meta["options"]["micro_batch_size"] == micro
+        assert prof.meta["options"]["replication_factor"] == 2
+
+
+def test_plan_only_records_without_computing(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    assert main(["--model", "resnet", "--model-size", "18", "--image-size", "64",
+                 "--batch-size", "2", "--plan-only", "--quiet", "--profile",
+                 "--profile-dir", str(tmp_path)]) == 0
+    assert "plan (training)" in capsys.readouterr().out
+    prof = popviz.open(tmp_path)
+    assert (prof.ops["host_ns"] == 0).all()
+    assert prof.meta["model"]["input_shape"] == [2, 3, 64, 64]
+
+
+ERRORS = [
+    (["--model", "resnet", "--model-size", "50", "--shards", "2", "--pipeline",
+      "--pipeline-splits", "b9/9"], ["unknown split name", "b1/2/relu"]),
+    (["--model", "resnet", "--model-size", "50", "--shards", "4", "--pipeline",
+      "--pipeline-splits", "b1/2/relu"], ["--shards 4 needs 3"]),
+    (["--model", "resnet", "--inference", "--batch-size", "6", "--replicas", "4"],
+     ["not divisible by 4"]),
+    (["--model", "resnet", "--available-memory-proportion", "1.5"], ["outside (0, 1]"]),
+    (["--model", "resnet", "--shards", "2", "--pipeline", "--pipeline-splits", "b2/0",
+      "--available-memory-proportion", "0.1", "0.2", "0.3"], ["2 per stage"]),
+    (["--model", "resnet", "--model-size", "51"], ["valid sizes: 18, 34, 50, 101, 152"]),
+    (["--model", "efficientnet", "--model-size", "9"], ["valid sizes: 0, 1, 2, 3, 4"]),
+    (["--model", "resnet", "--model-size", "18", "--shards", "3", "--pipeline",
+      "--pipeline-splits", "b3/0", "b2/0"], ["forward order"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), ERRORS)
+def test_user_errors_exit_2_with_one_line(argv: list[str], expected: list[str],
+                                          capsys: pytest.CaptureFixture) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("train.py: error: ")
+    for text in expected:
+        assert text in lines[0]
+    assert captured.out == ""
+
+
+def test_subprocess_exit_code_for_unknown_split() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--model", "resnet", "--model-size", "50",
+         "--shards", "4", "--pipeline", "--pipeline-splits", "b1/2/relu", "nope",
+         "b3/3/relu"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "unknown split name(s) nope" in proc.stderr and "b2/3/relu" in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "size", "image", "lr", "updates", "micro"),
+                         [("tutorial", None, 28, 3e-3, 12, 16), ("resnet", 18, 32, 1e-2, 8, 8)])
+def test_loss_falls_over_a_few_steps(name: str, size: int | None, image: int, lr: float,
+                                     updates: int, micro: int) -> None:
+    torch.manual_seed(0)
+    model = models.build(name, size, num_classes=10, image_size=image)
+    data = models.SyntheticImages(10, models.input_channels(name), image, seed=0)
+    if name == "tutorial":
+        optimiser = torch.optim.AdamW(model.parameters(), lr=lr)
+    else:
+        optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    result = train(model, optimiser, data, updates=updates, micro_batch=micro, quiet=True)
+    assert len(result.losses) == updates
+    first, last = result.losses[0], sum(result.losses[-3:]) / 3
+    assert last < 0.75 * first, result.losses
