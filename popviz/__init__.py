@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "PipelinedExecution": "popviz.annotate",
     "ShardedExecution": "popviz.annotate",
     "recomputation_checkpoint": "popviz.annotate",
+    "host_io": "popviz.annotate",
     "record": "popviz.record",
     "plan": "popviz.record",
     "Program": "popviz.record.program",

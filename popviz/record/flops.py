@@ -1,9 +1,10 @@
 """FLOPs and op classes of aten ops (a multiply-add counts 2).
 
-Matmuls, convolutions and attention use torch.utils.flop_counter's registered formulas;
-the rest use the per-element costs below. Normalisation counts, per element: forward in
-training 7 (mean 1, variance 2, normalise 2, scale and shift 2), forward with running stats
-4, backward 8. Softmax forward 5 (max, subtract, exp, sum, divide), backward 4.
+Matmuls and attention use torch.utils.flop_counter's registered formulas; convolutions
+(forward and backward, grouped and depthwise) and the rest use the formulas below.
+Normalisation counts, per element: forward in training 7 (mean 1, variance 2, normalise 2,
+scale and shift 2), forward with running stats 4, backward 8. Softmax forward 5 (max,
+subtract, exp, sum, divide), backward 4. Pooling: one op per window element per output.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ aten = torch.ops.aten
 
 _CONV = {"convolution", "_convolution", "convolution_overrideable", "_slow_conv2d_forward",
          "cudnn_convolution", "mkldnn_convolution", "convolution_backward"}
+_TRANSPOSABLE = {"convolution", "_convolution", "convolution_overrideable"}
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "mv", "addmv", "dot", "vdot",
            "addbmm", "_scaled_dot_product_efficient_attention",
            "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
@@ -99,19 +101,36 @@ def kind_of(func: Any) -> str:
     return "other"
 
 
-def _conv_groups(name: str, args: Sequence[Any]) -> tuple[int, int]:
-    """(groups, input channels) of a convolution or its backward."""
+def _transposed(name: str, args: Sequence[Any]) -> bool:
     if name == "convolution_backward":
-        x, groups, transposed = args[1], args[9], args[7]
-    else:
-        x = args[0]
-        groups = args[8] if len(args) > 8 else 1
-        transposed = args[6] if len(args) > 6 else False
-    if transposed:
-        channels = int(args[2 if name == "convolution_backward" else 1].shape[0])
-    else:
-        channels = int(x.shape[1]) if x.dim() > 1 else 1
-    return int(groups), channels
+        return bool(args[7])
+    return name in _TRANSPOSABLE and len(args) > 6 and bool(args[6])
+
+
+def _conv_groups(name: str, args: Sequence[Any], in_shapes: list[tuple[int, ...]]
+                 ) -> tuple[int, int]:
+    """(groups, input channels) of a convolution or its backward."""
+    backward = name == "convolution_backward"
+    x, w = (in_shapes[1], in_shapes[2]) if backward else (in_shapes[0], in_shapes[1])
+    channels = int(x[1]) if len(x) > 1 else 1
+    if not _transposed(name, args):  # weight is [out, in / groups, *kernel]
+        return max(1, channels // max(1, int(w[1]))), channels
+    return int(args[9] if backward else args[8]), channels
+
+
+def _conv_flops(name: str, args: Sequence[Any], in_shapes: list[tuple[int, ...]],
+                out_shapes: list[tuple[int, ...]]) -> int:
+    """2 x (output elements) x (input channels per group x kernel area) for the forward;
+    the backward costs as much again for each of grad-input and grad-weight it computes
+    (torch's registered backward formula ignores groups, so it is not used here)."""
+    transposed = _transposed(name, args)
+    if name == "convolution_backward":
+        grad_out, x, w = in_shapes[0], in_shapes[1], in_shapes[2]
+        mask = args[10]
+        per_output = 2 * numel(w[1:]) * numel(x if transposed else grad_out)
+        return per_output * (int(bool(mask[0])) + int(bool(mask[1])))
+    x, w = in_shapes[0], in_shapes[1]
+    return 2 * numel(w[1:]) * numel(x if transposed else out_shapes[0])
 
 
 def _registered(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
@@ -137,11 +156,11 @@ def classify(func: Any, kind: str, args: Sequence[Any], kwargs: dict[str, Any], 
     first_out = numel(out_shapes[0]) if out_shapes else 0
     name = func._overloadpacket.__name__
     if kind == "conv":
-        groups, channels = _conv_groups(name, args)
+        groups, channels = _conv_groups(name, args, in_shapes)
         op_class = "conv"
         if groups > 1:
             op_class = "depthwise_conv" if groups == channels else "grouped_conv"
-        return op_class, _registered(func, args, kwargs, out)
+        return op_class, _conv_flops(name, args, in_shapes, out_shapes)
     if kind == "matmul":
         if func._overloadpacket in flop_registry:
             return "matmul", _registered(func, args, kwargs, out)

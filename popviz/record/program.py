@@ -23,6 +23,9 @@ OP_COLUMNS: dict[str, str] = {
     "out_shape": "str",
     "dtype": "str",
     "host_ns": "int64",
+    # dataflow (added for liveness): tensor_ids read / written, ";"-separated
+    "inputs": "str",
+    "outputs": "str",
 }
 
 TENSOR_COLUMNS: dict[str, str] = {

@@ -88,6 +88,16 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return found
 
 
+def _mutated_args(func: Any) -> tuple[int, ...]:
+    """Positions of arguments an op writes in place but does not return."""
+    schema = func._schema
+    returned = {r.alias_info.before_set and next(iter(r.alias_info.before_set))
+                for r in schema.returns if r.alias_info is not None}
+    return tuple(i for i, a in enumerate(schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write
+                 and not (a.alias_info.before_set & returned) and not a.kwarg_only)
+
+
 def _dummy_scalar(t: torch.Tensor) -> bool | int | float:
     """What `.item()` gives in plan mode, where there is no data: a neutral non-zero."""
     if t.dtype == torch.bool:
@@ -132,6 +142,7 @@ class Recorder:
         self._storages: dict[int, _Storage] = {}
         self._rows: list[_Storage] = []
         self._kinds: dict[Any, str] = {}
+        self._mutated: dict[Any, tuple[int, ...]] = {}
         self._layer_cache: dict[str, str] = {}
         self._paths: dict[int, str] = {}
         self._mod_stack: list[str] = []
@@ -170,6 +181,7 @@ class Recorder:
         finally:
             self._active = False
             STATE.on_checkpoint = None
+            STATE.begin_block = ""
             for handle in self._hooks:
                 handle.remove()
             if self._bar is not None:
@@ -390,6 +402,8 @@ class Recorder:
         out_shapes = [tuple(t.shape) for t in outputs]
         bytes_read = bytes_written = 0
         dtype = ""
+        read: list[str] = []
+        written: list[str] = []
         # lift_fresh turns a constant made by torch.tensor(...) into a tensor: the output
         # is new in this step (fake mode copies it, real mode aliases it)
         for t in inputs if name != "lift_fresh" else ():
@@ -398,6 +412,7 @@ class Recorder:
             if rec is None:  # exists from before the step
                 rec = self._register_existing(t)
             rec.last = op_id
+            read.append(str(rec.tid))
             if rec.module is None:
                 rec.module, rec.layer, rec.block = module, layer, block
             elif rec.block is None and phase == "forward":
@@ -407,6 +422,13 @@ class Recorder:
             if not dtype and t.dtype.is_floating_point:
                 dtype = str(t.dtype).removeprefix("torch.")
         grad_owner = phase == "backward" and self._node_is_accumulate()
+        mutated = self._mutated.get(func)
+        if mutated is None:
+            mutated = self._mutated[func] = _mutated_args(func)
+        if name == "native_batch_norm" and len(args) > 5 and args[5]:
+            mutated = (3, 4)  # running stats, updated in training but not annotated so
+        if mutated:  # e.g. batch norm's running stats: written without being returned
+            outputs = [*outputs, *_tensors(args[i] for i in mutated if i < len(args))]
         for t in outputs:
             storage = t.untyped_storage()
             cd = storage._cdata
@@ -417,6 +439,7 @@ class Recorder:
                 self._rows.append(rec)
             else:
                 rec.last = op_id
+            written.append(str(rec.tid))
             if grad_owner:
                 self._grad_cds.add(cd)
             if not is_view:
@@ -429,6 +452,7 @@ class Recorder:
             op_id, str(func), op_class, phase, module, layer, block, False, int(n_flops),
             bytes_read, bytes_written, ";".join(_shape_str(s) for s in in_shapes),
             _shape_str(out_shapes[0]) if out_shapes else "", dtype, host_ns,
+            ";".join(dict.fromkeys(read)), ";".join(dict.fromkeys(written)),
         ])
         if outputs and phase in ("forward", "recompute") and torch.is_grad_enabled():
             self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
@@ -517,7 +541,7 @@ class Recorder:
             rec = self._register_existing(t)
         rec.name = name
         rec.shape = _shape_str(t.shape)  # e.g. a bias gradient made as [1,n], kept as [n]
-        if owner is not None and rec.producer < 0:
+        if owner is not None and (rec.producer < 0 or not rec.module):
             rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
         category[cd] = cat
 
