@@ -34,86 +34,131 @@ class Memory:
     stash_per_microbatch: np.ndarray
 
 
+def _consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
+               ) -> pd.DataFrame:
+    """(row, tensor_id) pairs: which program row reads which tensor. From the recorded
+    `inputs` column when there is one, plus every tensor's `last_use` op."""
+    parts = []
+    if "inputs" in ops.columns:
+        ex = ops["inputs"].astype(str).str.split(";").explode()
+        ex = ex[ex.str.strip().str.fullmatch(r"\d+").fillna(False).astype(bool)]
+        parts.append(pd.DataFrame({"row": ex.index.to_numpy(np.int64),
+                                   "tensor_id": ex.to_numpy(str).astype(np.int64)}))
+    lu = prod_row.reindex(tensors["last_use"].to_numpy()).to_numpy()
+    ok = ~np.isnan(lu)
+    parts.append(pd.DataFrame({"row": lu[ok].astype(np.int64),
+                               "tensor_id": tensors["tensor_id"].to_numpy(np.int64)[ok]}))
+    pairs = pd.concat(parts, ignore_index=True).drop_duplicates()
+    return pairs[pairs["tensor_id"].isin(tensors["tensor_id"])].reset_index(drop=True)
+
+
 def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
                precision: Precision, module_stage: dict[str, int], stage_ipu: np.ndarray
                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(tensors with stage and ipu, always-live tensors, not-always-live intervals); the
-    last two with ipu, name, category, bytes, t0, t1 (tile range), and s0, s1 (steps)."""
+    last two with ipu, name, category, bytes, t0, t1 (tile range), and s0, s1 (steps).
+
+    A not-always-live tensor lives on its producer's IPU from the producer's step to its
+    last reader there, and on every other IPU that reads it from its first to its last
+    reader. With recomputation, backward readers of a tensor made inside a recomputed
+    section read its recomputed copy instead (born at the recompute op), unless it is a
+    section output (a checkpoint, or read by a later section's forward)."""
     t = tensors.reset_index(drop=True)
     cat = t["category"].to_numpy(str)
     weight = np.isin(cat, WEIGHT_CATEGORIES)
     scale = np.where(weight, dtype_scale(t["dtype"], precision.weight_bytes),
                      dtype_scale(t["dtype"], precision.compute_bytes))
     nbytes = np.ceil(t["bytes"].to_numpy(np.float64) * scale).astype(np.int64)
+    tiles_per_ipu = int(ops.attrs["tiles_per_ipu"])
 
-    real = ops[ops["source_op"] < 0]
-    by_id = pd.Series(np.arange(len(real)), index=real["op_id"].to_numpy())
-    o_ipu, o_step = real["ipu"].to_numpy(), real["step"].to_numpy()
-    o_stage, o_pass = real["stage"].to_numpy(), real["pass"].to_numpy(str)
-    prod = by_id.reindex(t["producer"].to_numpy()).to_numpy()
-    use = by_id.reindex(t["last_use"].to_numpy()).to_numpy()
-    has_p, has_u = ~np.isnan(prod), ~np.isnan(use)
+    real = ops["source_op"].to_numpy() < 0
+    row_of = pd.Series(np.flatnonzero(real), index=ops["op_id"].to_numpy()[real])
+    o_ipu, o_step = ops["ipu"].to_numpy(np.int64), ops["step"].to_numpy(np.int64)
+    o_stage, o_pass = ops["stage"].to_numpy(np.int64), ops["pass"].to_numpy(str)
+    o_section = ops["section"].to_numpy(np.int64)
+    prod = row_of.reindex(t["producer"].to_numpy()).to_numpy()
+    has_p = ~np.isnan(prod)
     pi = np.where(has_p, prod, 0).astype(np.int64)
-    ui = np.where(has_u, use, 0).astype(np.int64)
 
-    # home IPU / stage: the producer's, else the owning module's, else the last user's
+    pairs = _consumers(ops, t, row_of)
+    tix = pd.Series(np.arange(len(t)), index=t["tensor_id"].to_numpy())
+    pairs["t"] = tix.reindex(pairs["tensor_id"].to_numpy()).to_numpy(np.int64)
+    c_row = pairs["row"].to_numpy(np.int64)
+    c_t = pairs["t"].to_numpy(np.int64)
+
+    # home stage: the producer's, else the owning module's, else the first reader's
     mod_stage = np.array([_module_stage(m, module_stage) for m in t["module"].tolist()],
                          dtype=np.int64)
-    stage = np.where(has_p, o_stage[pi], np.where(mod_stage >= 0, mod_stage,
-                                                   np.where(has_u, o_stage[ui], 0)))
-    if cat.size and np.isin(cat, ("input",)).any():
-        inp = (cat == "input") & ~has_p
-        stage = np.where(inp & has_u, o_stage[ui], np.where(inp, 0, stage))
+    first_reader = np.full(len(t), -1, dtype=np.int64)
+    if len(pairs):
+        fr = pairs.assign(step=o_step[c_row], stage=o_stage[c_row]).sort_values(
+            ["t", "stage", "step"]).groupby("t")["stage"].first()
+        first_reader[fr.index.to_numpy()] = fr.to_numpy()
+    stage = np.where(has_p, o_stage[pi], np.where(
+        (cat == "input") & (first_reader >= 0), first_reader,
+        np.where(mod_stage >= 0, mod_stage, np.maximum(first_reader, 0))))
     ipu = stage_ipu[np.clip(stage, 0, len(stage_ipu) - 1)]
     t = t.assign(stage=stage.astype(np.int64), ipu=ipu.astype(np.int64))
 
-    tiles_per_ipu = int(ops.attrs["tiles_per_ipu"])
     nt = tiles_for(nbytes, tiles_per_ipu)
-    op_start = start_tiles(real["tiles_used"].to_numpy(np.int64), real["op_id"].to_numpy(),
+    op_start = start_tiles(ops["tiles_used"].to_numpy(np.int64), ops["op_id"].to_numpy(),
                            tiles_per_ipu)
-    start = np.where(has_p, np.minimum(op_start[pi] if len(real) else 0,
-                                       tiles_per_ipu - nt),
+    start = np.where(has_p, np.minimum(op_start[pi], tiles_per_ipu - nt),
                      start_tiles(nt, t["tensor_id"].to_numpy(), tiles_per_ipu))
     base = pd.DataFrame({"ipu": ipu, "name": t["name"].astype(str).to_numpy(),
                          "category": cat, "bytes": nbytes, "t0": start, "t1": start + nt,
                          "stage": stage})
-
     accum = options.gradient_accumulation > 1 or options.replication_factor > 1
-    always = np.isin(cat, ("parameter",)) | ((cat == "optimiser_state") &
-                                             (not options.optimiser_offload))
+    always = (cat == "parameter") | ((cat == "optimiser_state") & (not options.optimiser_offload))
     always |= (cat == "gradient") & accum
     al = base[always].reset_index(drop=True)
 
-    # not-always-live: producer step (or 0) .. last user's step on the same IPU
-    f_last = _last_step(ops, ops["pass"] == "F", "stage")  # per stage, last F step
-    f_first = _first_step(ops, ops["pass"] == "F", "stage")
-    ipu_last = ops.groupby("ipu")["step"].max()
-    nal = ~always
-    s0 = np.where(has_p, o_step[pi], 0)
-    same = has_u & (o_ipu[ui] == ipu)
-    end_default = np.where(cat == "gradient", ipu_last.reindex(ipu).fillna(0).to_numpy(),
-                           f_last.reindex(stage).fillna(0).to_numpy())
-    s1 = np.where(same, o_step[ui], end_default).astype(np.int64)
-    offload = (cat == "optimiser_state") & options.optimiser_offload
-    wu_first = _first_step(ops, ops["pass"] == "WU", "ipu")
-    s0 = np.where(offload, wu_first.reindex(ipu).fillna(0).to_numpy(), s0)
-    s1 = np.where(offload, ipu_last.reindex(ipu).fillna(0).to_numpy(), s1)
-    s1 = np.maximum(s1, s0)
-    iv = base.assign(s0=s0.astype(np.int64), s1=s1)[nal]
+    # recomputation: which readers read the recomputed copy
+    rec_rows = np.flatnonzero(~real)
+    rec_of = pd.Series(rec_rows, index=ops["source_op"].to_numpy()[~real])
+    p_op = np.where(has_p, ops["op_id"].to_numpy()[pi], -1)
+    copy_row = rec_of[~rec_of.index.duplicated()].reindex(p_op).to_numpy()
+    has_copy = has_p & ~np.isnan(copy_row)
+    later_fwd = (o_pass[c_row] == "F") & (o_section[c_row] != o_section[pi[c_t]])
+    output = ops["checkpoint"].to_numpy(bool)[pi] & has_p
+    output[np.unique(c_t[later_fwd & has_p[c_t]])] = True
+    is_copy = has_copy[c_t] & ~output[c_t] & np.isin(o_pass[c_row], ("R", "B"))
+    pairs["copy"] = is_copy
+    pairs["ipu"] = o_ipu[c_row]
+    pairs["step"] = o_step[c_row]
+    span = pairs.groupby(["t", "copy", "ipu"])["step"].agg(["min", "max"]).reset_index()
 
-    rows = [iv]
-    # a tensor used on a later IPU gets a received copy there
-    cross = nal & has_u & ~same & has_p
-    if cross.any():
-        u_stage = o_stage[ui[cross]]
-        rows.append(base[cross].assign(
-            ipu=o_ipu[ui[cross]], stage=u_stage,
-            s0=f_first.reindex(u_stage).fillna(0).to_numpy(np.int64),
-            s1=o_step[ui[cross]]).assign(s1=lambda d: np.maximum(d["s0"], d["s1"])))
-    iv = pd.concat(rows, ignore_index=True)
-    iv["producer_row"] = np.r_[np.where(has_p, pi, -1)[nal], np.where(has_p, pi, -1)[cross]]
-    iv["is_fwd"] = np.r_[(has_p & (o_pass[pi] == "F"))[nal], np.zeros(int(cross.sum()), bool)]
-    return t, al, _recompute(ops, real, iv)
+    nal = ~always
+    ipu_last = ops.groupby("ipu")["step"].max()
+    wu_first = ops[ops["pass"] == "WU"].groupby("ipu")["step"].min()
+    tt, cp, si = (span["t"].to_numpy(np.int64), span["copy"].to_numpy(bool),
+                  span["ipu"].to_numpy(np.int64))
+    home = (si == ipu[tt]) & ~cp
+    s0 = np.where(cp, o_step[np.nan_to_num(copy_row[tt], nan=0).astype(np.int64)],
+                  np.where(home & has_p[tt], o_step[pi[tt]], span["min"].to_numpy()))
+    s1 = np.maximum(span["max"].to_numpy(), s0)
+    keep = nal[tt]
+    iv = base.iloc[tt[keep]].assign(ipu=si[keep], s0=s0[keep], s1=s1[keep]).reset_index(
+        drop=True)
+    iv.loc[cp[keep], "name"] = iv.loc[cp[keep], "name"] + " (recomputed)"
+    # readerless tensors live one step; weight gradients until the update; offloaded
+    # optimiser state only around the update
+    read = np.zeros(len(t), dtype=bool)
+    read[tt[home]] = True
+    lone = nal & ~read & has_p
+    extra = [base[lone].assign(s0=o_step[pi[lone]], s1=o_step[pi[lone]])]
+    iv = pd.concat([iv, *extra], ignore_index=True)
+    grad = (iv["category"] == "gradient").to_numpy()
+    iv.loc[grad, "s1"] = ipu_last.reindex(iv.loc[grad, "ipu"]).fillna(0).to_numpy(np.int64)
+    off = (cat == "optimiser_state") & options.optimiser_offload
+    if off.any():
+        iv = iv[~iv["name"].isin(base.loc[off, "name"]) | (iv["category"] != "optimiser_state")]
+        iv = pd.concat([iv, base[off].assign(
+            s0=wu_first.reindex(ipu[off]).fillna(0).to_numpy(np.int64),
+            s1=ipu_last.reindex(ipu[off]).fillna(0).to_numpy(np.int64))], ignore_index=True)
+    iv["s0"] = iv["s0"].astype(np.int64)
+    iv["s1"] = np.maximum(iv["s1"].astype(np.int64), iv["s0"])
+    return t, al, iv.reset_index(drop=True)
 
 
 def _module_stage(module: str, table: dict[str, int]) -> int:
@@ -123,44 +168,6 @@ def _module_stage(module: str, table: dict[str, int]) -> int:
         if "." not in module:
             return -1
         module = module.rsplit(".", 1)[0]
-
-
-def _last_step(ops: pd.DataFrame, mask: pd.Series, key: str) -> pd.Series:
-    return ops[mask].groupby(key)["step"].max()
-
-
-def _first_step(ops: pd.DataFrame, mask: pd.Series, key: str) -> pd.Series:
-    return ops[mask].groupby(key)["step"].min()
-
-
-def _recompute(ops: pd.DataFrame, real: pd.DataFrame, iv: pd.DataFrame) -> pd.DataFrame:
-    """Forward tensors of a recomputed section die at the section's end and are born
-    again at their recompute op; section outputs (checkpoints) are kept."""
-    rec = ops[ops["source_op"] >= 0]
-    if rec.empty:
-        return iv.drop(columns=["producer_row", "is_fwd"])
-    rec_step = pd.Series(rec["step"].to_numpy(), index=rec["source_op"].to_numpy())
-    fwd = real[real["pass"] == "F"]
-    sec_end = fwd.groupby("section")["step"].max()
-    sec_last_op = fwd.groupby("section")["op_id"].max()
-    pr = iv["producer_row"].to_numpy()
-    ok = iv["is_fwd"].to_numpy() & (pr >= 0)
-    op_id = np.where(ok, real["op_id"].to_numpy()[np.maximum(pr, 0)], -1)
-    section = np.where(ok, real["section"].to_numpy()[np.maximum(pr, 0)], -1)
-    ckpt = np.where(ok, real["checkpoint"].to_numpy(bool)[np.maximum(pr, 0)], False)
-    r_step = rec_step.reindex(op_id).to_numpy()
-    end = sec_end.reindex(section).to_numpy()
-    last_op = sec_last_op.reindex(section).to_numpy()
-    split = ok & ~np.isnan(r_step) & ~ckpt & (op_id != last_op) & (iv["s1"].to_numpy() > end)
-    out = iv.drop(columns=["producer_row", "is_fwd"])
-    if not split.any():
-        return out
-    again = out[split].copy()
-    again["s0"] = r_step[split].astype(np.int64)
-    again["s1"] = np.maximum(again["s1"], again["s0"])
-    again["name"] = again["name"] + " (recomputed)"
-    out.loc[split, "s1"] = end[split].astype(np.int64)
-    return pd.concat([out, again], ignore_index=True)
 
 
 def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
@@ -224,6 +231,10 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     op_nt = ops["tiles_used"].to_numpy(np.int64)
     op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
     op_t0 = start_tiles(op_nt, op_key, T)
+    # recompute ops reuse their forward op's code (outlined), so they add none
+    op_code = np.where(ops["source_op"].to_numpy() >= 0, 0, target.code_bytes_per_op_per_tile)
+    op_xcode = np.where(ops["source_op"].to_numpy() >= 0, 0,
+                        target.exchange_code_bytes_per_op_per_tile)
     for i in range(num_ipus):
         m = nal_ipu == i
         sub = nal[m]
@@ -239,10 +250,8 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         nal_step[i] = np.cumsum(diff)[:R]
         om = op_ipu == i
         code[i] = target.tile_overhead_bytes + per_tile_sum(
-            T, op_t0[om], op_t0[om] + op_nt[om],
-            np.full(om.sum(), target.code_bytes_per_op_per_tile))
-        exch[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om],
-                               np.full(om.sum(), target.exchange_code_bytes_per_op_per_tile))
+            T, op_t0[om], op_t0[om] + op_nt[om], op_code[om])
+        exch[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_xcode[om])
         a = al[al["ipu"].to_numpy() == i]
         n_a = (a["t1"] - a["t0"]).to_numpy(np.int64)
         alive_tiles[i] = per_tile_sum(T, a["t0"].to_numpy(), a["t1"].to_numpy(),

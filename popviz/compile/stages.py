@@ -195,7 +195,7 @@ def _stage_ipus(program: Program, options: Options, num_stages: int, mode: str,
     if mode == "blocks":
         block_ipus = program.model.get("block_ipus") or {}
         order = list(dict.fromkeys(b for b in fwd["block"].astype(str) if b))
-        if block_ipus and all(b in block_ipus for b in order):
+        if block_ipus and all(block_ipus.get(b) is not None for b in order):
             ipus = np.asarray([int(block_ipus[b]) for b in order], dtype=np.int64)
             if np.all(np.diff(ipus) >= 0):
                 return ipus

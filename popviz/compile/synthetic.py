@@ -19,6 +19,7 @@ def synthetic_program(layers: int = 8, batch: int = 4, channels: int = 16, hw: i
     `checkpoints` lists layers whose output is a recomputation checkpoint."""
     ops: list[dict[str, Any]] = []
     tensors: list[dict[str, Any]] = []
+    reads: dict[int, list[int]] = {}  # op_id -> tensor_ids it reads (the `inputs` column)
 
     def op(name: str, cls: str, phase: str, layer: str, module: str, block: str,
            flops: float, read: float, written: float, out_shape: str, ckpt: bool = False
@@ -39,6 +40,7 @@ def synthetic_program(layers: int = 8, batch: int = 4, channels: int = 16, hw: i
 
     def use(tid: int, op_id: int) -> None:
         tensors[tid]["last_use"] = max(tensors[tid]["last_use"], op_id)
+        reads.setdefault(op_id, []).append(tid)
 
     names = [f"l{i}" for i in range(layers)]
     block_of = [f"B{i * blocks // layers}" if blocks else "" for i in range(layers)]
@@ -162,6 +164,8 @@ def synthetic_program(layers: int = 8, batch: int = 4, channels: int = 16, hw: i
     for t in tensors:
         if t["category"] in ("parameter", "optimiser_state"):
             t["last_use"] = end
+    for o in ops:
+        o["inputs"] = ";".join(str(i) for i in reads.get(o["op_id"], []))
     n_params = sum(tensors[p]["bytes"] // F32 for p in params)
     model = {"name": f"synthetic{layers}", "parameters": int(n_params),
              "parameter_bytes": int(n_params * F32), "batch_size": batch,
