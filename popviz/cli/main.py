@@ -12,6 +12,7 @@ from popviz.cli.command import Command, run_guarded
 # Each module defines COMMAND: Command. Order is the order `popviz --help` lists them.
 SUBCOMMAND_MODULES = [
     "popviz.cli.summary",
+    "popviz.cli.compare",
     "popviz.cli.serve",
     "popviz.cli.export",
 ]

@@ -1,0 +1,194 @@
+"""Compare two profiles: which layout is better, why, and by how much.
+
+`compare(a, b)` aligns the two profiles' own figures (every delta is exactly b - a and every
+ratio b / a of those figures) and explains the difference. Times are converted to seconds
+so modelled (cycles at meta.target.clock_hz) and measured (ns) profiles compare; per-sample
+figures make layouts with different micro-batches, IPU counts and replicas comparable.
+
+The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughput
+= (IPUs per replica x step time) / samples per replica, split by what the IPUs were doing
+(forward, backward, recompute, weight update, exchange, idle + sync) from the trace.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.analysis.compare_sides import (
+    TIME_CATEGORIES,
+    Side,
+    load_side,
+    normalised_liveness,
+)
+
+DELTA_COLUMNS = ["a", "b", "delta", "ratio"]
+TIE = 0.02  # speeds within 2% are "about the same"
+
+
+@dataclass
+class Comparison:
+    """Aligned tables of two profiles, A and B, and the verdict.
+
+    Delta frames share the columns `a, b, delta (= b - a), ratio (= b / a, NaN if a == 0)`;
+    a figure missing on one side is NaN there (and so are its delta and ratio)."""
+
+    sides: pd.DataFrame        # one row per side: name, kind, target, IPUs, options, fits
+    metrics: pd.DataFrame      # metric, unit, better ('higher'|'lower'|''), a, b, delta, ratio
+    time_per_sample: pd.DataFrame  # category, unit (us), a, b, delta, ratio, share_of_delta
+    ipus: pd.DataFrame         # ipu, metric, unit, a, b, delta, ratio
+    stages: pd.DataFrame       # stage, metric, unit, a, b, delta, ratio
+    op_classes: pd.DataFrame   # op_class, phase, unit (us per sample), a, b, delta, ratio
+    liveness: pd.DataFrame     # side, ipu, step, x (0..1 progress), phase, *_bytes
+    tiles: pd.DataFrame        # side, ipu, tile, total_bytes, capacity_bytes, utilisation
+    phase_x: dict[str, float] = field(default_factory=dict)  # anchor phase -> common x
+    verdict: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe facts (what `popviz compare --json` prints); big curves left out."""
+        def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            clean = frame.astype(object).where(frame.notna(), None)
+            return [{k: _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
+        return {"sides": rows(self.sides), "metrics": rows(self.metrics),
+                "time_per_sample": rows(self.time_per_sample), "ipus": rows(self.ipus),
+                "stages": rows(self.stages), "op_classes": rows(self.op_classes),
+                "verdict": _plain(self.verdict)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def deltas(a: pd.Series, b: pd.Series) -> pd.DataFrame:
+    """Outer-aligned a, b, delta = b - a and ratio = b / a (NaN where a is 0 or missing)."""
+    frame = pd.concat([a.rename("a"), b.rename("b")], axis=1).astype(float)
+    frame["delta"] = frame["b"] - frame["a"]
+    frame["ratio"] = frame["b"] / frame["a"].where(frame["a"] != 0)
+    return frame
+
+
+def _long(keys: list[str], units: dict[str, tuple[str, str]], a: pd.DataFrame,
+          b: pd.DataFrame) -> pd.DataFrame:
+    """Per-key tables of several metrics -> long delta frame (key..., metric, unit, deltas)."""
+    out = []
+    for metric, (unit, _) in units.items():
+        sa = a[metric] if metric in a.columns else pd.Series(dtype=float)
+        sb = b[metric] if metric in b.columns else pd.Series(dtype=float)
+        d = deltas(sa, sb)
+        if d.empty:
+            continue
+        d.index.names = keys
+        d = d.reset_index()
+        d.insert(len(keys), "metric", metric)
+        d.insert(len(keys) + 1, "unit", unit)
+        out.append(d)
+    if not out:
+        return pd.DataFrame(columns=[*keys, "metric", "unit", *DELTA_COLUMNS])
+    frame = pd.concat(out, ignore_index=True)
+    return frame.sort_values([*keys], kind="stable").reset_index(drop=True)
+
+
+# metric -> (unit, which is better), in the order shown
+METRICS: dict[str, tuple[str, str]] = {
+    "throughput_per_ipu": ("samples/s per IPU", "higher"),
+    "throughput": ("samples/s", "higher"),
+    "total_ipus": ("IPUs", ""),
+    "step_ms": ("ms", ""),
+    "step_cycles": ("cycles", ""),
+    "samples_per_step": ("samples", ""),
+    "latency_ms": ("ms", "lower"),
+    "ipu_us_per_sample": ("IPU-us per sample", "lower"),
+    "idle_fraction": ("fraction", "lower"),
+    "recompute_fraction": ("fraction of compute", "lower"),
+    "peak_bytes_max": ("bytes", "lower"),
+    "headroom_bytes_min": ("bytes", "higher"),
+    "fullest_tile_utilisation": ("fraction", "lower"),
+    "oom_tiles": ("tiles", "lower"),
+    "exchange_bytes": ("bytes", "lower"),
+    "inter_ipu_bytes": ("bytes", "lower"),
+    "host_bytes": ("bytes", "lower"),
+    "stash_bytes": ("bytes", "lower"),
+}
+IPU_METRICS = {"compute_ms": ("ms", "lower"), "exchange_ms": ("ms", "lower"),
+               "idle_ms": ("ms", "lower"), "peak_bytes": ("bytes", "lower"),
+               "headroom_bytes": ("bytes", "higher"), "oom_tiles": ("tiles", "lower"),
+               "stash_bytes": ("bytes", "lower")}
+STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
+                 "recompute_ms": ("ms", "lower"), "exchange_ms": ("ms", "lower"),
+                 "idle_ms": ("ms", "lower"), "stash_bytes": ("bytes", "lower"),
+                 "peak_bytes": ("bytes", "lower")}
+
+
+def compare(a: Any, b: Any) -> Comparison:
+    """Compare profile `a` with profile `b` (each a Profile, or a path to one)."""
+    opened: list[Any] = []
+    try:
+        pa, pb = (_as_profile(p, opened) for p in (a, b))
+        sa, sb = load_side(pa, "A"), load_side(pb, "B")
+    finally:
+        for p in opened:
+            p.close()
+    return build(sa, sb)
+
+
+def _as_profile(p: Any, opened: list[Any]) -> Any:
+    if isinstance(p, (str, os.PathLike)):
+        from popviz.format.reader import open as open_profile
+        profile = open_profile(p)
+        opened.append(profile)
+        return profile
+    return p
+
+
+def build(sa: Side, sb: Side) -> Comparison:
+    """The comparison of two loaded sides (see compare_sides.load_side)."""
+    metrics = deltas(pd.Series(sa.metrics, dtype=float), pd.Series(sb.metrics, dtype=float))
+    metrics = metrics.reindex([m for m in METRICS if m in metrics.index])
+    metrics = metrics.dropna(how="all", subset=["a", "b"])
+    metrics.insert(0, "unit", [METRICS[m][0] for m in metrics.index])
+    metrics.insert(1, "better", [METRICS[m][1] for m in metrics.index])
+    metrics = metrics.rename_axis("metric").reset_index()
+
+    tps = deltas(sa.time_per_sample, sb.time_per_sample).fillna({"a": 0.0, "b": 0.0})
+    tps = tps.reindex([c for c in TIME_CATEGORIES if c in tps.index])
+    tps["delta"] = tps["b"] - tps["a"]  # absent category = no time spent on it
+    tps["ratio"] = tps["b"] / tps["a"].where(tps["a"] != 0)
+    total = float(tps["delta"].sum())
+    tps["share_of_delta"] = tps["delta"] / total if total else np.nan
+    tps.insert(0, "unit", "IPU-us per sample")
+    tps = tps.rename_axis("category").reset_index()
+
+    ops = deltas(sa.op_classes, sb.op_classes).fillna({"a": 0.0, "b": 0.0})
+    ops["delta"] = ops["b"] - ops["a"]
+    ops["ratio"] = ops["b"] / ops["a"].where(ops["a"] != 0)
+    ops.index.names = ["op_class", "phase"]
+    ops.insert(0, "unit", "us per sample")
+    ops = ops.reset_index().sort_values("delta", key=np.abs, ascending=False, kind="stable")
+
+    sides = pd.DataFrame([sa.facts, sb.facts])
+    liveness, phase_x = normalised_liveness(sa.liveness, sb.liveness)
+    tiles = pd.concat([sa.tiles, sb.tiles], ignore_index=True)
+    comp = Comparison(
+        sides=sides, metrics=metrics, time_per_sample=tps,
+        ipus=_long(["ipu"], IPU_METRICS, sa.ipus, sb.ipus),
+        stages=_long(["stage"], STAGE_METRICS, sa.stages, sb.stages),
+        op_classes=ops.reset_index(drop=True), liveness=liveness, tiles=tiles,
+        phase_x=phase_x)
+    from popviz.analysis.compare_verdict import verdict
+    comp.verdict = verdict(comp, sa, sb)
+    return comp
+
+
+__all__ = ["Comparison", "build", "compare", "deltas"]

@@ -1,0 +1,286 @@
+"""One side of a comparison: a profile's own figures, in seconds and per sample.
+
+Everything a comparison aligns is computed here from one profile alone, so each delta the
+comparison reports is the difference of two numbers this module produced independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.analysis.facts import oom_tiles
+
+# what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
+TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
+                   "exchange", "idle", "untraced"]
+_PASS_CATEGORY = {"F": "forward", "B": "backward", "R": "recompute", "WU": "weight_update"}
+_KIND_CATEGORY = {"exchange": "exchange", "host_io": "exchange", "sync": "idle",
+                  "idle": "idle"}
+COMPUTE_CATEGORIES = ("forward", "backward", "recompute", "weight_update", "compute")
+PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
+# liveness anchors: the first step of these phases lands at the same x on both sides
+ANCHORS: dict[str, tuple[str, ...]] = {"backward": ("backward", "recompute"),
+                                       "optimiser": ("optimiser",)}
+
+
+@dataclass
+class Side:
+    label: str                    # "A" or "B"
+    facts: dict[str, Any]         # descriptive: name, kind, target, options, fits, ...
+    metrics: dict[str, float]     # headline numbers (compare.METRICS)
+    time_per_sample: pd.Series    # category -> IPU-us per sample
+    op_classes: pd.Series         # (op_class, phase) -> us per sample
+    ipus: pd.DataFrame            # index ipu: compute_ms, exchange_ms, idle_ms, peak_bytes, ...
+    stages: pd.DataFrame          # index stage: forward_ms, ..., stash_bytes, peak_bytes
+    liveness: pd.DataFrame        # side, ipu, step, phase, always/not-always/total bytes
+    tiles: pd.DataFrame           # side, ipu, tile, total_bytes, capacity_bytes, utilisation
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if np.isfinite(out) else None
+
+
+def seconds_per_unit(profile: Any) -> tuple[float, str]:
+    """Seconds per trace time unit and the unit's name: ns when measured, else cycles at
+    meta.target.clock_hz (a ValueError naming the profile when the clock is missing)."""
+    if str(getattr(profile, "kind", "")) == "measured":
+        return 1e-9, "ns"
+    clock = _num((profile.meta.get("target") or {}).get("clock_hz"))
+    if not clock or clock <= 0:
+        raise ValueError(f"{profile.path or profile.name}: meta.target.clock_hz is missing, "
+                         "so its cycles cannot be converted to seconds")
+    return 1.0 / clock, "cycles"
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name in frame.columns:
+        return pd.to_numeric(frame[name], errors="coerce").fillna(0).astype(float)
+    return pd.Series(0.0, index=frame.index)
+
+
+def _trace_categories(trace: pd.DataFrame) -> pd.DataFrame:
+    """Trace durations with a time category: ipu, category, duration."""
+    kind = trace["kind"].astype(str).to_numpy()
+    ps = (trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
+          else np.full(len(trace), ""))
+    out = np.full(len(kind), "compute", dtype=object)
+    for p, cat in _PASS_CATEGORY.items():
+        out[(kind == "compute") & (ps == p)] = cat
+    for k, cat in _KIND_CATEGORY.items():
+        out[kind == k] = cat
+    return pd.DataFrame({"ipu": trace["ipu"].to_numpy(np.int64), "category": out,
+                         "duration": (trace["end"] - trace["start"]).to_numpy(np.float64)})
+
+
+def _peaks(liveness: pd.DataFrame) -> pd.Series:
+    if liveness.empty:
+        return pd.Series(dtype=float)
+    total = _col(liveness, "always_live_bytes") + _col(liveness, "not_always_live_bytes")
+    return total.groupby(liveness["ipu"].astype(int)).max()
+
+
+def _options_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items()) or "default"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) or "none"
+    return "" if value is None else str(value)
+
+
+def load_side(profile: Any, label: str) -> Side:
+    """Read what a comparison needs from one profile (Profile or ReportProfile)."""
+    meta, summary = profile.meta or {}, dict(profile.summary or {})
+    target, options = meta.get("target") or {}, meta.get("options") or {}
+    scale, unit = seconds_per_unit(profile)
+    stages, trace = profile.stages, profile.trace
+    tile_memory, liveness, exchange = profile.tile_memory, profile.liveness, profile.exchange
+
+    num_ipus = int(_num(summary.get("num_ipus")) or _num(target.get("num_ipus"))
+                   or (trace["ipu"].nunique() if len(trace) else 1))
+    replicas = int(_num(summary.get("replicas")) or _num(options.get("replication_factor"))
+                   or 1)
+    total_ipus = int(_num(summary.get("total_ipus")) or num_ipus * replicas)
+    micro_batch = int(_num(summary.get("micro_batch_size")) or _num(
+        (meta.get("model") or {}).get("batch_size")) or _num(options.get("micro_batch_size"))
+        or 1)
+    accumulation = int(_num(options.get("gradient_accumulation")) or 1)
+    iterations = int(_num(options.get("device_iterations")) or 1)
+    samples = _num(summary.get("samples_per_step")) or float(
+        micro_batch * accumulation * iterations * replicas)
+
+    span = float(trace["end"].max() - trace["start"].min()) if len(trace) else 0.0
+    step_cycles = _num(summary.get("step_cycles"))
+    step_s = _num(summary.get("step_seconds"))
+    if step_s is None:
+        step_s = (step_cycles if step_cycles is not None else span) * scale
+    throughput = _num(summary.get("throughput")) or (samples / step_s if step_s else None)
+    per_ipu = _num(summary.get("throughput_per_ipu")) or (
+        throughput / total_ipus if throughput else None)
+
+    # IPU-time per sample by category; untraced time closes the sum exactly
+    cats = _trace_categories(trace) if len(trace) else pd.DataFrame(
+        {"ipu": [], "category": [], "duration": []})
+    per_replica = samples / replicas if replicas else samples
+    by_cat = cats.groupby("category")["duration"].sum() * scale * 1e6 / per_replica
+    tps = by_cat.reindex(TIME_CATEGORIES[:-1]).fillna(0.0)
+    ipu_us = 1e6 / per_ipu if per_ipu else float("nan")
+    rest = ipu_us - float(tps.sum()) if per_ipu else 0.0
+    tps["untraced"] = rest if abs(rest) > 1e-9 * abs(ipu_us) else 0.0  # not float noise
+    compute = float(tps[list(COMPUTE_CATEGORIES)].sum())
+
+    # per IPU, per step
+    by_ipu = cats.pivot_table(index="ipu", columns="category", values="duration",
+                              aggfunc="sum", fill_value=0.0) if len(cats) else pd.DataFrame()
+    ipus = pd.DataFrame(index=pd.Index(range(num_ipus), name="ipu"))
+    ms = scale * 1e3
+    ipus["compute_ms"] = sum((by_ipu[c] if c in by_ipu.columns else 0.0)
+                             for c in COMPUTE_CATEGORIES) * ms
+    for c in ("exchange", "idle"):
+        ipus[f"{c}_ms"] = (by_ipu[c] if c in by_ipu.columns else 0.0) * ms
+    capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
+        _num(target.get("bytes_per_tile")) or 0)
+    peaks = _peaks(liveness)
+    if peaks.empty and "peak_bytes" in stages.columns:
+        peaks = _col(stages, "peak_bytes").groupby(stages["ipu"].astype(int)).max()
+    ipus["peak_bytes"] = peaks.reindex(ipus.index).astype(float)
+    ipus["headroom_bytes"] = capacity - ipus["peak_bytes"] if capacity else np.nan
+    over = oom_tiles(tile_memory) if len(tile_memory) else tile_memory
+    ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
+                         if len(tile_memory) else np.nan)
+    ipus["stash_bytes"] = (_col(stages, "stash_bytes").groupby(stages["ipu"].astype(int)).sum()
+                           .reindex(ipus.index).fillna(0.0) if len(stages) else np.nan)
+
+    st = pd.DataFrame(index=pd.Index(stages["stage"].astype(int).to_numpy() if len(stages)
+                                     else [], name="stage"))
+    for col in ("forward", "backward", "recompute", "exchange", "idle"):
+        st[f"{col}_ms"] = _col(stages, f"{col}_cycles").to_numpy() * ms
+    for col in ("stash_bytes", "peak_bytes"):
+        st[col] = _col(stages, col).to_numpy()
+
+    ops = profile.ops
+    op_classes = pd.Series(dtype=float)
+    if len(ops) and "cycles" in ops.columns:
+        # an op runs once per micro-batch, the optimiser once per weight update
+        per = np.where(ops["phase"].astype(str).isin(PER_SAMPLE_PHASES), micro_batch,
+                       micro_batch * accumulation)
+        us = _col(ops, "cycles").to_numpy() * scale * 1e6 / per
+        cls = ops["op_class"].astype(str) if "op_class" in ops.columns else "other"
+        op_classes = pd.Series(us).groupby([np.asarray(cls), ops["phase"].astype(str)
+                                            .to_numpy()]).sum()
+
+    tiles = pd.DataFrame({"side": label, "ipu": tile_memory["ipu"].astype(int).to_numpy(),
+                          "tile": tile_memory["tile"].astype(int).to_numpy(),
+                          "total_bytes": _col(tile_memory, "total_bytes").to_numpy(),
+                          "capacity_bytes": _col(tile_memory, "capacity_bytes").to_numpy()})
+    tiles["utilisation"] = tiles["total_bytes"] / tiles["capacity_bytes"].where(
+        tiles["capacity_bytes"] > 0)
+    lv = pd.DataFrame({"side": label, "ipu": liveness["ipu"].astype(int).to_numpy(),
+                       "step": liveness["step"].astype(int).to_numpy(),
+                       "phase": liveness["phase"].astype(str).to_numpy(),
+                       "always_live_bytes": _col(liveness, "always_live_bytes").to_numpy(),
+                       "not_always_live_bytes": _col(liveness, "not_always_live_bytes")
+                       .to_numpy()})
+    lv["total_bytes"] = lv["always_live_bytes"] + lv["not_always_live_bytes"]
+
+    inter = ex_host = 0.0
+    if len(exchange):
+        host = exchange["src"].astype(str).str.lower().eq("host") | exchange["dst"].astype(
+            str).str.lower().eq("host")
+        ex_bytes = _col(exchange, "bytes")
+        ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
+    fits = bool(over.empty) if len(tile_memory) else bool(summary.get("fits", True))
+    n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
+    metrics = {
+        "throughput_per_ipu": per_ipu, "throughput": throughput, "total_ipus": total_ipus,
+        "step_ms": step_s * 1e3, "step_cycles": (step_cycles if step_cycles is not None
+                                                 else span) if unit == "cycles" else None,
+        "samples_per_step": samples, "latency_ms": _num(summary.get("latency_ms")),
+        "ipu_us_per_sample": ipu_us if per_ipu else None,
+        "idle_fraction": _num(summary.get("idle_fraction")) if "idle_fraction" in summary
+        else (float(tps["idle"]) / ipu_us if per_ipu else None),
+        "recompute_fraction": float(tps["recompute"]) / compute if compute else 0.0,
+        "peak_bytes_max": float(ipus["peak_bytes"].max()) if len(peaks) else None,
+        "headroom_bytes_min": float(ipus["headroom_bytes"].min()) if len(peaks) and capacity
+        else None,
+        "fullest_tile_utilisation": float(tiles["utilisation"].max()) if len(tiles) else None,
+        "oom_tiles": n_oom, "exchange_bytes": inter + ex_host, "inter_ipu_bytes": inter,
+        "host_bytes": ex_host,
+        "stash_bytes": float(_col(stages, "stash_bytes").sum()) if len(stages) else None,
+    }
+    facts = {
+        "side": label, "name": str(getattr(profile, "name", label)),
+        "path": str(getattr(profile, "path", "")), "kind": str(getattr(profile, "kind", "")),
+        "model": str((meta.get("model") or {}).get("name", "")),
+        "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
+        "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
+        "total_ipus": total_ipus, "ipu_capacity_bytes": capacity, "fits": fits,
+        "oom_tiles": int(n_oom),
+        "oom_ipus": " ".join(f"IPU{i}" for i in sorted(set(over["ipu"].astype(int))))
+        if len(tile_memory) else "",
+        "strategy": _options_text(options.get("strategy")),
+        "schedule": _options_text(options.get("schedule")),
+        "recomputation": bool(options.get("recomputation", False)),
+        "amp": _options_text(options.get("available_memory_proportion") or {}),
+        "splits": _options_text(options.get("splits") or []),
+        "precision": _options_text(options.get("precision")),
+        "micro_batch_size": micro_batch, "gradient_accumulation": accumulation,
+    }
+    return Side(label=label, facts=facts, metrics={k: v for k, v in metrics.items()
+                                                   if v is not None},
+                time_per_sample=tps, op_classes=op_classes, ipus=ipus, stages=st,
+                liveness=lv, tiles=tiles)
+
+
+def _anchor_fractions(lv: pd.DataFrame) -> pd.DataFrame:
+    """Per (side, ipu): the step count and the first step of each anchor phase (NaN if none)."""
+    rows = []
+    for (side, ipu), g in lv.groupby(["side", "ipu"], sort=True):
+        g = g.sort_values("step")
+        row: dict[str, Any] = {"side": side, "ipu": ipu, "n": float(g["step"].max() + 1)}
+        for name, phases in ANCHORS.items():
+            hit = g.loc[g["phase"].isin(phases), "step"]
+            row[name] = float(hit.iloc[0]) if len(hit) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def normalised_liveness(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame,
+                                                                   dict[str, float]]:
+    """Both sides' liveness on a common x in [0, 1] (program progress) whose phase
+    boundaries coincide: each IPU's steps are mapped piecewise-linearly so that its first
+    backward (or recompute) step and its first optimiser step land on the same x for every
+    curve, x_k being the mean over the two sides of their own boundary fractions.
+    Returns the frame (with column x) and {anchor: x}."""
+    lv = pd.concat([a, b], ignore_index=True)
+    if lv.empty:
+        return lv.assign(x=pd.Series(dtype=float)), {}
+    fr = _anchor_fractions(lv)
+    knots: dict[str, float] = {}
+    for name in ANCHORS:
+        if fr[name].notna().all():  # an anchor only when every curve has that phase
+            frac = fr[name] / fr["n"]
+            knots[name] = float(frac.groupby(fr["side"]).mean().mean())
+    if list(knots.values()) != sorted(knots.values()):
+        knots = {}
+    xs = np.empty(len(lv))
+    for (side, ipu), idx in lv.groupby(["side", "ipu"], sort=False).groups.items():
+        row = fr[(fr["side"] == side) & (fr["ipu"] == ipu)].iloc[0]
+        steps_k, xs_k = [0.0], [0.0]
+        for name, x in knots.items():
+            if row[name] > steps_k[-1]:
+                steps_k.append(float(row[name]))
+                xs_k.append(x)
+        steps_k.append(max(row["n"], steps_k[-1] + 1))
+        xs_k.append(1.0)
+        xs[lv.index.get_indexer(idx)] = np.interp(lv.loc[idx, "step"].to_numpy(float),
+                                                  steps_k, xs_k)
+    out = lv.assign(x=xs).sort_values(["side", "ipu", "step"], kind="stable")
+    return out.reset_index(drop=True), knots

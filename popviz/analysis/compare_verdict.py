@@ -1,0 +1,178 @@
+"""The verdict of a comparison: which layout is better, why, and by how much, in words.
+
+Every number quoted comes from the comparison's own tables (never recomputed here), so the
+text and the delta tables always agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from popviz.analysis.compare_sides import Side
+
+if TYPE_CHECKING:
+    from popviz.analysis.compare import Comparison
+
+TIE = 0.02  # throughputs within 2% are "about the same"
+WHY = {
+    "forward": "on forward compute", "backward": "on backward compute",
+    "recompute": "recomputing forward passes", "weight_update": "on weight updates",
+    "compute": "on other compute", "exchange": "on exchange (between IPUs and with the host)",
+    "idle": "idle (pipeline bubbles, waiting at syncs)", "untraced": "outside the trace",
+}
+OPTION_FACTS = [("kind", "kind"), ("target", "target"), ("num_ipus", "IPUs per replica"),
+                ("replicas", "replicas"), ("strategy", "strategy"), ("schedule", "schedule"),
+                ("recomputation", "recomputation"), ("amp", "AMP"), ("splits", "splits"),
+                ("precision", "precision"), ("micro_batch_size", "micro-batch"),
+                ("gradient_accumulation", "gradient accumulation")]
+
+
+def _fmt_bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _ok(value: Any) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _who(side: Side) -> str:
+    return f"{side.label} ({side.facts['name']})"
+
+
+def _oom_text(side: Side) -> str:
+    where = f" on {side.facts['oom_ipus']}" if side.facts["oom_ipus"] else ""
+    return f"{_who(side)} does not fit: {side.facts['oom_tiles']} tile(s) out of memory{where}"
+
+
+def _metric(comp: Comparison, name: str) -> dict[str, float]:
+    rows = comp.metrics[comp.metrics["metric"] == name]
+    if rows.empty:
+        return {}
+    return {k: float(v) for k, v in rows.iloc[0][["a", "b", "delta", "ratio"]].items()}
+
+
+def _speed(comp: Comparison, sa: Side, sb: Side) -> tuple[str | None, float | None, str]:
+    """(faster side label or None for a tie, factor >= 1, sentence)."""
+    per = _metric(comp, "throughput_per_ipu")
+    tot = _metric(comp, "throughput")
+    if not per or not (_ok(per["a"]) and _ok(per["b"])) or min(per["a"], per["b"]) <= 0:
+        return None, None, "Throughput is not known for both profiles."
+    ratio = per["ratio"]
+    total = (f"; in total A does {tot['a']:,.1f} samples/s on {sa.facts['total_ipus']} "
+             f"IPU(s), B {tot['b']:,.1f} on {sb.facts['total_ipus']}" if tot else "")
+    if abs(ratio - 1) <= TIE:
+        return None, 1.0, (f"A and B are about as fast per IPU ({per['a']:,.1f} vs "
+                           f"{per['b']:,.1f} samples/s per IPU){total}.")
+    fast, slow = (sb, sa) if ratio > 1 else (sa, sb)
+    factor = ratio if ratio > 1 else 1 / ratio
+    fv, sv = (per["b"], per["a"]) if ratio > 1 else (per["a"], per["b"])
+    return fast.label, factor, (f"{_who(fast)} is {factor:.2f}x faster per IPU than "
+                                f"{_who(slow)} ({fv:,.1f} vs {sv:,.1f} samples/s per IPU)"
+                                f"{total}.")
+
+
+def _time_reasons(comp: Comparison, faster: str) -> list[str]:
+    """Which categories of IPU-time per sample make the difference, biggest first."""
+    tps = comp.time_per_sample
+    sign = -1.0 if faster == "B" else 1.0  # savings of the faster side are positive
+    gap = abs(float(tps["delta"].sum()))
+    if not gap:
+        return []
+    saving = tps.assign(saving=sign * tps["delta"]).sort_values("saving", ascending=False)
+    slow = "A" if faster == "B" else "B"
+    out = []
+    for _, r in saving.iterrows():
+        if abs(r["saving"]) < 0.05 * gap:
+            continue
+        share_a = r["a"] / tps["a"].sum() if tps["a"].sum() else 0.0
+        share_b = r["b"] / tps["b"].sum() if tps["b"].sum() else 0.0
+        shares = f" ({share_a:.0%} of A's IPU time vs {share_b:.0%} of B's)"
+        if r["saving"] > 0:
+            out.append(f"{slow} spends {r['saving']:,.1f} IPU-us more per sample "
+                       f"{WHY[r['category']]}{shares}")
+        else:
+            out.append(f"despite {faster} spending {-r['saving']:,.1f} IPU-us more per "
+                       f"sample {WHY[r['category']]}{shares}")
+    return out[:4]
+
+
+def _memory_reasons(comp: Comparison, sa: Side, sb: Side) -> list[str]:
+    out = []
+    peak = _metric(comp, "peak_bytes_max")
+    if peak and _ok(peak["a"]) and _ok(peak["b"]):
+        cap_a, cap_b = sa.facts["ipu_capacity_bytes"], sb.facts["ipu_capacity_bytes"]
+        pa = f" ({peak['a'] / cap_a:.0%} of an IPU)" if cap_a else ""
+        pb = f" ({peak['b'] / cap_b:.0%} of an IPU)" if cap_b else ""
+        out.append(f"peak memory of the fullest IPU: A {_fmt_bytes(peak['a'])}{pa}, "
+                   f"B {_fmt_bytes(peak['b'])}{pb}")
+    inter = _metric(comp, "inter_ipu_bytes")
+    if inter and (inter["a"] or inter["b"]):
+        out.append("IPU-to-IPU traffic per step (incl. all-reduce): A moves "
+                   f"{_fmt_bytes(inter['a'])}, B {_fmt_bytes(inter['b'])}")
+    stash = _metric(comp, "stash_bytes")
+    if stash and _ok(stash["a"]) and _ok(stash["b"]) and (stash["a"] or stash["b"]):
+        out.append(f"activation stash: A {_fmt_bytes(stash['a'])}, B {_fmt_bytes(stash['b'])}")
+    return out
+
+
+def _op_reason(comp: Comparison) -> list[str]:
+    ops = comp.op_classes
+    if ops.empty:
+        return []
+    top = ops.iloc[0]  # sorted by |delta|
+    total = max(float(ops["a"].sum()), float(ops["b"].sum()))
+    if not total or abs(top["delta"]) < 0.05 * total:
+        return []
+    more = "B" if top["delta"] > 0 else "A"
+    return [f"the largest compute difference: {top['op_class']} ({top['phase']}) costs "
+            f"{abs(top['delta']):,.1f} us more per sample on {more} "
+            f"({top['a']:,.1f} vs {top['b']:,.1f})"]
+
+
+def differences(sa: Side, sb: Side) -> list[str]:
+    """The layout choices that differ, e.g. 'AMP: IPU0: 0.6 vs IPU0: 0.15'."""
+    return [f"{label}: {sa.facts[key]} vs {sb.facts[key]}" for key, label in OPTION_FACTS
+            if str(sa.facts.get(key)) != str(sb.facts.get(key))]
+
+
+def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
+    """{winner, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline, reasons,
+    differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
+    faster, factor, speed = _speed(comp, sa, sb)
+    fa, fb = bool(sa.facts["fits"]), bool(sb.facts["fits"])
+    reasons: list[str] = []
+    if fa and fb:
+        winner = faster
+        headline = speed if faster else speed + " Both fit."
+    elif fa != fb:
+        good, bad = (sa, sb) if fa else (sb, sa)
+        winner = good.label
+        headline = f"Only {_who(good)} fits. {_oom_text(bad)}."
+        reasons.append(speed if faster != bad.label else
+                       speed.rstrip(".") + f", but {bad.label} does not fit as it is.")
+    else:
+        winner = None
+        headline = f"Neither fits. {_oom_text(sa)}; {_oom_text(sb)}."
+        reasons.append(speed)
+    if faster:
+        why = _time_reasons(comp, faster)
+        if why:
+            reasons.append(f"{faster} is faster per IPU because " + "; ".join(why) + ".")
+    reasons += _op_reason(comp) + _memory_reasons(comp, sa, sb)
+    if sa.facts["kind"] != sb.facts["kind"]:
+        reasons.append(f"A is {sa.facts['kind']} and B {sb.facts['kind']}: times compared in "
+                       "seconds (modelled cycles / clock, measured ns).")
+    tot = _metric(comp, "throughput")
+    per = _metric(comp, "throughput_per_ipu")
+    return {
+        "a": sa.facts["name"], "b": sb.facts["name"], "winner": winner,
+        "faster_per_ipu": faster, "factor_per_ipu": factor,
+        "speedup_per_ipu": per.get("ratio") if per else None,
+        "speedup_total": tot.get("ratio") if tot else None,
+        "fits": {"A": fa, "B": fb}, "headline": headline, "reasons": reasons,
+        "differences": differences(sa, sb),
+    }

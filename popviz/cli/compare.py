@@ -1,0 +1,112 @@
+"""`popviz compare A B [--json]`: which of two layouts is better, why, and by how much."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pandas as pd
+
+from popviz.cli.command import EXIT_OK, Command
+
+CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A", help="first profile (.h5 file or its directory)")
+    parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the same facts as one JSON object")
+
+
+def _fmt(value: float, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit == "bytes":
+        for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= size:
+                return f"{value / size:,.1f} {name}"
+        return f"{value:,.0f} B"
+    if unit.startswith("fraction"):
+        return f"{value:.1%}"
+    if abs(value) >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.3g}" if abs(value) < 1 else f"{value:,.2f}"
+
+
+def _ratio(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
+
+
+def _rows(frame: pd.DataFrame, label: str, unit_col: str = "unit") -> list[list[str]]:
+    return [[str(r[label]), str(r[unit_col]).replace("bytes", "B"), _fmt(r["a"], r[unit_col]),
+             _fmt(r["b"], r[unit_col]), _fmt(r["delta"], r[unit_col]), _ratio(r["ratio"])]
+            for _, r in frame.iterrows()]
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w)
+                     for i, (h, w) in enumerate(zip(head, widths, strict=True)))
+    out = ["  " + line]
+    for r in rows:
+        out.append("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                                    for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return out
+
+
+def render_text(comp: object) -> str:
+    """The comparison as an aligned terminal table: verdict first, then the figures."""
+    v = comp.verdict  # type: ignore[attr-defined]
+    sides = comp.sides  # type: ignore[attr-defined]
+    lines = []
+    for _, s in sides.iterrows():
+        lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
+                     f"{s['target']} x{s['num_ipus']} x{s['replicas']} replica(s); "
+                     f"{'fits' if s['fits'] else 'DOES NOT FIT'})  {s['path']}")
+    lines += ["", v["headline"]]
+    lines += [f"  - {r}" for r in v["reasons"]]
+    if v["differences"]:
+        lines += ["", "Layout differences (A vs B): " + "; ".join(v["differences"])]
+    head = ["", "unit", "A", "B", "B - A", "B / A"]
+    lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(comp.metrics, "metric"))]
+    tps = comp.time_per_sample  # type: ignore[attr-defined]
+    tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
+    lines += ["", "Where the IPU time per sample goes (sums to 1e6 / throughput per IPU)"]
+    lines += _table(["category", *head[1:]], _rows(tps, "category"))
+    ipus = comp.ipus  # type: ignore[attr-defined]
+    if len(ipus):
+        ipus = ipus[ipus["metric"].isin(CLI_IPU_METRICS)]
+        ipus = ipus.assign(key="IPU" + ipus["ipu"].astype(str) + " " + ipus["metric"])
+        lines += ["", "Per IPU", *_table(["ipu metric", *head[1:]], _rows(ipus, "key"))]
+    ops = comp.op_classes.head(8)  # type: ignore[attr-defined]
+    if len(ops):
+        ops = ops.assign(key=ops["op_class"] + " " + ops["phase"])
+        lines += ["", "Compute per sample by op class (largest differences)"]
+        lines += _table(["op class", *head[1:]], _rows(ops, "key"))
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from popviz.analysis.compare import compare
+
+    comp = compare(args.a, args.b)
+    if args.json:
+        print(json.dumps(comp.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(render_text(comp))
+    return EXIT_OK
+
+
+COMMAND = Command(
+    name="compare",
+    help="compare two profiles: which layout is faster per IPU, which fits, and why",
+    description="Compare profile A with profile B (e.g. a 4-IPU pipeline against one IPU "
+    "with recomputation and more replicas): throughput per IPU and in total, step time, "
+    "where the IPU time per sample goes, peak memory and headroom, OOM tiles, exchange, "
+    "stash, per-IPU and per-op-class differences, and a verdict. Every delta is B - A. "
+    "--json prints the same facts as JSON.",
+    add_arguments=_add_arguments,
+    run=_run,
+)
