@@ -41,5 +41,9 @@ lint: setup-test
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+## regenerate the example profiles in profiles/ (plan mode: quick and deterministic)
+profiles: setup
+	$(PY) scripts/make_profiles.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
