@@ -157,6 +157,8 @@ def build(sa: Side, sb: Side) -> Comparison:
     metrics = deltas(pd.Series(sa.metrics, dtype=float), pd.Series(sb.metrics, dtype=float))
     metrics = metrics.reindex([m for m in METRICS if m in metrics.index])
     metrics = metrics.dropna(how="all", subset=["a", "b"])
+    if "step_cycles" in metrics.index and metrics.loc["step_cycles", ["a", "b"]].isna().any():
+        metrics = metrics.drop(index="step_cycles")  # ns vs cycles: compare step_ms instead
     metrics.insert(0, "unit", [METRICS[m][0] for m in metrics.index])
     metrics.insert(1, "better", [METRICS[m][1] for m in metrics.index])
     metrics = metrics.rename_axis("metric").reset_index()

@@ -1,0 +1,196 @@
+"""Figures of a comparison of two profiles (popviz.compare): A solid / blue-ish, B dashed /
+orange-ish, the same category colours as the single-profile views. Plain Plotly, no Dash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from popviz.figures.lod import minmax_indices
+from popviz.figures.style import (
+    CAPACITY_COLOUR,
+    CATEGORY_COLOURS,
+    KiB,
+    MiB,
+    base_layout,
+    empty_figure,
+)
+
+SIDE_COLOURS = {"A": "#3b75af", "B": "#ef8636"}
+SIDE_DASH = {"A": "solid", "B": "dash"}
+IPU_SHADES = ["#1f4e79", "#3b75af", "#6fa8dc", "#9fc5e8", "#a0522d", "#ef8636", "#f6b26b",
+              "#f9cb9c"]
+TIME_COLOURS = {"forward": CATEGORY_COLOURS["F"], "backward": CATEGORY_COLOURS["B"],
+                "recompute": CATEGORY_COLOURS["R"], "weight_update": CATEGORY_COLOURS["WU"],
+                "compute": CATEGORY_COLOURS["compute"], "exchange": CATEGORY_COLOURS["exchange"],
+                "idle": CATEGORY_COLOURS["idle"], "untraced": "#b0b0b0"}
+PHASE_NAMES = {"backward": "backward starts", "optimiser": "weight update starts"}
+PIXELS = 800
+
+
+def _side_name(comp: Any, side: str) -> str:
+    row = comp.sides[comp.sides["side"] == side]
+    return f"{side}: {row['name'].iloc[0]}" if len(row) else side
+
+
+def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
+                            title: str = "Liveness, A vs B (phases aligned)") -> go.Figure:
+    """Always-live + not-always-live memory of every IPU of both profiles on one common
+    progress axis whose forward / backward / weight-update boundaries coincide (min/max
+    downsampled per curve so no peak is lost)."""
+    lv = comp.liveness
+    if lv.empty:
+        return empty_figure("Neither profile has a liveness report.", title)
+    fig = go.Figure()
+    for side in ("A", "B"):
+        for ipu, g in lv[lv["side"] == side].groupby("ipu", sort=True):
+            y = g["total_bytes"].to_numpy(float) / MiB
+            keep = minmax_indices(y, pixels)
+            shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
+            fig.add_trace(go.Scatter(
+                x=g["x"].to_numpy()[keep], y=y[keep], mode="lines",
+                name=f"{_side_name(comp, side)} · IPU{ipu}", legendgroup=side,
+                line={"color": shade, "dash": SIDE_DASH[side], "width": 1.6},
+                customdata=np.stack([g["step"].to_numpy()[keep],
+                                     g["phase"].astype(str).to_numpy()[keep]],
+                                    axis=1).astype(object),
+                hovertemplate="progress %{x:.3f} (step %{customdata[0]}, %{customdata[1]})"
+                "<br>%{y:,.1f} MiB<extra>" + f"{side} IPU{ipu}</extra>"))
+    for name, x in comp.phase_x.items():
+        fig.add_vline(x=x, line={"color": "#555", "dash": "dot", "width": 1},
+                      annotation_text=PHASE_NAMES.get(name, name),
+                      annotation_position="top right", annotation_font_size=11)
+    peak = float(lv["total_bytes"].max())
+    for _, s in comp.sides.iterrows():  # capacity only when it is within sight of the peak
+        cap = float(s["ipu_capacity_bytes"] or 0)
+        if cap and peak >= 0.4 * cap:
+            fig.add_hline(y=cap / MiB, line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[
+                s["side"]], "width": 1.2}, annotation_text=f"{s['side']} IPU capacity",
+                annotation_position="bottom right")
+    fig.update_xaxes(title_text="program progress (0 = start, 1 = end of the step; "
+                     "phase boundaries aligned)", range=[0, 1])
+    fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero")
+    fig.update_layout(hovermode="closest", legend={"orientation": "v", "y": 1, "x": 1.01,
+                                                   "xanchor": "left", "yanchor": "top"})
+    fig = base_layout(fig, title, height=440)
+    fig.update_layout(legend={"orientation": "v", "y": 1, "x": 1.01, "xanchor": "left",
+                              "yanchor": "top"}, margin={"r": 200})
+    return fig
+
+
+def _multicat(frame: pd.DataFrame) -> list[list[str]]:
+    return [frame["side"].tolist(), [f"IPU{i}" for i in frame["ipu"]]]
+
+
+def _wide_ipus(comp: Any) -> pd.DataFrame:
+    """ipus delta frame -> one row per (side, ipu) with a column per metric."""
+    long = comp.ipus
+    rows = []
+    for side in ("A", "B"):
+        w = long.pivot_table(index="ipu", columns="metric", values=side.lower(),
+                             aggfunc="first", dropna=False)
+        w = w.dropna(how="all").reset_index()
+        w.insert(0, "side", side)
+        rows.append(w)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def ipu_time_compare_figure(comp: Any, title: str = "Time per IPU in one step, A | B"
+                            ) -> go.Figure:
+    """Compute / exchange / idle per IPU, A's IPUs then B's, side by side (ms per step)."""
+    if comp.ipus.empty:
+        return empty_figure("No per-IPU figures in these profiles.", title)
+    w = _wide_ipus(comp)
+    x = _multicat(w)
+    fig = go.Figure()
+    for col, name, colour in (("compute_ms", "compute", CATEGORY_COLOURS["compute"]),
+                              ("exchange_ms", "exchange", CATEGORY_COLOURS["exchange"]),
+                              ("idle_ms", "idle + sync", "#b8b8b8")):
+        if col in w.columns:
+            fig.add_trace(go.Bar(x=x, y=w[col].fillna(0), name=name, marker={"color": colour},
+                                 hovertemplate="%{x}: %{y:,.4f} ms<extra>" + name
+                                 + "</extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text="ms per step")
+    return base_layout(fig, title, height=380)
+
+
+def ipu_memory_compare_figure(comp: Any, title: str = "Peak memory per IPU, A | B"
+                              ) -> go.Figure:
+    """Peak live memory of each IPU of both profiles with each side's IPU capacity."""
+    w = _wide_ipus(comp)
+    if w.empty or "peak_bytes" not in w.columns or w["peak_bytes"].isna().all():
+        return empty_figure("No liveness in these profiles.", title)
+    x = _multicat(w)
+    colours = [SIDE_COLOURS[s] for s in w["side"]]
+    text = [f"{int(o)} OOM tiles" if o and o == o else "" for o in w.get(
+        "oom_tiles", pd.Series(0, index=w.index))]
+    fig = go.Figure(go.Bar(x=x, y=w["peak_bytes"] / MiB, marker={"color": colours},
+                           name="peak", text=text, textposition="outside",
+                           hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"))
+    cap = w["peak_bytes"] + w["headroom_bytes"] if "headroom_bytes" in w.columns else None
+    if cap is not None and cap.notna().any():
+        fig.add_trace(go.Scatter(x=x, y=cap / MiB, mode="markers", name="IPU capacity",
+                                 marker={"symbol": "line-ew-open", "size": 36,
+                                         "color": CAPACITY_COLOUR, "line": {"width": 2}},
+                                 hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
+    fig.update_yaxes(title_text="MiB", rangemode="tozero")
+    return base_layout(fig, title, height=380)
+
+
+def tile_distribution_figure(comp: Any, title: str = "Memory per tile, A | B") -> go.Figure:
+    """The distribution of memory over the tiles of every IPU (violins), tile capacity
+    marked: a long tail above the line is where a layout runs out of memory."""
+    tiles = comp.tiles
+    if tiles.empty:
+        return empty_figure("No tile memory in these profiles.", title)
+    fig = go.Figure()
+    for side in ("A", "B"):
+        t = tiles[tiles["side"] == side]
+        if t.empty:
+            continue
+        fig.add_trace(go.Violin(
+            x=[f"{side} IPU{i}" for i in t["ipu"]], y=t["total_bytes"] / KiB,
+            name=_side_name(comp, side), line={"color": SIDE_COLOURS[side]},
+            fillcolor=SIDE_COLOURS[side], opacity=0.6, spanmode="hard", points=False,
+            box={"visible": True}, meanline={"visible": True}, scalemode="width",
+            hoveron="violins+kde"))
+        cap = float(t["capacity_bytes"].max()) / KiB
+        cats = [f"{side} IPU{i}" for i in sorted(t["ipu"].unique())]
+        fig.add_trace(go.Scatter(
+            x=cats, y=[cap] * len(cats), mode="markers", showlegend=False,
+            marker={"symbol": "line-ew-open", "size": 40, "color": CAPACITY_COLOUR,
+                    "line": {"width": 2}},
+            hovertemplate="%{x} tile capacity %{y:,.0f} KiB<extra></extra>"))
+    fig.update_yaxes(title_text="memory per tile (KiB)", rangemode="tozero")
+    return base_layout(fig, title + " (red: tile capacity)", height=400)
+
+
+def time_per_sample_figure(comp: Any, title: str = "Where the IPU time per sample goes"
+                           ) -> go.Figure:
+    """Horizontal stacked bars: IPU-us per sample by category for A and B. The bar length is
+    1e6 / throughput per IPU, so the shorter bar is the faster layout per IPU."""
+    tps = comp.time_per_sample
+    if tps.empty or not (tps["a"].abs().sum() + tps["b"].abs().sum()):
+        return empty_figure("Throughput is not known for these profiles.", title)
+    labels = [_side_name(comp, "B"), _side_name(comp, "A")]  # A on top
+    fig = go.Figure()
+    for _, r in tps.iterrows():
+        if not (r["a"] or r["b"]):
+            continue
+        cat = str(r["category"])
+        fig.add_trace(go.Bar(y=labels, x=[r["b"], r["a"]], orientation="h",
+                             name=cat.replace("_", " "),
+                             marker={"color": TIME_COLOURS.get(cat, "#999")},
+                             hovertemplate="%{y}: %{x:,.2f} IPU-us per sample<extra>"
+                             + cat.replace("_", " ") + "</extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="IPU-microseconds per sample (shorter = faster per IPU)")
+    return base_layout(fig, title, height=260)
+
+
+__all__ = ["ipu_memory_compare_figure", "ipu_time_compare_figure", "liveness_compare_figure",
+           "tile_distribution_figure", "time_per_sample_figure"]
