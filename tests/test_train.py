@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -174,3 +175,25 @@ def test_loss_falls_over_a_few_steps(name: str, size: int | None, image: int, lr
     assert len(result.losses) == updates
     first, last = result.losses[0], sum(result.losses[-3:]) / 3
     assert last < 0.75 * first, result.losses
+
+
+def test_plan_only_profiles_are_deterministic(tmp_path: Path) -> None:
+    argv = ["--epochs", "1", "--batch-size", "4", "--test-batch-size", "2", "--plan-only",
+            "--quiet", "--profile", "--profile-dir"]
+    assert main([*argv, str(tmp_path / "a")]) == 0
+    assert main([*argv, str(tmp_path / "b")]) == 0
+    for part in ("training", "inference"):
+        a, b = popviz.open(tmp_path / "a" / part), popviz.open(tmp_path / "b" / part)
+        for table in ("stages", "trace", "liveness", "tile_memory", "ops", "tensors"):
+            pd.testing.assert_frame_equal(a.table(table), b.table(table))
+        assert a.summary == b.summary
+
+
+def test_efficientnet_pipeline_uses_block_names(tmp_path: Path) -> None:
+    assert main(["--model", "efficientnet", "--model-size", "0", "--image-size", "32",
+                 "--batch-size", "2", "--shards", "3", "--pipeline", "--pipeline-split",
+                 "block2b", "block5a", "--plan-only", "--quiet", "--profile",
+                 "--profile-dir", str(tmp_path)]) == 0
+    prof = popviz.open(tmp_path)
+    assert prof.stages["first_layer"].tolist() == ["stem", "block2b", "block5a"]
+    assert (prof.ops["op_class"] == "depthwise_conv").any()
