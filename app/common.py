@@ -80,11 +80,11 @@ def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
                 "type": "numeric" if pd.api.types.is_numeric_dtype(frame[c])
                 and not pd.api.types.is_bool_dtype(frame[c]) else "text"}
                for c in frame.columns]
-    params = {"sort_action": "native", "page_size": page_size, "style_table":
-              {"overflowX": "auto"}, "style_cell": {"fontFamily": "inherit",
-                                                     "fontSize": 12, "padding": "4px 8px",
-                                                     "maxWidth": 360, "overflow": "hidden",
-                                                     "textOverflow": "ellipsis"},
+    cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
+            "textAlign": "left", "maxWidth": 360, "overflow": "hidden",
+            "textOverflow": "ellipsis"}
+    params = {"sort_action": "native", "page_size": page_size,
+              "style_table": {"overflowX": "auto"}, "style_cell": cell,
               "style_header": {"fontWeight": 600, "backgroundColor": "#f3f5f8"}}
     params.update(kwargs)
     return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)

@@ -33,7 +33,8 @@ ul#advice { padding-left: 0; list-style: none; margin: 4px 0; }
           border-radius: 4px; padding: 6px 10px; margin: 4px 0; font-size: 14px; }
 .advice.error { border-left-color: #c53a32; } .advice.warning { border-left-color: #e59b25; }
 .message { padding: 10px 14px; border-radius: 6px; margin: 10px 0; font-size: 14px; }
-.message.error { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; }
+.message.error, .message.oom { background: #fdecea; color: #8a1c12;
+                              border: 1px solid #f5c2bd; }
 .message.info { background: #eef4fb; color: #1f4f7a; border: 1px solid #c9dcf0; }
 table.listing { border-collapse: collapse; background: #fff; width: 100%; font-size: 13px; }
 table.listing th, table.listing td { border-bottom: 1px solid #e4e7eb; padding: 6px 10px;

@@ -50,7 +50,7 @@ def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:
         hit = oom[(oom["ipu"] == ipu) & (oom["tile"] == tile)]
         for row in hit.itertuples():
             out.append(message(f"Out of memory by {fmt_bytes(row.bytes_over)}; largest "
-                               f"variables: {row.variables}", "error"))
+                               f"variables: {row.variables}", "oom"))
     return out
 
 

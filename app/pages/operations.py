@@ -53,6 +53,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             filter_action="custom", filter_query="", sort_by=[],
             style_table={"overflowX": "auto"},
             style_cell={"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
+                        "textAlign": "left",
                         "maxWidth": 320, "overflow": "hidden", "textOverflow": "ellipsis"},
             style_header={"fontWeight": 600, "backgroundColor": "#f3f5f8"}),
         downloads(entry.rel, ["ops"], []),

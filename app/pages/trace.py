@@ -32,7 +32,7 @@ def _status(fig: Any) -> str:
         return ""
     lo, hi = meta["range"]
     mode = ("every event drawn" if meta["mode"] == "events"
-            else "busiest category per pixel; zoom in to see single events")
+            else "each bucket split by the time each kind ran in it; zoom in for single events")
     return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f}: {mode}."
 
 

@@ -67,8 +67,8 @@ def liveness_peaks(liveness: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def bumps(liveness: pd.DataFrame, rel_prominence: float = 0.05,
-          max_per_ipu: int = 20) -> pd.DataFrame:
+def bumps(liveness: pd.DataFrame, rel_prominence: float = 0.1,
+          max_per_ipu: int = 10) -> pd.DataFrame:
     """Bumps of not-always-live memory per IPU: local maxima whose prominence is at least
     `rel_prominence` of that IPU's not-always-live range, the most prominent first."""
     cols = ["ipu", "step", "not_always_live_bytes", "total_bytes", "prominence", "label",

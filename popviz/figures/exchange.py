@@ -23,9 +23,9 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged"
         z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
         texttemplate="%{text}", colorscale="Blues", colorbar={"title": "MiB"},
         hovertemplate="%{y} → %{x}: %{z:,.2f} MiB<extra></extra>"))
-    fig.update_xaxes(title_text="to", side="top")
+    fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
-    return base_layout(fig, title + " (from row to column)", height=120 + 45 * len(matrix))
+    return base_layout(fig, title + " (from row to column)", height=160 + 45 * len(matrix))
 
 
 def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",

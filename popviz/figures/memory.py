@@ -77,8 +77,9 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
                                  hovertemplate="tile %{customdata} OUT OF MEMORY"
                                  "<extra></extra>"))
     fig.update_xaxes(title_text=f"tile mod {columns}", showgrid=False)
-    fig.update_yaxes(title_text=f"tile div {columns}", autorange="reversed", showgrid=False,
-                     scaleanchor="x")
+    fig.update_yaxes(title_text=f"tile div {columns}", range=[rows - 0.5, -0.5],
+                     showgrid=False, scaleanchor="x", constrain="domain")
+    fig.update_xaxes(range=[-0.5, columns - 0.5], constrain="domain")
     return base_layout(fig, f"{title} · IPU{ipu}", height=200 + 12 * rows)
 
 

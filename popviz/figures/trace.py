@@ -1,9 +1,10 @@
 """Execution trace: one row per IPU, events coloured by kind and pass, cycles on x.
 
 Level of detail: when at most `max_events` events are visible every event is its own
-segment with full hover; otherwise each IPU row is cut into `pixels` buckets coloured by
-the category that covers most of the bucket (activity is never hidden behind idle), and
-equal neighbours are merged. The app rebuilds the figure for the visible range on zoom."""
+segment with full hover; otherwise each IPU row is cut into `pixels` buckets and each
+bucket is shared among the categories that ran in it, in proportion to their time but
+with a minimum width (a short exchange stays visible), contiguous equal segments merged.
+The app rebuilds the figure for the visible range on zoom."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, dominant_segments
+from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, composition_segments
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 
 MAX_EVENTS = 3000
-PIXELS = 1000
+PIXELS = 500  # buckets per IPU row when zoomed out; each holds a few sub-segments
 
 
 def _bar(name: str, ipus: list[str], base: np.ndarray, width: np.ndarray,
@@ -56,15 +57,15 @@ def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str) ->
     edges = np.linspace(lo, hi, pixels + 1)
     parts = []
     for ipu in index.ipus:
-        seg = dominant_segments(index.occupancy(ipu, edges), edges)
+        seg = composition_segments(index.occupancy(ipu, edges), edges)
         seg["events"] = index.count_between(ipu, seg["start"].to_numpy(), seg["end"].to_numpy())
         seg["ipu"] = ipu
         parts.append(seg)
     segs = pd.concat(parts, ignore_index=True)
-    hover = ("<b>%{fullData.name}</b> %{customdata[1]:.0%} of this span<br>"
-             f"%{{base:,.0f}} → %{{customdata[2]:,.0f}} {unit}<br>"
-             "%{customdata[0]:,} events · zoom in for single events<extra>IPU%{customdata[3]}"
-             "</extra>")
+    hover = ("<b>%{fullData.name}</b><br>around %{base:,.0f} → %{customdata[2]:,.0f} "
+             f"{unit}<br>"
+             "%{customdata[0]:,} events nearby · zoom in for single events"
+             "<extra>IPU%{customdata[3]}</extra>")
     bars = []
     for k, name in enumerate(CATEGORIES):
         sel = segs[segs["category"] == k]

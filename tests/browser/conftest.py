@@ -1,0 +1,75 @@
+"""A live popviz app on a free loopback port, and Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+BROKEN = "broken/truncated.h5"
+
+
+def _profiles_dir(tmp: Path) -> Path:
+    """A copy of profiles/ (or synthetic profiles while it is empty) plus a broken file."""
+    served = tmp / "served"
+    source = ROOT / "profiles"
+    if any(source.rglob("*.h5")):
+        shutil.copytree(source, served, ignore=shutil.ignore_patterns("*.tmp*"))
+    else:
+        from popviz.format import write_report
+        from popviz.synthetic import synthetic_report
+
+        write_report(synthetic_report(oom_ipu=1, model="synthetic-oom"),
+                     served / "pipeline_oom" / "profile.h5")
+        write_report(synthetic_report(num_ipus=2, target="mk1", seed=3, recomputation=True,
+                                      model="synthetic-fits"),
+                     served / "run" / "training" / "profile.h5")
+    broken = served / BROKEN
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    good = next(served.rglob("*.h5")).read_bytes()
+    broken.write_bytes(good[: len(good) // 3])  # a real HDF5 header, cut short
+    return served
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _profiles_dir(tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture(scope="session")
+def base_url(served: Path) -> Iterator[str]:
+    from werkzeug.serving import make_server
+
+    from popviz_app import create_app
+
+    server = make_server("127.0.0.1", 0, create_app(served).server, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -1,0 +1,114 @@
+"""Every page of every profile in a real browser: figures hold data, the console stays
+clean, a broken file is listed with its error while the others work. Screenshots go to
+test-artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from popviz_app.pages import PAGES
+
+from .conftest import BROKEN, SCREENSHOTS
+
+pytestmark = pytest.mark.browser
+
+PROFILE_PAGES = [p for p in PAGES if p.NEEDS_PROFILE]
+
+
+def _profiles(served: Path) -> list[str]:
+    return sorted(p.relative_to(served).as_posix() for p in served.rglob("*.h5")
+                  if p.relative_to(served).as_posix() != BROKEN)
+
+
+def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("nav.nav", timeout=30_000)
+    page.wait_for_load_state("networkidle")
+    return page, errors
+
+
+def _plot_traces(page: Any) -> list[int]:
+    """Number of traces with at least one computed point, per Plotly graph on the page
+    (calcdata: numpy arrays arrive base64-encoded, so `data[i].x.length` would lie)."""
+    return page.eval_on_selector_all(
+        ".js-plotly-plot", "els => els.map(e => (e.calcdata || []).filter("
+        "cd => cd.some(p => Number.isFinite(p.x) || Number.isFinite(p.y) || "
+        "Number.isFinite(p.s) || Number.isFinite(p.b) || (p.z && p.z.length))).length)")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def test_home_lists_profiles_and_the_broken_file(browser: Any, base_url: str,
+                                                 served: Path) -> None:
+    page, errors = _open(browser, base_url + "/")
+    page.wait_for_selector("#profile-table")
+    text = page.inner_text("#profile-table")
+    for rel in _profiles(served):
+        assert rel in text
+    row = page.locator("tr.broken", has_text=BROKEN)
+    assert row.count() == 1
+    assert "truncated" in row.inner_text() or "damaged" in row.inner_text()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "home.png"), full_page=True)
+    assert errors == []
+    page.close()
+
+
+def test_every_page_of_every_profile_has_data(browser: Any, base_url: str,
+                                              served: Path) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for rel in _profiles(served):
+        for spec in PROFILE_PAGES:
+            page, errors = _open(browser, f"{base_url}{spec.PATH}?profile={quote(rel)}")
+            where = f"{spec.PATH} of {rel}"
+            assert page.locator(".message.error").count() == 0, where
+            if spec.FIGURES:
+                page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+                counts = _plot_traces(page)
+                assert counts and all(n > 0 for n in counts), f"{where}: traces {counts}"
+            else:
+                page.wait_for_selector(".dash-spreadsheet, .message.info", timeout=30_000)
+            assert "No data" not in page.inner_text("body"), where
+            page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}_{spec.TITLE.lower()}.png"),
+                            full_page=True)
+            assert errors == [], f"{where}: {errors}"
+            page.close()
+
+
+def test_broken_and_escaping_profiles_show_a_message(browser: Any, base_url: str) -> None:
+    for rel, expected in ((BROKEN, "truncated"), ("../../etc/passwd", "outside"),
+                          ("/etc/passwd", "relative")):
+        page, errors = _open(browser, f"{base_url}/summary?profile={quote(rel)}")
+        box = page.wait_for_selector(".message.error")
+        assert expected in box.inner_text()
+        assert errors == []
+        page.close()
+
+
+def test_trace_zoom_switches_to_single_events(browser: Any, base_url: str,
+                                              served: Path) -> None:
+    rel = _profiles(served)[0]
+    page, errors = _open(browser, f"{base_url}/trace?profile={quote(rel)}")
+    page.wait_for_selector("#trace-graph .main-svg")
+    before = page.inner_text("#trace-status")
+    # zoom to a sliver at the start, as a drag would
+    page.evaluate("""() => { const g = document.querySelector('#trace-graph .js-plotly-plot');
+        const r = g.layout.xaxis.range; const w = (r[1] - r[0]) / 400;
+        Plotly.relayout(g, {'xaxis.range[0]': r[0], 'xaxis.range[1]': r[0] + w}); }""")
+    page.wait_for_function("(b) => document.querySelector('#trace-status').innerText != b",
+                           arg=before, timeout=20_000)
+    assert "every event drawn" in page.inner_text("#trace-status")
+    page.screenshot(path=str(SCREENSHOTS / "trace_zoomed.png"), full_page=True)
+    assert errors == []
+    page.close()
