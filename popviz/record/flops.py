@@ -69,7 +69,7 @@ _DATA_MOVEMENT = {
 
 
 def numel(shape: Sequence[int]) -> int:
-    return int(math.prod(int(s) for s in shape))
+    return int(math.prod(shape))
 
 
 def kind_of(func: Any) -> str:

@@ -57,15 +57,16 @@ class _Storage:
     """One tensor row: a storage seen during the step."""
 
     __slots__ = ("block", "dtype", "last", "layer", "module", "name", "nbytes", "producer",
-                 "ref", "shape", "tid")
+                 "ref", "shape", "tid", "tid_str")
 
     def __init__(self, tid: int, t: torch.Tensor, storage: Any, producer: int, module: str | None,
-                 layer: str | None, block: str | None) -> None:
+                 layer: str | None, block: str | None, shape: str | None = None) -> None:
         self.tid = tid
+        self.tid_str = str(tid)
         self.ref = StorageWeakRef(storage)
         self.nbytes = int(storage.nbytes())
         self.dtype = str(t.dtype).removeprefix("torch.")
-        self.shape = _shape_str(t.shape)
+        self.shape = shape if shape is not None else _shape_str(t.shape)
         self.producer = producer
         self.last = producer
         # None = not known yet; set by the first op that reads it
@@ -141,8 +142,9 @@ class Recorder:
         self._ops: list[list[Any]] = []
         self._storages: dict[int, _Storage] = {}
         self._rows: list[_Storage] = []
-        self._kinds: dict[Any, str] = {}
-        self._mutated: dict[Any, tuple[int, ...]] = {}
+        self._funcs: dict[Any, tuple[str, str, str, bool, tuple[int, ...]]] = {}
+        self._shape_cache: dict[torch.Size, str] = {}
+        self._dtype_cache: dict[torch.dtype, str] = {}
         self._layer_cache: dict[str, str] = {}
         self._paths: dict[int, str] = {}
         self._mod_stack: list[str] = []
@@ -383,76 +385,95 @@ class Recorder:
                 owners.add(rec.module)
         return owners.pop() if len(owners) == 1 else ""
 
+    def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...]]:
+        """(kind, packet name, overload name, is a view, mutated args), once per overload."""
+        info = self._funcs.get(func)
+        if info is None:
+            kind = _flops.kind_of(func)
+            info = (kind, func._overloadpacket.__name__, str(func),
+                    kind == "data_movement" and func.is_view, _mutated_args(func))
+            self._funcs[func] = info
+        return info
+
+    def _shape(self, shape: torch.Size) -> str:
+        text = self._shape_cache.get(shape)
+        if text is None:
+            text = self._shape_cache[shape] = _shape_str(shape)
+        return text
+
+    def _dtype(self, dtype: torch.dtype) -> str:
+        text = self._dtype_cache.get(dtype)
+        if text is None:
+            text = self._dtype_cache[dtype] = str(dtype).removeprefix("torch.")
+        return text
+
     def _record(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
                 host_ns: int) -> None:
+        # hot path: runs for every op of the step, so caches and no repeated lookups
         op_id = len(self._ops)
-        kind = self._kinds.get(func)
-        if kind is None:
-            kind = self._kinds[func] = _flops.kind_of(func)
-        name = func._overloadpacket.__name__
+        kind, name, op_name, is_view, mutated = self._func_info(func)
         inputs = _tensors(args)
         if kwargs:
             inputs.extend(_tensors(kwargs.values()))
         outputs = _tensors(out if isinstance(out, (tuple, list)) else (out,))
         phase, module, block = self._phase_and_owner(func, name, inputs)
         layer = self._layer_of(module)
-        is_view = kind == "data_movement" and func.is_view
         storages = self._storages
-        in_shapes = [tuple(t.shape) for t in inputs]
-        out_shapes = [tuple(t.shape) for t in outputs]
+        in_shapes = [t.shape for t in inputs]
+        out_shapes = [t.shape for t in outputs]
         bytes_read = bytes_written = 0
-        dtype = ""
+        dtype = None
         read: list[str] = []
         written: list[str] = []
         # lift_fresh turns a constant made by torch.tensor(...) into a tensor: the output
         # is new in this step (fake mode copies it, real mode aliases it)
         for t in inputs if name != "lift_fresh" else ():
-            storage = t.untyped_storage()
-            rec = storages.get(storage._cdata)
+            rec = storages.get(t.untyped_storage()._cdata)
             if rec is None:  # exists from before the step
                 rec = self._register_existing(t)
             rec.last = op_id
-            read.append(str(rec.tid))
+            read.append(rec.tid_str)
             if rec.module is None:
                 rec.module, rec.layer, rec.block = module, layer, block
             elif rec.block is None and phase == "forward":
                 rec.block = block
             if not is_view:
                 bytes_read += t.numel() * t.element_size()
-            if not dtype and t.dtype.is_floating_point:
-                dtype = str(t.dtype).removeprefix("torch.")
+            if dtype is None and t.dtype.is_floating_point:
+                dtype = t.dtype
         grad_owner = phase == "backward" and self._node_is_accumulate()
-        mutated = self._mutated.get(func)
-        if mutated is None:
-            mutated = self._mutated[func] = _mutated_args(func)
         if name == "native_batch_norm" and len(args) > 5 and args[5]:
             mutated = (3, 4)  # running stats, updated in training but not annotated so
-        if mutated:  # e.g. batch norm's running stats: written without being returned
+        if mutated:  # written in place without being returned
             outputs = [*outputs, *_tensors(args[i] for i in mutated if i < len(args))]
         for t in outputs:
             storage = t.untyped_storage()
             cd = storage._cdata
             rec = storages.get(cd)
             if rec is None:
-                rec = _Storage(len(self._rows), t, storage, op_id, module, layer, block)
+                rec = _Storage(len(self._rows), t, storage, op_id, module, layer, block,
+                               self._shape(t.shape))
                 storages[cd] = rec
                 self._rows.append(rec)
             else:
                 rec.last = op_id
-            written.append(str(rec.tid))
+            written.append(rec.tid_str)
             if grad_owner:
                 self._grad_cds.add(cd)
             if not is_view:
                 bytes_written += t.numel() * t.element_size()
-        if not dtype:
+        if dtype is None:
             source = inputs or outputs
-            dtype = str(source[0].dtype).removeprefix("torch.") if source else ""
+            dtype = source[0].dtype if source else None
         op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes, out_shapes)
+        shape = self._shape
         self._ops.append([
-            op_id, str(func), op_class, phase, module, layer, block, False, int(n_flops),
-            bytes_read, bytes_written, ";".join(_shape_str(s) for s in in_shapes),
-            _shape_str(out_shapes[0]) if out_shapes else "", dtype, host_ns,
-            ";".join(dict.fromkeys(read)), ";".join(dict.fromkeys(written)),
+            op_id, op_name, op_class, phase, module, layer, block, False, int(n_flops),
+            bytes_read, bytes_written, ";".join([shape(s) for s in in_shapes]),
+            shape(out_shapes[0]) if out_shapes else "",
+            self._dtype(dtype) if dtype is not None else "", host_ns,
+            ";".join(dict.fromkeys(read)) if len(read) > 1 else "".join(read),
+            ";".join(dict.fromkeys(written)) if len(written) > 1 else "".join(written),
         ])
         if outputs and phase in ("forward", "recompute") and torch.is_grad_enabled():
             self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
