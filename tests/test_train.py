@@ -32,7 +32,8 @@ TINY_RESNET = ["--model", "resnet", "--model-size", "18", "--image-size", "32",
 
 def test_tutorial_profile_writes_training_and_inference(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
-    assert main([*TINY_TUTORIAL, "--profile", "--profile-dir", str(tmp_path)]) == 0
+    assert main([*TINY_TUTORIAL, "--offload-optimiser", "--profile", "--profile-dir",
+                 str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "tutorial training" in out and "tutorial inference" in out
     training = popviz.open(tmp_path / "training")
@@ -40,7 +41,7 @@ def test_tutorial_profile_writes_training_and_inference(tmp_path: Path,
     opts = training.meta["options"]
     assert opts["strategy"] == "pipelined"
     assert opts["gradient_accumulation"] == 2 and opts["device_iterations"] == 2
-    assert opts["micro_batch_size"] == 4
+    assert opts["micro_batch_size"] == 4 and opts["optimiser_offload"] is True
     # blocks B1-B4 on IPUs 0-3, one stage each
     assert training.stages["ipu"].tolist() == [0, 1, 2, 3]
     assert set(training.ops["phase"]) >= {"forward", "backward", "optimiser"}
@@ -62,11 +63,15 @@ def test_tutorial_sharded_without_profile_writes_nothing(tmp_path: Path) -> None
     assert not (out / "inference").exists()
 
 
-def test_resnet_pipeline_run_places_stages_at_the_splits(tmp_path: Path) -> None:
+def test_resnet_pipeline_run_places_stages_at_the_splits(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([*TINY_RESNET, "--shards", "3", "--pipeline", "--pipeline-splits",
                  "b2/0/relu", "b3/1", "--pipeline-schedule", "Interleaved",
                  "--available-memory-proportion", "0.2", "0.3", "0.4", "0.5", "0.6", "0.3",
-                 "--profile", "--profile-dir", str(tmp_path)]) == 0
+                 "--debug", "--profile", "--profile-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert '"splits": ["b2/0/relu", "b3/1"]' in out  # --debug prints the Options
+    assert "resnet18 training: 2 steps" in out and "modelled: fits" in out
     prof = popviz.open(tmp_path)
     opts = prof.meta["options"]
     assert opts["splits"] == ["b2/0/relu", "b3/1"] and opts["schedule"] == "Interleaved"
@@ -134,6 +139,9 @@ ERRORS = [
     (["--model", "efficientnet", "--model-size", "9"], ["valid sizes: 0, 1, 2, 3, 4"]),
     (["--model", "resnet", "--model-size", "18", "--shards", "3", "--pipeline",
       "--pipeline-splits", "b3/0", "b2/0"], ["forward order"]),
+    (["--model", "resnet", "--pipeline-schedule", "Fast"], ["invalid choice: 'Fast'"]),
+    (["--batch-size", "4", "8"], ["only for --inference"]),
+    (["--model", "resnet", "--image-size", "16"], ["too small"]),
 ]
 
 
