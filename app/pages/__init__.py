@@ -1,7 +1,7 @@
 """The app's pages, in menu order. Each module defines PATH, TITLE, NEEDS_PROFILE,
 FIGURES (view name -> builder, for HTML downloads), layout(ctx, entry) and
-register(app, ctx). Adding a page is one line here."""
+register(app, ctx) -> {name: callback function}. Adding a page is one line here."""
 
-from . import exchange, home, liveness, memory, operations, stages, summary, trace
+from . import compare, exchange, home, liveness, memory, operations, stages, summary, trace
 
-PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations]
+PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations, compare]

@@ -12,6 +12,7 @@ The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughp
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,28 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not np.isfinite(value):
         return None
     return value
+
+
+def format_value(value: Any, unit: str) -> str:
+    """A figure of a delta frame as text, in its unit ('-' when absent)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    value = float(value)
+    if unit == "bytes":
+        for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= size:
+                return f"{value / size:,.1f} {name}"
+        return f"{value:,.0f} B"
+    if unit.startswith("fraction"):
+        return f"{value:.1%}"
+    if abs(value) >= 100 or value.is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.3g}" if abs(value) < 1 else f"{value:,.2f}"
+
+
+def format_ratio(value: Any) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{float(value):.2f}x"
 
 
 def deltas(a: pd.Series, b: pd.Series) -> pd.DataFrame:
@@ -193,4 +216,4 @@ def build(sa: Side, sb: Side) -> Comparison:
     return comp
 
 
-__all__ = ["Comparison", "build", "compare", "deltas"]
+__all__ = ["Comparison", "build", "compare", "deltas", "format_ratio", "format_value"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import pandas as pd
 
+from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
@@ -20,29 +20,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the same facts as one JSON object")
 
 
-def _fmt(value: float, unit: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if unit == "bytes":
-        for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(value) >= size:
-                return f"{value / size:,.1f} {name}"
-        return f"{value:,.0f} B"
-    if unit.startswith("fraction"):
-        return f"{value:.1%}"
-    if abs(value) >= 100 or float(value).is_integer():
-        return f"{value:,.0f}"
-    return f"{value:,.3g}" if abs(value) < 1 else f"{value:,.2f}"
-
-
-def _ratio(value: float) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
-
-
-def _rows(frame: pd.DataFrame, label: str, unit_col: str = "unit") -> list[list[str]]:
-    return [[str(r[label]), str(r[unit_col]).replace("bytes", "B"), _fmt(r["a"], r[unit_col]),
-             _fmt(r["b"], r[unit_col]), _fmt(r["delta"], r[unit_col]), _ratio(r["ratio"])]
-            for _, r in frame.iterrows()]
+def _rows(frame: pd.DataFrame, label: str) -> list[list[str]]:
+    return [[str(r[label]), str(r["unit"]).replace("bytes", "B"),
+             *(format_value(r[c], r["unit"]) for c in ("a", "b", "delta")),
+             format_ratio(r["ratio"])] for _, r in frame.iterrows()]
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -1,0 +1,168 @@
+"""`/compare?profile=A&other=B`: which of two layouts is better, why, and by how much.
+
+Wiring only: popviz.compare computes, popviz.figures.compare draws. The two profiles come
+from the URL (shareable); the dropdowns rewrite the URL, which re-renders the page."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import dash
+import pandas as pd
+from dash import Input, Output, dcc, html
+from dash.exceptions import MissingCallbackContextException
+
+from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
+from popviz.errors import ProfileError
+from popviz.figures import compare as cf
+
+from ..cache import Entry, PathRefused
+from ..common import AppContext, graph, message, table
+
+PATH = "/compare"
+TITLE = "Compare"
+NEEDS_PROFILE = False  # it takes two: ?profile=A&other=B
+FIGURES: dict[str, Any] = {}  # HTML downloads are per profile; PNG is in each modebar
+
+
+def pair_of(search: str | None) -> tuple[str, str]:
+    """(profile, other) from a URL search string ('' when absent)."""
+    q = parse_qs((search or "").lstrip("?"))
+    return (q.get("profile", [""])[0], q.get("other", [""])[0])
+
+
+def pair_query(a: str, b: str) -> str:
+    return "?" + urlencode({k: v for k, v in (("profile", a), ("other", b)) if v})
+
+
+def comparison(a: Entry, b: Entry) -> Comparison:
+    """Built once per pair of open profiles (kept with A's cached entry)."""
+    return a.get(("compare", b.rel, id(b)), lambda: compare(a.profile, b.profile))
+
+
+def _card(label: str, value: str, tone: str = "") -> html.Div:
+    return html.Div([html.Div(label, className="card-label"),
+                     html.Div(value, className="card-value")], className=f"card {tone}")
+
+
+def _cards(comp: Comparison, side: str) -> html.Div:
+    s = comp.sides.set_index("side").loc[side]
+    m = comp.metrics.set_index("metric")[side.lower()]
+    win = comp.verdict.get("winner") == side
+
+    def val(name: str, unit: str) -> str:
+        return format_value(m.get(name), unit)
+    fit = ("fits", "good") if s["fits"] else (
+        f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
+    cards = [
+        _card("layout", f"{s['num_ipus']} IPU(s) x {s['replicas']} replica(s) · "
+              f"{s['target']} · {s['kind']}"),
+        _card("memory", fit[0], fit[1]),
+        _card("throughput per IPU", val("throughput_per_ipu", "") + " samples/s",
+              "good" if win else ""),
+        _card("throughput", val("throughput", "") + f" samples/s on {s['total_ipus']} IPUs"),
+        _card("step", val("step_ms", "ms") + " ms"),
+        _card("idle", val("idle_fraction", "fraction"),
+              "warn" if (m.get("idle_fraction") or 0) > 0.25 else ""),
+        _card("peak memory (fullest IPU)", val("peak_bytes_max", "bytes")),
+    ]
+    title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")
+    return html.Div([html.H3(title), html.Div(
+        f"{s['model']} · splits {s['splits']} · AMP {s['amp']} · recomputation "
+        f"{'on' if s['recomputation'] else 'off'}", className="hint"),
+        html.Div(cards, className="cards")], className="half", id=f"compare-side-{side}")
+
+
+def _verdict(comp: Comparison) -> html.Div:
+    v = comp.verdict
+    tone = "good" if v.get("winner") else "warn"
+    items = [html.Li(r) for r in v["reasons"]]
+    if v["differences"]:
+        items.append(html.Li("Layout differences (A vs B): " + "; ".join(v["differences"])))
+    return html.Div([html.Div(v["headline"], className="card-value"),
+                     html.Ul(items, className="hint")],
+                    className=f"card {tone}", id="compare-verdict")
+
+
+def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
+    if frame.empty:
+        return html.P("Nothing to compare here.", className="hint")
+    out = frame[keys].copy()
+    out["unit"] = frame["unit"]
+    for col, name in (("a", "A"), ("b", "B"), ("delta", "B - A")):
+        out[name] = [format_value(v, u) for v, u in zip(frame[col], frame["unit"], strict=True)]
+    out["B / A"] = [format_ratio(r) for r in frame["ratio"]]
+    return table(id_, out.astype(str), page_size=20)
+
+
+def _pickers(ctx: AppContext, a: str, b: str) -> html.Div:
+    names = [r["profile"] for r in ctx.cache.listing() if not r.get("error")]
+    opts = [{"label": n, "value": n} for n in names]
+    return html.Div([
+        html.Span("A", className="label"),
+        dcc.Dropdown(id="compare-a", options=opts, value=a or None, clearable=False,
+                     placeholder="first profile", style={"width": 380}),
+        html.Span("B", className="label"),
+        dcc.Dropdown(id="compare-b", options=opts, value=b or None, clearable=False,
+                     placeholder="second profile", style={"width": 380}),
+    ], className="row", style={"alignItems": "center"})
+
+
+def body(ctx: AppContext, a: str, b: str) -> list[Any]:
+    """The comparison of two served profiles, or a message saying what is missing."""
+    if not (a and b):
+        return [message("Pick two profiles to compare (A and B above).", "info")]
+    try:
+        ea, eb = ctx.cache.get(a), ctx.cache.get(b)
+        comp = comparison(ea, eb)
+    except (PathRefused, ProfileError, ValueError) as exc:
+        return [message(str(exc))]
+    tps = comp.time_per_sample
+    return [
+        _verdict(comp),
+        html.Div([_cards(comp, "A"), _cards(comp, "B")], className="row"),
+        graph("compare-time", cf.time_per_sample_figure(comp)),
+        graph("compare-liveness", cf.liveness_compare_figure(comp)),
+        html.Div([graph("compare-ipu-time", cf.ipu_time_compare_figure(comp)),
+                  graph("compare-ipu-memory", cf.ipu_memory_compare_figure(comp))],
+                 className="row two"),
+        graph("compare-tiles", cf.tile_distribution_figure(comp)),
+        html.H3("A vs B (every delta is B - A)"),
+        _delta_table("compare-metrics", comp.metrics, ["metric"]),
+        html.H3("IPU time per sample by category"),
+        _delta_table("compare-time-table", tps[(tps["a"] != 0) | (tps["b"] != 0)],
+                     ["category"]),
+        html.Div([
+            html.Div([html.H3("Per IPU"), _delta_table("compare-ipus", comp.ipus,
+                                                       ["ipu", "metric"])], className="half"),
+            html.Div([html.H3("Compute per sample by op class"),
+                      _delta_table("compare-ops", comp.op_classes, ["op_class", "phase"])],
+                     className="half"),
+        ], className="row"),
+        html.H3("Per stage"), _delta_table("compare-stages", comp.stages, ["stage", "metric"]),
+    ]
+
+
+def page(ctx: AppContext, search: str | None) -> html.Div:
+    a, b = pair_of(search)
+    return html.Div([html.H2("Compare two layouts"), _pickers(ctx, a, b),
+                     html.Div(body(ctx, a, b), id="compare-body")])
+
+
+def layout(ctx: AppContext, entry: Any = None) -> html.Div:
+    # The router passes no URL to pages without a profile; this one reads the pair from
+    # the routing callback's own inputs.
+    try:
+        search = dash.callback_context.inputs.get("url.search") or ""
+    except MissingCallbackContextException:  # called directly, e.g. from a test
+        search = ""
+    return page(ctx, search)
+
+
+def register(app: dash.Dash, ctx: AppContext) -> None:
+    @app.callback(Output("url", "search"),
+                  Input("compare-a", "value"), Input("compare-b", "value"),
+                  prevent_initial_call=True)
+    def choose(a: str | None, b: str | None) -> str:
+        return pair_query(a or "", b or "")
