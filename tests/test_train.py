@@ -205,3 +205,18 @@ def test_efficientnet_pipeline_uses_block_names(tmp_path: Path) -> None:
     prof = popviz.open(tmp_path)
     assert prof.stages["first_layer"].tolist() == ["stem", "block2b", "block5a"]
     assert (prof.ops["op_class"] == "depthwise_conv").any()
+
+
+def test_inference_without_profile_prints_modelled_numbers(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "nothing"
+    argv = ["--model", "resnet", "--model-size", "18", "--image-size", "32", "--inference",
+            "--batch-size", "4", "--num-ipus", "2", "--quiet", "--profile-dir", str(out)]
+    assert main(argv) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1].split()
+    assert row[:3] == ["4", "2", "2"] and float(row[3]) > 0 and float(row[4]) > 0
+    # the same run in plan mode models the same program, so the same numbers
+    assert main([*argv, "--plan-only"]) == 0
+    plan_line = capsys.readouterr().out.strip()
+    assert f"latency {float(row[3]):.3f} ms" in plan_line
+    assert not out.exists()

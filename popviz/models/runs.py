@@ -163,8 +163,7 @@ def _inference_summary(args: argparse.Namespace, options: Any, model: torch.nn.M
                                         progress=not args.quiet,
                                         command_line=args.command_line) as rec:
         model(images)
-    report = rec.report if rec.report is not None else popviz.compile(rec.program,
-                                                                      rec.options)
+    report = rec.report if rec.report is not None else _compile(rec)
     return dict(report.summary)
 
 
@@ -218,9 +217,16 @@ def _plan_one(args: argparse.Namespace, options: Any, out: Path | None, training
             with torch.no_grad(), session.step(model=model):
                 model(images)
     rec = session.recording
-    report = rec.report if rec.report is not None else popviz.compile(rec.program,
-                                                                      rec.options)
+    report = rec.report if rec.report is not None else _compile(rec)
     return report, rec.profile_path
+
+
+def _compile(rec: Any) -> Any:
+    """Compile a recording made without a profile dir. (Not `popviz.compile`: once the
+    subpackage popviz.compile is imported, that attribute is the module.)"""
+    from popviz.compile import compile as compile_program
+
+    return compile_program(rec.program, rec.options)
 
 
 def _optimiser(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
