@@ -74,8 +74,11 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6) -> dash
         return render(ctx, path, search)
 
     views: dict[str, Any] = {}
+    callbacks: dict[str, Any] = {}
     for page in PAGES:
-        page.register(app, ctx)
+        for name, function in (page.register(app, ctx) or {}).items():
+            callbacks[f"{page.__name__.rsplit('.', 1)[-1]}.{name}"] = function
         views.update(page.FIGURES)
+    app.popviz_callbacks = callbacks  # the plain functions, so tests can call them
     downloads.register(app.server, ctx, views)
     return app

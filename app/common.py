@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+import dash
 import pandas as pd
 import plotly.graph_objects as go
 from dash import dash_table, dcc, html
@@ -113,6 +114,15 @@ def title_of(entry: Entry) -> str:
     model = (meta.get("model") or {}).get("name", "")
     target = (meta.get("target") or {}).get("name", "")
     return f"{entry.rel} · {model} on {target} ({entry.profile.kind})"
+
+
+def triggered() -> Any:
+    """The id of the input that fired the running callback (None when a test calls the
+    callback function directly)."""
+    try:
+        return dash.ctx.triggered_id
+    except Exception:  # outside a Dash request there is no callback context
+        return None
 
 
 def axis_range(relayout: dict[str, Any] | None,

@@ -42,5 +42,6 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     """No callbacks: the page is rebuilt on each visit."""
+    return {}

@@ -59,8 +59,10 @@ def layout(ctx: AppContext, entry: Any = None) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("home-list", "children"), Input("home-refresh", "n_intervals"),
                   prevent_initial_call=True)
     def refresh(_: int | None) -> html.Div:
         return listing(ctx)
+
+    return {"refresh": refresh}

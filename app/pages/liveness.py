@@ -26,6 +26,7 @@ from ..common import (
     profile_of,
     table,
     title_of,
+    triggered,
 )
 
 PATH = "/liveness"
@@ -102,7 +103,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("live-graph", "figure"), Input("live-graph", "relayoutData"),
                   State("url", "search"), prevent_initial_call=True)
     def zoom(relayout: dict | None, search: str) -> Any:
@@ -129,10 +130,11 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
                   prevent_initial_call=True)
     def heat(ipu: int, relayout: dict | None, search: str) -> Any:
         entry = ctx.cache.get(profile_of(search))
-        wanted = axis_range(relayout, "y") if dash.ctx.triggered_id == "tile-live-graph" \
-            else "auto"
+        wanted = axis_range(relayout, "y") if triggered() == "tile-live-graph" else "auto"
         if wanted is None:
             raise PreventUpdate
         if wanted == "auto":
             return tiles(ctx, entry, int(ipu))
         return tiles(ctx, entry, int(ipu), *wanted)
+
+    return {"zoom": zoom, "click": click, "heat": heat}

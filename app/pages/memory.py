@@ -14,7 +14,16 @@ from popviz.figures.memory import TILE_MAP_COLUMNS
 from popviz.figures.style import fmt_bytes
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, insights, message, profile_of, title_of
+from ..common import (
+    AppContext,
+    downloads,
+    graph,
+    insights,
+    message,
+    profile_of,
+    title_of,
+    triggered,
+)
 
 PATH = "/memory"
 TITLE = "Memory"
@@ -85,7 +94,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("mem-tiles", "figure"), Output("mem-map", "figure"),
                   Output("mem-breakdown", "children", allow_duplicate=True),
                   Input("mem-ipu", "value"), State("url", "search"),
@@ -100,15 +109,17 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
                   Input("mem-map", "clickData"), State("mem-ipu", "value"),
                   State("url", "search"), prevent_initial_call=True)
     def pick_tile(bar: dict | None, cell: dict | None, ipu: int, search: str) -> list[Any]:
-        source = bar if dash.ctx.triggered_id == "mem-tiles" else cell
-        point = (source or {}).get("points", [{}])[0]
+        from_bars = triggered() == "mem-tiles" or (triggered() is None and bar is not None)
+        point = ((bar if from_bars else cell) or {}).get("points", [{}])[0]
         if "x" not in point:
             raise PreventUpdate
-        if dash.ctx.triggered_id == "mem-tiles":
+        if from_bars:
             tile = int(point["x"])
         else:  # tile map: column x, row y
             tile = int(point["y"]) * TILE_MAP_COLUMNS + int(point["x"])
         return breakdown(ctx.cache.get(profile_of(search)), int(ipu), tile)
+
+    return {"pick_ipu": pick_ipu, "pick_tile": pick_tile}
 
 
 

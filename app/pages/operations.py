@@ -60,7 +60,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("ops-table", "data"), Output("ops-table", "page_count"),
                   Output("ops-note", "children"), Input("ops-table", "page_current"),
                   Input("ops-table", "page_size"), Input("ops-table", "sort_by"),
@@ -70,3 +70,5 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
                 search: str) -> tuple[list[dict], int, str]:
         return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
                     size or PAGE_SIZE)
+
+    return {"refresh": refresh}

@@ -107,5 +107,6 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     """The summary has no callbacks: it is rebuilt on each visit."""
+    return {}

@@ -49,7 +49,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ])
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
                   Input("trace-graph", "relayoutData"), State("url", "search"),
                   prevent_initial_call=True)
@@ -60,3 +60,5 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         entry = ctx.cache.get(profile_of(search))
         fig = trace(ctx, entry) if wanted == "auto" else trace(ctx, entry, *wanted)
         return fig, _status(fig)
+
+    return {"zoom": zoom}

@@ -47,9 +47,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def base_url(served: Path) -> Iterator[str]:
-    from werkzeug.serving import make_server
-
     from popviz_app import create_app
+    from werkzeug.serving import make_server
 
     server = make_server("127.0.0.1", 0, create_app(served).server, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

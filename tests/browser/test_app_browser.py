@@ -10,7 +10,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-
 from popviz_app.pages import PAGES
 
 from .conftest import BROKEN, SCREENSHOTS

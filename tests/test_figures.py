@@ -1,0 +1,177 @@
+"""Figure builders and level-of-detail helpers: the data drawn, not just 'no exception'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from popviz import analysis, figures
+from popviz.figures.lod import (
+    CATEGORIES,
+    StepPyramid,
+    TraceIndex,
+    composition_segments,
+    maxpool2d,
+    minmax_indices,
+)
+from popviz.figures.style import MiB
+from popviz.synthetic import ReportProfile, synthetic_report
+
+
+@pytest.fixture(scope="module")
+def profile() -> ReportProfile:
+    return ReportProfile(synthetic_report(oom_ipu=1, events=6000, steps=600))
+
+
+def _random_trace(seed: int = 0, n: int = 400) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ipu in range(2):
+        t = 0
+        for _ in range(n):
+            gap, dur = rng.integers(0, 5), rng.integers(1, 50)
+            kind = rng.choice(["compute", "exchange", "sync", "idle"])
+            rows.append((ipu, t + gap, t + gap + dur, kind, rng.choice(["F", "B"])))
+            t += gap + dur
+    return pd.DataFrame(rows, columns=["ipu", "start", "end", "kind", "pass"]).assign(
+        stage=0, microbatch=0, op="x")
+
+
+def test_minmax_keeps_a_one_sample_spike() -> None:
+    y = np.zeros(100_000)
+    y[54_321] = 7.0
+    y[1_234] = -3.0
+    keep = minmax_indices(y, 500)
+    assert len(keep) <= 2 * 500 + 2
+    assert 54_321 in keep and 1_234 in keep
+    assert np.all(np.diff(keep) > 0)
+    assert len(minmax_indices(np.arange(10.0), 500)) == 10
+
+
+def test_maxpool_keeps_the_hottest_cell() -> None:
+    a = np.zeros((1000, 1472), dtype=np.uint32)
+    a[777, 1001] = 99
+    pooled, kr, kc = maxpool2d(a, 100, 368)
+    assert pooled.shape == (100, 368) and (kr, kc) == (10, 4)
+    assert pooled.max() == 99 and pooled[77, 250] == 99
+
+
+def test_occupancy_matches_brute_force() -> None:
+    trace = _random_trace()
+    index = TraceIndex(trace)
+    edges = np.linspace(index.start, index.end, 37)
+    occ = index.occupancy(1, edges)
+    lane = trace[trace["ipu"] == 1]
+    codes = {"compute": None, "exchange": "exchange", "sync": "sync", "idle": "idle"}
+    for b in range(len(edges) - 1):
+        lo, hi = edges[b], edges[b + 1]
+        overlap = (np.minimum(lane["end"], hi) - np.maximum(lane["start"], lo)).clip(lower=0)
+        for kind, name in codes.items():
+            sel = lane["kind"] == kind
+            if name is None:  # compute splits by pass
+                for p in ("F", "B"):
+                    want = overlap[sel & (lane["pass"] == p)].sum()
+                    assert occ[CATEGORIES.index(p), b] == pytest.approx(want)
+            else:
+                assert occ[CATEGORIES.index(name), b] == pytest.approx(overlap[sel].sum())
+    assert index.count_visible(edges[3], edges[5]) == int(
+        ((trace["end"] > edges[3]) & (trace["start"] < edges[5])).sum())
+
+
+def test_composition_keeps_a_short_exchange_visible() -> None:
+    occ = np.zeros((len(CATEGORIES), 2))
+    occ[CATEGORIES.index("B"), 0] = 99.5
+    occ[CATEGORIES.index("exchange"), 0] = 0.5
+    occ[CATEGORIES.index("idle"), 1] = 100
+    seg = composition_segments(occ, np.array([0.0, 100.0, 200.0]))
+    names = [CATEGORIES[c] for c in seg["category"]]
+    assert names == ["B", "exchange", "idle"]
+    widths = (seg["end"] - seg["start"]).to_numpy()
+    assert widths[1] >= 0.04 / 1.04 * 100 - 1e-9  # at least the minimum share
+    assert seg["start"].iloc[0] == 0 and seg["end"].iloc[-1] == 200
+
+
+def test_trace_figure_levels_of_detail(profile: ReportProfile) -> None:
+    trace = profile.trace
+    full = figures.trace_figure(trace, max_events=1000)
+    assert full.layout.meta["mode"] == "buckets"
+    assert full.layout.meta["visible_events"] == len(trace)
+    assert {d.name for d in full.data} >= {"compute: forward", "compute: backward", "idle"}
+    lo, hi = 0, float(trace["end"].max()) / 200
+    zoom = figures.trace_figure(trace, lo, hi, max_events=1000)
+    visible = trace[(trace["end"] > lo) & (trace["start"] < hi)]
+    assert zoom.layout.meta["mode"] == "events"
+    assert sum(len(d.x) for d in zoom.data) == len(visible)
+    assert list(zoom.layout.xaxis.range) == [lo, hi]
+    assert list(zoom.layout.yaxis.categoryarray) == ["IPU0", "IPU1", "IPU2", "IPU3"]
+
+
+def test_liveness_figure_keeps_the_peak_and_marks_bumps(profile: ReportProfile) -> None:
+    live = profile.liveness
+    bumps = analysis.bumps(live)
+    cap = 1472 * 624 * 1024
+    fig = figures.liveness_figure(live, bumps, cap, pixels=50)
+    assert all(n <= 2 * 50 + 2 for n in fig.layout.meta["points"].values())
+    totals = [d for d in fig.data if d.name == "always-live + not-always-live"]
+    assert len(totals) == 4
+    true_peak = (live.always_live_bytes + live.not_always_live_bytes).groupby(live.ipu).max()
+    for ipu, d in enumerate(totals):
+        assert max(d.y) == pytest.approx(true_peak[ipu] / MiB)
+    markers = [d for d in fig.data if d.name == "bump"]
+    assert sum(len(d.x) for d in markers) == len(bumps)
+    assert [s.y0 for s in fig.layout.shapes] == [pytest.approx(cap / MiB)] * 4
+
+
+def test_memory_figures_show_every_tile_and_the_oom_ones(profile: ReportProfile) -> None:
+    tm = profile.tile_memory
+    fig = figures.tile_memory_figure(tm, 1)
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert len(bars) == 4 and all(len(b.x) == 1472 for b in bars)
+    oom = next(d for d in fig.data if d.type == "scatter")
+    assert len(oom.x) == 7 and "7 tiles" in oom.name
+    tmap = figures.tile_map_figure(tm, 1)
+    z = np.array(tmap.data[0].z, dtype=float)
+    assert z.shape == (23, 64) and np.isfinite(z).sum() == 1472
+    assert len(tmap.data[1].x) == 7
+    totals = figures.ipu_totals_figure(analysis.ipu_totals(tm))
+    code = next(d for d in totals.data if d.name == "code")
+    assert list(code.y) == pytest.approx(list(tm.groupby("ipu")["code"].sum() / MiB))
+
+
+def test_stage_and_exchange_figures(profile: ReportProfile) -> None:
+    fig = figures.ipu_time_figure(profile.stages)
+    fwd = next(d for d in fig.data if d.name == "forward")
+    assert list(fwd.y) == profile.stages.sort_values("ipu")["forward_cycles"].tolist()
+    load = figures.stage_load_figure(profile.stages)
+    assert load.data[0].marker.color[0] == "#c53a32"  # stage 0 is the heaviest here
+    m = analysis.exchange_matrix(profile.exchange)
+    mat = figures.exchange_matrix_figure(m)
+    assert np.array(mat.data[0].z) == pytest.approx(m.to_numpy() / MiB)
+    assert figures.amp_figure(profile.stages, profile.meta).data[0].y == (0.6, 0.3, 0.6, 0.6)
+
+
+def test_empty_inputs_explain_themselves() -> None:
+    for fig in (figures.trace_figure(pd.DataFrame(columns=["ipu", "start", "end", "kind"])),
+                figures.exchange_matrix_figure(pd.DataFrame()),
+                figures.tile_liveness_figure(np.zeros((0, 0)))):
+        assert len(fig.data) == 0 and fig.layout.annotations[0].text
+
+
+def test_step_pyramid_overview_and_narrow_views() -> None:
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 100, size=(10_000, 64)).astype(np.uint32)
+    arr[7_777, 5] = 1000
+    reads: list[tuple[int, int]] = []
+
+    def read(a: int, b: int) -> np.ndarray:
+        reads.append((a, b))
+        return arr[a:b]
+
+    pyr = StepPyramid(read, 10_000, rows=1000, raw_rows=500)
+    reads.clear()
+    coarse, first, stride = pyr.view(0, 10_000)
+    assert stride == 10 and coarse.shape == (1000, 64) and coarse.max() == 1000
+    assert reads == []  # the overview never rereads the array
+    raw, first, stride = pyr.view(7_700, 7_900)
+    assert stride == 1 and first == 7_700 and raw[77, 5] == 1000
