@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.compile.bsp import StageCosts, Timing, time_schedule
-from popviz.compile.memory import Memory, analyse_memory
+from popviz.compile.memory import Memory, analyse_memory, consumers
 from popviz.compile.order import program_order
 from popviz.compile.report import Report
 from popviz.compile.schedule import Schedule, build_schedule
@@ -124,18 +124,25 @@ def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: 
     real = ops[ops["source_op"] < 0]
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
-    us = op_stage.reindex(t["last_use"].to_numpy()).to_numpy()
+    # the furthest stage whose forward reads each tensor (recorded dataflow, else last_use)
+    pairs = consumers(ops.reset_index(drop=True), t, pd.Series(
+        np.flatnonzero(ops["source_op"].to_numpy() < 0), index=real["op_id"].to_numpy()))
+    fwd_read = pairs[ops["pass"].to_numpy(str)[pairs["row"].to_numpy()] == "F"]
+    reader_stage = fwd_read.assign(stage=ops["stage"].to_numpy()[fwd_read["row"].to_numpy()]) \
+        .groupby("tensor_id")["stage"].max()
+    us = reader_stage.reindex(t["tensor_id"].to_numpy()).to_numpy()
     act = t["category"].isin(["activation", "input"]).to_numpy() & ~np.isnan(ps) & \
         ~np.isnan(us) & (us > ps)
-    # bytes entering stage s: activations made before s and still used at s or later
+    # bytes crossing into stage s: activations made before s and read at s or later
     diff = np.zeros(n + 1)
     np.add.at(diff, ps[act].astype(np.int64) + 1, nbytes[act] * scale[act])
     np.add.at(diff, us[act].astype(np.int64) + 1, -nbytes[act] * scale[act])
     boundary = np.cumsum(diff)[:n]
     fwd = real[real["pass"] == "F"]
-    last_out = fwd.groupby("stage")["bytes_written"].last() * precision.compute_bytes / 4
-    for s in range(1, n):
-        boundary[s] = max(boundary[s], float(last_out.get(s - 1, 0)))
+    if not fwd_read.size:  # no dataflow at all: the previous stage's last output
+        last_out = fwd.groupby("stage")["bytes_written"].last() * precision.compute_bytes / 4
+        for s in range(1, n):
+            boundary[s] = max(boundary[s], float(last_out.get(s - 1, 0)))
     boundary[0] = 0
     tensor_stage = plan_tensor_stage(t, op_stage, plan)
     grad = (t["category"] == "gradient").to_numpy()
@@ -144,7 +151,7 @@ def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: 
     state = (t["category"] == "optimiser_state").to_numpy() & options.optimiser_offload
     offload = np.bincount(tensor_stage[state], weights=nbytes[state] * wscale[state],
                           minlength=n)[:n]
-    inp = (t["category"] == "input").to_numpy()
+    inp = (t["category"] == "input").to_numpy() & (t["last_use"] >= 0).to_numpy()
     last_fwd = fwd[fwd["stage"] == n - 1]
     out_bytes = int(last_fwd["bytes_written"].iloc[-1] * precision.compute_bytes / 4) \
         if len(last_fwd) else 0

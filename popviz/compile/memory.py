@@ -34,18 +34,22 @@ class Memory:
     stash_per_microbatch: np.ndarray
 
 
-def _consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
+def consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
                ) -> pd.DataFrame:
     """(row, tensor_id) pairs: which program row reads which tensor. From the recorded
     `inputs` column when there is one, plus every tensor's `last_use` op."""
     parts = []
+    read: set[int] = set()
     if "inputs" in ops.columns:
         ex = ops["inputs"].astype(str).str.split(";").explode()
         ex = ex[ex.str.strip().str.fullmatch(r"\d+").fillna(False).astype(bool)]
         parts.append(pd.DataFrame({"row": ex.index.to_numpy(np.int64),
                                    "tensor_id": ex.to_numpy(str).astype(np.int64)}))
+        read = set(parts[0]["tensor_id"].tolist())
+    # last_use only for tensors the dataflow does not cover (it is the program's last op
+    # for tensors still referenced at the end, which says nothing about where they are read)
     lu = prod_row.reindex(tensors["last_use"].to_numpy()).to_numpy()
-    ok = ~np.isnan(lu)
+    ok = ~np.isnan(lu) & ~tensors["tensor_id"].isin(read).to_numpy()
     parts.append(pd.DataFrame({"row": lu[ok].astype(np.int64),
                                "tensor_id": tensors["tensor_id"].to_numpy(np.int64)[ok]}))
     pairs = pd.concat(parts, ignore_index=True).drop_duplicates()
@@ -80,7 +84,7 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     has_p = ~np.isnan(prod)
     pi = np.where(has_p, prod, 0).astype(np.int64)
 
-    pairs = _consumers(ops, t, row_of)
+    pairs = consumers(ops, t, row_of)
     tix = pd.Series(np.arange(len(t)), index=t["tensor_id"].to_numpy())
     pairs["t"] = tix.reindex(pairs["tensor_id"].to_numpy()).to_numpy(np.int64)
     c_row = pairs["row"].to_numpy(np.int64)
@@ -119,14 +123,20 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     p_op = np.where(has_p, ops["op_id"].to_numpy()[pi], -1)
     copy_row = rec_of[~rec_of.index.duplicated()].reindex(p_op).to_numpy()
     has_copy = has_p & ~np.isnan(copy_row)
-    later_fwd = (o_pass[c_row] == "F") & (o_section[c_row] != o_section[pi[c_t]])
+    # a section output is kept when a later section of the same stage reads it; another
+    # stage's copy is that stage's input, and this stage recomputes its own
+    later_fwd = (o_pass[c_row] == "F") & (o_section[c_row] != o_section[pi[c_t]]) & \
+        (o_stage[c_row] == o_stage[pi[c_t]])
     output = ops["checkpoint"].to_numpy(bool)[pi] & has_p
     output[np.unique(c_t[later_fwd & has_p[c_t]])] = True
-    is_copy = has_copy[c_t] & ~output[c_t] & np.isin(o_pass[c_row], ("R", "B"))
+    is_copy = has_copy[c_t] & ~output[c_t] & np.isin(o_pass[c_row], ("R", "B")) & \
+        (o_stage[c_row] == o_stage[pi[c_t]])
     pairs["copy"] = is_copy
     pairs["ipu"] = o_ipu[c_row]
     pairs["step"] = o_step[c_row]
-    span = pairs.groupby(["t", "copy", "ipu"])["step"].agg(["min", "max"]).reset_index()
+    pairs["rstage"] = o_stage[c_row]
+    span = pairs.groupby(["t", "copy", "ipu"]).agg(
+        min=("step", "min"), max=("step", "max"), rstage=("rstage", "min")).reset_index()
 
     nal = ~always
     ipu_last = ops.groupby("ipu")["step"].max()
@@ -138,8 +148,10 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
                   np.where(home & has_p[tt], o_step[pi[tt]], span["min"].to_numpy()))
     s1 = np.maximum(span["max"].to_numpy(), s0)
     keep = nal[tt]
-    iv = base.iloc[tt[keep]].assign(ipu=si[keep], s0=s0[keep], s1=s1[keep]).reset_index(
-        drop=True)
+    # a received copy belongs to the stage that reads it
+    rstage = np.where(home, stage[tt], span["rstage"].to_numpy(np.int64))
+    iv = base.iloc[tt[keep]].assign(ipu=si[keep], s0=s0[keep], s1=s1[keep],
+                                    stage=rstage[keep]).reset_index(drop=True)
     iv.loc[cp[keep], "name"] = iv.loc[cp[keep], "name"] + " (recomputed)"
     # readerless tensors live one step; weight gradients until the update; offloaded
     # optimiser state only around the update

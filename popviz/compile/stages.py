@@ -149,9 +149,10 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
         st[miss] = _lookup(sub["module"][miss], module_stage, True)
         sec = _lookup(sub["layer"], layer_section, False)
         sec[sec < 0] = _lookup(sub["module"][sec < 0], module_section, True)
-        if ph == "optimiser" and (st < 0).any():
-            st[st < 0] = _optimiser_by_parameters(program, module_stage, int((st < 0).sum()),
-                                                  num_stages)
+        if ph == "optimiser" and (st < 0).all():
+            st[:] = _optimiser_by_parameters(program, module_stage, len(st), num_stages)
+        elif ph == "optimiser":  # an unowned op (e.g. momentum scaling) joins its neighbour
+            st = pd.Series(np.where(st < 0, np.nan, st)).bfill().ffill().to_numpy(np.int64)
         elif ph == "host_io":
             first_fwd = int(np.argmax(is_fwd)) if is_fwd.any() else 0
             before = np.flatnonzero(m) < first_fwd

@@ -14,8 +14,8 @@ from popviz.target.machines import Target
 
 # Fraction of the peak FLOP rate each class reaches (assumed, calibrated in cost-model.md).
 FLOP_EFFICIENCY: dict[str, float] = {
-    "conv": 0.50, "grouped_conv": 0.20, "depthwise_conv": 0.06, "matmul": 0.65,
-    "elementwise": 0.5, "reduction": 0.4, "norm": 0.3, "data_movement": 1.0, "other": 0.3,
+    "conv": 0.34, "grouped_conv": 0.14, "depthwise_conv": 0.04, "matmul": 0.45,
+    "elementwise": 0.35, "reduction": 0.3, "norm": 0.2, "data_movement": 1.0, "other": 0.2,
 }
 # Fraction of on-chip memory bandwidth each class reaches (assumed).
 MEMORY_EFFICIENCY: dict[str, float] = {
@@ -132,8 +132,10 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
     base = np.maximum(compute, memory)
     cycles = (base * (1.0 + PASS_PENALTY * (passes - 1)) + exchange
               + PASS_FIXED_CYCLES * (passes - 1) + target.op_overhead_cycles)
-    zero = flops + read + written <= 0  # empty ops (views, no-ops) still cost a launch
-    cycles = np.where(zero, target.op_overhead_cycles / 4, cycles)
+    # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
+    zero = flops + read + written <= 0
+    cycles = np.where(zero, 0.0, cycles)
+    tiles = np.where(zero, 0, tiles)
     return pd.DataFrame({
         "tiles_used": tiles,
         "compute_cycles": np.ceil(compute).astype(np.int64),
