@@ -169,8 +169,10 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
     if options.training and options.recomputation and not (phase == "recompute").any():
         ops = _synthesize_recompute(ops)
 
-    first = fwd.groupby(f_stage)["layer"].first() if len(fwd) else pd.Series(dtype=str)
-    last = fwd.groupby(f_stage)["layer"].last() if len(fwd) else pd.Series(dtype=str)
+    named = fwd["layer"].astype(str).to_numpy() != ""
+    by_stage = fwd[named].groupby(f_stage[named])["layer"]
+    first = by_stage.first() if named.any() else pd.Series(dtype=str)
+    last = by_stage.last() if named.any() else pd.Series(dtype=str)
     stages = pd.DataFrame({
         "stage": np.arange(num_stages, dtype=np.int64),
         "ipu": ipus,
