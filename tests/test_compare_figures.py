@@ -42,9 +42,13 @@ def test_ipu_bars_side_by_side(comp: Comparison) -> None:
 
 def test_tile_distribution_and_time(comp: Comparison) -> None:
     fig = cf.tile_distribution_figure(comp)
-    violins = [t for t in fig.data if t.type == "violin"]
-    assert sum(len(t.y) for t in violins) == len(comp.tiles)
-    assert max(max(t.y) for t in violins) == pytest.approx(comp.tiles["total_bytes"].max() / KiB)
+    curves = [t for t in fig.data if "capacity" not in t.name]
+    assert len(curves) == 3 and sum(len(t.y) for t in curves) == len(comp.tiles)  # 4 tiles each
+    for t in curves:
+        assert list(t.y) == sorted(t.y, reverse=True) and t.x[0] == 0 and t.x[-1] == 1
+    assert max(max(t.y) for t in curves) == pytest.approx(comp.tiles["total_bytes"].max() / KiB)
+    caps = {t.name: t.y[0] for t in fig.data if "capacity" in t.name}
+    assert caps == {"A tile capacity": 10_000 / KiB, "B tile capacity": 20_000 / KiB}
     tfig = cf.time_per_sample_figure(comp)
     totals = np.sum([t.x for t in tfig.data], axis=0)  # [B, A]
     per_ipu = comp.metrics.set_index("metric").loc["throughput_per_ipu"]

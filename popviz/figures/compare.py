@@ -64,12 +64,14 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
                       annotation_text=PHASE_NAMES.get(name, name),
                       annotation_position="top right", annotation_font_size=11)
     peak = float(lv["total_bytes"].max())
-    for _, s in comp.sides.iterrows():  # capacity only when it is within sight of the peak
-        cap = float(s["ipu_capacity_bytes"] or 0)
-        if cap and peak >= 0.4 * cap:
-            fig.add_hline(y=cap / MiB, line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[
-                s["side"]], "width": 1.2}, annotation_text=f"{s['side']} IPU capacity",
-                annotation_position="bottom right")
+    caps = {s["side"]: float(s["ipu_capacity_bytes"] or 0) for _, s in comp.sides.iterrows()}
+    same = len(set(caps.values())) == 1
+    for side, cap in caps.items():  # capacity only when it is within sight of the peak
+        if cap and peak >= 0.4 * cap and not (same and side == "B"):
+            fig.add_hline(y=cap / MiB, line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[side],
+                                             "width": 1.2},
+                          annotation_text="IPU capacity" if same else f"{side} IPU capacity",
+                          annotation_position="bottom right")
     fig.update_xaxes(title_text="program progress (0 = start, 1 = end of the step; "
                      "phase boundaries aligned)", range=[0, 1])
     fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero")
@@ -141,32 +143,41 @@ def ipu_memory_compare_figure(comp: Any, title: str = "Peak memory per IPU, A | 
     return base_layout(fig, title, height=380)
 
 
-def tile_distribution_figure(comp: Any, title: str = "Memory per tile, A | B") -> go.Figure:
-    """The distribution of memory over the tiles of every IPU (violins), tile capacity
-    marked: a long tail above the line is where a layout runs out of memory."""
+def tile_distribution_figure(comp: Any, points: int = 400,
+                             title: str = "Memory per tile, fullest first, A vs B") -> go.Figure:
+    """The distribution of memory over the tiles of every IPU as sorted curves (fullest tile
+    at x = 0, emptiest at 1, so Mk1's 1216 and Mk2's 1472 tiles share the axis), each
+    side's tile capacity as a line: a curve above its line is tiles out of memory."""
     tiles = comp.tiles
     if tiles.empty:
         return empty_figure("No tile memory in these profiles.", title)
     fig = go.Figure()
     for side in ("A", "B"):
         t = tiles[tiles["side"] == side]
-        if t.empty:
-            continue
-        fig.add_trace(go.Violin(
-            x=[f"{side} IPU{i}" for i in t["ipu"]], y=t["total_bytes"] / KiB,
-            name=_side_name(comp, side), line={"color": SIDE_COLOURS[side]},
-            fillcolor=SIDE_COLOURS[side], opacity=0.6, spanmode="hard", points=False,
-            box={"visible": True}, meanline={"visible": True}, scalemode="width",
-            hoveron="violins+kde"))
-        cap = float(t["capacity_bytes"].max()) / KiB
-        cats = [f"{side} IPU{i}" for i in sorted(t["ipu"].unique())]
-        fig.add_trace(go.Scatter(
-            x=cats, y=[cap] * len(cats), mode="markers", showlegend=False,
-            marker={"symbol": "line-ew-open", "size": 40, "color": CAPACITY_COLOUR,
-                    "line": {"width": 2}},
-            hovertemplate="%{x} tile capacity %{y:,.0f} KiB<extra></extra>"))
+        for ipu, g in t.groupby("ipu", sort=True):
+            y = np.sort(g["total_bytes"].to_numpy(float))[::-1] / KiB
+            n = len(y)
+            keep = np.unique(np.linspace(0, n - 1, min(n, points)).round().astype(int))
+            shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
+            fig.add_trace(go.Scatter(
+                x=keep / max(n - 1, 1), y=y[keep], mode="lines",
+                name=f"{_side_name(comp, side)} · IPU{ipu}", legendgroup=side,
+                line={"color": shade, "dash": SIDE_DASH[side], "width": 1.8},
+                customdata=keep, hovertemplate="tile rank %{customdata}: %{y:,.1f} KiB"
+                "<extra>" + f"{side} IPU{ipu}</extra>"))
+        if len(t):
+            cap = float(t["capacity_bytes"].max()) / KiB
+            fig.add_trace(go.Scatter(
+                x=[0, 1], y=[cap, cap], mode="lines", name=f"{side} tile capacity",
+                line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[side], "width": 1.2},
+                hovertemplate=f"{side} tile capacity " + "%{y:,.0f} KiB<extra></extra>"))
+    fig.update_xaxes(title_text="tiles, fullest first (fraction of the IPU's tiles)",
+                     range=[0, 1])
     fig.update_yaxes(title_text="memory per tile (KiB)", rangemode="tozero")
-    return base_layout(fig, title + " (red: tile capacity)", height=400)
+    fig = base_layout(fig, title, height=400)
+    fig.update_layout(legend={"orientation": "v", "y": 1, "x": 1.01, "xanchor": "left",
+                              "yanchor": "top"}, margin={"r": 200})
+    return fig
 
 
 def time_per_sample_figure(comp: Any, title: str = "Where the IPU time per sample goes"

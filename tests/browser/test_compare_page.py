@@ -1,0 +1,84 @@
+"""The /compare page in a real browser: two profiles side by side, figures with data, a
+verdict, no console errors, and the dropdowns rewrite the URL. Screenshot saved to
+test-artifacts/screenshots/compare.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+
+from .conftest import BROKEN, SCREENSHOTS
+
+pytestmark = pytest.mark.browser
+
+PAIR = ("rn50_pipeline/profile.h5", "rn50_recompute/profile.h5")
+
+
+def _pair(served: Path) -> tuple[str, str]:
+    if all((served / p).exists() for p in PAIR):
+        return PAIR
+    found = sorted(p.relative_to(served).as_posix() for p in served.rglob("*.h5")
+                   if p.relative_to(served).as_posix() != BROKEN)
+    return found[0], found[1]
+
+
+def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("nav.nav", timeout=30_000)
+    return page, errors
+
+
+def _traces_with_data(page: Any) -> list[int]:
+    return page.eval_on_selector_all(
+        ".js-plotly-plot", "els => els.map(e => (e.calcdata || []).filter("
+        "cd => cd.some(p => Number.isFinite(p.x) || Number.isFinite(p.y) || "
+        "Number.isFinite(p.s) || Number.isFinite(p.b) || (p.v && p.v.length) || "
+        "(p.pts && p.pts.length))).length)")
+
+
+def test_compare_page_shows_both_profiles(browser: Any, base_url: str, served: Path) -> None:
+    a, b = _pair(served)
+    page, errors = _open(browser, f"{base_url}/compare?profile={quote(a)}&other={quote(b)}")
+    page.wait_for_selector("#compare-verdict", timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length "
+                           ">= 5", timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    counts = _traces_with_data(page)
+    assert len(counts) == 5 and all(n > 0 for n in counts), counts
+    verdict = page.inner_text("#compare-verdict")
+    assert "faster per IPU" in verdict or "fits" in verdict or "about as fast" in verdict
+    assert page.locator(".message.error").count() == 0
+    for side, rel in (("A", a), ("B", b)):
+        text = page.inner_text(f"#compare-side-{side}")
+        assert Path(rel).parent.name in text and "throughput per ipu" in text.lower()
+    assert page.locator("#compare-metrics").inner_text().count("throughput") >= 2
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
+    assert errors == []
+    page.close()
+
+
+def test_dropdowns_choose_the_pair(browser: Any, base_url: str, served: Path) -> None:
+    a, b = _pair(served)
+    page, errors = _open(browser, f"{base_url}/compare")
+    page.wait_for_selector("#compare-a")
+    assert "Pick two profiles" in page.inner_text("#compare-body")
+    for picker, rel, key in (("#compare-a", a, "profile"), ("#compare-b", b, "other")):
+        page.click(picker)
+        page.locator("[role=option]", has_text=rel).first.click()  # a portal, not in picker
+        page.wait_for_url(lambda u, key=key, rel=rel: parse_qs(urlparse(u).query).get(key)
+                          == [rel], timeout=30_000)
+        page.wait_for_load_state("networkidle")
+    page.wait_for_selector("#compare-verdict", timeout=60_000)
+    query = parse_qs(urlparse(page.url).query)
+    assert query == {"profile": [a], "other": [b]}
+    page.wait_for_load_state("networkidle")
+    assert errors == []
+    page.close()
