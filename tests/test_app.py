@@ -217,3 +217,24 @@ def test_serve_reports_a_missing_directory(tmp_path: Path, capsys: Any) -> None:
     assert main(["serve", str(tmp_path / "absent")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such directory" in err[0]
+
+
+def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
+    from popviz_app.common import AppContext
+
+    from popviz.synthetic import ReportProfile
+
+    report = synthetic_report(num_ipus=2, events=400, steps=20)
+    for name in ("tile_memory", "liveness", "exchange", "oom", "variables"):
+        report.tables[name] = report.tables[name].iloc[0:0]
+    report.meta["kind"] = "measured"
+    (tmp_path / "m.h5").write_bytes(b"stand-in; the opener below never reads it")
+    cache = ProfileCache(tmp_path, opener=lambda p: ReportProfile(report, "m", str(p)))
+    ctx = AppContext(root=tmp_path, cache=cache)
+    texts = {p.PATH: _text(render(ctx, p.PATH, "?profile=m.h5")[1]) for p in PAGES}
+    assert "no per-tile memory" in texts["/memory"]
+    assert "no liveness report" in texts["/liveness"]
+    assert "No exchange" in texts["/exchange"]
+    assert "fits (no per-tile data)" in texts["/summary"]
+    trace = _find(render(ctx, "/trace", "?profile=m.h5")[1], "Graph")[0].figure
+    assert trace.layout.xaxis.title.text == "ns"

@@ -10,7 +10,7 @@ from dash import html
 from popviz import analysis, figures
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, table, title_of, unit
+from ..common import AppContext, downloads, graph, message, table, title_of, unit
 
 PATH = "/exchange"
 TITLE = "Exchange"
@@ -32,6 +32,9 @@ FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    if entry.profile.exchange.empty:
+        return html.Div([html.H2(title_of(entry)), message(
+            "No exchange between IPUs or with the host in this profile.", "info")])
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),

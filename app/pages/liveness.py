@@ -23,6 +23,7 @@ from ..common import (
     downloads,
     graph,
     insights,
+    message,
     profile_of,
     table,
     title_of,
@@ -77,6 +78,9 @@ def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    if entry.profile.liveness.empty:
+        return html.Div([html.H2(title_of(entry)), message(
+            "This profile has no liveness report (measured runs do not record one).", "info")])
     peaks = insights(entry)["peaks"]
     ipu, step = (int(peaks["ipu"].iloc[0]), int(peaks["peak_step"].iloc[0])) if len(peaks) \
         else (0, 0)
@@ -130,7 +134,9 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
                   prevent_initial_call=True)
     def heat(ipu: int, relayout: dict | None, search: str) -> Any:
         entry = ctx.cache.get(profile_of(search))
-        wanted = axis_range(relayout, "y") if triggered() == "tile-live-graph" else "auto"
+        source = triggered()  # None when called directly (tests, bench): use the relayout
+        from_zoom = source == "tile-live-graph" or (source is None and relayout is not None)
+        wanted = axis_range(relayout, "y") if from_zoom else "auto"
         if wanted is None:
             raise PreventUpdate
         if wanted == "auto":

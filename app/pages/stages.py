@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-import pandas as pd
 from dash import html
 
 from popviz import analysis, figures
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, table, title_of, unit
+from ..common import AppContext, downloads, graph, message, table, title_of, unit
 
 PATH = "/stages"
 TITLE = "Stages"
@@ -39,7 +38,10 @@ FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     stages = entry.profile.stages
-    bal = analysis.stage_balance(stages) if len(stages) else pd.DataFrame()
+    if stages.empty:
+        return html.Div([html.H2(title_of(entry)),
+                         message("This profile has no stage table.", "info")])
+    bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
     return html.Div([
         html.H2(title_of(entry)),

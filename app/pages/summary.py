@@ -26,8 +26,9 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
 
 def _cards(info: dict[str, Any], clock_unit: str) -> html.Div:
     fit = info["fit"]
-    if fit["fits"] is None:
-        fit_card = _card("memory", "unknown", "")
+    if not fit.get("known", True):
+        verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]
+        fit_card = _card("memory", f"{verdict} (no per-tile data)", "")
     elif fit["fits"]:
         fit_card = _card("memory", f"fits · fullest tile {fit['max_utilisation']:.0%}", "good")
     else:
@@ -102,7 +103,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                       else html.P("No liveness in this profile.")], className="half"),
         ], className="row"),
         html.Div([graph("summary-histogram", histogram(ctx, entry)),
-                  graph("summary-totals", totals(ctx, entry))], className="row two"),
+                  graph("summary-totals", totals(ctx, entry))], className="row two")
+        if len(entry.profile.tile_memory) else html.Div(),
         downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES)),
     ])
 

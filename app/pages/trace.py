@@ -11,7 +11,17 @@ from dash.exceptions import PreventUpdate
 from popviz import figures
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, profile_of, title_of, trace_index, unit, x_range
+from ..common import (
+    AppContext,
+    downloads,
+    graph,
+    message,
+    profile_of,
+    title_of,
+    trace_index,
+    unit,
+    x_range,
+)
 
 PATH = "/trace"
 TITLE = "Trace"
@@ -37,6 +47,9 @@ def _status(fig: Any) -> str:
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    if entry.profile.trace.empty:
+        return html.Div([html.H2(title_of(entry)),
+                         message("This profile has no trace events.", "info")])
     fig = trace(ctx, entry)
     return html.Div([
         html.H2(title_of(entry)),
