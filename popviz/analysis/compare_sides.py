@@ -7,6 +7,7 @@ comparison reports is the difference of two numbers this module produced indepen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -215,8 +216,12 @@ def load_side(profile: Any, label: str) -> Side:
         "host_bytes": ex_host,
         "stash_bytes": float(_col(stages, "stash_bytes").sum()) if len(stages) else None,
     }
+    name = str(getattr(profile, "name", "") or label)
+    if name in ("training", "inference") and getattr(profile, "path", ""):
+        name = f"{Path(profile.path).parent.parent.name}/{name}"  # PopTorch's run folders
+    training = options.get("training", summary.get("training", True))
     facts = {
-        "side": label, "name": str(getattr(profile, "name", label)),
+        "side": label, "name": name, "run": "training" if training else "inference",
         "path": str(getattr(profile, "path", "")), "kind": str(getattr(profile, "kind", "")),
         "model": str((meta.get("model") or {}).get("name", "")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),

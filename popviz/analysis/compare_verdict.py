@@ -21,7 +21,8 @@ WHY = {
     "compute": "on other compute", "exchange": "on exchange (between IPUs and with the host)",
     "idle": "idle (pipeline bubbles, waiting at syncs)", "untraced": "outside the trace",
 }
-OPTION_FACTS = [("kind", "kind"), ("target", "target"), ("num_ipus", "IPUs per replica"),
+OPTION_FACTS = [("model", "model"), ("run", "run"), ("kind", "kind"), ("target", "target"),
+                ("num_ipus", "IPUs per replica"),
                 ("replicas", "replicas"), ("strategy", "strategy"), ("schedule", "schedule"),
                 ("recomputation", "recomputation"), ("amp", "AMP"), ("splits", "splits"),
                 ("precision", "precision"), ("micro_batch_size", "micro-batch"),
@@ -144,7 +145,10 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
     faster, factor, speed = _speed(comp, sa, sb)
     fa, fb = bool(sa.facts["fits"]), bool(sb.facts["fits"])
-    reasons: list[str] = []
+    reasons: list[str] = [
+        f"Note: A and B are different {label}s ({sa.facts[key]} vs {sb.facts[key]}), so "
+        "their per-sample figures are not like for like."
+        for key, label in (("model", "model"), ("run", "run")) if sa.facts[key] != sb.facts[key]]
     if fa and fb:
         winner = faster
         headline = speed if faster else speed + " Both fit."
@@ -162,6 +166,9 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
         why = _time_reasons(comp, faster)
         if why:
             reasons.append(f"{faster} is faster per IPU because " + "; ".join(why) + ".")
+    lat = _metric(comp, "latency_ms")
+    if lat and _ok(lat["a"]) and _ok(lat["b"]):
+        reasons.append(f"latency per batch: A {lat['a']:,.3f} ms, B {lat['b']:,.3f} ms")
     reasons += _op_reason(comp) + _memory_reasons(comp, sa, sb)
     if sa.facts["kind"] != sb.facts["kind"]:
         reasons.append(f"A is {sa.facts['kind']} and B {sb.facts['kind']}: times compared in "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import pandas as pd
 
@@ -73,10 +75,12 @@ def _run(args: argparse.Namespace) -> int:
     from popviz.analysis.compare import compare
 
     comp = compare(args.a, args.b)
-    if args.json:
-        print(json.dumps(comp.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(render_text(comp))
+    text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
+            else render_text(comp))
+    try:
+        print(text)
+    except BrokenPipeError:  # e.g. `| head`: the reader has gone, that is fine
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the exit flush quiet
     return EXIT_OK
 
 
