@@ -53,7 +53,8 @@ def layout(ctx: AppContext, entry: Any = None) -> html.Div:
     return html.Div([
         html.H2("Profiles"),
         html.P(["Serving ", html.Code(str(ctx.root)), ". Open a profile to see its summary, "
-                "trace, liveness, memory, stages, exchange and operations."]),
+                "trace, liveness, memory, stages, exchange and operations.",
+                " Or ", dcc.Link("compare two layouts", href="/compare", id="home-compare"), "."]),
         dcc.Interval(id="home-refresh", interval=REFRESH_MS),
         html.Div(listing(ctx), id="home-list"),
     ])

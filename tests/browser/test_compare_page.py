@@ -67,8 +67,10 @@ def test_compare_page_shows_both_profiles(browser: Any, base_url: str, served: P
 
 def test_dropdowns_choose_the_pair(browser: Any, base_url: str, served: Path) -> None:
     a, b = _pair(served)
-    page, errors = _open(browser, f"{base_url}/compare")
+    page, errors = _open(browser, f"{base_url}/")
+    page.click("#home-compare")  # the index links to the page
     page.wait_for_selector("#compare-a")
+    assert urlparse(page.url).path == "/compare"
     assert "Pick two profiles" in page.inner_text("#compare-body")
     for picker, rel, key in (("#compare-a", a, "profile"), ("#compare-b", b, "other")):
         page.click(picker)
