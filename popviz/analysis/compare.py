@@ -57,7 +57,7 @@ class Comparison:
         return {"sides": rows(self.sides), "metrics": rows(self.metrics),
                 "time_per_sample": rows(self.time_per_sample), "ipus": rows(self.ipus),
                 "stages": rows(self.stages), "op_classes": rows(self.op_classes),
-                "verdict": _plain(self.verdict)}
+                "liveness_phase_x": _plain(self.phase_x), "verdict": _plain(self.verdict)}
 
 
 def _plain(value: Any) -> Any:
