@@ -45,7 +45,8 @@ def build_parser() -> _Parser:
                    help="CNN app dataset shape (1000 classes); data is always synthetic")
     g.add_argument("--num-classes", type=int, help="classes (default 10 tutorial, 1000 CNN)")
     g.add_argument("--image-size", type=int, help="input height/width (default 28 tutorial, "
-                   "224 CNN); small values keep CPU runs quick")
+                   "224 ResNet/ResNeXt, EfficientNet's native 224-380); small values keep "
+                   "CPU runs quick")
     g.add_argument("--synthetic-data", action="store_true",
                    help="accepted for the CNN app; data is always synthetic and learnable")
     g.add_argument("--generated-data", action="store_true", help="same as --synthetic-data")
@@ -112,7 +113,9 @@ def resolve(args: argparse.Namespace, parser: _Parser) -> argparse.Namespace:
     except ValueError as exc:
         parser.error(str(exc))
     args.name = "tutorial" if tutorial else args.model
-    args.image_size = args.image_size or (28 if tutorial else 224)
+    # the TF CNN app feeds EfficientNet its native resolution (B4: 380)
+    native = models.native_resolution(args.name, args.model_size)
+    args.image_size = args.image_size or native
     args.num_classes = args.num_classes or (10 if tutorial else 1000)
     args.batch_size = args.batch_size or [40 if tutorial else 4]
     if args.epochs is None:
@@ -140,7 +143,9 @@ def resolve(args: argparse.Namespace, parser: _Parser) -> argparse.Namespace:
             if b % args.replicas:
                 parser.error(f"--batch-size {b} is not divisible by {args.replicas} "
                              "replicas/IPUs (it is the total over IPUs)")
-    minimum = 16 if tutorial else 32
+    # below these the last feature maps are a pixel or less; EfficientNet's BN then sees one
+    # value per sample and channel and tiny batches blow up
+    minimum = {"tutorial": 16, "efficientnet": 64}.get(args.name, 32)
     if args.image_size < minimum:
         parser.error(f"--image-size {args.image_size} is too small for {args.name} "
                      f"(needs >= {minimum})")

@@ -42,6 +42,12 @@ PROFILES: dict[str, list[str]] = {
         "--pipeline-splits", *RN50_CHECKPOINTS, "--enable-recomputation",
         "--gradient-accumulation-count", "16", "--available-memory-proportion", "0.15",
         "--precision", "16.16", "--enable-half-partials"],
+    # EfficientNet-B4 at its native 380x380, 4-stage pipeline (published benchmark command)
+    "effnet_b4_pipeline": [
+        "--model", "efficientnet", "--model-size", "4", "--batch-size", "5", "--shards", "4",
+        "--pipeline", "--pipeline-split", "block2c", "block4c", "block6a",
+        "--gradient-accumulation-count", "40", "--enable-recomputation",
+        "--available-memory-proportion", "0.15", "--precision", "16.32"],
     # ResNeXt-101 (32x4d) bulk inference on a Mk1 C2 card: one session per IPU, total
     # batch = micro-batch 4 x 2 IPUs
     "resnext101_inference_mk1": [

@@ -142,6 +142,7 @@ ERRORS = [
     (["--model", "resnet", "--pipeline-schedule", "Fast"], ["invalid choice: 'Fast'"]),
     (["--batch-size", "4", "8"], ["only for --inference"]),
     (["--model", "resnet", "--image-size", "16"], ["too small"]),
+    (["--model", "efficientnet", "--image-size", "32"], ["needs >= 64"]),
 ]
 
 
@@ -198,7 +199,7 @@ def test_plan_only_profiles_are_deterministic(tmp_path: Path) -> None:
 
 
 def test_efficientnet_pipeline_uses_block_names(tmp_path: Path) -> None:
-    assert main(["--model", "efficientnet", "--model-size", "0", "--image-size", "32",
+    assert main(["--model", "efficientnet", "--model-size", "0", "--image-size", "64",
                  "--batch-size", "2", "--shards", "3", "--pipeline", "--pipeline-split",
                  "block2b", "block5a", "--plan-only", "--quiet", "--profile",
                  "--profile-dir", str(tmp_path)]) == 0

@@ -59,9 +59,18 @@ def build(name: str, size: Any = None, num_classes: int | None = None,
     return EfficientNet(size, classes)
 
 
+def native_resolution(name: str, size: Any = None) -> int:
+    """The input height/width a model is published at (EfficientNet: 224 for B0 to 380)."""
+    if name == "tutorial":
+        return 28
+    if name == "efficientnet":
+        return EFFICIENTNET_SIZES[check(name, size)][2]
+    return 224
+
+
 def input_channels(name: str) -> int:
     return 1 if name == "tutorial" else 3
 
 
 __all__ = ["DEFAULT_SIZES", "MODEL_SIZES", "EfficientNet", "ResNet", "SyntheticImages",
-           "TutorialNet", "build", "check", "input_channels"]
+           "TutorialNet", "build", "check", "input_channels", "native_resolution"]

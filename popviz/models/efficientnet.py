@@ -32,6 +32,12 @@ SIZES: dict[int, tuple[float, float, int]] = {
 }
 
 
+def _bn(channels: int) -> nn.BatchNorm2d:
+    # the reference implementation's epsilon (1e-3, not torch's 1e-5): it also bounds the
+    # gradient through BN where tiny test inputs leave one pixel per channel
+    return nn.BatchNorm2d(channels, eps=1e-3)
+
+
 def round_filters(filters: int, width: float, divisor: int = 8) -> int:
     """Scale channels by `width`, to a multiple of 8, never below 90% (as in the paper's code)."""
     scaled = filters * width
@@ -67,13 +73,13 @@ class MBConv(nn.Module):
         self.expand = None
         if expand != 1:
             self.expand = nn.Sequential(nn.Conv2d(in_ch, mid, 1, bias=False),
-                                        nn.BatchNorm2d(mid), nn.SiLU())
+                                        _bn(mid), nn.SiLU())
         self.depthwise = nn.Sequential(
             nn.Conv2d(mid, mid, kernel, stride, kernel // 2, groups=mid, bias=False),
-            nn.BatchNorm2d(mid), nn.SiLU())
+            _bn(mid), nn.SiLU())
         self.se = SqueezeExcite(mid, max(1, int(in_ch * 0.25)))
         self.project = nn.Sequential(nn.Conv2d(mid, out_ch, 1, bias=False),
-                                     nn.BatchNorm2d(out_ch))
+                                     _bn(out_ch))
         self.residual = stride == 1 and in_ch == out_ch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +103,7 @@ class EfficientNet(nn.Module):
         self.num_classes = num_classes
         stem_ch = round_filters(32, width)
         self.stem = nn.Sequential(nn.Conv2d(3, stem_ch, 3, 2, 1, bias=False),
-                                  nn.BatchNorm2d(stem_ch), nn.SiLU())
+                                  _bn(stem_ch), nn.SiLU())
         layer_names: dict[str, str] = {"stem": "stem"}
         blocks: list[nn.Module] = []
         in_ch = stem_ch
@@ -110,7 +116,7 @@ class EfficientNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         top_ch = round_filters(1280, width)
         self.top = nn.Sequential(nn.Conv2d(in_ch, top_ch, 1, bias=False),
-                                 nn.BatchNorm2d(top_ch), nn.SiLU())
+                                 _bn(top_ch), nn.SiLU())
         self.head = HeadWithLoss(top_ch, num_classes)
         layer_names["top"] = "top"
         layer_names["head"] = "top"

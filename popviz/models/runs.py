@@ -54,12 +54,12 @@ def _debug(args: argparse.Namespace, options: Any, model: torch.nn.Module) -> No
     print("options " + json.dumps(options.to_meta(), sort_keys=True))
 
 
-def _line(title: str, result: RunResult, extra: str = "") -> str:
+def _line(title: str, result: RunResult, extra: str = "", unit: str = "steps") -> str:
     loss = (f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses
             else "no steps")
     profiles = ", ".join(str(p) for p in result.profiles)
     modelled = "".join(f"; modelled: {_modelled(s)}" for s in result.summaries)
-    return (f"{title}: {len(result.losses)} steps, {loss}, "
+    return (f"{title}: {len(result.losses)} {unit}, {loss}, "
             f"{result.samples_per_second:.1f} samples/s on this CPU{extra}{modelled}"
             + (f"; profile: {profiles}" if profiles else ""))
 
@@ -98,7 +98,8 @@ def run_tutorial(args: argparse.Namespace, make_options: OptionsFactory) -> int:
     batches = max(1, args.dataset_size // 10 // args.test_batch_size)
     result = evaluate(model, test, batches=batches, batch_size=args.test_batch_size,
                       quiet=args.quiet, recorder=recorder)
-    print(_line("tutorial inference", result, f", accuracy {result.accuracy:.1%}"))
+    print(_line("tutorial inference", result, f", accuracy {result.accuracy:.1%}",
+                unit="batches"))
     return 0
 
 
@@ -114,16 +115,16 @@ def run_cnn(args: argparse.Namespace, make_options: OptionsFactory) -> int:
     updates = args.epochs * args.iterations
     recorder = None
     if args.profile:
-        info = model_info(model, f"{args.name}{args.model_size}", args.image_size)
+        info = model_info(model, _title(args), args.image_size)
         recorder = _recorder(args, options, Path(args.profile_dir), model, info)
     result = train(model, optimiser, data, updates=updates, micro_batch=micro,
-                   desc=f"{args.name}{args.model_size}", quiet=args.quiet,
+                   desc=_title(args), quiet=args.quiet,
                    record_at=min(1, updates - 1), recorder=recorder)
-    print(_line(f"{args.name}{args.model_size} training", result))
+    print(_line(f"{_title(args)} training", result))
     if not args.no_validation:
         val = evaluate(model, _data(args, 2), batches=2, batch_size=micro, quiet=args.quiet)
-        print(_line(f"{args.name}{args.model_size} validation", val,
-                    f", accuracy {val.accuracy:.1%}"))
+        print(_line(f"{_title(args)} validation", val,
+                    f", accuracy {val.accuracy:.1%}", unit="batches"))
     return 0
 
 
@@ -132,7 +133,7 @@ def run_inference(args: argparse.Namespace, make_options: OptionsFactory) -> int
     per-IPU micro-batch and print the modelled latency and throughput."""
     model = _model(args)
     data = _data(args, 2)
-    info = model_info(model, f"{args.name}{args.model_size}", args.image_size)
+    info = model_info(model, _title(args), args.image_size)
     rows = []
     for batch in args.batch_size:
         micro = batch // args.replicas
@@ -236,6 +237,9 @@ def _optimiser(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.
 
 
 def _title(args: argparse.Namespace) -> str:
+    """The model's name in output and profiles: tutorial, resnet50, efficientnet-b4."""
+    if args.name == "efficientnet":
+        return f"efficientnet-b{args.model_size}"
     return "tutorial" if args.name == "tutorial" else f"{args.name}{args.model_size}"
 
 
