@@ -180,6 +180,7 @@ def test_hand_figures_and_verdict(hand: dict[str, Path]) -> None:
     assert v["winner"] == "B" and v["faster_per_ipu"] == "B"
     assert f"{factor:.2f}x faster per IPU" in v["headline"]
     assert "idle" in v["reasons"][0] and "recomputing" in v["reasons"][0]
+    assert "most on IPU1 (40% of its step" in v["reasons"][0]  # 400 of 1000 idle
     assert "AMP: IPU0: 0.15 vs IPU0: 0.6" in v["differences"]
     assert "target: mk2 vs mk1" in v["differences"]
 

@@ -76,6 +76,18 @@ def _speed(comp: Comparison, sa: Side, sb: Side) -> tuple[str | None, float | No
                                 f"{total}.")
 
 
+def _idlest_ipu(comp: Comparison, side: str) -> str:
+    """', most on IPU3 (38% of its step)' when one IPU of `side` idles most (imbalance)."""
+    ipus = comp.ipus.pivot_table(index="ipu", columns="metric", values=side.lower())
+    need = {"compute_ms", "exchange_ms", "idle_ms"}
+    if len(ipus) < 2 or not need <= set(ipus.columns):
+        return ""
+    share = ipus["idle_ms"] / ipus[list(need)].sum(axis=1)
+    ipu = int(share.idxmax())
+    uneven = ": stages are unbalanced" if share.max() - share.min() > 0.15 else ""
+    return f", most on IPU{ipu} ({share[ipu]:.0%} of its step{uneven})"
+
+
 def _time_reasons(comp: Comparison, faster: str) -> list[str]:
     """Which categories of IPU-time per sample make the difference, biggest first."""
     tps = comp.time_per_sample
@@ -93,8 +105,9 @@ def _time_reasons(comp: Comparison, faster: str) -> list[str]:
         share_b = r["b"] / tps["b"].sum() if tps["b"].sum() else 0.0
         shares = f" ({share_a:.0%} of A's IPU time vs {share_b:.0%} of B's)"
         if r["saving"] > 0:
+            where = _idlest_ipu(comp, slow) if r["category"] == "idle" else ""
             out.append(f"{slow} spends {r['saving']:,.1f} IPU-us more per sample "
-                       f"{WHY[r['category']]}{shares}")
+                       f"{WHY[r['category']]}{shares}{where}")
         else:
             out.append(f"despite {faster} spending {-r['saving']:,.1f} IPU-us more per "
                        f"sample {WHY[r['category']]}{shares}")
