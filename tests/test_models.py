@@ -9,8 +9,9 @@ import popviz.models as models
 from popviz.models.efficientnet import SIZES, round_filters, round_repeats
 from popviz.models.resnet import RESNET_SIZES, RESNEXT_SIZES
 
-CASES = [("tutorial", None, 28)] + [("resnet", s, 32) for s in (18, 34, 50)] + \
-    [("resnext", 50, 32)] + [("efficientnet", s, 32) for s in (0, 4)]
+# every model and size, at a tiny input
+CASES = [("tutorial", None, 28)] + [("resnet", s, 32) for s in RESNET_SIZES] + \
+    [("resnext", s, 32) for s in RESNEXT_SIZES] + [("efficientnet", s, 32) for s in SIZES]
 
 
 def _forward_backward(model: torch.nn.Module, channels: int, size: int, classes: int) -> None:
