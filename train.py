@@ -115,15 +115,14 @@ def resolve(args: argparse.Namespace, parser: _Parser) -> argparse.Namespace:
     args.name = "tutorial" if tutorial else args.model
     # the TF CNN app feeds EfficientNet its native resolution (B4: 380)
     native = models.native_resolution(args.name, args.model_size)
-    args.image_size = args.image_size or native
-    args.num_classes = args.num_classes or (10 if tutorial else 1000)
-    args.batch_size = args.batch_size or [40 if tutorial else 4]
-    if args.epochs is None:
-        args.epochs = 3 if tutorial else 1
-    args.iterations = args.iterations or 3
-    args.learning_rate = args.learning_rate or (0.001 if tutorial else 0.01)
-    args.device_iterations = args.device_iterations or (10 if tutorial else 1)
-    args.precision = args.precision or ("32.32" if tutorial else "16.16")
+    _default(args, "image_size", native)
+    _default(args, "num_classes", 10 if tutorial else 1000)
+    _default(args, "batch_size", [40 if tutorial else 4])
+    _default(args, "epochs", 3 if tutorial else 1)
+    _default(args, "iterations", 3)
+    _default(args, "learning_rate", 0.001 if tutorial else 0.01)
+    _default(args, "device_iterations", 10 if tutorial else 1)
+    _default(args, "precision", "32.32" if tutorial else "16.16")
     if args.gradient_accumulation is None:
         args.gradient_accumulation = 10 if tutorial else (
             2 * args.shards if args.pipeline and args.shards > 1 else 1)
@@ -132,6 +131,8 @@ def resolve(args: argparse.Namespace, parser: _Parser) -> argparse.Namespace:
                  "replicas", "shards", "test_batch_size", "dataset_size", "num_classes"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.learning_rate <= 0:
+        parser.error(f"--learning-rate must be > 0, got {args.learning_rate:g}")
     if any(b < 1 for b in args.batch_size):
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if len(args.batch_size) > 1 and not args.inference:
@@ -152,6 +153,12 @@ def resolve(args: argparse.Namespace, parser: _Parser) -> argparse.Namespace:
     _check_splits(args, parser)
     _check_amp(args, parser)
     return args
+
+
+def _default(args: argparse.Namespace, name: str, value: Any) -> None:
+    """Fill a flag the user did not give (None), keeping an explicit 0 for the checks."""
+    if getattr(args, name) is None:
+        setattr(args, name, value)
 
 
 def _check_splits(args: argparse.Namespace, parser: _Parser) -> None:

@@ -143,6 +143,8 @@ ERRORS = [
     (["--batch-size", "4", "8"], ["only for --inference"]),
     (["--model", "resnet", "--image-size", "16"], ["too small"]),
     (["--model", "efficientnet", "--image-size", "32"], ["needs >= 64"]),
+    (["--model", "resnet", "--iterations", "0"], ["--iterations must be >= 1, got 0"]),
+    (["--learning-rate", "0"], ["--learning-rate must be > 0"]),
 ]
 
 
