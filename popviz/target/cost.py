@@ -14,7 +14,7 @@ from popviz.target.machines import Target
 
 # Fraction of the peak FLOP rate each class reaches (assumed, calibrated in cost-model.md).
 FLOP_EFFICIENCY: dict[str, float] = {
-    "conv": 0.34, "grouped_conv": 0.14, "depthwise_conv": 0.04, "matmul": 0.45,
+    "conv": 0.36, "grouped_conv": 0.15, "depthwise_conv": 0.04, "matmul": 0.45,
     "elementwise": 0.35, "reduction": 0.3, "norm": 0.2, "data_movement": 1.0, "other": 0.2,
 }
 # Fraction of on-chip memory bandwidth each class reaches (assumed).
@@ -81,6 +81,41 @@ def _channels(out_shape: pd.Series, op_class: np.ndarray) -> np.ndarray:
     return np.maximum(out, 1)
 
 
+def _dims(shape: str) -> list[int]:
+    parts = [p.strip() for p in shape.strip("[]() ").split(",")]
+    return [int(p) for p in parts if p.isdigit()]
+
+
+def depth_utilisation(ops: pd.DataFrame, lanes: int) -> np.ndarray:
+    """Fraction of the AMP units' input-channel lanes an op fills: they reduce `lanes`
+    channels at a time, so a conv over 3 input channels (a stem) wastes most of them. A
+    conv's weight is its last 4-D input (forward reduces over its dim 1; the backward's
+    data half over dim 0, its weight half over the batch); a matmul reduces over its last
+    input's first dim."""
+    out = np.ones(len(ops))
+    cls = ops["op_class"].to_numpy(str)
+    amp = np.flatnonzero(np.isin(cls, AMP_CLASSES) & (cls != "depthwise_conv"))
+    shapes = ops["shapes"].to_numpy(str) if "shapes" in ops.columns else None
+    if shapes is None:
+        return out
+    phase = ops["phase"].to_numpy(str) if "phase" in ops.columns else np.full(len(ops), "")
+    for i in amp:
+        dims = [_dims(x) for x in str(shapes[i]).split(";") if x.strip()]
+        if cls[i] == "matmul":
+            if dims and dims[-1]:
+                out[i] = min(1.0, dims[-1][0] / lanes)
+            continue
+        weights = [d for d in dims if len(d) == 4]
+        if not weights:
+            continue
+        w = weights[-1]
+        if phase[i] == "backward":
+            out[i] = 0.5 * min(1.0, w[0] / lanes) + 0.5
+        else:
+            out[i] = min(1.0, w[1] / lanes)
+    return out
+
+
 def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
              amp: np.ndarray) -> pd.DataFrame:
     """Cycles, tiles used and conv/matmul temporary memory for every op.
@@ -111,7 +146,8 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
         else np.zeros(0)
     m_eff = np.array([MEMORY_EFFICIENCY.get(c, MEMORY_EFFICIENCY["other"]) for c in cls]) if n \
         else np.zeros(0)
-    compute = flops / (tiles * rate * f_eff)
+    lanes = 16 if precision.fp16 else 8
+    compute = flops / (tiles * rate * f_eff * depth_utilisation(ops, lanes))
     memory = (read + written) / (tiles * target.memory_bytes_per_tile_cycle * m_eff)
     exchange = np.where(np.isin(cls, EXCHANGE_CLASSES),
                         read / (tiles * target.exchange_bytes_per_tile_cycle), 0.0)
