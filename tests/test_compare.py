@@ -309,3 +309,25 @@ def test_bundled_rn50_pipeline_vs_recompute() -> None:
     assert comp.verdict["speedup_per_ipu"] == pytest.approx(ratio)
     assert f"{max(ratio, 1 / ratio):.2f}x" in " ".join([comp.verdict["headline"],
                                                          *comp.verdict["reasons"]])
+
+
+def test_minimal_contract_profiles(tmp_path: Path) -> None:
+    """Only the contract columns (no op_class, empty trace and liveness, no summary): the
+    comparison still stands, with unknown figures left empty rather than made up."""
+    from tests.profiles_util import tiny_meta, tiny_summary, tiny_tables
+    a = write_profile(tmp_path / "a", meta=tiny_meta(), tables=tiny_tables(),
+                      summary=tiny_summary())
+    t = tiny_tables()
+    for name in ("trace", "liveness", "exchange"):
+        t[name] = t[name].iloc[0:0]
+    b = write_profile(tmp_path / "b", meta=tiny_meta(), tables=t, summary={}, kind="measured")
+    comp = compare(a, b)
+    m = comp.metrics.set_index("metric")
+    assert m.loc["throughput", "a"] == 1234.5 and math.isnan(m.loc["throughput", "b"])
+    assert math.isnan(m.loc["step_ms", "b"]) and math.isnan(m.loc["step_ms", "delta"])
+    assert m.loc["peak_bytes_max", "b"] == 9000  # from stages.peak_bytes without liveness
+    assert set(comp.op_classes["op_class"]) == {"other"}
+    v = comp.verdict
+    assert v["winner"] is None and v["headline"].startswith("Neither fits.")
+    assert "Throughput is not known for both profiles." in v["reasons"]
+    json.dumps(comp.to_dict(), allow_nan=False)  # NaN becomes null

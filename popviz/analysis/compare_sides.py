@@ -120,7 +120,7 @@ def load_side(profile: Any, label: str) -> Side:
     span = float(trace["end"].max() - trace["start"].min()) if len(trace) else 0.0
     step_cycles = _num(summary.get("step_cycles"))
     step_s = _num(summary.get("step_seconds"))
-    if step_s is None:
+    if step_s is None and (step_cycles is not None or span > 0):
         step_s = (step_cycles if step_cycles is not None else span) * scale
     throughput = _num(summary.get("throughput")) or (samples / step_s if step_s else None)
     per_ipu = _num(summary.get("throughput_per_ipu")) or (
@@ -173,9 +173,9 @@ def load_side(profile: Any, label: str) -> Side:
         per = np.where(ops["phase"].astype(str).isin(PER_SAMPLE_PHASES), micro_batch,
                        micro_batch * accumulation)
         us = _col(ops, "cycles").to_numpy() * scale * 1e6 / per
-        cls = ops["op_class"].astype(str) if "op_class" in ops.columns else "other"
-        op_classes = pd.Series(us).groupby([np.asarray(cls), ops["phase"].astype(str)
-                                            .to_numpy()]).sum()
+        cls = (ops["op_class"].astype(str).to_numpy() if "op_class" in ops.columns
+               else np.full(len(ops), "other", dtype=object))  # optional column
+        op_classes = pd.Series(us).groupby([cls, ops["phase"].astype(str).to_numpy()]).sum()
 
     tiles = pd.DataFrame({"side": label, "ipu": tile_memory["ipu"].astype(int).to_numpy(),
                           "tile": tile_memory["tile"].astype(int).to_numpy(),
@@ -201,8 +201,9 @@ def load_side(profile: Any, label: str) -> Side:
     n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
     metrics = {
         "throughput_per_ipu": per_ipu, "throughput": throughput, "total_ipus": total_ipus,
-        "step_ms": step_s * 1e3, "step_cycles": (step_cycles if step_cycles is not None
-                                                 else span) if unit == "cycles" else None,
+        "step_ms": step_s * 1e3 if step_s else None,
+        "step_cycles": (step_cycles if step_cycles is not None else span or None)
+        if unit == "cycles" else None,
         "samples_per_step": samples, "latency_ms": _num(summary.get("latency_ms")),
         "ipu_us_per_sample": ipu_us if per_ipu else None,
         "idle_fraction": _num(summary.get("idle_fraction")) if "idle_fraction" in summary

@@ -36,6 +36,10 @@ def _fmt_bytes(value: float) -> str:
     return f"{value:,.0f} B"
 
 
+def _us(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
 def _ok(value: Any) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -143,8 +147,8 @@ def _op_reason(comp: Comparison) -> list[str]:
         return []
     more = "B" if top["delta"] > 0 else "A"
     return [f"the largest compute difference: {top['op_class']} ({top['phase']}) costs "
-            f"{abs(top['delta']):,.1f} us more per sample on {more} "
-            f"({top['a']:,.1f} vs {top['b']:,.1f})"]
+            f"{_us(abs(top['delta']))} us more per sample on {more} "
+            f"({_us(top['a'])} vs {_us(top['b'])})"]
 
 
 def differences(sa: Side, sb: Side) -> list[str]:
