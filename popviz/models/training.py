@@ -50,13 +50,14 @@ def _progress(total: int, desc: str, quiet: bool) -> tqdm:
 
 
 def train_step(model: nn.Module, optimiser: torch.optim.Optimizer, images: torch.Tensor,
-               labels: torch.Tensor) -> float:
-    """One real step on one micro-batch: zero grads, forward, backward, update."""
+               labels: torch.Tensor) -> torch.Tensor:
+    """One real step on one micro-batch: zero grads, forward, backward, update. Returns
+    the loss tensor: reading its value is left to the caller, outside any recording."""
     optimiser.zero_grad(set_to_none=True)
     _, loss = model(images, labels)
     loss.backward()
     optimiser.step()
-    return float(loss.detach())
+    return loss
 
 
 def accumulate_update(model: nn.Module, optimiser: torch.optim.Optimizer,
@@ -89,7 +90,8 @@ def train(model: nn.Module, optimiser: torch.optim.Optimizer, data: SyntheticIma
             if recorder is not None and step == record_at:
                 images, labels = data.batch(micro_batch)
                 with recorder() as rec:
-                    loss = train_step(model, optimiser, images, labels)
+                    loss_tensor = train_step(model, optimiser, images, labels)
+                loss = float(loss_tensor.detach())
                 _collect(result, rec)
                 result.samples += micro_batch
             else:
