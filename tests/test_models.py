@@ -131,3 +131,21 @@ def test_synthetic_data_is_deterministic_and_class_dependent() -> None:
     # a sample is nearer its own class template than any other
     dist = ((xa[:, None] - a.templates[None]) ** 2).flatten(2).sum(-1)
     assert torch.equal(dist.argmin(1), ya)
+
+
+def test_recorded_ops_carry_the_cnn_layer_names() -> None:
+    from popviz.record import record_program
+
+    model = models.build("resnet", 18, num_classes=4)
+    x, y = models.SyntheticImages(4, 3, 32).batch(2)
+    program = record_program(lambda: model(x, y)[1].backward(), model=model)
+    fwd = program.ops[program.ops["phase"] == "forward"]
+    by_module = fwd.groupby("module")["layer"].first().to_dict()
+    assert by_module["layer2.1.relu_out"] == "b2/1/relu"
+    assert by_module["layer2.1.conv1"] == "b2/1"
+    assert by_module["stem.0"] == "b0"
+    # every layer the model declares is executed, in the declared order
+    declared = list(dict.fromkeys(model.popviz_layer_names.values()))
+    seen = [layer for layer in dict.fromkeys(fwd["layer"]) if layer in declared]
+    assert seen == declared
+    assert program.model["split_names"] == model.popviz_split_names
