@@ -1,0 +1,83 @@
+"""The per-op cost model on hand-written ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from popviz.target import get_target
+from popviz.target.cost import Precision, op_costs
+
+MK2 = get_target("mk2")
+HALF = Precision.parse("16.16", half_partials=True)
+
+
+def ops(*rows: dict) -> pd.DataFrame:
+    base = {"op_class": "conv", "phase": "forward", "flops": 0, "bytes_read": 0,
+            "bytes_written": 0, "shapes": "", "out_shape": "", "dtype": "float32"}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def conv(cin: int, cout: int = 64, hw: int = 56, batch: int = 16, k: int = 3) -> dict:
+    out = batch * cout * hw * hw
+    return {"flops": 2 * out * cin * k * k, "bytes_read": 4 * batch * cin * hw * hw,
+            "bytes_written": 4 * out, "shapes": f"[{batch},{cin},{hw},{hw}];[{cout},{cin},{k},{k}]",
+            "out_shape": f"[{batch},{cout},{hw},{hw}]"}
+
+
+def test_precision_parsing() -> None:
+    assert Precision.parse("16.32", False) == Precision(2, 4, False)
+    assert Precision.parse("32.32", True).half_partials is False  # fp32 compute: fp32 partials
+    assert HALF.partial_bytes == 2 and Precision.parse("16.16", False).partial_bytes == 4
+
+
+def test_a_three_channel_stem_conv_fills_few_amp_lanes() -> None:
+    c = op_costs(ops(conv(3), conv(64)), MK2, HALF, np.array([0.6, 0.6]))
+    f = ops(conv(3), conv(64))["flops"].to_numpy()
+    per_flop = c["compute_cycles"].to_numpy() / f
+    assert per_flop[0] == pytest.approx(per_flop[1] * 16 / 3, rel=0.05)
+
+
+def test_views_cost_nothing_and_take_no_tiles() -> None:
+    c = op_costs(ops({"op_class": "data_movement"}), MK2, HALF, np.array([0.6]))
+    assert c["cycles"].iloc[0] == 0 and c["tiles_used"].iloc[0] == 0
+
+
+def test_elementwise_ops_are_memory_bound_and_scale_with_bytes() -> None:
+    small = {"op_class": "elementwise", "flops": 10**5, "bytes_read": 8 * 10**6,
+             "bytes_written": 4 * 10**6}
+    big = {**small, "flops": 10**6, "bytes_read": 8 * 10**7, "bytes_written": 4 * 10**7}
+    c = op_costs(ops(small, big), MK2, HALF, np.array([0.6, 0.6]))
+    assert (c["memory_cycles"] > c["compute_cycles"]).all()
+    assert c["cycles"].iloc[1] > c["cycles"].iloc[0]
+    assert c["amp_used"].isna().all() and (c["temp_bytes"] == 0).all()
+
+
+def test_amp_is_monotone_over_random_convs() -> None:
+    rng = np.random.default_rng(0)
+    rows = [conv(int(rng.choice([3, 16, 64, 256])), int(rng.choice([8, 64, 512])),
+                 int(rng.choice([7, 28, 112])), int(rng.choice([1, 16, 64])))
+            for _ in range(40)]
+    table = ops(*rows)
+    prev = None
+    for amp in (0.9, 0.6, 0.3, 0.15, 0.05, 0.01, 0.001):
+        c = op_costs(table, MK2, HALF, np.full(len(rows), amp))
+        bounded = ~c["amp_ignored"]
+        assert (c.loc[bounded, "temp_bytes"] <= amp * MK2.bytes_per_tile + 1).all()
+        if prev is not None:
+            assert (c["cycles"] >= prev["cycles"]).all()
+            assert (c["temp_bytes"] <= prev["temp_bytes"]).all()
+            assert (c["amp_ignored"] >= prev["amp_ignored"]).all()
+        prev = c
+    assert prev["amp_ignored"].any()
+
+
+def test_fp32_compute_is_slower_and_mk1_slower_than_mk2() -> None:
+    table = ops(conv(64))
+    amp = np.array([0.6])
+    fp16 = op_costs(table, MK2, HALF, amp)["cycles"].iloc[0]
+    fp32 = op_costs(table, MK2, Precision.parse("32.32", False), amp)["cycles"].iloc[0]
+    assert fp32 > 2 * fp16
+    mk1 = op_costs(table, get_target("mk1"), HALF, amp)["cycles"].iloc[0] / 1.6e9
+    assert mk1 > fp16 / 1.33e9  # seconds: Mk1 is the slower chip
