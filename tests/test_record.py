@@ -319,3 +319,27 @@ def test_callable_module_and_public_names() -> None:
 
     assert callable(record_module)
     assert callable(popviz.record) and callable(popviz.plan)
+
+
+def test_without_model_the_first_module_called_is_the_model(capsys) -> None:
+    torch.manual_seed(0)
+    net = Small()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 1])
+    with Recorder(progress=True) as rec:  # no model given
+        train_step(net, opt, x, y)
+    ops = rec.program.ops
+    assert {"stem.0", "body.2", "fc"} <= set(ops.module)
+    assert rec.program.model["layers"][0] == "s0"  # its popviz_layer_names were found
+    assert str(len(ops)) in capsys.readouterr().err  # tqdm counted every op on stderr
+
+
+def test_plan_step_helper() -> None:
+    recording = popviz.record.plan_step(Small, lambda: (torch.randn(4, 3, 6, 6),
+                                                        torch.tensor([0, 1, 2, 0])),
+                                        profile_dir=None, progress=False,
+                                        optimiser=lambda p: torch.optim.SGD(p, lr=0.1,
+                                                                            momentum=0.9))
+    program = recording.program
+    assert program.mode == "plan" and program.model["batch_size"] == 4
+    assert set(program.tensors.category) >= {"parameter", "gradient", "optimiser_state"}
