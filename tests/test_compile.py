@@ -280,3 +280,11 @@ def test_other_micro_batches_stash_is_live_at_every_step(pipelined) -> None:
         lowest = live.loc[live["ipu"] == row["ipu"], "not_always_live_bytes"].min()
         assert lowest >= max(extra, 0)
     assert st["stash_bytes"].iloc[0] > st["stash_bytes"].iloc[1] > st["stash_bytes"].iloc[2]
+
+
+def test_popviz_compile_stays_callable_after_a_submodule_import() -> None:
+    import popviz
+    import popviz.compile.synthetic  # binds the package to the name popviz.compile
+
+    r = popviz.compile(synthetic_program(layers=2), Options())
+    assert r.summary["fits"] is True

@@ -163,7 +163,6 @@ def test_liveness_steps_stay_bounded_for_long_programs(monkeypatch) -> None:
     r = compile(prog, Options())
     live = r.tables["liveness"]
     assert live["step"].max() < 20 and r.arrays["tile_liveness"].shape[1] < 20
-    full = compile(prog, Options()) if False else None  # noqa: F841 - same call, unbinned below
     monkeypatch.setattr(memory, "MAX_STEPS", 4000)
     unbinned = compile(prog, Options())
     # a bin holds the union of its steps: never below the true peak
