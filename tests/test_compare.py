@@ -228,6 +228,7 @@ def test_liveness_phase_boundaries_aligned(hand: dict[str, Path]) -> None:
     lv = comp.liveness
     for (_side, _ipu), g in lv.groupby(["side", "ipu"]):
         assert g["x"].is_monotonic_increasing and g["x"].between(0, 1).all()
+        assert g["x"].iloc[0] == 0 and g["x"].iloc[-1] == 1  # first and last step
         first_b = g[g["phase"].isin(["backward", "recompute"])].iloc[0]
         first_o = g[g["phase"] == "optimiser"].iloc[0]
         assert first_b["x"] == pytest.approx(comp.phase_x["backward"])

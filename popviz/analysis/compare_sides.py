@@ -284,7 +284,7 @@ def normalised_liveness(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame,
             if row[name] > steps_k[-1]:
                 steps_k.append(float(row[name]))
                 xs_k.append(x)
-        steps_k.append(max(row["n"], steps_k[-1] + 1))
+        steps_k.append(max(row["n"] - 1, steps_k[-1] + 1))  # last step at x = 1
         xs_k.append(1.0)
         xs[lv.index.get_indexer(idx)] = np.interp(lv.loc[idx, "step"].to_numpy(float),
                                                   steps_k, xs_k)
