@@ -185,6 +185,10 @@ def test_hand_figures_and_verdict(hand: dict[str, Path]) -> None:
     assert "target: mk2 vs mk1" in v["differences"]
 
 
+def test_public_name() -> None:
+    assert popviz.compare is compare  # the contract's `popviz.compare(a, b)`
+
+
 def test_swapping_sides_negates_deltas(hand: dict[str, Path]) -> None:
     ab, ba = compare(hand["pipe"], hand["rec"]), compare(hand["rec"], hand["pipe"])
     np.testing.assert_allclose(ab.metrics["delta"], -ba.metrics["delta"])
