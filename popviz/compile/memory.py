@@ -34,6 +34,22 @@ class Memory:
     stash_per_microbatch: np.ndarray
 
 
+def _parse_ids(texts: list[str]) -> pd.DataFrame:
+    """(row, tensor_id) from ';'-separated id lists: one split of one joined string (an
+    optimiser op can list hundreds of tensors)."""
+    texts = [t.strip() for t in texts]
+    counts = np.array([t.count(";") + 1 if t else 0 for t in texts], dtype=np.int64)
+    flat = ";".join(t for t in texts if t).split(";") if counts.sum() else []
+    rows = np.repeat(np.arange(len(texts), dtype=np.int64), counts)
+    try:
+        ids = np.array(flat, dtype=np.int64)
+    except ValueError:  # a non-numeric entry: keep only the numeric ones
+        keep = np.array([f.strip().isdigit() for f in flat], dtype=bool)
+        rows = rows[keep]
+        ids = np.array([f for f, k in zip(flat, keep, strict=True) if k], dtype=np.int64)
+    return pd.DataFrame({"row": rows, "tensor_id": ids})
+
+
 def consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
                ) -> pd.DataFrame:
     """(row, tensor_id) pairs: which program row reads which tensor. From the recorded
@@ -41,10 +57,7 @@ def consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
     parts = []
     read: set[int] = set()
     if "inputs" in ops.columns:
-        ex = ops["inputs"].astype(str).str.split(";").explode()
-        ex = ex[ex.str.strip().str.fullmatch(r"\d+").fillna(False).astype(bool)]
-        parts.append(pd.DataFrame({"row": ex.index.to_numpy(np.int64),
-                                   "tensor_id": ex.to_numpy(str).astype(np.int64)}))
+        parts.append(_parse_ids(ops["inputs"].astype(str).tolist()))
         read = set(parts[0]["tensor_id"].tolist())
     # last_use only for tensors the dataflow does not cover (it is the program's last op
     # for tensors still referenced at the end, which says nothing about where they are read)
