@@ -11,9 +11,9 @@ from popviz.figures.lod import (
     CATEGORIES,
     StepPyramid,
     TraceIndex,
-    composition_segments,
     maxpool2d,
     minmax_indices,
+    share_of_row,
 )
 from popviz.figures.style import MiB
 from popviz.synthetic import ReportProfile, synthetic_report
@@ -79,17 +79,17 @@ def test_occupancy_matches_brute_force() -> None:
         ((trace["end"] > edges[3]) & (trace["start"] < edges[5])).sum())
 
 
-def test_composition_keeps_a_short_exchange_visible() -> None:
-    occ = np.zeros((len(CATEGORIES), 2))
+def test_row_shares_keep_a_short_exchange_visible() -> None:
+    occ = np.zeros((len(CATEGORIES), 3))
     occ[CATEGORIES.index("B"), 0] = 99.5
     occ[CATEGORIES.index("exchange"), 0] = 0.5
-    occ[CATEGORIES.index("idle"), 1] = 100
-    seg = composition_segments(occ, np.array([0.0, 100.0, 200.0]))
-    names = [CATEGORIES[c] for c in seg["category"]]
-    assert names == ["B", "exchange", "idle"]
-    widths = (seg["end"] - seg["start"]).to_numpy()
-    assert widths[1] >= 0.04 / 1.04 * 100 - 1e-9  # at least the minimum share
-    assert seg["start"].iloc[0] == 0 and seg["end"].iloc[-1] == 200
+    occ[CATEGORIES.index("F"), 1] = 30
+    occ[CATEGORIES.index("idle"), 1] = 70
+    frac = share_of_row(occ, np.array([0.0, 100.0, 200.0, 300.0]))
+    assert frac[:, 0].sum() == pytest.approx(1.0)
+    assert frac[CATEGORIES.index("exchange"), 0] == pytest.approx(0.04 / (0.995 + 0.04))
+    assert frac[CATEGORIES.index("F"), 1] == pytest.approx(0.3)
+    assert frac[:, 2].sum() == 0  # nothing recorded there: drawn empty, not as idle
 
 
 def test_trace_figure_levels_of_detail(profile: ReportProfile) -> None:
@@ -104,7 +104,12 @@ def test_trace_figure_levels_of_detail(profile: ReportProfile) -> None:
     assert zoom.layout.meta["mode"] == "events"
     assert sum(len(d.x) for d in zoom.data) == len(visible)
     assert list(zoom.layout.xaxis.range) == [lo, hi]
-    assert list(zoom.layout.yaxis.categoryarray) == ["IPU0", "IPU1", "IPU2", "IPU3"]
+    assert list(zoom.layout.yaxis.ticktext) == ["IPU0", "IPU1", "IPU2", "IPU3"]
+    # overview: one filled strip per category per IPU, whatever the number of events
+    strips = {d.name: d for d in full.data}
+    assert all(d.fill == "toself" for d in full.data)
+    fwd = strips["compute: forward"]
+    assert np.nanmin(fwd.y) >= -0.5 and np.nanmax(fwd.y) <= 3.5
 
 
 def test_liveness_figure_keeps_the_peak_and_marks_bumps(profile: ReportProfile) -> None:
@@ -126,9 +131,11 @@ def test_liveness_figure_keeps_the_peak_and_marks_bumps(profile: ReportProfile) 
 def test_memory_figures_show_every_tile_and_the_oom_ones(profile: ReportProfile) -> None:
     tm = profile.tile_memory
     fig = figures.tile_memory_figure(tm, 1)
-    bars = [d for d in fig.data if d.type == "bar"]
-    assert len(bars) == 4 and all(len(b.x) == 1472 for b in bars)
-    oom = next(d for d in fig.data if d.type == "scatter")
+    areas = [d for d in fig.data if d.stackgroup == "tiles"]
+    assert len(areas) == 4 and all(len(a.x) == 1472 for a in areas)
+    on_tile = tm[(tm.ipu == 1) & (tm.tile == 740)].iloc[0]
+    assert sum(a.y[740] for a in areas) == pytest.approx(on_tile.total_bytes / 1024)
+    oom = next(d for d in fig.data if d.name.startswith("out of memory"))
     assert len(oom.x) == 7 and "7 tiles" in oom.name
     tmap = figures.tile_map_figure(tm, 1)
     z = np.array(tmap.data[0].z, dtype=float)

@@ -144,37 +144,17 @@ class TraceIndex:
         return np.maximum(b - a, 0)
 
 
-def composition_segments(occ: np.ndarray, edges: np.ndarray,
-                         min_share: float = 0.04) -> pd.DataFrame:
-    """Split each bucket among the categories that ran in it, in CATEGORIES order, each
-    as wide as its share of the bucket but never narrower than `min_share` of it (so a
-    short exchange or sync stays visible next to long compute); then merge contiguous
-    segments of one category (long idle or long compute become one bar).
-    Columns: start, end, category, share (of the time in the segment's span)."""
-    cols = ["start", "end", "category", "share"]
+def share_of_row(occ: np.ndarray, edges: np.ndarray, min_share: float = 0.04) -> np.ndarray:
+    """Fraction of a row's height each category gets in each bucket: its share of the
+    bucket's time, but at least `min_share` if it ran there at all (so a short exchange or
+    sync stays visible next to long compute), normalised to sum to 1 in busy buckets and
+    0 in buckets where nothing was recorded. Shape (categories, buckets)."""
     width = np.diff(edges)
-    if not len(width):
-        return pd.DataFrame(columns=cols)
     present = occ > 0
-    raw = np.where(present, occ / np.where(width > 0, width, 1.0), 0.0)
+    raw = occ / np.where(width > 0, width, 1.0)
     drawn = np.where(present, np.maximum(raw, min_share), 0.0)
     total = drawn.sum(axis=0)
-    frac = np.divide(drawn, total, out=np.zeros_like(drawn), where=total > 0)
-    left = edges[:-1] + (np.cumsum(frac, axis=0) - frac) * width
-    right = left + frac * width
-    cat, bucket = np.nonzero(present)
-    seg = pd.DataFrame({"start": left[cat, bucket], "end": right[cat, bucket],
-                        "category": cat, "time": occ[cat, bucket]})
-    seg = seg.sort_values("start", kind="stable").reset_index(drop=True)
-    new = (seg["category"].ne(seg["category"].shift())
-           | ~np.isclose(seg["start"], seg["end"].shift().fillna(-np.inf)))
-    group = new.cumsum()
-    merged = seg.groupby(group, sort=True).agg(start=("start", "first"), end=("end", "last"),
-                                               category=("category", "first"),
-                                               time=("time", "sum"))
-    span = (merged["end"] - merged["start"]).to_numpy()
-    merged["share"] = np.where(span > 0, merged["time"] / np.maximum(span, 1e-9), 0.0)
-    return merged[cols].reset_index(drop=True)
+    return np.divide(drawn, total, out=np.zeros_like(drawn), where=total > 0)
 
 
 def _pool_rows(raw: np.ndarray, k: int) -> np.ndarray:

@@ -29,11 +29,16 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
         return empty_figure(f"No tile memory for IPU{ipu}.", title)
     fig = go.Figure()
     tiles = tm["tile"].to_numpy()
+    # stacked step areas, one SVG path per category: 1472 tiles x 4 categories as bars
+    # would be ~6000 rects for the browser to lay out
     for i, cat in enumerate(memory_categories(tile_memory)):
-        fig.add_trace(go.Bar(x=tiles, y=tm[cat].to_numpy() / KiB, name=pretty(cat),
-                             marker={"color": memory_colour(cat, i), "line": {"width": 0}},
-                             hovertemplate="tile %{x}: %{y:,.1f} KiB<extra>" + pretty(cat)
-                             + "</extra>"))
+        colour = memory_colour(cat, i)
+        fig.add_trace(go.Scatter(x=tiles, y=tm[cat].to_numpy() / KiB, name=pretty(cat),
+                                 stackgroup="tiles", mode="lines",
+                                 line={"color": colour, "width": 0, "shape": "hvh"},
+                                 fillcolor=colour,
+                                 hovertemplate="tile %{x}: %{y:,.1f} KiB<extra>" + pretty(cat)
+                                 + "</extra>"))
     cap = float(tm["capacity_bytes"].max()) / KiB
     fig.add_hline(y=cap, line={"color": CAPACITY_COLOUR, "dash": "dash", "width": 1.5},
                   annotation_text=f"tile capacity {cap:,.0f} KiB",
@@ -45,7 +50,7 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
             name=f"out of memory ({len(over)} tiles)",
             marker={"symbol": "x", "size": 9, "color": OOM_COLOUR},
             hovertemplate="tile %{x} OUT OF MEMORY: %{y:,.1f} KiB<extra></extra>"))
-    fig.update_layout(barmode="stack", bargap=0, clickmode="event")
+    fig.update_layout(clickmode="event", hovermode="x unified")
     fig.update_xaxes(title_text="tile", range=[-0.5, len(tiles) - 0.5])
     fig.update_yaxes(title_text="KiB")
     return base_layout(fig, f"{title} · IPU{ipu} · click a tile for its breakdown")

@@ -12,23 +12,25 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, composition_segments
+from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 
-MAX_EVENTS = 3000
-PIXELS = 500  # buckets per IPU row when zoomed out; each holds a few sub-segments
+MAX_EVENTS = 1500  # above this, bars cost the browser more than they tell
+ROW_HEIGHT = 0.76  # of each IPU's row, the rest is the gap between rows
+PIXELS = 600  # buckets per IPU row when zoomed out; each holds a few sub-segments
 
 
-def _bar(name: str, ipus: list[str], base: np.ndarray, width: np.ndarray,
+def _bar(name: str, rows: np.ndarray, base: np.ndarray, width: np.ndarray,
          custom: np.ndarray, hover: str) -> go.Bar:
     return go.Bar(
-        name=CATEGORY_NAMES[name], orientation="h", y=ipus, base=base, x=width,
-        marker={"color": CATEGORY_COLOURS[name], "line": {"width": 0}}, width=0.72,
+        name=CATEGORY_NAMES[name], orientation="h", y=rows, base=base, x=width,
+        marker={"color": CATEGORY_COLOURS[name], "line": {"width": 0}}, width=ROW_HEIGHT,
         customdata=custom, hovertemplate=hover, legendgroup=name,
     )
 
 
-def _events(index: TraceIndex, lo: float, hi: float, unit: str) -> list[go.Bar]:
+def _events(index: TraceIndex, lo: float, hi: float, unit: str,
+            row_of: dict[int, int]) -> list[go.Bar]:
     rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
     ev = index.frame.iloc[np.sort(rows)]
     codes = category_codes(ev)
@@ -47,35 +49,50 @@ def _events(index: TraceIndex, lo: float, hi: float, unit: str) -> list[go.Bar]:
             sel["microbatch"].to_numpy() if "microbatch" in sel else np.full(len(sel), -1),
             sel["pass"].astype(str).to_numpy() if "pass" in sel else np.full(len(sel), ""),
             sel["end"].to_numpy(), sel["ipu"].to_numpy()], axis=1).astype(object)
-        bars.append(_bar(name, [f"IPU{i}" for i in sel["ipu"]],
+        bars.append(_bar(name, sel["ipu"].map(row_of).to_numpy(),
                          sel["start"].to_numpy(dtype=float),
                          (sel["end"] - sel["start"]).to_numpy(dtype=float), custom, hover))
     return bars
 
 
-def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str) -> list[go.Bar]:
+def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str,
+             row_of: dict[int, int]) -> list[go.Scatter]:
+    """Each IPU row as a 100%-stacked strip over time: in every bucket, each category gets
+    a slice of the row's height in proportion to its time there (never thinner than the
+    minimum share, so a short exchange stays visible). One filled polygon per category per
+    IPU: a few dozen SVG paths however long the run, unlike one rect per segment."""
     edges = np.linspace(lo, hi, pixels + 1)
-    parts = []
+    x = np.repeat(edges, 2)[1:-1]  # step outline: each bucket's left and right edge
+    polys: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for ipu in index.ipus:
-        seg = composition_segments(index.occupancy(ipu, edges), edges)
-        seg["events"] = index.count_between(ipu, seg["start"].to_numpy(), seg["end"].to_numpy())
-        seg["ipu"] = ipu
-        parts.append(seg)
-    segs = pd.concat(parts, ignore_index=True)
-    hover = ("<b>%{fullData.name}</b><br>around %{base:,.0f} → %{customdata[2]:,.0f} "
-             f"{unit}<br>"
-             "%{customdata[0]:,} events nearby · zoom in for single events"
-             "<extra>IPU%{customdata[3]}</extra>")
-    bars = []
-    for k, name in enumerate(CATEGORIES):
-        sel = segs[segs["category"] == k]
-        if sel.empty:
-            continue
-        custom = np.stack([sel["events"].to_numpy(), sel["share"].to_numpy(),
-                           sel["end"].to_numpy(), sel["ipu"].to_numpy()], axis=1)
-        bars.append(_bar(name, [f"IPU{i}" for i in sel["ipu"]], sel["start"].to_numpy(),
-                         (sel["end"] - sel["start"]).to_numpy(), custom, hover))
-    return bars
+        occ = index.occupancy(ipu, edges)
+        frac = share_of_row(occ, edges)
+        top = np.cumsum(frac, axis=0)
+        events = index.count_between(ipu, edges[:-1], edges[1:])
+        row = row_of[ipu]
+        for k in np.flatnonzero(frac.sum(axis=1) > 0):
+            y_top = row - ROW_HEIGHT / 2 + ROW_HEIGHT * np.repeat(top[k], 2)
+            y_bot = row - ROW_HEIGHT / 2 + ROW_HEIGHT * np.repeat(top[k] - frac[k], 2)
+            width = np.diff(edges)
+            share = np.repeat(occ[k] / np.where(width > 0, width, 1.0), 2)
+            custom = np.stack([share, np.repeat(events, 2), np.full(len(x), ipu)], axis=1)
+            polys.setdefault(int(k), []).append((
+                np.concatenate([x, x[::-1], [np.nan]]),
+                np.concatenate([y_top, y_bot[::-1], [np.nan]]),
+                np.concatenate([custom, custom[::-1], [[0, 0, ipu]]])))
+    hover = ("<b>%{fullData.name}</b>: %{customdata[0]:.0%} of the time around "
+             f"%{{x:,.0f}} {unit}<br>%{{customdata[1]:,}} events in this bucket · zoom in "
+             "for single events<extra>IPU%{customdata[2]}</extra>")
+    out = []
+    for k, parts in sorted(polys.items()):
+        name = CATEGORIES[k]
+        out.append(go.Scatter(
+            name=CATEGORY_NAMES[name], x=np.concatenate([p[0] for p in parts]),
+            y=np.concatenate([p[1] for p in parts]),
+            customdata=np.concatenate([p[2] for p in parts]), mode="lines",
+            fill="toself", fillcolor=CATEGORY_COLOURS[name], line={"width": 0},
+            hoveron="points+fills", hovertemplate=hover, legendgroup=name))
+    return out
 
 
 def trace_figure(trace: pd.DataFrame | TraceIndex, start: float | None = None,
@@ -92,16 +109,17 @@ def trace_figure(trace: pd.DataFrame | TraceIndex, start: float | None = None,
         lo, hi = index.start, index.end
     visible = index.count_visible(lo, hi)
     mode = "events" if visible <= max_events else "buckets"
-    bars = _events(index, lo, hi, unit) if mode == "events" else _buckets(index, lo, hi,
-                                                                          pixels, unit)
-    fig = go.Figure(bars)
     labels = [f"IPU{i}" for i in index.ipus]
+    row_of = {ipu: row for row, ipu in enumerate(index.ipus)}
+    fig = go.Figure(_events(index, lo, hi, unit, row_of) if mode == "events"
+                    else _buckets(index, lo, hi, pixels, unit, row_of))
     fig.update_layout(barmode="overlay", bargap=0.1, uirevision="trace",
                       meta={"mode": mode, "visible_events": int(visible),
                             "range": [lo, hi]})
     fig.update_xaxes(title_text=unit, range=[lo, hi], showgrid=True, tickformat=",d")
-    fig.update_yaxes(categoryorder="array", categoryarray=labels, autorange="reversed",
-                     fixedrange=True, title_text="")
+    fig.update_yaxes(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
+                     range=[len(labels) - 0.5, -0.5], fixedrange=True, showgrid=False,
+                     zeroline=False, title_text="")
     detail = (f"{visible:,} events" if mode == "events"
               else f"{visible:,} events in {pixels} buckets per IPU")
     base_layout(fig, f"{title} · {detail}", height=max(260, 90 + 55 * len(labels)))

@@ -6,6 +6,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +59,16 @@ def base_url(served: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser_context(browser: Any) -> Iterator[Any]:
+    """One context for the whole session, so Plotly's bundle downloads once."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="session")

@@ -24,14 +24,25 @@ def _profiles(served: Path) -> list[str]:
                   if p.relative_to(served).as_posix() != BROKEN)
 
 
-def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
+# the page is drawn: a heading or message, every dcc.Graph has a computed Plotly plot, and
+# no callback is still running
+_SETTLED = """() => {
+    const graphs = document.querySelectorAll('.dash-graph');
+    const plots = [...document.querySelectorAll('.js-plotly-plot')];
+    return !!document.querySelector('#page h2, #page .message')
+        && graphs.length === plots.length && plots.every(p => p.calcdata)
+        && !document.querySelector('[data-dash-is-loading="true"]');
+}"""
+
+
+def _open(context: Any, url: str) -> tuple[Any, list[str]]:
+    page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url)
     page.wait_for_selector("nav.nav", timeout=30_000)
-    page.wait_for_load_state("networkidle")
+    page.wait_for_function(_SETTLED, timeout=30_000)
     return page, errors
 
 
@@ -48,9 +59,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
-def test_home_lists_profiles_and_the_broken_file(browser: Any, base_url: str,
+def test_home_lists_profiles_and_the_broken_file(browser_context: Any, base_url: str,
                                                  served: Path) -> None:
-    page, errors = _open(browser, base_url + "/")
+    page, errors = _open(browser_context, base_url + "/")
     page.wait_for_selector("#profile-table")
     text = page.inner_text("#profile-table")
     for rel in _profiles(served):
@@ -64,12 +75,12 @@ def test_home_lists_profiles_and_the_broken_file(browser: Any, base_url: str,
     page.close()
 
 
-def test_every_page_of_every_profile_has_data(browser: Any, base_url: str,
+def test_every_page_of_every_profile_has_data(browser_context: Any, base_url: str,
                                               served: Path) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for rel in _profiles(served):
         for spec in PROFILE_PAGES:
-            page, errors = _open(browser, f"{base_url}{spec.PATH}?profile={quote(rel)}")
+            page, errors = _open(browser_context, f"{base_url}{spec.PATH}?profile={quote(rel)}")
             where = f"{spec.PATH} of {rel}"
             assert page.locator(".message.error").count() == 0, where
             if spec.FIGURES:
@@ -85,20 +96,20 @@ def test_every_page_of_every_profile_has_data(browser: Any, base_url: str,
             page.close()
 
 
-def test_broken_and_escaping_profiles_show_a_message(browser: Any, base_url: str) -> None:
+def test_broken_and_escaping_profiles_show_a_message(browser_context: Any, base_url: str) -> None:
     for rel, expected in ((BROKEN, "truncated"), ("../../etc/passwd", "outside"),
                           ("/etc/passwd", "relative")):
-        page, errors = _open(browser, f"{base_url}/summary?profile={quote(rel)}")
+        page, errors = _open(browser_context, f"{base_url}/summary?profile={quote(rel)}")
         box = page.wait_for_selector(".message.error")
         assert expected in box.inner_text()
         assert errors == []
         page.close()
 
 
-def test_trace_zoom_switches_to_single_events(browser: Any, base_url: str,
+def test_trace_zoom_switches_to_single_events(browser_context: Any, base_url: str,
                                               served: Path) -> None:
     rel = _profiles(served)[0]
-    page, errors = _open(browser, f"{base_url}/trace?profile={quote(rel)}")
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
     page.wait_for_selector("#trace-graph .main-svg")
     before = page.inner_text("#trace-status")
     # zoom to a sliver at the start, as a drag would
