@@ -108,6 +108,12 @@ def _dummy_scalar(t: torch.Tensor) -> bool | int | float:
 
 
 class _Mode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # no torch._disable_dynamo wrapper around every op (~5 us each): nothing compiles
+        # inside a recorded step
+        return False
+
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
@@ -456,7 +462,7 @@ class Recorder:
             elif rec.block is None and phase == "forward":
                 rec.block = block
             if not is_view:
-                bytes_read += t.numel() * t.element_size()
+                bytes_read += t.nbytes
             if dtype is None and t.dtype.is_floating_point:
                 dtype = t.dtype
         grad_owner = phase == "backward" and self._node_is_accumulate()
@@ -479,7 +485,7 @@ class Recorder:
             if grad_owner:
                 self._grad_cds.add(cd)
             if not is_view:
-                bytes_written += t.numel() * t.element_size()
+                bytes_written += t.nbytes
         if dtype is None:
             source = inputs or outputs
             dtype = source[0].dtype if source else None
