@@ -288,3 +288,18 @@ def test_popviz_compile_stays_callable_after_a_submodule_import() -> None:
 
     r = popviz.compile(synthetic_program(layers=2), Options())
     assert r.summary["fits"] is True
+
+
+def test_ramp_up_main_ramp_down_and_update_phases(program) -> None:
+    r = compile(program, Options(splits=SPLITS, gradient_accumulation=8, replication_factor=2))
+    s = r.summary
+    phases = ("ramp_up", "main", "ramp_down", "update")
+    assert sum(s[f"{p}_cycles"] for p in phases) == s["step_cycles"]
+    trace = r.tables["trace"]
+    per_step = trace[trace["ipu"] == 0].groupby("superstep")["schedule_phase"].first()
+    # N = 4 stages, M = 8: 3 clocks fill the pipe (+ the host prelude), 8 run all stages,
+    # 3 drain it, then all-reduce and weight update
+    assert per_step.tolist() == ["ramp_up"] * 4 + ["main"] * 8 + ["ramp_down"] * 3 + \
+        ["update"] * 2
+    main = trace[(trace["schedule_phase"] == "main") & (trace["kind"] == "compute")]
+    assert set(main["ipu"]) == {0, 1, 2, 3}

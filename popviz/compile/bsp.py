@@ -41,6 +41,7 @@ class Timing:
     superstep_end: np.ndarray
     total_cycles: int
     latency_cycles: float  # mean host-in to host-out of one micro-batch
+    phase_cycles: dict[str, int]  # ramp_up, main, ramp_down, update
 
 
 def _transfers(schedule: Schedule, costs: StageCosts, target: Target,
@@ -159,8 +160,10 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     sync_at = start[kk] + compute_len[kk]
     x0 = sync_at + sync[kk]
     lx, hx = link_x.ravel(), host_x.ravel()
+    phase = schedule_phases(schedule, n)
     pieces = [
-        (seg["ipu"].to_numpy(), c_start, c_start + seg["dur"].to_numpy(), "compute",
+        (seg["k"].to_numpy(), seg["ipu"].to_numpy(), c_start,
+         c_start + seg["dur"].to_numpy(), "compute",
          seg["stage"].to_numpy(), seg["microbatch"].to_numpy(), seg["pass"].to_numpy(str),
          (seg["pass"] + seg["stage"].astype(str) + " mb" + seg["microbatch"].astype(str))
          .to_numpy(str)),
@@ -168,7 +171,7 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
 
     def ipu_events(mask, t0, t1, kind, label):
         m = mask & (t1 > t0)
-        pieces.append((ii[m], t0[m], t1[m], kind, stage_of_ipu[ii[m]], np.full(m.sum(), -1),
+        pieces.append((kk[m], ii[m], t0[m], t1[m], kind, stage_of_ipu[ii[m]], np.full(m.sum(), -1),
                        np.full(m.sum(), ""), np.full(m.sum(), label)))
 
     ones = np.ones(len(kk), dtype=bool)
@@ -177,13 +180,15 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     ipu_events(ones, x0, x0 + lx, "exchange", "exchange")
     ipu_events(ones, x0 + lx, x0 + lx + hx, "host_io", "host stream copy")
     ipu_events(ones, x0 + lx + hx, end[kk], "idle", "wait for exchange")
-    cols = ("ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op")
+    cols = ("superstep", "ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op")
     trace = pd.DataFrame({c: np.concatenate([np.broadcast_to(np.asarray(p[i]), p[0].shape)
                                              for p in pieces]) for i, c in enumerate(cols)})
     trace = trace.astype({"ipu": np.int64, "start": np.int64, "end": np.int64,
-                          "stage": np.int64, "microbatch": np.int64})
-    for c in ("kind", "pass", "op"):
+                          "stage": np.int64, "microbatch": np.int64, "superstep": np.int64})
+    trace["schedule_phase"] = phase[trace["superstep"].to_numpy()]
+    for c in ("kind", "pass", "op", "schedule_phase"):
         trace[c] = trace[c].astype(str)
+    trace = trace[[*cols[1:], "superstep", "schedule_phase"]]
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
 
     exchange = pd.DataFrame({
@@ -204,7 +209,38 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
         exchange["kind"] = pd.Series(dtype=str)
 
     latency = _latency(a, n, start, end, compute_len, sync)
-    return Timing(trace, exchange, start, end, int(end[-1]) if K else 0, latency)
+    phase_cycles = {p: int(length[phase == p].sum()) for p in PHASES}
+    return Timing(trace, exchange, start, end, int(end[-1]) if K else 0, latency,
+                  phase_cycles)
+
+
+PHASES = ("ramp_up", "main", "ramp_down", "update")
+
+
+def schedule_phases(schedule: Schedule, num_stages: int) -> np.ndarray:
+    """Label each superstep: `main` when every stage works (always, for one-at-a-time
+    schedules), `update` for all-reduce and WU, else `ramp_up` before a main phase and
+    `ramp_down` after it."""
+    K = schedule.num_supersteps
+    a = schedule.actions
+    label = np.full(K, "", dtype=object)
+    work = a[a["pass"] != "WU"]
+    busy = np.zeros(K, dtype=np.int64)
+    per_step = work.groupby("superstep")["stage"].nunique()
+    busy[per_step.index.to_numpy()] = per_step.to_numpy()
+    update = np.zeros(K, dtype=bool)
+    update[a.loc[a["pass"] == "WU", "superstep"].to_numpy()] = True
+    update[schedule.allreduce_steps] = True
+    main = (busy == num_stages) | ((schedule.name == "Sequential") & (busy > 0))
+    label[main] = "main"
+    label[update] = "update"
+    nxt = ""  # scanning backwards: is the next labelled superstep a main one?
+    for k in range(K - 1, -1, -1):
+        if label[k]:
+            nxt = label[k]
+            continue
+        label[k] = "ramp_up" if nxt == "main" else "ramp_down"
+    return label.astype(str)
 
 
 def _latency(a: pd.DataFrame, n: int, start: np.ndarray, end: np.ndarray,

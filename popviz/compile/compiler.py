@@ -260,6 +260,7 @@ def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory
                        if not options.training else None),
         "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
         "idle_fraction": idle / (plan.num_ipus * step_cycles) if step_cycles else 0.0,
+        **{f"{phase}_cycles": cycles for phase, cycles in timing.phase_cycles.items()},
         "peak_liveness_bytes": {str(i): int(p) for i, p in enumerate(memory.peak_bytes)},
         "amp_ignored": len(ignored),
         "amp_ignored_ops": [f"{o}#{i}" for o, i in zip(ignored["op"].head(50),
