@@ -303,3 +303,21 @@ def test_ramp_up_main_ramp_down_and_update_phases(program) -> None:
         ["update"] * 2
     main = trace[(trace["schedule_phase"] == "main") & (trace["kind"] == "compute")]
     assert set(main["ipu"]) == {0, 1, 2, 3}
+
+
+def test_schedule_ir_has_f_r_b_wu_actions_per_stage_and_microbatch() -> None:
+    from popviz.compile.schedule import build_schedule
+
+    sch = build_schedule(3, 4, 1, True, "Grouped", 1, True, np.array([True, True, False]))
+    a = sch.actions
+    counts = a.groupby(["stage", "pass"]).size().unstack(fill_value=0)
+    assert counts.loc[0].to_dict() == {"B": 4, "F": 4, "R": 4, "WU": 1}
+    assert counts.loc[2, "R"] == 0
+    # R runs in the same superstep as its B, right before it
+    r = a[a["pass"] == "R"].set_index(["stage", "microbatch"])
+    b = a[a["pass"] == "B"].set_index(["stage", "microbatch"]).loc[r.index]
+    assert (r["superstep"] == b["superstep"]).all()
+    pos = {(st, mb, p): i for i, (st, mb, p) in enumerate(zip(a["stage"], a["microbatch"],
+                                                               a["pass"], strict=True))}
+    assert all(pos[(st, mb, "R")] + 1 == pos[(st, mb, "B")] for st, mb in r.index)
+    assert sch.stash_depth.tolist() == [4, 3, 0]  # 2 x 2 + 1 = 5, but only 4 micro-batches

@@ -106,18 +106,16 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     K, n = schedule.num_supersteps, len(costs.ipu)
     s = a["stage"].to_numpy()
     ps = a["pass"].to_numpy(str)
-    # compute segments: F, or R then B, or WU
-    per_pass = {"F": costs.forward, "B": costs.backward, "WU": costs.optimiser}
+    # compute segments: one per action, back to back in action order on each IPU
+    per_pass = {"F": costs.forward, "R": costs.recompute, "B": costs.backward,
+                "WU": costs.optimiser}
     seg_rows = []
-    for p, label in (("F", "F"), ("R", "R"), ("B", "B"), ("WU", "WU")):
-        src = "B" if p == "R" else p
-        m = ps == src
-        dur = (costs.recompute if p == "R" else per_pass[p])[s[m]]
+    for p, cycles in per_pass.items():
+        m = ps == p
         seg_rows.append(pd.DataFrame({
-            "order": np.flatnonzero(m) * 2 + (0 if p == "R" else 1),
-            "k": a["superstep"].to_numpy()[m], "stage": s[m],
-            "microbatch": a["microbatch"].to_numpy()[m], "pass": label,
-            "dur": dur.astype(np.int64)}))
+            "order": np.flatnonzero(m), "k": a["superstep"].to_numpy()[m], "stage": s[m],
+            "microbatch": a["microbatch"].to_numpy()[m], "pass": p,
+            "dur": cycles[s[m]].astype(np.int64)}))
     seg = pd.concat(seg_rows, ignore_index=True)
     seg = seg[seg["dur"] > 0].sort_values("order", kind="stable").reset_index(drop=True)
     seg["ipu"] = costs.ipu[seg["stage"].to_numpy()]

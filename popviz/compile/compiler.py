@@ -56,7 +56,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
         microbatches, iterations = microbatches * iterations, 1
     has_wu = options.training and bool((ops["pass"] == "WU").any())
     schedule = build_schedule(n_stages, microbatches, iterations, options.training, kind,
-                              options.replication_factor, has_wu)
+                              options.replication_factor, has_wu, stage_costs.recompute > 0)
     timing = time_schedule(schedule, stage_costs, target, plan.num_ipus,
                            options.replication_factor)
     memory = analyse_memory(ops, program.tensors, options, precision, target,

@@ -1,7 +1,8 @@
 """Pipeline schedules as an IR of actions, like torch.distributed.pipelining's.
 
-An action is (superstep, stage, microbatch, pass) with pass F (forward), B (backward,
-preceded by its recompute R on the same IPU) or WU (weight update). A schedule places the
+An action is (superstep, stage, microbatch, pass) with pass F (forward), R (recompute,
+right before the B of the same stage and micro-batch, in the same superstep), B
+(backward) or WU (weight update). A schedule places the
 actions into BSP supersteps; `popviz.compile.bsp` then times them. Superstep 0 only
 streams the first micro-batch in from the host.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-PASS_RANK = {"F": 0, "B": 1, "WU": 2}
+PASS_RANK = {"F": 0, "R": 1, "B": 2, "WU": 3}
 
 
 @dataclass
@@ -123,12 +124,17 @@ def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
 
 
 def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
-                   training: bool, kind: str, replicas: int, has_wu: bool) -> Schedule:
-    """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution)."""
+                   training: bool, kind: str, replicas: int, has_wu: bool,
+                   recompute: np.ndarray | None = None) -> Schedule:
+    """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution);
+    `recompute[s]` says whether stage s recomputes before its backward."""
     makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential}
     rows = makers[kind](num_stages, microbatches, training)
     one = pd.DataFrame(rows, columns=["superstep", "stage", "microbatch", "pass"])
     one["superstep"] += 1  # superstep 0 streams the first micro-batch in
+    if recompute is not None and np.any(recompute):
+        b = one[(one["pass"] == "B") & np.asarray(recompute, dtype=bool)[one["stage"]]]
+        one = pd.concat([one, b.assign(**{"pass": "R"})], ignore_index=True)
     length = int(one["superstep"].max()) + 1
     allreduce: list[int] = []
     if training and has_wu:
