@@ -22,7 +22,6 @@ import weakref
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -32,15 +31,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from popviz.annotate import STATE
 from popviz.record import flops as _flops
-from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
+from popviz.record.build import CHECKPOINT, build_program
+from popviz.record.program import Program
+from popviz.record.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
 
 aten = torch.ops.aten
 _SCALAR_READ = aten._local_scalar_dense.default
 _HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
-# indices into an op row (a list, so a checkpoint mark can be set after the fact)
-_OP_FIELDS = list(OP_COLUMNS)
-_CHECKPOINT = _OP_FIELDS.index("checkpoint")
-_PHASE = _OP_FIELDS.index("phase")
 _META_KEY = "popviz"
 # record_function markers and tensor-metadata queries (fake tensors answer `.device`,
 # `.is_contiguous()` ... through dispatch): not work, and absent from real runs
@@ -52,59 +49,6 @@ _METADATA_QUERIES = {
     aten.storage_offset.default, aten.sym_storage_offset.default, aten.numel.default,
     aten.sym_numel.default, aten.dim.default, aten.sym_is_contiguous.default,
 }
-
-
-class _Storage:
-    """One tensor row: a storage seen during the step."""
-
-    __slots__ = ("block", "dtype", "last", "layer", "module", "name", "nbytes", "producer",
-                 "ref", "shape", "tid", "tid_str")
-
-    def __init__(self, tid: int, t: torch.Tensor, storage: Any, producer: int, module: str | None,
-                 layer: str | None, block: str | None, shape: str | None = None) -> None:
-        self.tid = tid
-        self.tid_str = str(tid)
-        self.ref = StorageWeakRef(storage)
-        self.nbytes = int(storage.nbytes())
-        self.dtype = str(t.dtype).removeprefix("torch.")
-        self.shape = shape if shape is not None else _shape_str(t.shape)
-        self.producer = producer
-        self.last = producer
-        # None = not known yet; set by the first op that reads it
-        self.module, self.layer, self.block = module, layer, block
-        self.name = ""
-
-
-def _shape_str(shape: Any) -> str:
-    return "[" + ",".join(str(int(s)) for s in shape) + "]"
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    """Tensors among op arguments or outputs, tensor lists flattened, in order."""
-    found: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(x for x in v if isinstance(x, torch.Tensor))
-    return found
-
-
-def _mutated_args(func: Any) -> tuple[int, ...]:
-    """Positions of arguments an op writes in place but does not return."""
-    schema = func._schema
-    returned = {r.alias_info.before_set and next(iter(r.alias_info.before_set))
-                for r in schema.returns if r.alias_info is not None}
-    return tuple(i for i, a in enumerate(schema.arguments)
-                 if a.alias_info is not None and a.alias_info.is_write
-                 and not (a.alias_info.before_set & returned) and not a.kwarg_only)
-
-
-def _dummy_scalar(t: torch.Tensor) -> bool | int | float:
-    """What `.item()` gives in plan mode, where there is no data: a neutral non-zero."""
-    if t.dtype == torch.bool:
-        return False
-    return 1 if not (t.dtype.is_floating_point or t.dtype.is_complex) else 1.0
 
 
 class _Mode(TorchDispatchMode):
@@ -147,8 +91,8 @@ class Recorder:
         if self._active:
             raise RuntimeError("this Recorder is already recording")
         self._ops: list[list[Any]] = []
-        self._storages: dict[int, _Storage] = {}
-        self._rows: list[_Storage] = []
+        self._storages: dict[int, Storage] = {}
+        self._rows: list[Storage] = []
         self._funcs: dict[Any, tuple[str, str, str, bool, tuple[int, ...]]] = {}
         self._shape_cache: dict[torch.Size, str] = {}
         self._dtype_cache: dict[torch.dtype, str] = {}
@@ -204,7 +148,7 @@ class Recorder:
         try:
             if exc_type is None:  # an interrupted step leaves no program (nor profile)
                 self._resolve_pending()
-                self.program = self._build()
+                self.program = build_program(self)
             self._pending.clear()
         finally:
             if self._gc_was_enabled:
@@ -241,12 +185,12 @@ class Recorder:
                 self._grad_cds.add(p.grad.untyped_storage()._cdata)
                 rec.module, rec.layer = None, None
 
-    def _register_existing(self, t: torch.Tensor) -> _Storage:
+    def _register_existing(self, t: torch.Tensor) -> Storage:
         storage = t.untyped_storage()
         cd = storage._cdata
         rec = self._storages.get(cd)
         if rec is None:
-            rec = _Storage(len(self._rows), t, storage, -1, None, None, None)
+            rec = Storage(len(self._rows), t, storage, -1, None, None, None)
             name = self._param_names.get(cd)
             if name is not None:
                 rec.name = name
@@ -272,7 +216,7 @@ class Recorder:
         if path == "" and mod is self._root and torch._C._current_graph_task_id() == -1:
             STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
             if self._input_shape is None:
-                first = next(iter(_tensors(args)), None)
+                first = next(iter(tensors_in(args)), None)
                 if first is not None:
                     self._input_shape = [int(s) for s in first.shape]
             self._forward_started = True
@@ -316,7 +260,7 @@ class Recorder:
             return
         rec = self._storages.get(t.untyped_storage()._cdata)
         if rec is not None and rec.producer >= 0:
-            self._ops[rec.producer][_CHECKPOINT] = True
+            self._ops[rec.producer][CHECKPOINT] = True
 
     # ---------------------------------------------------------------- ops
     def _resolve_pending(self) -> None:
@@ -340,7 +284,7 @@ class Recorder:
         else:
             host_ns = 0
             if func is _SCALAR_READ:
-                out = _dummy_scalar(args[0])
+                out = dummy_scalar(args[0])
             else:
                 out = func(*args, **kwargs)
         if self._timed:
@@ -415,14 +359,14 @@ class Recorder:
         if info is None:
             kind = _flops.kind_of(func)
             info = (kind, func._overloadpacket.__name__, str(func),
-                    kind == "data_movement" and func.is_view, _mutated_args(func))
+                    kind == "data_movement" and func.is_view, mutated_args(func))
             self._funcs[func] = info
         return info
 
     def _shape(self, shape: torch.Size) -> str:
         text = self._shape_cache.get(shape)
         if text is None:
-            text = self._shape_cache[shape] = _shape_str(shape)
+            text = self._shape_cache[shape] = shape_str(shape)
         return text
 
     def _dtype(self, dtype: torch.dtype) -> str:
@@ -436,10 +380,10 @@ class Recorder:
         # hot path: runs for every op of the step, so caches and no repeated lookups
         op_id = len(self._ops)
         kind, name, op_name, is_view, mutated = self._func_info(func)
-        inputs = _tensors(args)
+        inputs = tensors_in(args)
         if kwargs:
-            inputs.extend(_tensors(kwargs.values()))
-        outputs = _tensors(out if isinstance(out, (tuple, list)) else (out,))
+            inputs.extend(tensors_in(kwargs.values()))
+        outputs = tensors_in(out if isinstance(out, (tuple, list)) else (out,))
         phase, module, block = self._phase_and_owner(func, name, inputs)
         layer = self._layer_of(module)
         storages = self._storages
@@ -469,13 +413,13 @@ class Recorder:
         if name == "native_batch_norm" and len(args) > 5 and args[5]:
             mutated = (3, 4)  # running stats, updated in training but not annotated so
         if mutated:  # written in place without being returned
-            outputs = [*outputs, *_tensors(args[i] for i in mutated if i < len(args))]
+            outputs = [*outputs, *tensors_in(args[i] for i in mutated if i < len(args))]
         for t in outputs:
             storage = t.untyped_storage()
             cd = storage._cdata
             rec = storages.get(cd)
             if rec is None:
-                rec = _Storage(len(self._rows), t, storage, op_id, module, layer, block,
+                rec = Storage(len(self._rows), t, storage, op_id, module, layer, block,
                                self._shape(t.shape))
                 storages[cd] = rec
                 self._rows.append(rec)
@@ -508,107 +452,3 @@ class Recorder:
     def _node_is_accumulate() -> bool:
         node = torch._C._current_autograd_node()
         return node is not None and type(node).__name__ == "AccumulateGrad"
-
-    # ---------------------------------------------------------------- program
-    def _all_params(self) -> list[tuple[str, torch.Tensor]]:
-        named: dict[int, tuple[str, torch.Tensor]] = {}
-        for p in self._params:
-            cd = p.untyped_storage()._cdata
-            named.setdefault(cd, (self._param_names.get(cd, ""), p))
-        for ref in self._optimisers:
-            opt = ref()
-            if opt is None:
-                continue
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    cd = p.untyped_storage()._cdata
-                    if cd not in named:
-                        named[cd] = (self._param_names.get(cd, f"param{len(named)}"), p)
-        return list(named.values())
-
-    def _build(self) -> Program:
-        last_op = len(self._ops) - 1
-        category: dict[int, str] = {}
-        persistent: set[int] = set()
-        params = self._all_params()
-        for _, b in (self._root.named_buffers() if self._root is not None else []):
-            category[b.untyped_storage()._cdata] = "parameter"
-        for pname, p in params:
-            cd = p.untyped_storage()._cdata
-            category[cd] = "parameter"
-            rec = self._storages.get(cd)
-            if rec is not None and not rec.name:
-                rec.name = pname
-            if p.grad is not None:
-                self._name_owned(p.grad, f"{pname}.grad", rec, category, "gradient")
-        by_cd = {p.untyped_storage()._cdata: (pname, p) for pname, p in params}
-        for ref in self._optimisers:
-            opt = ref()
-            for p, state in (opt.state.items() if opt is not None else ()):
-                pname = by_cd.get(p.untyped_storage()._cdata, ("", p))[0]
-                owner = self._storages.get(p.untyped_storage()._cdata)
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
-                        self._name_owned(value, f"{pname}.{key}", owner, category,
-                                         "optimiser_state")
-        persistent.update(category)
-        rows = []
-        ops = self._ops
-        for cd, rec in self._storages.items():
-            cat = category.get(cd)
-            if cat is None:
-                if rec.producer < 0:
-                    cat = "input"
-                else:
-                    cat = {"forward": "activation", "recompute": "activation",
-                           "host_io": "input"}.get(ops[rec.producer][_PHASE], "temporary")
-            alive = cd in persistent or not rec.ref.expired()
-            name = rec.name or (f"{ops[rec.producer][1]}#{rec.producer}" if rec.producer >= 0
-                                else f"input#{rec.tid}")
-            rows.append({
-                "tensor_id": rec.tid, "name": name, "bytes": rec.nbytes, "dtype": rec.dtype,
-                "shape": rec.shape, "category": cat, "module": rec.module or "",
-                "layer": rec.layer or "", "block": rec.block or "", "producer": rec.producer,
-                "last_use": max(last_op, rec.last) if alive else rec.last,
-            })
-        rows.sort(key=lambda r: r["tensor_id"])
-        ops_df = frame([dict(zip(_OP_FIELDS, row)) for row in ops], OP_COLUMNS)
-        tensors_df = frame(rows, TENSOR_COLUMNS)
-        return Program(ops=ops_df, tensors=tensors_df, model=self._model_facts(ops_df, params),
-                       mode=self.mode)
-
-    def _name_owned(self, t: torch.Tensor, name: str, owner: _Storage | None,
-                    category: dict[int, str], cat: str) -> None:
-        """Name a gradient or optimiser state tensor after its parameter."""
-        cd = t.untyped_storage()._cdata
-        rec = self._storages.get(cd)
-        if rec is None:  # never touched by an op in the step, but it exists
-            rec = self._register_existing(t)
-        rec.name = name
-        rec.shape = _shape_str(t.shape)  # e.g. a bias gradient made as [1,n], kept as [n]
-        if owner is not None and (rec.producer < 0 or not rec.module):
-            rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
-        category[cd] = cat
-
-    def _model_facts(self, ops: Any, params: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        fwd = ops[ops["phase"] == "forward"]
-        layers = [x for x in dict.fromkeys(fwd["layer"].tolist()) if x]
-        blocks = [b for b in dict.fromkeys(ops["block"].tolist()) if b]
-        blocks += [b for b in STATE.block_ipus if b not in blocks]
-        root = self._root
-        split_names = getattr(root, "popviz_split_names", None) if root is not None else None
-        name = self.name or (type(root).__name__ if root is not None else "model")
-        facts: dict[str, Any] = {
-            "name": name,
-            "parameters": int(sum(p.numel() for _, p in params)),
-            "parameter_bytes": int(sum(p.numel() * p.element_size() for _, p in params)),
-            "batch_size": int(self._input_shape[0]) if self._input_shape else 0,
-            "input_shape": list(self._input_shape or []),
-            "layers": layers,
-            "split_names": list(split_names) if split_names else list(layers),
-            "blocks": blocks,
-            "block_ipus": {b: STATE.block_ipus.get(b) for b in blocks},
-            "torch_version": torch.__version__,
-        }
-        facts.update(self.model_info)
-        return facts
