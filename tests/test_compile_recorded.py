@@ -14,6 +14,7 @@ from popviz.models import build
 from popviz.models.training import train_step
 from popviz.options import Options
 from popviz.record import record_program
+from popviz.record import train_step as step
 
 
 def _record(name: str, size, batch: int, image: int, classes: int = 10):
@@ -82,3 +83,35 @@ def test_recorded_compile_is_deterministic(resnet18) -> None:
         pd.testing.assert_frame_equal(a.tables[name], b.tables[name])
     np.testing.assert_array_equal(a.arrays["tile_liveness"], b.arrays["tile_liveness"])
     assert a.summary == b.summary
+
+
+def test_recorded_checkpoint_recompute_is_kept_and_other_sections_synthesized() -> None:
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+            self.b = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = self.a(x)
+            x = checkpoint(self.b, x, use_reentrant=False)
+            return self.fc(x.mean((2, 3)))
+
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 3])
+    prog = record_program(step, net, opt, x, y, model=net, progress=False)
+    recorded = prog.ops[prog.ops["phase"] == "recompute"]
+    assert len(recorded) > 0
+    r = compile(prog, Options(splits=["b", "fc"], gradient_accumulation=2, recomputation=True))
+    ops = r.tables["ops"]
+    rec = ops[ops["phase"] == "recompute"]
+    # stage 1 ("b") keeps the recorded recompute; stage 0 ("a") gets synthesized copies
+    assert set(rec.loc[rec["source_op"] < 0, "stage"]) == {1}
+    assert set(rec.loc[rec["source_op"] >= 0, "stage"]) == {0}
+    assert (r.tables["stages"]["recompute_cycles"].iloc[:2] > 0).all()

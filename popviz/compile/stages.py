@@ -48,8 +48,13 @@ def _ffill(values: np.ndarray, default: int) -> np.ndarray:
 
 def _split_positions(program: Program, splits: list[str]) -> list[int]:
     layers = program.layers
+
+    def under(name: str) -> list[int]:  # layers inside a parent name: "b2" -> "b2/0", "b.1"
+        return [i for i, layer in enumerate(layers)
+                if layer.startswith(name + "/") or layer.startswith(name + ".")]
+
     valid = list(program.model.get("split_names") or layers)
-    unknown = [s for s in splits if s not in valid and s not in layers]
+    unknown = [s for s in splits if s not in valid and s not in layers and not under(s)]
     if unknown:
         shown = ", ".join(valid[:200]) + (" ..." if len(valid) > 200 else "")
         raise ValueError(f"unknown pipeline split name(s) {', '.join(unknown)}; valid: {shown}")
@@ -58,7 +63,7 @@ def _split_positions(program: Program, splits: list[str]) -> list[int]:
         if name in layers:
             positions.append(layers.index(name))
             continue
-        prefixed = [i for i, layer in enumerate(layers) if layer.startswith(name + "/")]
+        prefixed = under(name)
         if not prefixed:
             raise ValueError(f"pipeline split {name!r} names no recorded layer")
         positions.append(prefixed[0])
@@ -166,7 +171,7 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
     ops["source_op"] = np.int64(-1)
     ipus = _stage_ipus(program, options, num_stages, mode, fwd, f_stage)
     ops["ipu"] = ipus[stage]
-    if options.training and options.recomputation and not (phase == "recompute").any():
+    if options.training and options.recomputation:
         ops = _synthesize_recompute(ops)
 
     named = fwd["layer"].astype(str).to_numpy() != ""
@@ -210,13 +215,16 @@ def _stage_ipus(program: Program, options: Options, num_stages: int, mode: str,
 
 def _synthesize_recompute(ops: pd.DataFrame) -> pd.DataFrame:
     """Copy each section's forward ops as recompute ops (placed before that section's
-    backward later). The last section needs none: its backward follows at once."""
+    backward later). The last section needs none: its backward follows at once; a section
+    whose recompute was recorded (torch.utils.checkpoint) keeps the recorded ops."""
     fwd = ops[ops["phase"] == "forward"]
     bwd_sections = set(ops.loc[ops["phase"] == "backward", "section"].tolist())
+    recorded = set(ops.loc[ops["phase"] == "recompute", "section"].tolist())
     if fwd.empty:
         return ops
     last = int(fwd["section"].max())
-    keep = fwd[(fwd["section"] != last) & fwd["section"].isin(bwd_sections)]
+    keep = fwd[(fwd["section"] != last) & fwd["section"].isin(bwd_sections)
+               & ~fwd["section"].isin(recorded)]
     if keep.empty:
         return ops
     rec = keep.copy()
