@@ -103,7 +103,7 @@ def main() -> int:
     med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
            for k, v in times.items()}
     low = {k: min(x[2] for x in v) for k, v in times.items()}
-    with Recorder(model, progress=False) as rec:
+    with Recorder(model, progress=False, count_bookkeeping=True) as rec:
         run()
     n_ops = len(rec.program.ops)
     bookkeeping = rec.bookkeeping_ns / 1e9

@@ -343,3 +343,26 @@ def test_plan_step_helper() -> None:
     program = recording.program
     assert program.mode == "plan" and program.model["batch_size"] == 4
     assert set(program.tensors.category) >= {"parameter", "gradient", "optimiser_state"}
+
+
+def test_gradient_clipping_is_optimiser_work_and_foreach_ops_have_no_module() -> None:
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 1])
+
+    def step() -> None:
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+
+    ops = record_program(step, model=model).ops
+    first_opt = ops[ops.phase == "optimiser"].op_id.min()
+    assert ops[ops.phase == "backward"].op_id.max() < first_opt
+    clip = ops[ops.op.str.startswith("aten._foreach_norm")]
+    assert len(clip) == 1 and clip.phase.iloc[0] == "optimiser"
+    foreach = ops[(ops.phase == "optimiser") & ops.op.str.startswith("aten._foreach_")]
+    assert len(foreach) >= 2 and set(foreach.module) == {""}  # one op over many modules
+    update = foreach[foreach.op == "aten._foreach_add_.List"]
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params in set(update.flops)

@@ -75,7 +75,7 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module | None = None, *, name: str | None = None,
                  model_info: dict[str, Any] | None = None, mode: str = "measured",
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, count_bookkeeping: bool = False) -> None:
         if mode not in ("measured", "plan"):
             raise ValueError(f"record mode {mode!r} is not 'measured' or 'plan'")
         self.model = model
@@ -83,6 +83,7 @@ class Recorder:
         self.model_info = dict(model_info or {})
         self.mode = mode
         self.progress = progress
+        self.count_bookkeeping = count_bookkeeping
         self.program: Program | None = None
         self._active = False
 
@@ -112,7 +113,9 @@ class Recorder:
         self._param_names: dict[int, str] = {}
         self._params: list[torch.nn.Parameter] = []
         self._timed = self.mode == "measured"
-        self.bookkeeping_ns = 0  # CPU time spent recording, outside the ops (for the bench)
+        # CPU time spent recording, outside the ops (the bench asks; costs ~2 us per op)
+        self.bookkeeping_ns = 0
+        self._count_bookkeeping = self.count_bookkeeping
         if self.model is not None:
             self._adopt_root(self.model)
         STATE.reset()
@@ -287,7 +290,7 @@ class Recorder:
                 out = dummy_scalar(args[0])
             else:
                 out = func(*args, **kwargs)
-        if self._timed:
+        if self._count_bookkeeping:
             start = time.thread_time_ns()  # CPU time: steady when other jobs share cores
             if self._pending:
                 self._resolve_pending()
@@ -433,7 +436,11 @@ class Recorder:
         if dtype is None:
             source = inputs or outputs
             dtype = source[0].dtype if source else None
-        op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes, out_shapes)
+        if kind == "data_movement":  # most ops of a step: views, copies, detach
+            op_class, n_flops = "data_movement", 0
+        else:
+            op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes,
+                                                out_shapes)
         shape = self._shape
         self._ops.append([
             op_id, op_name, op_class, phase, module, layer, block, False, int(n_flops),
