@@ -108,20 +108,25 @@ class ProfileCache:
     def _facts(self, rel: str) -> dict[str, Any]:
         try:
             profile = self.get(rel).profile
-        except (ProfileError, PathRefused) as exc:
-            return {"profile": rel, "error": str(exc)}
+        except (ProfileError, PathRefused) as exc:  # shown relative: no server paths leak
+            return {"profile": rel, "error": str(exc).replace(f"{self.root}/", "")}
         except Exception as exc:  # a file we cannot read must not break the listing
             return {"profile": rel, "error": f"{rel}: {type(exc).__name__}: {exc}"}
         meta, summary = profile.meta or {}, profile.summary or {}
         target = meta.get("target") or {}
         fits = summary.get("fits")
         oom = summary.get("oom_tiles")
+        options = meta.get("options") or {}
+        training = summary.get("training", options.get("training"))
         folder = Path(rel).parent.name
+        if folder in ("training", "inference"):
+            run = folder
+        else:
+            run = "" if training is None else "training" if training else "inference"
         return {
             "profile": rel, "error": "",
             "kind": str(getattr(profile, "kind", meta.get("kind", ""))),
-            "run": "inference" if folder == "inference" else "training"
-            if folder == "training" else "",
+            "run": run,
             "model": str((meta.get("model") or {}).get("name", "")),
             "target": str(target.get("name", "")),
             "ipus": target.get("num_ipus", ""),
