@@ -55,9 +55,11 @@ def frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(columns))
     for name, dtype in columns.items():
         if dtype == "str":
-            df[name] = df[name].fillna("").astype(str)
+            # astype(object) first: an all-missing column is float, and filling a float
+            # column with "" is deprecated in pandas 3.
+            df[name] = df[name].astype(object).fillna("").astype(str)
         elif dtype == "bool":
-            df[name] = df[name].fillna(False).astype(bool)
+            df[name] = df[name].astype(object).fillna(False).astype(bool)
         else:
             df[name] = df[name].fillna(0).astype(dtype)
     return df

@@ -72,8 +72,8 @@ def dtype_scale(dtypes: pd.Series, target_bytes: int) -> np.ndarray:
 def _channels(out_shape: pd.Series, op_class: np.ndarray) -> np.ndarray:
     """Dim that serial passes can split: channels (dim 1) for convs, last dim for matmuls."""
     dims = out_shape.str.strip("[]() ").str.split(",")
-    second = dims.str.get(1).fillna("").str.strip()
-    last = dims.str.get(-1).fillna("").str.strip()
+    second = dims.str.get(1).astype(object).fillna("").astype(str).str.strip()
+    last = dims.str.get(-1).astype(object).fillna("").astype(str).str.strip()
     pick = np.where(op_class == "matmul", last.to_numpy(str), second.to_numpy(str))
     out = np.ones(len(pick), dtype=np.int64)
     digits = np.char.isdigit(pick.astype(str))
