@@ -74,13 +74,24 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")
 
 
+def table_columns(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """DataTable columns: numbers typed (so they sort and filter as numbers) and shown with
+    thousands separators."""
+    out = []
+    for c in frame.columns:
+        col: dict[str, Any] = {"name": c.replace("_", " "), "id": c, "type": "text"}
+        if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]):
+            col["type"] = "numeric"
+            integer = pd.api.types.is_integer_dtype(frame[c])
+            col["format"] = {"specifier": ",d" if integer else ",.4~f"}
+        out.append(col)
+    return out
+
+
 def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
           **kwargs: Any) -> dash_table.DataTable:
     """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
-    columns = [{"name": c.replace("_", " "), "id": c,
-                "type": "numeric" if pd.api.types.is_numeric_dtype(frame[c])
-                and not pd.api.types.is_bool_dtype(frame[c]) else "text"}
-               for c in frame.columns]
+    columns = table_columns(frame)
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
             "textAlign": "left", "maxWidth": 360, "overflow": "hidden",
             "textOverflow": "ellipsis"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,10 @@ def test_downloads(app: Any) -> None:
         "forward_cycles"].tolist()
     r = client.get(f"/download/html/trace?profile={OOM}")
     assert r.status_code == 200 and b"Plotly.newPlot" in r.data
+    for page in PAGES:  # every figure a page offers downloads as a working HTML file
+        for view in page.FIGURES:
+            r = client.get(f"/download/html/{view}?profile={OOM}")
+            assert r.status_code == 200 and re.search(rb'newPlot\([^,]+,\s*\[\{', r.data), view
     assert client.get("/download/csv/stages?profile=../../etc/passwd").status_code == 404
     assert client.get(f"/download/html/nope?profile={OOM}").status_code == 404
     assert client.get(f"/download/csv/nope?profile={OOM}").status_code == 404

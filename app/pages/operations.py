@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-import pandas as pd
 from dash import Input, Output, State, dash_table, html
 
 from popviz import analysis
 
 from ..cache import Entry
-from ..common import AppContext, downloads, message, profile_of, title_of
+from ..common import AppContext, downloads, message, profile_of, table_columns, title_of
 from ..common import _format as records
 
 PATH = "/operations"
@@ -39,9 +38,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if ops.empty:
         return html.Div([html.H2(title_of(entry)), message("No ops in this profile.", "info")])
     data, count, note = page(entry, "", [], 0)
-    columns = [{"name": c.replace("_", " "), "id": c,
-                "type": "numeric" if pd.api.types.is_numeric_dtype(ops[c])
-                and not pd.api.types.is_bool_dtype(ops[c]) else "text"} for c in ops.columns]
+    columns = table_columns(ops)
     return html.Div([
         html.H2(title_of(entry)),
         html.P("Type in the row under the headers to filter (e.g. conv, or > 1000 in a number "

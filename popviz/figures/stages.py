@@ -31,9 +31,12 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     fig.add_trace(go.Scatter(
         x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
         text=[f"{b:.0%} idle" for b in bal["bubble_fraction"]], textposition="top center"))
-    fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text=unit, tickformat=",d")
-    return base_layout(fig, title + " (bubble fraction on top)", height=380)
+    base_layout(fig, title + " (bubble fraction on top)", height=380)
+    # six categories do not fit in one row above the plot: list them on the right
+    fig.update_layout(barmode="stack", legend={"orientation": "v", "x": 1.02, "y": 1,
+                                               "xanchor": "left", "yanchor": "top"})
+    return fig
 
 
 def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage") -> go.Figure:

@@ -146,3 +146,23 @@ def test_trace_zoom_switches_to_single_events(browser_context: Any, base_url: st
     page.screenshot(path=str(SCREENSHOTS / "trace_zoomed.png"), full_page=True)
     assert errors == []
     page.close()
+
+
+def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: str,
+                                              served: Path) -> None:
+    rel = _profiles(served)[0]
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    before = page.inner_text("#ops-note")
+    cell = page.locator('th.dash-filter[data-dash-column="op_class"] input').first
+    cell.click()
+    cell.fill("conv")
+    cell.press("Enter")
+    page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
+                           arg=before, timeout=20_000)
+    shown = page.locator('#ops-table td[data-dash-column="op_class"]').all_inner_texts()
+    assert shown and all("conv" in s for s in shown)
+    assert int(page.inner_text("#ops-note").split(" of ")[0].replace(",", "")) < int(
+        before.split(" of ")[0].replace(",", ""))
+    assert errors == []
+    page.close()
