@@ -106,12 +106,23 @@ class ProfileCache:
         return rows
 
     def _facts(self, rel: str) -> dict[str, Any]:
+        """Headline facts from the file's attributes; opened outside the LRU so listing
+        many files does not push out the profiles being looked at."""
         try:
-            profile = self.get(rel).profile
+            profile = self._open(resolve_profile(self.root, rel))
         except (ProfileError, PathRefused) as exc:  # shown relative: no server paths leak
             return {"profile": rel, "error": str(exc).replace(f"{self.root}/", "")}
         except Exception as exc:  # a file we cannot read must not break the listing
             return {"profile": rel, "error": f"{rel}: {type(exc).__name__}: {exc}"}
+        try:
+            return self._describe(rel, profile)
+        finally:
+            close = getattr(profile, "close", None)
+            if close is not None:
+                close()
+
+    @staticmethod
+    def _describe(rel: str, profile: Any) -> dict[str, Any]:
         meta, summary = profile.meta or {}, profile.summary or {}
         target = meta.get("target") or {}
         fits = summary.get("fits")
