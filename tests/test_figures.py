@@ -182,3 +182,15 @@ def test_step_pyramid_overview_and_narrow_views() -> None:
     assert reads == []  # the overview never rereads the array
     raw, first, stride = pyr.view(7_700, 7_900)
     assert stride == 1 and first == 7_700 and raw[77, 5] == 1000
+
+
+def test_layers_import_only_to_their_left() -> None:
+    """analysis never pulls in Plotly or Dash; figures never pulls in Dash (notebooks)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, popviz.analysis; bad = {'plotly', 'dash'} & set(sys.modules); "
+            "assert not bad, bad; import popviz.figures; "
+            "assert 'dash' not in sys.modules, 'figures imported dash'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
