@@ -200,3 +200,10 @@ def test_insights_on_synthetic_reports_are_deterministic() -> None:
     assert [x.text for x in a["advice"]] == [x.text for x in b["advice"]]
     ok = analysis.insights(ReportProfile(synthetic_report(seed=1)))
     assert ok["fit"]["fits"] is True
+
+
+def test_measured_other_cycles_count_as_busy() -> None:
+    stages = _stages(busy=[300, 300], idle=[100, 100]).assign(other_cycles=[100, 0])
+    bal = analysis.stage_balance(stages)
+    assert bal["busy_cycles"].tolist() == [400, 300]
+    assert analysis.bottleneck_stage(stages)["stage"] == 0

@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles")
+# other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
+COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
+                   "other_cycles")
 
 
 def _num(frame: pd.DataFrame, column: str) -> pd.Series:

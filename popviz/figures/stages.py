@@ -11,6 +11,7 @@ from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figur
 
 _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
           ("recompute_cycles", "recompute", "R"), ("optimiser_cycles", "weight update", "WU"),
+          ("other_cycles", "other compute", "compute"),
           ("exchange_cycles", "exchange", "exchange"), ("idle_cycles", "idle", "idle")]
 
 
