@@ -74,7 +74,8 @@ def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str,
             y_top = row - ROW_HEIGHT / 2 + ROW_HEIGHT * np.repeat(top[k], 2)
             y_bot = row - ROW_HEIGHT / 2 + ROW_HEIGHT * np.repeat(top[k] - frac[k], 2)
             width = np.diff(edges)
-            share = np.repeat(occ[k] / np.where(width > 0, width, 1.0), 2)
+            # overlapping events of one kind (measured runs) can sum past the bucket
+            share = np.repeat(np.minimum(occ[k] / np.where(width > 0, width, 1.0), 1.0), 2)
             custom = np.stack([share, np.repeat(events, 2), np.full(len(x), ipu)], axis=1)
             polys.setdefault(int(k), []).append((
                 np.concatenate([x, x[::-1], [np.nan]]),
