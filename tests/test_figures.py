@@ -194,3 +194,13 @@ def test_layers_import_only_to_their_left() -> None:
             "assert 'dash' not in sys.modules, 'figures imported dash'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_liveness_point_knows_its_ipu(profile: ReportProfile) -> None:
+    """The click callback reads the IPU from customdata[3], on curves and bumps alike."""
+    fig = figures.liveness_figure(profile.liveness, analysis.bumps(profile.liveness))
+    for trace in fig.data:
+        if trace.x is None or trace.x[0] is None:
+            continue  # the capacity legend entry
+        panel = int(trace.xaxis[1:] or 1) - 1  # x, x2, ... -> IPU0, IPU1, ...
+        assert {int(c[3]) for c in trace.customdata} == {panel}, trace.name

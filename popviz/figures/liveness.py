@@ -70,10 +70,12 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
                     x=bp["step"], y=bp["total_bytes"] / MiB, mode="markers", name="bump",
                     legendgroup="bump", showlegend=first,
                     marker={"symbol": "triangle-down", "size": 10, "color": "#c53a32"},
-                    customdata=np.stack([bp["label"].astype(str), bp["prominence"] / MiB],
+                    # same layout as the curves' customdata: a click on a bump finds its IPU
+                    customdata=np.stack([bp["label"].astype(str), bp["phase"].astype(str),
+                                         bp["prominence"] / MiB, np.full(len(bp), ipu)],
                                         axis=1).astype(object),
                     hovertemplate="bump at step %{x}: %{y:,.1f} MiB<br>%{customdata[0]} "
-                    "(prominence %{customdata[1]:,.1f} MiB)<extra>IPU" + str(ipu)
+                    "(prominence %{customdata[2]:,.1f} MiB)<extra>IPU" + str(ipu)
                     + "</extra>"), row=row, col=1)
         if capacity_bytes:
             fig.add_hline(y=capacity_bytes / MiB, line={"color": CAPACITY_COLOUR, "dash": "dash",
