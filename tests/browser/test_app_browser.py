@@ -166,3 +166,29 @@ def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: st
         before.split(" of ")[0].replace(",", ""))
     assert errors == []
     page.close()
+
+
+def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base_url: str,
+                                                      served: Path) -> None:
+    import popviz
+
+    def ipus(rel: str) -> int:
+        with popviz.open(served / rel) as profile:
+            return int(profile.liveness["ipu"].nunique())
+
+    rel = max(_profiles(served), key=ipus)
+    last = ipus(rel) - 1
+    page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
+    before = page.inner_text("#live-vars-head")
+    marker = page.locator("#live-graph path.point").last  # a bump on the last IPU's panel
+    box = marker.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
+                           arg=before, timeout=20_000)
+    head = page.inner_text("#live-vars-head")
+    assert head.startswith(f"IPU{last}, step ")
+    assert page.locator("#live-vars-box td").count() > 0
+    assert errors == []
+    page.close()
