@@ -181,6 +181,7 @@ def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base
     page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
     before = page.inner_text("#live-vars-head")
     marker = page.locator("#live-graph path.point").last  # a bump on the last IPU's panel
+    marker.scroll_into_view_if_needed()
     box = marker.bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -190,5 +191,26 @@ def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base
     head = page.inner_text("#live-vars-head")
     assert head.startswith(f"IPU{last}, step ")
     assert page.locator("#live-vars-box td").count() > 0
+    assert errors == []
+    page.close()
+
+
+def test_clicking_the_tile_map_shows_that_tiles_breakdown(browser_context: Any, base_url: str,
+                                                          served: Path) -> None:
+    rel = _profiles(served)[0]
+    page, errors = _open(browser_context, f"{base_url}/memory?profile={quote(rel)}")
+    title = "#mem-breakdown .gtitle"
+    before = page.text_content(title)  # an SVG text node: text_content, not inner_text
+    area = page.locator("#mem-map .nsewdrag").first
+    area.scroll_into_view_if_needed()  # the map is below the fold; mouse clicks need it shown
+    box = area.bounding_box()
+    assert box is not None
+    spot = {"x": box["width"] * 0.55, "y": box["height"] * 0.45}
+    area.hover(position=spot)
+    area.click(position=spot)
+    page.wait_for_function("([s, b]) => document.querySelector(s).textContent != b",
+                           arg=[title, before], timeout=20_000)
+    after = page.text_content(title) or ""
+    assert re.match(r"IPU\d+ tile \d+: ", after) and after != before
     assert errors == []
     page.close()
