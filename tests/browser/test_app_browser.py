@@ -5,6 +5,7 @@ test-artifacts/screenshots/."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -72,6 +73,14 @@ def test_home_lists_profiles_and_the_broken_file(browser_context: Any, base_url:
     assert "truncated" in row.inner_text() or "damaged" in row.inner_text()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "home.png"), full_page=True)
+    # a run that finishes while the page is open shows up without a reload or restart
+    fresh = served / "fresh" / "profile.h5"
+    fresh.parent.mkdir()
+    shutil.copy(served / _profiles(served)[0], fresh)
+    try:
+        page.wait_for_selector("#profile-table >> text=fresh/profile.h5", timeout=15_000)
+    finally:
+        shutil.rmtree(fresh.parent)
     assert errors == []
     page.close()
 
