@@ -1,0 +1,152 @@
+"""`popviz tune PROFILE [--ipus N]`: which splits, AMP per IPU, recomputation and schedule
+to use, each candidate with its modelled evidence (see docs/tune.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from popviz.cli.command import EXIT_OK, Command, UsageError
+
+if TYPE_CHECKING:
+    from popviz.analysis.tune import Candidate, TuneResult
+
+MiB = 1024 * 1024
+SAME = 0.005  # ratios within 0.5% of 1 are 'about the same'
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from popviz.analysis.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
+
+    parser.add_argument("profile", help="a modelled profile (.h5 file or its directory)")
+    parser.add_argument("--ipus", type=int, default=None, metavar="N",
+                        help="IPUs per replica to plan for (default: the profile's); "
+                        "1 = recomputation checkpoints on one IPU")
+    parser.add_argument("--amp-ladder", type=float, nargs="+", default=list(AMP_LADDER),
+                        metavar="P", help="AMP values tried per IPU, highest that fits wins "
+                        f"(default: {' '.join(f'{a:g}' for a in AMP_LADDER)})")
+    parser.add_argument("--top", type=int, default=5, metavar="K",
+                        help="candidates to list (default 5)")
+    parser.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="M",
+                        help=f"compile budget of the search (default {DEFAULT_MAX_COMPILES})")
+    parser.add_argument("--target", default=None,
+                        help="plan for another target (mk1, mk2, bow, ...; default: the "
+                        "profile's)")
+    parser.add_argument("--write", default=None, metavar="DIR",
+                        help="write the best candidate's profile to DIR (for popviz compare "
+                        "and the app)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the same facts as one JSON object")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr")
+
+
+def _mcycles(values: list[int]) -> str:
+    return "/".join(f"{v / 1e6:.2f}" for v in values)
+
+
+def _amps(values: list[float]) -> str:
+    return f"{values[0]:g}" if len(set(values)) == 1 else "/".join(f"{a:g}" for a in values)
+
+
+def _row(label: str, c: Candidate) -> list[str]:
+    return [
+        label, " ".join(c.splits) or "-", _amps(c.amp),
+        "on" if c.recomputation else "off", c.schedule,
+        "yes" if c.fits else f"NO ({c.oom_tiles} tiles)",
+        f"{c.throughput:,.0f}", f"{c.throughput_per_ipu:,.0f}",
+        f"{c.throughput_ratio:.2f}x", f"{c.step_ms:,.1f}",
+        f"{c.idle_fraction:.0%}", _mcycles(c.stage_cycles),
+        "/".join(f"{b / MiB:.0f}" for b in c.peak_bytes),
+        f"{max(c.max_tile_fill, default=0):.0%}",
+    ]
+
+
+HEAD = ["", "splits", "AMP", "recomp", "schedule", "fits", "samples/s", "per IPU",
+        "vs now", "step ms", "idle", "Mcycles/stage/mb", "peak MiB/IPU", "fullest tile"]
+
+
+def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
+    rows = [_row("now", r.baseline)]
+    rows += [_row(f"#{i}", c) for i, c in enumerate(r.candidates, 1)]
+    widths = [max(len(x) for x in col) for col in zip(HEAD, *rows, strict=True)]
+    numeric = set(range(6, len(HEAD)))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    b = r.baseline
+    out = [f"{name}: {r.model or 'model ?'} on {r.target}, planning for "
+           f"{r.num_ipus} IPU(s); {r.layouts} layouts in {r.compiles} compiles "
+           f"({r.seconds:.1f} s)",
+           f"now: {b.num_ipus} IPU(s)"
+           + (f" x {b.replicas} replicas" if b.replicas > 1 else "")
+           + f", {'fits' if b.fits else 'does NOT fit'}, {b.throughput:,.0f} samples/s "
+           "(per IPU: samples/s over all IPUs of all replicas)", "", line(HEAD)]
+    out += [line(row) for row in rows]
+    best = r.best
+    if best is not None:
+        ratio = best.throughput_per_ipu_ratio
+        verdict = ("faster per IPU" if ratio > 1 + SAME else "slower per IPU"
+                   if ratio < 1 - SAME else "about the same per IPU")
+        out += ["", f"Best: {best.throughput_ratio:.2f}x the current throughput "
+                f"({ratio:.2f}x per IPU: {verdict}), "
+                f"{'fits' if best.fits else 'does NOT fit'}, "
+                f"busiest stage {best.imbalance:.2f}x the mean, idle {best.idle_fraction:.0%}.",
+                f"  train.py ... {best.train_args(base_strategy)}"]
+        if best.similar:
+            out.append(f"  ({best.similar} other layout(s) within 0.1% of it are not listed)")
+    out += [f"note: {n}" for n in r.notes]
+    return "\n".join(out)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from popviz.analysis.tune import load_program, tune
+
+    program, options = load_program(args.profile)
+    if args.top < 1:
+        raise UsageError(f"--top must be >= 1, got {args.top}")
+    result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
+                  top=args.top, max_compiles=args.max_compiles, target=args.target,
+                  progress=not args.no_progress)
+    written = None
+    if args.write:
+        from popviz.compile import compile as compile_program
+        from popviz.format.writer import write_report
+
+        report = compile_program(program, result.best_options(options))
+        written = write_report(report, args.write,
+                               command_line=" ".join(["popviz", *sys.argv[1:]]))
+    name = os.path.basename(os.path.normpath(args.profile))
+    if args.json:
+        data = result.to_dict()
+        data["profile"] = str(args.profile)
+        data["written"] = str(written) if written else None
+        text = json.dumps(data, indent=2, sort_keys=True)
+    else:
+        text = render_text(result, name, options.strategy)
+        if written:
+            text += f"\nwrote the best layout's profile: {written}"
+    try:
+        print(text)
+    except BrokenPipeError:  # e.g. `| head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the exit flush quiet
+    return EXIT_OK
+
+
+COMMAND = Command(
+    name="tune",
+    help="advise splits, AMP per IPU, recomputation and schedule by re-planning a profile",
+    description="Re-plan the program recorded in PROFILE (a modelled profile) over --ipus "
+    "IPUs: balanced split points, the highest AMP per IPU that fits, with and without "
+    "recomputation, Grouped and Interleaved schedules. Every candidate is compiled; the "
+    "list shows fit, throughput (total and per IPU), the ratio to the current layout, "
+    "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile. "
+    "--write DIR writes the best layout's profile.",
+    add_arguments=_add_arguments,
+    run=_run,
+)
