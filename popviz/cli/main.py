@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "popviz.cli.compare",
     "popviz.cli.serve",
     "popviz.cli.export",
+    "popviz.cli.tune",
 ]
 
 
