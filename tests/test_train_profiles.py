@@ -1,0 +1,54 @@
+"""The committed example profiles in profiles/ are the ones scripts/make_profiles.py makes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import popviz
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("make_profiles",
+                                               ROOT / "scripts" / "make_profiles.py")
+assert _spec is not None and _spec.loader is not None
+make_profiles = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_profiles)
+
+
+def _files(name: str) -> list[Path]:
+    return sorted((ROOT / "profiles" / name).rglob("profile.h5"))
+
+
+@pytest.mark.parametrize("name", sorted(make_profiles.PROFILES))
+def test_committed_profile_matches_its_command(name: str) -> None:
+    files = _files(name)
+    expected = 2 if name.startswith("tutorial") else 1  # training/ and inference/
+    assert len(files) == expected, files
+    for path in files:
+        prof = popviz.open(path)
+        # written by this script's train.py command (plan mode, into this folder)
+        args = " ".join(make_profiles.PROFILES[name])
+        assert prof.command_line.startswith(f"train.py {args} --plan-only"), name
+        assert f"--profile-dir profiles/{name}" in prof.command_line
+        assert (prof.ops["host_ns"] == 0).all()
+        assert prof.summary["fits"] in (True, False)
+
+
+def test_published_layouts() -> None:
+    pipe = popviz.open(ROOT / "profiles" / "rn50_pipeline")
+    assert pipe.meta["options"]["splits"] == ["b1/2/relu", "b2/3/relu", "b3/3/relu"]
+    assert pipe.stages["ipu"].tolist() == [0, 1, 2, 3]
+    rec = popviz.open(ROOT / "profiles" / "rn50_recompute")
+    assert rec.meta["options"]["splits"] == make_profiles.RN50_CHECKPOINTS
+    assert rec.meta["options"]["recomputation"] is True
+    assert set(rec.stages["ipu"]) == {0}
+    rx = popviz.open(ROOT / "profiles" / "resnext101_inference_mk1")
+    assert rx.meta["target"]["name"] == "mk1"
+    assert rx.meta["options"]["training"] is False
+    sharded = popviz.open(ROOT / "profiles" / "tutorial_sharded" / "training")
+    assert sharded.meta["options"]["strategy"] == "sharded"
+    # the folder stays small enough to commit
+    total = sum(p.stat().st_size for p in (ROOT / "profiles").rglob("*.h5"))
+    assert total < 10e6
