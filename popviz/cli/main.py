@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = [
     "popviz.cli.serve",
     "popviz.cli.export",
     "popviz.cli.tune",
+    "popviz.cli.merge",
 ]
 
 

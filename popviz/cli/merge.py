@@ -1,0 +1,38 @@
+"""`popviz merge DIR_or_files... --out PATH`: one profile from the rank files of a run."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from popviz.cli.command import EXIT_OK, Command
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="DIR_OR_FILE",
+                        help="rank profiles (.h5), or directories holding them "
+                        "(e.g. the --profile-dir of `python -m popviz.measure`)")
+    parser.add_argument("--out", "-o", required=True, metavar="PATH",
+                        help="merged profile: a .h5 path, or a directory to hold profile.h5")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from popviz.measure.merge import merge_profiles
+
+    path = merge_profiles(args.inputs, args.out,
+                          command_line=shlex.join(["popviz", *sys.argv[1:]]))
+    print(f"merged into {path}")
+    return EXIT_OK
+
+
+COMMAND = Command(
+    name="merge",
+    help="merge the per-rank profiles of a measured pipeline run into one profile",
+    description="Merge the per-rank profiles written by `python -m popviz.measure` (one "
+    "per rank, kind measured) into one profile whose trace has one row per rank (ipu = "
+    "rank). Refuses modelled profiles, profiles of different runs, a missing or repeated "
+    "rank, with a one-line error.",
+    add_arguments=_add_arguments,
+    run=_run,
+)

@@ -1,0 +1,84 @@
+"""`python -m popviz.measure`: run a real pipeline over ranks and write one profile each."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from popviz.measure.split import SCHEDULE_NAMES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m popviz.measure",
+        description="Train a popviz reference model for a few real steps as a pipeline on "
+        "torch.distributed.pipelining (one process per stage, gloo on CPU), time every "
+        "rank's forward / backward / send / recv, and write DIR/rank{r}/profile.h5 "
+        "(kind measured, times in ns). Under torchrun this process is one rank.",
+        epilog="Merge the rank files with `popviz merge DIR --out OUT` (or --merge OUT), "
+        "then `popviz serve OUT`. Docs: docs/measure.md.")
+    parser.add_argument("--model", default="tutorial",
+                        choices=["tutorial", "resnet", "resnext", "efficientnet"])
+    parser.add_argument("--model-size", type=int, default=None,
+                        help="ResNet 18/34/50/101/152, ResNeXt 50/101, EfficientNet 0-7")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="processes = pipeline ranks (ignored under torchrun)")
+    parser.add_argument("--microbatches", type=int, default=4,
+                        help="micro-batches per training step")
+    parser.add_argument("--batch-size", type=int, default=2, dest="micro_batch_size",
+                        help="samples per micro-batch")
+    parser.add_argument("--schedule", default="1F1B", choices=SCHEDULE_NAMES,
+                        type=lambda s: next((k for k in SCHEDULE_NAMES
+                                             if k.lower() == s.lower()), s),
+                        help="torch.distributed.pipelining schedule; Interleaved1F1B and "
+                        "LoopedBFS place 2 stages on each rank")
+    parser.add_argument("--pipeline-splits", "--splits", nargs="+", default=[],
+                        dest="splits", metavar="NAME",
+                        help="split names (first layer of each next stage): B2 B3 B4 for the "
+                        "tutorial, b1/2/relu ... for ResNet; default: spread evenly")
+    parser.add_argument("--steps", type=int, default=2, help="recorded training steps")
+    parser.add_argument("--warmup", type=int, default=1, help="unrecorded steps first")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="input height/width (default 28 for the tutorial, else 64)")
+    parser.add_argument("--num-classes", type=int, default=10)
+    parser.add_argument("--learning-rate", type=float, default=0.001)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per rank (default 1: ranks share the cores)")
+    parser.add_argument("--profile-dir", default="measure_profile",
+                        help="rank r writes PROFILE_DIR/rank{r}/profile.h5")
+    parser.add_argument("--merge", default=None, metavar="OUT",
+                        help="also merge the rank files into OUT (a .h5 or a directory)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from popviz.measure.runner import MeasureConfig, measure, under_torchrun
+
+    config = MeasureConfig(
+        model=args.model, model_size=args.model_size, ranks=args.ranks,
+        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
+        schedule=args.schedule, splits=list(args.splits), steps=args.steps,
+        warmup=args.warmup, profile_dir=args.profile_dir, image_size=args.image_size,
+        num_classes=args.num_classes, seed=args.seed, learning_rate=args.learning_rate,
+        backend=args.backend, threads=args.threads, merge=args.merge,
+        command_line=shlex.join(["python", "-m", "popviz.measure",
+                                 *(sys.argv[1:] if argv is None else argv)]))
+    try:
+        paths = measure(config)
+    except ValueError as exc:
+        print(f"popviz.measure: error: {exc}", file=sys.stderr)
+        return 2
+    if not under_torchrun() or config.merge is None:
+        for path in paths:
+            print(f"wrote {path}")
+    if config.merge and (not under_torchrun() or int(__import__("os").environ["RANK"]) == 0):
+        print(f"merged into {config.merge}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Merge the per-rank profiles of one measured run into one profile (`popviz merge`).
+
+Every rank already split its P2P waits into waiting and transfer with its peers' post
+times (all-gathered at the end of the run), so merging concatenates: trace, p2p, liveness,
+exchange (each rank holds the transfers it received, so each transfer appears once), ops
+(renumbered) and stages; meta comes from rank 0 with `measure.ranks`; the summary is
+recomputed over all ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from popviz.errors import ProfileError
+from popviz.measure import tables as tbl
+
+CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory")
+
+
+def rank_files(inputs: list[str | os.PathLike[str]]) -> tuple[list[Path], set[Path]]:
+    """Files named directly, and every profile under directories named (the second
+    set: those found in a directory, where an earlier merged profile may sit)."""
+    from popviz.format.reader import discover
+
+    files: list[Path] = []
+    found: set[Path] = set()
+    for item in inputs:
+        paths = [p.resolve() for p in discover(item)]
+        files.extend(paths)
+        if Path(item).is_dir():
+            found.update(paths)
+    if not files:
+        raise ProfileError(f"no profile (.h5) in {' '.join(map(str, inputs))}")
+    return sorted(dict.fromkeys(files)), found
+
+
+def _check(profiles: list[Any]) -> list[Any]:
+    """Rank profiles of one run, sorted by rank; ProfileError naming the first problem."""
+    for p in profiles:
+        if p.kind != "measured":
+            raise ProfileError(f"{p.path}: a {p.kind} profile; merge takes measured rank "
+                               "profiles only")
+        if "rank" not in p.meta.get("measure", {}):
+            raise ProfileError(f"{p.path}: not a rank profile (already merged?)")
+    first = profiles[0].meta["measure"]
+    for p in profiles[1:]:
+        m = p.meta["measure"]
+        if m.get("run_id") != first.get("run_id"):
+            raise ProfileError(f"{p.path}: from another run than {profiles[0].path} "
+                               f"(run {m.get('run_id')} vs {first.get('run_id')})")
+    ranks = [int(p.meta["measure"]["rank"]) for p in profiles]
+    dup = sorted({r for r in ranks if ranks.count(r) > 1})
+    if dup:
+        raise ProfileError(f"rank {dup[0]} given twice")
+    world = int(first.get("world_size", len(profiles)))
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        raise ProfileError(f"rank(s) {', '.join(map(str, missing))} of {world} missing; "
+                           "merge needs every rank's profile")
+    return [p for _, p in sorted(zip(ranks, profiles), key=lambda rp: rp[0])]
+
+
+def merged_tables(profiles: list[Any]) -> dict[str, pd.DataFrame]:
+    out: dict[str, pd.DataFrame] = {}
+    for name in CONCAT_TABLES:
+        parts = [p.table(name) for p in profiles if name in p.table_names]
+        parts = [t for t in parts if len(t)] or parts[:1]
+        out[name] = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    out["trace"] = out["trace"].sort_values(["ipu", "start", "end"], kind="stable") \
+        .reset_index(drop=True)
+    out["ops"] = tbl.renumber_ops(out["ops"])
+    out["stages"] = out["stages"].sort_values("stage").reset_index(drop=True)
+    return out
+
+
+def merged_meta(profiles: list[Any]) -> dict[str, Any]:
+    meta = dict(profiles[0].meta)
+    measure = dict(meta["measure"])
+    measure.pop("rank", None)
+    measure["ranks"] = [int(p.meta["measure"]["rank"]) for p in profiles]
+    measure["stages"] = [s for p in profiles for s in p.meta["measure"].get("stages", [])]
+    measure["merged_from"] = [str(p.path) for p in profiles]
+    measure["clock"] = {str(p.meta["measure"]["rank"]): p.meta["measure"].get("clock", {})
+                        for p in profiles}
+    measure["losses"] = next((p.meta["measure"]["losses"] for p in profiles
+                              if p.meta["measure"].get("losses")), [])
+    meta["measure"] = measure
+    return meta
+
+
+def merge_profiles(inputs: list[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+                   command_line: str | None = None) -> Path:
+    """Merge the rank profiles found in `inputs` (files or directories) into `out`."""
+    from popviz.format.reader import open as open_profile
+    from popviz.format.writer import profile_path, write_profile
+
+    files, in_dirs = rank_files(inputs)
+    target = profile_path(out).resolve()
+    profiles = [open_profile(f) for f in files if f != target]
+    try:
+        # a directory may also hold an earlier merge of the same run: not an input
+        keep = [p for p in profiles if p.path.resolve() not in in_dirs
+                or "ranks" not in p.meta.get("measure", {})]
+        for p in profiles:
+            if p not in keep:
+                p.close()
+        profiles = keep
+        if not profiles:
+            raise ProfileError(f"no rank profile in {' '.join(map(str, inputs))}")
+        profiles = _check(profiles)
+        result = merged_tables(profiles)
+        meta = merged_meta(profiles)
+    finally:
+        for p in profiles:
+            p.close()
+    return write_profile(target, meta=meta, tables=result,
+                         summary=tbl.summary(result, meta), kind="measured",
+                         command_line=command_line)

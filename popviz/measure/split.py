@@ -1,0 +1,125 @@
+"""Split a popviz reference model into pipeline stages with torch's own frontend.
+
+A split name (`B3`, `b1/2/relu`, `block4c`) is the first layer of the next stage, as in the
+CNN application (shared/reference/ipu.md). The models map module paths to these names
+(`popviz_layer_names`); the first module of a name becomes a `SplitPoint.BEGINNING` for
+`torch.distributed.pipelining.pipeline`, which traces the model and cuts it there.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
+# schedules that place several (virtual) stages on each rank
+MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS")
+
+
+def schedule_name(name: str) -> str:
+    """The canonical schedule name (case-insensitive); ValueError listing valid ones."""
+    for known in SCHEDULE_NAMES:
+        if str(name).lower() == known.lower():
+            return known
+    raise ValueError(f"unknown pipeline schedule {name!r}; valid: {', '.join(SCHEDULE_NAMES)}")
+
+
+def schedule_class(name: str) -> type:
+    from torch.distributed.pipelining import schedules
+
+    return {
+        "GPipe": schedules.ScheduleGPipe,
+        "1F1B": schedules.Schedule1F1B,
+        "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
+        "LoopedBFS": schedules.ScheduleLoopedBFS,
+    }[schedule_name(name)]
+
+
+def name_to_module(model: nn.Module) -> dict[str, str]:
+    """split/layer name -> the first module path that carries it (forward order)."""
+    first: dict[str, str] = {}
+    for path, name in getattr(model, "popviz_layer_names", {}).items():
+        first.setdefault(name, path)
+    return first
+
+
+def valid_splits(model: nn.Module) -> list[str]:
+    return list(getattr(model, "popviz_split_names", []))
+
+
+def default_splits(model: nn.Module, num_stages: int) -> list[str]:
+    """`num_stages - 1` split names spread evenly over the model's split names."""
+    names = valid_splits(model)
+    if num_stages - 1 > len(names):
+        raise ValueError(f"the model has {len(names) + 1} splittable parts, fewer than "
+                         f"{num_stages} stages")
+    count = len(names) + 1  # parts between split points
+    return [names[round(count * k / num_stages) - 1] for k in range(1, num_stages)]
+
+
+def check_splits(model: nn.Module, splits: list[str], num_stages: int) -> list[str]:
+    """Validated split names (defaults when empty), in forward order."""
+    if not splits:
+        return default_splits(model, num_stages)
+    names = valid_splits(model)
+    unknown = [s for s in splits if s not in names]
+    if unknown:
+        shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
+        raise ValueError(f"unknown split name {unknown[0]!r}; valid names: {shown}")
+    if len(set(splits)) != len(splits):
+        raise ValueError(f"pipeline splits repeat a name: {splits}")
+    if len(splits) != num_stages - 1:
+        raise ValueError(f"{num_stages} stages need {num_stages - 1} split name(s), got "
+                         f"{len(splits)}: {' '.join(splits)}")
+    return sorted(splits, key=names.index)
+
+
+def stage_layers(model: nn.Module, splits: list[str]) -> list[tuple[str, str]]:
+    """(first layer, last layer) of each stage, from the model's layer names."""
+    layers = list(dict.fromkeys(getattr(model, "popviz_layer_names", {}).values()))
+    if not layers:
+        return [("", "")] * (len(splits) + 1)
+    bounds = [0, *[layers.index(s) for s in splits], len(layers)]
+    return [(layers[a], layers[b - 1]) for a, b in itertools.pairwise(bounds)]
+
+
+@dataclass
+class SplitModel:
+    """The traced pipeline and what each stage holds."""
+
+    pipe: Any  # torch.distributed.pipelining.Pipe
+    splits: list[str]
+    layers: list[tuple[str, str]]  # per stage: first, last layer name
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.pipe.num_stages)
+
+
+def split_model(model: nn.Module, example: torch.Tensor, splits: list[str]) -> SplitModel:
+    """Trace `model(example)` and cut it before each split name's first module."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    paths = name_to_module(model)
+    spec = {paths[s]: SplitPoint.BEGINNING for s in splits}
+    pipe = pipeline(model, mb_args=(example,), split_spec=spec)
+    if pipe.num_stages != len(splits) + 1:
+        raise ValueError(f"splitting at {' '.join(splits)} gave {pipe.num_stages} stages, "
+                         f"expected {len(splits) + 1}")
+    return SplitModel(pipe, list(splits), stage_layers(model, splits))
+
+
+def loss_function(model: nn.Module) -> nn.Module:
+    """The loss the model applies to its own output: NLL after the tutorial's log-softmax,
+    cross-entropy on the CNNs' logits."""
+    own = getattr(model, "loss", None)
+    if isinstance(own, nn.Module):
+        return own
+    head = getattr(model, "head", None)
+    if isinstance(getattr(head, "loss", None), nn.Module):
+        return head.loss
+    return nn.CrossEntropyLoss()

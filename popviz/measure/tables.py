@@ -1,0 +1,263 @@
+"""From a rank's probe records to the contract tables of a measured profile.
+
+Times are ns on the common clock (0 = the clock sync before the recorded steps). A P2P op's
+blocking wait [wait_start, wait_end] splits at the peer's matching post: before it the rank
+waits for a peer that is not ready (trace kind `idle`), after it the data moves (kind
+`exchange`). gloo sends rendezvous with the receiver, so the same split holds for sends.
+The `*_cycles` columns of `stages` hold ns (meta.target.clock_hz = 1e9), as a mean per
+recorded training step. See docs/measure.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TRACE_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
+                 "bytes", "peer"]
+EXCHANGE_COLUMNS = ["src", "dst", "bytes", "start", "end", "kind", "stage", "microbatch",
+                    "step", "waiting_ns", "transfer_ns"]
+P2P_COLUMNS = ["rank", "peer", "direction", "kind", "stage", "microbatch", "step", "seq",
+               "bytes", "post", "post_end", "wait_start", "wait_end", "peer_post", "waiting_ns",
+               "transfer_ns", "matched", "batch", "works"]
+LIVENESS_COLUMNS = ["ipu", "step", "phase", "always_live_bytes", "not_always_live_bytes",
+                    "label", "microbatch", "stage", "pass", "training_step",
+                    "stashed_microbatches"]
+TILE_COLUMNS = ["ipu", "tile", "capacity_bytes", "total_bytes"]
+OPS_COLUMNS = ["op_id", "op", "phase", "ipu", "stage", "microbatch", "pass", "step",
+               "start", "end", "host_ns", "bytes", "peer", "waiting_ns", "transfer_ns"]
+STAGE_COLUMNS = ["stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",
+                 "exchange_cycles", "idle_cycles", "stash_bytes", "peak_bytes",
+                 "optimiser_cycles", "other_cycles", "sync_cycles", "first_layer",
+                 "last_layer", "steps", "forward_cycles_per_microbatch",
+                 "backward_cycles_per_microbatch", "stash_depth", "boundary_bytes"]
+
+
+def to_common(records: list[dict[str, Any]], origin: int,
+              keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Copies of `records` with the `keys` times moved to the common clock (-1 stays)."""
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        for key in keys:
+            if rec.get(key, -1) >= 0:
+                rec[key] = int(rec[key] - origin)
+        out.append(rec)
+    return out
+
+
+def match_p2p(mine: list[dict[str, Any]], everyone: list[dict[str, Any]]) -> pd.DataFrame:
+    """My P2P ops with their peer's post time and the waiting / transfer split.
+
+    The k-th send from a to b meets the k-th recv at b from a (gloo matches in order on one
+    tag), so ops pair on (src, dst, seq); the pairing is checked on micro-batch and kind."""
+    index = {(r["rank"], r["peer"], r["direction"], r["seq"]): r for r in everyone}
+    rows = []
+    for rec in mine:
+        other = "recv" if rec["direction"] == "send" else "send"
+        peer = index.get((rec["peer"], rec["rank"], other, rec["seq"]))
+        matched = peer is not None and peer["microbatch"] == rec["microbatch"] \
+            and peer["kind"] == rec["kind"] and peer["bytes"] == rec["bytes"]
+        ws, we = rec["wait_start"], rec["wait_end"]
+        if ws < 0:  # never waited on: count it as done when posted
+            ws = we = rec["post"]
+        peer_post = peer["post"] if peer is not None else rec["post"]
+        split = min(max(peer_post, ws), we)
+        rows.append({**rec, "wait_start": ws, "wait_end": we, "peer_post": peer_post,
+                     "waiting_ns": split - ws, "transfer_ns": we - split,
+                     "matched": bool(matched)})
+    frame = pd.DataFrame(rows, columns=P2P_COLUMNS)
+    return frame.astype({c: "int64" for c in P2P_COLUMNS
+                         if c not in ("direction", "kind", "matched")})
+
+
+def _p2p_label(row: Any) -> str:
+    way = "to" if row.direction == "send" else "from"
+    return f"{row.direction} {row.kind} mb{row.microbatch} {way} rank {row.peer}"
+
+
+def trace_table(compute: list[dict[str, Any]], p2p: pd.DataFrame) -> pd.DataFrame:
+    """Compute events, and for each P2P op an idle (waiting) and an exchange event."""
+    rows = [{"ipu": c["rank"], "start": c["start"], "end": c["end"], "kind": "compute",
+             "stage": c["stage"], "microbatch": c["microbatch"], "pass": c["pass"],
+             "op": c["op"], "step": c["step"], "bytes": 0, "peer": -1} for c in compute]
+    for row in p2p.itertuples(index=False):
+        pass_ = "F" if row.kind == "activation" else "B"
+        label = _p2p_label(row)
+        common = {"ipu": row.rank, "stage": row.stage, "microbatch": row.microbatch,
+                  "pass": pass_, "step": row.step, "peer": row.peer}
+        split = row.wait_start + row.waiting_ns
+        if row.waiting_ns > 0:
+            rows.append({**common, "start": row.wait_start, "end": split, "kind": "idle",
+                         "op": f"wait: {label}", "bytes": 0})
+        rows.append({**common, "start": split, "end": row.wait_end, "kind": "exchange",
+                     "op": label, "bytes": row.bytes})
+    rows.extend(_post_events(p2p))
+    frame = pd.DataFrame(rows, columns=TRACE_COLUMNS)
+    frame = frame.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
+                                              "step", "bytes", "peer")})
+    return frame.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
+
+
+def _post_events(p2p: pd.DataFrame) -> list[dict[str, Any]]:
+    """One exchange event per posting call (`_batch_p2p`): time the rank spent inside
+    isend / irecv / batch_isend_irecv before it could go on (bytes 0: the op's own
+    exchange event carries them)."""
+    rows = []
+    for (rank, post, post_end), batch in p2p.groupby(["rank", "post", "post_end"],
+                                                    sort=True):
+        if post_end <= post:
+            continue
+        first = batch.iloc[0]
+        rows.append({"ipu": rank, "start": post, "end": post_end, "kind": "exchange",
+                     "stage": first["stage"], "microbatch": first["microbatch"],
+                     "pass": "F" if first["kind"] == "activation" else "B",
+                     "op": "post: " + " + ".join(_p2p_label(r) for r in
+                                                 batch.itertuples(index=False)),
+                     "step": first["step"], "bytes": 0, "peer": first["peer"]})
+    return rows
+
+
+def exchange_table(p2p: pd.DataFrame) -> pd.DataFrame:
+    """One row per transfer this rank received: from the later of the two posts (data can
+    only move once both sides are posted) to the receiver's completion."""
+    recv = p2p[p2p["direction"] == "recv"]
+    start = np.maximum(recv["post"], recv["peer_post"])
+    frame = pd.DataFrame({
+        "src": recv["peer"].astype(object), "dst": recv["rank"].astype(object),
+        "bytes": recv["bytes"], "start": start,
+        "end": np.maximum(start, recv["wait_end"]), "kind": recv["kind"],
+        "stage": recv["stage"], "microbatch": recv["microbatch"], "step": recv["step"],
+        "waiting_ns": recv["waiting_ns"], "transfer_ns": recv["transfer_ns"],
+    }, columns=EXCHANGE_COLUMNS)
+    return frame.reset_index(drop=True)
+
+
+def ops_table(trace: pd.DataFrame, p2p: pd.DataFrame) -> pd.DataFrame:
+    """One row per action: compute actions from the trace, P2P ops from `p2p`."""
+    comp = trace[trace["kind"] == "compute"]
+    phase = comp["pass"].map({"F": "forward", "B": "backward", "WU": "optimiser"})
+    rows = pd.DataFrame({
+        "op": comp["op"], "phase": phase, "ipu": comp["ipu"], "stage": comp["stage"],
+        "microbatch": comp["microbatch"], "pass": comp["pass"], "step": comp["step"],
+        "start": comp["start"], "end": comp["end"], "host_ns": comp["end"] - comp["start"],
+        "bytes": 0, "peer": -1, "waiting_ns": 0, "transfer_ns": 0})
+    comm = pd.DataFrame({
+        "op": [_p2p_label(r) for r in p2p.itertuples(index=False)],
+        "phase": "exchange", "ipu": p2p["rank"], "stage": p2p["stage"],
+        "microbatch": p2p["microbatch"],
+        "pass": np.where(p2p["kind"] == "activation", "F", "B"), "step": p2p["step"],
+        "start": p2p["post"], "end": p2p["wait_end"],
+        "host_ns": p2p["wait_end"] - p2p["wait_start"], "bytes": p2p["bytes"],
+        "peer": p2p["peer"], "waiting_ns": p2p["waiting_ns"],
+        "transfer_ns": p2p["transfer_ns"]})
+    frames = [f for f in (rows, comm) if len(f)]
+    ops = pd.concat(frames, ignore_index=True) if frames else rows
+    return renumber_ops(ops)
+
+
+def renumber_ops(ops: pd.DataFrame) -> pd.DataFrame:
+    """op_id in (rank, start) order (merge renumbers the concatenated ranks)."""
+    ops = ops.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
+    ops["op_id"] = np.arange(len(ops), dtype=np.int64)
+    return ops[OPS_COLUMNS]
+
+
+def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[dict],
+                 steps: int) -> pd.DataFrame:
+    """Per stage: mean ns per recorded step of forward, backward, transfer and waiting."""
+    rows = []
+    steps = max(1, steps)
+    for info in stage_info:
+        s, rank = info["stage"], info["ipu"]
+        on = trace[trace["stage"] == s]
+        comp = on[on["kind"] == "compute"]
+        dur = comp["end"] - comp["start"]
+
+        def total(mask: pd.Series, d: pd.Series = dur) -> float:
+            return float(d[mask].sum()) / steps
+
+        fwd, bwd = total(comp["pass"] == "F"), total(comp["pass"] == "B")
+        wu = total(comp["pass"] == "WU")
+        span = on["end"] - on["start"]
+        exch = float(span[on["kind"] == "exchange"].sum()) / steps
+        idle = float(span[on["kind"] == "idle"].sum()) / steps
+        microbatches = max(1, comp.loc[comp["pass"] == "F", "microbatch"].nunique())
+        live = liveness[liveness["ipu"] == rank]
+        peak = int((live["always_live_bytes"] + live["not_always_live_bytes"]).max()) \
+            if len(live) else 0
+        rows.append({
+            "stage": s, "ipu": rank, "forward_cycles": fwd, "backward_cycles": bwd,
+            "recompute_cycles": 0.0, "exchange_cycles": exch, "idle_cycles": idle,
+            "stash_bytes": int(info.get("stash_bytes", 0)), "peak_bytes": peak,
+            "optimiser_cycles": wu, "other_cycles": 0.0, "sync_cycles": 0.0,
+            "first_layer": info.get("first_layer", ""),
+            "last_layer": info.get("last_layer", ""), "steps": steps,
+            "forward_cycles_per_microbatch": fwd / microbatches,
+            "backward_cycles_per_microbatch": bwd / microbatches,
+            "stash_depth": int(info.get("stash_depth", 0)),
+            "boundary_bytes": int(info.get("boundary_bytes", 0)),
+        })
+    frame = pd.DataFrame(rows, columns=STAGE_COLUMNS)
+    # host time between the timed actions (Python, the schedule's bookkeeping), shared
+    # by the stages of a rank, so that a rank's columns add up to its step time
+    spans = step_spans(trace, per_rank=True)
+    for rank, group in frame.groupby("ipu"):
+        busy = group[["forward_cycles", "backward_cycles", "exchange_cycles",
+                      "idle_cycles", "optimiser_cycles"]].to_numpy().sum()
+        other = max(0.0, spans.get(int(rank), 0.0) - busy)
+        frame.loc[group.index, "other_cycles"] = other / len(group)
+    return frame.sort_values("stage").reset_index(drop=True)
+
+
+def step_spans(trace: pd.DataFrame, per_rank: bool = False) -> dict[int, float]:
+    """Mean ns per training step from first start to last end: over all ranks (key -1),
+    or for each rank."""
+    if trace.empty:
+        return {}
+    if not per_rank:
+        g = trace.groupby("step")
+        return {-1: float((g["end"].max() - g["start"].min()).mean())}
+    g = trace.groupby(["ipu", "step"])
+    span = (g["end"].max() - g["start"].min()).groupby(level=0).mean()
+    return {int(k): float(v) for k, v in span.items()}
+
+
+def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, Any]:
+    """Headline figures of a measured profile (rank file or merged)."""
+    trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
+    opts = meta.get("options", {})
+    step_ns = step_spans(trace).get(-1, 0.0)
+    samples = int(opts.get("micro_batch_size", 1)) * int(opts.get("microbatches", 1))
+    ranks = sorted(int(r) for r in trace["ipu"].unique()) if len(trace) else []
+    span_all = step_ns * max(1, len(ranks))
+    idle = float((trace["end"] - trace["start"])[trace["kind"] == "idle"].sum())
+    steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
+    work = stages["forward_cycles"] + stages["backward_cycles"]
+    peaks = (live["always_live_bytes"] + live["not_always_live_bytes"]).groupby(
+        live["ipu"]).max() if len(live) else pd.Series(dtype="int64")
+    return {
+        "kind": "measured", "fits": True, "oom_tiles": 0, "oom_ipus": [],
+        "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
+        "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
+        "step_ms": step_ns / 1e6, "samples_per_step": samples,
+        "throughput": samples / (step_ns / 1e9) if step_ns > 0 else None,
+        "latency_ms": None, "training": True,
+        "idle_fraction": idle / steps / span_all if span_all > 0 else 0.0,
+        "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
+        "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
+        "schedule": opts.get("schedule"), "strategy": "pipelined",
+        "micro_batch_size": int(opts.get("micro_batch_size", 1)),
+        "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,
+        "liveness_steps": int(live["step"].nunique()) if len(live) else 0,
+        "exchange_bytes": int(tables["exchange"]["bytes"].sum()),
+        "stages": stages.to_dict(orient="records"),
+    }
+
+
+def empty_tile_memory() -> pd.DataFrame:
+    """A measured run has no tiles: the table exists (the reader requires it) with no rows;
+    `fits` is True because the run ran."""
+    return pd.DataFrame({c: pd.Series([], dtype="int64") for c in TILE_COLUMNS})
