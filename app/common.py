@@ -20,6 +20,9 @@ from .cache import Entry, ProfileCache
 GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True,
                 "toImageButtonOptions": {"format": "png", "scale": 2}}
 SMALL_TABLE_ROWS = 15
+# numbers that name things (shown without thousands separators)
+ID_COLUMNS = {"ipu", "tile", "stage", "step", "peak_step", "microbatch", "first_step",
+              "last_step", "producer", "last_use", "source_op", "section"}
 
 
 @dataclass
@@ -83,7 +86,8 @@ def table_columns(frame: pd.DataFrame) -> list[dict[str, Any]]:
         if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]):
             col["type"] = "numeric"
             integer = pd.api.types.is_integer_dtype(frame[c])
-            col["format"] = {"specifier": ",d" if integer else ",.4~f"}
+            plain = c.replace(" ", "_") in ID_COLUMNS or c.endswith("_id")  # tile 1003
+            col["format"] = {"specifier": ("d" if plain else ",d") if integer else ",.4~f"}
         out.append(col)
     return out
 
