@@ -212,24 +212,49 @@ class _Search:
         return self.cache[key]
 
     def fit(self, splits: list[str], rc: bool, schedule: str, source: str) -> Candidate:
-        """The layout with each IPU at the highest AMP rung that fits. An IPU whose
-        fullest tile does not shrink when its AMP is lowered stops there (temporaries
-        are not what overflows, so lower rungs would not help either)."""
+        """The layout with each IPU at the highest AMP rung that fits (fit is taken to be
+        monotone in AMP and independent between IPUs, so all IPUs search at once). Per
+        IPU: the top rung, the next, then the lowest (does any fit?), then bisection.
+        An IPU whose fullest tile does not shrink when its AMP is lowered stops there
+        (temporaries are not what overflows, so lower rungs would not help)."""
         key = (tuple(splits), rc, schedule)
         if key in self.fitted:
             return self.fitted[key]
-        rung, stuck = [0] * self.n, set()
-        c = self.evaluate(splits, [self.ladder[0]] * self.n, rc, schedule, source)
-        while not c.fits:
-            lower = [i for i in c.oom_ipus if i < self.n and i not in stuck
-                     and rung[i] < len(self.ladder) - 1]
-            if not lower:
+        last = len(self.ladder) - 1
+        bad, ok = [-1] * self.n, [None] * self.n  # highest failing / lowest fitting rung
+        fill: list[dict[int, float]] = [{} for _ in range(self.n)]
+        stuck: set[int] = set()
+        probe = [0] * self.n
+        while True:
+            c = self.evaluate(splits, [self.ladder[r] for r in probe], rc, schedule, source)
+            oom = set(c.oom_ipus)
+            for i, r in enumerate(probe):
+                if i in stuck or (ok[i] is not None and r == ok[i]):
+                    continue
+                fill[i][r] = c.max_tile_fill[i]
+                if i in oom:
+                    bad[i] = max(bad[i], r)
+                    lower_fill = [f for q, f in fill[i].items() if q < r]
+                    if lower_fill and c.max_tile_fill[i] >= min(lower_fill):
+                        stuck.add(i)
+                else:
+                    ok[i] = r if ok[i] is None else min(ok[i], r)
+            nxt = []
+            for i in range(self.n):
+                if i in stuck:
+                    nxt.append(probe[i])
+                elif ok[i] is not None and ok[i] - bad[i] <= 1:
+                    nxt.append(ok[i])
+                elif ok[i] is not None:
+                    nxt.append((bad[i] + ok[i]) // 2)
+                elif bad[i] >= last:
+                    stuck.add(i)
+                    nxt.append(last)
+                else:
+                    nxt.append(bad[i] + 1 if bad[i] == 0 else last)
+            if nxt == probe:
                 break
-            for i in lower:
-                rung[i] += 1
-            prev = c
-            c = self.evaluate(splits, [self.ladder[r] for r in rung], rc, schedule, source)
-            stuck |= {i for i in lower if c.max_tile_fill[i] >= prev.max_tile_fill[i]}
+            probe = nxt
         self.fitted[key] = c
         return c
 

@@ -106,13 +106,21 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.analysis.tune import load_program, tune
+    from popviz.format.reader import open as open_profile
 
-    program, options = load_program(args.profile)
+    profile = open_profile(args.profile)
+    program, options = load_program(profile)
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
                   top=args.top, max_compiles=args.max_compiles, target=args.target,
                   progress=not args.no_progress)
+    stored = float((profile.summary or {}).get("throughput") or 0.0)
+    if args.target is None and stored and abs(result.baseline.throughput - stored) > \
+            SAME * stored:
+        result.notes.append(f"the profile stores {stored:,.0f} samples/s but its layout "
+                            f"recompiles to {result.baseline.throughput:,.0f}: it was written "
+                            "by another cost model version; all figures here are recompiled")
     written = None
     if args.write:
         from popviz.compile import compile as compile_program
