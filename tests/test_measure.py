@@ -245,3 +245,15 @@ def test_splits_and_config_errors(capsys: Any) -> None:
                        "at least 4 micro-batches")):
         assert measure_main(argv) == 2
         assert why in _one_error(capsys)
+
+
+def test_committed_example_is_made_by_the_makefile_line() -> None:
+    root = Path(__file__).resolve().parents[1]
+    with popviz.open(root / "profiles" / "tutorial_measured_2ranks") as p:
+        assert p.kind == "measured" and p.meta["measure"]["ranks"] == [0, 1]
+        assert p.path.stat().st_size < 1e6
+        command = p.command_line.split(" --profile-dir ")[0]
+    assert command.startswith("python -m popviz.measure --model tutorial --ranks 2")
+    makefile = (root / "Makefile").read_text()
+    assert f"$(PY) -m {command.removeprefix('python -m ')} --profile-dir" in makefile
+    assert "--merge profiles/tutorial_measured_2ranks" in makefile

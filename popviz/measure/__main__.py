@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from popviz.format.writer import profile_path
     from popviz.measure.runner import MeasureConfig, measure, under_torchrun
 
     config = MeasureConfig(
@@ -75,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if not under_torchrun() or config.merge is None:
         for path in paths:
             print(f"wrote {path}")
-    if config.merge and (not under_torchrun() or int(__import__("os").environ["RANK"]) == 0):
-        print(f"merged into {config.merge}")
+    if config.merge and (not under_torchrun() or int(os.environ["RANK"]) == 0):
+        print(f"merged into {profile_path(config.merge)}")
     return 0
 
 

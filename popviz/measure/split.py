@@ -9,6 +9,7 @@ CNN application (shared/reference/ipu.md). The models map module paths to these 
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,9 @@ def split_model(model: nn.Module, example: torch.Tensor, splits: list[str]) -> S
 
     paths = name_to_module(model)
     spec = {paths[s]: SplitPoint.BEGINNING for s in splits}
-    pipe = pipeline(model, mb_args=(example,), split_spec=spec)
+    with warnings.catch_warnings():  # torch's own tracer warns about its pytree internals
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = pipeline(model, mb_args=(example,), split_spec=spec)
     if pipe.num_stages != len(splits) + 1:
         raise ValueError(f"splitting at {' '.join(splits)} gave {pipe.num_stages} stages, "
                          f"expected {len(splits) + 1}")
