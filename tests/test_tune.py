@@ -1,0 +1,212 @@
+"""The advisor (`popviz tune`) on a ResNet-18 step recorded here at 32x32, batch 2."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import popviz
+from popviz.analysis.tune import AMP_LADDER, load_program, tune
+from popviz.analysis.tune_layers import Segments, balanced_bounds, split_positions
+from popviz.cli.main import main
+from popviz.compile import compile
+from popviz.errors import ProfileError
+from popviz.format.writer import write_profile, write_report
+from popviz.models import build
+from popviz.models.training import train_step
+from popviz.options import Options
+from popviz.record import record_program
+from popviz.target.machines import register_target
+from tests.profiles_util import tiny_meta, tiny_tables
+
+SPLITS = ["b2/0", "b3/0", "b4/0"]
+
+
+@pytest.fixture(scope="module")
+def program():
+    torch.manual_seed(0)
+    model = build("resnet", 18, num_classes=10, image_size=32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    return record_program(train_step, model, opt, x, y, model=model, progress=False)
+
+
+@pytest.fixture(scope="module")
+def options():
+    return Options(splits=SPLITS, num_ipus=4, gradient_accumulation=8, recomputation=True,
+                   available_memory_proportion={0: 0.3, 1: 0.2}, micro_batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def recorded(program, options, tmp_path_factory):
+    report = compile(program, options)
+    path = write_report(report, tmp_path_factory.mktemp("r18") / "pipeline")
+    return path, report
+
+
+def test_load_program_round_trip_reproduces_the_stored_tables(program, options, recorded):
+    path, report = recorded
+    rebuilt, opts = load_program(path)
+    assert opts.to_meta() == options.to_meta()
+    assert rebuilt.model == program.model
+    for got, want in ((rebuilt.ops, program.ops), (rebuilt.tensors, program.tensors)):
+        assert got.columns.tolist() == want.columns.tolist()
+        pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_dtype=False)
+    again = compile(rebuilt, opts)
+    stored = popviz.open(path)
+    for name in report.tables:
+        pd.testing.assert_frame_equal(again.tables[name].reset_index(drop=True),
+                                      stored.table(name).reset_index(drop=True),
+                                      check_dtype=False, obj=name)
+    assert json.dumps(again.summary, sort_keys=True) == json.dumps(report.summary,
+                                                                   sort_keys=True)
+    for ipu in range(4):
+        np.testing.assert_array_equal(again.arrays["tile_liveness"][ipu],
+                                      stored.tile_liveness(ipu))
+
+
+def test_profiles_without_a_program_are_refused(tmp_path):
+    measured = write_profile(tmp_path / "measured", meta=tiny_meta(), tables=tiny_tables(),
+                             kind="measured")
+    with pytest.raises(ProfileError, match="measured profile holds no recorded program"):
+        load_program(measured)
+    bare = write_profile(tmp_path / "bare", meta=tiny_meta(), tables=tiny_tables())
+    with pytest.raises(ProfileError, match="cannot be rebuilt"):
+        load_program(bare)
+
+
+def test_balanced_bounds_minimise_the_largest_stage_exactly():
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        n = int(rng.integers(3, 9))
+        f, b = rng.uniform(0, 10, n), rng.uniform(0, 20, n)
+        segs = Segments([f"s{i}" for i in range(1, n)], f, b, np.zeros(n), rng.uniform(0, 1, n))
+        stages = int(rng.integers(2, n + 1))
+        rc = bool(trial % 2)
+
+        def worst(bounds: tuple[int, ...], rc: bool = rc, stages: int = stages,
+                  segs: Segments = segs, n: int = n) -> float:
+            edges = [0, *bounds, n]
+            return max(segs.stage_cost(edges[k], edges[k + 1], rc, k == stages - 1)
+                       for k in range(stages))
+
+        brute = min(worst(c) for c in itertools.combinations(range(1, n), stages - 1))
+        got = balanced_bounds(segs, stages, rc)
+        assert len(got) == stages - 1 and got == sorted(set(got))
+        assert worst(tuple(got)) == pytest.approx(brute)
+
+
+def test_recommended_split_balances_better_than_a_bad_one(program, options):
+    names, _ = split_positions(program)
+    bad = options.copy(splits=names[:3], available_memory_proportion={})
+    result = tune(program, bad, 4, max_compiles=20)
+    base, best = result.baseline, result.best
+    assert best is not None and best.fits and best.num_ipus == 4
+    assert max(best.stage_cycles) < 0.8 * max(base.stage_cycles)
+    assert best.imbalance < base.imbalance
+    assert best.throughput > base.throughput and best.throughput_ratio > 1
+    assert result.compiles <= 20
+    for c in result.candidates:  # valid names, in forward order
+        assert [names.index(s) for s in c.splits] == sorted(names.index(s) for s in c.splits)
+    ranked = [c for c in result.candidates if c.fits]
+    assert [c.throughput for c in ranked] == sorted((c.throughput for c in ranked),
+                                                    reverse=True)
+
+
+def test_amp_is_the_highest_rung_that_fits(program, options):
+    # 64 KiB tiles and micro-batch 64: stage temporaries overflow at AMP 0.6
+    register_target({"base": "mk2", "name": "tune-test-64k", "bytes_per_tile": 64 * 1024},
+                    replace=True)
+    opts = options.copy(micro_batch_size=64, target="tune-test-64k",
+                        available_memory_proportion={})
+    assert not compile(program, opts.copy(available_memory_proportion=0.6)).summary["fits"]
+    best = tune(program, opts, 4, max_compiles=30).best
+    assert best is not None and best.fits
+    lowered = [i for i, a in enumerate(best.amp) if a < AMP_LADDER[0]]
+    assert lowered, best.amp
+    for i in lowered:  # one rung higher on that IPU alone: it no longer fits there
+        higher = list(best.amp)
+        higher[i] = AMP_LADDER[AMP_LADDER.index(best.amp[i]) - 1]
+        trial = opts.copy(splits=best.splits, recomputation=best.recomputation,
+                          schedule=best.schedule, available_memory_proportion=higher)
+        assert i in compile(program, trial).summary["oom_ipus"]
+
+
+def test_one_ipu_uses_checkpoints_among_split_names(program, options):
+    names, _ = split_positions(program)
+    result = tune(program, options, 1, max_compiles=12, top=10)
+    assert result.num_ipus == 1 and result.candidates
+    assert all(c.num_ipus == 1 and len(c.amp) == 1 for c in result.candidates)
+    checkpointed = [c for c in result.candidates if c.recomputation]
+    assert checkpointed and all(c.splits and set(c.splits) <= set(names)
+                                for c in checkpointed)
+    assert any(not c.recomputation and not c.splits for c in result.candidates)
+
+
+def test_tune_is_deterministic(program, options):
+    a = tune(program, options, 2, max_compiles=8).to_dict()
+    b = tune(program, options, 2, max_compiles=8).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+
+
+def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsys):
+    path, _ = recorded
+    out = tmp_path / "best"
+    rc = main(["tune", str(path), "--ipus", "2", "--top", "2", "--json", "--no-progress",
+               "--max-compiles", "15", "--write", str(out)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["num_ipus"] == 2 and data["compiles"] <= 15 and 1 <= len(data["candidates"]) <= 2
+    fields = {"splits", "amp", "recomputation", "schedule", "fits", "throughput",
+              "throughput_per_ipu", "step_ms", "idle_fraction", "peak_bytes", "stage_cycles",
+              "max_tile_fill", "throughput_ratio", "throughput_per_ipu_ratio", "train_args"}
+    assert fields <= set(data["baseline"])
+    best = data["candidates"][0]
+    assert fields <= set(best)
+    assert len(best["splits"]) == 1 and len(best["amp"]) == len(best["peak_bytes"]) == 2
+    assert data["baseline"]["num_ipus"] == 4
+    assert best["throughput_ratio"] == pytest.approx(
+        best["throughput"] / data["baseline"]["throughput"])
+    written = popviz.open(data["written"])
+    assert written.meta["options"]["splits"] == best["splits"]
+    assert written.summary["throughput"] == pytest.approx(best["throughput"])
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--ipus", "99"], 2, "needs 98 split points"),
+    (["--ipus", "0"], 2, "--ipus must be >= 1"),
+    (["--amp-ladder", "0.5", "1.5"], 2, "AMP ladder values must be in (0, 1]"),
+])
+def test_cli_usage_errors(recorded, capsys, args, code, message):
+    path, _ = recorded
+    assert main(["tune", str(path), "--no-progress", *args]) == code
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_cli_measured_profile_is_a_one_line_error(tmp_path, capsys):
+    measured = write_profile(tmp_path / "m", meta=tiny_meta(), tables=tiny_tables(),
+                             kind="measured")
+    assert main(["tune", str(measured), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "no recorded program" in err and len(err.splitlines()) == 1
+
+
+def test_bundled_profile_program_round_trip():
+    """The bundled ResNet-50 pipeline: its program and placement come back exactly (the
+    cycle columns follow the cost model, which may be newer than the file)."""
+    stored = popviz.open(Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline")
+    program, opts = load_program(stored)
+    assert opts.splits == ["b1/2/relu", "b2/3/relu", "b3/3/relu"] and opts.recomputation
+    again = compile(program, opts)
+    placed = [*program.ops.columns, "stage", "section", "source_op", "ipu"]
+    pd.testing.assert_frame_equal(again.tables["ops"][placed], stored.ops[placed],
+                                  check_dtype=False)
+    pd.testing.assert_frame_equal(again.tables["tensors"], stored.tensors, check_dtype=False)
