@@ -113,10 +113,10 @@ def sync_clock(rounds: int = 5) -> tuple[int, dict[str, Any]]:
     """The local perf_counter_ns that is t = 0 on every rank, and how it was found.
 
     Each rank notes perf_counter_ns right after each of `rounds` barriers; the readings
-    are all-gathered. t = 0 is rank 0's last reading. On one host perf_counter_ns reads the
-    same CLOCK_MONOTONIC in every process, so the offset is 0; across hosts a rank's offset
-    is the median over rounds of (its reading - rank 0's), exact up to the barrier's
-    release skew (reported as spread_ns)."""
+    are all-gathered. t = 0 is rank 0's reading after one more barrier. On one host
+    perf_counter_ns reads the same CLOCK_MONOTONIC in every process, so the offset is 0;
+    across hosts a rank's offset is the median over rounds of (its reading - rank 0's),
+    exact up to the barrier's release skew (reported as spread_ns)."""
     import torch.distributed as dist
 
     from popviz.measure.probe import now
@@ -134,17 +134,63 @@ def sync_clock(rounds: int = 5) -> tuple[int, dict[str, Any]]:
     diffs = sorted(a - b for a, b in zip(local, ref))
     one_host = len(set(hosts)) == 1
     offset = 0 if one_host else diffs[len(diffs) // 2]
+    # t = 0 is one last barrier, after the gathers above, so that their time is not the
+    # first thing on the trace; one small broadcast of rank 0's reading follows it
+    dist.barrier()
+    mark = torch.tensor([now()], dtype=torch.int64)
+    dist.broadcast(mark, src=0)
     info = {"offset_ns": int(offset), "spread_ns": int(diffs[-1] - diffs[0]),
             "rounds": rounds, "one_host": one_host}
-    return int(ref[-1] + offset), info
+    return int(mark.item() + offset), info
 
 
 # ---- one rank ----
-def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
-    """Everything one rank does once its process group is up; returns its profile path."""
-    import torch.distributed as dist
+@dataclass
+class RankPipeline:
+    """One rank's share of the pipeline: its stages, torch's schedule, its optimiser."""
 
-    from popviz.measure.probe import Probe
+    config: MeasureConfig
+    rank: int
+    world: int
+    model: torch.nn.Module  # the whole model (for meta); the stages hold traced copies
+    cut: splitting.SplitModel
+    mine: list[int]  # stage indices on this rank
+    stages: list[Any]
+    schedule: Any
+    optimiser: torch.optim.Optimizer
+    data: Any
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.mine
+
+    @property
+    def last(self) -> bool:
+        return self.cut.num_stages - 1 in self.mine
+
+    def train_step(self, probe: Any = None) -> float | None:
+        """One real training step: the schedule over all micro-batches, then the update.
+        Returns the mean micro-batch loss on the rank holding the last stage."""
+        config = self.config
+        images, labels = self.data.batch(config.micro_batch_size * config.microbatches)
+        losses: list[torch.Tensor] | None = [] if self.last else None
+        self.schedule.step(*((images,) if self.first else ()),
+                           target=labels if self.last else None, losses=losses)
+
+        def update() -> None:
+            self.optimiser.step()
+            self.optimiser.zero_grad(set_to_none=True)
+
+        if probe is not None:
+            probe.optimiser_step(update)
+        else:
+            update()
+        return float(torch.stack(losses).detach().mean()) if losses else None
+
+
+def build_rank(config: MeasureConfig, rank: int, world: int) -> RankPipeline:
+    """Trace and cut the model (every rank the same, same seed) and build this rank's
+    stages and schedule; the process group must be up."""
     from popviz.models.common import SyntheticImages
 
     torch.set_num_threads(config.threads)
@@ -154,8 +200,7 @@ def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
     example = torch.zeros(config.micro_batch_size, channels, size, size)
     cut = splitting.split_model(model, example, config.splits)
     mine = [rank + k * world for k in range(config.stages_per_rank)]
-    device = torch.device("cpu")
-    stages = [cut.pipe.build_stage(i, device) for i in mine]
+    stages = [cut.pipe.build_stage(i, torch.device("cpu")) for i in mine]
     params = [p for s in stages for p in s.submod.parameters()]
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate) \
         if config.model == "tutorial" else \
@@ -164,11 +209,21 @@ def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
     schedule = cls(stages if config.stages_per_rank > 1 else stages[0],
                    n_microbatches=config.microbatches,
                    loss_fn=splitting.loss_function(model))
-    first, last = 0 in mine, cut.num_stages - 1 in mine
     data = SyntheticImages(config.num_classes, channels, size, seed=config.seed)
+    return RankPipeline(config, rank, world, model, cut, mine, stages, schedule, optimiser,
+                        data)
+
+
+def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
+    """Everything one rank does once its process group is up; returns its profile path."""
+    import torch.distributed as dist
+
+    from popviz.measure.probe import Probe
+
+    pipe = build_rank(config, rank, world)
     run_id = [uuid.uuid4().hex if rank == 0 else None]
     dist.broadcast_object_list(run_id, src=0)
-    probe = Probe(rank, stages, schedule, optimiser)
+    probe = Probe(rank, pipe.stages, pipe.schedule, pipe.optimiser)
     losses: list[float] = []
     origin, clock = 0, {}
     with probe:
@@ -177,17 +232,12 @@ def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
                 origin, clock = sync_clock()
                 probe.recording = True
             probe.step = step - config.warmup
-            images, labels = data.batch(config.micro_batch_size * config.microbatches)
-            step_losses: list[torch.Tensor] | None = [] if last else None
-            schedule.step(*((images,) if first else ()), target=labels if last else None,
-                          losses=step_losses)
-            probe.optimiser_step(lambda: (optimiser.step(),
-                                          optimiser.zero_grad(set_to_none=True)))
-            if step_losses:
-                losses.append(float(torch.stack(step_losses).detach().mean()))
+            loss = pipe.train_step(probe)
+            if loss is not None:
+                losses.append(loss)
         probe.recording = False
-    return _write_rank(config, rank, world, probe, origin, clock, run_id[0], cut, mine,
-                       model, losses)
+    return _write_rank(config, rank, world, probe, origin, clock, run_id[0], pipe.cut,
+                       pipe.mine, pipe.model, losses)
 
 
 def _write_rank(config: MeasureConfig, rank: int, world: int, probe: Any, origin: int,
