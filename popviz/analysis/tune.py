@@ -17,19 +17,27 @@ arguments give the same ranking. The search (see docs/tune.md):
 from __future__ import annotations
 
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from popviz.analysis.tune_layers import Segments, balanced_bounds, segments, split_positions
+from popviz.analysis.tune_search import (
+    Candidate,
+    Search,
+    SearchBudget,
+    candidate_options,
+    layout_options,
+    local_search,
+)
 from popviz.errors import ProfileError
 from popviz.format.reader import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
 from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+
+__all__ = ["AMP_LADDER", "DEFAULT_MAX_COMPILES", "Candidate", "TuneResult", "candidate_options",
+           "layout_options", "load_program", "tune"]
 
 AMP_LADDER = (0.6, 0.45, 0.3, 0.2, 0.15, 0.1, 0.05)
 DEFAULT_MAX_COMPILES = 60
@@ -70,68 +78,6 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
 
 
 @dataclass
-class Candidate:
-    """One compiled layout and its evidence. Lists are per IPU unless named per stage."""
-
-    source: str  # how the search found it: baseline, current, balanced, sections, local, ...
-    splits: list[str]
-    amp: list[float]
-    recomputation: bool
-    schedule: str
-    num_ipus: int  # per replica
-    replicas: int
-    fits: bool
-    oom_tiles: int
-    oom_ipus: list[int]
-    throughput: float
-    throughput_per_ipu: float
-    step_ms: float
-    idle_fraction: float
-    stage_cycles: list[int]  # per stage, forward + recompute + backward per micro-batch
-    peak_bytes: list[int]  # always-live + max not-always-live, per IPU
-    max_tile_fill: list[float]  # fullest tile / tile capacity, per IPU
-    amp_ignored: int
-    throughput_ratio: float = 1.0  # vs the baseline
-    throughput_per_ipu_ratio: float = 1.0
-    similar: int = 0  # other layouts found within NEAR_EQUAL of this one (not listed)
-
-    @property
-    def headroom(self) -> float:
-        """Free share of the fullest tile of all IPUs (negative when it overflows)."""
-        return 1.0 - max(self.max_tile_fill, default=0.0)
-
-    @property
-    def imbalance(self) -> float:
-        """Busiest stage over the mean stage (1 = perfectly balanced)."""
-        c = np.asarray(self.stage_cycles, dtype=np.float64)
-        return float(c.max() / c.mean()) if len(c) and c.mean() > 0 else 1.0
-
-    def key(self) -> tuple:
-        """Ranking: fitting first, then throughput, then memory headroom."""
-        return (not self.fits, self.oom_tiles if not self.fits else 0, -self.throughput,
-                -self.headroom, len(self.splits), self.splits, self.amp,
-                not self.recomputation, self.schedule)
-
-    def train_args(self, strategy: str = "pipelined") -> str:
-        """The layout as train.py flags (AMP: one value, or conv and matmul per stage)."""
-        args = [f"--shards {self.num_ipus}"]
-        if self.num_ipus > 1 and strategy == "pipelined":
-            args += ["--pipeline", f"--pipeline-schedule {self.schedule}"]
-        if self.splits:
-            args.append("--pipeline-splits " + " ".join(self.splits))
-        if self.recomputation:
-            args.append("--enable-recomputation")
-        amp = [f"{a:g}" for a in self.amp]
-        amp = amp[:1] if len(set(amp)) == 1 else [a for a in amp for _ in (0, 1)]
-        return " ".join([*args, "--available-memory-proportion " + " ".join(amp)])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "headroom": self.headroom, "imbalance": self.imbalance,
-                "max_stage_cycles": max(self.stage_cycles, default=0),
-                "train_args": self.train_args()}
-
-
-@dataclass
 class TuneResult:
     baseline: Candidate
     candidates: list[Candidate]  # ranked, best first (top K)
@@ -159,189 +105,6 @@ class TuneResult:
                 "notes": list(self.notes), "baseline": self.baseline.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
-
-def candidate_options(base: Options, c: Candidate, target: str) -> Options:
-    """Options that compile candidate `c`."""
-    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target)
-
-
-def layout_options(base: Options, splits: list[str], amp: list[float], recomputation: bool,
-                   schedule: str, target: str) -> Options:
-    """`base` with another layout: splits (they replace any blocks / stages; on one IPU
-    they are recomputation checkpoints), AMP per IPU, recomputation and schedule."""
-    return base.copy(
-        target=target, splits=list(splits), stages=[], stage_ipus=[], num_ipus=len(amp),
-        available_memory_proportion=dict(enumerate(amp)), recomputation=recomputation,
-        schedule=schedule, strategy="pipelined" if len(amp) == 1 else base.strategy)
-
-
-class _Budget(Exception):
-    """The compile budget ran out."""
-
-
-class _Search:
-    """Compiles layouts (cached, counted against the budget) and fits AMP per IPU."""
-
-    def __init__(self, program: Program, base: Options, target: str, num_ipus: int,
-                 ladder: tuple[float, ...], max_compiles: int, progress: bool) -> None:
-        from popviz.compile import compile as compile_program
-
-        self.compile = compile_program
-        self.program, self.base, self.target = program, base, target
-        self.n, self.ladder, self.max = num_ipus, ladder, max_compiles
-        self.count = 0
-        self.cache: dict[tuple, Candidate] = {}
-        self.fitted: dict[tuple, Candidate] = {}
-        self.bar = _progress_bar(max_compiles, progress)
-
-    def run(self, options: Options, source: str) -> tuple[Candidate, Any]:
-        if self.count >= self.max:
-            raise _Budget
-        self.count += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        report = self.compile(self.program, options)
-        return _candidate(report, options, source), report
-
-    def evaluate(self, splits: list[str], amp: list[float], rc: bool, schedule: str,
-                 source: str) -> Candidate:
-        key = (tuple(splits), tuple(amp), rc, schedule)
-        if key not in self.cache:
-            options = layout_options(self.base, splits, amp, rc, schedule, self.target)
-            self.cache[key] = self.run(options, source)[0]
-        return self.cache[key]
-
-    def fit(self, splits: list[str], rc: bool, schedule: str, source: str) -> Candidate:
-        """The layout with each IPU at the highest AMP rung that fits (fit is taken to be
-        monotone in AMP and independent between IPUs, so all IPUs search at once). Per
-        IPU: the top rung, the next, then the lowest (does any fit?), then bisection.
-        An IPU whose fullest tile does not shrink when its AMP is lowered stops there
-        (temporaries are not what overflows, so lower rungs would not help)."""
-        key = (tuple(splits), rc, schedule)
-        if key in self.fitted:
-            return self.fitted[key]
-        last = len(self.ladder) - 1
-        bad, ok = [-1] * self.n, [None] * self.n  # highest failing / lowest fitting rung
-        fill: list[dict[int, float]] = [{} for _ in range(self.n)]
-        stuck: set[int] = set()
-        probe = [0] * self.n
-        while True:
-            c = self.evaluate(splits, [self.ladder[r] for r in probe], rc, schedule, source)
-            oom = set(c.oom_ipus)
-            for i, r in enumerate(probe):
-                if i in stuck or (ok[i] is not None and r == ok[i]):
-                    continue
-                fill[i][r] = c.max_tile_fill[i]
-                if i in oom:
-                    bad[i] = max(bad[i], r)
-                    lower_fill = [f for q, f in fill[i].items() if q < r]
-                    if lower_fill and c.max_tile_fill[i] >= min(lower_fill):
-                        stuck.add(i)
-                else:
-                    ok[i] = r if ok[i] is None else min(ok[i], r)
-            nxt = []
-            for i in range(self.n):
-                if i in stuck:
-                    nxt.append(probe[i])
-                elif ok[i] is not None and ok[i] - bad[i] <= 1:
-                    nxt.append(ok[i])
-                elif ok[i] is not None:
-                    nxt.append((bad[i] + ok[i]) // 2)
-                elif bad[i] >= last:
-                    stuck.add(i)
-                    nxt.append(last)
-                else:
-                    nxt.append(bad[i] + 1 if bad[i] == 0 else last)
-            if nxt == probe:
-                break
-            probe = nxt
-        self.fitted[key] = c
-        return c
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="tune", unit="compile", file=sys.stderr, leave=False)
-
-
-def _candidate(report: Any, options: Options, source: str) -> Candidate:
-    s = report.summary
-    tm = report.tables["tile_memory"]
-    n = int(s["num_ipus"])
-    fill = (tm.groupby("ipu")["total_bytes"].max() / tm.groupby("ipu")["capacity_bytes"].max()
-            ).reindex(range(n)).fillna(0.0)
-    st = report.tables["stages"]
-    per_mb = (st["forward_cycles_per_microbatch"] + st["recompute_cycles_per_microbatch"]
-              + st["backward_cycles_per_microbatch"])
-    peak = s.get("peak_liveness_bytes") or {}
-    # blocks / explicit stages: the split names are the first layers of stages 1..
-    splits = list(options.splits) or [str(x) for x in st["first_layer"].iloc[1:]]
-    return Candidate(
-        source=source, splits=splits, amp=[options.amp_for(i) for i in range(n)],
-        recomputation=bool(options.recomputation),
-        schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
-        replicas=int(s.get("replicas") or 1),
-        fits=bool(s["fits"]), oom_tiles=int(s["oom_tiles"]),
-        oom_ipus=[int(i) for i in s.get("oom_ipus", [])],
-        throughput=float(s["throughput"]), throughput_per_ipu=float(s["throughput_per_ipu"]),
-        step_ms=float(s["step_ms"]), idle_fraction=float(s["idle_fraction"]),
-        stage_cycles=[int(x) for x in per_mb],
-        peak_bytes=[int(peak.get(str(i), 0)) for i in range(n)],
-        max_tile_fill=[round(float(x), 6) for x in fill], amp_ignored=int(s["amp_ignored"]))
-
-
-def _better(new: Candidate, old: Candidate) -> bool:
-    return new.key() < old.key() and (not new.fits or not old.fits
-                                      or new.throughput > old.throughput * (1 + 1e-9))
-
-
-def _moves(c: Candidate, last: tuple[int, int] | None) -> list[tuple[int, int]]:
-    """(split index, +-1) moves: the last successful move again, then those shrinking
-    the out-of-memory or bottleneck stage (stage b starts at split b-1 and ends before
-    split b), then every other."""
-    k = len(c.splits)
-    first = [last] if last else []
-    if c.num_ipus > 1:
-        focus = c.oom_ipus[0] if c.oom_ipus else int(np.argmax(c.stage_cycles))
-        first += [(focus - 1, +1), (focus, -1)]
-    every = [(i, d) for i in range(k) for d in (-1, +1)]
-    return [m for m in first + every if 0 <= m[0] < k]
-
-
-def _local_search(search: _Search, start: Candidate, segs: Segments, source: str,
-                  reserve: int) -> Candidate:
-    cur = start
-    bounds = segs.bounds(cur.splits)
-    if bounds is None:
-        return cur
-    improved, last = True, None
-    while improved and search.count < search.max - reserve:
-        improved = False
-        tried = set()
-        for i, d in _moves(cur, last):
-            if (i, d) in tried or search.count >= search.max - reserve:
-                continue
-            tried.add((i, d))
-            b = list(bounds)
-            b[i] += d
-            lo = b[i - 1] if i else 0
-            hi = b[i + 1] if i + 1 < len(b) else segs.count
-            if not lo < b[i] < hi:
-                continue
-            c = search.fit(segs.splits(b), cur.recomputation, cur.schedule, source)
-            if _better(c, cur):
-                cur, bounds, improved, last = c, b, True, (i, d)
-                break
-    return cur
-
-
 def tune(program: Program, options: Options, num_ipus: int | None = None, *,
          amp_ladder: tuple[float, ...] = AMP_LADDER, top: int = 5,
          max_compiles: int = DEFAULT_MAX_COMPILES, target: str | None = None,
@@ -360,7 +123,7 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
     usable = len(split_positions(program)[0])
     if num_ipus is not None:
         _check_ipus(program, int(num_ipus), usable)
-    search = _Search(program, options, target, 1, ladder, max_compiles, progress)
+    search = Search(program, options, target, ladder, max_compiles, progress)
     try:
         base_opts = options.copy(target=target)
         baseline, report = search.run(base_opts, "baseline")
@@ -372,7 +135,7 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
         del report
         search.n = n
         found, notes = _search(search, options, segs, n, baseline)
-    except _Budget:
+    except SearchBudget:
         found, notes = list(search.fitted.values()), []
     finally:
         search.close()
@@ -408,7 +171,7 @@ def _check_ladder(ladder: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(values)
 
 
-def _search(search: _Search, options: Options, segs: Segments, n: int,
+def _search(search: Search, options: Options, segs: Segments, n: int,
             baseline: Candidate) -> tuple[list[Candidate], list[str]]:
     notes: list[str] = []
     rcs = (True, False) if options.training else (False,)
@@ -426,7 +189,7 @@ def _search(search: _Search, options: Options, segs: Segments, n: int,
             seeds.append(search.fit([], False, schedule, "one IPU"))
         best = min(seeds, key=Candidate.key)
         if best.splits:
-            _local_search(search, best, segs, "local", 0)
+            local_search(search, best, segs, "local", 0)
         return list(search.fitted.values()), notes
 
     pipelined = options.strategy == "pipelined" and options.training
@@ -443,7 +206,7 @@ def _search(search: _Search, options: Options, segs: Segments, n: int,
     order = sorted(rcs, key=lambda rc: min(seeds[rc], key=Candidate.key).key())
     reserve = SCHEDULE_RESERVE if pipelined else 0
     for rc in order:
-        _local_search(search, min(seeds[rc], key=Candidate.key), segs, "local", reserve)
+        local_search(search, min(seeds[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
         other = "Interleaved" if schedule == "Grouped" else "Grouped"
         layouts = []

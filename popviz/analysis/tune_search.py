@@ -1,0 +1,258 @@
+"""The advisor's building blocks: a compiled layout with its evidence (`Candidate`), and
+the compile cache that fits AMP per IPU and moves splits (local search). `tune.py` drives
+the search; see docs/tune.md."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from popviz.analysis.tune_layers import Segments
+from popviz.options import Options
+from popviz.record.program import Program
+
+
+@dataclass
+class Candidate:
+    """One compiled layout and its evidence. Lists are per IPU unless named per stage."""
+
+    source: str  # how the search found it: baseline, current, balanced, sections, local, ...
+    splits: list[str]
+    amp: list[float]
+    recomputation: bool
+    schedule: str
+    num_ipus: int  # per replica
+    replicas: int
+    fits: bool
+    oom_tiles: int
+    oom_ipus: list[int]
+    throughput: float
+    throughput_per_ipu: float
+    step_ms: float
+    idle_fraction: float
+    stage_cycles: list[int]  # per stage, forward + recompute + backward per micro-batch
+    peak_bytes: list[int]  # always-live + max not-always-live, per IPU
+    max_tile_fill: list[float]  # fullest tile / tile capacity, per IPU
+    amp_ignored: int
+    throughput_ratio: float = 1.0  # vs the baseline
+    throughput_per_ipu_ratio: float = 1.0
+    similar: int = 0  # other layouts found within tune.NEAR_EQUAL (not listed)
+
+    @property
+    def headroom(self) -> float:
+        """Free share of the fullest tile of all IPUs (negative when it overflows)."""
+        return 1.0 - max(self.max_tile_fill, default=0.0)
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest stage over the mean stage (1 = perfectly balanced)."""
+        c = np.asarray(self.stage_cycles, dtype=np.float64)
+        return float(c.max() / c.mean()) if len(c) and c.mean() > 0 else 1.0
+
+    def key(self) -> tuple:
+        """Ranking: fitting first, then throughput, then memory headroom."""
+        return (not self.fits, self.oom_tiles if not self.fits else 0, -self.throughput,
+                -self.headroom, len(self.splits), self.splits, self.amp,
+                not self.recomputation, self.schedule)
+
+    def train_args(self, strategy: str = "pipelined") -> str:
+        """The layout as train.py flags (AMP: one value, or conv and matmul per stage)."""
+        args = [f"--shards {self.num_ipus}"]
+        if self.num_ipus > 1 and strategy == "pipelined":
+            args += ["--pipeline", f"--pipeline-schedule {self.schedule}"]
+        if self.splits:
+            args.append("--pipeline-splits " + " ".join(self.splits))
+        if self.recomputation:
+            args.append("--enable-recomputation")
+        amp = [f"{a:g}" for a in self.amp]
+        amp = amp[:1] if len(set(amp)) == 1 else [a for a in amp for _ in (0, 1)]
+        return " ".join([*args, "--available-memory-proportion " + " ".join(amp)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "headroom": self.headroom, "imbalance": self.imbalance,
+                "max_stage_cycles": max(self.stage_cycles, default=0),
+                "train_args": self.train_args()}
+
+
+def candidate_options(base: Options, c: Candidate, target: str) -> Options:
+    """Options that compile candidate `c`."""
+    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target)
+
+
+def layout_options(base: Options, splits: list[str], amp: list[float], recomputation: bool,
+                   schedule: str, target: str) -> Options:
+    """`base` with another layout: splits (they replace any blocks / stages; on one IPU
+    they are recomputation checkpoints), AMP per IPU, recomputation and schedule."""
+    return base.copy(
+        target=target, splits=list(splits), stages=[], stage_ipus=[], num_ipus=len(amp),
+        available_memory_proportion=dict(enumerate(amp)), recomputation=recomputation,
+        schedule=schedule, strategy="pipelined" if len(amp) == 1 else base.strategy)
+
+class SearchBudget(Exception):
+    """The compile budget ran out."""
+
+
+class Search:
+    """Compiles layouts (cached, counted against the budget) and fits AMP per IPU."""
+
+    def __init__(self, program: Program, base: Options, target: str,
+                 ladder: tuple[float, ...], max_compiles: int, progress: bool) -> None:
+        from popviz.compile import compile as compile_program
+
+        self.compile = compile_program
+        self.program, self.base, self.target = program, base, target
+        self.n, self.ladder, self.max = 1, ladder, max_compiles  # n: set once known
+        self.count = 0
+        self.cache: dict[tuple, Candidate] = {}
+        self.fitted: dict[tuple, Candidate] = {}
+        self.bar = _progress_bar(max_compiles, progress)
+
+    def run(self, options: Options, source: str) -> tuple[Candidate, Any]:
+        if self.count >= self.max:
+            raise SearchBudget
+        self.count += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        report = self.compile(self.program, options)
+        return _candidate(report, options, source), report
+
+    def evaluate(self, splits: list[str], amp: list[float], rc: bool, schedule: str,
+                 source: str) -> Candidate:
+        key = (tuple(splits), tuple(amp), rc, schedule)
+        if key not in self.cache:
+            options = layout_options(self.base, splits, amp, rc, schedule, self.target)
+            self.cache[key] = self.run(options, source)[0]
+        return self.cache[key]
+
+    def fit(self, splits: list[str], rc: bool, schedule: str, source: str) -> Candidate:
+        """The layout with each IPU at the highest AMP rung that fits (fit is taken to be
+        monotone in AMP and independent between IPUs, so all IPUs search at once). Per
+        IPU: the top rung, the next, then the lowest (does any fit?), then bisection.
+        An IPU whose fullest tile does not shrink when its AMP is lowered stops there
+        (temporaries are not what overflows, so lower rungs would not help)."""
+        key = (tuple(splits), rc, schedule)
+        if key in self.fitted:
+            return self.fitted[key]
+        last = len(self.ladder) - 1
+        bad, ok = [-1] * self.n, [None] * self.n  # highest failing / lowest fitting rung
+        fill: list[dict[int, float]] = [{} for _ in range(self.n)]
+        stuck: set[int] = set()
+        probe = [0] * self.n
+        while True:
+            c = self.evaluate(splits, [self.ladder[r] for r in probe], rc, schedule, source)
+            oom = set(c.oom_ipus)
+            for i, r in enumerate(probe):
+                if i in stuck or (ok[i] is not None and r == ok[i]):
+                    continue
+                fill[i][r] = c.max_tile_fill[i]
+                if i in oom:
+                    bad[i] = max(bad[i], r)
+                    lower_fill = [f for q, f in fill[i].items() if q < r]
+                    if lower_fill and c.max_tile_fill[i] >= min(lower_fill):
+                        stuck.add(i)
+                else:
+                    ok[i] = r if ok[i] is None else min(ok[i], r)
+            nxt = []
+            for i in range(self.n):
+                if i in stuck:
+                    nxt.append(probe[i])
+                elif ok[i] is not None and ok[i] - bad[i] <= 1:
+                    nxt.append(ok[i])
+                elif ok[i] is not None:
+                    nxt.append((bad[i] + ok[i]) // 2)
+                elif bad[i] >= last:
+                    stuck.add(i)
+                    nxt.append(last)
+                else:
+                    nxt.append(bad[i] + 1 if bad[i] == 0 else last)
+            if nxt == probe:
+                break
+            probe = nxt
+        self.fitted[key] = c
+        return c
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="tune", unit="compile", file=sys.stderr, leave=False)
+
+
+def _candidate(report: Any, options: Options, source: str) -> Candidate:
+    s = report.summary
+    tm = report.tables["tile_memory"]
+    n = int(s["num_ipus"])
+    fill = (tm.groupby("ipu")["total_bytes"].max() / tm.groupby("ipu")["capacity_bytes"].max()
+            ).reindex(range(n)).fillna(0.0)
+    st = report.tables["stages"]
+    per_mb = (st["forward_cycles_per_microbatch"] + st["recompute_cycles_per_microbatch"]
+              + st["backward_cycles_per_microbatch"])
+    peak = s.get("peak_liveness_bytes") or {}
+    # blocks / explicit stages: the split names are the first layers of stages 1..
+    splits = list(options.splits) or [str(x) for x in st["first_layer"].iloc[1:]]
+    return Candidate(
+        source=source, splits=splits, amp=[options.amp_for(i) for i in range(n)],
+        recomputation=bool(options.recomputation),
+        schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
+        replicas=int(s.get("replicas") or 1),
+        fits=bool(s["fits"]), oom_tiles=int(s["oom_tiles"]),
+        oom_ipus=[int(i) for i in s.get("oom_ipus", [])],
+        throughput=float(s["throughput"]), throughput_per_ipu=float(s["throughput_per_ipu"]),
+        step_ms=float(s["step_ms"]), idle_fraction=float(s["idle_fraction"]),
+        stage_cycles=[int(x) for x in per_mb],
+        peak_bytes=[int(peak.get(str(i), 0)) for i in range(n)],
+        max_tile_fill=[round(float(x), 6) for x in fill], amp_ignored=int(s["amp_ignored"]))
+
+
+def _better(new: Candidate, old: Candidate) -> bool:
+    return new.key() < old.key() and (not new.fits or not old.fits
+                                      or new.throughput > old.throughput * (1 + 1e-9))
+
+
+def _moves(c: Candidate, last: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """(split index, +-1) moves: the last successful move again, then those shrinking
+    the out-of-memory or bottleneck stage (stage b starts at split b-1 and ends before
+    split b), then every other."""
+    k = len(c.splits)
+    first = [last] if last else []
+    if c.num_ipus > 1:
+        focus = c.oom_ipus[0] if c.oom_ipus else int(np.argmax(c.stage_cycles))
+        first += [(focus - 1, +1), (focus, -1)]
+    every = [(i, d) for i in range(k) for d in (-1, +1)]
+    return [m for m in first + every if 0 <= m[0] < k]
+
+
+def local_search(search: Search, start: Candidate, segs: Segments, source: str,
+                  reserve: int) -> Candidate:
+    cur = start
+    bounds = segs.bounds(cur.splits)
+    if bounds is None:
+        return cur
+    improved, last = True, None
+    while improved and search.count < search.max - reserve:
+        improved = False
+        tried = set()
+        for i, d in _moves(cur, last):
+            if (i, d) in tried or search.count >= search.max - reserve:
+                continue
+            tried.add((i, d))
+            b = list(bounds)
+            b[i] += d
+            lo = b[i - 1] if i else 0
+            hi = b[i + 1] if i + 1 < len(b) else segs.count
+            if not lo < b[i] < hi:
+                continue
+            c = search.fit(segs.splits(b), cur.recomputation, cur.schedule, source)
+            if _better(c, cur):
+                cur, bounds, improved, last = c, b, True, (i, d)
+                break
+    return cur
