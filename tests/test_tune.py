@@ -160,7 +160,7 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     path, _ = recorded
     out = tmp_path / "best"
     rc = main(["tune", str(path), "--ipus", "2", "--top", "2", "--json", "--no-progress",
-               "--max-compiles", "15", "--write", str(out)])
+               "--max-compiles", "15", "--write", str(out), "--write-now", str(tmp_path / "now")])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     assert data["num_ipus"] == 2 and data["compiles"] <= 15 and 1 <= len(data["candidates"]) <= 2
@@ -177,6 +177,9 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     written = popviz.open(data["written"])
     assert written.meta["options"]["splits"] == best["splits"]
     assert written.summary["throughput"] == pytest.approx(best["throughput"])
+    now = popviz.open(data["written_now"])
+    assert now.meta["options"]["splits"] == SPLITS
+    assert now.summary["throughput"] == pytest.approx(data["baseline"]["throughput"])
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [

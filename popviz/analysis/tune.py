@@ -8,7 +8,7 @@ arguments give the same ranking. The search (see docs/tune.md):
 
 1. seeds: the current splits, and splits that balance per-stage cycles (DP over the
    segments between split names), with and without recomputation;
-2. AMP per IPU: walk each IPU down the ladder until it fits (highest rung that fits);
+2. AMP per IPU: the highest ladder rung that fits (top, next, lowest, then bisection);
 3. local search: move one split one name earlier / later, the bottleneck (or
    out-of-memory) stage first, keep the first move that raises throughput;
 4. the other pipeline schedule (Grouped / Interleaved) for the best layouts.

@@ -9,10 +9,14 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from popviz.cli.command import EXIT_OK, Command, UsageError
+from popviz.cli.command import EXIT_OK, Command
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from popviz.analysis.tune import Candidate, TuneResult
+    from popviz.options import Options
+    from popviz.record.program import Program
 
 MiB = 1024 * 1024
 SAME = 0.005  # ratios within 0.5% of 1 are 'about the same'
@@ -38,6 +42,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", default=None, metavar="DIR",
                         help="write the best candidate's profile to DIR (for popviz compare "
                         "and the app)")
+    parser.add_argument("--write-now", default=None, metavar="DIR",
+                        help="write the current layout recompiled (the 'now' row) to DIR, to "
+                        "compare like with like when the profile came from another cost model")
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object")
     parser.add_argument("--no-progress", action="store_true",
@@ -104,14 +111,21 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
     return "\n".join(out)
 
 
+def _write(program: Program, options: Options, where: str | None, line: str) -> Path | None:
+    if not where:
+        return None
+    from popviz.compile import compile as compile_program
+    from popviz.format.writer import write_report
+
+    return write_report(compile_program(program, options), where, command_line=line)
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.analysis.tune import load_program, tune
     from popviz.format.reader import open as open_profile
 
     profile = open_profile(args.profile)
     program, options = load_program(profile)
-    if args.top < 1:
-        raise UsageError(f"--top must be >= 1, got {args.top}")
     result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
                   top=args.top, max_compiles=args.max_compiles, target=args.target,
                   progress=not args.no_progress)
@@ -120,25 +134,24 @@ def _run(args: argparse.Namespace) -> int:
             SAME * stored:
         result.notes.append(f"the profile stores {stored:,.0f} samples/s but its layout "
                             f"recompiles to {result.baseline.throughput:,.0f}: it was written "
-                            "by another cost model version; all figures here are recompiled")
-    written = None
-    if args.write:
-        from popviz.compile import compile as compile_program
-        from popviz.format.writer import write_report
-
-        report = compile_program(program, result.best_options(options))
-        written = write_report(report, args.write,
-                               command_line=" ".join(["popviz", *sys.argv[1:]]))
+                            "by another cost model version; all figures here are recompiled "
+                            "(--write-now DIR writes the recompiled current layout)")
+    line = " ".join(["popviz", *sys.argv[1:]])
+    written = _write(program, result.best_options(options), args.write, line)
+    written_now = _write(program, options.copy(target=result.target), args.write_now, line)
     name = os.path.basename(os.path.normpath(args.profile))
     if args.json:
         data = result.to_dict()
         data["profile"] = str(args.profile)
         data["written"] = str(written) if written else None
+        data["written_now"] = str(written_now) if written_now else None
         text = json.dumps(data, indent=2, sort_keys=True)
     else:
         text = render_text(result, name, options.strategy)
         if written:
             text += f"\nwrote the best layout's profile: {written}"
+        if written_now:
+            text += f"\nwrote the current layout's profile (recompiled): {written_now}"
     try:
         print(text)
     except BrokenPipeError:  # e.g. `| head`
@@ -154,7 +167,7 @@ COMMAND = Command(
     "recomputation, Grouped and Interleaved schedules. Every candidate is compiled; the "
     "list shows fit, throughput (total and per IPU), the ratio to the current layout, "
     "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile. "
-    "--write DIR writes the best layout's profile.",
+    "--write DIR writes the best layout's profile, --write-now DIR the current one recompiled.",
     add_arguments=_add_arguments,
     run=_run,
 )
