@@ -213,3 +213,19 @@ def test_bundled_profile_program_round_trip():
     pd.testing.assert_frame_equal(again.tables["ops"][placed], stored.ops[placed],
                                   check_dtype=False)
     pd.testing.assert_frame_equal(again.tables["tensors"], stored.tensors, check_dtype=False)
+
+
+def test_one_ipu_puts_every_block_in_one_stage():
+    """A model annotated with Blocks on IPUs 0-3 re-planned for one IPU: the candidate
+    without checkpoints is one stage on one IPU, not the Blocks' own four IPUs."""
+    torch.manual_seed(0)
+    model = build("tutorial", None, num_classes=10, image_size=28)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    tutorial = record_program(train_step, model, opt, x, y, model=model, progress=False)
+    result = tune(tutorial, Options(gradient_accumulation=4), 1, max_compiles=10, top=10)
+    assert result.baseline.num_ipus == 4
+    assert all(c.num_ipus == 1 and len(c.stage_cycles) == 1 for c in result.candidates)
+    plain = [c for c in result.candidates if not c.recomputation]
+    assert len(plain) == 1 and plain[0].splits == [] and plain[0].fits
+    assert result.best is plain[0]  # it fits, so not recomputing is fastest

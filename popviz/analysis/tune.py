@@ -89,6 +89,7 @@ class TuneResult:
     seconds: float
     budget_exhausted: bool
     notes: list[str] = field(default_factory=list)
+    blocks: list[str] = field(default_factory=list)  # the program's Blocks (for best_options)
 
     @property
     def best(self) -> Candidate | None:
@@ -96,7 +97,7 @@ class TuneResult:
 
     def best_options(self, base: Options) -> Options:
         best = self.best or self.baseline
-        return candidate_options(base, best, self.target)
+        return candidate_options(base, best, self.target, self.blocks)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target, "num_ipus": self.num_ipus,
@@ -149,7 +150,7 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
                      "or a smaller micro-batch")
     return TuneResult(baseline, found[:top], n, target, str(program.model.get("name", "")),
                       search.count, len(search.fitted), time.perf_counter() - t0,
-                      search.count >= max_compiles, notes)
+                      search.count >= max_compiles, notes, search.blocks)
 
 
 def _check_ipus(program: Program, n: int, usable: int) -> None:
@@ -187,9 +188,9 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
                                         f"{k} sections"))
         if not options.training:
             seeds.append(search.fit([], False, schedule, "one IPU"))
-        best = min(seeds, key=Candidate.key)
-        if best.splits:
-            local_search(search, best, segs, "local", 0)
+        checkpointed = [c for c in seeds if c.splits]
+        if checkpointed:  # move the checkpoints of the best sectioning
+            local_search(search, min(checkpointed, key=Candidate.key), segs, "local", 0)
         return list(search.fitted.values()), notes
 
     pipelined = options.strategy == "pipelined" and options.training

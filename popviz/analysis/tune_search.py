@@ -77,19 +77,25 @@ class Candidate:
                 "train_args": self.train_args()}
 
 
-def candidate_options(base: Options, c: Candidate, target: str) -> Options:
-    """Options that compile candidate `c`."""
-    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target)
+def candidate_options(base: Options, c: Candidate, target: str,
+                      blocks: list[str] | None = None) -> Options:
+    """Options that compile candidate `c` (`blocks`: the program's Block names)."""
+    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target, blocks)
 
 
 def layout_options(base: Options, splits: list[str], amp: list[float], recomputation: bool,
-                   schedule: str, target: str) -> Options:
+                   schedule: str, target: str, blocks: list[str] | None = None) -> Options:
     """`base` with another layout: splits (they replace any blocks / stages; on one IPU
-    they are recomputation checkpoints), AMP per IPU, recomputation and schedule."""
+    they are recomputation checkpoints), AMP per IPU, recomputation and schedule. One IPU
+    without splits puts every Block in one stage (else the Blocks' own IPUs would apply)."""
+    one = len(amp) == 1
+    stages = [list(blocks)] if one and not splits and blocks else []
     return base.copy(
-        target=target, splits=list(splits), stages=[], stage_ipus=[], num_ipus=len(amp),
-        available_memory_proportion=dict(enumerate(amp)), recomputation=recomputation,
-        schedule=schedule, strategy="pipelined" if len(amp) == 1 else base.strategy)
+        target=target, splits=list(splits), stages=stages, stage_ipus=[0] if stages else [],
+        num_ipus=len(amp), available_memory_proportion=dict(enumerate(amp)),
+        recomputation=recomputation, schedule=schedule,
+        strategy="pipelined" if one else base.strategy)
+
 
 class SearchBudget(Exception):
     """The compile budget ran out."""
@@ -104,6 +110,7 @@ class Search:
 
         self.compile = compile_program
         self.program, self.base, self.target = program, base, target
+        self.blocks = [str(b) for b in program.model.get("blocks") or []]
         self.n, self.ladder, self.max = 1, ladder, max_compiles  # n: set once known
         self.count = 0
         self.cache: dict[tuple, Candidate] = {}
@@ -123,7 +130,8 @@ class Search:
                  source: str) -> Candidate:
         key = (tuple(splits), tuple(amp), rc, schedule)
         if key not in self.cache:
-            options = layout_options(self.base, splits, amp, rc, schedule, self.target)
+            options = layout_options(self.base, splits, amp, rc, schedule, self.target,
+                                     self.blocks)
             self.cache[key] = self.run(options, source)[0]
         return self.cache[key]
 
