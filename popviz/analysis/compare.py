@@ -26,6 +26,7 @@ from popviz.analysis.compare_sides import (
     load_side,
     normalised_liveness,
 )
+from popviz.jsonsafe import jsonable as _plain
 
 DELTA_COLUMNS = ["a", "b", "delta", "ratio"]
 TIE = 0.02  # speeds within 2% are "about the same"
@@ -59,17 +60,6 @@ class Comparison:
                 "stages": rows(self.stages), "op_classes": rows(self.op_classes),
                 "liveness_phase_x": _plain(self.phase_x), "verdict": _plain(self.verdict)}
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
 
 
 def format_value(value: Any, unit: str) -> str:

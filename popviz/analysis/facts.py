@@ -9,19 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-
-def _plain(value: Any) -> Any:
-    """numpy scalars and containers -> plain Python, for json.dumps."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+from popviz.jsonsafe import jsonable as _plain
 
 
 def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:

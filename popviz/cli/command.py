@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,14 @@ class Command:
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+
+
+def emit(text: str) -> None:
+    """Print a command's output; a reader that went away (`| head`) is not an error."""
+    try:
+        print(text)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the exit flush quiet
 
 
 def fail(message: str, code: int) -> int:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
-from popviz.cli.command import EXIT_OK, Command
+from popviz.cli.command import EXIT_OK, Command, emit
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
 
@@ -77,10 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     comp = compare(args.a, args.b)
     text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
             else render_text(comp))
-    try:
-        print(text)
-    except BrokenPipeError:  # e.g. `| head`: the reader has gone, that is fine
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the exit flush quiet
+    emit(text)
     return EXIT_OK
 
 

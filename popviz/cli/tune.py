@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from popviz.cli.command import EXIT_OK, Command
+from popviz.cli.command import EXIT_OK, Command, emit
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -152,10 +152,7 @@ def _run(args: argparse.Namespace) -> int:
             text += f"\nwrote the best layout's profile: {written}"
         if written_now:
             text += f"\nwrote the current layout's profile (recompiled): {written_now}"
-    try:
-        print(text)
-    except BrokenPipeError:  # e.g. `| head`
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the exit flush quiet
+    emit(text)
     return EXIT_OK
 
 

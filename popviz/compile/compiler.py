@@ -19,6 +19,7 @@ from popviz.compile.order import program_order
 from popviz.compile.report import Report
 from popviz.compile.schedule import Schedule, build_schedule
 from popviz.compile.stages import StagePlan, plan_stages
+from popviz.jsonsafe import jsonable as _py
 from popviz.options import Options
 from popviz.record.program import Program
 from popviz.target.cost import Precision, dtype_scale, op_costs
@@ -219,20 +220,6 @@ def _stages_table(plan: StagePlan, ops: pd.DataFrame, schedule: Schedule, timing
         ops.loc[ops["amp_ignored"], "stage"].to_numpy(np.int64), minlength=n)[:n]
     return out
 
-
-def _py(value: Any) -> Any:
-    """JSON-safe scalars and containers."""
-    if isinstance(value, dict):
-        return {str(k): _py(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_py(v) for v in value]
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if not math.isfinite(float(value)) else float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
 
 
 def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory,
