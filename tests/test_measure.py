@@ -32,7 +32,7 @@ def _run(root: Path, schedule: str) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("measure")
-    return {s: _run(root, s) for s in ("1F1B", "GPipe")}
+    return {s: _run(root, s) for s in ("1F1B", "GPipe", "Interleaved1F1B")}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,9 @@ def test_waiting_is_separated_from_transfer(merged: Any) -> None:
     assert (p2p["waiting_ns"] + p2p["transfer_ns"] == blocked).all()
     expected = (p2p["peer_post"] - p2p["wait_start"]).clip(lower=0).clip(upper=blocked)
     assert (p2p["waiting_ns"] == expected).all()
+    # one clock for both ranks: no data arrives before its sender posted it
+    recv = p2p[p2p["direction"] == "recv"]
+    assert (recv["wait_end"] >= recv["peer_post"]).all()
     # both ranks leave the clock-sync barrier together; then rank 1 cannot receive
     # micro-batch 0 before rank 0 has computed it: it waits
     first = p2p[(p2p["rank"] == 1) & (p2p["direction"] == "recv") & (p2p["microbatch"] == 0)
@@ -114,17 +117,26 @@ def test_waiting_is_separated_from_transfer(merged: Any) -> None:
 
 
 def test_stash_follows_the_schedule(runs: dict[str, Path]) -> None:
-    """1F1B keeps (stages - stage) micro-batches in flight; GPipe keeps all of them."""
+    """1F1B keeps (stages - stage) micro-batches in flight, GPipe all of them; interleaved
+    1F1B puts 2 stages on each rank (stage i on rank i mod 2) and keeps 4 - stage."""
     depth = {}
     for schedule, out in runs.items():
         with popviz.open(out / "merged") as p:
-            depth[schedule] = p.stages.sort_values("stage")["stash_depth"].tolist()
+            stages = p.stages.sort_values("stage")
+            depth[schedule] = stages["stash_depth"].tolist()
+            assert stages["ipu"].tolist() == [s % 2 for s in stages["stage"]]
             live = p.liveness
-            rank0 = live[live["ipu"] == 0]
-            assert rank0["not_always_live_bytes"].max() == p.stages.loc[
-                p.stages["stage"] == 0, "stash_bytes"].iloc[0]
             assert (live["always_live_bytes"] > 0).all()
-    assert depth == {"1F1B": [2, 1], "GPipe": [MICROBATCHES, MICROBATCHES]}
+            if schedule != "Interleaved1F1B":  # one stage per rank: its stash is the curve
+                rank0 = live[live["ipu"] == 0]
+                assert rank0["not_always_live_bytes"].max() == stages["stash_bytes"].iloc[0]
+            compute = p.trace[p.trace["kind"] == "compute"]
+            for stage in stages["stage"]:  # every stage runs F and B for every micro-batch
+                on = compute[(compute["stage"] == stage) & (compute["step"] == 0)]
+                assert sorted(on.loc[on["pass"] == "B", "microbatch"]) == \
+                    list(range(MICROBATCHES)), (schedule, stage)
+    assert depth == {"1F1B": [2, 1], "GPipe": [MICROBATCHES, MICROBATCHES],
+                     "Interleaved1F1B": [4, 3, 2, 1]}
 
 
 def test_summary_cli_on_merged_profile(runs: dict[str, Path], capsys: Any) -> None:
