@@ -1,6 +1,7 @@
 """Benchmark: what the measure probe costs a real 2-rank gloo pipeline step.
 
     .venv/bin/python bench/bench_measure.py [--schedule 1F1B] [--steps 5] [--rounds 3]
+    .venv/bin/python bench/bench_measure.py --p2p     # plain gloo posting cost, no popviz
 
 Both ranks run blocks of `--steps` training steps of the tutorial CNN, alternately without
 the probe and with it recording (timers, P2P tagging, saved-tensor hooks, liveness
@@ -56,15 +57,49 @@ def _rank(rank: int, config: MeasureConfig, port: int, steps: int, rounds: int) 
     dist.destroy_process_group()
 
 
+def _p2p(rank: int, port: int, rounds: int) -> None:
+    """Plain torch.distributed, no popviz: both ranks post a send and a recv together
+    (as 1F1B's steady state does), rank 1 two ms after rank 0; time each posting call."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    out, into = torch.randn(2, 320), torch.empty(2, 320)  # a tutorial activation, 2560 B
+    posts, waits = [], []
+    for _ in range(rounds):
+        dist.barrier()
+        if rank == 1:
+            time.sleep(0.002)
+        start = time.perf_counter()
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, out, 1 - rank),
+                                        dist.P2POp(dist.irecv, into, 1 - rank)])
+        posted = time.perf_counter()
+        for work in works:
+            work.wait()
+        posts.append(posted - start)
+        waits.append(time.perf_counter() - posted)
+    print(f"plain gloo batch_isend_irecv, rank {rank}: post call median "
+          f"{statistics.median(posts) * 1e6:.0f} us, wait median "
+          f"{statistics.median(waits) * 1e6:.0f} us over {rounds}", flush=True)
+    dist.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedule", default="1F1B")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--p2p", action="store_true",
+                        help="instead: time plain gloo batch_isend_irecv posts (no popviz)")
     args = parser.parse_args()
     import torch.multiprocessing as mp
 
+    if args.p2p:
+        mp.spawn(_p2p, args=(free_port(), 15), nprocs=2)
+        return 0
     config = MeasureConfig(schedule=args.schedule, microbatches=args.microbatches).validate()
     mp.spawn(_rank, args=(config, free_port(), args.steps, args.rounds), nprocs=config.ranks)
     return 0

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--learning-rate", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--backend", default="gloo", choices=["gloo"],
+                        help="gloo on CPU (NCCL on GPU is not built yet)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per rank (default 1: ranks share the cores)")
     parser.add_argument("--profile-dir", default="measure_profile",
