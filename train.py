@@ -100,6 +100,9 @@ def build_parser() -> _Parser:
     g.add_argument("--profile-dir", default="profile", help="where profiles go (./profile)")
     g.add_argument("--plan-only", action="store_true",
                    help="record with fake tensors at full size, without training")
+    g.add_argument("--measure", action="store_true",
+                   help="run the pipeline for real, one process per stage (gloo), and time "
+                   "it: DIR/ranks/rank{r} + merged DIR/profile.h5 (docs/measure.md)")
     g.add_argument("--debug", action="store_true", help="print options and model facts")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -250,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from popviz.models import runs
 
     try:
+        if args.measure:
+            from popviz.measure.runner import run_from_train_args
+            return run_from_train_args(args)
         if args.plan_only:
             return runs.run_plan(args, make_options)
         if args.inference:

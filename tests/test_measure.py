@@ -269,3 +269,42 @@ def test_committed_example_is_made_by_the_makefile_line() -> None:
     makefile = (root / "Makefile").read_text()
     assert f"$(PY) -m {command.removeprefix('python -m ')} --profile-dir" in makefile
     assert "--merge profiles/tutorial_measured_2ranks" in makefile
+
+
+def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Path,
+                                                  capsys: Any) -> None:
+    """train.py --measure: the CNN app's flags become the real pipeline's shape (the run
+    itself is replaced here; the runs above cover it)."""
+    import importlib.util
+
+    from popviz.measure import runner
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("popviz_train_measure", root / "train.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen: list[MeasureConfig] = []
+    monkeypatch.setattr(runner, "measure", lambda config: seen.append(config.validate()))
+    monkeypatch.setattr(runner, "run_from_train_args",
+                        lambda args: runner.measure(runner.config_from_train_args(args)) or 0)
+    out = str(tmp_path / "p")
+    assert script.main(["--model", "resnet", "--model-size", "18", "--shards", "2",
+                        "--pipeline", "--pipeline-splits", "b3/0", "--pipeline-schedule",
+                        "Grouped", "--gradient-accumulation-count", "6", "--batch-size", "3",
+                        "--iterations", "2", "--measure", "--profile-dir", out]) == 0
+    config = seen[0]
+    assert (config.model, config.model_size, config.ranks, config.schedule) == \
+        ("resnet", 18, 2, "GPipe")
+    assert (config.microbatches, config.micro_batch_size, config.steps, config.splits) == \
+        (6, 3, 2, ["b3/0"])
+    assert config.merge == out and config.profile_dir == str(Path(out, "ranks"))
+    assert script.main(["--measure", "--batch-size", "4", "--gradient-accumulation", "4",
+                        "--profile-dir", out]) == 0
+    assert seen[1].ranks == 4 and seen[1].splits == ["B2", "B3", "B4"]  # the tutorial's blocks
+    assert script.main(["--model", "resnet", "--model-size", "18", "--measure"]) == 2
+    assert "--shards N >= 2" in _one_error(capsys)
+    assert script.main(["--model", "resnet", "--model-size", "18", "--shards", "2",
+                        "--pipeline", "--pipeline-splits", "b3/0", "--pipeline-schedule",
+                        "Sequential", "--measure"]) == 2
+    assert "Sequential has no torch.distributed.pipelining schedule" in _one_error(capsys)
