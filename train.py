@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.measure:
-            from popviz.measure.runner import run_from_train_args
+            from popviz.measure.train_flags import run_from_train_args
             return run_from_train_args(args)
         if args.plan_only:
             return runs.run_plan(args, make_options)
