@@ -139,6 +139,21 @@ def test_stash_follows_the_schedule(runs: dict[str, Path]) -> None:
                      "Interleaved1F1B": [4, 3, 2, 1]}
 
 
+def test_stashes_are_the_variables_live_at_each_step(merged: Any) -> None:
+    """Clicking a liveness step lists the micro-batch stashes held there; on the first
+    stage (no loss added after its forward) they add up to the curve."""
+    from popviz.analysis.liveness import variables_live_at
+
+    live = merged.liveness[merged.liveness["ipu"] == 0]
+    variables = merged.variables
+    assert set(variables["category"]) == {"stash"}
+    assert len(variables[variables["ipu"] == 0]) == STEPS * MICROBATCHES
+    for row in live.itertuples(index=False):
+        held = variables_live_at(variables, 0, int(row.step))
+        assert int(held["bytes"].sum()) == int(row.not_always_live_bytes), row.label
+        assert len(held) == int(row.stashed_microbatches)
+
+
 def test_summary_cli_on_merged_profile(runs: dict[str, Path], capsys: Any) -> None:
     import json
 

@@ -18,7 +18,8 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.measure import tables as tbl
 
-CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory")
+CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory",
+                 "variables")
 
 
 def rank_files(inputs: list[str | os.PathLike[str]]) -> tuple[list[Path], set[Path]]:
@@ -69,6 +70,8 @@ def merged_tables(profiles: list[Any]) -> dict[str, pd.DataFrame]:
     for name in CONCAT_TABLES:
         parts = [p.table(name) for p in profiles if name in p.table_names]
         parts = [t for t in parts if len(t)] or parts[:1]
+        if not parts:  # an optional table no rank has
+            continue
         out[name] = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     out["trace"] = out["trace"].sort_values(["ipu", "start", "end"], kind="stable") \
         .reset_index(drop=True)

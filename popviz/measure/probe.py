@@ -81,6 +81,8 @@ class Probe:
         self.compute: list[dict[str, Any]] = []
         self.p2p: list[dict[str, Any]] = []
         self.liveness: list[dict[str, Any]] = []
+        self.variables: list[dict[str, Any]] = []  # stashes, for "what is live at step k"
+        self._opened: dict[tuple[int, int], int] = {}  # (stage, mb) -> liveness step
         self._stash: dict[tuple[int, int], int] = {}  # (stage, micro-batch) -> bytes
         self.peak_stash: dict[int, int] = {}
         self.stash_depth: dict[int, int] = {}
@@ -159,6 +161,8 @@ class Probe:
                 self._note_peak(stage.stage_index)
                 self._event(stage, mb, "F", "forward", start, end)
                 self._snapshot(stage, mb, "F", "forward")
+                if self.recording:
+                    self._opened[(stage.stage_index, mb)] = len(self.liveness) - 1
                 return output
             return forward_one_chunk
         return make
@@ -170,10 +174,13 @@ class Probe:
                 result = original(mb, *args, **kwargs)
                 end = now()
                 full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+                released = None
                 if label == "backward weight" or full:
-                    self._stash.pop((stage.stage_index, mb), None)
+                    released = self._stash.pop((stage.stage_index, mb), None)
                 self._event(stage, mb, "B", label, start, end)
                 self._snapshot(stage, mb, "B", label)
+                if released is not None:
+                    self._close_stash(stage.stage_index, mb, released)
                 return result
             return backward
         return make
@@ -217,6 +224,18 @@ class Probe:
         return result
 
     # ---- liveness ----
+    def _close_stash(self, stage_index: int, mb: int, nbytes: int) -> None:
+        """A micro-batch's stash as a not-always-live variable: live from its forward's
+        liveness step to the step before its backward's (which shows it released)."""
+        first = self._opened.pop((stage_index, mb), None)
+        if first is None or not self.recording:
+            return
+        self.variables.append({
+            "ipu": self.rank, "name": f"stash stage {stage_index} mb{mb} (step {self.step})",
+            "category": "stash", "bytes": int(nbytes), "first_step": first,
+            "last_step": len(self.liveness) - 2, "stage": stage_index, "microbatch": mb,
+            "training_step": self.step})
+
     def _note_peak(self, stage_index: int) -> None:
         if not self.recording:
             return

@@ -270,6 +270,7 @@ def _write_rank(config: MeasureConfig, rank: int, world: int, probe: Any, origin
         "stages": tables.stages_table(trace, liveness, info, config.steps),
         "exchange": tables.exchange_table(p2p), "ops": tables.ops_table(trace, p2p),
         "tile_memory": tables.empty_tile_memory(),
+        "variables": pd_frame(probe.variables, tables.VARIABLE_COLUMNS),
     }
     path = Path(config.profile_dir, f"rank{rank}", "profile.h5")
     return write_profile(path, meta=meta, tables=result,

@@ -25,6 +25,8 @@ P2P_COLUMNS = ["rank", "peer", "direction", "kind", "stage", "microbatch", "step
 LIVENESS_COLUMNS = ["ipu", "step", "phase", "always_live_bytes", "not_always_live_bytes",
                     "label", "microbatch", "stage", "pass", "training_step",
                     "stashed_microbatches"]
+VARIABLE_COLUMNS = ["ipu", "name", "category", "bytes", "first_step", "last_step", "stage",
+                    "microbatch", "training_step"]
 TILE_COLUMNS = ["ipu", "tile", "capacity_bytes", "total_bytes"]
 OPS_COLUMNS = ["op_id", "op", "phase", "ipu", "stage", "microbatch", "pass", "step",
                "start", "end", "host_ns", "bytes", "peer", "waiting_ns", "transfer_ns"]
