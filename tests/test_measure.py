@@ -69,6 +69,22 @@ def test_merged_profile_has_every_microbatch_on_both_ranks(merged: Any) -> None:
     assert all(0 < loss < 10 for loss in merged.meta["measure"]["losses"])
 
 
+def test_compute_follows_the_schedule_order(runs: dict[str, Path]) -> None:
+    """The timed actions come in the order torch's schedules run them."""
+    expected = {
+        "1F1B": {0: "F0 F1 B0 F2 B1 F3 B2 B3", 1: "F0 B0 F1 B1 F2 B2 F3 B3"},
+        "GPipe": {r: "F0 F1 F2 F3 B0 B1 B2 B3" for r in (0, 1)},
+    }
+    for schedule, orders in expected.items():
+        with popviz.open(runs[schedule] / "merged") as p:
+            comp = p.trace[(p.trace["kind"] == "compute") & p.trace["pass"].isin(["F", "B"])
+                           & (p.trace["op"] != "loss")]
+            for (rank, _step), events in comp.groupby(["ipu", "step"]):
+                got = " ".join(f"{r.pass_}{r.microbatch}" for r in events.sort_values(
+                    "start").rename(columns={"pass": "pass_"}).itertuples())
+                assert got == orders[rank], (schedule, rank)
+
+
 def test_no_two_events_of_one_rank_overlap(merged: Any) -> None:
     for _rank, events in merged.trace.groupby("ipu"):
         events = events.sort_values("start")
