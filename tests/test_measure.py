@@ -56,6 +56,7 @@ def test_rank_files_are_measured_profiles_of_one_rank(runs: dict[str, Path]) -> 
 def test_merged_profile_has_every_microbatch_on_both_ranks(merged: Any) -> None:
     trace = merged.trace
     assert merged.kind == "measured" and merged.meta["measure"]["ranks"] == [0, 1]
+    assert merged.meta["ranks"] == [0, 1] and merged.meta["target"]["num_ipus"] == 2
     assert sorted(trace["ipu"].unique()) == [0, 1]
     compute = trace[trace["kind"] == "compute"]
     for rank in (0, 1):

@@ -92,6 +92,7 @@ def merged_meta(profiles: list[Any]) -> dict[str, Any]:
     measure["losses"] = next((p.meta["measure"]["losses"] for p in profiles
                               if p.meta["measure"].get("losses")), [])
     meta["measure"] = measure
+    meta["ranks"] = measure["ranks"]
     return meta
 
 
