@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, fail
+from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +38,12 @@ def render_text(facts: dict) -> str:
             unit = " samples/s" if key == "throughput" else " ms"
             lines.append(f"  {label}: {value:,.1f}{unit}")
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"  IPU{ipu} peak liveness: {_fmt_bytes(peak)}")
+        device = f"rank {ipu}" if facts["kind"] == "measured" else f"IPU{ipu}"
+        lines.append(f"  {device} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
-        lines.append("  stage ipu     forward    backward   recompute    exchange        idle")
+        unit = "ns" if facts["kind"] == "measured" else "cycles"
+        lines.append(f"  stage ipu     forward    backward   recompute    exchange        idle"
+                     f"  ({unit})")
         for s in facts["stages"]:
             lines.append(
                 f"  {s['stage']:>5} {s['ipu']:>3} {s['forward_cycles']:>11,.0f} "
@@ -63,9 +66,9 @@ def _run(args: argparse.Namespace) -> int:
             all_facts.append(profile_facts(profile))
     if args.json:
         payload = all_facts[0] if len(all_facts) == 1 else all_facts
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        emit(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        print("\n\n".join(render_text(f) for f in all_facts))
+        emit("\n\n".join(render_text(f) for f in all_facts))
     return EXIT_OK
 
 
