@@ -14,6 +14,7 @@ from dash import dash_table, dcc, html
 
 from popviz import analysis
 from popviz.figures.lod import TraceIndex
+from popviz.figures.naming import MODELLED, Naming, naming_for
 
 from .cache import Entry, ProfileCache
 
@@ -41,8 +42,13 @@ def profile_query(rel: str) -> str:
     return "?" + urlencode({"profile": rel}) if rel else ""
 
 
+def naming(entry: Entry) -> Naming:
+    """IPUs and cycles, or ranks and ns for a measured profile (popviz.figures.naming)."""
+    return entry.get("naming", lambda: naming_for(entry.profile))
+
+
 def unit(entry: Entry) -> str:
-    return "ns" if str(getattr(entry.profile, "kind", "")) == "measured" else "cycles"
+    return naming(entry).unit
 
 
 def message(text: str, tone: str = "error") -> html.Div:
@@ -77,12 +83,12 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")
 
 
-def table_columns(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[str, Any]]:
     """DataTable columns: numbers typed (so they sort and filter as numbers) and shown with
-    thousands separators."""
+    thousands separators; headers in the profile's words (rank, ns when measured)."""
     out = []
     for c in frame.columns:
-        col: dict[str, Any] = {"name": c.replace("_", " "), "id": c, "type": "text"}
+        col: dict[str, Any] = {"name": words.column(str(c)), "id": c, "type": "text"}
         if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]):
             col["type"] = "numeric"
             integer = pd.api.types.is_integer_dtype(frame[c])
@@ -93,9 +99,9 @@ def table_columns(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
-          **kwargs: Any) -> dash_table.DataTable:
+          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:
     """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
-    columns = table_columns(frame)
+    columns = table_columns(frame, words)
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
             "textAlign": "left", "maxWidth": 360, "overflow": "hidden",
             "textOverflow": "ellipsis"}

@@ -242,4 +242,5 @@ def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
     assert "No exchange" in texts["/exchange"]
     assert "fits (no per-tile data)" in texts["/summary"]
     trace = _find(render(ctx, "/trace", "?profile=m.h5")[1], "Graph")[0].figure
-    assert trace.layout.xaxis.title.text == "ns"
+    assert trace.layout.xaxis.title.text == "time (ns)"
+    assert list(trace.layout.yaxis.ticktext) == ["rank 0", "rank 1"]

@@ -16,6 +16,7 @@ from dash.exceptions import MissingCallbackContextException
 from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
+from popviz.figures.naming import naming_of
 
 from ..cache import Entry, PathRefused
 from ..common import AppContext, graph, message, table
@@ -50,22 +51,24 @@ def _cards(comp: Comparison, side: str) -> html.Div:
     s = comp.sides.set_index("side").loc[side]
     m = comp.metrics.set_index("metric")[side.lower()]
     win = comp.verdict.get("winner") == side
+    dev = naming_of(s.get("kind")).device  # IPU, or rank for a measured profile
 
     def val(name: str, unit: str) -> str:
         return format_value(m.get(name), unit)
     fit = ("fits", "good") if s["fits"] else (
         f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
     cards = [
-        _card("layout", f"{s['num_ipus']} IPU(s) x {s['replicas']} replica(s) · "
+        _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "
               f"{s['target']} · {s['kind']}"),
         _card("memory", fit[0], fit[1]),
-        _card("throughput per IPU", val("throughput_per_ipu", "") + " samples/s",
+        _card(f"throughput per {dev}", val("throughput_per_ipu", "") + " samples/s",
               "good" if win else ""),
-        _card("throughput", val("throughput", "") + f" samples/s on {s['total_ipus']} IPUs"),
+        _card("throughput", val("throughput", "")
+              + f" samples/s on {s['total_ipus']} {dev}s"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
               "warn" if (m.get("idle_fraction") or 0) > 0.25 else ""),
-        _card("peak memory (fullest IPU)", val("peak_bytes_max", "bytes")),
+        _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")
     return html.Div([html.H3(title), html.Div(

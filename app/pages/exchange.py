@@ -1,4 +1,4 @@
-"""`/exchange`: bytes between IPUs and the host as a matrix and over time."""
+"""`/exchange`: bytes between IPUs (ranks when measured) and the host as a matrix and over time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dash import html
 from popviz import analysis, figures
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, message, table, title_of, unit
+from ..common import AppContext, downloads, graph, message, naming, table, title_of
 
 PATH = "/exchange"
 TITLE = "Exchange"
@@ -20,12 +20,12 @@ NEEDS_PROFILE = True
 def matrix(ctx: AppContext, entry: Entry) -> Any:
     num = ((entry.profile.meta or {}).get("target") or {}).get("num_ipus")
     return figures.exchange_matrix_figure(analysis.exchange_matrix(entry.profile.exchange,
-                                                                   num))
+                                                                   num), naming=naming(entry))
 
 
 def over_time(ctx: AppContext, entry: Entry) -> Any:
     return figures.exchange_time_figure(analysis.exchange_over_time(entry.profile.exchange),
-                                        unit=unit(entry))
+                                        naming=naming(entry))
 
 
 FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
@@ -34,13 +34,15 @@ FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.exchange.empty:
         return html.Div([html.H2(title_of(entry)), message(
-            "No exchange between IPUs or with the host in this profile.", "info")])
+            f"No exchange between {naming(entry).devices} or with the host in this profile.",
+            "info")])
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),
                   graph("exchange-time", over_time(ctx, entry))], className="row two"),
         html.H3("By kind"),
-        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange)),
+        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange),
+              words=naming(entry)),
         downloads(entry.rel, ["exchange"], list(FIGURES)),
     ])
 

@@ -24,6 +24,7 @@ from ..common import (
     graph,
     insights,
     message,
+    naming,
     profile_of,
     table,
     title_of,
@@ -39,7 +40,7 @@ HEAT_ROWS = 400
 def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
              hi: float | None = None) -> Any:
     return figures.liveness_figure(entry.profile.liveness, bumps(entry),
-                                   capacity_per_ipu(entry), lo, hi)
+                                   capacity_per_ipu(entry), lo, hi, naming=naming(entry))
 
 
 def _steps(entry: Entry) -> int:
@@ -69,7 +70,7 @@ FIGURES = {"liveness": liveness, "tile_liveness": tiles}
 
 def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame]:
     live = analysis.variables_live_at(entry.profile.variables, ipu, step)
-    head = (f"IPU{ipu}, step {step}: {len(live)} not-always-live variables, "
+    head = (f"{naming(entry).label(ipu)}, step {step}: {len(live)} not-always-live variables, "
             f"{fmt_bytes(live['bytes'].sum()) if len(live) else '0 B'}")
     if len(live):
         live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[
@@ -94,11 +95,15 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                                                      for i in ipus],
                              value=ipus[0], clearable=False, className="picker"),
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
+    hint = ("Always-live: the rank's parameters, gradients and optimiser state; "
+            "not-always-live: the activations it stashes for the backward pass, per compute "
+            "action. Red triangles mark bumps (local peaks). Click the curve to list the "
+            "stashed micro-batches." if naming(entry).measured else
+            "Red triangles mark bumps (local peaks); the dashed line is the IPU's total "
+            "memory. Zoom to see more steps; click the curve to list live variables.")
     return html.Div([
         html.H2(title_of(entry)),
-        html.P("Red triangles mark bumps (local peaks); the dashed line is the IPU's total "
-               "memory. Zoom to see more steps; click the curve to list live variables.",
-               className="hint"),
+        html.P(hint, className="hint"),
         graph("live-graph", liveness(ctx, entry)),
         html.H3(head, id="live-vars-head"),
         html.Div(table("live-vars", live), id="live-vars-box"),

@@ -10,7 +10,15 @@ from dash import Input, Output, State, dash_table, html
 from popviz import analysis
 
 from ..cache import Entry
-from ..common import AppContext, downloads, message, profile_of, table_columns, title_of
+from ..common import (
+    AppContext,
+    downloads,
+    message,
+    naming,
+    profile_of,
+    table_columns,
+    title_of,
+)
 from ..common import _format as records
 
 PATH = "/operations"
@@ -38,7 +46,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if ops.empty:
         return html.Div([html.H2(title_of(entry)), message("No ops in this profile.", "info")])
     data, count, note = page(entry, "", [], 0)
-    columns = table_columns(ops)
+    columns = table_columns(ops, naming(entry))
     return html.Div([
         html.H2(title_of(entry)),
         html.P("Type in the row under the headers to filter (e.g. conv, or > 1000 in a number "

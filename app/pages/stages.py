@@ -8,9 +8,10 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.figures.stages import AMP_NOT_MEASURED
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, message, table, title_of, unit
+from ..common import AppContext, downloads, graph, message, naming, table, title_of
 
 PATH = "/stages"
 TITLE = "Stages"
@@ -18,19 +19,20 @@ NEEDS_PROFILE = True
 
 
 def ipu_time(ctx: AppContext, entry: Entry) -> Any:
-    return figures.ipu_time_figure(entry.profile.stages, unit=unit(entry))
+    return figures.ipu_time_figure(entry.profile.stages, naming=naming(entry))
 
 
 def load(ctx: AppContext, entry: Entry) -> Any:
-    return figures.stage_load_figure(entry.profile.stages)
+    return figures.stage_load_figure(entry.profile.stages, naming=naming(entry))
 
 
 def stash(ctx: AppContext, entry: Entry) -> Any:
-    return figures.stash_figure(entry.profile.stages)
+    return figures.stash_figure(entry.profile.stages, naming=naming(entry))
 
 
 def amp(ctx: AppContext, entry: Entry) -> Any:
-    return figures.amp_figure(entry.profile.stages, entry.profile.meta or {})
+    return figures.amp_figure(entry.profile.stages, entry.profile.meta or {},
+                              naming=naming(entry))
 
 
 FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
@@ -43,14 +45,19 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                          message("This profile has no stage table.", "info")])
     bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
+    words = naming(entry)
+    # a measured run has no AMP: a note, not a chart of the compiler's default
+    amp_box = (html.Div(message(AMP_NOT_MEASURED, "info"), id="stages-amp-note",
+                        className="half") if words.measured
+               else graph("stages-amp", amp(ctx, entry)))
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("stages-time", ipu_time(ctx, entry)),
                   graph("stages-load", load(ctx, entry))], className="row two"),
         html.Div([graph("stages-stash", stash(ctx, entry)),
-                  graph("stages-amp", amp(ctx, entry))], className="row two"),
-        html.H3("Stages"),
-        table("stages-table", shown),
+                  amp_box], className="row two"),
+        html.H3("Stages" + (" (times: ns per recorded step, mean)" if words.measured else "")),
+        table("stages-table", shown, words=words),
         downloads(entry.rel, ["stages"], list(FIGURES)),
     ])
 

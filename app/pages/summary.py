@@ -9,10 +9,11 @@ import pandas as pd
 from dash import html
 
 from popviz import figures
+from popviz.figures.naming import Naming
 from popviz.figures.style import fmt_bytes
 
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, insights, table, title_of, unit
+from ..common import AppContext, downloads, graph, insights, naming, table, title_of
 
 PATH = "/summary"
 TITLE = "Summary"
@@ -24,7 +25,8 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
                      html.Div(value, className="card-value")], className=f"card {tone}")
 
 
-def _cards(info: dict[str, Any], clock_unit: str) -> html.Div:
+def _cards(info: dict[str, Any], words: Naming) -> html.Div:
+    clock_unit = words.unit
     fit = info["fit"]
     if not fit.get("known", True):
         verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]
@@ -32,7 +34,7 @@ def _cards(info: dict[str, Any], clock_unit: str) -> html.Div:
     elif fit["fits"]:
         fit_card = _card("memory", f"fits · fullest tile {fit['max_utilisation']:.0%}", "good")
     else:
-        by_ipu = ", ".join(f"IPU{k}: {v}" for k, v in sorted(fit["oom_by_ipu"].items()))
+        by_ipu = ", ".join(f"{words.label(k)}: {v}" for k, v in sorted(fit["oom_by_ipu"].items()))
         fit_card = _card("memory", f"OUT OF MEMORY · {fit['oom_tiles']} tiles ({by_ipu})",
                          "bad")
     cards = [fit_card]
@@ -47,7 +49,7 @@ def _cards(info: dict[str, Any], clock_unit: str) -> html.Div:
         cards.append(_card("step", step))
     b = info["bottleneck"]
     if b:
-        cards.append(_card("bottleneck", f"stage {b['stage']} on IPU{b['ipu']} · "
+        cards.append(_card("bottleneck", f"stage {b['stage']} on {words.label(b['ipu'])} · "
                            f"{b['relative_load']:.2f}x mean",
                            "warn" if info["imbalance"] > 1.15 else ""))
     cards.append(_card("pipeline bubbles", f"{info['bubble_fraction']:.0%} idle"))
@@ -90,16 +92,17 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "not-always-live": [fmt_bytes(x) for x in peaks["not_always_live_bytes"]],
             "phase": peaks["phase"], "at": peaks["label"],
         })
+    words = naming(entry)
     return html.Div([
         html.H2(title_of(entry)),
-        _cards(info, unit(entry)),
+        _cards(info, words),
         html.H3("Advice"), _advice(info),
         html.Div([
             html.Div([html.H3("Five fullest tiles"),
                       table("fullest-tiles", fullest) if len(fullest)
                       else html.P("No tile memory in this profile.")], className="half"),
-            html.Div([html.H3("Peak liveness per IPU"),
-                      table("peak-liveness", peaks) if len(peaks)
+            html.Div([html.H3(f"Peak liveness per {words.device}"),
+                      table("peak-liveness", peaks, words=words) if len(peaks)
                       else html.P("No liveness in this profile.")], className="half"),
         ], className="row"),
         html.Div([graph("summary-histogram", histogram(ctx, entry)),

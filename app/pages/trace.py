@@ -1,4 +1,5 @@
-"""`/trace`: one row per IPU; zoom or pan redraws the visible range on the server."""
+"""`/trace`: one row per IPU (rank when measured); zoom or pan redraws the visible range on
+the server."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from ..common import (
     downloads,
     graph,
     message,
+    naming,
     profile_of,
     title_of,
     trace_index,
-    unit,
     x_range,
 )
 
@@ -30,20 +31,20 @@ NEEDS_PROFILE = True
 
 def trace(ctx: AppContext, entry: Entry, lo: float | None = None,
           hi: float | None = None) -> Any:
-    return figures.trace_figure(trace_index(entry), lo, hi, unit=unit(entry))
+    return figures.trace_figure(trace_index(entry), lo, hi, naming=naming(entry))
 
 
 FIGURES = {"trace": trace}
 
 
-def _status(fig: Any) -> str:
+def _status(fig: Any, unit: str = "cycles") -> str:
     meta = fig.layout.meta or {}
     if not meta:
         return ""
     lo, hi = meta["range"]
     mode = ("every event drawn" if meta["mode"] == "events"
             else "each bucket split by the time each kind ran in it; zoom in for single events")
-    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f}: {mode}."
+    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}."
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -51,12 +52,15 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         return html.Div([html.H2(title_of(entry)),
                          message("This profile has no trace events.", "info")])
     fig = trace(ctx, entry)
+    words = naming(entry)
+    rows = ("One row per rank (process); times in ns from the first recorded step. "
+            if words.measured else "One row per IPU; times in cycles. ")
     return html.Div([
         html.H2(title_of(entry)),
-        html.P("Drag to zoom, shift-drag or scroll to pan, double-click to reset. Colours: "
+        html.P(rows + "Drag to zoom, shift-drag or scroll to pan, double-click to reset. Colours: "
                "forward, backward, recompute and weight-update compute; exchange; sync; "
                "host I/O; idle.", className="hint"),
-        html.Div(_status(fig), id="trace-status", className="status"),
+        html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         graph("trace-graph", fig),
         downloads(entry.rel, ["trace"], list(FIGURES)),
     ])
@@ -72,6 +76,6 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         fig = trace(ctx, entry) if wanted == "auto" else trace(ctx, entry, *wanted)
-        return fig, _status(fig)
+        return fig, _status(fig, naming(entry).unit)
 
     return {"zoom": zoom}

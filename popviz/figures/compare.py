@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.lod import minmax_indices
+from popviz.figures.naming import Naming, naming_of
 from popviz.figures.style import (
     CAPACITY_COLOUR,
     CATEGORY_COLOURS,
@@ -31,6 +32,18 @@ PHASE_NAMES = {"backward": "backward starts", "optimiser": "weight update starts
 PIXELS = 800
 
 
+def _naming(comp: Any, side: str) -> Naming:
+    """A side's words: IPUs and cycles when modelled, ranks and ns when measured."""
+    row = comp.sides[comp.sides["side"] == side]
+    return naming_of(row["kind"].iloc[0] if len(row) and "kind" in row else None)
+
+
+def _device(comp: Any) -> str:
+    """'IPU', 'rank', or 'IPU / rank' for a modelled vs measured pair."""
+    names = dict.fromkeys(_naming(comp, s).device for s in ("A", "B"))
+    return " / ".join(names)
+
+
 def _side_name(comp: Any, side: str) -> str:
     row = comp.sides[comp.sides["side"] == side]
     return f"{side}: {row['name'].iloc[0]}" if len(row) else side
@@ -50,15 +63,16 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
             y = g["total_bytes"].to_numpy(float) / MiB
             keep = minmax_indices(y, pixels)
             shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
+            dev = _naming(comp, side).label(ipu)
             fig.add_trace(go.Scatter(
                 x=g["x"].to_numpy()[keep], y=y[keep], mode="lines",
-                name=f"{_side_name(comp, side)} · IPU{ipu}", legendgroup=side,
+                name=f"{_side_name(comp, side)} · {dev}", legendgroup=side,
                 line={"color": shade, "dash": SIDE_DASH[side], "width": 1.6},
                 customdata=np.stack([g["step"].to_numpy()[keep],
                                      g["phase"].astype(str).to_numpy()[keep]],
                                     axis=1).astype(object),
                 hovertemplate="progress %{x:.3f} (step %{customdata[0]}, %{customdata[1]})"
-                "<br>%{y:,.1f} MiB<extra>" + f"{side} IPU{ipu}</extra>"))
+                "<br>%{y:,.1f} MiB<extra>" + f"{side} {dev}</extra>"))
     for name, x in comp.phase_x.items():
         fig.add_vline(x=x, line={"color": "#555", "dash": "dot", "width": 1},
                       annotation_text=PHASE_NAMES.get(name, name),
@@ -83,8 +97,9 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
     return fig
 
 
-def _multicat(frame: pd.DataFrame) -> list[list[str]]:
-    return [frame["side"].tolist(), [f"IPU{i}" for i in frame["ipu"]]]
+def _multicat(comp: Any, frame: pd.DataFrame) -> list[list[str]]:
+    return [frame["side"].tolist(),
+            [_naming(comp, s).label(i) for s, i in zip(frame["side"], frame["ipu"])]]
 
 
 def _wide_ipus(comp: Any) -> pd.DataFrame:
@@ -100,13 +115,13 @@ def _wide_ipus(comp: Any) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
-def ipu_time_compare_figure(comp: Any, title: str = "Time per IPU in one step, A | B"
-                            ) -> go.Figure:
+def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
     """Compute / exchange / idle per IPU, A's IPUs then B's, side by side (ms per step)."""
+    title = title or f"Time per {_device(comp)} in one step, A | B"
     if comp.ipus.empty:
         return empty_figure("No per-IPU figures in these profiles.", title)
     w = _wide_ipus(comp)
-    x = _multicat(w)
+    x = _multicat(comp, w)
     fig = go.Figure()
     for col, name, colour in (("compute_ms", "compute", CATEGORY_COLOURS["compute"]),
                               ("exchange_ms", "exchange", CATEGORY_COLOURS["exchange"]),
@@ -120,13 +135,13 @@ def ipu_time_compare_figure(comp: Any, title: str = "Time per IPU in one step, A
     return base_layout(fig, title, height=380)
 
 
-def ipu_memory_compare_figure(comp: Any, title: str = "Peak memory per IPU, A | B"
-                              ) -> go.Figure:
+def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
     """Peak live memory of each IPU of both profiles with each side's IPU capacity."""
+    title = title or f"Peak memory per {_device(comp)}, A | B"
     w = _wide_ipus(comp)
     if w.empty or "peak_bytes" not in w.columns or w["peak_bytes"].isna().all():
         return empty_figure("No liveness in these profiles.", title)
-    x = _multicat(w)
+    x = _multicat(comp, w)
     colours = [SIDE_COLOURS[s] for s in w["side"]]
     text = [f"{int(o)} OOM tiles" if o and o == o else "" for o in w.get(
         "oom_tiles", pd.Series(0, index=w.index))]
@@ -180,10 +195,11 @@ def tile_distribution_figure(comp: Any, points: int = 400,
     return fig
 
 
-def time_per_sample_figure(comp: Any, title: str = "Where the IPU time per sample goes"
-                           ) -> go.Figure:
+def time_per_sample_figure(comp: Any, title: str | None = None) -> go.Figure:
     """Horizontal stacked bars: IPU-us per sample by category for A and B. The bar length is
     1e6 / throughput per IPU, so the shorter bar is the faster layout per IPU."""
+    dev = _device(comp)
+    title = title or f"Where the {dev} time per sample goes"
     tps = comp.time_per_sample
     if tps.empty or not (tps["a"].abs().sum() + tps["b"].abs().sum()):
         return empty_figure("Throughput is not known for these profiles.", title)
@@ -196,10 +212,10 @@ def time_per_sample_figure(comp: Any, title: str = "Where the IPU time per sampl
         fig.add_trace(go.Bar(y=labels, x=[r["b"], r["a"]], orientation="h",
                              name=cat.replace("_", " "),
                              marker={"color": TIME_COLOURS.get(cat, "#999")},
-                             hovertemplate="%{y}: %{x:,.2f} IPU-us per sample<extra>"
+                             hovertemplate="%{y}: %{x:,.2f} " + dev + "-µs per sample<extra>"
                              + cat.replace("_", " ") + "</extra>"))
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title_text="IPU-microseconds per sample (shorter = faster per IPU)")
+    fig.update_xaxes(title_text=f"{dev}-microseconds per sample (shorter = faster per {dev})")
     return base_layout(fig, title, height=260)
 
 

@@ -1,4 +1,5 @@
-"""Exchange between IPUs and the host: a bytes matrix and bytes over time."""
+"""Exchange between IPUs (ranks when measured) and the host: a bytes matrix and bytes over
+time."""
 
 from __future__ import annotations
 
@@ -6,17 +7,23 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from popviz.figures.naming import MEASURED, MODELLED, Naming
 from popviz.figures.style import MiB, base_layout, empty_figure, fmt_bytes
 
 KIND_COLOURS = {"activation": "#3b75af", "gradient": "#ef8636", "allreduce": "#8e6bbf",
                 "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#c53a32"}
 
 
-def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged"
-                           ) -> go.Figure:
-    """Heat map of bytes from each source (rows) to each destination (columns)."""
+def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
+                           naming: Naming = MODELLED) -> go.Figure:
+    """Heat map of bytes from each source (rows) to each destination (columns). A measured
+    run has no host: its empty host row and column are left out."""
     if matrix.empty or int(matrix.to_numpy().sum()) == 0:
-        return empty_figure("No exchange between IPUs or with the host.", title)
+        return empty_figure(f"No exchange between {naming.devices} or with the host.", title)
+    if naming.measured and "host" in matrix.index and "host" in matrix.columns \
+            and not matrix.loc["host"].any() and not matrix["host"].any():
+        matrix = matrix.drop(index="host", columns="host")
+    matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)
     z = matrix.to_numpy(dtype=float) / MiB
     text = np.vectorize(lambda b: fmt_bytes(b) if b else "")(matrix.to_numpy())
     fig = go.Figure(go.Heatmap(
@@ -29,8 +36,11 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged"
 
 
 def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
-                         title: str = "Exchange over time") -> go.Figure:
+                         title: str = "Exchange over time",
+                         naming: Naming | None = None) -> go.Figure:
     """Stacked bytes per time bin per kind (from `exchange_over_time`)."""
+    naming = naming or (MEASURED if unit == "ns" else Naming(unit=unit))
+    unit = naming.unit
     if over_time.empty:
         return empty_figure("No exchange in this profile.", title)
     fig = go.Figure()
@@ -42,6 +52,6 @@ def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
             hovertemplate="%{x:,.0f} " + unit + ": %{y:,.2f} MiB<extra>" + str(kind)
             + "</extra>"))
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title_text=unit, tickformat=",d")
+    fig.update_xaxes(title_text=naming.time_title, tickformat=",d")
     fig.update_yaxes(title_text="MiB")
     return base_layout(fig, title, height=340)

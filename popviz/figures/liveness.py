@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from popviz.figures.lod import maxpool2d, minmax_indices
+from popviz.figures.naming import MODELLED, Naming
 from popviz.figures.style import CAPACITY_COLOUR, MiB, base_layout, empty_figure
 
 PIXELS = 1000
@@ -17,15 +18,16 @@ PIXELS = 1000
 def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
                     capacity_bytes: float | None = None, start: float | None = None,
                     end: float | None = None, pixels: int = PIXELS,
-                    title: str = "Liveness") -> go.Figure:
+                    title: str = "Liveness", naming: Naming = MODELLED) -> go.Figure:
     """One panel per IPU (shared step axis). Each line keeps the min and max of every pixel
     bucket of the visible step range, so no bump disappears. `layout.meta["points"]` is the
-    number of points drawn per IPU."""
+    number of points drawn per IPU (keyed by its label, e.g. 'IPU0' or 'rank 0'). A
+    measured profile's step is a compute action of the rank."""
     if liveness.empty:
         return empty_figure("This profile has no liveness report.", title)
     ipus = sorted(int(i) for i in liveness["ipu"].unique())
     fig = make_subplots(rows=len(ipus), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[f"IPU{i}" for i in ipus])
+                        subplot_titles=[naming.label(i) for i in ipus])
     points: dict[str, int] = {}
     for row, ipu in enumerate(ipus, start=1):
         g = liveness[liveness["ipu"] == ipu].sort_values("step")
@@ -43,13 +45,14 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
                            phases if phases is not None else np.full(len(keep), ""),
                            total[keep] - base[keep], np.full(len(keep), ipu)],
                           axis=1).astype(object)  # the IPU lets a click find its panel
-        points[f"IPU{ipu}"] = len(keep)
+        dev = naming.label(ipu)
+        points[dev] = len(keep)
         first = row == 1
         fig.add_trace(go.Scatter(
             x=steps[keep], y=base[keep], name="always-live", legendgroup="always",
             showlegend=first, mode="lines", line={"color": "#3b75af", "width": 1},
             fill="tozeroy", fillcolor="rgba(59,117,175,0.35)", customdata=custom,
-            hovertemplate="step %{x}: always-live %{y:,.1f} MiB<extra>IPU" + str(ipu)
+            hovertemplate="step %{x}: always-live %{y:,.1f} MiB<extra>" + dev
             + "</extra>"), row=row, col=1)
         fig.add_trace(go.Scatter(
             x=steps[keep], y=total[keep], name="always-live + not-always-live",
@@ -57,7 +60,7 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
             line={"color": "#ef8636", "width": 1.5}, fill="tonexty",
             fillcolor="rgba(239,134,54,0.35)", customdata=custom,
             hovertemplate="step %{x} · %{customdata[1]} · %{customdata[0]}<br>total "
-            "%{y:,.1f} MiB (not-always-live %{customdata[2]:,.1f} MiB)<extra>IPU" + str(ipu)
+            "%{y:,.1f} MiB (not-always-live %{customdata[2]:,.1f} MiB)<extra>" + dev
             + "</extra>"), row=row, col=1)
         if bumps is not None and not bumps.empty:
             bp = bumps[bumps["ipu"] == ipu]
@@ -75,17 +78,18 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
                                          bp["prominence"] / MiB, np.full(len(bp), ipu)],
                                         axis=1).astype(object),
                     hovertemplate="bump at step %{x}: %{y:,.1f} MiB<br>%{customdata[0]} "
-                    "(prominence %{customdata[2]:,.1f} MiB)<extra>IPU" + str(ipu)
+                    "(prominence %{customdata[2]:,.1f} MiB)<extra>" + dev
                     + "</extra>"), row=row, col=1)
         if capacity_bytes:
             fig.add_hline(y=capacity_bytes / MiB, line={"color": CAPACITY_COLOUR, "dash": "dash",
                                                         "width": 1.5}, row=row, col=1)
         fig.update_yaxes(title_text="MiB", row=row, col=1, rangemode="tozero")
     if capacity_bytes:  # one legend entry for the capacity lines
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="IPU capacity "
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{naming.device} capacity "
                                  f"({capacity_bytes / MiB:,.0f} MiB)",
                                  line={"color": CAPACITY_COLOUR, "dash": "dash"}))
-    fig.update_xaxes(title_text="program step", row=len(ipus), col=1)
+    fig.update_xaxes(title_text="compute action on the rank" if naming.measured
+                     else "program step", row=len(ipus), col=1)
     if start is not None and end is not None:
         fig.update_xaxes(range=[start, end])
     fig.update_layout(uirevision="liveness", hovermode="closest",

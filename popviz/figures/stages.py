@@ -1,4 +1,5 @@
-"""Pipeline stages: compute / exchange / idle per IPU, bubble fraction, stash, AMP."""
+"""Pipeline stages: compute / exchange / idle per IPU (rank when measured), bubble fraction,
+stash, AMP (modelled profiles only)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import plotly.graph_objects as go
 
 from popviz.analysis.advice import amp_for
 from popviz.analysis.balance import ipu_balance, stage_balance
+from popviz.figures.naming import MEASURED, MODELLED, Naming
 from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
 
 _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
@@ -16,12 +18,16 @@ _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B
 
 
 def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
-                    title: str = "Time per IPU") -> go.Figure:
-    """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top."""
+                    title: str | None = None, naming: Naming | None = None) -> go.Figure:
+    """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top.
+    A measured profile's stage times are ns per recorded step (the mean)."""
+    naming = naming or (MEASURED if unit == "ns" else Naming(unit=unit))
+    unit = naming.unit
+    title = title or f"Time per {naming.device}"
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     bal = ipu_balance(stages)
-    labels = [f"IPU{i}" for i in bal["ipu"]]
+    labels = [naming.label(i) for i in bal["ipu"]]
     fig = go.Figure()
     for col, name, colour in _PARTS:
         if col in bal.columns and bal[col].sum() > 0:
@@ -32,7 +38,8 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     fig.add_trace(go.Scatter(
         x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
         text=[f"{b:.0%} idle" for b in bal["bubble_fraction"]], textposition="top center"))
-    fig.update_yaxes(title_text=unit, tickformat=",d")
+    fig.update_yaxes(title_text=f"{unit} per step" if naming.measured else unit,
+                     tickformat=",d")
     base_layout(fig, title + " (bubble fraction on top)", height=380)
     # six categories do not fit in one row above the plot: list them on the right
     fig.update_layout(barmode="stack", legend={"orientation": "v", "x": 1.02, "y": 1,
@@ -40,29 +47,30 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     return fig
 
 
-def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage") -> go.Figure:
+def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
+                      naming: Naming = MODELLED) -> go.Figure:
     """Busy cycles of each stage relative to the mean: the bottleneck stands out."""
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     bal = stage_balance(stages)
     top = bal["busy_cycles"].idxmax()
     colours = ["#c53a32" if i == top else "#3b75af" for i in bal.index]
-    labels = [f"stage {s} (IPU{i})" for s, i in zip(bal["stage"], bal["ipu"])]
+    labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
                            text=[f"{x:.2f}x" for x in bal["relative_load"]],
                            textposition="outside", showlegend=False,
-                           hovertemplate="%{x}: %{y:.2f}x the mean busy cycles<extra></extra>"))
+                           hovertemplate="%{x}: %{y:.2f}x the mean busy time<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
     return base_layout(fig, title + " (red: bottleneck)", height=340)
 
 
-def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage"
-                 ) -> go.Figure:
+def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage",
+                 naming: Naming = MODELLED) -> go.Figure:
     if stages.empty or "stash_bytes" not in stages.columns:
         return empty_figure("This profile has no stash figures.", title)
     s = stages.sort_values("stage")
-    labels = [f"stage {a} (IPU{b})" for a, b in zip(s["stage"], s["ipu"])]
+    labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
     fig = go.Figure([
         go.Bar(x=labels, y=s["stash_bytes"] / MiB, name="stash", marker={"color": "#8e6bbf"},
                hovertemplate="%{x}: stash %{y:,.1f} MiB<extra></extra>"),
@@ -75,15 +83,22 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
     return base_layout(fig, title, height=340)
 
 
-def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryProportion"
-               ) -> go.Figure:
-    """AMP per stage (the stage table's `amp`, else the options in meta)."""
+AMP_NOT_MEASURED = ("availableMemoryProportion is an IPU compiler option: a measured run has "
+                    "none.")
+
+
+def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryProportion",
+               naming: Naming = MODELLED) -> go.Figure:
+    """AMP per stage (the stage table's `amp`, else the options in meta); a measured
+    profile has no AMP, so it gets a note instead of the default."""
+    if naming.measured:
+        return empty_figure(AMP_NOT_MEASURED, title)
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     s = stages.sort_values("stage")
     amps = (s["amp"].astype(float).tolist() if "amp" in s.columns
             else [amp_for(meta, int(i)) for i in s["ipu"]])
-    labels = [f"stage {a} (IPU{b})" for a, b in zip(s["stage"], s["ipu"])]
+    labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=amps, marker={"color": "#519e3e"}, showlegend=False,
                            text=[f"{a:g}" for a in amps], textposition="outside",
                            hovertemplate="%{x}: AMP %{y:g}<extra></extra>"))

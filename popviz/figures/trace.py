@@ -1,4 +1,5 @@
-"""Execution trace: one row per IPU, events coloured by kind and pass, cycles on x.
+"""Execution trace: one row per IPU (rank when measured), events coloured by kind and pass,
+time (cycles, or ns when measured) on x.
 
 Level of detail: when at most `max_events` events are visible every event is its own
 segment with full hover; otherwise each IPU row is cut into `pixels` buckets and each
@@ -13,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
+from popviz.figures.naming import MEASURED, Naming
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 
 MAX_EVENTS = 1500  # above this, bars cost the browser more than they tell
@@ -29,13 +31,14 @@ def _bar(name: str, rows: np.ndarray, base: np.ndarray, width: np.ndarray,
     )
 
 
-def _events(index: TraceIndex, lo: float, hi: float, unit: str,
+def _events(index: TraceIndex, lo: float, hi: float, naming: Naming,
             row_of: dict[int, int]) -> list[go.Bar]:
     rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
     ev = index.frame.iloc[np.sort(rows)]
     codes = category_codes(ev)
-    hover = ("<b>%{customdata[0]}</b><br>IPU %{customdata[5]} · stage %{customdata[1]} · "
-             "micro-batch %{customdata[2]} · pass %{customdata[3]}<br>"
+    unit = naming.unit
+    hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · stage "
+             "%{customdata[1]} · micro-batch %{customdata[2]} · pass %{customdata[3]}<br>"
              f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit} "
              f"(%{{x:,.0f}} {unit})<extra>%{{fullData.name}}</extra>")
     bars = []
@@ -55,7 +58,7 @@ def _events(index: TraceIndex, lo: float, hi: float, unit: str,
     return bars
 
 
-def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str,
+def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, naming: Naming,
              row_of: dict[int, int]) -> list[go.Scatter]:
     """Each IPU row as a 100%-stacked strip over time: in every bucket, each category gets
     a slice of the row's height in proportion to its time there (never thinner than the
@@ -82,8 +85,9 @@ def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str,
                 np.concatenate([y_top, y_bot[::-1], [np.nan]]),
                 np.concatenate([custom, custom[::-1], [[0, 0, ipu]]])))
     hover = ("<b>%{fullData.name}</b>: %{customdata[0]:.0%} of the time around "
-             f"%{{x:,.0f}} {unit}<br>%{{customdata[1]:,}} events in this bucket · zoom in "
-             "for single events<extra>IPU%{customdata[2]}</extra>")
+             f"%{{x:,.0f}} {naming.unit}<br>%{{customdata[1]:,}} events in this bucket · "
+             f"zoom in for single events<extra>{naming.prefix}%{{customdata[2]}}"
+             "</extra>")
     out = []
     for k, parts in sorted(polys.items()):
         name = CATEGORIES[k]
@@ -98,9 +102,13 @@ def _buckets(index: TraceIndex, lo: float, hi: float, pixels: int, unit: str,
 
 def trace_figure(trace: pd.DataFrame | TraceIndex, start: float | None = None,
                  end: float | None = None, pixels: int = PIXELS, max_events: int = MAX_EVENTS,
-                 unit: str = "cycles", title: str = "Execution trace") -> go.Figure:
+                 unit: str = "cycles", title: str = "Execution trace",
+                 naming: Naming | None = None) -> go.Figure:
     """The trace for [start, end) (the whole run by default). `layout.meta` says which
-    level of detail was drawn: {"mode": "events"|"buckets", "visible_events": n}."""
+    level of detail was drawn: {"mode": "events"|"buckets", "visible_events": n}. `naming`
+    names the rows and the time unit (IPUs and cycles by default; a bare unit="ns" means
+    a measured profile)."""
+    naming = naming or (MEASURED if unit == "ns" else Naming(unit=unit))
     index = trace if isinstance(trace, TraceIndex) else TraceIndex(trace)
     if len(index) == 0:
         return empty_figure("This profile has no trace events.", title)
@@ -110,18 +118,19 @@ def trace_figure(trace: pd.DataFrame | TraceIndex, start: float | None = None,
         lo, hi = index.start, index.end
     visible = index.count_visible(lo, hi)
     mode = "events" if visible <= max_events else "buckets"
-    labels = [f"IPU{i}" for i in index.ipus]
+    labels = [naming.label(i) for i in index.ipus]
     row_of = {ipu: row for row, ipu in enumerate(index.ipus)}
-    fig = go.Figure(_events(index, lo, hi, unit, row_of) if mode == "events"
-                    else _buckets(index, lo, hi, pixels, unit, row_of))
+    fig = go.Figure(_events(index, lo, hi, naming, row_of) if mode == "events"
+                    else _buckets(index, lo, hi, pixels, naming, row_of))
     fig.update_layout(barmode="overlay", bargap=0.1, uirevision="trace",
                       meta={"mode": mode, "visible_events": int(visible),
                             "range": [lo, hi]})
-    fig.update_xaxes(title_text=unit, range=[lo, hi], showgrid=True, tickformat=",d")
+    fig.update_xaxes(title_text=naming.time_title, range=[lo, hi], showgrid=True,
+                     tickformat=",d")
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
                      range=[len(labels) - 0.5, -0.5], fixedrange=True, showgrid=False,
                      zeroline=False, title_text="")
     detail = (f"{visible:,} events" if mode == "events"
-              else f"{visible:,} events in {pixels} buckets per IPU")
+              else f"{visible:,} events in {pixels} buckets per {naming.device}")
     base_layout(fig, f"{title} · {detail}", height=max(260, 90 + 55 * len(labels)))
     return fig

@@ -1,0 +1,174 @@
+"""A measured profile (popviz.measure: ranks, ns, no tiles, no AMP) speaks of ranks and ns
+in every figure and page; a modelled one keeps IPUs and cycles. Uses the measure layer's
+example profile in profiles/ and the figure builders and pages called directly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from popviz_app import ProfileCache, render
+from popviz_app.common import AppContext
+
+import popviz
+from popviz import analysis, figures
+from popviz.analysis.compare import compare
+from popviz.figures import compare as cf
+from popviz.figures.naming import MEASURED, MODELLED, naming_for, naming_of
+
+ROOT = Path(__file__).resolve().parents[1] / "profiles"
+MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
+MODELLED_REL = "tutorial_pipelined/training/profile.h5"
+pytestmark = pytest.mark.skipif(not (ROOT / MEASURED_REL).exists()
+                                or not (ROOT / MODELLED_REL).exists(),
+                                reason="example profiles not in profiles/")
+
+
+@pytest.fixture(scope="module")
+def measured() -> Any:
+    with popviz.open(ROOT / MEASURED_REL) as profile:
+        yield profile
+
+
+@pytest.fixture(scope="module")
+def modelled() -> Any:
+    with popviz.open(ROOT / MODELLED_REL) as profile:
+        yield profile
+
+
+def _words(fig: Any) -> str:
+    """Everything a user can read in a figure: titles, ticks, names, hover, annotations."""
+    return json.dumps(fig.to_plotly_json(), default=str)
+
+
+def test_naming_follows_kind_and_target(measured: Any, modelled: Any) -> None:
+    assert naming_for(measured) is MEASURED and naming_for(modelled) is MODELLED
+    assert naming_of(None, {"target": {"name": "cpu-gloo"}}) is MEASURED
+    assert naming_of("modelled", {"target": {"name": "mk2"}}) is MODELLED
+    assert [MEASURED.label(1), MODELLED.label(1)] == ["rank 1", "IPU1"]
+    assert MEASURED.column("forward_cycles") == "forward ns"
+    assert MEASURED.column("ipu") == "rank" and MODELLED.column("ipu") == "ipu"
+    assert MEASURED.column("cycles") == "ns" and MODELLED.column("cycles") == "cycles"
+
+
+def test_trace_of_a_measured_profile_has_rank_rows_and_ns(measured: Any) -> None:
+    ranks = sorted(int(i) for i in measured.trace["ipu"].unique())
+    for max_events in (10**6, 10):  # single events, and buckets
+        fig = figures.trace_figure(measured.trace, naming=MEASURED, max_events=max_events)
+        assert list(fig.layout.yaxis.ticktext) == [f"rank {r}" for r in ranks]
+        assert fig.layout.xaxis.title.text == "time (ns)"
+        text = _words(fig)
+        assert "IPU" not in text and "cycles" not in text
+        assert " ns" in text and "rank" in text
+
+
+def test_trace_of_a_modelled_profile_keeps_ipus_and_cycles(modelled: Any) -> None:
+    fig = figures.trace_figure(modelled.trace, naming=naming_for(modelled))
+    assert fig.layout.yaxis.ticktext[0] == "IPU0"
+    assert fig.layout.xaxis.title.text == "cycles"
+    assert "rank" not in _words(fig) and " ns" not in _words(fig)
+
+
+def test_exchange_figures_of_a_measured_profile(measured: Any) -> None:
+    matrix = figures.exchange_matrix_figure(analysis.exchange_matrix(measured.exchange, 2),
+                                            naming=MEASURED)
+    heat = matrix.data[0]
+    assert list(heat.x) == ["rank 0", "rank 1"] == list(heat.y)  # no empty host row
+    over = figures.exchange_time_figure(analysis.exchange_over_time(measured.exchange),
+                                        naming=MEASURED)
+    assert over.layout.xaxis.title.text == "time (ns)"
+    for fig in (matrix, over):
+        assert "IPU" not in _words(fig) and "cycles" not in _words(fig)
+
+
+def test_stage_figures_of_a_measured_profile(measured: Any) -> None:
+    stages = measured.stages
+    time = figures.ipu_time_figure(stages, naming=MEASURED)
+    assert list(time.data[0].x) == ["rank 0", "rank 1"]
+    assert time.layout.yaxis.title.text == "ns per step"
+    assert time.layout.title.text.startswith("Time per rank")
+    load = figures.stage_load_figure(stages, naming=MEASURED)
+    stash = figures.stash_figure(stages, naming=MEASURED)
+    assert list(load.data[0].x) == ["stage 0 (rank 0)", "stage 1 (rank 1)"]
+    assert list(stash.data[0].x) == list(load.data[0].x)
+    for fig in (time, load, stash):
+        assert "IPU" not in _words(fig) and "cycles" not in _words(fig)
+    amp = figures.amp_figure(stages, measured.meta, naming=MEASURED)
+    assert len(amp.data) == 0 and "default 0.6" not in _words(amp)
+    assert "measured run has none" in amp.layout.annotations[0].text
+
+
+def test_liveness_of_a_measured_profile_has_rank_panels(measured: Any) -> None:
+    fig = figures.liveness_figure(measured.liveness, analysis.bumps(measured.liveness),
+                                  naming=MEASURED)
+    assert [a.text for a in fig.layout.annotations][:2] == ["rank 0", "rank 1"]
+    assert set(fig.layout.meta["points"]) == {"rank 0", "rank 1"}
+    assert "IPU" not in _words(fig)
+
+
+def _text(component: Any) -> str:
+    if isinstance(component, (str, int, float)):
+        return str(component)
+    children = getattr(component, "children", None)
+    if isinstance(children, (list, tuple)):
+        return " ".join(_text(c) for c in children)
+    return "" if children is None else _text(children)
+
+
+def _find(component: Any, kind: str) -> list[Any]:
+    found = [component] if type(component).__name__ == kind else []
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        if child is not None and not isinstance(child, (str, int, float)):
+            found += _find(child, kind)
+    return found
+
+
+@pytest.fixture(scope="module")
+def ctx() -> AppContext:
+    return AppContext(root=ROOT, cache=ProfileCache(ROOT))
+
+
+def test_pages_of_a_measured_profile_say_rank_and_ns(ctx: AppContext) -> None:
+    query = f"?profile={MEASURED_REL}"
+    summary = _text(render(ctx, "/summary", query)[1])
+    assert "on rank " in summary and " ns (" in summary and "Peak liveness per rank" in summary
+    stages = render(ctx, "/stages", query)[1]
+    assert "measured run has none" in _text(stages)
+    assert "stages-amp" not in [g.id for g in _find(stages, "Graph")]
+    headers = [c["name"] for t in _find(stages, "DataTable") for c in t.columns]
+    assert "forward ns" in headers and "rank" in headers
+    assert not [h for h in headers if "cycles" in h or h == "ipu"]
+    exchange = render(ctx, "/exchange", query)[1]
+    headers = [c["name"] for t in _find(exchange, "DataTable") for c in t.columns]
+    assert "ns" in headers and "cycles" not in headers
+    for path in ("/trace", "/exchange", "/stages", "/liveness"):
+        for graph in _find(render(ctx, path, query)[1], "Graph"):
+            assert "IPU" not in _words(graph.figure), f"{path}: {graph.id}"
+            assert "cycles" not in _words(graph.figure), f"{path}: {graph.id}"
+
+
+def test_modelled_stages_page_keeps_amp_and_cycles(ctx: AppContext) -> None:
+    stages = render(ctx, "/stages", f"?profile={MODELLED_REL}")[1]
+    assert "stages-amp" in [g.id for g in _find(stages, "Graph")]
+    headers = [c["name"] for t in _find(stages, "DataTable") for c in t.columns]
+    assert "forward cycles" in headers and "ipu" in headers
+
+
+def test_compare_of_modelled_and_measured_names_each_sides_devices(measured: Any,
+                                                                   modelled: Any) -> None:
+    comp = compare(modelled, measured)
+    time = cf.ipu_time_compare_figure(comp)
+    sides, devices = (list(v) for v in time.data[0].x)
+    assert sides == ["A"] * 4 + ["B"] * 2
+    assert devices == ["IPU0", "IPU1", "IPU2", "IPU3", "rank 0", "rank 1"]
+    assert "IPU / rank" in time.layout.title.text
+    live = cf.liveness_compare_figure(comp)
+    names = [t.name for t in live.data]
+    assert any(n.endswith("· rank 1") and n.startswith("B") for n in names)
+    assert not any("IPU" in n for n in names if n.startswith("B"))
+    page = _text(render(ctx=AppContext(root=ROOT, cache=ProfileCache(ROOT)), path="/compare",
+                        search=None)[1])
+    assert "Pick two profiles" in page
