@@ -1,0 +1,68 @@
+"""A measured profile (the measure layer's example) in a real browser: the drawn SVG and the
+page text say ranks and ns, never IPUs or cycles; /stages shows a note instead of AMP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from .test_app_browser import _open
+
+pytestmark = pytest.mark.browser
+REL = "tutorial_measured_2ranks/profile.h5"
+
+
+def _svg_text(page: Any, selector: str) -> list[str]:
+    """Text of SVG nodes (ticks, titles) under `selector`: text_content, not inner_text."""
+    return page.eval_on_selector_all(selector, "els => els.map(e => e.textContent)")
+
+
+def _page(browser_context: Any, base_url: str, served: Path, path: str) -> tuple[Any, list]:
+    if not (served / REL).exists():
+        pytest.skip(f"{REL} is not in profiles/")
+    return _open(browser_context, f"{base_url}{path}?profile={quote(REL)}")
+
+
+def _no_modelled_words(page: Any, allowed: str = "") -> None:
+    words = page.inner_text("#page") + " ".join(_svg_text(page, ".main-svg text"))
+    words = words.replace(allowed, "") if allowed else words
+    assert "IPU" not in words and "cycles" not in words
+
+
+def test_measured_trace_says_ranks_and_ns(browser_context: Any, base_url: str,
+                                          served: Path) -> None:
+    page, errors = _page(browser_context, base_url, served, "/trace")
+    assert _svg_text(page, "#trace-graph .ytick text") == ["rank 0", "rank 1"]
+    assert _svg_text(page, "#trace-graph .xtitle") == ["time (ns)"]
+    assert page.inner_text("#trace-status").split(":")[0].endswith(" ns")
+    _no_modelled_words(page)
+    assert errors == []
+    page.close()
+
+
+def test_measured_exchange_says_ranks_and_ns(browser_context: Any, base_url: str,
+                                             served: Path) -> None:
+    page, errors = _page(browser_context, base_url, served, "/exchange")
+    assert _svg_text(page, "#exchange-matrix .xtick text") == ["rank 0", "rank 1"]
+    assert sorted(_svg_text(page, "#exchange-matrix .ytick text")) == ["rank 0", "rank 1"]
+    assert _svg_text(page, "#exchange-time .xtitle") == ["time (ns)"]
+    headers = page.locator("#exchange-kinds th").all_inner_texts()
+    assert "ns" in [h.strip() for h in headers]
+    _no_modelled_words(page)
+    assert errors == []
+    page.close()
+
+
+def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
+                                          served: Path) -> None:
+    page, errors = _page(browser_context, base_url, served, "/stages")
+    assert page.locator("#stages-amp").count() == 0
+    note = page.inner_text("#stages-amp-note")
+    assert "measured run has none" in note
+    assert _svg_text(page, "#stages-time .xtick text") == ["rank 0", "rank 1"]
+    _no_modelled_words(page, allowed=note)  # the note says AMP is an IPU option
+    assert errors == []
+    page.close()
