@@ -172,3 +172,24 @@ def test_compare_of_modelled_and_measured_names_each_sides_devices(measured: Any
     page = _text(render(ctx=AppContext(root=ROOT, cache=ProfileCache(ROOT)), path="/compare",
                         search=None)[1])
     assert "Pick two profiles" in page
+
+
+def test_small_exchanges_in_kib_and_a_balanced_run_not_painted_red(measured: Any) -> None:
+    largest = int(measured.exchange["bytes"].sum())
+    assert largest < 2**20  # the example's messages are a few KiB: MiB would read 0.0025
+    matrix = figures.exchange_matrix_figure(analysis.exchange_matrix(measured.exchange, 2),
+                                            naming=MEASURED)
+    assert matrix.data[0].colorbar.title.text == "KiB"
+    assert max(max(r) for r in matrix.data[0].z) == 20.0  # 20,480 bytes each way
+    over = figures.exchange_time_figure(analysis.exchange_over_time(measured.exchange),
+                                        naming=MEASURED)
+    assert over.layout.yaxis.title.text == "KiB"
+    load = figures.stage_load_figure(measured.stages, naming=MEASURED)
+    assert max(load.data[0].y) < 1.15 and "#c53a32" not in load.data[0].marker.color
+    assert "balanced within 15%" in load.layout.title.text
+
+
+def test_measured_ops_table_shows_times_in_ns(ctx: AppContext) -> None:
+    ops = render(ctx, "/operations", f"?profile={MEASURED_REL}")[1]
+    headers = {c["id"]: c["name"] for t in _find(ops, "DataTable") for c in t.columns}
+    assert headers["start"] == "start ns" and headers["ipu"] == "rank"

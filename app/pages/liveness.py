@@ -108,7 +108,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.H3(head, id="live-vars-head"),
         html.Div(table("live-vars", live), id="live-vars-box"),
         *heat,
-        downloads(entry.rel, ["liveness", "variables"], list(FIGURES)),
+        downloads(entry.rel, ["liveness", "variables"],
+                  list(FIGURES) if ipus else ["liveness"]),  # no tiles: no tile heat map
     ])
 
 

@@ -58,7 +58,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                   amp_box], className="row two"),
         html.H3("Stages" + (" (times: ns per recorded step, mean)" if words.measured else "")),
         table("stages-table", shown, words=words),
-        downloads(entry.rel, ["stages"], list(FIGURES)),
+        downloads(entry.rel, ["stages"],
+                  [v for v in FIGURES if not (words.measured and v == "amp")]),
     ])
 
 

@@ -108,7 +108,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([graph("summary-histogram", histogram(ctx, entry)),
                   graph("summary-totals", totals(ctx, entry))], className="row two")
         if len(entry.profile.tile_memory) else html.Div(),
-        downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES)),
+        downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES))
+        if len(entry.profile.tile_memory) else downloads(entry.rel, ["stages"], []),
     ])
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.naming import MEASURED, MODELLED, Naming
-from popviz.figures.style import MiB, base_layout, empty_figure, fmt_bytes
+from popviz.figures.style import base_layout, byte_unit, empty_figure, fmt_bytes
 
 KIND_COLOURS = {"activation": "#3b75af", "gradient": "#ef8636", "allreduce": "#8e6bbf",
                 "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#c53a32"}
@@ -24,12 +24,13 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
             and not matrix.loc["host"].any() and not matrix["host"].any():
         matrix = matrix.drop(index="host", columns="host")
     matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)
-    z = matrix.to_numpy(dtype=float) / MiB
+    size, name = byte_unit(float(matrix.to_numpy().max()))
+    z = matrix.to_numpy(dtype=float) / size
     text = np.vectorize(lambda b: fmt_bytes(b) if b else "")(matrix.to_numpy())
     fig = go.Figure(go.Heatmap(
         z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
-        texttemplate="%{text}", colorscale="Blues", colorbar={"title": "MiB"},
-        hovertemplate="%{y} → %{x}: %{z:,.2f} MiB<extra></extra>"))
+        texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
+        hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
     return base_layout(fig, title + " (from row to column)", height=160 + 45 * len(matrix))
@@ -44,14 +45,16 @@ def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
     if over_time.empty:
         return empty_figure("No exchange in this profile.", title)
     fig = go.Figure()
+    per_bin = over_time.groupby(["bin_start"])["bytes"].sum()
+    size, name = byte_unit(float(per_bin.max()) if len(per_bin) else 0.0)
     for kind, g in over_time.groupby("kind", sort=True):
         fig.add_trace(go.Bar(
-            x=(g["bin_start"] + g["bin_end"]) / 2, y=g["bytes"] / MiB,
+            x=(g["bin_start"] + g["bin_end"]) / 2, y=g["bytes"] / size,
             width=(g["bin_end"] - g["bin_start"]) * 0.95, name=str(kind),
             marker={"color": KIND_COLOURS.get(str(kind), "#7f7f7f")},
-            hovertemplate="%{x:,.0f} " + unit + ": %{y:,.2f} MiB<extra>" + str(kind)
+            hovertemplate="%{x:,.0f} " + unit + ": %{y:,.2f} " + name + "<extra>" + str(kind)
             + "</extra>"))
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text=naming.time_title, tickformat=",d")
-    fig.update_yaxes(title_text="MiB")
+    fig.update_yaxes(title_text=name)
     return base_layout(fig, title, height=340)

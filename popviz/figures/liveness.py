@@ -26,7 +26,9 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
     if liveness.empty:
         return empty_figure("This profile has no liveness report.", title)
     ipus = sorted(int(i) for i in liveness["ipu"].unique())
-    fig = make_subplots(rows=len(ipus), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+    # room for each panel's title above it (few panels: more of the height is gap)
+    fig = make_subplots(rows=len(ipus), cols=1, shared_xaxes=True,
+                        vertical_spacing=min(0.08, 0.3 / len(ipus)),
                         subplot_titles=[naming.label(i) for i in ipus])
     points: dict[str, int] = {}
     for row, ipu in enumerate(ipus, start=1):

@@ -51,6 +51,8 @@ class Naming:
         if self.measured:
             if name == "ipu":
                 name = "rank"
+            if name in ("start", "end"):  # ops: times on the common clock
+                name += "_ns"
             name = re.sub(r"(^|_)cycles(_|$)", r"\1ns\2", name)
         return name.replace("_", " ")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.analysis.advice import amp_for
+from popviz.analysis.advice import IMBALANCE_LIMIT, amp_for
 from popviz.analysis.balance import ipu_balance, stage_balance
 from popviz.figures.naming import MEASURED, MODELLED, Naming
 from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
@@ -49,12 +49,15 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
 
 def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
                       naming: Naming = MODELLED) -> go.Figure:
-    """Busy cycles of each stage relative to the mean: the bottleneck stands out."""
+    """Busy time of each stage relative to the mean: the bottleneck stands out in red, but
+    only when it is one (above the advice's imbalance limit), so a balanced run is not
+    painted as a problem."""
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     bal = stage_balance(stages)
     top = bal["busy_cycles"].idxmax()
-    colours = ["#c53a32" if i == top else "#3b75af" for i in bal.index]
+    unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT
+    colours = ["#c53a32" if i == top and unbalanced else "#3b75af" for i in bal.index]
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
                            text=[f"{x:.2f}x" for x in bal["relative_load"]],
@@ -62,7 +65,9 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
                            hovertemplate="%{x}: %{y:.2f}x the mean busy time<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
-    return base_layout(fig, title + " (red: bottleneck)", height=340)
+    note = ("red: bottleneck" if unbalanced
+            else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
+    return base_layout(fig, f"{title} ({note})", height=340)
 
 
 def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage",

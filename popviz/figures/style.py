@@ -43,6 +43,15 @@ def fmt_bytes(value: float) -> str:
     return f"{value:,.0f} B"
 
 
+def byte_unit(largest: float) -> tuple[float, str]:
+    """(divisor, name) that shows byte counts up to `largest` as readable numbers: MiB for
+    large ones, KiB for a measured run's few-KiB messages (never '0.0025 MiB')."""
+    for name, size in (("MiB", MiB), ("KiB", KiB)):
+        if largest >= size:
+            return float(size), name
+    return 1.0, "B"
+
+
 def base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 16}},
