@@ -1,6 +1,7 @@
 """A measured profile (popviz.measure: ranks, ns, no tiles, no AMP) speaks of ranks and ns
-in every figure and page; a modelled one keeps IPUs and cycles. Uses the measure layer's
-example profile in profiles/ and the figure builders and pages called directly."""
+in every figure and page; a modelled one keeps IPUs and cycles (and nearly empty tiles are
+drawn to their own scale). Uses the example profiles in profiles/ and the figure builders and
+pages called directly."""
 
 from __future__ import annotations
 
@@ -193,3 +194,22 @@ def test_measured_ops_table_shows_times_in_ns(ctx: AppContext) -> None:
     ops = render(ctx, "/operations", f"?profile={MEASURED_REL}")[1]
     headers = {c["id"]: c["name"] for t in _find(ops, "DataTable") for c in t.columns}
     assert headers["start"] == "start ns" and headers["ipu"] == "rank"
+
+
+def test_nearly_empty_tiles_are_drawn_to_their_own_scale() -> None:
+    """A profile whose tiles hold ~1% of their capacity (the tutorial sharded inference)
+    is drawn to its data, the capacity named in the title, not a flat line at 0."""
+    with popviz.open(ROOT / "tutorial_sharded/inference/profile.h5") as profile:
+        tm = profile.tile_memory
+    fullest = float((tm["total_bytes"] / tm["capacity_bytes"]).max())
+    assert fullest < 0.25
+    tiles = figures.tile_memory_figure(tm, 0)
+    assert tiles.layout.yaxis.range[1] < float(tm["capacity_bytes"].max()) / 1024
+    assert "off the scale" in tiles.layout.title.text
+    tmap = figures.tile_map_figure(tm, 0)
+    assert tmap.data[0].zmax < 100 and f"{tmap.data[0].zmax:g}%" in tmap.layout.title.text
+    hist = figures.memory_histogram(tm)
+    assert "off the scale" in hist.layout.title.text and not hist.layout.shapes
+    totals = figures.ipu_totals_figure(analysis.ipu_totals(tm))
+    assert "capacity" not in [d.name for d in totals.data]
+    assert "off the scale" in totals.layout.title.text

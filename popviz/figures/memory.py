@@ -19,6 +19,13 @@ from popviz.figures.style import (
 )
 
 TILE_MAP_COLUMNS = 64  # tiles per row of the tile map
+# below this share of the capacity, drawing the capacity would flatten the data to a line
+# at the bottom: the axis fits the data and the capacity is named in the title instead
+FAR_BELOW = 0.25
+
+
+def _far_below(top: float, capacity: float) -> bool:
+    return capacity > 0 and top < FAR_BELOW * capacity
 
 
 def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
@@ -40,9 +47,14 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
                                  hovertemplate="tile %{x}: %{y:,.1f} KiB<extra>" + pretty(cat)
                                  + "</extra>"))
     cap = float(tm["capacity_bytes"].max()) / KiB
-    fig.add_hline(y=cap, line={"color": CAPACITY_COLOUR, "dash": "dash", "width": 1.5},
-                  annotation_text=f"tile capacity {cap:,.0f} KiB",
-                  annotation_position="top left")
+    top = float(tm["total_bytes"].max()) / KiB
+    if _far_below(top, cap):
+        title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
+        fig.update_yaxes(range=[0, top * 1.15])
+    else:
+        fig.add_hline(y=cap, line={"color": CAPACITY_COLOUR, "dash": "dash", "width": 1.5},
+                      annotation_text=f"tile capacity {cap:,.0f} KiB",
+                      annotation_position="top left")
     over = tm[tm["total_bytes"] > tm["capacity_bytes"]]
     if len(over):
         fig.add_trace(go.Scatter(
@@ -66,12 +78,18 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
     rows = -(-n // columns)
     z = np.full(rows * columns, np.nan)
     z[tm["tile"].to_numpy()] = tm["utilisation"].to_numpy() * 100
+    # nearly empty tiles would all be white on 0-100%: scale to the fullest, and say so
+    zmax = 100.0
+    top = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
+    if 0 < top < FAR_BELOW * 100:
+        zmax = next(v for v in (1, 2, 5, 10, 25) if v >= top)
+        title += f" (colours to {zmax:g}% used)"
     tile_ids = np.arange(rows * columns).astype(float)
     tile_ids[n:] = np.nan
     fig = go.Figure(go.Heatmap(
         z=z.reshape(rows, columns), customdata=tile_ids.reshape(rows, columns),
         colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
-        zmin=0, zmax=100, colorbar={"title": "% used"}, xgap=1, ygap=1,
+        zmin=0, zmax=zmax, colorbar={"title": "% used"}, xgap=1, ygap=1,
         hovertemplate="tile %{customdata:.0f}: %{z:.1f}% of capacity<extra></extra>"))
     over = tm[tm["over_bytes"] > 0]
     if len(over):
@@ -101,11 +119,15 @@ def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go
                              marker={"color": memory_colour(cat, i)},
                              hovertemplate="%{x}: %{y:,.1f} MiB<extra>" + pretty(cat)
                              + "</extra>"))
-    fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
-                             name="capacity", marker={"symbol": "line-ew-open", "size": 40,
-                                                      "color": CAPACITY_COLOUR,
-                                                      "line": {"width": 2}},
-                             hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
+    cap, top = float(totals["capacity_bytes"].max()), float(totals["total_bytes"].max())
+    if _far_below(top, cap):
+        title += f" ({cap / MiB:,.0f} MiB capacity each is off the scale)"
+    else:
+        fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
+                                 name="capacity",
+                                 marker={"symbol": "line-ew-open", "size": 40,
+                                         "color": CAPACITY_COLOUR, "line": {"width": 2}},
+                                 hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
     text = [f"{u:.0%}" + (f" · {o} OOM tiles" if o else "")
             for u, o in zip(totals["utilisation"], totals["oom_tiles"])]
     fig.add_trace(go.Scatter(x=labels, y=totals["total_bytes"] / MiB, mode="text", text=text,
@@ -122,14 +144,19 @@ def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histog
         return empty_figure("No tile memory in this profile.", title)
     fig = go.Figure()
     cap = float(tile_memory["capacity_bytes"].max()) / KiB
-    top = max(cap, float(tile_memory["total_bytes"].max()) / KiB)
+    fullest = float(tile_memory["total_bytes"].max()) / KiB
+    far = _far_below(fullest, cap)
+    top = fullest if far else max(cap, fullest)
+    if far:
+        title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
     for ipu, g in tile_memory.groupby("ipu", sort=True):
         fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=f"IPU{ipu}", opacity=0.7,
                                    xbins={"start": 0, "end": top * 1.02, "size": top / 60},
                                    hovertemplate="%{x} KiB: %{y} tiles<extra>IPU" + str(ipu)
                                    + "</extra>"))
-    fig.add_vline(x=cap, line={"color": CAPACITY_COLOUR, "dash": "dash"},
-                  annotation_text="tile capacity", annotation_position="top left")
+    if not far:
+        fig.add_vline(x=cap, line={"color": CAPACITY_COLOUR, "dash": "dash"},
+                      annotation_text="tile capacity", annotation_position="top left")
     fig.update_layout(barmode="overlay")
     fig.update_xaxes(title_text="memory per tile (KiB)")
     fig.update_yaxes(title_text="tiles")
