@@ -72,7 +72,8 @@ def _cards(comp: Comparison, side: str) -> html.Div:
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")
     return html.Div([html.H3(title), html.Div(
-        f"{s['model']} · splits {s['splits']} · AMP {s['amp']} · recomputation "
+        f"{s['model']} · splits {s['splits']} · "
+        + ("" if dev == "rank" else f"AMP {s['amp']} · ") + "recomputation "
         f"{'on' if s['recomputation'] else 'off'}", className="hint"),
         html.Div(cards, className="cards")], className="half", id=f"compare-side-{side}")
 

@@ -9,6 +9,7 @@ from urllib.parse import quote
 
 import pytest
 
+from .conftest import SCREENSHOTS
 from .test_app_browser import _open
 
 pytestmark = pytest.mark.browser
@@ -64,5 +65,23 @@ def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
     assert "measured run has none" in note
     assert _svg_text(page, "#stages-time .xtick text") == ["rank 0", "rank 1"]
     _no_modelled_words(page, allowed=note)  # the note says AMP is an IPU option
+    assert errors == []
+    page.close()
+
+
+def test_compare_modelled_with_measured_names_each_side(browser_context: Any, base_url: str,
+                                                        served: Path) -> None:
+    modelled = "tutorial_pipelined/training/profile.h5"
+    if not (served / REL).exists() or not (served / modelled).exists():
+        pytest.skip("example profiles not in profiles/")
+    page, errors = _open(browser_context, f"{base_url}/compare?profile={quote(modelled)}"
+                         f"&other={quote(REL)}")
+    page.wait_for_selector("#compare-verdict", timeout=60_000)
+    a, b = page.inner_text("#compare-side-A"), page.inner_text("#compare-side-B")
+    assert "IPU(s)" in a and "rank(s)" in b and "THROUGHPUT PER RANK" in b.upper()
+    assert "rank" not in a and "IPU" not in b.replace("B: tutorial", "")
+    ticks = _svg_text(page, "#compare-ipu-time .xtick text")
+    assert "rank 1" in ticks and "IPU0" in ticks
+    page.screenshot(path=str(SCREENSHOTS / "compare_measured.png"), full_page=True)
     assert errors == []
     page.close()
