@@ -213,3 +213,28 @@ def test_nearly_empty_tiles_are_drawn_to_their_own_scale() -> None:
     totals = figures.ipu_totals_figure(analysis.ipu_totals(tm))
     assert "capacity" not in [d.name for d in totals.data]
     assert "off the scale" in totals.layout.title.text
+
+
+def test_time_per_sample_never_draws_a_negative_rest(measured: Any, modelled: Any) -> None:
+    comp = compare(modelled, measured)
+    tps = comp.time_per_sample.set_index("category")
+    fig = cf.time_per_sample_figure(comp)
+    assert all(x >= 0 for d in fig.data for x in d.x)
+    notes = {a.y: a.text for a in fig.layout.annotations}
+    b_note = next(t for y, t in notes.items() if y.startswith("B"))
+    assert f"{tps['b'].sum():,.4g} µs per sample" in b_note
+    if (tps["b"] < 0).any():  # the measured side's events overlap in time
+        assert "overlap" in b_note
+
+
+def test_compare_memory_figures_fit_the_data_not_a_far_capacity(measured: Any,
+                                                                 modelled: Any) -> None:
+    comp = compare(modelled, measured)
+    peak = float(comp.ipus[comp.ipus["metric"] == "peak_bytes"][["a", "b"]].max().max())
+    mem = cf.ipu_memory_compare_figure(comp)
+    tiles = cf.tile_distribution_figure(comp)
+    if peak < 0.25 * float(comp.sides["ipu_capacity_bytes"].max()):
+        assert [d.name for d in mem.data] == ["peak"] and "off the scale" in mem.layout.title.text
+    if float(comp.tiles["total_bytes"].max()) < 0.25 * float(comp.tiles["capacity_bytes"].max()):
+        assert not [d for d in tiles.data if "capacity" in d.name]
+        assert "off the scale" in tiles.layout.title.text

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.lod import minmax_indices
+from popviz.figures.memory import far_below
 from popviz.figures.naming import Naming, naming_of
 from popviz.figures.style import (
     CAPACITY_COLOUR,
@@ -149,6 +150,10 @@ def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
                            name="peak", text=text, textposition="outside",
                            hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"))
     cap = w["peak_bytes"] + w["headroom_bytes"] if "headroom_bytes" in w.columns else None
+    if cap is not None and cap.notna().any() \
+            and far_below(float(w["peak_bytes"].max()), float(cap.max())):
+        title += f" (capacity {float(cap.max()) / MiB:,.0f} MiB is off the scale)"
+        cap = None  # drawing it would flatten every bar to the axis
     if cap is not None and cap.notna().any():
         fig.add_trace(go.Scatter(x=x, y=cap / MiB, mode="markers", name="IPU capacity",
                                  marker={"symbol": "line-ew-open", "size": 36,
@@ -182,6 +187,9 @@ def tile_distribution_figure(comp: Any, points: int = 400,
                 "<extra>" + f"{side} IPU{ipu}</extra>"))
         if len(t):
             cap = float(t["capacity_bytes"].max()) / KiB
+            if far_below(float(tiles["total_bytes"].max()) / KiB, cap):
+                title += f" ({side} tile capacity {cap:,.0f} KiB is off the scale)"
+                continue
             fig.add_trace(go.Scatter(
                 x=[0, 1], y=[cap, cap], mode="lines", name=f"{side} tile capacity",
                 line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[side], "width": 1.2},
@@ -209,15 +217,29 @@ def time_per_sample_figure(comp: Any, title: str | None = None) -> go.Figure:
         if not (r["a"] or r["b"]):
             continue
         cat = str(r["category"])
-        fig.add_trace(go.Bar(y=labels, x=[r["b"], r["a"]], orientation="h",
+        # a negative rest (measured events that overlap add up past the step) cannot be
+        # drawn in a stack: it is left out and the total is said at the end of the bar
+        x = [max(float(r["b"]), 0.0), max(float(r["a"]), 0.0)]
+        if not any(x):
+            continue
+        fig.add_trace(go.Bar(y=labels, x=x, orientation="h",
                              name=cat.replace("_", " "),
                              marker={"color": TIME_COLOURS.get(cat, "#999")},
                              hovertemplate="%{y}: %{x:,.2f} " + dev + "-µs per sample<extra>"
                              + cat.replace("_", " ") + "</extra>"))
+    totals = {side: float(tps[side.lower()].sum()) for side in ("A", "B")}
+    drawn = {side: float(tps[side.lower()].clip(lower=0).sum()) for side in ("A", "B")}
+    for side, label in (("A", labels[1]), ("B", labels[0])):
+        over = drawn[side] - totals[side]
+        text = f"{totals[side]:,.4g} µs per sample"
+        if over > 1e-9 * max(abs(totals[side]), 1.0):
+            text += f" (its events overlap: {over:,.4g} µs counted twice)"
+        fig.add_annotation(x=drawn[side], y=label, text=text, showarrow=False,
+                           xanchor="left", xshift=6, font={"size": 11, "color": "#333"})
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title_text=f"{dev}-microseconds per sample (shorter = faster per {dev})")
+    fig.update_xaxes(title_text=f"{dev}-microseconds per sample (shorter = faster per {dev})",
+                     range=[0, max(drawn.values()) * 1.45])
     return base_layout(fig, title, height=260)
-
 
 __all__ = ["ipu_memory_compare_figure", "ipu_time_compare_figure", "liveness_compare_figure",
            "tile_distribution_figure", "time_per_sample_figure"]

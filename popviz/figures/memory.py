@@ -24,7 +24,8 @@ TILE_MAP_COLUMNS = 64  # tiles per row of the tile map
 FAR_BELOW = 0.25
 
 
-def _far_below(top: float, capacity: float) -> bool:
+def far_below(top: float, capacity: float) -> bool:
+    """True when `top` is under FAR_BELOW of `capacity` (a capacity line would squash it)."""
     return capacity > 0 and top < FAR_BELOW * capacity
 
 
@@ -48,7 +49,7 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
                                  + "</extra>"))
     cap = float(tm["capacity_bytes"].max()) / KiB
     top = float(tm["total_bytes"].max()) / KiB
-    if _far_below(top, cap):
+    if far_below(top, cap):
         title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
         fig.update_yaxes(range=[0, top * 1.15])
     else:
@@ -120,7 +121,7 @@ def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go
                              hovertemplate="%{x}: %{y:,.1f} MiB<extra>" + pretty(cat)
                              + "</extra>"))
     cap, top = float(totals["capacity_bytes"].max()), float(totals["total_bytes"].max())
-    if _far_below(top, cap):
+    if far_below(top, cap):
         title += f" ({cap / MiB:,.0f} MiB capacity each is off the scale)"
     else:
         fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
@@ -145,7 +146,7 @@ def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histog
     fig = go.Figure()
     cap = float(tile_memory["capacity_bytes"].max()) / KiB
     fullest = float(tile_memory["total_bytes"].max()) / KiB
-    far = _far_below(fullest, cap)
+    far = far_below(fullest, cap)
     top = fullest if far else max(cap, fullest)
     if far:
         title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
