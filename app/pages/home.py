@@ -28,8 +28,9 @@ def listing(ctx: AppContext) -> html.Div:
     if not rows:
         return html.Div(f"No .h5 profiles under {ctx.root} yet; this list refreshes by itself.",
                         className="message info")
-    head = html.Tr([html.Th(h) for h in ("profile", "kind", "run", "model", "target", "IPUs",
-                                         "memory", "throughput (samples/s)", "latency (ms)")])
+    head = html.Tr([html.Th(h) for h in ("profile", "kind", "run", "model", "target",
+                                         "IPUs / ranks", "memory", "throughput (samples/s)",
+                                         "latency (ms)")])
     body = []
     for r in rows:
         if r.get("error"):

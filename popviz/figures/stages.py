@@ -105,7 +105,9 @@ def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryPr
             else [amp_for(meta, int(i)) for i in s["ipu"]])
     labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=amps, marker={"color": "#519e3e"}, showlegend=False,
-                           text=[f"{a:g}" for a in amps], textposition="outside",
+                           # inside the bar: above it the default's label would collide
+                           text=[f"{a:g}" for a in amps], textposition="inside",
+                           insidetextanchor="end", textfont={"color": "#fff"},
                            hovertemplate="%{x}: AMP %{y:g}<extra></extra>"))
     fig.add_hline(y=0.6, line={"color": "#555", "dash": "dot"}, annotation_text="default 0.6")
     fig.update_yaxes(title_text="AMP", range=[0, 1])
