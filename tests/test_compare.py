@@ -296,8 +296,6 @@ def test_cli_bad_path_one_line(hand: dict[str, Path], tmp_path: Path,
 BUNDLED = ROOT / "profiles"
 
 
-@pytest.mark.skipif(not (BUNDLED / "rn50_recompute").exists(),
-                    reason="profiles/rn50_recompute not built yet (make profiles)")
 def test_bundled_rn50_pipeline_vs_recompute() -> None:
     comp = compare(BUNDLED / "rn50_pipeline", BUNDLED / "rn50_recompute")
     with popviz.open(BUNDLED / "rn50_pipeline") as a, \

@@ -52,3 +52,27 @@ def test_published_layouts() -> None:
     # the folder stays small enough to commit
     total = sum(p.stat().st_size for p in (ROOT / "profiles").rglob("*.h5"))
     assert total < 10e6
+
+
+def _modelled_files() -> list[Path]:
+    return [p for p in sorted((ROOT / "profiles").rglob("profile.h5"))
+            if popviz.open(p).kind == "modelled"]
+
+
+@pytest.mark.parametrize("path", _modelled_files(), ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_committed_profile_is_current(path: Path) -> None:
+    """Recompiling each example's stored program with its stored options reproduces every
+    table and the summary: a change to the cost model or the compiler that forgets
+    `make profiles` fails here."""
+    import pandas as pd
+
+    from popviz.analysis.tune import load_program
+
+    stored = popviz.open(path)
+    program, options = load_program(stored)
+    again = popviz.compile(program, options)
+    for name in ("stages", "trace", "liveness", "tile_memory", "exchange", "ops", "variables"):
+        pd.testing.assert_frame_equal(again.tables[name].reset_index(drop=True),
+                                      stored.table(name), check_dtype=False,
+                                      obj=f"{path.parent.name}: {name}")
+    assert again.summary == stored.summary
