@@ -33,6 +33,7 @@ from popviz.annotate import STATE
 from popviz.record import flops as _flops
 from popviz.record.build import CHECKPOINT, build_program
 from popviz.record.program import Program
+from popviz.record.scopes import ModuleScopes
 from popviz.record.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
 
 aten = torch.ops.aten
@@ -66,7 +67,7 @@ class _Mode(TorchDispatchMode):
         return self.recorder._on_op(func, args, kwargs or {})
 
 
-class Recorder:
+class Recorder(ModuleScopes):
     """Context manager around one step; `.program` holds the Program after a clean exit.
 
     `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
@@ -167,86 +168,6 @@ class Recorder:
         # disable=None: tqdm shows itself only on a terminal unless progress=True
         return tqdm(desc=f"popviz {self.mode}", unit=" ops", file=sys.stderr,
                     disable=None if self.progress is None else False, mininterval=0.5)
-
-    # ---------------------------------------------------------------- modules
-    def _adopt_root(self, model: torch.nn.Module) -> None:
-        self._root = model
-        for path, mod in model.named_modules():
-            self._paths.setdefault(id(mod), path)
-        for pname, p in model.named_parameters():
-            self._param_names.setdefault(p.untyped_storage()._cdata, pname)
-            self._params.append(p)
-        for bname, b in model.named_buffers():
-            self._param_names.setdefault(b.untyped_storage()._cdata, bname)
-        self._layer_names = dict(getattr(model, "popviz_layer_names", None) or {})
-        # parameters, buffers and existing gradients exist before the step: rows up front
-        for t in [*model.parameters(), *model.buffers()]:
-            self._register_existing(t)
-        for p in self._params:
-            if p.grad is not None:
-                rec = self._register_existing(p.grad)
-                self._grad_cds.add(p.grad.untyped_storage()._cdata)
-                rec.module, rec.layer = None, None
-
-    def _register_existing(self, t: torch.Tensor) -> Storage:
-        storage = t.untyped_storage()
-        cd = storage._cdata
-        rec = self._storages.get(cd)
-        if rec is None:
-            rec = Storage(len(self._rows), t, storage, -1, None, None, None)
-            name = self._param_names.get(cd)
-            if name is not None:
-                rec.name = name
-                rec.module = name.rpartition(".")[0]
-                rec.layer = self._layer_of(rec.module)
-            self._storages[cd] = rec
-            self._rows.append(rec)
-        return rec
-
-    def _path_of(self, mod: torch.nn.Module) -> str:
-        path = self._paths.get(id(mod))
-        if path is None:
-            if self._root is None and not self._mod_stack:
-                self._adopt_root(mod)  # no model given: the first module called is the model
-                return ""
-            parent = self._mod_stack[-1] if self._mod_stack else ""
-            path = f"{parent}.{type(mod).__name__}" if parent else type(mod).__name__
-            self._paths[id(mod)] = path
-        return path
-
-    def _module_pre(self, mod: torch.nn.Module, args: Any) -> None:
-        path = self._path_of(mod)
-        if path == "" and mod is self._root and torch._C._current_graph_task_id() == -1:
-            STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
-            if self._input_shape is None:
-                first = next(iter(tensors_in(args)), None)
-                if first is not None:
-                    self._input_shape = [int(s) for s in first.shape]
-            self._forward_started = True
-        self._mod_stack.append(path)
-
-    def _module_post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
-        path = self._paths.get(id(mod))
-        stack = self._mod_stack
-        if stack and stack[-1] == path:
-            stack.pop()
-        elif path in stack:  # an exception unwound inner modules without their hooks
-            del stack[len(stack) - 1 - stack[::-1].index(path):]
-
-    def _layer_of(self, module: str) -> str:
-        layer = self._layer_cache.get(module)
-        if layer is None:
-            layer = module
-            names = self._layer_names
-            if names:
-                parts = module.split(".") if module else []
-                for k in range(len(parts), -1, -1):  # longest matching prefix wins
-                    prefix = ".".join(parts[:k])
-                    if prefix in names:
-                        layer = names[prefix]
-                        break
-            self._layer_cache[module] = layer
-        return layer
 
     # ---------------------------------------------------------------- optimiser
     def _optimiser_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
