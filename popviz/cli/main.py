@@ -11,11 +11,11 @@ from popviz.cli.command import Command, run_guarded
 
 # Each module defines COMMAND: Command. Order is the order `popviz --help` lists them.
 SUBCOMMAND_MODULES = [
+    "popviz.cli.serve",
     "popviz.cli.summary",
     "popviz.cli.compare",
-    "popviz.cli.serve",
-    "popviz.cli.export",
     "popviz.cli.tune",
+    "popviz.cli.export",
     "popviz.cli.merge",
 ]
 
