@@ -19,11 +19,11 @@ NEEDS_PROFILE = True
 
 
 def ipu_time(ctx: AppContext, entry: Entry) -> Any:
-    return figures.ipu_time_figure(entry.profile.stages, naming=naming(entry))
+    return figures.ipu_time_figure(analysis.profile_stages(entry.profile), naming=naming(entry))
 
 
 def load(ctx: AppContext, entry: Entry) -> Any:
-    return figures.stage_load_figure(entry.profile.stages, naming=naming(entry))
+    return figures.stage_load_figure(analysis.profile_stages(entry.profile), naming=naming(entry))
 
 
 def stash(ctx: AppContext, entry: Entry) -> Any:
@@ -39,7 +39,7 @@ FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
-    stages = entry.profile.stages
+    stages = analysis.profile_stages(entry.profile)
     if stages.empty:
         return html.Div([html.H2(title_of(entry)),
                          message("This profile has no stage table.", "info")])

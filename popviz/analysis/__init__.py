@@ -5,8 +5,10 @@ from popviz.analysis.balance import (
                                      bottleneck_stage,
                                      imbalance,
                                      ipu_balance,
+                                     profile_stages,
                                      stage_balance,
                                      time_by_kind,
+                                     timed_stages,
 )
 from popviz.analysis.exchange import exchange_by_kind, exchange_matrix, exchange_over_time
 from popviz.analysis.insights import insights
@@ -24,5 +26,6 @@ from popviz.analysis.table import filter_table, query_table
 __all__ = ["Advice", "advise", "bottleneck_stage", "bumps", "exchange_by_kind",
            "exchange_matrix", "exchange_over_time", "filter_table", "find_bumps",
            "fit_summary", "fullest_tiles", "imbalance", "insights", "ipu_balance",
-           "ipu_totals", "liveness_peaks", "memory_categories", "oom_tiles", "query_table",
-           "stage_balance", "tile_breakdown", "time_by_kind", "variables_live_at"]
+           "ipu_totals", "liveness_peaks", "memory_categories", "oom_tiles", "profile_stages",
+           "query_table", "stage_balance", "tile_breakdown", "time_by_kind", "timed_stages",
+           "variables_live_at"]

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.analysis.timeline import rank_time
+
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
                    "other_cycles")
@@ -30,6 +32,38 @@ def _derive(frame: pd.DataFrame) -> pd.DataFrame:
     mean = out["busy_cycles"].mean() if len(out) else 0.0
     out["relative_load"] = out["busy_cycles"] / mean if mean else 0.0
     return out
+
+
+def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
+                 measured: bool) -> pd.DataFrame:
+    """The stage table with a measured run's time columns re-derived from its trace by the
+    timeline sweep (timeline.py), so overlapping events count once and each rank's columns
+    add up to the step time; idle_cycles is then idle + sync over that rank-time, the one
+    definition compare uses too. Time not covered by any event (host Python) goes to
+    other_cycles. A modelled stage table is returned as is (its columns already partition
+    the step). A rank holding several stages shares its times equally among them."""
+    if not measured or trace is None or trace.empty or stages.empty:
+        return stages
+    times = rank_time(trace)
+    out = stages.copy()
+    share = out.groupby("ipu")["stage"].transform("size").astype(float).to_numpy()
+    ipu = out["ipu"].astype(int)
+    cols = {"forward_cycles": ["forward"], "backward_cycles": ["backward"],
+            "recompute_cycles": ["recompute"], "optimiser_cycles": ["weight_update"],
+            "other_cycles": ["compute", "untraced"], "exchange_cycles": ["exchange", "host_io"],
+            "idle_cycles": ["idle", "sync"]}
+    for col, cats in cols.items():
+        per_rank = times[cats].sum(axis=1)
+        out[col] = per_rank.reindex(ipu).fillna(0.0).to_numpy() / share
+    if "sync_cycles" in out.columns:
+        out["sync_cycles"] = times["sync"].reindex(ipu).fillna(0.0).to_numpy() / share
+    return out
+
+
+def profile_stages(profile: Any) -> pd.DataFrame:
+    """A profile's stage table as every view should read it (`timed_stages`)."""
+    measured = str(getattr(profile, "kind", "")) == "measured"
+    return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 
 def stage_balance(stages: pd.DataFrame) -> pd.DataFrame:

@@ -14,14 +14,14 @@ import numpy as np
 import pandas as pd
 
 from popviz.analysis.facts import oom_tiles
+from popviz.analysis.timeline import COMPUTE, idle_fractions, rank_time
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
 TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
                    "exchange", "idle", "untraced"]
-_PASS_CATEGORY = {"F": "forward", "B": "backward", "R": "recompute", "WU": "weight_update"}
-_KIND_CATEGORY = {"exchange": "exchange", "host_io": "exchange", "sync": "idle",
-                  "idle": "idle"}
-COMPUTE_CATEGORIES = ("forward", "backward", "recompute", "weight_update", "compute")
+# timeline categories folded into the comparison's: host I/O is exchange, a sync is waiting
+_FOLD = {"host_io": "exchange", "sync": "idle"}
+COMPUTE_CATEGORIES = COMPUTE
 PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
 # liveness anchors: the first step of these phases lands at the same x on both sides
 ANCHORS: dict[str, tuple[str, ...]] = {"backward": ("backward", "recompute"),
@@ -65,20 +65,6 @@ def _col(frame: pd.DataFrame, name: str) -> pd.Series:
     if name in frame.columns:
         return pd.to_numeric(frame[name], errors="coerce").fillna(0).astype(float)
     return pd.Series(0.0, index=frame.index)
-
-
-def _trace_categories(trace: pd.DataFrame) -> pd.DataFrame:
-    """Trace durations with a time category: ipu, category, duration."""
-    kind = trace["kind"].astype(str).to_numpy()
-    ps = (trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
-          else np.full(len(trace), ""))
-    out = np.full(len(kind), "compute", dtype=object)
-    for p, cat in _PASS_CATEGORY.items():
-        out[(kind == "compute") & (ps == p)] = cat
-    for k, cat in _KIND_CATEGORY.items():
-        out[kind == k] = cat
-    return pd.DataFrame({"ipu": trace["ipu"].to_numpy(np.int64), "category": out,
-                         "duration": (trace["end"] - trace["start"]).to_numpy(np.float64)})
 
 
 def _peaks(liveness: pd.DataFrame) -> pd.Series:
@@ -126,11 +112,13 @@ def load_side(profile: Any, label: str) -> Side:
     per_ipu = _num(summary.get("throughput_per_ipu")) or (
         throughput / total_ipus if throughput else None)
 
-    # IPU-time per sample by category; untraced time closes the sum exactly
-    cats = _trace_categories(trace) if len(trace) else pd.DataFrame(
-        {"ipu": [], "category": [], "duration": []})
+    # IPU-time per sample by category, each instant of a device's step counted once (the
+    # timeline sweep); untraced time closes the sum exactly
+    times = rank_time(trace)
+    folded = times[[c for c in times.columns if c not in ("untraced", "step_time", "steps")]]
+    folded = folded.T.groupby(lambda c: _FOLD.get(c, c), sort=False).sum().T
     per_replica = samples / replicas if replicas else samples
-    by_cat = cats.groupby("category")["duration"].sum() * scale * 1e6 / per_replica
+    by_cat = folded.sum() * scale * 1e6 / per_replica
     tps = by_cat.reindex(TIME_CATEGORIES[:-1]).fillna(0.0)
     ipu_us = 1e6 / per_ipu if per_ipu else float("nan")
     rest = ipu_us - float(tps.sum()) if per_ipu else 0.0
@@ -138,14 +126,13 @@ def load_side(profile: Any, label: str) -> Side:
     compute = float(tps[list(COMPUTE_CATEGORIES)].sum())
 
     # per IPU, per step
-    by_ipu = cats.pivot_table(index="ipu", columns="category", values="duration",
-                              aggfunc="sum", fill_value=0.0) if len(cats) else pd.DataFrame()
     ipus = pd.DataFrame(index=pd.Index(range(num_ipus), name="ipu"))
     ms = scale * 1e3
-    ipus["compute_ms"] = sum((by_ipu[c] if c in by_ipu.columns else 0.0)
-                             for c in COMPUTE_CATEGORIES) * ms
+    ipus["compute_ms"] = folded.reindex(columns=list(COMPUTE_CATEGORIES), fill_value=0.0).sum(
+        axis=1).reindex(ipus.index).fillna(0.0) * ms
     for c in ("exchange", "idle"):
-        ipus[f"{c}_ms"] = (by_ipu[c] if c in by_ipu.columns else 0.0) * ms
+        ipus[f"{c}_ms"] = (folded[c].reindex(ipus.index).fillna(0.0) if c in folded.columns
+                           else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
     peaks = _peaks(liveness)
@@ -206,8 +193,10 @@ def load_side(profile: Any, label: str) -> Side:
         if unit == "cycles" else None,
         "samples_per_step": samples, "latency_ms": _num(summary.get("latency_ms")),
         "ipu_us_per_sample": ipu_us if per_ipu else None,
-        "idle_fraction": _num(summary.get("idle_fraction")) if "idle_fraction" in summary
-        else (float(tps["idle"]) / ipu_us if per_ipu else None),
+        # one definition of idle (timeline.py); a modelled summary states the same figure
+        "idle_fraction": _num(summary.get("idle_fraction"))
+        if "idle_fraction" in summary and unit == "cycles"
+        else (idle_fractions(times)[1] if len(times) else None),
         "recompute_fraction": float(tps["recompute"]) / compute if compute else 0.0,
         "peak_bytes_max": float(ipus["peak_bytes"].max()) if len(peaks) else None,
         "headroom_bytes_min": float(ipus["headroom_bytes"].min()) if len(peaks) and capacity

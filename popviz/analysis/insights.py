@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from popviz.analysis.advice import Advice, advise
-from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance
+from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance, timed_stages
 from popviz.analysis.liveness import liveness_peaks
 from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
 
@@ -28,9 +28,11 @@ def capacity_per_ipu(meta: dict[str, Any]) -> float:
 
 def insights(profile: ProfileLike) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
-    (never the trace), so it is cheap on big profiles."""
+    (the trace only of a measured run, which is small), so it is cheap on big profiles."""
     meta, summary = profile.meta or {}, profile.summary or {}
-    stages = profile.table("stages")
+    measured = str(getattr(profile, "kind", meta.get("kind", ""))) == "measured"
+    stages = timed_stages(profile.table("stages"),
+                          profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
     if not fit["known"] and "fits" in summary:

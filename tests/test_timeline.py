@@ -1,0 +1,115 @@
+"""The timeline sweep (analysis/timeline.py): overlapping events count once, parts add up
+to the step time, modelled traces keep their plain sums, and the three idle figures of a
+measured run (/stages per rank, summary card, compare) are one number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import popviz
+from popviz.analysis.balance import ipu_balance, profile_stages, timed_stages
+from popviz.analysis.compare_sides import load_side
+from popviz.analysis.insights import insights
+from popviz.analysis.timeline import CATEGORIES, idle_fractions, rank_time
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "profiles" / "tutorial_measured_2ranks"
+MODELLED = ROOT / "profiles" / "tutorial_pipelined" / "training"
+
+
+def _trace(rows: list[tuple[int, int, int, int, str, str]]) -> pd.DataFrame:
+    """(ipu, step, start, end, kind, pass) rows -> a trace."""
+    t = pd.DataFrame(rows, columns=["ipu", "step", "start", "end", "kind", "pass"])
+    t["stage"] = t["ipu"]
+    return t
+
+
+# step 0, window [0, 20]:
+#   rank 0: forward [0,10], exchange [5,15] (async, under compute), idle [12,20]
+#     -> forward 10, exchange 10..15 = 5, idle 15..20 = 5
+#   rank 1: backward [2,6], sync [4,8] -> untraced 0..2 + 8..20 = 14, backward 4, sync 2
+# step 1, window [100, 110]: rank 0 forward [100,104], exchange [100,110]
+#     -> forward 4, exchange 6; rank 1 untraced 10
+OVERLAP = _trace([(0, 0, 0, 10, "compute", "F"), (0, 0, 5, 15, "exchange", ""),
+                  (0, 0, 12, 20, "idle", ""), (1, 0, 2, 6, "compute", "B"),
+                  (1, 0, 4, 8, "sync", ""), (0, 1, 100, 104, "compute", "F"),
+                  (0, 1, 100, 110, "exchange", "")])
+
+
+def test_overlapping_events_count_once_in_priority_order() -> None:
+    t = rank_time(OVERLAP)
+    assert t.loc[0, "forward"] == 7.0 and t.loc[0, "exchange"] == 5.5
+    assert t.loc[0, "idle"] == 2.5 and t.loc[0, "untraced"] == 0.0
+    assert t.loc[1, "backward"] == 2.0 and t.loc[1, "sync"] == 1.0
+    assert t.loc[1, "untraced"] == 12.0
+    assert (t["step_time"] == 15.0).all() and (t["steps"] == 2).all()
+    parts = t[[*CATEGORIES, "untraced"]].sum(axis=1)
+    assert parts.tolist() == [15.0, 15.0]  # parts sum to the step time, on every rank
+    per, overall = idle_fractions(t)
+    assert per.tolist() == [2.5 / 15, 1.0 / 15]
+    assert overall == pytest.approx(3.5 / 30)
+
+
+def test_compute_beats_exchange_beats_host_io_beats_sync_beats_idle() -> None:
+    # five nested events all covering [4,5]; each outer one owns one more unit
+    t = rank_time(_trace([(0, 0, 0, 9, "idle", ""), (0, 0, 1, 8, "sync", ""),
+                          (0, 0, 2, 7, "host_io", ""), (0, 0, 3, 6, "exchange", ""),
+                          (0, 0, 4, 5, "compute", "WU")]))
+    row = t.loc[0]
+    assert (row["weight_update"], row["exchange"], row["host_io"], row["sync"],
+            row["idle"]) == (1.0, 2.0, 2.0, 2.0, 2.0)
+
+
+def test_modelled_trace_gives_the_plain_sums() -> None:
+    p = popviz.open(MODELLED)
+    tr = p.trace
+    t = rank_time(tr)
+    sums = (tr.assign(d=(tr["end"] - tr["start"]).astype(float))
+            .pivot_table(index="ipu", columns="kind", values="d", aggfunc="sum", fill_value=0))
+    for kind in ("exchange", "host_io", "sync", "idle"):
+        got = t[kind].to_numpy()
+        want = sums[kind].to_numpy() if kind in sums else np.zeros(len(t))
+        assert np.array_equal(got, want), kind
+    assert np.array_equal(t[["forward", "backward", "recompute", "weight_update",
+                             "compute"]].sum(axis=1).to_numpy(), sums["compute"].to_numpy())
+    assert (t["untraced"] == 0).all()
+    # the comparison's side: same figures as summing durations (the old computation)
+    side = load_side(p, "B")
+    clock = float(p.meta["target"]["clock_hz"])
+    per = float(side.metrics["samples_per_step"]) / side.facts["replicas"]
+    idle = float(sums["idle"].sum() + sums["sync"].sum())
+    assert side.time_per_sample["idle"] == idle / clock * 1e6 / per
+    assert side.metrics["idle_fraction"] == p.summary["idle_fraction"]
+    # and the stage table of a modelled run is left alone
+    assert timed_stages(p.stages, tr, measured=False) is p.stages
+
+
+def test_measured_idle_is_one_number_everywhere() -> None:
+    p = popviz.open(MEASURED)
+    times = rank_time(p.trace)
+    per_rank, overall = idle_fractions(times)
+    stages_view = ipu_balance(profile_stages(p)).set_index("ipu")["bubble_fraction"]
+    assert stages_view.to_numpy() == pytest.approx(per_rank.to_numpy(), rel=1e-12)
+    assert insights(p)["bubble_fraction"] == pytest.approx(overall, rel=1e-12)
+    side = load_side(p, "A")
+    assert side.metrics["idle_fraction"] == pytest.approx(overall, rel=1e-12)
+    # per rank, the compare table's ms add up to the step time (no double counting)
+    step_ms = float(p.summary["step_ms"])
+    assert side.ipus[["compute_ms", "exchange_ms", "idle_ms"]].sum(axis=1).max() <= step_ms
+    assert side.time_per_sample["untraced"] >= 0
+    assert side.time_per_sample.sum() == pytest.approx(side.metrics["ipu_us_per_sample"])
+
+
+def test_timed_stages_count_an_async_send_once() -> None:
+    stages = pd.DataFrame({"stage": [0, 1], "ipu": [0, 1], "forward_cycles": [99.0, 0.0],
+                           "backward_cycles": [0.0, 99.0], "exchange_cycles": [99.0, 0.0],
+                           "idle_cycles": [99.0, 99.0], "optimiser_cycles": [0.0, 0.0],
+                           "other_cycles": [0.0, 0.0]})
+    out = ipu_balance(timed_stages(stages, OVERLAP, measured=True)).set_index("ipu")
+    assert out["total_cycles"].tolist() == [15.0, 15.0]
+    assert out.loc[0, "forward_cycles"] == 7.0 and out.loc[0, "exchange_cycles"] == 5.5
+    assert out["bubble_fraction"].tolist() == [2.5 / 15, 1.0 / 15]
