@@ -113,3 +113,43 @@ def test_timed_stages_count_an_async_send_once() -> None:
     assert out["total_cycles"].tolist() == [15.0, 15.0]
     assert out.loc[0, "forward_cycles"] == 7.0 and out.loc[0, "exchange_cycles"] == 5.5
     assert out["bubble_fraction"].tolist() == [2.5 / 15, 1.0 / 15]
+
+
+def test_verdict_speaks_ranks_for_measured_and_ipus_for_modelled() -> None:
+    from popviz.analysis.compare import compare
+
+    mixed = compare(popviz.open(MEASURED), popviz.open(MODELLED)).verdict
+    text = " ".join([mixed["headline"], *mixed["reasons"]])
+    assert "IPU-us" not in text and "between IPUs and" not in text and "IPU0" not in text
+    assert "per device" in text and "device-µs" in text and "most on rank " in text
+    assert "2 rank(s)" in text
+    modelled = compare(popviz.open(MODELLED), popviz.open(ROOT / "profiles" / "rn50_pipeline"))
+    text = " ".join([modelled.verdict["headline"], *modelled.verdict["reasons"]])
+    assert "IPU-us" in text and "per IPU" in text and "rank" not in text
+    assert "most on IPU" in text
+
+
+def test_advice_names_ranks_for_a_measured_bottleneck() -> None:
+    from popviz.analysis.advice import advise
+
+    stages = pd.DataFrame({"stage": [0, 1], "ipu": [0, 1], "forward_cycles": [10.0, 40.0],
+                           "backward_cycles": [0.0, 0.0], "exchange_cycles": [0.0, 0.0],
+                           "idle_cycles": [30.0, 0.0]})
+    empty = pd.DataFrame(columns=["ipu", "tile", "total_bytes", "capacity_bytes"])
+    measured = [a.text for a in advise({"kind": "measured"}, stages, empty)
+                if a.topic == "split"]
+    modelled = [a.text for a in advise({}, stages, empty) if a.topic == "split"]
+    assert measured and "rank 1" in measured[0] and "busy time" in measured[0]
+    assert "IPU" not in measured[0] and "cycles" not in measured[0]
+    assert modelled and "IPU1" in modelled[0] and "busy cycles" in modelled[0]
+
+
+def test_exchange_by_kind_names_its_time_column_neutrally() -> None:
+    from popviz.analysis.exchange import exchange_by_kind
+
+    ex = pd.DataFrame({"kind": ["p2p", "p2p", "host"], "bytes": [4, 6, 8],
+                       "start": [0, 10, 5], "end": [3, 17, 6]})
+    out = exchange_by_kind(ex).set_index("kind")
+    assert "cycles" not in out.columns
+    assert out.loc["p2p", "time"] == 10 and out.loc["host", "time"] == 1
+    assert list(exchange_by_kind(ex.iloc[:0]).columns) == ["kind", "transfers", "bytes", "time"]

@@ -41,8 +41,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),
                   graph("exchange-time", over_time(ctx, entry))], className="row two"),
         html.H3("By kind"),
-        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange),
-              words=naming(entry)),
+        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange).rename(
+            columns={"time": naming(entry).unit}), words=naming(entry)),
         downloads(entry.rel, ["exchange"], list(FIGURES)),
     ])
 

@@ -103,7 +103,8 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
     return out
 
 
-def _balance_advice(stages: pd.DataFrame, splits: list[str]) -> list[Advice]:
+def _balance_advice(stages: pd.DataFrame, splits: list[str],
+                    measured: bool = False) -> list[Advice]:
     bal = stage_balance(stages)
     if len(bal) < 2 or bal["busy_cycles"].mean() <= 0:
         return []
@@ -113,8 +114,11 @@ def _balance_advice(stages: pd.DataFrame, splits: list[str]) -> list[Advice]:
     if load < IMBALANCE_LIMIT:
         return []
     ipu = int(bal.loc[bal["stage"] == top, "ipu"].iloc[0])
-    head = (f"Stage {top} on IPU{ipu} is the bottleneck: {load:.2f}x the mean busy cycles "
-            "of all stages, so the other IPUs wait at every sync.")
+    # a measured run is ranks and ns, a modelled one IPUs and cycles
+    where, busy_time, others = ((f"rank {ipu}", "busy time", "ranks") if measured
+                                else (f"IPU{ipu}", "busy cycles", "IPUs"))
+    head = (f"Stage {top} on {where} is the bottleneck: {load:.2f}x the mean {busy_time} "
+            f"of all stages, so the other {others} wait at every sync.")
     before, after = busy.get(top - 1), busy.get(top + 1)
     if after is not None and (before is None or after <= before):
         name = _split_after(stages, splits, top)
@@ -173,13 +177,16 @@ def _amp_ignored_advice(ops: pd.DataFrame) -> list[Advice]:
 
 
 def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame,
-           ops: pd.DataFrame | None = None) -> list[Advice]:
-    """Every piece of advice for one profile, most urgent first."""
+           ops: pd.DataFrame | None = None, measured: bool | None = None) -> list[Advice]:
+    """Every piece of advice for one profile, most urgent first. A measured profile
+    (meta kind, unless `measured` says) is worded in ranks and time, not IPUs and cycles."""
+    if measured is None:
+        measured = str(meta.get("kind", "")) == "measured"
     options = meta.get("options") or {}
     splits = [str(s) for s in (options.get("splits") or [])]
     recomputation = bool(options.get("recomputation", False))
     out = _oom_advice(meta, stages, tile_memory, splits, recomputation)
-    out += _balance_advice(stages, splits)
+    out += _balance_advice(stages, splits, measured)
     out += _bubble_advice(meta, stages)
     out += _headroom_advice(meta, tile_memory)
     out += _amp_ignored_advice(ops if ops is not None else pd.DataFrame())

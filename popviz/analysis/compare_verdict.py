@@ -18,7 +18,7 @@ TIE = 0.02  # throughputs within 2% are "about the same"
 WHY = {
     "forward": "on forward compute", "backward": "on backward compute",
     "recompute": "recomputing forward passes", "weight_update": "on weight updates",
-    "compute": "on other compute", "exchange": "on exchange (between IPUs and with the host)",
+    "compute": "on other compute", "exchange": "on exchange (between {devs} and with the host)",
     "idle": "idle (pipeline bubbles, waiting at syncs)", "untraced": "outside the trace",
 }
 OPTION_FACTS = [("model", "model"), ("run", "run"), ("kind", "kind"), ("target", "target"),
@@ -44,6 +44,25 @@ def _ok(value: Any) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _measured(side: Side) -> bool:
+    return side.facts.get("kind") == "measured"
+
+
+def _dev(*sides: Side) -> str:
+    """What the sides run on: 'IPU' (modelled), 'rank' (measured), or 'device' (one each)."""
+    kinds = {_measured(s) for s in sides}
+    return "device" if len(kinds) > 1 else ("rank" if kinds == {True} else "IPU")
+
+
+def _time_unit(dev: str) -> str:
+    """Device-time per sample: modelled keeps its 'IPU-us', measured ones read 'rank-µs'."""
+    return "IPU-us" if dev == "IPU" else f"{dev}-µs"
+
+
+def _name(side: Side, index: int) -> str:
+    return f"rank {index}" if _measured(side) else f"IPU{index}"
+
+
 def _who(side: Side) -> str:
     return f"{side.label} ({side.facts['name']})"
 
@@ -67,33 +86,41 @@ def _speed(comp: Comparison, sa: Side, sb: Side) -> tuple[str | None, float | No
     if not per or not (_ok(per["a"]) and _ok(per["b"])) or min(per["a"], per["b"]) <= 0:
         return None, None, "Throughput is not known for both profiles."
     ratio = per["ratio"]
+    dev = _dev(sa, sb)
     total = (f"; in total A does {tot['a']:,.1f} samples/s on {sa.facts['total_ipus']} "
-             f"IPU(s), B {tot['b']:,.1f} on {sb.facts['total_ipus']}" if tot else "")
+             f"{_dev(sa)}(s), B {tot['b']:,.1f} on {sb.facts['total_ipus']}" if tot else "")
     if abs(ratio - 1) <= TIE:
-        return None, 1.0, (f"A and B are about as fast per IPU ({per['a']:,.1f} vs "
-                           f"{per['b']:,.1f} samples/s per IPU){total}.")
+        return None, 1.0, (f"A and B are about as fast per {dev} ({per['a']:,.1f} vs "
+                           f"{per['b']:,.1f} samples/s per {dev}){total}.")
     fast, slow = (sb, sa) if ratio > 1 else (sa, sb)
     factor = ratio if ratio > 1 else 1 / ratio
     fv, sv = (per["b"], per["a"]) if ratio > 1 else (per["a"], per["b"])
-    return fast.label, factor, (f"{_who(fast)} is {factor:.2f}x faster per IPU than "
-                                f"{_who(slow)} ({fv:,.1f} vs {sv:,.1f} samples/s per IPU)"
+    return fast.label, factor, (f"{_who(fast)} is {factor:.2f}x faster per {dev} than "
+                                f"{_who(slow)} ({fv:,.1f} vs {sv:,.1f} samples/s per {dev})"
                                 f"{total}.")
 
 
-def _idlest_ipu(comp: Comparison, side: str) -> str:
-    """', most on IPU3 (38% of its step)' when one IPU of `side` idles most (imbalance)."""
-    ipus = comp.ipus.pivot_table(index="ipu", columns="metric", values=side.lower())
+def _idlest_ipu(comp: Comparison, side: Side) -> str:
+    """', most on IPU3 (38% of its step)' (or 'rank 1' when measured) when one device of
+    `side` idles most (imbalance)."""
+    ipus = comp.ipus.pivot_table(index="ipu", columns="metric", values=side.label.lower())
     need = {"compute_ms", "exchange_ms", "idle_ms"}
     if len(ipus) < 2 or not need <= set(ipus.columns):
         return ""
-    share = ipus["idle_ms"] / ipus[list(need)].sum(axis=1)
+    # over the step (rank-time, timeline.py), not over traced time: the one idle definition
+    step = _metric(comp, "step_ms").get(side.label.lower())
+    rank_time = step if _ok(step) and step else ipus[list(need)].sum(axis=1)
+    share = ipus["idle_ms"] / rank_time
     ipu = int(share.idxmax())
     uneven = ": stages are unbalanced" if share.max() - share.min() > 0.15 else ""
-    return f", most on IPU{ipu} ({share[ipu]:.0%} of its step{uneven})"
+    return f", most on {_name(side, ipu)} ({share[ipu]:.0%} of its step{uneven})"
 
 
-def _time_reasons(comp: Comparison, faster: str) -> list[str]:
-    """Which categories of IPU-time per sample make the difference, biggest first."""
+def _time_reasons(comp: Comparison, faster: str, sa: Side, sb: Side) -> list[str]:
+    """Which categories of IPU-time (rank-time) per sample make the difference, biggest
+    first."""
+    dev = _dev(sa, sb)
+    unit, devs = _time_unit(dev), f"{dev}s" if dev != "device" else "IPUs or ranks"
     tps = comp.time_per_sample
     sign = -1.0 if faster == "B" else 1.0  # savings of the faster side are positive
     gap = abs(float(tps["delta"].sum()))
@@ -107,14 +134,16 @@ def _time_reasons(comp: Comparison, faster: str) -> list[str]:
             continue
         share_a = r["a"] / tps["a"].sum() if tps["a"].sum() else 0.0
         share_b = r["b"] / tps["b"].sum() if tps["b"].sum() else 0.0
-        shares = f" ({share_a:.0%} of A's IPU time vs {share_b:.0%} of B's)"
+        shares = f" ({share_a:.0%} of A's {dev} time vs {share_b:.0%} of B's)"
+        why = WHY[r["category"]].format(devs=devs)
         if r["saving"] > 0:
-            where = _idlest_ipu(comp, slow) if r["category"] == "idle" else ""
-            out.append(f"{slow} spends {r['saving']:,.1f} IPU-us more per sample "
-                       f"{WHY[r['category']]}{shares}{where}")
+            where = (_idlest_ipu(comp, sb if slow == "B" else sa)
+                     if r["category"] == "idle" else "")
+            out.append(f"{slow} spends {r['saving']:,.1f} {unit} more per sample "
+                       f"{why}{shares}{where}")
         else:
-            out.append(f"despite {faster} spending {-r['saving']:,.1f} IPU-us more per "
-                       f"sample {WHY[r['category']]}{shares}")
+            out.append(f"despite {faster} spending {-r['saving']:,.1f} {unit} more per "
+                       f"sample {why}{shares}")
     return out[:4]
 
 
@@ -125,11 +154,12 @@ def _memory_reasons(comp: Comparison, sa: Side, sb: Side) -> list[str]:
         cap_a, cap_b = sa.facts["ipu_capacity_bytes"], sb.facts["ipu_capacity_bytes"]
         pa = f" ({peak['a'] / cap_a:.0%} of an IPU)" if cap_a else ""
         pb = f" ({peak['b'] / cap_b:.0%} of an IPU)" if cap_b else ""
-        out.append(f"peak memory of the fullest IPU: A {_fmt_bytes(peak['a'])}{pa}, "
+        out.append(f"peak memory of the fullest {_dev(sa, sb)}: A {_fmt_bytes(peak['a'])}{pa}, "
                    f"B {_fmt_bytes(peak['b'])}{pb}")
     inter = _metric(comp, "inter_ipu_bytes")
     if inter and (inter["a"] or inter["b"]):
-        out.append("IPU-to-IPU traffic per step (incl. all-reduce): A moves "
+        dev = _dev(sa, sb)
+        out.append(f"{dev}-to-{dev} traffic per step (incl. all-reduce): A moves "
                    f"{_fmt_bytes(inter['a'])}, B {_fmt_bytes(inter['b'])}")
     stash = _metric(comp, "stash_bytes")
     if stash and _ok(stash["a"]) and _ok(stash["b"]) and (stash["a"] or stash["b"]):
@@ -180,9 +210,9 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
         headline = f"Neither fits. {_oom_text(sa)}; {_oom_text(sb)}."
         reasons.append(speed)
     if faster:
-        why = _time_reasons(comp, faster)
+        why = _time_reasons(comp, faster, sa, sb)
         if why:
-            reasons.append(f"{faster} is faster per IPU because " + "; ".join(why) + ".")
+            reasons.append(f"{faster} is faster per {_dev(sa, sb)} because " + "; ".join(why) + ".")
     lat = _metric(comp, "latency_ms")
     if lat and _ok(lat["a"]) and _ok(lat["b"]):
         reasons.append(f"latency per batch: A {lat['a']:,.3f} ms, B {lat['b']:,.3f} ms")

@@ -58,12 +58,13 @@ def exchange_over_time(exchange: pd.DataFrame, bins: int = 100) -> pd.DataFrame:
 
 
 def exchange_by_kind(exchange: pd.DataFrame) -> pd.DataFrame:
-    """Transfers, bytes and busy cycles per kind."""
+    """Transfers, bytes and busy time per kind (column `time`: in the profile's unit,
+    cycles when modelled, ns when measured)."""
     if exchange.empty:
-        return pd.DataFrame(columns=["kind", "transfers", "bytes", "cycles"])
-    frame = exchange.assign(cycles=exchange["end"] - exchange["start"],
+        return pd.DataFrame(columns=["kind", "transfers", "bytes", "time"])
+    frame = exchange.assign(time=exchange["end"] - exchange["start"],
                             kind=exchange["kind"].astype(str))
     out = frame.groupby("kind", sort=True).agg(transfers=("bytes", "size"),
                                                 bytes=("bytes", "sum"),
-                                                cycles=("cycles", "sum"))
+                                                time=("time", "sum"))
     return out.reset_index()

@@ -65,7 +65,7 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
         "imbalance": imbalance(stages) if len(stages) else 1.0,
         "bubble_fraction": float(bal["idle_cycles"].sum() / total) if total else 0.0,
         "peaks": liveness_peaks(profile.table("liveness")),
-        "advice": advise(meta, stages, tile_memory, profile.table("ops")),
+        "advice": advise(meta, stages, tile_memory, profile.table("ops"), measured),
     }
 
 
