@@ -18,6 +18,7 @@ from popviz_app.pages import PAGES
 from popviz.cli.main import main
 from popviz.format import write_report
 from popviz.synthetic import synthetic_report
+from tests.dash_util import component_text as _text
 
 GOOD = "run/training/profile.h5"
 OOM = "oom/profile.h5"
@@ -49,13 +50,6 @@ def _find(component: Any, kind: str) -> list[Any]:
     return found
 
 
-def _text(component: Any) -> str:
-    if isinstance(component, (str, int, float)):
-        return str(component)
-    children = getattr(component, "children", None)
-    if isinstance(children, (list, tuple)):
-        return " ".join(_text(c) for c in children)
-    return "" if children is None else _text(children)
 
 
 def test_resolve_profile_refuses_paths_outside_the_root(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from popviz import analysis, figures
 from popviz.analysis.compare import compare
 from popviz.figures import compare as cf
 from popviz.figures.naming import MEASURED, MODELLED, naming_for, naming_of
+from tests.dash_util import component_text as _text
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
@@ -109,13 +110,6 @@ def test_liveness_of_a_measured_profile_has_rank_panels(measured: Any) -> None:
     assert "IPU" not in _words(fig)
 
 
-def _text(component: Any) -> str:
-    if isinstance(component, (str, int, float)):
-        return str(component)
-    children = getattr(component, "children", None)
-    if isinstance(children, (list, tuple)):
-        return " ".join(_text(c) for c in children)
-    return "" if children is None else _text(children)
 
 
 def _find(component: Any, kind: str) -> list[Any]:

@@ -1,0 +1,15 @@
+"""Helpers for tests that inspect Dash component trees without a browser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def component_text(component: Any) -> str:
+    """All text inside a Dash component tree, space-joined."""
+    if isinstance(component, (str, int, float)):
+        return str(component)
+    children = getattr(component, "children", None)
+    if isinstance(children, (list, tuple)):
+        return " ".join(component_text(c) for c in children)
+    return "" if children is None else component_text(children)
