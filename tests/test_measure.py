@@ -237,7 +237,7 @@ def test_app_pages_render_the_measured_profile(runs: dict[str, Path], tmp_path: 
         assert "message error" not in repr(body), page.PATH
     trace = next(c for c in _walk(render(app.popviz_context, "/trace", "?profile=m.h5")[1])
              if type(c).__name__ == "Graph").figure
-    assert trace.layout.xaxis.title.text == "ns" and len(trace.data) > 0
+    assert trace.layout.xaxis.title.text == "time (ns)" and len(trace.data) > 0
     live = [c for c in _walk(render(app.popviz_context, "/liveness", "?profile=m.h5")[1])
             if type(c).__name__ == "Graph"]
     assert live and len(live[0].figure.data) > 0
