@@ -120,11 +120,15 @@ def test_waiting_is_separated_from_transfer(merged: Any) -> None:
     # one clock for both ranks: no data arrives before its sender posted it
     recv = p2p[p2p["direction"] == "recv"]
     assert (recv["wait_end"] >= recv["peer_post"]).all()
-    # both ranks leave the clock-sync barrier together; then rank 1 cannot receive
-    # micro-batch 0 before rank 0 has computed it: it waits
+    # causality on one clock: rank 1 cannot receive micro-batch 0 before rank 0 has
+    # computed its forward (whether rank 1 waited depends on when the OS ran it)
     first = p2p[(p2p["rank"] == 1) & (p2p["direction"] == "recv") & (p2p["microbatch"] == 0)
                 & (p2p["step"] == 0)]
-    assert len(first) == 1 and (first["waiting_ns"] > 0).all()
+    trace = merged.trace
+    forward0 = trace[(trace["ipu"] == 0) & (trace["kind"] == "compute")
+                     & (trace["pass"] == "F") & (trace["microbatch"] == 0)]
+    assert len(first) == 1 and len(forward0)
+    assert int(first["wait_end"].iloc[0]) >= int(forward0["end"].min())
     idle = merged.trace[merged.trace["kind"] == "idle"]
     assert idle["op"].str.startswith("wait: ").all() and len(idle) > 0
     stages = merged.stages.set_index("stage")
