@@ -97,3 +97,15 @@ def test_export_unknown_table_is_usage_error(tmp_path: Path,
     assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "o"),
                  "--tables", "nope"]) == 2
     assert "unknown table(s) nope" in capsys.readouterr().err
+
+
+def test_compare_text_names_devices_by_kind(capsys: pytest.CaptureFixture) -> None:
+    profiles = Path(__file__).resolve().parents[1] / "profiles"
+    assert main(["compare", str(profiles / "tutorial_measured_2ranks"),
+                 str(profiles / "tutorial_pipelined" / "training")]) == 0
+    mixed = capsys.readouterr().out
+    assert "Per device" in mixed and "Per IPU" not in mixed
+    assert main(["compare", str(profiles / "rn50_pipeline"),
+                 str(profiles / "rn50_recompute")]) == 0
+    modelled = capsys.readouterr().out
+    assert "Per IPU" in modelled and "IPU0 compute_ms" in modelled

@@ -54,13 +54,19 @@ def render_text(comp: object) -> str:
     lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(comp.metrics, "metric"))]
     tps = comp.time_per_sample  # type: ignore[attr-defined]
     tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
-    lines += ["", "Where the IPU time per sample goes (sums to 1e6 / throughput per IPU)"]
+    kinds = set(sides["kind"])
+    # measured runs have ranks, modelled ones IPUs; a mixed pair speaks of devices
+    device = "IPU" if kinds == {"modelled"} else "rank" if kinds == {"measured"} else "device"
+    lines += ["", f"Where the {device} time per sample goes "
+              f"(sums to 1e6 / throughput per {device})"]
     lines += _table(["category", *head[1:]], _rows(tps, "category"))
     ipus = comp.ipus  # type: ignore[attr-defined]
     if len(ipus):
         ipus = ipus[ipus["metric"].isin(CLI_IPU_METRICS)]
-        ipus = ipus.assign(key="IPU" + ipus["ipu"].astype(str) + " " + ipus["metric"])
-        lines += ["", "Per IPU", *_table(["ipu metric", *head[1:]], _rows(ipus, "key"))]
+        prefix = "IPU" if device == "IPU" else f"{device} "
+        ipus = ipus.assign(key=prefix + ipus["ipu"].astype(str) + " " + ipus["metric"])
+        lines += ["", f"Per {device}",
+                  *_table([f"{device.lower()} metric", *head[1:]], _rows(ipus, "key"))]
     ops = comp.op_classes.head(8)  # type: ignore[attr-defined]
     if len(ops):
         ops = ops.assign(key=ops["op_class"] + " " + ops["phase"])
