@@ -61,7 +61,6 @@ class Comparison:
                 "liveness_phase_x": _plain(self.phase_x), "verdict": _plain(self.verdict)}
 
 
-
 def format_value(value: Any, unit: str) -> str:
     """A figure of a delta frame as text, in its unit ('-' when absent)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

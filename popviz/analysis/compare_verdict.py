@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from popviz.analysis.compare_sides import Side
+from popviz.units import fmt_bytes as _fmt_bytes
 
 if TYPE_CHECKING:
     from popviz.analysis.compare import Comparison
@@ -27,13 +28,6 @@ OPTION_FACTS = [("model", "model"), ("run", "run"), ("kind", "kind"), ("target",
                 ("recomputation", "recomputation"), ("amp", "AMP"), ("splits", "splits"),
                 ("precision", "precision"), ("micro_batch_size", "micro-batch"),
                 ("gradient_accumulation", "gradient accumulation")]
-
-
-def _fmt_bytes(value: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
 
 
 def _us(value: float) -> str:

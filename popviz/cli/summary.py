@@ -6,20 +6,13 @@ import argparse
 import json
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
+from popviz.units import fmt_bytes as _fmt_bytes
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", help="a profile .h5 file, or a directory of profiles")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (a list when PROFILE holds several)")
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def render_text(facts: dict) -> str:

@@ -221,7 +221,6 @@ def _stages_table(plan: StagePlan, ops: pd.DataFrame, schedule: Schedule, timing
     return out
 
 
-
 def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory,
              stages: pd.DataFrame, ops: pd.DataFrame, options: Options, target: Target,
              micro_batch: int, microbatches_per_replica: int) -> dict[str, Any]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-MiB = 2**20
-KiB = 2**10
+from popviz.units import KiB, MiB, fmt_bytes  # noqa: F401 - re-exported for figures
 
 # trace: forward / backward / recompute / weight update are distinct hues of compute
 CATEGORY_COLOURS = {
@@ -33,14 +32,6 @@ def memory_colour(category: str, index: int) -> str:
 def pretty(name: str) -> str:
     """'not_always_live_peak' -> 'not always live peak'."""
     return name.replace("_", " ")
-
-
-def fmt_bytes(value: float) -> str:
-    value = float(value)
-    for unit, size in (("GiB", 2**30), ("MiB", MiB), ("KiB", KiB)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
 
 
 def byte_unit(largest: float) -> tuple[float, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +27,17 @@ PROFILE_PAGES = [p for p in PAGES if p.NEEDS_PROFILE]
 def _profiles(served: Path) -> list[str]:
     return sorted(p.relative_to(served).as_posix() for p in served.rglob("*.h5")
                   if p.relative_to(served).as_posix() != BROKEN)
+
+
+def _count(served: Path, rel: str, measure: Callable[[Any], int]) -> int:
+    """`measure(profile)` for one served profile."""
+    with popviz.open(served / rel) as profile:
+        return int(measure(profile))
+
+
+def _profile_with_most(served: Path, measure: Callable[[Any], int]) -> str:
+    """The served profile for which `measure(profile)` is largest (first one on ties)."""
+    return max(_profiles(served), key=lambda rel: _count(served, rel, measure))
 
 
 # the page is drawn: a heading or message, every dcc.Graph has a computed Plotly plot, and
@@ -133,13 +145,8 @@ def test_broken_and_escaping_profiles_show_a_message(browser_context: Any, base_
 
 def test_trace_zoom_switches_to_single_events(browser_context: Any, base_url: str,
                                               served: Path) -> None:
-    import popviz
-
-    def events(rel: str) -> int:
-        with popviz.open(served / rel) as profile:
-            return len(profile.trace)
-
-    rel = max(_profiles(served), key=events)  # the one most likely to start zoomed out
+    # the one most likely to start zoomed out
+    rel = _profile_with_most(served, lambda profile: len(profile.trace))
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
     page.wait_for_selector("#trace-graph .main-svg")
     before = page.inner_text("#trace-status")
@@ -184,14 +191,11 @@ def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: st
 
 def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base_url: str,
                                                       served: Path) -> None:
-    import popviz
+    def ipus(profile: Any) -> int:
+        return int(profile.liveness["ipu"].nunique())
 
-    def ipus(rel: str) -> int:
-        with popviz.open(served / rel) as profile:
-            return int(profile.liveness["ipu"].nunique())
-
-    rel = max(_profiles(served), key=ipus)
-    last = ipus(rel) - 1
+    rel = _profile_with_most(served, ipus)
+    last = _count(served, rel, ipus) - 1
     page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
     before = page.inner_text("#live-vars-head")
     marker = page.locator("#live-graph path.point").last  # a bump on the last IPU's panel

@@ -1,0 +1,16 @@
+"""Human-readable units shared by every layer (analysis text, figures, the CLI)."""
+
+from __future__ import annotations
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+
+
+def fmt_bytes(value: float) -> str:
+    """1536 -> '1.5 KiB'; binary units, one decimal, thousands separators."""
+    value = float(value)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
