@@ -39,15 +39,27 @@ def resolve_profile(root: Path, rel: str | None) -> Path:
 
 @dataclass
 class Entry:
-    """One open profile and whatever has been derived from it (built once, on demand)."""
+    """One open profile and whatever has been derived from it (built once, on demand).
+
+    Each key has its own lock, taken only while that key is built: builds of different
+    keys never wait on each other, so a build may ask for another key of the same entry,
+    and no lock is held across two entries (the old entry-wide lock, held while building
+    a comparison that read another profile, could deadlock a cold server)."""
 
     profile: Any
     rel: str
-    derived: dict[str, Any] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    derived: dict[Any, Any] = field(default_factory=dict)
+    _key_locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def get(self, key: str, build: Callable[[], Any]) -> Any:
-        with self.lock:  # one build per key even when callbacks race
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        try:
+            return self.derived[key]  # built already: no lock at all
+        except KeyError:
+            pass
+        with self._guard:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:  # one build per key even when callbacks race
             if key not in self.derived:
                 self.derived[key] = build()
             return self.derived[key]
@@ -63,6 +75,7 @@ class ProfileCache:
         self._open = opener or popviz.open
         self._entries: OrderedDict[tuple[str, float, int], Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._opening: dict[tuple[str, float, int], threading.Lock] = {}
         self._listing: dict[str, tuple[tuple[float, int], dict[str, Any]]] = {}
 
     def __len__(self) -> int:
@@ -78,13 +91,24 @@ class ProfileCache:
             if entry is not None:
                 self._entries.move_to_end(key)
                 return entry
-        profile = self._open(path)  # outside the lock: opening may take a moment
-        with self._lock:
-            entry = self._entries.setdefault(key, Entry(profile, str(rel)))
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)  # dropped; h5py closes it when unused
-            return entry
+            opening = self._opening.setdefault(key, threading.Lock())
+        # One thread opens a cold file while the others for the same file wait on its
+        # lock (not on the cache's): opening may take a moment and must not block the
+        # cache for every other profile.
+        with opening:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is None:
+                entry = Entry(self._open(path), str(rel))
+            evicted: list[Entry] = []
+            with self._lock:
+                entry = self._entries.setdefault(key, entry)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.capacity:
+                    evicted.append(self._entries.popitem(last=False)[1])
+                self._opening.pop(key, None)
+        del evicted  # dropped outside the lock: closing an HDF5 file takes h5py's lock
+        return entry
 
     def listing(self) -> list[dict[str, Any]]:
         """Every profile file under the root with its headline facts, or its error.
