@@ -17,7 +17,7 @@ import popviz
 from popviz import analysis, figures
 from popviz.analysis.compare import compare
 from popviz.figures import compare as cf
-from popviz.figures.naming import MEASURED, MODELLED, naming_for, naming_of
+from popviz.vocab import MEASURED, MODELLED, naming_for, naming_of
 from tests.dash_util import component_text as _text
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"

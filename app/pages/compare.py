@@ -16,7 +16,7 @@ from dash.exceptions import MissingCallbackContextException
 from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
-from popviz.figures.naming import naming_of
+from popviz.vocab import BUBBLE_LIMIT, naming_of
 
 from ..cache import Entry, PathRefused
 from ..common import AppContext, graph, message, table
@@ -67,7 +67,7 @@ def _cards(comp: Comparison, side: str) -> html.Div:
               + f" samples/s on {s['total_ipus']} {dev}s"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
-              "warn" if (m.get("idle_fraction") or 0) > 0.25 else ""),
+              "warn" if (m.get("idle_fraction") or 0) > BUBBLE_LIMIT else ""),
         _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.analysis.timeline import rank_time
+from popviz.vocab import is_measured
 
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
@@ -62,7 +63,7 @@ def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
 
 def profile_stages(profile: Any) -> pd.DataFrame:
     """A profile's stage table as every view should read it (`timed_stages`)."""
-    measured = str(getattr(profile, "kind", "")) == "measured"
+    measured = is_measured(getattr(profile, "kind", ""))
     return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 
 from popviz.analysis.facts import oom_tiles
 from popviz.analysis.timeline import COMPUTE, idle_fractions, rank_time
+from popviz.vocab import ipu_label, is_measured
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
 TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
@@ -52,7 +53,7 @@ def _num(value: Any) -> float | None:
 def seconds_per_unit(profile: Any) -> tuple[float, str]:
     """Seconds per trace time unit and the unit's name: ns when measured, else cycles at
     meta.target.clock_hz (a ValueError naming the profile when the clock is missing)."""
-    if str(getattr(profile, "kind", "")) == "measured":
+    if is_measured(getattr(profile, "kind", "")):
         return 1e-9, "ns"
     clock = _num((profile.meta.get("target") or {}).get("clock_hz"))
     if not clock or clock <= 0:
@@ -218,7 +219,7 @@ def load_side(profile: Any, label: str) -> Side:
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity, "fits": fits,
         "oom_tiles": int(n_oom),
-        "oom_ipus": " ".join(f"IPU{i}" for i in sorted(set(over["ipu"].astype(int))))
+        "oom_ipus": " ".join(ipu_label(i) for i in sorted(set(over["ipu"].astype(int))))
         if len(tile_memory) else "",
         "strategy": _options_text(options.get("strategy")),
         "schedule": _options_text(options.get("schedule")),

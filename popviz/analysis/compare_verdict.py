@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from popviz.analysis.compare_sides import Side
 from popviz.units import fmt_bytes as _fmt_bytes
+from popviz.vocab import ipu_label, is_measured, rank_label
 
 if TYPE_CHECKING:
     from popviz.analysis.compare import Comparison
@@ -39,7 +40,7 @@ def _ok(value: Any) -> bool:
 
 
 def _measured(side: Side) -> bool:
-    return side.facts.get("kind") == "measured"
+    return is_measured(side.facts.get("kind"))
 
 
 def _dev(*sides: Side) -> str:
@@ -54,7 +55,7 @@ def _time_unit(dev: str) -> str:
 
 
 def _name(side: Side, index: int) -> str:
-    return f"rank {index}" if _measured(side) else f"IPU{index}"
+    return (rank_label if _measured(side) else ipu_label)(index)
 
 
 def _who(side: Side) -> str:

@@ -10,6 +10,7 @@ from popviz.analysis.advice import Advice, advise
 from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance, timed_stages
 from popviz.analysis.liveness import liveness_peaks
 from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
+from popviz.vocab import MODELLED_KIND, is_measured
 
 
 class ProfileLike(Protocol):
@@ -30,7 +31,7 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
     (the trace only of a measured run, which is small), so it is cheap on big profiles."""
     meta, summary = profile.meta or {}, profile.summary or {}
-    measured = str(getattr(profile, "kind", meta.get("kind", ""))) == "measured"
+    measured = is_measured(getattr(profile, "kind", meta.get("kind", "")))
     stages = timed_stages(profile.table("stages"),
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
@@ -48,7 +49,7 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     bal = stage_balance(stages)
     total = float(bal["total_cycles"].sum()) if len(bal) else 0.0
     return {
-        "kind": getattr(profile, "kind", meta.get("kind", "modelled")),
+        "kind": getattr(profile, "kind", meta.get("kind", MODELLED_KIND)),
         "model": (meta.get("model") or {}).get("name", ""),
         "target": target.get("name", ""),
         "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)

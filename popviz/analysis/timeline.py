@@ -18,24 +18,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# priority order: an instant covered by several events goes to the first listed here
-CATEGORIES = ("forward", "backward", "recompute", "weight_update", "compute",
-              "exchange", "host_io", "sync", "idle")
-COMPUTE = ("forward", "backward", "recompute", "weight_update", "compute")
-_PASS = {"F": "forward", "B": "backward", "R": "recompute", "WU": "weight_update"}
+from popviz.vocab import CATEGORIES, COMPUTE, category_codes
+
+__all__ = ["CATEGORIES", "COMPUTE", "idle_fractions", "rank_time", "sweep"]
 
 
 def _codes(trace: pd.DataFrame) -> np.ndarray:
-    """Each event's category index in CATEGORIES (unknown kinds count as compute)."""
-    kind = trace["kind"].astype(str).to_numpy()
-    ps = (trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
-          else np.full(len(trace), ""))
-    code = np.full(len(trace), CATEGORIES.index("compute"), dtype=np.int64)
-    for p, cat in _PASS.items():
-        code[(kind == "compute") & (ps == p)] = CATEGORIES.index(cat)
-    for k in ("exchange", "host_io", "sync", "idle"):
-        code[kind == k] = CATEGORIES.index(k)
-    return code
+    """Each event's category index in CATEGORIES (popviz.vocab.category_codes)."""
+    return category_codes(trace["kind"].astype(str).to_numpy(),
+                          trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
+                          else None)
 
 
 def sweep(group: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray,

@@ -35,6 +35,7 @@ from popviz.format.reader import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
 from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+from popviz.vocab import MODELLED_KIND
 
 __all__ = ["AMP_LADDER", "DEFAULT_MAX_COMPILES", "Candidate", "TuneResult", "candidate_options",
            "layout_options", "load_program", "tune"]
@@ -56,7 +57,7 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
     options reproduces the stored tables (if the compiler has not changed since)."""
     p = profile if isinstance(profile, Profile) else open_profile(profile)
     where = str(p.path)
-    if p.kind != "modelled":
+    if p.kind != MODELLED_KIND:
         raise ProfileError(f"{where}: a {p.kind} profile holds no recorded program to "
                            "re-plan; tune needs a modelled one (train.py --profile)")
     ops, tensors = p.ops, p.tensors

@@ -9,6 +9,7 @@ import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
 
@@ -56,7 +57,8 @@ def render_text(comp: object) -> str:
     tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
     kinds = set(sides["kind"])
     # measured runs have ranks, modelled ones IPUs; a mixed pair speaks of devices
-    device = "IPU" if kinds == {"modelled"} else "rank" if kinds == {"measured"} else "device"
+    device = ("IPU" if kinds == {MODELLED_KIND} else "rank" if kinds == {MEASURED_KIND}
+              else "device")
     lines += ["", f"Where the {device} time per sample goes "
               f"(sums to 1e6 / throughput per {device})"]
     lines += _table(["category", *head[1:]], _rows(tps, "category"))

@@ -24,6 +24,7 @@ from popviz.options import Options
 from popviz.record.program import Program
 from popviz.target.cost import Precision, dtype_scale, op_costs
 from popviz.target.machines import Target, get_target
+from popviz.vocab import MODELLED_KIND
 
 PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
 PER_SAMPLE_CATEGORIES = ("activation", "temporary", "input")
@@ -67,7 +68,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
     stages = _stages_table(plan, ops, schedule, timing, memory, stage_costs, options)
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
     meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
-            "model": dict(program.model), "kind": "modelled"}
+            "model": dict(program.model), "kind": MODELLED_KIND}
     summary = _summary(plan, schedule, timing, memory, stages, out_ops, options, target,
                        micro_batch, microbatches * iterations)
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,

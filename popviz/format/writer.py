@@ -21,6 +21,7 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.format import schema
+from popviz.vocab import MODELLED_KIND
 
 
 def profile_path(path: str | os.PathLike[str]) -> Path:
@@ -40,7 +41,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *,
         tables=report.tables,
         arrays=report.arrays,
         summary=report.summary,
-        kind=report.meta.get("kind", "modelled"),
+        kind=report.meta.get("kind", MODELLED_KIND),
         command_line=command_line,
     )
 
@@ -52,7 +53,7 @@ def write_profile(
     tables: Mapping[str, pd.DataFrame],
     arrays: Mapping[str, np.ndarray] | None = None,
     summary: Mapping[str, Any] | None = None,
-    kind: str = "modelled",
+    kind: str = MODELLED_KIND,
     command_line: str | None = None,
 ) -> Path:
     """Write one profile file and return its path. See docs/profile-format.md."""

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.vocab import MEASURED_KIND, rank_label
+
 TRACE_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
                  "bytes", "peer"]
 EXCHANGE_COLUMNS = ["src", "dst", "bytes", "start", "end", "kind", "stage", "microbatch",
@@ -77,7 +79,7 @@ def match_p2p(mine: list[dict[str, Any]], everyone: list[dict[str, Any]]) -> pd.
 
 def _p2p_label(row: Any) -> str:
     way = "to" if row.direction == "send" else "from"
-    return f"{row.direction} {row.kind} mb{row.microbatch} {way} rank {row.peer}"
+    return f"{row.direction} {row.kind} mb{row.microbatch} {way} {rank_label(row.peer)}"
 
 
 def trace_table(compute: list[dict[str, Any]], p2p: pd.DataFrame) -> pd.DataFrame:
@@ -241,7 +243,7 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
     peaks = (live["always_live_bytes"] + live["not_always_live_bytes"]).groupby(
         live["ipu"]).max() if len(live) else pd.Series(dtype="int64")
     return {
-        "kind": "measured", "fits": True, "oom_tiles": 0, "oom_ipus": [],
+        "kind": MEASURED_KIND, "fits": True, "oom_tiles": 0, "oom_ipus": [],
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
         "step_ms": step_ns / 1e6, "samples_per_step": samples,
