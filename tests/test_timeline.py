@@ -14,7 +14,7 @@ import popviz
 from popviz.analysis.balance import ipu_balance, profile_stages, timed_stages
 from popviz.analysis.compare_sides import load_side
 from popviz.analysis.insights import insights
-from popviz.analysis.timeline import CATEGORIES, idle_fractions, rank_time
+from popviz.metrics import CATEGORIES, idle_fractions, rank_time
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "profiles" / "tutorial_measured_2ranks"

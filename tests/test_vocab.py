@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from popviz import vocab
-from popviz.analysis.timeline import rank_time
 from popviz.figures import lod
+from popviz.metrics import rank_time
 
 
 def test_unknown_kinds_are_compute_in_the_timeline_and_in_the_drawing() -> None:

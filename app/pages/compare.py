@@ -55,7 +55,8 @@ def _cards(comp: Comparison, side: str) -> html.Div:
 
     def val(name: str, unit: str) -> str:
         return format_value(m.get(name), unit)
-    fit = ("fits", "good") if s["fits"] else (
+    fit = ("unknown (no per-tile data)", "") if s["fits"] is None or s["fits"] != s["fits"] \
+        else ("fits", "good") if s["fits"] else (
         f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
     cards = [
         _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "

@@ -12,8 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from popviz.analysis.balance import stage_balance
+from popviz.analysis.balance import imbalance, stage_balance
 from popviz.analysis.memory import ipu_totals, oom_tiles
+from popviz.metrics import stage_idle_fraction
 from popviz.vocab import (
     BUBBLE_LIMIT,
     DEFAULT_AMP,
@@ -70,7 +71,7 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
     totals = ipu_totals(tile_memory).set_index("ipu")
     for ipu, tiles in over.groupby("ipu", sort=True):
         ipu = int(ipu)
-        worst = int(tiles["over_bytes"].max())
+        worst = int(tiles["bytes_over"].max())
         head = (f"{ipu_label(ipu)} does not fit: {len(tiles)} tile(s) out of memory, "
                 f"up to {worst / KiB:,.0f} KiB over.")
         nal = float(tiles.get("not_always_live_peak", pd.Series([0.0])).sum())
@@ -119,7 +120,7 @@ def _balance_advice(stages: pd.DataFrame, splits: list[str],
         return []
     busy = bal.set_index("stage")["busy_cycles"]
     top = int(busy.idxmax())
-    load = float(busy.max() / busy.mean())
+    load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
     ipu = int(bal.loc[bal["stage"] == top, "ipu"].iloc[0])
@@ -146,8 +147,7 @@ def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
     bal = stage_balance(stages)
     if len(bal) < 2 or options.get("strategy", "pipelined") != "pipelined":
         return []
-    total = bal["total_cycles"].sum()
-    bubble = float(bal["idle_cycles"].sum() / total) if total else 0.0
+    bubble = stage_idle_fraction(stages)
     accumulation = int(options.get("gradient_accumulation", 1) or 1)
     if bubble < BUBBLE_LIMIT or accumulation >= 4 * len(bal):
         return []

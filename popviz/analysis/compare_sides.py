@@ -13,8 +13,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.facts import oom_tiles
-from popviz.analysis.timeline import COMPUTE, idle_fractions, rank_time
+from popviz.metrics import (
+    COMPUTE,
+    fits_or_stored,
+    idle_fractions,
+    oom_tiles,
+    peak_liveness,
+    rank_time,
+)
 from popviz.vocab import ipu_label, is_measured
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
@@ -66,13 +72,6 @@ def _col(frame: pd.DataFrame, name: str) -> pd.Series:
     if name in frame.columns:
         return pd.to_numeric(frame[name], errors="coerce").fillna(0).astype(float)
     return pd.Series(0.0, index=frame.index)
-
-
-def _peaks(liveness: pd.DataFrame) -> pd.Series:
-    if liveness.empty:
-        return pd.Series(dtype=float)
-    total = _col(liveness, "always_live_bytes") + _col(liveness, "not_always_live_bytes")
-    return total.groupby(liveness["ipu"].astype(int)).max()
 
 
 def _options_text(value: Any) -> str:
@@ -136,7 +135,7 @@ def load_side(profile: Any, label: str) -> Side:
                            else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
-    peaks = _peaks(liveness)
+    peaks = peak_liveness(liveness).astype(float)
     if peaks.empty and "peak_bytes" in stages.columns:
         peaks = _col(stages, "peak_bytes").groupby(stages["ipu"].astype(int)).max()
     ipus["peak_bytes"] = peaks.reindex(ipus.index).astype(float)
@@ -185,7 +184,7 @@ def load_side(profile: Any, label: str) -> Side:
             str).str.lower().eq("host")
         ex_bytes = _col(exchange, "bytes")
         ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
-    fits = bool(over.empty) if len(tile_memory) else bool(summary.get("fits", True))
+    fits = fits_or_stored(tile_memory, summary)
     n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
     metrics = {
         "throughput_per_ipu": per_ipu, "throughput": throughput, "total_ipus": total_ipus,

@@ -186,7 +186,8 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     """{winner, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline, reasons,
     differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
     faster, factor, speed = _speed(comp, sa, sb)
-    fa, fb = bool(sa.facts["fits"]), bool(sb.facts["fits"])
+    # unknown (None: a measured run, no tiles) is not out of memory: the run ran
+    fa, fb = sa.facts["fits"] is not False, sb.facts["fits"] is not False
     reasons: list[str] = [
         f"Note: A and B are different {label}s ({sa.facts[key]} vs {sb.facts[key]}), so "
         "their per-sample figures are not like for like."

@@ -14,6 +14,13 @@ from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
 
 
+def _fit_word(fits: object) -> str:
+    """A side's fit: unknown (no tiles: measured), fits, or does not fit."""
+    if fits is None or fits != fits:  # None, or NaN in a DataFrame cell
+        return "fit unknown"
+    return "fits" if fits else "DOES NOT FIT"
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="first profile (.h5 file or its directory)")
     parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
@@ -46,7 +53,7 @@ def render_text(comp: object) -> str:
     for _, s in sides.iterrows():
         lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
                      f"{s['target']} x{s['num_ipus']} x{s['replicas']} replica(s); "
-                     f"{'fits' if s['fits'] else 'DOES NOT FIT'})  {s['path']}")
+                     f"{_fit_word(s['fits'])})  {s['path']}")
     lines += ["", v["headline"]]
     lines += [f"  - {r}" for r in v["reasons"]]
     if v["differences"]:

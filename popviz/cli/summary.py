@@ -9,6 +9,7 @@ from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import naming_of
 
+_FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", help="a profile .h5 file, or a directory of profiles")
@@ -22,8 +23,8 @@ def render_text(facts: dict) -> str:
     lines = [
         f"{facts['name']}  ({facts['kind']}, {facts.get('model') or 'model ?'} on "
         f"{target.get('name', '?')} x{facts['num_ipus']})",
-        f"  fits: {'yes' if facts['fits'] else 'NO'}"
-        + ("" if facts["fits"] else
+        f"  fits: {_FIT_WORD[facts['fits']]}"
+        + ("" if facts["fits"] is not False else
            f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
            f"{', '.join(map(str, facts['oom_ipus']))})"),
     ]

@@ -93,7 +93,7 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
         colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
         zmin=0, zmax=zmax, colorbar={"title": "% used"}, xgap=1, ygap=1,
         hovertemplate="tile %{customdata:.0f}: %{z:.1f}% of capacity<extra></extra>"))
-    over = tm[tm["over_bytes"] > 0]
+    over = tm[tm["bytes_over"] > 0]
     if len(over):
         t = over["tile"].to_numpy()
         fig.add_trace(go.Scatter(x=t % columns, y=t // columns, mode="markers",
