@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     # the command line stored in each profile
     args.command_line = " ".join(["train.py", *(sys.argv[1:] if argv is None else argv)])
-    from popviz.models import runs
+    from popviz import train_driver as runs
 
     try:
         if args.measure:

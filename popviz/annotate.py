@@ -1,7 +1,7 @@
 """PopTorch-like annotations: blocks, stages, executions, recomputation checkpoints.
 
 None of these change what the model computes. Blocks and checkpoints only leave marks that
-the recorder (popviz.record) reads while a step is being recorded; outside a recording
+the recorder (popviz.recorder) reads while a step is being recorded; outside a recording
 they cost a context switch and nothing else. This module knows nothing of the recorder:
 the recorder installs callbacks in `STATE` while it runs (layers only import leftwards).
 """

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compile.report import Report
+from popviz.compiler.report import Report
 from popviz.vocab import MODELLED_KIND, ipu_label
 
 # shared/reference/ipu.md: tiles, SRAM per tile, clock

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 import popviz
-from popviz.analysis.compare import Comparison, compare
+from popviz.analysis.compare import Comparison
+from popviz.api import compare
 from popviz.cli.main import main
 from popviz.format.writer import write_profile
 from popviz.metrics import oom_tiles, peak_liveness
@@ -119,8 +120,8 @@ def hand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small real pair from the compiler: a 4-IPU pipeline vs 1 IPU x 4 replicas."""
-    from popviz.compile.compiler import compile as compile_program
-    from popviz.compile.synthetic import synthetic_program
+    from popviz.compiler.compiler import compile as compile_program
+    from popviz.compiler.synthetic import synthetic_program
     from popviz.format.writer import write_report
     from popviz.options import Options
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from popviz.compile import compile
-from popviz.compile.synthetic import synthetic_program
+from popviz.compiler import compile
+from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 
 CONTRACT = {
@@ -282,9 +282,9 @@ def test_other_micro_batches_stash_is_live_at_every_step(pipelined) -> None:
     assert st["stash_bytes"].iloc[0] > st["stash_bytes"].iloc[1] > st["stash_bytes"].iloc[2]
 
 
-def test_popviz_compile_stays_callable_after_a_submodule_import() -> None:
+def test_popviz_compile_stays_a_function_after_a_submodule_import() -> None:
     import popviz
-    import popviz.compile.synthetic  # binds the package to the name popviz.compile
+    import popviz.compiler.synthetic  # the package is popviz.compiler: nothing is hidden
 
     r = popviz.compile(synthetic_program(layers=2), Options())
     assert r.summary["fits"] is True
@@ -306,7 +306,7 @@ def test_ramp_up_main_ramp_down_and_update_phases(program) -> None:
 
 
 def test_schedule_ir_has_f_r_b_wu_actions_per_stage_and_microbatch() -> None:
-    from popviz.compile.schedule import build_schedule
+    from popviz.compiler.schedule import build_schedule
 
     sch = build_schedule(3, 4, 1, True, "Grouped", 1, True, np.array([True, True, False]))
     a = sch.actions

@@ -15,7 +15,7 @@ from popviz_app.common import AppContext
 
 import popviz
 from popviz import analysis, figures
-from popviz.analysis.compare import compare
+from popviz.api import compare
 from popviz.figures import compare as cf
 from popviz.vocab import MEASURED, MODELLED, naming_for, naming_of
 from tests.dash_util import component_text as _text

@@ -116,7 +116,7 @@ def test_timed_stages_count_an_async_send_once() -> None:
 
 
 def test_verdict_speaks_ranks_for_measured_and_ipus_for_modelled() -> None:
-    from popviz.analysis.compare import compare
+    from popviz.api import compare
 
     mixed = compare(popviz.open(MEASURED), popviz.open(MODELLED)).verdict
     text = " ".join([mixed["headline"], *mixed["reasons"]])

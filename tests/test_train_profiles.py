@@ -66,7 +66,7 @@ def test_committed_profile_is_current(path: Path) -> None:
     `make profiles` fails here."""
     import pandas as pd
 
-    from popviz.analysis.tune import load_program
+    from popviz.advise.tune import load_program
 
     stored = popviz.open(path)
     program, options = load_program(stored)

@@ -85,7 +85,7 @@ def render_text(comp: object) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.analysis.compare import compare
+    from popviz.api import compare
 
     comp = compare(args.a, args.b)
     text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json

@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compile.bsp import StageCosts, Timing, time_schedule
-from popviz.compile.memory import Memory, analyse_memory, consumers
-from popviz.compile.order import program_order
-from popviz.compile.report import Report
-from popviz.compile.schedule import Schedule, build_schedule
-from popviz.compile.stages import StagePlan, plan_stages
+from popviz.compiler.bsp import StageCosts, Timing, time_schedule
+from popviz.compiler.memory import Memory, analyse_memory, consumers
+from popviz.compiler.order import program_order
+from popviz.compiler.report import Report
+from popviz.compiler.schedule import Schedule, build_schedule
+from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import fits, idle_fraction, oom_tiles, peak_liveness, stage_columns, stage_time
 from popviz.options import Options
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 from popviz.target.cost import Precision, dtype_scale, op_costs
 from popviz.target.machines import Target, get_target
 from popviz.vocab import MODELLED_KIND

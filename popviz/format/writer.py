@@ -34,7 +34,7 @@ def profile_path(path: str | os.PathLike[str]) -> Path:
 
 def write_report(report: Any, path: str | os.PathLike[str], *,
                  command_line: str | None = None) -> Path:
-    """Write a compiled `popviz.compile.Report` (or anything with the same fields)."""
+    """Write a compiled `popviz.compiler.Report` (or anything with the same fields)."""
     return write_profile(
         path,
         meta=report.meta,

@@ -1,36 +1,13 @@
-"""Recording a real (or fake-tensor) training step into a Program.
+"""recorder: run a real (or fake-tensor) step and capture it as a Program.
 
-`popviz.record(options, profile_dir=...)` is this package called as a function: importing
-`popviz.record` (the package) must not hide the function of the public contract, so the
-module object itself is callable and forwards to `record`.
-"""
+Knows nothing of compile or format: `popviz.record(...)` (popviz/api.py) composes it with
+the compiler and the writer. The package is not named `record`, so that importing a
+submodule (`import popviz.recorder.recorder`) never hides the function `popviz.record`."""
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from popviz.recorder.program import Program
+from popviz.recorder.recorder import Recorder
+from popviz.recorder.steps import record_program, train_step
 
-from popviz.record.program import Program
-from popviz.record.recorder import Recorder
-from popviz.record.session import (
-    PlanSession,
-    Recording,
-    compile_options,
-    plan,
-    plan_step,
-    record,
-    record_program,
-    train_step,
-)
-
-__all__ = ["PlanSession", "Program", "Recorder", "Recording", "compile_options", "plan",
-           "plan_step", "record", "record_program", "train_step"]
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return record(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+__all__ = ["Program", "Recorder", "record_program", "train_step"]
