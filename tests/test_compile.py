@@ -12,6 +12,7 @@ import pytest
 from popviz.compiler import compile
 from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
+from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS
 
 CONTRACT = {
     "stages": ["stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",
@@ -21,9 +22,9 @@ CONTRACT = {
     "tile_memory": ["ipu", "tile", "capacity_bytes", "total_bytes", "code", "always_live",
                     "not_always_live_peak", "exchange"],
     "exchange": ["src", "dst", "bytes", "start", "end", "kind", "stage", "microbatch"],
-    "ops": ["op_id", "op", "op_class", "phase", "stage", "ipu", "cycles", "temp_bytes",
-            "amp_used", "amp_ignored"],
-    "tensors": ["tensor_id", "name", "bytes", "category", "stage", "ipu"],
+    # ops and tensors: the program's columns first (OP_COLUMNS / TENSOR_COLUMNS), then these
+    "ops": ["stage", "ipu", "cycles", "temp_bytes", "amp_used", "amp_ignored"],
+    "tensors": ["stage", "ipu"],
     "variables": ["ipu", "name", "category", "bytes", "first_step", "last_step"],
     "oom": ["ipu", "tile", "bytes_over", "variables"],
 }
@@ -48,8 +49,14 @@ def busy_by_superstep(trace: pd.DataFrame) -> list[tuple[int, int]]:
 def test_report_follows_the_contract(pipelined) -> None:
     for name, columns in CONTRACT.items():
         table = pipelined.tables[name]
-        assert list(table.columns[:len(columns)]) == columns or set(columns) <= set(
-            table.columns), name
+        first = {"ops": OP_COLUMNS, "tensors": TENSOR_COLUMNS}.get(name, [])
+        cols = list(table.columns)
+        assert cols[:len(first)] == list(first), name  # the program's columns, in order
+        rest = cols[len(first):]
+        if name == "ops":  # compile's own columns sit between the contract's, in order
+            assert [c for c in rest if c in columns] == columns, name
+        else:  # the contract columns, in order, before any extra one
+            assert rest[:len(columns)] == columns, name
     live = pipelined.arrays["tile_liveness"]
     assert live.dtype == np.uint32 and live.shape[0] == 4 and live.shape[2] == 1472
     assert pipelined.meta["target"]["num_ipus"] == 4

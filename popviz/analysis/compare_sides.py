@@ -193,10 +193,9 @@ def load_side(profile: Any, label: str) -> Side:
         if unit == "cycles" else None,
         "samples_per_step": samples, "latency_ms": _num(summary.get("latency_ms")),
         "ipu_us_per_sample": ipu_us if per_ipu else None,
-        # one definition of idle (timeline.py); a modelled summary states the same figure
-        "idle_fraction": _num(summary.get("idle_fraction"))
-        if "idle_fraction" in summary and unit == "cycles"
-        else (idle_fractions(times)[1] if len(times) else None),
+        # one definition of idle (popviz.metrics), from the trace, never a stored copy
+        "idle_fraction": idle_fractions(times)[1] if len(times)
+        else _num(summary.get("idle_fraction")),
         "recompute_fraction": float(tps["recompute"]) / compute if compute else 0.0,
         "peak_bytes_max": float(ipus["peak_bytes"].max()) if len(peaks) else None,
         "headroom_bytes_min": float(ipus["headroom_bytes"].min()) if len(peaks) and capacity
