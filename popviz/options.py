@@ -1,6 +1,6 @@
 """Options: how a recorded program is placed and scheduled (PopTorch-like).
 
-Facts behind the defaults (AMP 0.6, schedules, stash) are in shared/reference/ipu.md.
+Facts behind the defaults (AMP 0.6, schedules, stash) are in docs/hardware.md.
 """
 
 from __future__ import annotations

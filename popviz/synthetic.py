@@ -17,7 +17,7 @@ import pandas as pd
 from popviz.compiler.report import Report
 from popviz.vocab import MODELLED_KIND, ipu_label
 
-# shared/reference/ipu.md: tiles, SRAM per tile, clock
+# docs/hardware.md: tiles, SRAM per tile, clock
 TARGETS: dict[str, dict[str, Any]] = {
     "mk1": {"name": "mk1", "tiles_per_ipu": 1216, "bytes_per_tile": 256 * 1024,
             "clock_hz": 1.6e9},
