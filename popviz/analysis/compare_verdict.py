@@ -102,7 +102,7 @@ def _idlest_ipu(comp: Comparison, side: Side) -> str:
     need = {"compute_ms", "exchange_ms", "idle_ms"}
     if len(ipus) < 2 or not need <= set(ipus.columns):
         return ""
-    # over the step (rank-time, timeline.py), not over traced time: the one idle definition
+    # over the step (rank-time, popviz.metrics), not over traced time: the one idle definition
     step = _metric(comp, "step_ms").get(side.label.lower())
     rank_time = step if _ok(step) and step else ipus[list(need)].sum(axis=1)
     share = ipus["idle_ms"] / rank_time
