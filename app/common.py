@@ -14,7 +14,7 @@ from dash import dash_table, dcc, html
 
 from popviz import analysis
 from popviz.figures.lod import TraceIndex
-from popviz.figures.naming import MODELLED, Naming, naming_for
+from popviz.vocab import MODELLED, Naming, naming_for
 
 from .cache import Entry, ProfileCache
 

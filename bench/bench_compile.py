@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from popviz.compile import compile as compile_program
+from popviz.compiler import compile as compile_program
 from popviz.options import Options
 
 SPLITS = ["b1/2/relu", "b2/3/relu", "b3/3/relu"]  # Graphcore's 4-stage ResNet-50 splits
@@ -28,7 +28,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
     from popviz.models import build
     from popviz.models.training import train_step
-    from popviz.record import record_program
+    from popviz.recorder import record_program
 
     torch.manual_seed(0)
     model = build("resnet", 50)
@@ -42,7 +42,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
 
 def synthetic(layers: int) -> tuple[object, float]:
-    from popviz.compile.synthetic import synthetic_program
+    from popviz.compiler.synthetic import synthetic_program
 
     program = synthetic_program(layers=layers, batch=16, channels=64, hw=56)
     n = len(program.model["layers"])
@@ -57,7 +57,7 @@ def plan_program(name: str, size: int, batch: int, image: int = 224, classes: in
 
     from popviz.models import build
     from popviz.models.training import train_step
-    from popviz.record import record_program
+    from popviz.recorder import record_program
 
     with FakeTensorMode():
         torch.manual_seed(0)

@@ -16,7 +16,7 @@ from dash.exceptions import MissingCallbackContextException
 from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
-from popviz.figures.naming import naming_of
+from popviz.vocab import BUBBLE_LIMIT, naming_of
 
 from ..cache import Entry, PathRefused
 from ..common import AppContext, graph, message, table
@@ -55,7 +55,8 @@ def _cards(comp: Comparison, side: str) -> html.Div:
 
     def val(name: str, unit: str) -> str:
         return format_value(m.get(name), unit)
-    fit = ("fits", "good") if s["fits"] else (
+    fit = ("unknown (no per-tile data)", "") if s["fits"] is None or s["fits"] != s["fits"] \
+        else ("fits", "good") if s["fits"] else (
         f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
     cards = [
         _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "
@@ -67,7 +68,7 @@ def _cards(comp: Comparison, side: str) -> html.Div:
               + f" samples/s on {s['total_ipus']} {dev}s"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
-              "warn" if (m.get("idle_fraction") or 0) > 0.25 else ""),
+              "warn" if (m.get("idle_fraction") or 0) > BUBBLE_LIMIT else ""),
         _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")

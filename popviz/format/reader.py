@@ -20,6 +20,7 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.format import schema
 from popviz.format.containment import check_self_contained
+from popviz.vocab import MODELLED_KIND
 
 
 def discover(directory: str | os.PathLike[str]) -> list[Path]:
@@ -77,7 +78,7 @@ class Profile:
         try:
             attrs = self._h5.attrs
             self.format_version = str(attrs["format_version"])
-            self.kind = str(attrs.get("kind", "modelled"))
+            self.kind = str(attrs.get("kind", MODELLED_KIND))
             self.command_line = str(attrs.get("command_line", ""))
             self.creator = str(attrs.get("creator", ""))
             self.torch_version = str(attrs.get("torch_version", ""))

@@ -1,8 +1,8 @@
 """Machine descriptions: IPU Mk1 GC2, Mk2 GC200, Bow, and user-registered targets.
 
-Every figure cites /work/shared/reference/ipu.md ("ipu.md"). "derived" marks a figure
-computed from published ones; "assumed" marks a modelling constant with no public figure
-(documented and calibrated in docs/cost-model.md).
+Every figure cites docs/hardware.md ("hardware.md": the figures and their public sources).
+"derived" marks a figure computed from published ones; "assumed" marks a modelling
+constant with no public figure (documented and calibrated in docs/cost-model.md).
 """
 
 from __future__ import annotations
@@ -85,20 +85,20 @@ class Target:
         return meta
 
 
-_REF = "shared/reference/ipu.md"
+_REF = "docs/hardware.md"
 
 MK1 = Target(
     name="mk1",
     description="Graphcore Colossus Mk1 GC2 (C2 card)",
-    tiles_per_ipu=1216,  # ipu.md: tiles
-    bytes_per_tile=256 * KIB,  # ipu.md: SRAM per tile
-    clock_hz=1.6e9,  # ipu.md: ~1.6 GHz (derived there)
-    peak_fp16_flops=124.5e12,  # ipu.md: peak FP16 -> 64 FLOPs/tile/cycle (derived)
-    peak_fp32_flops=31.1e12,  # ipu.md: peak FP32 -> 16 FLOPs/tile/cycle (derived)
-    memory_bytes_per_s=45e12,  # ipu.md: on-chip memory bandwidth
-    exchange_bytes_per_s=8e12,  # ipu.md: on-chip exchange ~8 TB/s
-    ipu_link_bytes_per_s=320e9,  # assumed: ipu.md gives no Mk1 figure; Mk2's 320 GB/s
-    host_bytes_per_s=32e9,  # derived: PCIe Gen3 x16, half of ipu.md's Gen4 ~64 GB/s
+    tiles_per_ipu=1216,  # hardware.md: tiles
+    bytes_per_tile=256 * KIB,  # hardware.md: SRAM per tile
+    clock_hz=1.6e9,  # hardware.md: ~1.6 GHz (derived there)
+    peak_fp16_flops=124.5e12,  # hardware.md: peak FP16 -> 64 FLOPs/tile/cycle (derived)
+    peak_fp32_flops=31.1e12,  # hardware.md: peak FP32 -> 16 FLOPs/tile/cycle (derived)
+    memory_bytes_per_s=45e12,  # hardware.md: on-chip memory bandwidth
+    exchange_bytes_per_s=8e12,  # hardware.md: on-chip exchange ~8 TB/s
+    ipu_link_bytes_per_s=320e9,  # assumed: hardware.md gives no Mk1 figure; Mk2's 320 GB/s
+    host_bytes_per_s=32e9,  # derived: PCIe Gen3 x16, half of hardware.md's Gen4 ~64 GB/s
     sources={"tiles": _REF, "bytes_per_tile": _REF, "clock_hz": f"{_REF} (derived)",
              "peak_fp16_flops": _REF, "peak_fp32_flops": _REF, "memory": _REF,
              "exchange": _REF, "ipu_link": "assumed (Mk2 figure)",
@@ -108,15 +108,15 @@ MK1 = Target(
 MK2 = Target(
     name="mk2",
     description="Graphcore Colossus Mk2 GC200 (IPU-M2000)",
-    tiles_per_ipu=1472,  # ipu.md
-    bytes_per_tile=624 * KIB,  # ipu.md
-    clock_hz=1.33e9,  # ipu.md
-    peak_fp16_flops=250e12,  # ipu.md -> ~128 FLOPs/tile/cycle (derived)
-    peak_fp32_flops=62.5e12,  # ipu.md -> ~32 FLOPs/tile/cycle (derived)
-    memory_bytes_per_s=47.5e12,  # ipu.md
-    exchange_bytes_per_s=47e12,  # ipu.md: ~47 TB/s within an IPU
-    ipu_link_bytes_per_s=320e9,  # ipu.md: 10 IPU-Links, 320 GB/s in all
-    host_bytes_per_s=64e9,  # ipu.md: PCIe Gen4 x16 ~64 GB/s
+    tiles_per_ipu=1472,  # hardware.md
+    bytes_per_tile=624 * KIB,  # hardware.md
+    clock_hz=1.33e9,  # hardware.md
+    peak_fp16_flops=250e12,  # hardware.md -> ~128 FLOPs/tile/cycle (derived)
+    peak_fp32_flops=62.5e12,  # hardware.md -> ~32 FLOPs/tile/cycle (derived)
+    memory_bytes_per_s=47.5e12,  # hardware.md
+    exchange_bytes_per_s=47e12,  # hardware.md: ~47 TB/s within an IPU
+    ipu_link_bytes_per_s=320e9,  # hardware.md: 10 IPU-Links, 320 GB/s in all
+    host_bytes_per_s=64e9,  # hardware.md: PCIe Gen4 x16 ~64 GB/s
     sources={"tiles": _REF, "bytes_per_tile": _REF, "clock_hz": _REF,
              "peak_fp16_flops": _REF, "peak_fp32_flops": _REF, "memory": _REF,
              "exchange": _REF, "ipu_link": _REF, "host": _REF},
@@ -126,10 +126,10 @@ MK2_CLOCK_RATIO = 1.85e9 / 1.33e9
 BOW = Target(
     name="bow",
     description="Graphcore Bow IPU (Bow-2000)",
-    tiles_per_ipu=1472,  # ipu.md
-    bytes_per_tile=624 * KIB,  # ipu.md
-    clock_hz=1.85e9,  # ipu.md
-    peak_fp16_flops=350e12,  # ipu.md (derived there: 1.4 PFLOPS per Bow-2000 / 4)
+    tiles_per_ipu=1472,  # hardware.md
+    bytes_per_tile=624 * KIB,  # hardware.md
+    clock_hz=1.85e9,  # hardware.md
+    peak_fp16_flops=350e12,  # hardware.md (derived there: 1.4 PFLOPS per Bow-2000 / 4)
     peak_fp32_flops=62.5e12 * MK2_CLOCK_RATIO,  # derived: Mk2 per-tile rate at Bow's clock
     memory_bytes_per_s=47.5e12 * MK2_CLOCK_RATIO,  # derived: same tile, faster clock
     exchange_bytes_per_s=47e12 * MK2_CLOCK_RATIO,  # derived: same tile, faster clock
