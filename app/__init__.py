@@ -14,6 +14,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from popviz.errors import ProfileError
+from popviz.vet import Vetter
 
 from . import downloads
 from .cache import PathRefused, ProfileCache, resolve_profile
@@ -55,12 +56,20 @@ def render(ctx: AppContext, path: str | None, search: str | None) -> list[Any]:
     return [_nav(path, rel), page.layout(ctx, entry)]
 
 
-def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6) -> dash.Dash:
-    """The Dash app serving every profile under `profile_dir` (and nothing outside it)."""
+def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
+               vetter: Vetter | bool | None = True) -> dash.Dash:
+    """The Dash app serving every profile under `profile_dir` (and nothing outside it).
+
+    `vetter`: True (a default `popviz.vet.Vetter`), a Vetter, or False/None to open files
+    in-process without a worker's verdict first (only for files you trust)."""
     root = Path(profile_dir)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory")
-    ctx = AppContext(root=root.resolve(), cache=ProfileCache(root.resolve(), cache_size))
+    if vetter is True:
+        vetter = Vetter()
+    cache = ProfileCache(root.resolve(), cache_size, vetter=vetter or None)
+    cache.prewarm()
+    ctx = AppContext(root=root.resolve(), cache=cache)
     app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
                     update_title=None, assets_folder=str(Path(__file__).parent / "assets"))
     app.index_string = INDEX_STRING
