@@ -145,9 +145,18 @@ class ProfileCache:
             if verdict is not None and not verdict.ok:
                 raise ProfileError(verdict.message(rel))
         try:
-            return self._open(path)
+            profile = self._open(path)
         except ProfileError as exc:
             raise ProfileError(relative_message(str(exc), self.root, rel)) from None
+        for name in ("meta", "summary"):  # every page reads them as objects
+            value = getattr(profile, name, {})
+            if value is not None and not isinstance(value, dict):
+                close = getattr(profile, "close", None)
+                if close is not None:
+                    close()
+                raise ProfileError(f"{rel}: damaged profile ({name} is "
+                                   f"{type(value).__name__} JSON, not an object)")
+        return profile
 
     def prewarm(self) -> None:
         """Start vetting every file now, off the request path (the first listing and
