@@ -16,11 +16,12 @@ def _parse_output(output: str) -> list[dict[str, str]]:
     return outs
 
 
-def find(deps: list[dict[str, Any]], output_part: str) -> dict[str, Any]:
-    """The dependency whose output key contains `output_part` (unique)."""
-    hits = [d for d in deps if output_part in d["output"]]
+def find(deps: list[dict[str, Any]], output: str) -> dict[str, Any]:
+    """The one dependency with `output` ('id.property') among its outputs."""
+    hits = [d for d in deps
+            if output in (f"{o['id']}.{o['property']}" for o in _parse_output(d["output"]))]
     if len(hits) != 1:
-        raise LookupError(f"{len(hits)} callbacks output {output_part!r}")
+        raise LookupError(f"{len(hits)} callbacks output {output!r}")
     return hits[0]
 
 
