@@ -65,7 +65,7 @@ def test_one_profile_with_meta_42_does_not_blank_the_home_page(
     assert status == 200
     assert "/summary?profile=good%2Fprofile.h5" in body  # the good profile is linked
     assert f"{META42}: damaged profile (meta is int JSON, not an object)" in body
-    status, body = _call(client, find(deps, "home-list"), {"home-refresh.n_intervals": 1})
+    status, body = _call(client, find(deps, "home-list.children"), {"home-refresh.n_intervals": 1})
     assert status == 200 and "meta is int JSON" in body
     assert str(root) not in body
 
