@@ -113,7 +113,7 @@ class Client:
             text = reply.read()
             if reply.status not in (200, 204):
                 error = f"HTTP {reply.status} {url[:80]}: {text[:200]!r}"
-            elif body is not None and reply.status == 200 and b'"callback-error"' in text:
+            elif body is not None and reply.status == 200 and b'"sideUpdate"' in text:
                 side = json.loads(text).get("sideUpdate", {}).get("callback-error", {})
                 if side.get("children"):
                     error = f"callback error: {json.dumps(side)[:200]}"
@@ -258,6 +258,8 @@ def main() -> int:
     parser.add_argument("--stall", type=float, default=60,
                         help="seconds without a completed request before threads are dumped")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--every", type=float, default=0, metavar="S",
+                        help="print requests so far and the server's RSS every S seconds")
     args = parser.parse_args()
     root = Path(args.dir).resolve()
     profiles = profile_facts(root)
@@ -304,12 +306,19 @@ def _bench(args: argparse.Namespace, server: subprocess.Popen[bytes], port: int,
         t.start()
     rss_peak, dumped = rss_before, False
     warm_at, rss_warm = time.monotonic() + args.seconds * WARM_FRACTION, None
+    next_line = time.monotonic() + args.every
     while any(t.is_alive() for t in threads):
         time.sleep(1)
         rss_now = rss_mb(server.pid)
         rss_peak = max(rss_peak, rss_now)
         if rss_warm is None and time.monotonic() >= warm_at:
             rss_warm = rss_now
+        if args.every and time.monotonic() >= next_line:
+            next_line += args.every
+            with tally.lock:
+                done = sum(len(v) for v in tally.latency.values())
+            print(f"  {time.monotonic() - until + args.seconds:5.0f} s: {done:,} requests, "
+                  f"server RSS {rss_now:.0f} MB", flush=True)
         stalled = time.monotonic() - tally.last_done
         if stalled > args.stall and not dumped:
             print(f"no request completed for {stalled:.0f} s: dumping the server's threads "

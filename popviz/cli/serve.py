@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import secrets
 import signal
 import sys
@@ -70,6 +71,9 @@ def _run(args: argparse.Namespace) -> int:
     app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
                                          memory_mb=args.vet_memory_mb))
     access.install(app.server, args.host, token, args.allow_host)
+    # waitress warns on every queued request past its threads: under load that is one
+    # line per request; overload shows in latency, not in a flooded log
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     shown = f"[{args.host}]" if ":" in args.host else args.host
