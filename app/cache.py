@@ -74,6 +74,7 @@ class Entry:
 
     profile: Any
     rel: str
+    stamp: tuple[str, float, int] | None = None  # (real path, mtime, size) it was opened at
     derived: dict[Any, Any] = field(default_factory=dict)
     _key_locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -127,7 +128,7 @@ class ProfileCache:
             with self._lock:
                 entry = self._entries.get(key)
             if entry is None:
-                entry = Entry(self._open_vetted(path, str(rel)), str(rel))
+                entry = Entry(self._open_vetted(path, str(rel)), str(rel), key)
             evicted: list[Entry] = []
             with self._lock:
                 entry = self._entries.setdefault(key, entry)
