@@ -150,8 +150,9 @@ class Vetter:
             return None
 
     def _vet(self, stamp: Stamp) -> Verdict:
-        try:
+        with self._lock:
             self.vettings += 1
+        try:
             verdict = vet(stamp[0], self.timeout_s, self.memory_mb)
         except OSError as exc:  # could not start a worker: say so, do not open in-process
             verdict = Verdict(False, f"refused: could not start a worker to check it "

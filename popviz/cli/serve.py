@@ -6,10 +6,12 @@ the port); any other address warns and requires an access token (docs/app.md).""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import secrets
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -47,6 +49,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_MEMORY_MB})")
 
 
+def _own_names(host: str) -> list[str]:
+    """Names clients may use for this machine when bound to every address: its host name,
+    fully qualified name and their addresses (others need --allow-host)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return []
+    names = {socket.gethostname(), socket.getfqdn()}
+    for name in list(names):
+        with contextlib.suppress(OSError):  # a name without an address is still a name
+            names.update(socket.gethostbyname_ex(name)[2])
+    return sorted(n for n in names if n)
+
+
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.is_dir():
@@ -70,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
               f"{root.resolve()}", file=sys.stderr, flush=True)
     app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
                                          memory_mb=args.vet_memory_mb))
-    access.install(app.server, args.host, token, args.allow_host)
+    access.install(app.server, args.host, token, [*args.allow_host, *_own_names(args.host)])
     # waitress warns on every queued request past its threads: under load that is one
     # line per request; overload shows in latency, not in a flooded log
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
