@@ -8,11 +8,11 @@ callback for every page of every profile, trace zoom, liveness zoom, the tile he
 the memory IPU pick (its output key carries an allow_duplicate hash, taken from
 GET /_dash-dependencies) and tile click, operations paging / sorting / filtering,
 compare, the home refresh, and CSV downloads. Prints requests, errors, p50 / p95 / p99
-latency (all and per kind), the server's RSS cold, at a quarter of the run (the cache
-full) and after (growth is judged from the quarter mark), and whether it still
+latency (all and per kind), the server's RSS cold, at half of the run (the cache
+full) and after (growth is judged from the half-way mark), and whether it still
 answers `/` afterwards. If no request completes for --stall seconds the server is sent
 SIGUSR1 (its threads' stacks go to its log, printed here). Exit code 1 when a target
-(0 errors, answering afterwards, RSS growth < 25 % from the quarter mark) is missed.
+(0 errors, answering afterwards, RSS growth < 25 % from the half-way mark) is missed.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ FILTERS = ["", "{op} contains conv", "{op} contains relu", "{op_id} > 100", "{op
 TIMEOUT_S = 120
 # RSS growth is judged from this point of the run: by then the bounded cache has filled
 # (6 open profiles, their derived data), so what grows after it would be a leak.
-WARM_FRACTION = 0.25
+WARM_FRACTION = 0.5
 
 
 @dataclass
