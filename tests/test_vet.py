@@ -18,6 +18,10 @@ from popviz.synthetic import synthetic_report
 from popviz.vet import SIMULATE_ENV, Vetter, vet
 from tests.dash_util import component_text
 
+# profiles/tutorial_measured_2ranks/profile.h5 (format 1.0) with 4 bytes at 27,440 flipped:
+# popviz.open succeeds, then reading its tables kills the process with SIGSEGV in libhdf5.
+FLIPPED = Path(__file__).parent / "data" / "flipped_segv.h5"
+
 
 def page_text(ctx: object, path: str, search: str) -> str:
     return component_text(html.Div(render(ctx, path, search)))
@@ -61,6 +65,23 @@ def test_crash_hang_and_memory_cost_the_worker(folder: Path, misbehave: None) ->
     hog = vet(folder / "hog_me" / "profile.h5", memory_mb=600)
     assert hog.reason == "refused: reading it needs more than 600 MB"
     assert vet(folder / "good" / "profile.h5").ok  # the hook picks only its files
+
+
+def test_a_real_flipped_file_that_crashes_libhdf5_costs_only_the_worker(
+        tmp_path: Path) -> None:
+    verdict = vet(FLIPPED)
+    assert not verdict.ok
+    # a reader that someday catches this damage itself may say 'damaged' instead
+    assert "crashed a worker (signal 11" in verdict.reason or "damaged" in verdict.reason
+    shutil.copy(FLIPPED, tmp_path / "flipped.h5")
+    write_report(synthetic_report(num_ipus=2, events=300, steps=30, seed=2),
+                 tmp_path / "good.h5")
+    ctx = create_app(tmp_path).popviz_context  # this process would die if it read it
+    rows = {r["profile"]: r["error"] for r in ctx.cache.listing(wait_s=60)}
+    assert rows["flipped.h5"] == f"flipped.h5: {verdict.reason}" and rows["good.h5"] == ""
+    for page in ("/summary", "/trace", "/operations"):
+        assert f"flipped.h5: {verdict.reason}" in page_text(ctx, page, "?profile=flipped.h5")
+    assert "good.h5 · " in page_text(ctx, "/summary", "?profile=good.h5")
 
 
 def test_many_threads_asking_for_one_cold_file_wait_for_one_vetting(folder: Path) -> None:
