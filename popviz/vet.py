@@ -31,6 +31,7 @@ from dataclasses import dataclass
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MEMORY_MB = 3072  # address space, so it includes ~0.7 GB of Python, numpy, pandas
 DEFAULT_WORKERS = 2
+SECONDS_PER_GB = 60  # added to the time limit per GB of file
 MAX_VERDICTS = 10_000  # remembered stamps; older ones are vetted again if asked for
 # Test hook only: "crash:NAME,hang:NAME,memory:NAME" makes the child misbehave for files
 # whose path contains NAME, so the tests exercise a real crash, hang and memory blow-up.
@@ -56,6 +57,12 @@ def stamp_of(path: str | os.PathLike[str]) -> Stamp:
     real = os.path.realpath(path)
     st = os.stat(real)
     return (real, st.st_mtime, st.st_size)
+
+
+def time_limit(base_s: float, size_bytes: int) -> float:
+    """`base_s`, plus time for a big file to be read at all: a large legitimate profile
+    must not be refused as a hang (a real hang is caught all the same, a bit later)."""
+    return round(base_s + SECONDS_PER_GB * size_bytes / 1e9)
 
 
 def vet(path: str | os.PathLike[str], timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -153,7 +160,7 @@ class Vetter:
         with self._lock:
             self.vettings += 1
         try:
-            verdict = vet(stamp[0], self.timeout_s, self.memory_mb)
+            verdict = vet(stamp[0], time_limit(self.timeout_s, stamp[2]), self.memory_mb)
         except OSError as exc:  # could not start a worker: say so, do not open in-process
             verdict = Verdict(False, f"refused: could not start a worker to check it "
                                      f"({exc.strerror or exc})")

@@ -43,7 +43,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"worker threads answering requests (default {THREADS})")
     parser.add_argument("--vet-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds a worker process may take to read a profile before "
-                        f"it is refused (default {DEFAULT_TIMEOUT_S:g})")
+                        f"it is refused (default {DEFAULT_TIMEOUT_S:g}, plus 60 per GB "
+                        "of file)")
     parser.add_argument("--vet-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help="address space a worker process may use to read a profile "
                         f"(default {DEFAULT_MEMORY_MB})")
