@@ -15,7 +15,7 @@ from popviz_app import create_app, render
 from popviz.errors import ProfileError
 from popviz.format import write_report
 from popviz.synthetic import synthetic_report
-from popviz.vet import SIMULATE_ENV, Vetter, vet
+from popviz.vet import SIMULATE_ENV, Vetter, time_limit, vet
 from tests.dash_util import component_text
 
 # profiles/tutorial_measured_2ranks/profile.h5 (format 1.0) with 4 bytes at 27,440 flipped:
@@ -82,6 +82,11 @@ def test_a_real_flipped_file_that_crashes_libhdf5_costs_only_the_worker(
     for page in ("/summary", "/trace", "/operations"):
         assert f"flipped.h5: {verdict.reason}" in page_text(ctx, page, "?profile=flipped.h5")
     assert "good.h5 · " in page_text(ctx, "/summary", "?profile=good.h5")
+
+
+def test_big_files_get_more_time_to_be_read() -> None:
+    assert time_limit(20, 300_000) == 20
+    assert time_limit(20, 2_000_000_000) == 140  # 60 s more per GB
 
 
 def test_many_threads_asking_for_one_cold_file_wait_for_one_vetting(folder: Path) -> None:
