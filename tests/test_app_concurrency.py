@@ -111,3 +111,19 @@ def test_a_cold_server_survives_many_threads_building_every_page(served: Path) -
     errors = _run_threads(work, 24, 120)
     assert not errors, errors[:3]
     assert "Liveness" in str(render(ctx, "/liveness", f"?profile={rels[0]}"))
+
+
+def test_comparisons_do_not_pile_up_as_the_other_profile_is_evicted(served: Path) -> None:
+    """B is evicted and reopened as other profiles are viewed; A keeps one comparison with
+    it (keyed by B's file stamp), not one per reopening (the bench's RSS grew with them)."""
+    app = create_app(served, cache_size=3, vetter=False)
+    ctx = app.popviz_context
+    a, b, c, d = (f"run{i}/profile.h5" for i in range(4))
+    for _ in range(3):
+        compare_body(ctx, a, b)
+        ctx.cache.get(a)
+        ctx.cache.get(c)
+        ctx.cache.get(d)  # evicts b, the least recently used
+    entry_a = ctx.cache.get(a)
+    assert [k for k in entry_a.derived if k[0] == "compare"] == [
+        ("compare", b, ctx.cache.get(b).stamp)]

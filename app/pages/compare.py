@@ -38,8 +38,11 @@ def pair_query(a: str, b: str) -> str:
 
 
 def comparison(a: Entry, b: Entry) -> Comparison:
-    """Built once per pair of open profiles (kept with A's cached entry)."""
-    return a.get(("compare", b.rel, id(b)), lambda: compare(a.profile, b.profile))
+    """Built once per pair of files (kept with A's cached entry). Keyed by B's file
+    stamp, not by B's entry: B is evicted and reopened as other profiles are looked at,
+    and a key per reopening grew A's entry without bound."""
+    return a.get(("compare", b.rel, b.stamp or id(b)),
+                 lambda: compare(a.profile, b.profile))
 
 
 def _card(label: str, value: str, tone: str = "") -> html.Div:
