@@ -39,6 +39,10 @@ def read_ranks(paths: Iterable[PathLike]) -> list[KinetoTrace]:
         bare = next(t for t in traces if not t.meta.get("distributedInfo"))
         raise ProfileError(f"{bare.path}: no distributedInfo (rank); several traces must "
                            "each come from one rank of a torch.distributed run")
+    empty = next((t for t in traces if t.spans.empty), None)
+    if empty is not None:
+        raise ProfileError(f"{empty.path}: no events popviz can use (host ops, kernels, "
+                           "annotations): was torch.profiler running?")
     seen: dict[int, Path] = {}
     for t in traces:
         if t.rank in seen:
@@ -238,6 +242,17 @@ def import_tables(traces: list[KinetoTrace], snapshots: list[Path | None],
     return result, info
 
 
+def run_name(paths: list[Path]) -> str:
+    """The file's name without suffixes; for several ranks what their names share
+    (without 'rank'), else their folder's name."""
+    stems = [p.name.split(".")[0] for p in paths]
+    if len(stems) == 1:
+        return stems[0]
+    shared = os.path.commonprefix(stems).rstrip("_-.")  # noqa: RUF071 - names, not paths
+    shared = shared[:-4].rstrip("_-.") if shared.lower().endswith("rank") else shared
+    return shared or paths[0].resolve().parent.name
+
+
 def import_meta(traces: list[KinetoTrace], info: list[dict[str, Any]], origin: int,
                 snapshots: list[Path | None], trace: pd.DataFrame) -> dict[str, Any]:
     first = traces[0]
@@ -259,7 +274,7 @@ def import_meta(traces: list[KinetoTrace], info: list[dict[str, Any]], origin: i
         "target": {"name": name, "num_ipus": len(ranks), "tiles_per_ipu": 1,
                    "bytes_per_tile": 0, "clock_hz": 1e9},
         "options": options,
-        "model": {"name": first.path.name.split(".")[0]},
+        "model": {"name": run_name([t.path for t in traces])},
         "ranks": ranks,
         "measure": {"imported": True, "ranks": ranks, "world_size": first.world_size,
                     "backend": backend, "stages": stages, "num_stages": len(stages),
