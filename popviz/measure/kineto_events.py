@@ -216,15 +216,19 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     calls = calls.sort_values("start")
     idx = np.searchsorted(calls["start"].to_numpy(), ann["start"].to_numpy(), "right") - 1
     peers = []
-    for i in idx:
+    for i in idx:  # c10d::send / recv_(tensors, group, peer, tag): the peer is input 2
         conc = calls["concrete"].iloc[i] if i >= 0 else None
         peers.append(int(conc[2]) if isinstance(conc, list) and len(conc) > 2
                      and str(conc[2]).lstrip("-").isdigit() else -1)
+    # posted when the c10d call began: gloo opens its annotation only when that call
+    # returns, and a first send may block in it until the peer connects
+    post = np.where(idx >= 0, calls["start"].to_numpy()[np.clip(idx, 0, None)],
+                    ann["start"].to_numpy()) if len(calls) else ann["start"].to_numpy()
     direction = ann["name"].astype(str).str.split(":").str[1].to_numpy()
-    stage, ps, mb = lab.label(ann["start"].to_numpy())
+    stage, ps, mb = lab.label(post)
     frame = pd.DataFrame({
         "rank": rank, "direction": direction, "peer": peers,
-        "start": ann["start"].to_numpy(), "end": ann["end"].to_numpy(),
+        "start": post, "end": ann["end"].to_numpy(),
         "bytes": [tensor_bytes(d, t) for d, t in zip(ann["dims"], ann["types"])],
         "stage": stage, "pass": ps, "microbatch": mb})
     frame = frame.sort_values("start", kind="stable").reset_index(drop=True)
