@@ -78,7 +78,8 @@ def test_resnet_kernels_are_compute_and_gaps_idle(resnet: Any) -> None:
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")]
     trace = resnet.trace
     assert resnet.kind == "measured" and set(trace["ipu"]) == {0}
-    assert (trace["kind"] == "compute").sum() == len(gpu)
+    assert (trace["kind"] == "compute").sum() == sum(e["cat"] == "kernel" for e in gpu)
+    assert (trace["kind"] == "exchange").sum() == sum(e["cat"] == "gpu_memset" for e in gpu)
     # idle (+ sync) is the GPU's span minus the union of its activity, from the raw JSON
     span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
     idle_us = span - _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
@@ -237,15 +238,40 @@ def test_chunked_parsing_equals_one_json_load(runs: dict[str, list[Path]],
     assert len(sliced.spans) == len(raw)
 
 
+@pytest.mark.parametrize("which", ["resnet", "pipeline", "gloo"])
+def test_vectorised_reader_equals_the_json_decoder(which: str,
+                                                   runs: dict[str, list[Path]]) -> None:
+    path = {"resnet": RESNET, "pipeline": PIPELINE, "gloo": runs["GPipe"][1]}[which]
+    fast = kineto.read_trace(path)
+    spans, memory, top = kineto.read_general(kineto.read_bytes(path), path)
+    assert fast.meta == top and len(fast.spans) == len(spans) > 0
+    for col in spans.columns:
+        a, b = fast.spans[col], spans[col]
+        if col in ("start", "end"):  # exact digits vs float µs x 1000: 1 ns apart at most
+            assert np.abs(a.to_numpy() - b.to_numpy()).max() <= 1, col
+        elif col == "dims":  # text (fast) or lists (json): the same shapes
+            assert [json.loads(x) if isinstance(x, str) else x for x in a] == list(b)
+        elif col not in ("types", "concrete"):  # the fast reader keeps them for p2p only
+            assert (a.astype(str).to_numpy() == b.astype(str).to_numpy()).all(), col
+    for col in memory.columns:
+        assert np.abs(fast.memory[col].to_numpy() - memory[col].to_numpy()).max() <= 1
+
+
 # ---- errors: one line, naming the file ----
 def test_bad_inputs_are_named_in_one_line(runs: dict[str, list[Path]], tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     files = runs["GPipe"]
     cut = tmp_path / "cut.json"
     cut.write_bytes(files[1].read_bytes()[:5000])
+    # cut just after an event: what follows its last list reads like the top level's end
+    text = files[1].read_bytes()
+    after = tmp_path / "after_event.json"
+    dims = text.index(b'"Input Dims"', 3000)
+    after.write_bytes(text[:text.index(b"}", dims) + 1])
     cases = {
         "missing": ([files[0], tmp_path / "nope.json", files[2]], "nope.json: no such"),
         "cut": ([files[0], cut, files[2]], "cut.json: not valid JSON"),
+        "after": ([files[0], after, files[2]], "after_event.json: not valid JSON"),
         "twice": ([files[0], files[0], files[1], files[2]], "rank 0 given twice"),
         "gap": ([files[0], files[2]], r"rank\(s\) 1 of 3 missing"),
     }

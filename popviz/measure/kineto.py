@@ -44,7 +44,7 @@ KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation", "kern
                        "gpu_memcpy", "gpu_memset", "cuda_runtime"})
 SPAN_COLUMNS = ["cat", "name", "tid", "ts", "dur", "ext", "corr", "stream", "bytes",
                 "dims", "types", "concrete", "flops", "collective", "nelems", "dtype",
-                "group_ranks", "src_rank", "dst_rank"]
+                "src_rank", "dst_rank"]
 
 
 @dataclass
@@ -159,8 +159,6 @@ def _span_columns(evs: list[dict]) -> dict[str, list]:
     cols["collective"] = [c or "" for c in coll]
     cols["nelems"] = [a.get("In msg nelems", 0) if c else 0 for a, c in zip(args, coll)]
     cols["dtype"] = [a.get("dtype", "") if c else "" for a, c in zip(args, coll)]
-    cols["group_ranks"] = [str(a.get("Process Group Ranks", "")) if c else ""
-                           for a, c in zip(args, coll)]
     cols["src_rank"] = [a.get("Src Rank", -1) if c else -1 for a, c in zip(args, coll)]
     cols["dst_rank"] = [a.get("Dst Rank", -1) if c else -1 for a, c in zip(args, coll)]
     return cols
@@ -194,10 +192,48 @@ def _frame(parts: list[dict[str, list]], columns: list[str]) -> dict[str, list]:
     return {c: [v for part in parts for v in part[c]] for c in columns}
 
 
+def array_end(data: bytes, begin: int, path: Path) -> tuple[int, dict[str, Any]]:
+    """Position of the `]` closing traceEvents (the array starts at `begin`) and the
+    top-level fields: the last `]` whose remainder makes the document whole."""
+    end = len(data)
+    for _ in range(64):
+        end = data.rfind(b"]", begin, end)
+        if end < 0:
+            break
+        try:
+            return end, _top_level(data, begin + 1, end, path)
+        except ProfileError:
+            continue
+    raise ProfileError(f"{path}: not valid JSON outside traceEvents (cut short or corrupt)")
+
+
 def read_trace(path: str | Path) -> KinetoTrace:
-    """Parse one trace file into a KinetoTrace; ProfileError (one line) if it is not one."""
+    """Parse one trace file into a KinetoTrace; ProfileError (one line) if it is not one.
+    The vectorised reader (kineto_fast) takes the layout torch.profiler writes; anything
+    else goes through the general chunked decoder."""
+    from popviz.measure import kineto_fast
+
     path = Path(path)
     data = read_bytes(path)
+    key = _KEY.search(data)
+    if key is None:
+        raise ProfileError(f"{path}: not a Chrome / Kineto trace (no traceEvents array)")
+    try:
+        end, top = array_end(data, key.end() - 1, path)
+        spans, memory = kineto_fast.fast_frames(data, key.end() - 1, end)
+    except (kineto_fast.NotKineto, ProfileError):
+        spans, memory, top = read_general(data, path)
+    del data
+    dist = top.get("distributedInfo") or {}
+    return KinetoTrace(path=path, meta=top, spans=spans, memory=memory,
+                       base_ns=_as_int(top.get("baseTimeNanoseconds", 0), 0),
+                       rank=_as_int(dist.get("rank", 0), 0),
+                       world_size=max(1, _as_int(dist.get("world_size", 1), 1)),
+                       backend=str(dist.get("backend", "")))
+
+
+def read_general(data: bytes, path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Any Chrome trace JSON: decoded in slices of CHUNK_BYTES (see the module doc)."""
     spans_parts: list[dict[str, list]] = []
     mem_parts: list[dict[str, list]] = []
     top: dict[str, Any] = {}
@@ -209,8 +245,6 @@ def read_trace(path: str | Path) -> KinetoTrace:
                 top = head
     except (AttributeError, TypeError, KeyError) as exc:
         raise ProfileError(f"{path}: events of an unexpected shape ({exc})") from None
-    del data
-    base_ns = _as_int(top.get("baseTimeNanoseconds", 0), 0)
     s = _frame(spans_parts, SPAN_COLUMNS)
     del spans_parts
     ts = np.asarray(s["ts"], dtype=np.float64)
@@ -224,16 +258,12 @@ def read_trace(path: str | Path) -> KinetoTrace:
         "bytes": _int(s["bytes"], 0), "flops": _int(s["flops"], 0),
         "dims": s["dims"], "types": s["types"], "concrete": s["concrete"],
         "collective": pd.Categorical(s["collective"]), "nelems": _int(s["nelems"], 0),
-        "dtype": s["dtype"], "group_ranks": s["group_ranks"],
-        "src_rank": _int(s["src_rank"]), "dst_rank": _int(s["dst_rank"]),
+        "dtype": s["dtype"], "src_rank": _int(s["src_rank"]),
+        "dst_rank": _int(s["dst_rank"]),
     })
     m = _frame(mem_parts, ["ts", "allocated", "device_type", "device_id"])
     memory = pd.DataFrame({
         "time": np.rint(np.asarray(m["ts"], dtype=np.float64) * 1000.0).astype(np.int64),
         "allocated": _int(m["allocated"], 0), "device_type": _int(m["device_type"], 0),
         "device_id": _int(m["device_id"])})
-    dist = top.get("distributedInfo") or {}
-    return KinetoTrace(path=path, meta=top, spans=spans, memory=memory, base_ns=base_ns,
-                       rank=_as_int(dist.get("rank", 0), 0),
-                       world_size=max(1, _as_int(dist.get("world_size", 1), 1)),
-                       backend=str(dist.get("backend", "")))
+    return spans, memory, top

@@ -1,7 +1,8 @@
 """One rank's Kineto spans -> trace events with popviz kinds, stage / pass / micro-batch.
 
-A rank's timeline is its GPU when the trace has GPU activity (kernels, memcpy, memset;
-gaps between them are `idle`, the host's cudaXSynchronize calls are `sync`), else its CPU
+A rank's timeline is its GPU when the trace has GPU activity (kernels are `compute`, NCCL
+kernels, device copies and memsets `exchange`, host <-> device copies `host_io`; gaps
+between them are `idle`, the host's cudaXSynchronize calls `sync`), else its CPU
 threads (top-level ops are `compute`, c10d / gloo / nccl calls `exchange`, gaps stay
 untraced: Python between ops). Stage, pass and micro-batch come from the pipelining
 annotations around the time an event was launched on the host. See docs/import.md.
@@ -10,6 +11,7 @@ annotations around the time an event was launched on the host. See docs/import.m
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -30,6 +32,17 @@ DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "lon
                "Bool": 1, "Byte": 1, "Char": 1, "Short": 2}
 EVENT_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
                  "bytes", "peer"]
+
+
+def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.ndarray:
+    """`test` (a vectorised str predicate) applied to each distinct name once, as a mask
+    over all rows: names are categorical, and 300k rows share a few thousand names."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return test(names.astype(str)).to_numpy(dtype=bool)
+    hit = test(pd.Series(names.cat.categories.astype(str))).to_numpy(dtype=bool)
+    codes = names.cat.codes.to_numpy()
+    return np.where(codes >= 0, hit[np.clip(codes, 0, None)], False) if len(hit) \
+        else np.zeros(len(names), dtype=bool)
 
 
 def annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -122,9 +135,8 @@ class Labeller:
         self.pp = pp.reset_index(drop=True)
         opt = self.ann[self.ann["pass"] == "WU"]
         self.wu = merged_intervals(opt["start"].to_numpy(), opt["end"].to_numpy())
-        names = spans["name"].astype(str)
-        bwd = spans[(spans["cat"] == "cpu_op").to_numpy()
-                    & names.str.startswith("autograd::engine::evaluate_function").to_numpy()]
+        bwd = spans[(spans["cat"] == "cpu_op").to_numpy() & name_test(
+            spans["name"], lambda n: n.str.startswith("autograd::engine::evaluate_function"))]
         self.bwd = merged_intervals(bwd["start"].to_numpy(), bwd["end"].to_numpy())
 
     def label(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -161,14 +173,14 @@ def tensor_bytes(dims: object, types: object) -> int:
 def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """Kernels, copies and sets as trace events, the host's sync calls, and idle gaps."""
     gpu = spans[spans["cat"].isin(GPU_CATS)]
-    name = gpu["name"].astype(str)
     cat = gpu["cat"].astype(str).to_numpy()
     kind = np.full(len(gpu), "compute", dtype=object)
-    kind[name.str.contains("nccl", case=False).to_numpy()] = "exchange"
+    kind[name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))] = "exchange"
     copy = cat == "gpu_memcpy"
-    host = name.str.contains("HtoD|DtoH|HtoH", regex=True).to_numpy()
+    host = name_test(gpu["name"], lambda n: n.str.contains("HtoD|DtoH|HtoH", regex=True))
     kind[copy & host] = "host_io"
     kind[copy & ~host] = "exchange"
+    kind[cat == "gpu_memset"] = "exchange"  # memory traffic, not compute (as HTA counts it)
     stage, ps, mb = lab.label(launch_times(spans, gpu))
     nbytes = gpu["bytes"].to_numpy().copy()
     coll = gpu["nelems"].to_numpy() > 0
@@ -176,8 +188,8 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
         [DTYPE_BYTES.get(d, 4) for d in gpu["dtype"].to_numpy()[coll]], dtype=np.int64)
     ev = pd.DataFrame({"ipu": rank, "start": gpu["start"].to_numpy(),
                        "end": gpu["end"].to_numpy(), "kind": kind, "stage": stage,
-                       "microbatch": mb, "pass": ps, "op": name.to_numpy(), "step": 0,
-                       "bytes": nbytes, "peer": -1})
+                       "microbatch": mb, "pass": ps, "op": gpu["name"].to_numpy(),
+                       "step": 0, "bytes": nbytes, "peer": -1})
     lo, hi = int(ev["start"].min()), int(ev["end"].max())
     busy_s, busy_e = merged_intervals(ev["start"].to_numpy(), ev["end"].to_numpy())
     gap_s, gap_e = busy_e[:-1], busy_s[1:]
@@ -188,7 +200,7 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
                          "stage": g_stage, "microbatch": g_mb, "pass": g_pass,
                          "op": "GPU idle", "step": 0, "bytes": 0, "peer": -1})
     rt = spans[(spans["cat"] == "cuda_runtime").to_numpy()
-               & spans["name"].astype(str).isin(SYNC_CALLS).to_numpy()]
+               & name_test(spans["name"], lambda n: n.isin(SYNC_CALLS))]
     s = np.clip(rt["start"].to_numpy(), lo, hi)
     e = np.clip(rt["end"].to_numpy(), lo, hi)
     s_stage, s_pass, s_mb = lab.label(s)
@@ -204,11 +216,10 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """gloo / nccl send and recv annotations (post to completion) with their peer (from the
     c10d call that posted them) and bytes: rank, direction, peer, start, end, bytes,
     stage, pass, microbatch, seq (k-th op between this rank and that peer that way)."""
-    names = spans["name"].astype(str)
     ann = spans[(spans["cat"] == "user_annotation").to_numpy()
-                & names.str.match(P2P_ANNOTATION.pattern).to_numpy()]
+                & name_test(spans["name"], lambda n: n.str.match(P2P_ANNOTATION.pattern))]
     calls = spans[(spans["cat"] == "cpu_op").to_numpy()
-                  & names.str.match(r"^c10d::(send|recv)").to_numpy()]
+                  & name_test(spans["name"], lambda n: n.str.match(r"^c10d::(send|recv)"))]
     cols = ["rank", "direction", "peer", "start", "end", "bytes", "stage", "pass",
             "microbatch", "seq"]
     if ann.empty:
@@ -248,10 +259,10 @@ def cpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """Top-level host ops as compute (c10d / gloo / nccl calls as exchange)."""
     ops = spans[spans["cat"] == "cpu_op"]
     ops = ops[top_level(ops)]
-    name = ops["name"].astype(str)
-    kind = np.where(name.str.match(COMM_OP.pattern).to_numpy(), "exchange", "compute")
+    kind = np.where(name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern)),
+                    "exchange", "compute")
     stage, ps, mb = lab.label(ops["start"].to_numpy())
     return pd.DataFrame({"ipu": rank, "start": ops["start"].to_numpy(),
                          "end": ops["end"].to_numpy(), "kind": kind, "stage": stage,
-                         "microbatch": mb, "pass": ps, "op": name.to_numpy(), "step": 0,
-                         "bytes": 0, "peer": -1})[EVENT_COLUMNS]
+                         "microbatch": mb, "pass": ps, "op": ops["name"].to_numpy(),
+                         "step": 0, "bytes": 0, "peer": -1})[EVENT_COLUMNS]

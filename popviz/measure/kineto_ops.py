@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.measure import tables as tbl
-from popviz.measure.kineto_events import COMM_OP, GPU_CATS, Labeller, top_level
+from popviz.measure.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
 
 try:
     import orjson
@@ -39,14 +39,17 @@ OP_CLASSES = [
 
 
 def op_class(names: pd.Series) -> np.ndarray:
-    """popviz.record's op class of each op, from its name ("other" when none fits)."""
-    out = np.full(len(names), "other", dtype=object)
-    todo = np.ones(len(names), dtype=bool)
+    """popviz.record's op class of each op, from its name ("other" when none fits);
+    classified once per distinct name."""
+    codes, uniques = pd.factorize(names)
+    out = np.full(len(uniques), "other", dtype=object)
+    todo = np.ones(len(uniques), dtype=bool)
+    texts = pd.Series(np.asarray(uniques, dtype=object)).astype(str)
     for cls, pattern in OP_CLASSES:
-        hit = todo & names.str.contains(pattern).to_numpy()
+        hit = todo & texts.str.contains(pattern).to_numpy()
         out[hit] = cls
         todo &= ~hit
-    return out
+    return out[codes] if len(codes) else np.zeros(0, dtype=object)
 
 
 def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
@@ -55,8 +58,7 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     gpu = spans[spans["cat"].isin(GPU_CATS)]
     per_ext = (gpu["end"] - gpu["start"]).groupby(gpu["ext"].to_numpy()).agg(["sum", "size"])
     found = per_ext.reindex(ops["ext"].to_numpy())
-    name = ops["name"].astype(str)
-    comm = name.str.match(COMM_OP.pattern).to_numpy()
+    comm = name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern))
     stage, ps, mb = lab.label(ops["start"].to_numpy())
     phase = np.array([PHASE.get(p, "other") for p in ps], dtype=object)
     phase[comm] = "exchange"
@@ -66,10 +68,10 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     # device time of an op, each instant once: its own kernels' GPU time (a kernel belongs
     # to the innermost op that launched it), or on a CPU run the host time of top-level ops
     cycles = np.where(comm, 0, gpu_ns if len(gpu) else np.where(top, end - start, 0))
-    cls = op_class(name)
+    cls = op_class(ops["name"])
     cls[comm] = "exchange"
     return pd.DataFrame({
-        "op_id": 0, "op": name.to_numpy(), "phase": phase, "ipu": rank, "stage": stage,
+        "op_id": 0, "op": ops["name"].to_numpy(), "phase": phase, "ipu": rank, "stage": stage,
         "microbatch": mb, "pass": ps, "step": 0, "start": start, "end": end,
         "host_ns": end - start, "bytes": 0, "peer": -1, "waiting_ns": 0, "transfer_ns": 0,
         "cycles": cycles, "op_class": cls, "gpu_ns": gpu_ns,
