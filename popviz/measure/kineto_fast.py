@@ -49,9 +49,24 @@ class NotKineto(Exception):
     """The layout is not the one this reader handles; use the general decoder."""
 
 
+def _positions(arr: np.ndarray, lo: int, hi: int, *values: int) -> np.ndarray:
+    """Positions in [lo, hi) of bytes equal to any of `values`, found in 8 MiB blocks and
+    kept as int32 when the file allows: tens of millions of them, without file-sized
+    temporaries."""
+    kind = np.int32 if len(arr) < 2**31 - 64 else np.int64
+    parts = []
+    for at in range(lo, hi, 8 << 20):
+        part = arr[at:min(hi, at + (8 << 20))]
+        hit = part == values[0]
+        for v in values[1:]:
+            hit |= part == v
+        parts.append((np.flatnonzero(hit) + at).astype(kind))
+    return np.concatenate(parts) if parts else np.zeros(0, kind)
+
+
 def _strings(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(open, close) positions of every JSON string."""
-    q = np.flatnonzero(arr == 34)
+    q = _positions(arr, 0, len(arr), 34)
     if len(q) == 0:
         raise NotKineto
     back = arr[np.maximum(q - 1, 0)] == 92
@@ -188,9 +203,8 @@ def _check_balanced(arr: np.ndarray, begin: int, end: int, sopen: np.ndarray,
     """Brackets outside strings balance between the array's `[` and `]`: else the file is
     cut short or the `]` taken for the array's end is not it (NotKineto: the general
     decoder then names the problem)."""
-    part = arr[begin + 1:end]
     for a, b in ((123, 125), (91, 93)):
-        pos = np.flatnonzero((part == a) | (part == b)) + begin + 1
+        pos = _positions(arr, begin + 1, end, a, b)
         last = np.searchsorted(sopen, pos, side="right") - 1
         inside = (last >= 0) & (sclose[np.maximum(last, 0)] > pos)
         pos = pos[~inside]
