@@ -1,12 +1,13 @@
 """Read one Kineto / Chrome trace (torch.profiler's `export_chrome_trace`, plain or .gz) into
 columns, fast and without holding every event as a Python object at once.
 
-The `traceEvents` array is cut into slices of about CHUNK_BYTES at event boundaries and each
-slice is decoded on its own (orjson when installed, else json); only the fields popviz uses
-are kept, as numpy columns. A cut is only a guess (`}` `,` `{` may sit inside an event), but
-a wrong cut leaves unbalanced brackets, which the decoder refuses, so the next candidate is
-tried: the result never depends on the guess. Times stay in the trace's own clock: µs since
-`baseTimeNanoseconds` (see docs/import.md).
+torch.profiler's own layout goes through the vectorised reader (kineto_fast.py). Anything
+else goes through `read_general`: the `traceEvents` array is cut into slices of about
+CHUNK_BYTES at event boundaries and each slice is decoded on its own (orjson when
+installed, else json); only the fields popviz uses are kept, as numpy columns. A cut is only
+a guess (`}` `,` `{` may sit inside an event), but a wrong cut leaves unbalanced brackets,
+which the decoder refuses, so the next candidate is tried: the result never depends on the
+guess. Times are ns since the file's `baseTimeNanoseconds` (see docs/import.md).
 """
 
 from __future__ import annotations
