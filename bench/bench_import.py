@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -178,8 +179,13 @@ def run_hta(folder: Path) -> dict:
 def _child(tool: str, folder: Path, result: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = run_popviz(folder, Path(tmp)) if tool == "popviz" else run_hta(folder)
-    out["self_peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out["child_peak_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["self_peak_rss"] = me.ru_maxrss * 1024
+    out["child_peak_rss"] = kids.ru_maxrss * 1024
+    # CPU seconds of the whole tree (imports included): steadier than wall time when
+    # other work shares the machine
+    out["cpu_seconds"] = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
     result.write_text(json.dumps(out))
 
 
@@ -238,13 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"HTA: {exc} (pip install -e '.[bench]')")
         return 1
     mib = 1 << 20
-    print(f"{'':8}{'work s':>9}{'wall s':>9}{'tree peak MiB':>15}{'main peak MiB':>15}")
+    print(f"{'':8}{'work s':>9}{'wall s':>9}{'CPU s':>9}{'tree peak MiB':>15}"
+          f"{'main peak MiB':>15}")
     for name, r in (("popviz", pv), ("HTA", hta)):
-        print(f"{name:8}{r['seconds']:9.2f}{r['wall_seconds']:9.2f}"
+        print(f"{name:8}{r['seconds']:9.2f}{r['wall_seconds']:9.2f}{r['cpu_seconds']:9.2f}"
               f"{r['tree_peak_rss'] / mib:15.0f}{r['self_peak_rss'] / mib:15.0f}")
-    print(f"HTA load alone: {hta['load_seconds']:.2f} s")
+    print(f"HTA load alone: {hta['load_seconds']:.2f} s; load average now "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"speed-up (work): {hta['seconds'] / pv['seconds']:.1f}x   (wall): "
-          f"{hta['wall_seconds'] / pv['wall_seconds']:.1f}x")
+          f"{hta['wall_seconds'] / pv['wall_seconds']:.1f}x   (CPU): "
+          f"{hta['cpu_seconds'] / pv['cpu_seconds']:.1f}x")
     print(f"memory: popviz / HTA tree peak {pv['tree_peak_rss'] / hta['tree_peak_rss']:.2f}, "
           f"main-process peak {pv['self_peak_rss'] / hta['self_peak_rss']:.2f}")
     worst = 0.0
