@@ -77,23 +77,30 @@ def match_p2p(calls: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.DataFrame(columns=[*calls[0].columns, "peer_post"]) if calls else \
             pd.DataFrame()
     p2p = pd.concat(frames, ignore_index=True)
-    other = p2p.rename(columns={"rank": "peer", "peer": "rank", "start": "peer_post"})
+    other = p2p.rename(columns={"rank": "peer", "peer": "rank", "start": "peer_post",
+                                "end": "peer_end"})
     other["direction"] = other["direction"].map({"send": "recv", "recv": "send"})
-    p2p = p2p.merge(other[["rank", "peer", "direction", "seq", "peer_post"]],
+    p2p = p2p.merge(other[["rank", "peer", "direction", "seq", "peer_post", "peer_end"]],
                     on=["rank", "peer", "direction", "seq"], how="left")
     p2p["peer_post"] = p2p["peer_post"].fillna(-1).astype(np.int64)
+    p2p["peer_end"] = p2p["peer_end"].fillna(-1).astype(np.int64)
+    # gloo reports a send done only when the sender next waits on it; the data is over
+    # once its receiver has it
+    send = (p2p["direction"] == "send") & (p2p["peer_end"] >= p2p["start"])
+    p2p.loc[send, "end"] = np.minimum(p2p.loc[send, "end"], p2p.loc[send, "peer_end"])
     return p2p
 
 
 def p2p_events(p2p: pd.DataFrame) -> pd.DataFrame:
-    """A CPU rank's p2p calls as trace events: a recv waits (idle) until its peer posted the
-    send, then transfers (exchange); a send is exchange from post to completion."""
+    """A CPU rank's p2p calls as trace events: each waits (idle) until its peer posted the
+    matching call, then transfers (exchange); gloo sends rendezvous with the receiver, so a
+    send splits like a recv (the sweep still counts compute under it as compute)."""
     if p2p.empty:
         return pd.DataFrame(columns=kev.EVENT_COLUMNS)
     recv = (p2p["direction"] == "recv").to_numpy()
     start, end = p2p["start"].to_numpy(), p2p["end"].to_numpy()
     post = p2p["peer_post"].to_numpy()
-    split = np.where(recv & (post >= 0), np.clip(post, start, end), start)
+    split = np.where(post >= 0, np.clip(post, start, end), start)
     way = np.where(recv, "from", "to")
     label = [f"{d} mb{m} {w} rank {p}" for d, m, w, p in
              zip(p2p["direction"], p2p["microbatch"], way, p2p["peer"])]
