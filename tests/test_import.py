@@ -204,6 +204,33 @@ def test_gpipe_compute_is_labelled_by_its_annotations(imported: dict[str, Any]) 
             assert got == set(range(MICROBATCHES)), (rank, ps)
 
 
+def test_microbatches_without_annotations_follow_the_transfers(
+        runs: dict[str, list[Path]], imported: dict[str, Any], tmp_path: Path) -> None:
+    # GPipe's traces without their Forward i / Backward i annotations (as Schedule1F1B
+    # writes them): the micro-batches inferred from the transfers are the annotated ones
+    stripped = []
+    for f in runs["GPipe"]:
+        doc = json.loads(f.read_bytes())
+        doc["traceEvents"] = [e for e in doc["traceEvents"]
+                              if not (e.get("cat") == "user_annotation"
+                                      and e.get("name", "").split(" ")[0]
+                                      in ("Forward", "Backward"))]
+        stripped.append(tmp_path / f.name)
+        stripped[-1].write_text(json.dumps(doc))
+    with popviz.open(popviz.import_trace(stripped, tmp_path / "bare")) as bare:
+        b = bare.trace[bare.trace["kind"] == "compute"].reset_index(drop=True)
+    a = imported["GPipe"].trace
+    a = a[a["kind"] == "compute"].reset_index(drop=True)
+    assert (a["start"] == b["start"]).all()
+    same = (a["microbatch"] >= 0) & (a["pass"] == b["pass"])
+    assert same.mean() > 0.9
+    assert (a.loc[same, "microbatch"] == b.loc[same, "microbatch"]).all()
+    one = imported["1F1B"].trace
+    one = one[(one["kind"] == "compute") & one["pass"].isin(["F", "B"])]
+    for (rank, ps), rows in one.groupby(["ipu", "pass"]):
+        assert set(rows["microbatch"]) - {-1} == set(range(MICROBATCHES)), (rank, ps)
+
+
 def test_gzip_and_plain_import_the_same(runs: dict[str, list[Path]], tmp_path: Path) -> None:
     files = runs["GPipe"]
     zipped = []

@@ -186,6 +186,29 @@ def swept_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
+    """Micro-batch of compute no annotation numbered (Schedule1F1B writes none): on a rank
+    with one stage, a forward (backward) belongs to the micro-batch of the next activation
+    (gradient) it sends, or on the stage that sends none, of the last one it received."""
+    if p2p.empty:
+        return
+    for (rank, ps), rows in trace[(trace["kind"] == "compute") & (trace["microbatch"] < 0)
+                                  & trace["pass"].isin(["F", "B"])].groupby(["ipu", "pass"]):
+        mine = p2p[(p2p["rank"] == rank) & (p2p["pass"] == ps)]
+        sends = mine[mine["direction"] == "send"].sort_values("start")
+        recvs = mine[mine["direction"] == "recv"].sort_values("end")
+        if len(sends):
+            at = np.searchsorted(sends["start"].to_numpy(), rows["end"].to_numpy(), "left")
+            mb = np.append(sends["microbatch"].to_numpy(), -1)[at]
+        elif len(recvs):
+            at = np.searchsorted(recvs["end"].to_numpy(), rows["start"].to_numpy(),
+                                 "right") - 1
+            mb = np.where(at >= 0, recvs["microbatch"].to_numpy()[np.maximum(at, 0)], -1)
+        else:
+            continue
+        trace.loc[rows.index, "microbatch"] = mb
+
+
 def renumber(ops: pd.DataFrame) -> pd.DataFrame:
     """op_id in (rank, start) order; keeps the import's extra columns (gpu_ns, shapes...)."""
     ops = ops.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
@@ -239,6 +262,7 @@ def import_tables(traces: list[KinetoTrace], snapshots: list[Path | None],
     trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
                                               "step", "bytes", "peer")})
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
+    number_by_transfers(trace, p2p)
     liveness = pd.concat(lives, ignore_index=True)
     result = {
         "trace": trace, "liveness": liveness,
