@@ -147,7 +147,7 @@ def parse_numbers(arr: np.ndarray, start: np.ndarray, decimals: int) -> np.ndarr
 def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     """Columns of every event between the traceEvents array's `[` (begin) and `]` (end):
     for each key of STRING_KEYS / NUMBER_KEYS / TEXT_KEYS an array over events (None /
-    -1 / 0 where absent) and `event_text(i)` for the rare rows that need the whole event."""
+    -1 / 0 where absent), and `brace`: where each event's object opens."""
     arr = np.frombuffer(data, dtype=np.uint8)
     sopen, sclose = _strings(arr)
     _check_balanced(arr, begin, end, sopen, sclose)
@@ -156,9 +156,11 @@ def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     colon = np.where(spaced, np.minimum(sclose + 2, len(arr) - 1), sclose + 1)
     is_key = (arr[colon] == 58) & (sopen > begin) & (sopen < end)
     kopen, kclose, kcolon = sopen[is_key], sclose[is_key], colon[is_key]
+    del after, spaced, colon, is_key  # file-sized temporaries: free before the next ones
     wanted = [b"ph", *STRING_KEYS, *NUMBER_KEYS, *TEXT_KEYS]  # "ph" first: kid 0
     wanted = list(dict.fromkeys(wanted))
     kid = _key_ids(arr, kopen, kclose - kopen - 1, wanted)
+    del kclose
     ph = kopen[kid == 0]
     if len(ph) == 0:
         raise NotKineto
@@ -172,7 +174,8 @@ def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     if not (arr[brace] == 123).all():
         raise NotKineto
     n = len(ph)
-    event = np.cumsum(kid == 0) - 1  # keys are in file order, each event starts with ph
+    # keys are in file order and each event starts with "ph"
+    event = np.cumsum(kid == 0, dtype=np.int32) - 1
     vstart = kcolon + 1
     vstart = vstart + (arr[np.minimum(vstart, len(arr) - 1)] == 32)
     # the event's kind is the byte after "ph": "; only complete (X) and instant (i)
