@@ -47,8 +47,10 @@ def tensors_in(values: Any) -> list[torch.Tensor]:
 def mutated_args(func: Any) -> tuple[int, ...]:
     """Positions of arguments an op writes in place but does not return."""
     schema = func._schema
-    returned = {r.alias_info.before_set and next(iter(r.alias_info.before_set))
-                for r in schema.returns if r.alias_info is not None}
+    returned: set[str] = set()
+    for r in schema.returns:  # a list of views (split, unbind) has an empty alias set
+        if r.alias_info is not None:
+            returned.update(r.alias_info.before_set)
     return tuple(i for i, a in enumerate(schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write
                  and not (a.alias_info.before_set & returned) and not a.kwarg_only)
