@@ -123,7 +123,8 @@ class Recorder(ModuleScopes):
         self._bar = self._progress_bar()
         self._hooks = [
             register_module_forward_pre_hook(self._module_pre),
-            register_module_forward_hook(self._module_post, always_call=True),
+            register_module_forward_hook(self._module_post, always_call=True,
+                                         with_kwargs=True),
             register_optimizer_step_pre_hook(self._optimiser_pre),
             register_optimizer_step_post_hook(self._optimiser_post),
         ]
