@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
-from popviz.record import record_program
+from popviz.record import flops, record_program
 
 
 @pytest.mark.parametrize("op", ["split", "chunk", "unbind"])
@@ -28,3 +31,103 @@ def test_ops_returning_lists_of_views(op: str, fake: bool) -> None:
     view = ops[ops.op.str.startswith("aten.unbind" if op == "unbind" else "aten.split")]
     assert len(view) == 1 and view.iloc[0].op_class == "data_movement"
     assert len(ops[ops.op == "aten.mul.Tensor"]) == (6 if op == "unbind" else 3)
+
+
+class _KeywordModel(torch.nn.Module):
+    """Called like a HuggingFace model: model(input_ids=..., labels=...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 6)
+        self.head = torch.nn.Linear(6, 11)
+
+    def forward(self, input_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.head(self.embed(input_ids))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["record", "plan"])
+def test_micro_batch_from_keyword_arguments(fake: bool) -> None:
+    def run() -> torch.nn.Module:
+        model = _KeywordModel()
+        ids = torch.randint(0, 11, (5, 3))
+
+        def step() -> None:
+            model(input_ids=ids, labels=ids).backward()
+
+        return record_program(step, model=model, mode="plan" if fake else "measured")
+
+    if fake:
+        with FakeTensorMode():
+            program = run()
+    else:
+        program = run()
+    assert program.model["batch_size"] == 5
+    assert program.model["input_shape"] == [5, 3]
+
+
+# ------------------------------------------------------------------ fused attention
+B, H, L, E = 2, 4, 16, 8
+
+
+def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+    scores = q @ k.transpose(-1, -2) / E ** 0.5
+    if mask is not None:
+        scores = scores + mask
+    return torch.softmax(scores, -1) @ v
+
+
+def _sdpa_backends() -> list[SDPBackend]:
+    return [SDPBackend.MATH, *([SDPBackend.FLASH_ATTENTION] if not torch.cuda.is_available()
+                               or torch.backends.cuda.flash_sdp_enabled() else [])]
+
+
+@pytest.mark.parametrize("backend", _sdpa_backends(), ids=lambda b: b.name)
+@pytest.mark.parametrize("variant", ["plain", "causal", "mask", "gqa"])
+def test_fused_attention_flops_equal_eager_maths(backend: SDPBackend, variant: str) -> None:
+    kv_heads = 2 if variant == "gqa" else H
+    q = torch.randn(B, H, L, E, requires_grad=True)
+    k = torch.randn(B, kv_heads, L, E, requires_grad=True)
+    v = torch.randn(B, kv_heads, L, E, requires_grad=True)
+    mask = torch.zeros(L, L) if variant == "mask" else None
+    kwargs = {"is_causal": variant == "causal", "attn_mask": mask,
+              "enable_gqa": variant == "gqa"}
+
+    def step() -> None:
+        with sdpa_kernel(backend):
+            F.scaled_dot_product_attention(q, k, v, **kwargs).sum().backward()
+
+    ops = record_program(step).ops
+    fused = ops[ops.op.str.contains("attention")]
+    if backend == SDPBackend.FLASH_ATTENTION:
+        assert set(fused.phase) == {"forward", "backward"}
+    repeat = H // kv_heads
+    with FlopCounterMode(display=False) as counter:
+        _eager_attention(q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1),
+                         mask).sum().backward()
+    ours = int(ops.loc[ops.op_class == "matmul", "flops"].sum())
+    assert ours == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+@pytest.mark.parametrize("op", ["_scaled_dot_product_efficient_attention",
+                                "_scaled_dot_product_flash_attention",
+                                "_scaled_dot_product_cudnn_attention"])
+def test_gpu_attention_kernels_count_the_eager_maths(op: str) -> None:
+    """The CUDA kernels, on meta tensors: the same FLOPs as the CPU flash kernel."""
+    func = getattr(torch.ops.aten, op).default
+    q, k, v = (torch.empty(B, H, L, E, device="meta") for _ in range(3))
+    args = (q, k, v) if "flash" in op else (q, k, v, None, True)
+    out = func(*args)
+    shapes = [t.shape for t in (q, k, v)]
+    outs = [t.shape for t in out if isinstance(t, torch.Tensor)]
+    assert flops.classify(func, flops.kind_of(func), args, {}, out, shapes, outs) == \
+        ("matmul", 2 * B * H * L * L * (E + E))
+
+
+def test_safe_softmax_counts_like_softmax() -> None:
+    x = torch.randn(3, 7)
+    ops = record_program(lambda: torch.ops.aten._safe_softmax(x, -1)).ops
+    row = ops[ops.op == "aten._safe_softmax.default"].iloc[0]
+    assert (row.op_class, row.flops) == ("reduction", 5 * x.numel())
