@@ -131,3 +131,79 @@ def test_safe_softmax_counts_like_softmax() -> None:
     ops = record_program(lambda: torch.ops.aten._safe_softmax(x, -1)).ops
     row = ops[ops.op == "aten._safe_softmax.default"].iloc[0]
     assert (row.op_class, row.flops) == ("reduction", 5 * x.numel())
+
+
+# ------------------------------------------------------------------ attribution
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _Act(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Square.apply(x)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, checkpointing: str = "") -> None:
+        super().__init__()
+        self.l1, self.act, self.l2 = torch.nn.Linear(4, 8), _Act(), torch.nn.Linear(8, 3)
+        self.checkpointing = checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.l1(x)
+        if self.checkpointing:
+            h = torch.utils.checkpoint.checkpoint(
+                self.act, h, use_reentrant=self.checkpointing == "reentrant")
+        else:
+            h = self.act(h)
+        return self.l2(h)
+
+
+@pytest.mark.parametrize("checkpointing", ["", "reentrant", "nonreentrant"])
+def test_loss_and_custom_function_attribution(checkpointing: str) -> None:
+    model = _Net(checkpointing)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()  # warm-up: the second step's optimiser reads state from the first
+    ops = record_program(step, model=model).ops
+    assert (ops.module != "").all(), ops[ops.module == ""][["op", "phase"]]
+    loss = ops[ops.op.str.contains("log_softmax|nll_loss")]
+    assert set(loss.module) == {"l2"} and set(loss.phase) == {"forward", "backward"}
+    square = ops[(ops.module == "act") & (ops.op == "aten.mul.Tensor")]
+    # forward x*x; backward 2*x and *grad; under checkpointing the forward is re-run
+    phases = square.phase.tolist()
+    assert phases.count("forward") == 1 and phases.count("backward") == 2
+    assert phases.count("recompute") == (1 if checkpointing else 0)
+    params = dict(model.named_parameters())
+    opt_ops = ops[ops.phase == "optimiser"]
+    assert set(opt_ops.module) == {name.rpartition(".")[0] for name in params}
+    # Adam reads 2 moments per parameter: each parameter's updates sit with its module
+    assert (opt_ops.groupby("module").size() >= 4).all()
+
+
+def test_checkpoint_on_an_in_place_result_marks_the_last_writer() -> None:
+    import popviz
+
+    bn = torch.nn.BatchNorm1d(4)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        out = bn(x)
+        out += x
+        return popviz.recomputation_checkpoint(torch.relu_(out))
+
+    ops = record_program(block, torch.randn(3, 4)).ops
+    assert ops.loc[ops.checkpoint, "op"].tolist() == ["aten.relu_.default"]

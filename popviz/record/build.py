@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 OP_FIELDS = list(OP_COLUMNS)
 CHECKPOINT = OP_FIELDS.index("checkpoint")
 PHASE = OP_FIELDS.index("phase")
+MODULE = OP_FIELDS.index("module")
+OUTPUTS = OP_FIELDS.index("outputs")
 
 
 def _all_params(recorder: Recorder) -> list[tuple[str, torch.Tensor]]:
@@ -63,6 +65,7 @@ def build_program(recorder: Recorder) -> Program:
                     _name_owned(recorder, value, f"{pname}.{key}", owner, category,
                                      "optimiser_state")
     persistent.update(category)
+    _own_optimiser_ops(recorder)
     rows = []
     ops = recorder._ops
     for cd, rec in recorder._storages.items():
@@ -87,6 +90,21 @@ def build_program(recorder: Recorder) -> Program:
     tensors_df = frame(rows, TENSOR_COLUMNS)
     return Program(ops=ops_df, tensors=tensors_df, model=_model_facts(recorder, ops_df, params),
                    mode=recorder.mode)
+
+
+def _own_optimiser_ops(recorder: Recorder) -> None:
+    """An optimiser op that read no tensor of a module (a new step count) goes with the
+    module of what it wrote. A foreach op over many modules keeps none: the compiler
+    spreads it over the stages by parameter bytes."""
+    rows = recorder._rows
+    for row in recorder._ops:
+        if row[PHASE] != "optimiser" or row[MODULE] or not row[OUTPUTS]:
+            continue
+        owners = {rows[int(tid)].module for tid in row[OUTPUTS].split(";")} - {None, ""}
+        if len(owners) == 1:
+            rec = next(rows[int(t)] for t in row[OUTPUTS].split(";")
+                       if rows[int(t)].module in owners)
+            row[MODULE:MODULE + 3] = [rec.module, rec.layer or "", rec.block or ""]
 
 
 def _name_owned(recorder: Recorder, t: torch.Tensor, name: str, owner: Storage | None,

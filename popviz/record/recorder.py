@@ -175,6 +175,19 @@ class Recorder(ModuleScopes):
         self._opt_depth += 1
         if not any(ref() is opt for ref in self._optimisers):
             self._optimisers.append(weakref.ref(opt))
+        # state from an earlier step (momentum, Adam moments, step counts) belongs to its
+        # parameter's module, so the updates that read only the state go with it too
+        storages = self._storages
+        for p, state in opt.state.items():
+            owner = storages.get(p.untyped_storage()._cdata) if isinstance(p, torch.Tensor) \
+                else None
+            if owner is None or not owner.module:
+                continue
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and \
+                        value.untyped_storage()._cdata not in storages:
+                    rec = self._register_existing(value)
+                    rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
 
     def _optimiser_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
@@ -184,8 +197,8 @@ class Recorder(ModuleScopes):
         if not isinstance(t, torch.Tensor):
             return
         rec = self._storages.get(t.untyped_storage()._cdata)
-        if rec is not None and rec.producer >= 0:
-            self._ops[rec.producer][CHECKPOINT] = True
+        if rec is not None and rec.writer >= 0:  # an in-place result: its last writer
+            self._ops[rec.writer][CHECKPOINT] = True
 
     # ---------------------------------------------------------------- ops
     def _resolve_pending(self) -> None:
@@ -234,7 +247,9 @@ class Recorder(ModuleScopes):
         if torch._C._current_graph_task_id() != -1:
             self._backward_seen = True
             info = self._node_info()
-            if torch.is_grad_enabled():  # the engine re-running a forward: checkpointing
+            # the engine re-running a forward (checkpointing): grad mode is on, or a module
+            # is running (a custom Function's forward turns grad mode off)
+            if stack or torch.is_grad_enabled():
                 module = stack[-1] if stack else info[0]
                 block = STATE.block_stack[-1] if STATE.block_stack else \
                     self._module_block.get(module, info[2])
@@ -250,10 +265,25 @@ class Recorder(ModuleScopes):
                     t.untyped_storage()._cdata in self._grad_cds for t in inputs):
                 module = self._owner_of(inputs)  # e.g. gradient clipping before step()
                 return "optimiser", module, self._module_block.get(module, "")
+        if not module and not STATE.block_stack:
+            # outside every module, or in the root's own code (a loss), and not placed by a
+            # Block scope: with the module that wrote its input
+            module = self._latest_owner(inputs)
         block = STATE.current_block()
         if module not in self._module_block:
             self._module_block[module] = block
         return "forward", module, block
+
+    def _latest_owner(self, inputs: list[torch.Tensor]) -> str:
+        """Module of the input written last in the step: a loss goes with the stage that
+        made its logits."""
+        best, module = -2, ""
+        storages = self._storages
+        for t in inputs:
+            rec = storages.get(t.untyped_storage()._cdata)
+            if rec is not None and rec.module and rec.writer > best:
+                best, module = rec.writer, rec.module
+        return module
 
     def _node_info(self) -> tuple[str, str, str]:
         node = torch._C._current_autograd_node()
@@ -262,6 +292,11 @@ class Recorder(ModuleScopes):
         info = node.metadata.get(_META_KEY)
         if info is not None:
             return info
+        for next_node, _ in node.next_functions:  # unstamped: its inputs' producers
+            if next_node is not None:
+                info = next_node.metadata.get(_META_KEY)
+                if info is not None:
+                    return info
         variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
         if isinstance(variable, torch.Tensor):
             rec = self._storages.get(variable.untyped_storage()._cdata)
@@ -350,6 +385,8 @@ class Recorder(ModuleScopes):
                 self._rows.append(rec)
             else:
                 rec.last = op_id
+                if not is_view:
+                    rec.writer = op_id
             written.append(rec.tid_str)
             if grad_owner:
                 self._grad_cds.add(cd)
@@ -372,7 +409,9 @@ class Recorder(ModuleScopes):
             ";".join(dict.fromkeys(read)) if len(read) > 1 else "".join(read),
             ";".join(dict.fromkeys(written)) if len(written) > 1 else "".join(written),
         ])
-        if outputs and phase in ("forward", "recompute") and torch.is_grad_enabled():
+        # also with grad mode off: a custom Function's forward, whose output gets its node
+        # (the Function's backward) once apply returns
+        if outputs and phase in ("forward", "recompute"):
             self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
         if self._bar is not None and op_id % 256 == 255:
             self._bar.update(256)

@@ -12,7 +12,7 @@ class Storage:
     """One tensor row: a storage seen during the step."""
 
     __slots__ = ("block", "dtype", "last", "layer", "module", "name", "nbytes", "producer",
-                 "ref", "shape", "tid", "tid_str")
+                 "ref", "shape", "tid", "tid_str", "writer")
 
     def __init__(self, tid: int, t: torch.Tensor, storage: Any, producer: int, module: str | None,
                  layer: str | None, block: str | None, shape: str | None = None) -> None:
@@ -24,6 +24,7 @@ class Storage:
         self.shape = shape if shape is not None else shape_str(t.shape)
         self.producer = producer
         self.last = producer
+        self.writer = producer  # the last op that wrote it (not through a view)
         # None = not known yet; set by the first op that reads it
         self.module, self.layer, self.block = module, layer, block
         self.name = ""
