@@ -107,7 +107,9 @@ class Recorder(ModuleScopes):
         self._opt_depth = 0
         self._forward_started = False
         self._backward_seen = False
-        self._grad_cds: set[int] = set()
+        self._grad_cds: set[int] = set()  # gradients, and what optimiser work made of them
+        self._from_grads = False
+        self._last_module = ""
         self._input_shape: list[int] | None = None
         self._root: torch.nn.Module | None = None
         self._layer_names: dict[str, str] = {}
@@ -264,11 +266,15 @@ class Recorder(ModuleScopes):
             if self._backward_seen and any(
                     t.untyped_storage()._cdata in self._grad_cds for t in inputs):
                 module = self._owner_of(inputs)  # e.g. gradient clipping before step()
+                self._from_grads = True
                 return "optimiser", module, self._module_block.get(module, "")
         if not module and not STATE.block_stack:
             # outside every module, or in the root's own code (a loss), and not placed by a
             # Block scope: with the module that wrote its input
-            module = self._latest_owner(inputs)
+            # (else with the op before it: labels reshaped for the loss, decoder inputs)
+            module = self._latest_owner(inputs) or self._last_module
+        else:
+            self._last_module = module
         block = STATE.current_block()
         if module not in self._module_block:
             self._module_block[module] = block
@@ -344,6 +350,7 @@ class Recorder(ModuleScopes):
         if kwargs:
             inputs.extend(tensors_in(kwargs.values()))
         outputs = tensors_in(out if isinstance(out, (tuple, list)) else (out,))
+        self._from_grads = False
         phase, module, block = self._phase_and_owner(func, name, inputs)
         layer = self._layer_of(module)
         storages = self._storages
@@ -388,7 +395,7 @@ class Recorder(ModuleScopes):
                 if not is_view:
                     rec.writer = op_id
             written.append(rec.tid_str)
-            if grad_owner:
+            if grad_owner or self._from_grads:
                 self._grad_cds.add(cd)
             if not is_view:
                 bytes_written += t.nbytes

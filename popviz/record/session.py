@@ -131,9 +131,11 @@ def plan(options: Options | None = None, profile_dir: str | Path | None = "profi
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from popviz.record.tensors import PlanScalars
+
     session = PlanSession(options if options is not None else Options(), profile_dir, name,
                           model_info, progress, command_line)
-    with FakeTensorMode():
+    with FakeTensorMode(), PlanScalars():
         yield session
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Storage:
@@ -62,3 +63,15 @@ def dummy_scalar(t: torch.Tensor) -> bool | int | float:
     if t.dtype == torch.bool:
         return False
     return 1 if not (t.dtype.is_floating_point or t.dtype.is_complex) else 1.0
+
+
+class PlanScalars(TorchDispatchMode):
+    """Inside `popviz.plan`, outside the step too: `.item()` on a fake tensor gives the
+    placeholder instead of failing, so models whose constructors read a scalar
+    (HF ViT's trunc_normal_ init) build."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return dummy_scalar(args[0])
+        return func(*args, **(kwargs or {}))
