@@ -19,6 +19,7 @@ import gc
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,6 +87,8 @@ class Recorder(ModuleScopes):
         self.progress = progress
         self.count_bookkeeping = count_bookkeeping
         self.program: Program | None = None
+        # called once, at the first optimiser step (record() checks Stage names there)
+        self.before_update: Callable[[], None] | None = None
         self._active = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -175,6 +178,9 @@ class Recorder(ModuleScopes):
     # ---------------------------------------------------------------- optimiser
     def _optimiser_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth += 1
+        if self.before_update is not None:
+            check, self.before_update = self.before_update, None
+            check()
         if not any(ref() is opt for ref in self._optimisers):
             self._optimisers.append(weakref.ref(opt))
         # state from an earlier step (momentum, Adam moments, step counts) belongs to its
