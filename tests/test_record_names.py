@@ -102,3 +102,37 @@ def test_num_ipus_setter_checks(bad) -> None:
     with pytest.raises(ValueError, match="num_ipus"):
         Options().set_num_ipus(bad)
     assert Options().set_num_ipus(3).num_ipus == 3
+
+
+def test_tied_weights_across_stages_copy_and_exchange(tmp_path) -> None:
+    """GPT-2's wte is read by the embedding (stage 0) and lm_head (stage 1)."""
+    options = Options().set_num_ipus(2).set_pipeline_splits("transformer.h.1")
+    recording, _ = _record(options, profile_dir=tmp_path)
+    prof = popviz.open(tmp_path)
+    shared = prof.meta["shared_parameters"]
+    assert shared == [{"name": "transformer.wte.weight", "bytes": 64 * 32 * 4, "home_ipu": 0,
+                       "copy_ipus": [1]}]
+    ex = prof.exchange
+    grads = ex[ex["kind"] == "shared_gradient"]
+    updates = prof.trace[(prof.trace["pass"] == "WU") & (prof.trace["stage"] == 0)
+                         & (prof.trace["kind"] == "compute")]
+    assert len(grads) == updates["start"].nunique() >= 1
+    assert (grads["src"] == 1).all() and (grads["dst"] == 0).all()
+    assert (grads["bytes"] == 64 * 32 * 2).all()  # fp16 weights (16.16)
+    assert (grads["end"] > grads["start"]).all()
+    copy = recording.report.tables["tensors"]
+    copy = copy[copy["name"] == "transformer.wte.weight (copy on IPU1)"]
+    assert copy["ipu"].tolist() == [1] and copy["category"].tolist() == ["parameter"]
+    from popviz.analysis.advice import advise
+
+    texts = [a.text for a in advise(prof.meta, prof.stages, prof.tile_memory, prof.ops)]
+    assert any("transformer.wte.weight" in t and "copy on IPU1" in t for t in texts)
+
+
+def test_one_stage_has_no_shared_parameters() -> None:
+    recording, _ = _record(Options())
+    from popviz.compile import compile as compile_program
+
+    report = compile_program(recording.program, recording.options)
+    assert "shared_parameters" not in report.summary
+    assert "shared_gradient" not in set(report.tables["exchange"]["kind"])
