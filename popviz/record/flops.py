@@ -177,6 +177,11 @@ def classify(func: Any, kind: str, args: Sequence[Any], kwargs: dict[str, Any], 
             op_class = "depthwise_conv" if groups == channels else "grouped_conv"
         return op_class, _conv_flops(name, args, in_shapes, out_shapes)
     if kind == "matmul":
+        # the common ones from shapes (torch's registered formulas tree-map every call)
+        if name == "mm" or name == "bmm":  # [(b,) m, k] @ [(b,) k, n]
+            return "matmul", 2 * numel(in_shapes[0]) * int(in_shapes[1][-1])
+        if name == "addmm" or name == "baddbmm":  # bias, a, b
+            return "matmul", 2 * numel(in_shapes[1]) * int(in_shapes[2][-1])
         if name in _ATTENTION:
             return "matmul", _attention_flops(in_shapes, _ATTENTION[name])
         if func._overloadpacket in flop_registry:
