@@ -3,6 +3,7 @@ keyword arguments, fused attention, custom autograd Functions, attribution."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -207,3 +208,37 @@ def test_checkpoint_on_an_in_place_result_marks_the_last_writer() -> None:
 
     ops = record_program(block, torch.randn(3, 4)).ops
     assert ops.loc[ops.checkpoint, "op"].tolist() == ["aten.relu_.default"]
+
+
+# ------------------------------------------------------------------ CUDA
+def _program_on(device: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                                torch.nn.GELU(), torch.nn.Linear(16, 4)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    x = torch.randn(6, 8).to(device)
+    y = torch.randint(0, 4, (6,)).to(device)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()  # warm-up: momentum buffers exist, as in a real run
+    return record_program(step, model=model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_cuda_and_cpu_record_the_same_program() -> None:
+    cpu, cuda = _program_on("cpu"), _program_on("cuda")
+    pd.testing.assert_frame_equal(cpu.ops.drop(columns="host_ns"),
+                                  cuda.ops.drop(columns="host_ns"))
+    pd.testing.assert_frame_equal(cpu.tensors, cuda.tensors)
+    assert cpu.model == cuda.model
+
+
+def test_program_on_cpu_is_deterministic() -> None:
+    """The comparison above on one device: two recordings agree but for host time."""
+    a, b = _program_on("cpu"), _program_on("cpu")
+    pd.testing.assert_frame_equal(a.ops.drop(columns="host_ns"), b.ops.drop(columns="host_ns"))
+    pd.testing.assert_frame_equal(a.tensors, b.tensors)
