@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from popviz.annotate import STATE
 from popviz.record import flops as _flops
 from popviz.record.build import CHECKPOINT, build_program
+from popviz.record.owners import _META_KEY, Owners
 from popviz.record.program import Program
 from popviz.record.scopes import ModuleScopes
 from popviz.record.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
@@ -40,7 +41,6 @@ from popviz.record.tensors import Storage, dummy_scalar, mutated_args, shape_str
 aten = torch.ops.aten
 _SCALAR_READ = aten._local_scalar_dense.default
 _HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
-_META_KEY = "popviz"
 # record_function markers and tensor-metadata queries (fake tensors answer `.device`,
 # `.is_contiguous()` ... through dispatch): not work, and absent from real runs
 _NOT_WORK = {"profiler", "prim"}
@@ -68,7 +68,7 @@ class _Mode(TorchDispatchMode):
         return self.recorder._on_op(func, args, kwargs or {})
 
 
-class Recorder(ModuleScopes):
+class Recorder(ModuleScopes, Owners):
     """Context manager around one step; `.program` holds the Program after a clean exit.
 
     `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
@@ -286,45 +286,6 @@ class Recorder(ModuleScopes):
             self._module_block[module] = block
         return "forward", module, block
 
-    def _latest_owner(self, inputs: list[torch.Tensor]) -> str:
-        """Module of the input written last in the step: a loss goes with the stage that
-        made its logits."""
-        best, module = -2, ""
-        storages = self._storages
-        for t in inputs:
-            rec = storages.get(t.untyped_storage()._cdata)
-            if rec is not None and rec.module and rec.writer > best:
-                best, module = rec.writer, rec.module
-        return module
-
-    def _node_info(self) -> tuple[str, str, str]:
-        node = torch._C._current_autograd_node()
-        if node is None:
-            return ("", "", "")
-        info = node.metadata.get(_META_KEY)
-        if info is not None:
-            return info
-        for next_node, _ in node.next_functions:  # unstamped: its inputs' producers
-            if next_node is not None:
-                info = next_node.metadata.get(_META_KEY)
-                if info is not None:
-                    return info
-        variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
-        if isinstance(variable, torch.Tensor):
-            rec = self._storages.get(variable.untyped_storage()._cdata)
-            if rec is not None and rec.module is not None:
-                return (rec.module, rec.layer or "", rec.block or "")
-        return ("", "", "")
-
-    def _owner_of(self, inputs: list[torch.Tensor]) -> str:
-        """The one module whose tensors an optimiser op touches, else ''."""
-        owners = set()
-        for t in inputs:
-            rec = self._storages.get(t.untyped_storage()._cdata)
-            if rec is not None and rec.module:
-                owners.add(rec.module)
-        return owners.pop() if len(owners) == 1 else ""
-
     def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...]]:
         """(kind, packet name, overload name, is a view, mutated args), once per overload."""
         info = self._funcs.get(func)
@@ -428,8 +389,3 @@ class Recorder(ModuleScopes):
             self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
         if self._bar is not None and op_id % 256 == 255:
             self._bar.update(256)
-
-    @staticmethod
-    def _node_is_accumulate() -> bool:
-        node = torch._C._current_autograd_node()
-        return node is not None and type(node).__name__ == "AccumulateGrad"
