@@ -83,8 +83,9 @@ def build_parser() -> _Parser:
     g.add_argument("--pipeline", action="store_true", help="pipeline the shards")
     g.add_argument("--pipeline-splits", "--pipeline-split", dest="pipeline_splits",
                    nargs="+", default=[], metavar="NAME",
-                   help="first layer of each next stage (shards - 1 names); with --shards 1 "
-                   "the recomputation sections")
+                   help="first layer of each next stage (shards - 1 names): the model's split "
+                   "names or module paths from model.named_modules() (e.g. layer3.0); with "
+                   "--shards 1 the recomputation sections")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default=None)
     g.add_argument("--enable-recomputation", action="store_true")
     g.add_argument("--available-memory-proportion", type=float, nargs="+", metavar="P",
@@ -170,17 +171,24 @@ def _check_splits(args: argparse.Namespace, parser: _Parser) -> None:
             parser.error("the tutorial places its blocks B1-B4 itself; --shards and "
                          "--pipeline-splits need --model")
         return
-    valid = models.build(args.name, args.model_size, num_classes=1).popviz_split_names
+    from popviz.recorder.names import closest_names, valid_split_names
+
+    model = models.build(args.name, args.model_size, num_classes=1)
+    # the model's split names, or module paths from model.named_modules() (no edits)
+    valid = valid_split_names(model)
+    split_names = list(model.popviz_split_names)
     unknown = [s for s in args.pipeline_splits if s not in valid]
     if unknown:
         parser.error(f"unknown split name(s) {' '.join(unknown)} for {args.name}"
-                     f"{args.model_size}; valid names: {' '.join(valid)}")
+                     f"{args.model_size}; closest: {closest_names(unknown, valid)}; valid "
+                     f"names: {' '.join(split_names)} or a module path (model.named_modules())")
     if len(set(args.pipeline_splits)) != len(args.pipeline_splits):
         parser.error(f"--pipeline-splits repeats a name: {' '.join(args.pipeline_splits)}")
-    order = [valid.index(s) for s in args.pipeline_splits]
-    if order != sorted(order):
-        parser.error(f"--pipeline-splits must be in forward order: "
-                     f"{' '.join(args.pipeline_splits)}")
+    if all(s in split_names for s in args.pipeline_splits):  # module paths: the compiler
+        order = [split_names.index(s) for s in args.pipeline_splits]  # checks the order
+        if order != sorted(order):
+            parser.error(f"--pipeline-splits must be in forward order: "
+                         f"{' '.join(args.pipeline_splits)}")
     if args.shards > 1 and len(args.pipeline_splits) != args.shards - 1:
         parser.error(f"--shards {args.shards} needs {args.shards - 1} --pipeline-splits "
                      f"names, got {len(args.pipeline_splits)}")

@@ -1,7 +1,11 @@
-"""Recording overhead on a ResNet-50 training step, side by side with torch.profiler.
+"""Recording overhead on ResNet-50 and GPT-2 small training steps, beside torch.profiler.
 
-    .venv/bin/python bench/bench_record.py                  # batch 8 at 224x224, 5 rounds
-    .venv/bin/python bench/bench_record.py --batch 32 --image 64 --rounds 7
+    .venv/bin/python bench/bench_record.py                  # both models, 5 rounds
+    .venv/bin/python bench/bench_record.py --models resnet50 --batch 32 --image 64
+    .venv/bin/python bench/bench_record.py --models gpt2 --gpt2-batch 8 --gpt2-seq 512
+
+GPT-2 small is built from transformers' GPT2Config (random weights, no download) and
+called as its users call it, model(input_ids=..., labels=...), with AdamW.
 
 Each round runs, in turn, a plain step, a step under popviz's Recorder and a step under
 torch.profiler(record_shapes=True, profile_memory=True, with_flops=True), so that load from
@@ -9,15 +13,19 @@ other processes hits all three alike. Reported: median wall time of the step ins
 context; the same including entering and leaving it (popviz builds its Program on exit,
 torch.profiler post-processes its trace); median and minimum CPU time of this process for
 the step (on a shared machine wall time mostly measures the neighbours; the minimum is the
-least disturbed round). Then plan mode: ResNet-50 at batch 64 on fake
-tensors, against one real step at the bench batch size.
+least disturbed round). "popviz+write" is record, compile and write the profile (one
+.h5 per round); the compile+write seconds of the recorded program are given apart. Then
+plan mode: ResNet-50 at batch 64 on fake tensors, against one real step at the bench
+batch size.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,25 +35,47 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from popviz.api import plan_step
+from popviz.api import compile_options, plan_step, record
+from popviz.compiler import compile as compile_program
+from popviz.format.writer import write_report
 from popviz.models import build
+from popviz.options import Options
 from popviz.recorder import Recorder
 
 
-def make(batch: int, image: int, classes: int = 1000) -> tuple[Any, Any, Any, Any]:
+def make(batch: int, image: int, classes: int = 1000) -> tuple[Any, Callable[[], None], str]:
     torch.manual_seed(0)
     model = build("resnet", 50, num_classes=classes, image_size=image)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, image, image)
     y = torch.randint(0, classes, (batch,))
-    return model, opt, x, y
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+
+    return model, step, f"ResNet-50 training step, batch {batch} at {image}x{image}"
 
 
-def step(model: Any, opt: Any, x: Any, y: Any) -> None:
-    opt.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
-    loss.backward()
-    opt.step()
+def make_gpt2(batch: int, seq: int) -> tuple[Any, Callable[[], None], str]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(attn_implementation="sdpa")  # GPT-2 small, 124M
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+
+    return model, step, f"GPT-2 small training step, batch {batch} x {seq} tokens"
 
 
 def timed(context: Callable[[], Any], run: Callable[[], None]) -> tuple[float, float, float]:
@@ -75,30 +105,19 @@ class _Null:
         return None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--image", type=int, default=224)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--plan-batch", type=int, default=64)
-    parser.add_argument("--skip-plan", action="store_true")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads (default: torch's choice)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    model, opt, x, y = make(args.batch, args.image)
-    run = lambda: step(model, opt, x, y)  # noqa: E731
+def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Path) -> float:
+    """Print the table for one model; return the plain step's median wall seconds."""
     for _ in range(2):  # warm-up: oneDNN primitives, optimiser state, allocator
         run()
+    options = Options()
     contexts: dict[str, Callable[[], Any]] = {
         "plain": _Null,
         "popviz": lambda: Recorder(model, progress=False),
+        "popviz+write": lambda: record(options, profile_dir=out, model=model, progress=False),
         "torch.profiler": profiler,
     }
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in contexts}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, ctx in contexts.items():
             times[name].append(timed(ctx, run))
     med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
@@ -106,10 +125,15 @@ def main() -> int:
     low = {k: min(x[2] for x in v) for k, v in times.items()}
     with Recorder(model, progress=False, count_bookkeeping=True) as rec:
         run()
-    n_ops = len(rec.program.ops)
+    program = rec.program
+    n_ops = len(program.ops)
     bookkeeping = rec.bookkeeping_ns / 1e9
-    print(f"ResNet-50 training step, batch {args.batch} at {args.image}x{args.image}, "
-          f"{n_ops} ops recorded, {args.rounds} rounds, torch {torch.__version__}, "
+    compile_s = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        write_report(compile_program(program, compile_options(options, program)), out)
+        compile_s.append(time.perf_counter() - t0)
+    print(f"{title}, {n_ops} ops recorded, {rounds} rounds, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     base_step, base_total, base_cpu = med["plain"]
     print(f"{'':16}{'median wall':>12}{'ratio':>7}{'+enter/exit':>12}{'ratio':>7}"
@@ -122,8 +146,35 @@ def main() -> int:
           f"recorder's own bookkeeping (measured inside it): {bookkeeping * 1e3:.0f} ms = "
           f"{bookkeeping / n_ops * 1e6:.1f} us per op = {bookkeeping / low['plain']:.1%} of a "
           f"plain step")
+    print(f"compile + write of the recorded step: {min(compile_s):.3f} s (best of 3)\n")
+    return base_step
 
-    if not args.skip_plan:
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=("resnet50", "gpt2"),
+                        default=["resnet50", "gpt2"])
+    parser.add_argument("--batch", type=int, default=8, help="ResNet-50 batch")
+    parser.add_argument("--image", type=int, default=224)
+    parser.add_argument("--gpt2-batch", type=int, default=4)
+    parser.add_argument("--gpt2-seq", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plan-batch", type=int, default=64)
+    parser.add_argument("--skip-plan", action="store_true")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    base_step = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        if "resnet50" in args.models:
+            base_step = bench(*make(args.batch, args.image), args.rounds, Path(tmp) / "rn50")
+        if "gpt2" in args.models:
+            bench(*make_gpt2(args.gpt2_batch, args.gpt2_seq), args.rounds, Path(tmp) / "gpt2")
+
+    if not args.skip_plan and base_step:
         t0 = time.perf_counter()
         recording = plan_step(lambda: build("resnet", 50, num_classes=1000,
                                             image_size=224),

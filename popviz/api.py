@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from popviz.annotate import auto_stages, check_stages
+from popviz.annotate import STATE, auto_stages, check_stages
 from popviz.compiler import compile as compile_program
 from popviz.format.writer import write_report
 from popviz.options import Options
+from popviz.recorder.names import check_split_names, splits_to_layers
 from popviz.recorder.program import Program
 from popviz.recorder.recorder import Recorder
 from popviz.recorder.steps import train_step
@@ -41,6 +42,7 @@ def compile_options(options: Options, program: Program) -> Options:
     (micro-batch size, stages from the blocks seen). Raises ValueError on a Stage that
     names a block the step never entered."""
     opts = options.copy()
+    opts.splits = splits_to_layers(program, opts.splits)  # module paths -> layers
     blocks = list(program.model.get("blocks", []))
     check_stages(opts, blocks)
     auto_stages(opts, blocks, dict(program.model.get("block_ipus", {})))
@@ -78,7 +80,11 @@ def record(options: Options | None = None, profile_dir: str | Path | None = "pro
     compile it for `options` and write `<profile_dir>/profile.h5`. `profile_dir=None`
     records and checks without writing. An exception in the step writes nothing."""
     options = options if options is not None else Options()
+    if model is not None:  # a wrong split name fails before the step runs
+        check_split_names(model, options)
     recorder = Recorder(model, name=name, model_info=model_info, mode=mode, progress=progress)
+    if options.stages:  # a Stage naming a block the forward never entered: before the update
+        recorder.before_update = lambda: check_stages(options, list(STATE.block_ipus))
     recording = Recording(recorder)
     with recorder:
         yield recording
@@ -133,9 +139,11 @@ def plan(options: Options | None = None, profile_dir: str | Path | None = "profi
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from popviz.recorder.tensors import PlanScalars
+
     session = PlanSession(options if options is not None else Options(), profile_dir, name,
                           model_info, progress, command_line)
-    with FakeTensorMode():
+    with FakeTensorMode(), PlanScalars():
         yield session
 
 

@@ -139,6 +139,25 @@ class Options:
         self.validate()
         return self
 
+    def set_num_ipus(self, count: int) -> Options:
+        """IPUs the model is split over (pipeline splits: one fewer than IPUs)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"num_ipus must be a whole number >= 1, got {count!r}")
+        self.num_ipus = count
+        return self
+
+    def set_pipeline_splits(self, *names: str) -> Options:
+        """Where the next stage starts: module paths from `model.named_modules()` (e.g.
+        "transformer.h.6") or a popviz model's split names. With one IPU they are
+        recomputation sections. Unknown names fail before the recorded step runs."""
+        flat = [n for name in names for n in ([name] if isinstance(name, str) else name)]
+        bad = [n for n in flat if not isinstance(n, str) or not n.strip()]
+        if bad:
+            raise ValueError(f"pipeline split names must be non-empty strings, got {bad!r}")
+        self.splits = flat
+        self.validate()
+        return self
+
     def set_recomputation(self, enabled: bool = True) -> Options:
         self.recomputation = bool(enabled)
         return self

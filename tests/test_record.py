@@ -147,7 +147,11 @@ def test_layers_from_longest_prefix_and_model_facts() -> None:
     layer_of = dict(zip(fwd.module, fwd.layer, strict=False))
     assert layer_of["stem.1"] == "s0" and layer_of["body.1"] == "b1"
     assert layer_of["body.3"] == "b1/relu" and layer_of["fc"] == "fc"
-    assert layer_of[""] == ""  # the root's own ops (the mean, the loss)
+    # the root's own ops go with the module that wrote their input: the mean with body.3,
+    # the loss with fc
+    assert "" not in layer_of
+    root_ops = fwd[fwd.op.isin(["aten.mean.dim", "aten._log_softmax.default"])]
+    assert root_ops.module.tolist() == ["body.3", "fc"]
     facts = program.model
     assert facts["layers"] == ["s0", "b1", "b1/relu", "fc"]
     assert facts["split_names"] == model.popviz_split_names

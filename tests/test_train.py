@@ -83,6 +83,19 @@ def test_resnet_pipeline_run_places_stages_at_the_splits(
     assert {"b0", "b2/0/relu", "fc"} <= set(fwd["layer"])
 
 
+def test_pipeline_splits_as_module_paths(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    """Module paths from model.named_modules() split like the model's own names."""
+    assert main([*TINY_RESNET, "--shards", "3", "--pipeline", "--pipeline-splits",
+                 "layer2.0", "layer3.0", "--profile", "--profile-dir", str(tmp_path)]) == 0
+    prof = popviz.open(tmp_path)
+    assert prof.stages["first_layer"].tolist() == ["b0", "b2/0", "b3/0"]
+    assert main([*TINY_RESNET, "--shards", "2", "--pipeline", "--pipeline-splits",
+                 "layer3.9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown split name(s) layer3.9" in err and "closest: layer3.1, layer3.0" in err
+
+
 def test_recomputation_on_one_ipu(tmp_path: Path) -> None:
     splits = ["b1/1/relu", "b3/0/relu"]
     assert main([*TINY_RESNET, "--shards", "1", "--pipeline-splits", *splits,

@@ -229,3 +229,27 @@ def test_one_ipu_puts_every_block_in_one_stage():
     plain = [c for c in result.candidates if not c.recomputation]
     assert len(plain) == 1 and plain[0].splits == [] and plain[0].fits
     assert result.best is plain[0]  # it fits, so not recomputing is fastest
+
+
+def test_cli_text_gives_each_layout_as_flags_and_python(recorded, capsys):
+    """The Python lines printed for a layout set the same Options as its train.py flags."""
+    path, _ = recorded
+    assert main(["tune", str(path), "--ipus", "2", "--top", "2", "--no-progress",
+                 "--max-compiles", "15"]) == 0
+    text = capsys.readouterr().out
+    assert "Each layout as train.py flags and as Python" in text
+    plans = text.split("Each layout as train.py flags and as Python")[1]
+    assert plans.count("train.py ... --shards") >= 2
+    # run the Python of the best layout and compare with the candidate
+    rc = main(["tune", str(path), "--ipus", "2", "--top", "1", "--no-progress",
+               "--max-compiles", "15", "--json"])
+    assert rc == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]
+    scope = {"popviz": popviz}
+    exec("\n".join(best["python"]), scope)
+    options = scope["options"]
+    assert options.num_ipus == 2 and options.splits == best["splits"]
+    assert options.recomputation == best["recomputation"]
+    assert options.schedule == best["schedule"]
+    assert [options.amp_for(i) for i in range(2)] == pytest.approx(best["amp"])
+    assert all(line in plans for line in best["python"])

@@ -186,6 +186,21 @@ def _amp_ignored_advice(ops: pd.DataFrame) -> list[Advice]:
                    f"{shown}.")]
 
 
+def _shared_parameter_advice(meta: dict[str, Any]) -> list[Advice]:
+    """Tied weights read on several IPUs (meta['shared_parameters'], from the compiler)."""
+    out = []
+    for p in meta.get("shared_parameters") or []:
+        copies = ", ".join(f"IPU{i}" for i in p.get("copy_ipus", []))
+        home = p.get("home_ipu", 0)
+        out.append(Advice(
+            "info", "split", home,
+            f"Parameter {p.get('name')} ({p.get('bytes', 0) / KiB:.0f} KiB) is shared: it "
+            f"lives on IPU{home} and a copy on {copies}; its gradient goes from {copies} to "
+            f"IPU{home} at every weight update. Keeping its readers in one stage avoids the "
+            "copy and the exchange."))
+    return out
+
+
 def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame,
            ops: pd.DataFrame | None = None, measured: bool | None = None) -> list[Advice]:
     """Every piece of advice for one profile, most urgent first. A measured profile
@@ -200,6 +215,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     out += _bubble_advice(meta, stages)
     out += _headroom_advice(meta, tile_memory)
     out += _amp_ignored_advice(ops if ops is not None else pd.DataFrame())
+    out += _shared_parameter_advice(meta)
     if not out:
         out.append(Advice("info", "ok", None, "Fits, and the stages are balanced within "
                           f"{IMBALANCE_LIMIT - 1:.0%}: nothing to change."))

@@ -72,6 +72,33 @@ def _row(label: str, c: Candidate) -> list[str]:
     ]
 
 
+def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
+    """The layout as the Python that sets it on `popviz.Options` (what train_args says)."""
+    lines = [f"options = popviz.Options().set_num_ipus({c.num_ipus})"]
+    if c.splits:
+        lines.append(f"options.set_pipeline_splits({', '.join(map(json.dumps, c.splits))})")
+    if c.num_ipus > 1 and strategy == "sharded":
+        lines.append('options.strategy = "sharded"')
+    elif c.num_ipus > 1 or c.splits:
+        lines.append(f"options.set_schedule({json.dumps(c.schedule)})")
+    if c.recomputation:
+        lines.append("options.set_recomputation(True)")
+    amp = f"{c.amp[0]:g}" if len(set(c.amp)) == 1 else \
+        "{" + ", ".join(f'"IPU{i}": {a:g}' for i, a in enumerate(c.amp)) + "}"
+    lines.append(f"options.set_available_memory_proportion({amp})")
+    return lines
+
+
+def _plans(r: TuneResult, base_strategy: str) -> list[str]:
+    """Every listed layout as train.py flags and as Python."""
+    out = ["", "Each layout as train.py flags and as Python (popviz.Options):"]
+    for label, c in [("now", r.baseline), *((f"#{i}", c) for i, c in
+                                             enumerate(r.candidates, 1))]:
+        out.append(f"  {label}: train.py ... {c.train_args(base_strategy)}")
+        out += [f"      {line}" for line in python_lines(c, base_strategy)]
+    return out
+
+
 HEAD = ["", "splits", "AMP", "recomp", "schedule", "fits", "samples/s", "per IPU",
         "vs now", "step ms", "idle", "Mcycles/stage/mb", "peak MiB/IPU", "fullest tile"]
 
@@ -105,8 +132,10 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
                 f"{'fits' if best.fits else 'does NOT fit'}, "
                 f"busiest stage {best.imbalance:.2f}x the mean, idle {best.idle_fraction:.0%}.",
                 f"  train.py ... {best.train_args(base_strategy)}"]
+        out += [f"  {line}" for line in python_lines(best, base_strategy)]
         if best.similar:
             out.append(f"  ({best.similar} other layout(s) within 0.1% of it are not listed)")
+    out += _plans(r, base_strategy)
     out += [f"note: {n}" for n in r.notes]
     return "\n".join(out)
 
@@ -142,6 +171,9 @@ def _run(args: argparse.Namespace) -> int:
     name = os.path.basename(os.path.normpath(args.profile))
     if args.json:
         data = result.to_dict()
+        for entry, c in zip([data["baseline"], *data["candidates"]],
+                            [result.baseline, *result.candidates], strict=True):
+            entry["python"] = python_lines(c, options.strategy)
         data["profile"] = str(args.profile)
         data["written"] = str(written) if written else None
         data["written_now"] = str(written_now) if written_now else None

@@ -18,6 +18,7 @@ from popviz.compiler.memory import Memory, analyse_memory, consumers
 from popviz.compiler.order import program_order
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import Schedule, build_schedule
+from popviz.compiler.shared import add_copies, find_shared, gradient_exchange, summary_rows
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import fits, idle_fraction, oom_tiles, peak_liveness, stage_columns, stage_time
@@ -62,7 +63,12 @@ def compile(program: Program, options: Options | None = None) -> Report:
                               options.replication_factor, has_wu, stage_costs.recompute > 0)
     timing = time_schedule(schedule, stage_costs, target, plan.num_ipus,
                            options.replication_factor)
-    memory = analyse_memory(ops, program.tensors, options, precision, target,
+    # tied weights read on several IPUs: a copy on each, their gradients exchanged
+    shared = find_shared(ops, program.tensors, plan) if options.training else None
+    exchange = timing.exchange if shared is None else gradient_exchange(
+        timing.exchange, timing.trace, shared, target, precision.weight_bytes)
+    memory = analyse_memory(ops, program.tensors if shared is None
+                            else add_copies(program.tensors, shared), options, precision, target,
                             plan.module_stage, plan.stages["ipu"].to_numpy(np.int64),
                             schedule.stash_depth, plan.num_ipus)
 
@@ -70,10 +76,14 @@ def compile(program: Program, options: Options | None = None) -> Report:
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
     meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
             "model": dict(program.model), "kind": MODELLED_KIND}
+    if shared is not None and not shared.empty:  # only then: other profiles stay as they were
+        meta["shared_parameters"] = summary_rows(shared)
     summary = _summary(plan, schedule, timing, memory, stages, out_ops, options, target,
                        micro_batch, microbatches * iterations)
+    if "shared_parameters" in meta:
+        summary["shared_parameters"] = meta["shared_parameters"]
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
-              "tile_memory": memory.tile_memory, "exchange": timing.exchange,
+              "tile_memory": memory.tile_memory, "exchange": exchange,
               "ops": out_ops, "tensors": memory.tensors, "variables": memory.variables,
               "oom": memory.oom}
     return Report(meta=meta, tables=tables, arrays={"tile_liveness": memory.tile_liveness},

@@ -80,6 +80,9 @@ def _forward_stage(program: Program, options: Options, fwd: pd.DataFrame
     layers = program.layers
     layer_pos = {name: i for i, name in enumerate(layers)}
     pos = _ffill(np.array([layer_pos.get(str(x), -1) for x in fwd["layer"]]), 0)
+    # a module that runs again later (a model's own reshapes after its last block) must not
+    # send the forward back to an earlier stage
+    pos = np.maximum.accumulate(pos) if len(pos) else pos
     if options.splits:
         cuts = _split_positions(program, options.splits)
         idx = np.searchsorted(np.asarray(cuts), pos, side="right")

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 OP_FIELDS = list(OP_COLUMNS)
 CHECKPOINT = OP_FIELDS.index("checkpoint")
 PHASE = OP_FIELDS.index("phase")
+MODULE = OP_FIELDS.index("module")
+INPUTS = OP_FIELDS.index("inputs")
+OUTPUTS = OP_FIELDS.index("outputs")
 
 
 def _all_params(recorder: Recorder) -> list[tuple[str, torch.Tensor]]:
@@ -63,6 +66,8 @@ def build_program(recorder: Recorder) -> Program:
                     _name_owned(recorder, value, f"{pname}.{key}", owner, category,
                                      "optimiser_state")
     persistent.update(category)
+    _own_optimiser_ops(recorder)
+    _own_leading_forward_ops(recorder)
     rows = []
     ops = recorder._ops
     for cd, rec in recorder._storages.items():
@@ -87,6 +92,35 @@ def build_program(recorder: Recorder) -> Program:
     tensors_df = frame(rows, TENSOR_COLUMNS)
     return Program(ops=ops_df, tensors=tensors_df, model=_model_facts(recorder, ops_df, params),
                    mode=recorder.mode)
+
+
+def _own_optimiser_ops(recorder: Recorder) -> None:
+    """An optimiser op that read no tensor of a module when it ran (a new step count and
+    its `.item()`) goes with the module its tensors were given since; one that read a
+    tied parameter's state and a gradient made elsewhere, with its first tensor's. A
+    foreach op over many modules keeps none: the compiler spreads it over the stages by
+    parameter bytes."""
+    rows = recorder._rows
+    for row in recorder._ops:
+        if row[PHASE] != "optimiser" or row[MODULE] or row[1].startswith("aten._foreach_"):
+            continue
+        tids = [t for t in f"{row[INPUTS]};{row[OUTPUTS]}".split(";") if t]
+        rec = next((rows[int(t)] for t in tids if rows[int(t)].module), None)
+        if rec is not None:
+            row[MODULE:MODULE + 3] = [rec.module, rec.layer or "", rec.block or ""]
+
+
+def _own_leading_forward_ops(recorder: Recorder) -> None:
+    """Forward ops before any module ran and outside a Block (step set-up such as a loss
+    accumulator) go with the module of the first forward op that has one."""
+    following = None
+    for row in reversed(recorder._ops):
+        if row[PHASE] != "forward":
+            continue
+        if row[MODULE]:
+            following = row[MODULE:MODULE + 3]
+        elif following is not None and not row[MODULE + 2]:
+            row[MODULE:MODULE + 3] = following
 
 
 def _name_owned(recorder: Recorder, t: torch.Tensor, name: str, owner: Storage | None,

@@ -28,8 +28,14 @@ _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "mv", "addmv", "dot", 
            "_scaled_dot_product_flash_attention_backward",
            "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_forward",
            "_efficient_attention_forward", "_flash_attention_backward",
-           "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
-           "_scaled_dot_product_flash_attention_for_cpu_backward"}
+           "_efficient_attention_backward"}
+# fused attention torch registers no formula for (CPU flash, the overrideable backend):
+# counted as the eager maths, 2·Lq·Lk·(E + Ev) per batch and head forward, twice that
+# backward (the softmax inside is left out, as torch's registered formulas do)
+_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": False,
+              "_scaled_dot_product_fused_attention_overrideable": False,
+              "_scaled_dot_product_flash_attention_for_cpu_backward": True,
+              "_scaled_dot_product_fused_attention_overrideable_backward": True}
 # per-element cost, and which tensor's elements: "in" (first input) or "out" (first output)
 _NORM = {
     "native_batch_norm": (7, "in"), "_native_batch_norm_legit": (7, "in"),
@@ -42,7 +48,7 @@ _NORM = {
     "native_layer_norm_backward": (8, "in"), "native_group_norm_backward": (8, "in"),
     "_fused_rms_norm_backward": (6, "in"),
 }
-_SOFTMAX = {"_softmax": 5, "_log_softmax": 5, "_softmax_backward_data": 4,
+_SOFTMAX = {"_softmax": 5, "_safe_softmax": 5, "_log_softmax": 5, "_softmax_backward_data": 4,
             "_log_softmax_backward_data": 4}
 _LOSS = {"nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
          "mse_loss", "mse_loss_backward", "binary_cross_entropy",
@@ -77,7 +83,7 @@ def kind_of(func: Any) -> str:
     name = func._overloadpacket.__name__
     if name in _CONV:
         return "conv"
-    if name in _MATMUL or func._overloadpacket in flop_registry:
+    if name in _MATMUL or name in _ATTENTION or func._overloadpacket in flop_registry:
         return "matmul"
     if name in _NORM:
         return "norm"
@@ -140,6 +146,15 @@ def _registered(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any
     return int(formula(*args, **kwargs, out_val=out))
 
 
+def _attention_flops(in_shapes: list[tuple[int, ...]], backward: bool) -> int:
+    """Matmul FLOPs of fused attention on q [.., Hq, Lq, E], k [.., Hk, Lk, E], v [.., Lk, Ev]
+    (the backward's tensors follow grad_out); grouped-query heads count per query head."""
+    q, k, v = in_shapes[1:4] if backward else in_shapes[:3]
+    batch_heads = numel(q[:-2])
+    forward = 2 * batch_heads * int(q[-2]) * int(k[-2]) * (int(q[-1]) + int(v[-1]))
+    return 2 * forward if backward else forward
+
+
 def _kernel_area(args: Sequence[Any]) -> int:
     kernel = args[1] if len(args) > 1 else 1
     if isinstance(kernel, int):
@@ -162,6 +177,13 @@ def classify(func: Any, kind: str, args: Sequence[Any], kwargs: dict[str, Any], 
             op_class = "depthwise_conv" if groups == channels else "grouped_conv"
         return op_class, _conv_flops(name, args, in_shapes, out_shapes)
     if kind == "matmul":
+        # the common ones from shapes (torch's registered formulas tree-map every call)
+        if name == "mm" or name == "bmm":  # [(b,) m, k] @ [(b,) k, n]
+            return "matmul", 2 * numel(in_shapes[0]) * int(in_shapes[1][-1])
+        if name == "addmm" or name == "baddbmm":  # bias, a, b
+            return "matmul", 2 * numel(in_shapes[1]) * int(in_shapes[2][-1])
+        if name in _ATTENTION:
+            return "matmul", _attention_flops(in_shapes, _ATTENTION[name])
         if func._overloadpacket in flop_registry:
             return "matmul", _registered(func, args, kwargs, out)
         if name in ("mv", "addmv"):  # (n, k) @ (k,)

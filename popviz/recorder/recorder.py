@@ -19,6 +19,7 @@ import gc
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from popviz.annotate import STATE
 from popviz.recorder import flops as _flops
 from popviz.recorder.build import CHECKPOINT, build_program
+from popviz.recorder.owners import _META_KEY, Owners
 from popviz.recorder.program import Program
 from popviz.recorder.scopes import ModuleScopes
 from popviz.recorder.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
@@ -39,7 +41,6 @@ from popviz.recorder.tensors import Storage, dummy_scalar, mutated_args, shape_s
 aten = torch.ops.aten
 _SCALAR_READ = aten._local_scalar_dense.default
 _HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
-_META_KEY = "popviz"
 # record_function markers and tensor-metadata queries (fake tensors answer `.device`,
 # `.is_contiguous()` ... through dispatch): not work, and absent from real runs
 _NOT_WORK = {"profiler", "prim"}
@@ -67,7 +68,7 @@ class _Mode(TorchDispatchMode):
         return self.recorder._on_op(func, args, kwargs or {})
 
 
-class Recorder(ModuleScopes):
+class Recorder(ModuleScopes, Owners):
     """Context manager around one step; `.program` holds the Program after a clean exit.
 
     `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
@@ -86,6 +87,8 @@ class Recorder(ModuleScopes):
         self.progress = progress
         self.count_bookkeeping = count_bookkeeping
         self.program: Program | None = None
+        # called once, at the first optimiser step (record() checks Stage names there)
+        self.before_update: Callable[[], None] | None = None
         self._active = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -107,7 +110,9 @@ class Recorder(ModuleScopes):
         self._opt_depth = 0
         self._forward_started = False
         self._backward_seen = False
-        self._grad_cds: set[int] = set()
+        self._grad_cds: set[int] = set()  # gradients, and what optimiser work made of them
+        self._from_grads = False
+        self._last_module = ""
         self._input_shape: list[int] | None = None
         self._root: torch.nn.Module | None = None
         self._layer_names: dict[str, str] = {}
@@ -123,7 +128,8 @@ class Recorder(ModuleScopes):
         self._bar = self._progress_bar()
         self._hooks = [
             register_module_forward_pre_hook(self._module_pre),
-            register_module_forward_hook(self._module_post, always_call=True),
+            register_module_forward_hook(self._module_post, always_call=True,
+                                         with_kwargs=True),
             register_optimizer_step_pre_hook(self._optimiser_pre),
             register_optimizer_step_post_hook(self._optimiser_post),
         ]
@@ -172,8 +178,24 @@ class Recorder(ModuleScopes):
     # ---------------------------------------------------------------- optimiser
     def _optimiser_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth += 1
+        if self.before_update is not None:
+            check, self.before_update = self.before_update, None
+            check()
         if not any(ref() is opt for ref in self._optimisers):
             self._optimisers.append(weakref.ref(opt))
+        # state from an earlier step (momentum, Adam moments, step counts) belongs to its
+        # parameter's module, so the updates that read only the state go with it too
+        storages = self._storages
+        for p, state in opt.state.items():
+            owner = storages.get(p.untyped_storage()._cdata) if isinstance(p, torch.Tensor) \
+                else None
+            if owner is None or not owner.module:
+                continue
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and \
+                        value.untyped_storage()._cdata not in storages:
+                    rec = self._register_existing(value)
+                    rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
 
     def _optimiser_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
@@ -183,8 +205,8 @@ class Recorder(ModuleScopes):
         if not isinstance(t, torch.Tensor):
             return
         rec = self._storages.get(t.untyped_storage()._cdata)
-        if rec is not None and rec.producer >= 0:
-            self._ops[rec.producer][CHECKPOINT] = True
+        if rec is not None and rec.writer >= 0:  # an in-place result: its last writer
+            self._ops[rec.writer][CHECKPOINT] = True
 
     # ---------------------------------------------------------------- ops
     def _resolve_pending(self) -> None:
@@ -233,7 +255,9 @@ class Recorder(ModuleScopes):
         if torch._C._current_graph_task_id() != -1:
             self._backward_seen = True
             info = self._node_info()
-            if torch.is_grad_enabled():  # the engine re-running a forward: checkpointing
+            # the engine re-running a forward (checkpointing): grad mode is on, or a module
+            # is running (a custom Function's forward turns grad mode off)
+            if stack or torch.is_grad_enabled():
                 module = stack[-1] if stack else info[0]
                 block = STATE.block_stack[-1] if STATE.block_stack else \
                     self._module_block.get(module, info[2])
@@ -248,34 +272,19 @@ class Recorder(ModuleScopes):
             if self._backward_seen and any(
                     t.untyped_storage()._cdata in self._grad_cds for t in inputs):
                 module = self._owner_of(inputs)  # e.g. gradient clipping before step()
+                self._from_grads = True
                 return "optimiser", module, self._module_block.get(module, "")
+        if not module and not STATE.block_stack:
+            # outside every module, or in the root's own code (a loss), and not placed by a
+            # Block scope: with the module that wrote its input
+            # (else with the op before it: labels reshaped for the loss, decoder inputs)
+            module = self._latest_owner(inputs) or self._last_module
+        else:
+            self._last_module = module
         block = STATE.current_block()
         if module not in self._module_block:
             self._module_block[module] = block
         return "forward", module, block
-
-    def _node_info(self) -> tuple[str, str, str]:
-        node = torch._C._current_autograd_node()
-        if node is None:
-            return ("", "", "")
-        info = node.metadata.get(_META_KEY)
-        if info is not None:
-            return info
-        variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
-        if isinstance(variable, torch.Tensor):
-            rec = self._storages.get(variable.untyped_storage()._cdata)
-            if rec is not None and rec.module is not None:
-                return (rec.module, rec.layer or "", rec.block or "")
-        return ("", "", "")
-
-    def _owner_of(self, inputs: list[torch.Tensor]) -> str:
-        """The one module whose tensors an optimiser op touches, else ''."""
-        owners = set()
-        for t in inputs:
-            rec = self._storages.get(t.untyped_storage()._cdata)
-            if rec is not None and rec.module:
-                owners.add(rec.module)
-        return owners.pop() if len(owners) == 1 else ""
 
     def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...]]:
         """(kind, packet name, overload name, is a view, mutated args), once per overload."""
@@ -308,6 +317,7 @@ class Recorder(ModuleScopes):
         if kwargs:
             inputs.extend(tensors_in(kwargs.values()))
         outputs = tensors_in(out if isinstance(out, (tuple, list)) else (out,))
+        self._from_grads = False
         phase, module, block = self._phase_and_owner(func, name, inputs)
         layer = self._layer_of(module)
         storages = self._storages
@@ -349,8 +359,10 @@ class Recorder(ModuleScopes):
                 self._rows.append(rec)
             else:
                 rec.last = op_id
+                if not is_view:
+                    rec.writer = op_id
             written.append(rec.tid_str)
-            if grad_owner:
+            if grad_owner or self._from_grads:
                 self._grad_cds.add(cd)
             if not is_view:
                 bytes_written += t.nbytes
@@ -371,12 +383,9 @@ class Recorder(ModuleScopes):
             ";".join(dict.fromkeys(read)) if len(read) > 1 else "".join(read),
             ";".join(dict.fromkeys(written)) if len(written) > 1 else "".join(written),
         ])
-        if outputs and phase in ("forward", "recompute") and torch.is_grad_enabled():
+        # also with grad mode off: a custom Function's forward, whose output gets its node
+        # (the Function's backward) once apply returns
+        if outputs and phase in ("forward", "recompute"):
             self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
         if self._bar is not None and op_id % 256 == 255:
             self._bar.update(256)
-
-    @staticmethod
-    def _node_is_accumulate() -> bool:
-        node = torch._C._current_autograd_node()
-        return node is not None and type(node).__name__ == "AccumulateGrad"

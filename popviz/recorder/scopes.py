@@ -81,13 +81,19 @@ class ModuleScopes:
             STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
             if self._input_shape is None:
                 first = next(iter(tensors_in(args)), None)
-                if first is not None:
+                if first is not None and first.dim():
                     self._input_shape = [int(s) for s in first.shape]
             self._forward_started = True
         self._mod_stack.append(path)
 
-    def _module_post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
+    def _module_post(self, mod: torch.nn.Module, args: Any, *rest: Any) -> None:
+        # (kwargs, out) normally; (out,) when torch runs it after an exception
         path = self._paths.get(id(mod))
+        if path == "" and self._input_shape is None and len(rest) == 2 and rest[0] \
+                and mod is self._root:  # model(input_ids=..., labels=...): batch from kwargs
+            first = next(iter(tensors_in(rest[0].values())), None)
+            if first is not None and first.dim():
+                self._input_shape = [int(s) for s in first.shape]
         stack = self._mod_stack
         if stack and stack[-1] == path:
             stack.pop()

@@ -6,13 +6,14 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Storage:
     """One tensor row: a storage seen during the step."""
 
     __slots__ = ("block", "dtype", "last", "layer", "module", "name", "nbytes", "producer",
-                 "ref", "shape", "tid", "tid_str")
+                 "ref", "shape", "tid", "tid_str", "writer")
 
     def __init__(self, tid: int, t: torch.Tensor, storage: Any, producer: int, module: str | None,
                  layer: str | None, block: str | None, shape: str | None = None) -> None:
@@ -24,6 +25,7 @@ class Storage:
         self.shape = shape if shape is not None else shape_str(t.shape)
         self.producer = producer
         self.last = producer
+        self.writer = producer  # the last op that wrote it (not through a view)
         # None = not known yet; set by the first op that reads it
         self.module, self.layer, self.block = module, layer, block
         self.name = ""
@@ -47,8 +49,10 @@ def tensors_in(values: Any) -> list[torch.Tensor]:
 def mutated_args(func: Any) -> tuple[int, ...]:
     """Positions of arguments an op writes in place but does not return."""
     schema = func._schema
-    returned = {r.alias_info.before_set and next(iter(r.alias_info.before_set))
-                for r in schema.returns if r.alias_info is not None}
+    returned: set[str] = set()
+    for r in schema.returns:  # a list of views (split, unbind) has an empty alias set
+        if r.alias_info is not None:
+            returned.update(r.alias_info.before_set)
     return tuple(i for i, a in enumerate(schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write
                  and not (a.alias_info.before_set & returned) and not a.kwarg_only)
@@ -59,3 +63,15 @@ def dummy_scalar(t: torch.Tensor) -> bool | int | float:
     if t.dtype == torch.bool:
         return False
     return 1 if not (t.dtype.is_floating_point or t.dtype.is_complex) else 1.0
+
+
+class PlanScalars(TorchDispatchMode):
+    """Inside `popviz.plan`, outside the step too: `.item()` on a fake tensor gives the
+    placeholder instead of failing, so models whose constructors read a scalar
+    (HF ViT's trunc_normal_ init) build."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return dummy_scalar(args[0])
+        return func(*args, **(kwargs or {}))
