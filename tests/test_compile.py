@@ -64,7 +64,8 @@ def test_report_follows_the_contract(pipelined) -> None:
     assert s["samples_per_step"] == 4 * 8
     assert s["throughput"] == pytest.approx(32 / s["step_seconds"])
     tm = pipelined.tables["tile_memory"]
-    cats = tm[["code", "always_live", "not_always_live_peak", "exchange"]].sum(axis=1)
+    cats = tm[["code", "always_live", "not_always_live_peak", "exchange",
+               "vertex_state"]].sum(axis=1)
     assert (tm["total_bytes"] == cats).all()
     trace = pipelined.tables["trace"]
     assert trace.equals(trace.sort_values(["ipu", "start"], kind="stable"))
