@@ -75,6 +75,14 @@ def calibrate() -> int:
               f"{p['tolerance']:.0%} |")
     print(f"| {'mean absolute'.ljust(width)} | | | {np.mean(np.abs(inside)):.1%} | "
           f"{np.mean(np.abs(loo)):.1%} | 15% / 25% |")
+    from popviz.compile.calibration import prepare
+
+    for p in points:
+        if p.get("use") == "check" and p["kind"] == "throughput":
+            got = prepare(p).predict(DEFAULT_COST)
+            print(f"| {p['id'].ljust(width)} | {p['value']:,.1f} samples/s | {got:,.1f} "
+                  f"samples/s | {got / p['value'] - 1:+.1%} (check, not fitted: "
+                  f"{p.get('known_miss', '')}) | | {p['tolerance']:.0%} |")
     for p in points:
         if p["kind"] != "fits":
             continue
