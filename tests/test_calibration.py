@@ -20,6 +20,7 @@ from popviz.compile.calibration import (
     prepare,
 )
 from popviz.target import get_target, make_target
+from popviz.target.cost import op_costs
 from popviz.target.costdoc import DOC, missing_provenance, render
 from popviz.target.costmodel import DEFAULT_COST, PROVENANCE, CostModel, load_calibration
 
@@ -75,6 +76,15 @@ def test_fast_prediction_equals_compile(evaluator: Evaluator) -> None:
     report = compile(point_program(point), point_options(point))
     assert evaluator.predict(point, DEFAULT_COST) == pytest.approx(
         report.summary["throughput"], rel=1e-9)
+
+
+def test_cached_terms_give_the_same_cycles_as_a_full_costing(evaluator: Evaluator) -> None:
+    other = DEFAULT_COST.with_values(amp_efficiency=0.6, depth_half=300.0,
+                                     vector_efficiency=0.3)
+    for prepared in evaluator.prepared.values():
+        full = op_costs(prepared.ops, prepared.target, prepared.precision, prepared.amp,
+                        other, prepared.features)["cycles"].to_numpy(np.float64)
+        assert np.array_equal(prepared.op_cycles(other), full), prepared.point["id"]
 
 
 @pytest.mark.parametrize("point", CHECKS, ids=lambda p: p["id"])

@@ -9,7 +9,7 @@ is exactly what `compile` reports for the same cost model (a test checks it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -23,11 +23,20 @@ from popviz.compile.schedule import build_schedule
 from popviz.compile.stages import plan_stages
 from popviz.options import Options
 from popviz.record.program import Program
-from popviz.target.cost import OpFeatures, Precision, op_costs, op_features
+from popviz.target.cost import (
+    CostTerms,
+    OpFeatures,
+    Precision,
+    cost_cycles,
+    cost_terms,
+    op_costs,
+    op_features,
+)
 from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, get_target
 
 PASSES = ("F", "R", "B", "WU")
+FITTED = ("amp_efficiency", "depth_half", "vector_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 
 
@@ -82,12 +91,23 @@ class Prepared:
     extra: np.ndarray  # per superstep: sync + exchange (independent of op cycles)
     shape: tuple[int, int]  # supersteps, IPUs
     samples: float
-    compiled: dict[str, Any] = field(default_factory=dict)
+    terms: CostTerms | None = None
+
+    def op_cycles(self, cost: CostModel) -> np.ndarray:
+        """Cycles of each op with `cost`: the cached terms when only the fitted
+        efficiencies differ from the target's cost model, else a full re-costing."""
+        base = {k: v for k, v in self.target.cost.to_dict().items() if k not in FITTED}
+        if {k: v for k, v in cost.to_dict().items() if k not in FITTED} != base:
+            c = op_costs(self.ops, self.target, self.precision, self.amp, cost, self.features)
+            return c["cycles"].to_numpy(np.float64)
+        if self.terms is None:
+            self.terms = cost_terms(self.ops, self.target, self.precision, self.amp,
+                                    self.target.cost, self.features)
+        return np.ceil(cost_cycles(self.terms, self.features, self.target, cost)[2])
 
     def stage_cycles(self, cost: CostModel) -> np.ndarray:
         """(pass, stage) cycles of one micro-batch (WU: one weight update)."""
-        c = op_costs(self.ops, self.target, self.precision, self.amp, cost, self.features)
-        cycles = c["cycles"].to_numpy(np.float64)
+        cycles = self.op_cycles(cost)
         out = np.zeros((len(PASSES), self.n_stages))
         ok = self.pass_code >= 0
         np.add.at(out, (self.pass_code[ok], self.stage[ok]), cycles[ok])
@@ -204,7 +224,6 @@ class Evaluator:
         return np.array([self.predict(p, cost) / float(p["value"]) - 1 for p in pts])
 
 
-FITTED = ("amp_efficiency", "depth_half", "vector_efficiency")
 BOUNDS = {"amp_efficiency": (0.05, 1.0), "depth_half": (0.0, 4096.0),
           "vector_efficiency": (0.02, 1.0)}
 

@@ -140,29 +140,35 @@ def amp_efficiency(features: OpFeatures, cost: CostModel) -> np.ndarray:
     return np.where(f.is_amp, 1.0 / inv, 1.0)
 
 
-def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
-             amp: np.ndarray, cost: CostModel | None = None,
-             features: OpFeatures | None = None) -> pd.DataFrame:
-    """Cycles, tiles used and conv/matmul temporary memory for every op.
+@dataclass(frozen=True)
+class CostTerms:
+    """What an op costs before the efficiencies: everything that depends only on its shape,
+    the target, the precision, AMP and the cost model's non-efficiency constants (so a fit
+    of the efficiencies computes these once)."""
 
-    `amp` is the availableMemoryProportion that applies to each op (from its IPU and kind);
-    `cost` defaults to the target's cost model; `features` (from `op_features`) may be
-    passed in when the same ops are costed many times. Returns columns: tiles_used,
-    compute_cycles, memory_cycles, exchange_cycles, passes, cycles, temp_bytes (per tile),
-    temp_total_bytes, amp_used, amp_ignored."""
-    cost = cost or target.cost
-    lanes = cost.amp_lanes_fp16 if precision.fp16 else cost.amp_lanes_fp32
-    features = features or op_features(ops, int(lanes))
+    flops: np.ndarray
+    tiles: np.ndarray  # before views are zeroed
+    amp_rate: float
+    vec_rate: float
+    traffic: np.ndarray  # bytes read + written at the precision
+    exchange: np.ndarray
+    passes: np.ndarray
+    temp: np.ndarray
+    ignored: np.ndarray
+    zero: np.ndarray
+    amp: np.ndarray
+
+
+def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.ndarray,
+               cost: CostModel, features: OpFeatures) -> CostTerms:
     cls = ops["op_class"].to_numpy(str)
     flops = ops["flops"].to_numpy(np.float64)
     scale = dtype_scale(ops["dtype"], precision.compute_bytes)
     read = ops["bytes_read"].to_numpy(np.float64) * scale
     written = ops["bytes_written"].to_numpy(np.float64) * scale
-    tiles_total = target.tiles_per_ipu
-
     tiles = np.maximum(np.ceil(written / cost.grain_bytes),
                        np.ceil(flops / cost.min_flops_per_tile))
-    tiles = np.clip(tiles, 1, tiles_total).astype(np.int64)
+    tiles = np.clip(tiles, 1, target.tiles_per_ipu).astype(np.int64)
 
     is_amp = features.is_amp
     amp_rate = target.flops_per_tile_cycle_fp16 if precision.fp16 else \
@@ -171,10 +177,6 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
         amp_rate *= cost.float_partials_rate
     vec_rate = cost.vector_flops_per_tile_cycle_fp16 if precision.fp16 else \
         cost.vector_flops_per_tile_cycle_fp32
-    rate = np.where(is_amp, amp_rate * amp_efficiency(features, cost), vec_rate)
-    compute = flops / (tiles * rate)
-    memory = (read + written) / (tiles * target.memory_bytes_per_tile_cycle
-                                 * cost.vector_efficiency)
     exchange = np.where(np.isin(cls, EXCHANGE_CLASSES),
                         read / (tiles * target.exchange_bytes_per_tile_cycle), 0.0)
 
@@ -191,23 +193,50 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
     ignored = is_amp & (needed > max_passes)
     passes = np.where(is_amp, np.minimum(needed, max_passes), 1).astype(np.int64)
     temp = np.where(is_amp, unbounded / passes, 0.0)
-
-    base = np.maximum(compute, memory)
-    cycles = (base * (1.0 + cost.pass_penalty * (passes - 1)) + exchange
-              + cost.pass_fixed_cycles * (passes - 1) + cost.op_overhead_cycles)
-    # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
     zero = flops + read + written <= 0
-    cycles = np.where(zero, 0.0, cycles)
-    tiles = np.where(zero, 0, tiles)
+    return CostTerms(flops, tiles, float(amp_rate), float(vec_rate), read + written, exchange,
+                     passes, temp, ignored, zero, amp)
+
+
+def cost_cycles(terms: CostTerms, features: OpFeatures, target: Target, cost: CostModel
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute, memory, cycles) of each op: the efficiencies applied to its terms."""
+    t = terms
+    rate = np.where(features.is_amp, t.amp_rate * amp_efficiency(features, cost), t.vec_rate)
+    compute = t.flops / (t.tiles * rate)
+    memory = t.traffic / (t.tiles * target.memory_bytes_per_tile_cycle * cost.vector_efficiency)
+    base = np.maximum(compute, memory)
+    cycles = (base * (1.0 + cost.pass_penalty * (t.passes - 1)) + t.exchange
+              + cost.pass_fixed_cycles * (t.passes - 1) + cost.op_overhead_cycles)
+    # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
+    return compute, memory, np.where(t.zero, 0.0, cycles)
+
+
+def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
+             amp: np.ndarray, cost: CostModel | None = None,
+             features: OpFeatures | None = None) -> pd.DataFrame:
+    """Cycles, tiles used and conv/matmul temporary memory for every op.
+
+    `amp` is the availableMemoryProportion that applies to each op (from its IPU and kind);
+    `cost` defaults to the target's cost model; `features` (from `op_features`) may be
+    passed in when the same ops are costed many times. Returns columns: tiles_used,
+    compute_cycles, memory_cycles, exchange_cycles, passes, cycles, temp_bytes (per tile),
+    temp_total_bytes, amp_used, amp_ignored."""
+    cost = cost or target.cost
+    lanes = cost.amp_lanes_fp16 if precision.fp16 else cost.amp_lanes_fp32
+    features = features or op_features(ops, int(lanes))
+    t = cost_terms(ops, target, precision, amp, cost, features)
+    compute, memory, cycles = cost_cycles(t, features, target, cost)
+    tiles = np.where(t.zero, 0, t.tiles)
     return pd.DataFrame({
         "tiles_used": tiles,
         "compute_cycles": np.ceil(compute).astype(np.int64),
         "memory_cycles": np.ceil(memory).astype(np.int64),
-        "exchange_cycles_internal": np.ceil(exchange).astype(np.int64),
-        "passes": passes,
+        "exchange_cycles_internal": np.ceil(t.exchange).astype(np.int64),
+        "passes": t.passes,
         "cycles": np.ceil(cycles).astype(np.int64),
-        "temp_bytes": np.ceil(temp).astype(np.int64),
-        "temp_total_bytes": np.ceil(temp * tiles).astype(np.int64),
-        "amp_used": np.where(is_amp, amp, np.nan),
-        "amp_ignored": ignored,
+        "temp_bytes": np.ceil(t.temp).astype(np.int64),
+        "temp_total_bytes": np.ceil(t.temp * tiles).astype(np.int64),
+        "amp_used": np.where(features.is_amp, t.amp, np.nan),
+        "amp_ignored": t.ignored,
     }, index=ops.index)
