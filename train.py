@@ -9,7 +9,7 @@
         --num-ipus 2 --target mk1                                     # latency table
 
 Flags follow the PopTorch pipelining tutorial and Graphcore's TensorFlow CNN application
-(shared/reference/ipu.md); docs/train.md says what each one does here.
+(docs/hardware.md); docs/train.md says what each one does here.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         options.num_ipus = args.shards
         options.splits = list(args.pipeline_splits)
         # shards 1 with splits: the splits are recomputation sections on one IPU, run one
-        # after another (shared/reference/ipu.md, Sequential)
+        # after another (docs/hardware.md, Sequential)
         default = "Sequential" if args.shards == 1 and args.pipeline_splits else "Grouped"
         options.schedule = args.pipeline_schedule or default
         options.recomputation = args.enable_recomputation and training
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     # the command line stored in each profile
     args.command_line = " ".join(["train.py", *(sys.argv[1:] if argv is None else argv)])
-    from popviz.models import runs
+    from popviz import train_driver as runs
 
     try:
         if args.measure:

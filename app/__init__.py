@@ -6,6 +6,7 @@ DIR>` so a URL can be shared."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,16 @@ import dash
 from dash import Input, Output, dcc, html
 
 from popviz.errors import ProfileError
+from popviz.vet import Vetter
 
 from . import downloads
 from .cache import PathRefused, ProfileCache, resolve_profile
-from .common import AppContext, message, profile_of, profile_query
+from .common import AppContext, error_text, message, profile_of, profile_query
 from .pages import PAGES
 from .style import INDEX_STRING
+
+log = logging.getLogger("popviz.app")
+ERROR_ID = "callback-error"  # a callback that fails shows its one-line error here
 
 __all__ = ["PathRefused", "ProfileCache", "create_app", "render", "resolve_profile"]
 
@@ -37,41 +42,65 @@ def _nav(path: str, rel: str) -> html.Nav:
 
 
 def render(ctx: AppContext, path: str | None, search: str | None) -> list[Any]:
-    """Navigation plus the page for a URL (a refused or broken profile becomes a message
-    on the page, never an exception)."""
+    """Navigation plus the page for a URL (a refused or broken profile, or anything that
+    goes wrong building the page, becomes a one-line message, never an exception)."""
     path = path or "/"
     rel = profile_of(search)
     page = next((p for p in PAGES if path == p.PATH), None)
     if page is None:
-        return [_nav(path, rel), message(f"No page {path}. Pages: "
-                                         + ", ".join(p.PATH for p in PAGES))]
-    if not page.NEEDS_PROFILE:
-        return [_nav(path, rel), page.layout(ctx, None)]
+        return [_nav(path, ""), message(f"No page {path[:80]}. Pages: "
+                                        + ", ".join(p.PATH for p in PAGES))]
     try:
+        if not page.NEEDS_PROFILE:
+            return [_nav(path, rel), page.layout(ctx, None)]
         entry = ctx.cache.get(rel)
-    except (PathRefused, ProfileError) as exc:
-        return [_nav(path, ""), message(str(exc)),
+        return [_nav(path, rel), page.layout(ctx, entry)]
+    except Exception as exc:  # the page of one bad file must not be a blank 500
+        if not isinstance(exc, PathRefused | ProfileError):
+            log.exception("building %s for %r", path, rel)
+        return [_nav(path, ""), message(error_text(ctx, exc, rel)),
                 dcc.Link("Back to the list of profiles", href="/")]
-    return [_nav(path, rel), page.layout(ctx, entry)]
 
 
-def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6) -> dash.Dash:
-    """The Dash app serving every profile under `profile_dir` (and nothing outside it)."""
+def callback_failed(ctx: AppContext, exc: Exception) -> None:
+    """Dash's on_error: the callback's outputs stay as they were and the page shows one
+    line saying why (instead of a 500 the browser shows as nothing at all)."""
+    try:
+        rel = profile_of(dash.callback_context.states.get("url.search"))
+    except Exception:  # no callback context (a test calling the handler directly)
+        rel = ""
+    if not isinstance(exc, PathRefused | ProfileError):
+        log.error("callback failed for %r", rel, exc_info=exc)
+    dash.set_props(ERROR_ID, {"children": message(error_text(ctx, exc, rel))})
+
+
+def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
+               vetter: Vetter | bool | None = True) -> dash.Dash:
+    """The Dash app serving every profile under `profile_dir` (and nothing outside it).
+
+    `vetter`: True (a default `popviz.vet.Vetter`), a Vetter, or False/None to open files
+    in-process without a worker's verdict first (only for files you trust)."""
     root = Path(profile_dir)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory")
-    ctx = AppContext(root=root.resolve(), cache=ProfileCache(root.resolve(), cache_size))
+    if vetter is True:
+        vetter = Vetter()
+    cache = ProfileCache(root.resolve(), cache_size, vetter=vetter or None)
+    cache.prewarm()
+    ctx = AppContext(root=root.resolve(), cache=cache)
     app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
-                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"))
+                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"),
+                    on_error=lambda exc: callback_failed(ctx, exc))
     app.index_string = INDEX_STRING
     app.layout = html.Div([dcc.Location(id="url", refresh=False),
+                           html.Div(id=ERROR_ID, className="callback-error"),
                            html.Div(id="page", className="page")])
     app.popviz_context = ctx  # tests call page builders with it
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"),
-                  Input("url", "search"))
-    def route(path: str | None, search: str | None) -> list[Any]:
-        return render(ctx, path, search)
+    @app.callback(Output("page", "children"), Output(ERROR_ID, "children"),
+                  Input("url", "pathname"), Input("url", "search"))
+    def route(path: str | None, search: str | None) -> tuple[list[Any], None]:
+        return render(ctx, path, search), None  # a new page clears an old callback error
 
     views: dict[str, Any] = {}
     callbacks: dict[str, Any] = {}

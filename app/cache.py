@@ -9,45 +9,84 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import wait
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import popviz
 from popviz.errors import ProfileError
+from popviz.vet import Vetter
+
+LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 
 
 class PathRefused(Exception):
     """A profile path the app will not serve (one-line reason)."""
 
 
+MAX_PATH_CHARS = 1024
+MAX_NAME_CHARS = 255
+
+
 def resolve_profile(root: Path, rel: str | None) -> Path:
     """The real path of `rel` inside `root`, or PathRefused saying why not."""
     if not rel:
         raise PathRefused("no profile chosen: pick one on the home page")
+    if len(rel) > MAX_PATH_CHARS or any(len(p) > MAX_NAME_CHARS for p in rel.split("/")):
+        raise PathRefused(f"refused a profile path of {len(rel):,} characters: too long")
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        raise PathRefused(f"refused {rel!r}: control characters in a profile path")
     if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ":" in rel[:3]:
         raise PathRefused(f"refused '{rel}': profile paths are relative to the served "
                           "directory")
     base = root.resolve()
-    target = (base / rel).resolve()  # follows symlinks and '..'
+    try:
+        target = (base / rel).resolve()  # follows symlinks and '..'
+        exists = target.exists()
+    except (OSError, ValueError, RuntimeError) as exc:  # loops, odd bytes
+        raise PathRefused(f"refused '{rel}': {type(exc).__name__}") from None
     if target != base and base not in target.parents:
         raise PathRefused(f"refused '{rel}': it is outside the served directory")
-    if not target.exists():
+    if not exists:
         raise PathRefused(f"no profile '{rel}' in the served directory")
     return target
 
 
+def relative_message(text: str, root: Path, rel: str = "") -> str:
+    """An error message with the served folder's absolute paths cut to relative ones."""
+    base = str(root.resolve())
+    if rel:
+        text = text.replace(str(root.resolve() / rel), rel)
+    text = text.replace(base + os.sep, "").replace(base, ".")
+    return " ".join(text.split())
+
+
 @dataclass
 class Entry:
-    """One open profile and whatever has been derived from it (built once, on demand)."""
+    """One open profile and whatever has been derived from it (built once, on demand).
+
+    Each key has its own lock, taken only while that key is built: builds of different
+    keys never wait on each other, so a build may ask for another key of the same entry,
+    and no lock is held across two entries (the old entry-wide lock, held while building
+    a comparison that read another profile, could deadlock a cold server)."""
 
     profile: Any
     rel: str
-    derived: dict[str, Any] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    stamp: tuple[str, float, int] | None = None  # (real path, mtime, size) it was opened at
+    derived: dict[Any, Any] = field(default_factory=dict)
+    _key_locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def get(self, key: str, build: Callable[[], Any]) -> Any:
-        with self.lock:  # one build per key even when callbacks race
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        try:
+            return self.derived[key]  # built already: no lock at all
+        except KeyError:
+            pass
+        with self._guard:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:  # one build per key even when callbacks race
             if key not in self.derived:
                 self.derived[key] = build()
             return self.derived[key]
@@ -57,12 +96,15 @@ class ProfileCache:
     """LRU of open profiles keyed by real path and file stamp (a rewritten file reopens)."""
 
     def __init__(self, root: Path, capacity: int = 6,
-                 opener: Callable[[Path], Any] | None = None) -> None:
+                 opener: Callable[[Path], Any] | None = None,
+                 vetter: Vetter | None = None) -> None:
         self.root = Path(root)
         self.capacity = capacity
         self._open = opener or popviz.open
+        self.vetter = vetter  # None: files are opened without a worker's verdict first
         self._entries: OrderedDict[tuple[str, float, int], Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._opening: dict[tuple[str, float, int], threading.Lock] = {}
         self._listing: dict[str, tuple[tuple[float, int], dict[str, Any]]] = {}
 
     def __len__(self) -> int:
@@ -78,28 +120,86 @@ class ProfileCache:
             if entry is not None:
                 self._entries.move_to_end(key)
                 return entry
-        profile = self._open(path)  # outside the lock: opening may take a moment
-        with self._lock:
-            entry = self._entries.setdefault(key, Entry(profile, str(rel)))
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)  # dropped; h5py closes it when unused
-            return entry
+            opening = self._opening.setdefault(key, threading.Lock())
+        # One thread opens a cold file while the others for the same file wait on its
+        # lock (not on the cache's): opening may take a moment and must not block the
+        # cache for every other profile.
+        with opening:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is None:
+                entry = Entry(self._open_vetted(path, str(rel)), str(rel), key)
+            evicted: list[Entry] = []
+            with self._lock:
+                entry = self._entries.setdefault(key, entry)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.capacity:
+                    evicted.append(self._entries.popitem(last=False)[1])
+                self._opening.pop(key, None)
+        del evicted  # dropped outside the lock: closing an HDF5 file takes h5py's lock
+        return entry
 
-    def listing(self) -> list[dict[str, Any]]:
+    def _open_vetted(self, path: Path, rel: str) -> Any:
+        """Open `path` in-process only once a worker read it cleanly (popviz.vet)."""
+        if self.vetter is not None:
+            verdict = self.vetter.verdict(path)
+            if verdict is not None and not verdict.ok:
+                raise ProfileError(verdict.message(rel))
+        try:
+            profile = self._open(path)
+        except ProfileError as exc:
+            raise ProfileError(relative_message(str(exc), self.root, rel)) from None
+        for name in ("meta", "summary"):  # every page reads them as objects
+            value = getattr(profile, name, {})
+            if value is not None and not isinstance(value, dict):
+                close = getattr(profile, "close", None)
+                if close is not None:
+                    close()
+                raise ProfileError(f"{rel}: damaged profile ({name} is "
+                                   f"{type(value).__name__} JSON, not an object)")
+        return profile
+
+    def prewarm(self) -> None:
+        """Start vetting every file now, off the request path (the first listing and
+        the first page of each profile then find the verdict in)."""
+        if self.vetter is None:
+            return
+        try:
+            for path in popviz.discover(self.root):
+                self.vetter.submit(path)
+        except (OSError, ProfileError):
+            pass
+
+    def listing(self, wait_s: float = LISTING_WAIT_S) -> list[dict[str, Any]]:
         """Every profile file under the root with its headline facts, or its error.
-        Rescanned on each call; facts are reused while a file's stamp is unchanged."""
-        rows = []
+        Rescanned on each call; facts are reused while a file's stamp is unchanged. Files
+        still being vetted after `wait_s` (all together) are listed as being checked."""
+        found = []
         for path in popviz.discover(self.root):
             rel = path.relative_to(self.root).as_posix()
             try:
                 stat = path.stat()
-                stamp = (stat.st_mtime, stat.st_size)
+                found.append((path, rel, (stat.st_mtime, stat.st_size)))
             except OSError as exc:
-                rows.append({"profile": rel, "error": f"{rel}: {exc.strerror}"})
+                found.append((path, rel, exc))
+        pending = {}
+        if self.vetter is not None:
+            for path, rel, stamp in found:
+                cached = self._listing.get(rel)
+                if isinstance(stamp, tuple) and (cached is None or cached[0] != stamp):
+                    with suppress(OSError):  # gone since discover: listed below
+                        pending[rel] = self.vetter.submit(path)
+            wait(list(pending.values()), timeout=wait_s)
+        rows = []
+        for _path, rel, stamp in found:
+            if isinstance(stamp, OSError):
+                rows.append({"profile": rel, "error": f"{rel}: {stamp.strerror}"})
                 continue
             cached = self._listing.get(rel)
             if cached is None or cached[0] != stamp:
+                if rel in pending and not pending[rel].done():
+                    rows.append({"profile": rel, "error": "", "checking": True})
+                    continue
                 cached = (stamp, self._facts(rel))
                 self._listing[rel] = cached
             rows.append(cached[1])
@@ -109,13 +209,17 @@ class ProfileCache:
         """Headline facts from the file's attributes; opened outside the LRU so listing
         many files does not push out the profiles being looked at."""
         try:
-            profile = self._open(resolve_profile(self.root, rel))
+            profile = self._open_vetted(resolve_profile(self.root, rel), rel)
         except (ProfileError, PathRefused) as exc:  # shown relative: no server paths leak
-            return {"profile": rel, "error": str(exc).replace(f"{self.root}/", "")}
+            return {"profile": rel, "error": relative_message(str(exc), self.root, rel)}
         except Exception as exc:  # a file we cannot read must not break the listing
-            return {"profile": rel, "error": f"{rel}: {type(exc).__name__}: {exc}"}
+            return {"profile": rel, "error": relative_message(
+                f"{rel}: {type(exc).__name__}: {exc}", self.root, rel)}
         try:
             return self._describe(rel, profile)
+        except Exception as exc:  # e.g. meta that is JSON but not an object
+            return {"profile": rel, "error": relative_message(
+                f"{rel}: damaged profile ({type(exc).__name__}: {exc})", self.root, rel)}
         finally:
             close = getattr(profile, "close", None)
             if close is not None:

@@ -13,10 +13,11 @@ import plotly.graph_objects as go
 from dash import dash_table, dcc, html
 
 from popviz import analysis
+from popviz.errors import ProfileError
 from popviz.figures.lod import TraceIndex
-from popviz.figures.naming import MODELLED, Naming, naming_for
+from popviz.vocab import MODELLED, Naming, naming_for
 
-from .cache import Entry, ProfileCache
+from .cache import Entry, PathRefused, ProfileCache, relative_message
 
 GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True,
                 "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -49,6 +50,17 @@ def naming(entry: Entry) -> Naming:
 
 def unit(entry: Entry) -> str:
     return naming(entry).unit
+
+
+def error_text(ctx: AppContext, exc: BaseException, rel: str = "") -> str:
+    """One line for any failure, with paths relative to the served folder."""
+    if isinstance(exc, PathRefused | ProfileError):
+        text = str(exc)
+    else:
+        detail = " ".join(str(exc).split())[:200]
+        text = (f"{rel + ': ' if rel else ''}could not build this view "
+                f"({type(exc).__name__}{': ' + detail if detail else ''})")
+    return relative_message(text, ctx.root, rel)[:400]
 
 
 def message(text: str, tone: str = "error") -> html.Div:

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import flask
+from werkzeug.exceptions import HTTPException
 
 from popviz.errors import ProfileError
 
 from .cache import PathRefused
-from .common import AppContext
+from .common import AppContext, error_text
+
+log = logging.getLogger("popviz.app")
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -20,25 +26,34 @@ def _name(rel: str, what: str, suffix: str) -> str:
     return _SAFE.sub("_", f"{rel.rsplit('.', 1)[0]}_{what}").strip("_") + suffix
 
 
-def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> None:
-    """`views` maps a view name to its builder (ctx, entry) -> Figure."""
+def _text(body: str, status: int) -> flask.Response:
+    return flask.Response(body + "\n", status, mimetype="text/plain")
 
-    def entry_or_error() -> Any:
-        rel = flask.request.args.get("profile", "")
-        try:
-            return ctx.cache.get(rel), rel
-        except (PathRefused, ProfileError) as exc:
-            flask.abort(flask.make_response(str(exc) + "\n", 404, {"Content-Type":
-                                                                   "text/plain"}))
-            raise  # unreachable: abort raises
+
+def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> None:
+    """`views` maps a view name to its builder (ctx, entry) -> Figure. A refused or broken
+    profile is a 404 and a download that fails to build a 422, each with one line."""
+
+    def guarded(handler: Callable[..., flask.Response]) -> Callable[..., flask.Response]:
+        @functools.wraps(handler)
+        def run(**kwargs: Any) -> flask.Response:
+            rel = flask.request.args.get("profile", "")
+            try:
+                return handler(ctx.cache.get(rel), rel, **kwargs)
+            except (PathRefused, ProfileError) as exc:
+                return _text(error_text(ctx, exc, rel), 404)
+            except Exception as exc:  # one bad file: a line, not a blank 500
+                log.exception("download %s for %r", flask.request.path, rel)
+                return _text(error_text(ctx, exc, rel), 422)
+        return run
 
     @server.route("/download/csv/<table>")
-    def download_csv(table: str) -> flask.Response:
-        entry, rel = entry_or_error()
+    @guarded
+    def download_csv(entry: Any, rel: str, table: str) -> flask.Response:
         try:
             frame = entry.profile.table(table)
         except KeyError:
-            return flask.Response(f"no table {table!r}\n", 404, mimetype="text/plain")
+            return _text(f"no table {table[:80]!r}", 404)
         return flask.Response(
             frame.to_csv(index=False), mimetype="text/csv",
             headers={"Content-Disposition":
@@ -46,10 +61,20 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
 
     @server.route("/download/html/<view>")
     def download_html(view: str) -> flask.Response:
-        build = views.get(view)
-        if build is None:
-            return flask.Response(f"no figure {view!r}\n", 404, mimetype="text/plain")
-        entry, rel = entry_or_error()
-        html = build(ctx, entry).to_html(include_plotlyjs=True, full_html=True)
+        if view not in views:
+            return _text(f"no figure {view[:80]!r}", 404)
+        return _html(view=view)
+
+    @guarded
+    def _html(entry: Any, rel: str, view: str) -> flask.Response:
+        html = views[view](ctx, entry).to_html(include_plotlyjs=True, full_html=True)
         return flask.Response(html, mimetype="text/html", headers={
             "Content-Disposition": f'attachment; filename="{_name(rel, view, ".html")}"'})
+
+    @server.errorhandler(Exception)
+    def any_error(exc: Exception) -> Any:
+        """Anything else that escapes a route: one line, never a traceback."""
+        if isinstance(exc, HTTPException):
+            return exc
+        log.error("unhandled error on %s", flask.request.path, exc_info=exc)
+        return _text("popviz: internal error (the server log has the details)", 500)

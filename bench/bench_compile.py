@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from popviz.compile import compile as compile_program
+from popviz.compiler import compile as compile_program
 from popviz.options import Options
 
 SPLITS = ["b1/2/relu", "b2/3/relu", "b3/3/relu"]  # Graphcore's 4-stage ResNet-50 splits
@@ -28,7 +28,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
     from popviz.models import build
     from popviz.models.training import train_step
-    from popviz.record import record_program
+    from popviz.recorder import record_program
 
     torch.manual_seed(0)
     model = build("resnet", 50)
@@ -42,7 +42,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
 
 def synthetic(layers: int) -> tuple[object, float]:
-    from popviz.compile.synthetic import synthetic_program
+    from popviz.compiler.synthetic import synthetic_program
 
     program = synthetic_program(layers=layers, batch=16, channels=64, hw=56)
     n = len(program.model["layers"])
@@ -54,7 +54,7 @@ def calibrate() -> int:
     """Every calibration point: published, modelled, in-sample and leave-one-out error."""
     import numpy as np
 
-    from popviz.compile.calibration import Evaluator, fits, leave_one_out
+    from popviz.compiler.calibration import Evaluator, fits, leave_one_out
     from popviz.target.costmodel import DEFAULT_COST, CostModel, load_calibration
 
     points = load_calibration()["points"]
@@ -75,7 +75,7 @@ def calibrate() -> int:
               f"{p['tolerance']:.0%} |")
     print(f"| {'mean absolute'.ljust(width)} | | | {np.mean(np.abs(inside)):.1%} | "
           f"{np.mean(np.abs(loo)):.1%} | 15% / 25% |")
-    from popviz.compile.calibration import prepare
+    from popviz.compiler.calibration import prepare
 
     for p in points:
         if p.get("use") == "check" and p["kind"] == "throughput":

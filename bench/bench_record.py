@@ -27,8 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from popviz.api import plan_step
 from popviz.models import build
-from popviz.record import Recorder, plan_step
+from popviz.recorder import Recorder
 
 
 def make(batch: int, image: int, classes: int = 1000) -> tuple[Any, Any, Any, Any]:

@@ -4,7 +4,7 @@
     .venv/bin/python bench/fit_cost_model.py --write    # ... and store them in calibration.json
 
 Deterministic: the same points give the same constants (least squares on log error, each
-point weighted by 1 / its tolerance; see popviz.compile.calibration.fit). Every fitted
+point weighted by 1 / its tolerance; see popviz.compiler.calibration.fit). Every fitted
 constant's provenance (popviz/target/costmodel.py) names this procedure.
 """
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from popviz.compile.calibration import FITTED, Evaluator, fit, leave_one_out
+from popviz.compiler.calibration import FITTED, Evaluator, fit, leave_one_out
 from popviz.target.costmodel import CALIBRATION_FILE, CostModel, load_calibration
 
 PROCEDURE = ("bench/fit_cost_model.py: scipy least_squares (trf) on log(modelled / published) "

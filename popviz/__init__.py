@@ -22,16 +22,17 @@ _LAZY: dict[str, str] = {
     "ShardedExecution": "popviz.annotate",
     "recomputation_checkpoint": "popviz.annotate",
     "host_io": "popviz.annotate",
-    "record": "popviz.record",
-    "plan": "popviz.record",
-    "Program": "popviz.record.program",
-    "compile": "popviz.compile",
-    "Report": "popviz.compile.report",
+    "record": "popviz.api",
+    "plan": "popviz.api",
+    "plan_step": "popviz.api",
+    "Program": "popviz.recorder.program",
+    "compile": "popviz.compiler.compiler",
+    "Report": "popviz.compiler.report",
     "open": "popviz.format.reader",
     "discover": "popviz.format.reader",
     "Profile": "popviz.format.reader",
     "write_profile": "popviz.format.writer",
-    "compare": "popviz.analysis.compare",
+    "compare": "popviz.api",
 }
 
 __all__ = ["ProfileError", "__version__", *sorted(_LAZY)]

@@ -1,7 +1,7 @@
 """PopTorch-like annotations: blocks, stages, executions, recomputation checkpoints.
 
 None of these change what the model computes. Blocks and checkpoints only leave marks that
-the recorder (popviz.record) reads while a step is being recorded; outside a recording
+the recorder (popviz.recorder) reads while a step is being recorded; outside a recording
 they cost a context switch and nothing else. This module knows nothing of the recorder:
 the recorder installs callbacks in `STATE` while it runs (layers only import leftwards).
 """
@@ -13,6 +13,8 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+
+from popviz.vocab import ipu_label
 
 _T = TypeVar("_T")
 
@@ -81,7 +83,8 @@ def _note_block(name: str, ipu_id: int | None) -> None:
     if name not in STATE.block_ipus or (known is None and ipu_id is not None):
         STATE.block_ipus[name] = ipu_id
     elif ipu_id is not None and known != ipu_id:
-        raise ValueError(f"Block {name!r} is placed on IPU{known} and on IPU{ipu_id}")
+        raise ValueError(f"Block {name!r} is placed on {ipu_label(known)} and on "
+                         f"{ipu_label(ipu_id)}")
 
 
 def BeginBlock(module: _T, name: str, ipu_id: int | None = None) -> _T:
@@ -169,7 +172,8 @@ class _Execution:
         for i, (a, b) in enumerate(itertools.pairwise(ipus)):
             if b < a:
                 raise ValueError(
-                    f"stage {i + 1} is on IPU{b} after stage {i} on IPU{a}: stage ids are "
+                    f"stage {i + 1} is on {ipu_label(b)} after stage {i} on {ipu_label(a)}: "
+                    "stage ids are "
                     f"out of order (IPUs {ipus})"
                 )
         self._check_ipu_count(ipus, getattr(options, "num_ipus", None))
@@ -180,7 +184,7 @@ class _Execution:
     def _check_ipu_count(self, ipus: list[int], num_ipus: int | None) -> None:
         if num_ipus is not None and max(ipus) >= num_ipus:
             raise ValueError(
-                f"stage on IPU{max(ipus)} but only {num_ipus} IPU(s) are available"
+                f"stage on {ipu_label(max(ipus))} but only {num_ipus} IPU(s) are available"
             )
 
 
@@ -223,12 +227,13 @@ def auto_stages(options: Any, blocks: Sequence[str], block_ipus: dict[str, int |
     for i, (a, b) in enumerate(itertools.pairwise(ipus)):
         if b < a:
             raise ValueError(
-                f"block {blocks[i + 1]!r} is on IPU{b} after block {blocks[i]!r} on IPU{a}: "
+                f"block {blocks[i + 1]!r} is on {ipu_label(b)} after block {blocks[i]!r} on "
+                f"{ipu_label(a)}: "
                 "blocks must be placed on IPUs in order"
             )
     if options.num_ipus is not None and max(ipus) >= options.num_ipus:
         raise ValueError(
-            f"block on IPU{max(ipus)} but only {options.num_ipus} IPU(s) are available"
+            f"block on {ipu_label(max(ipus))} but only {options.num_ipus} IPU(s) are available"
         )
     stages: list[list[str]] = []
     stage_ipus: list[int] = []

@@ -1,6 +1,6 @@
 """Options: how a recorded program is placed and scheduled (PopTorch-like).
 
-Facts behind the defaults (AMP 0.6, schedules, stash) are in shared/reference/ipu.md.
+Facts behind the defaults (AMP 0.6, schedules, stash) are in docs/hardware.md.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from popviz.vocab import ipu_label
 
 DEFAULT_AMP = 0.6
 STRATEGIES = ("pipelined", "sharded")
@@ -56,12 +58,12 @@ def normalise_amp(value: Any) -> dict[int, AMP]:
     if isinstance(value, (int, float)):
         return {-1: _check_amp_value(value, "every IPU")}
     if isinstance(value, (list, tuple)) and not isinstance(value, dict):
-        return {i: _normalise_one(v, f"IPU{i}") for i, v in enumerate(value)}
+        return {i: _normalise_one(v, ipu_label(i)) for i, v in enumerate(value)}
     if isinstance(value, dict):
         result: dict[int, AMP] = {}
         for key, amp in value.items():
             ipu = _parse_ipu_key(key)
-            result[ipu] = _normalise_one(amp, "every IPU" if ipu == -1 else f"IPU{ipu}")
+            result[ipu] = _normalise_one(amp, "every IPU" if ipu == -1 else ipu_label(ipu))
         return result
     raise ValueError(f"availableMemoryProportion {value!r} is neither a number nor a dict")
 
@@ -208,7 +210,7 @@ class Options:
         """The `options` dict of the profile contract (JSON-safe)."""
         meta = asdict(self)
         meta["available_memory_proportion"] = {
-            ("all" if k == -1 else f"IPU{k}"): (list(v) if isinstance(v, tuple) else v)
+            ("all" if k == -1 else ipu_label(k)): (list(v) if isinstance(v, tuple) else v)
             for k, v in sorted(self.available_memory_proportion.items())
         }
         return meta

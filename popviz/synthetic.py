@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compile.report import Report
+from popviz.compiler.report import Report
+from popviz.vocab import MODELLED_KIND, ipu_label
 
-# shared/reference/ipu.md: tiles, SRAM per tile, clock
+# docs/hardware.md: tiles, SRAM per tile, clock
 TARGETS: dict[str, dict[str, Any]] = {
     "mk1": {"name": "mk1", "tiles_per_ipu": 1216, "bytes_per_tile": 256 * 1024,
             "clock_hz": 1.6e9},
@@ -298,13 +299,13 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
     options = {
         "strategy": "pipelined", "schedule": "Grouped", "gradient_accumulation": microbatches,
         "device_iterations": 1, "replication_factor": 1,
-        "available_memory_proportion": {f"IPU{i}": a for i, a in enumerate(amps)},
+        "available_memory_proportion": {ipu_label(i): a for i, a in enumerate(amps)},
         "precision": "16.16", "recomputation": recomputation, "splits": splits,
         "micro_batch_size": 1, "training": True,
     }
     meta = {"target": tgt, "options": options,
             "model": {"name": model, "parameters": 1_000_000, "batch_size": microbatches},
-            "kind": "modelled"}
+            "kind": MODELLED_KIND}
     tables = {"stages": stages, "trace": trace, "liveness": liveness,
               "tile_memory": tile_memory, "exchange": exchange, "ops": ops,
               "variables": variables, "oom": oom,
@@ -321,7 +322,7 @@ class ReportProfile:
         self.summary = report.summary
         self.name = name
         self.path = path
-        self.kind = report.meta.get("kind", "modelled")
+        self.kind = report.meta.get("kind", MODELLED_KIND)
 
     def table(self, name: str) -> pd.DataFrame:
         return self._report.tables.get(name, pd.DataFrame())

@@ -4,7 +4,7 @@
 Every run uses train.py's --plan-only (the recorder's fake-tensor mode): full-size models
 record in seconds without computing, and with no measured host times in them the files
 hold the same tables on every run. The commands are Graphcore's published ones
-(shared/reference/ipu.md) plus --plan-only --profile --profile-dir.
+(docs/hardware.md) plus --plan-only --profile --profile-dir.
 
     python scripts/make_profiles.py [--out profiles] [--only rn50_pipeline ...]
 """

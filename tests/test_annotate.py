@@ -9,7 +9,8 @@ from torch import nn
 
 import popviz
 from popviz.annotate import STATE, auto_stages, check_stages
-from popviz.record import compile_options, record_program, train_step
+from popviz.api import compile_options
+from popviz.recorder import record_program, train_step
 
 
 class Annotated(nn.Module):

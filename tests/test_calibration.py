@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from popviz.compile import compile
-from popviz.compile.calibration import (
+from popviz.compiler import compile
+from popviz.compiler.calibration import (
     FITTED,
     Evaluator,
     fit,

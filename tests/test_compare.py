@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 
 import popviz
-from popviz.analysis.compare import Comparison, compare
-from popviz.analysis.facts import oom_tiles, peak_liveness
+from popviz.analysis.compare import Comparison
+from popviz.api import compare
 from popviz.cli.main import main
 from popviz.format.writer import write_profile
+from popviz.metrics import oom_tiles, peak_liveness
 
 CLOCK = 1.0e9  # 1 cycle = 1 ns keeps the hand arithmetic readable
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,8 +120,8 @@ def hand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small real pair from the compiler: a 4-IPU pipeline vs 1 IPU x 4 replicas."""
-    from popviz.compile.compiler import compile as compile_program
-    from popviz.compile.synthetic import synthetic_program
+    from popviz.compiler.compiler import compile as compile_program
+    from popviz.compiler.synthetic import synthetic_program
     from popviz.format.writer import write_report
     from popviz.options import Options
 
@@ -248,7 +249,7 @@ def test_compiled_pair_matches_own_summaries(compiled: dict[str, Path]) -> None:
             for key in ("throughput", "throughput_per_ipu", "step_cycles", "total_ipus",
                         "idle_fraction"):
                 assert m.loc[key, side] == pytest.approx(s[key], rel=1e-12), key
-            assert m.loc["peak_bytes_max", side] == max(peak_liveness(p.liveness).values())
+            assert m.loc["peak_bytes_max", side] == peak_liveness(p.liveness).max()
             assert m.loc["oom_tiles", side] == len(oom_tiles(p.tile_memory))
             assert m.loc["exchange_bytes", side] == p.exchange["bytes"].sum()
             assert m.loc["stash_bytes", side] == p.stages["stash_bytes"].sum()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from dash import dcc
 
-from popviz.analysis.compare import compare
+from popviz.api import compare
 from tests.test_compare import pipeline_profile, recompute_profile
 
 

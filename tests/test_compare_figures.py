@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from popviz.analysis.compare import Comparison, compare
+from popviz.analysis.compare import Comparison
+from popviz.api import compare
 from popviz.figures import compare as cf
 from popviz.figures.style import KiB, MiB
 from tests.test_compare import pipeline_profile, recompute_profile

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from popviz.compile import compile
-from popviz.compile.synthetic import synthetic_program
+from popviz.compiler import compile
+from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 from popviz.target import register_target
 
@@ -158,7 +158,7 @@ def test_optimiser_offload_frees_always_live_memory_and_streams_state(convs) -> 
 
 
 def test_liveness_steps_stay_bounded_for_long_programs(monkeypatch) -> None:
-    import popviz.compile.memory as memory
+    import popviz.compiler.memory as memory
 
     monkeypatch.setattr(memory, "MAX_STEPS", 20)
     prog = synthetic_program(layers=8)

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from popviz.compile import compile
+from popviz.compiler import compile
 from popviz.models import build
 from popviz.models.training import train_step
 from popviz.options import Options
-from popviz.record import record_program
-from popviz.record import train_step as step
+from popviz.recorder import record_program
+from popviz.recorder import train_step as step
 
 
 def _record(name: str, size, batch: int, image: int, classes: int = 10):

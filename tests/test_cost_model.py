@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from popviz.compile import compile
-from popviz.compile.synthetic import synthetic_program
+from popviz.compiler import compile
+from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 from popviz.target import get_target, register_target
 from popviz.target.cost import Precision, op_costs, op_features

@@ -134,7 +134,7 @@ def test_synthetic_data_is_deterministic_and_class_dependent() -> None:
 
 
 def test_recorded_ops_carry_the_cnn_layer_names() -> None:
-    from popviz.record import record_program
+    from popviz.recorder import record_program
 
     model = models.build("resnet", 18, num_classes=4)
     x, y = models.SyntheticImages(4, 3, 32).batch(2)

@@ -14,8 +14,8 @@ def test_builtin_targets_match_the_reference_figures() -> None:
     assert (mk1.tiles_per_ipu, mk1.bytes_per_tile) == (1216, 256 * 1024)
     assert (mk2.tiles_per_ipu, mk2.bytes_per_tile) == (1472, 624 * 1024)
     assert (bow.tiles_per_ipu, bow.bytes_per_tile) == (1472, 624 * 1024)
-    assert mk1.bytes_per_ipu == 304 * 1024 * 1024  # ipu.md: 304 MiB per Mk1 IPU
-    # ipu.md derived: 64 FLOPs/tile/cycle on Mk1, ~128 on Mk2 and Bow, FP32 a quarter
+    assert mk1.bytes_per_ipu == 304 * 1024 * 1024  # hardware.md: 304 MiB per Mk1 IPU
+    # hardware.md derived: 64 FLOPs/tile/cycle on Mk1, ~128 on Mk2 and Bow, FP32 a quarter
     assert mk1.flops_per_tile_cycle_fp16 == pytest.approx(64, rel=0.01)
     assert mk2.flops_per_tile_cycle_fp16 == pytest.approx(128, rel=0.01)
     assert bow.flops_per_tile_cycle_fp16 == pytest.approx(128, rel=0.01)

@@ -59,6 +59,37 @@ def _modelled_files() -> list[Path]:
             if popviz.open(p).kind == "modelled"]
 
 
+def test_every_modelled_example_is_there() -> None:
+    # 4 single profiles + 2 x (training, inference): a missing file fails, not skips
+    assert len(_modelled_files()) == 8
+
+
+@pytest.mark.parametrize("path", _modelled_files(), ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_committed_profile_adds_up(path: Path) -> None:
+    """The independent check beside the golden comparison below: facts any correct
+    compile must satisfy, worked from the raw tables without popviz's analysis."""
+    p = popviz.open(path)
+    s, target = p.summary, p.meta["target"]
+    step = int(s["step_cycles"])
+    # each IPU's trace tiles [0, step] exactly: no gap, no overlap (BSP)
+    for _ipu, t in p.trace.sort_values(["ipu", "start"]).groupby("ipu"):
+        assert t["start"].iloc[0] == 0 and t["end"].iloc[-1] == step
+        assert (t["start"].to_numpy()[1:] == t["end"].to_numpy()[:-1]).all()
+    # the stage columns of each IPU partition its step
+    cols = ["forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
+            "exchange_cycles", "idle_cycles"]
+    assert (p.stages.groupby("ipu")[cols].sum().sum(axis=1) == step).all()
+    # throughput is samples over the step's seconds at the target's clock
+    seconds = step / float(target["clock_hz"])
+    assert s["throughput"] == pytest.approx(s["samples_per_step"] / seconds, rel=1e-12)
+    # a tile's total is the sum of its categories, and fit is "no tile over capacity"
+    tm = p.tile_memory
+    cats = ["code", "always_live", "not_always_live_peak", "exchange"]
+    assert (tm[cats].sum(axis=1) == tm["total_bytes"]).all()
+    assert s["fits"] == bool((tm["total_bytes"] <= tm["capacity_bytes"]).all())
+    assert len(tm) == target["num_ipus"] * target["tiles_per_ipu"]
+
+
 @pytest.mark.parametrize("path", _modelled_files(), ids=lambda p: str(p.parent.relative_to(ROOT)))
 def test_committed_profile_is_current(path: Path) -> None:
     """Recompiling each example's stored program with its stored options reproduces every
@@ -66,7 +97,7 @@ def test_committed_profile_is_current(path: Path) -> None:
     `make profiles` fails here."""
     import pandas as pd
 
-    from popviz.analysis.tune import load_program
+    from popviz.advise.tune import load_program
 
     stored = popviz.open(path)
     program, options = load_program(stored)

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 import popviz
-from popviz.analysis.tune import AMP_LADDER, load_program, tune
-from popviz.analysis.tune_layers import Segments, balanced_bounds, split_positions
+from popviz.advise.tune import AMP_LADDER, load_program, tune
+from popviz.advise.tune_layers import Segments, balanced_bounds, split_positions
 from popviz.cli.main import main
-from popviz.compile import compile
+from popviz.compiler import compile
 from popviz.errors import ProfileError
 from popviz.format.writer import write_profile, write_report
 from popviz.models import build
 from popviz.models.training import train_step
 from popviz.options import Options
-from popviz.record import record_program
+from popviz.recorder import record_program
 from popviz.target.machines import register_target
 from tests.profiles_util import tiny_meta, tiny_tables
 

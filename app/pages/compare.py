@@ -16,7 +16,7 @@ from dash.exceptions import MissingCallbackContextException
 from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
-from popviz.figures.naming import naming_of
+from popviz.vocab import BUBBLE_LIMIT, naming_of
 
 from ..cache import Entry, PathRefused
 from ..common import AppContext, graph, message, table
@@ -38,8 +38,11 @@ def pair_query(a: str, b: str) -> str:
 
 
 def comparison(a: Entry, b: Entry) -> Comparison:
-    """Built once per pair of open profiles (kept with A's cached entry)."""
-    return a.get(("compare", b.rel, id(b)), lambda: compare(a.profile, b.profile))
+    """Built once per pair of files (kept with A's cached entry). Keyed by B's file
+    stamp, not by B's entry: B is evicted and reopened as other profiles are looked at,
+    and a key per reopening grew A's entry without bound."""
+    return a.get(("compare", b.rel, b.stamp or id(b)),
+                 lambda: compare(a.profile, b.profile))
 
 
 def _card(label: str, value: str, tone: str = "") -> html.Div:
@@ -55,7 +58,8 @@ def _cards(comp: Comparison, side: str) -> html.Div:
 
     def val(name: str, unit: str) -> str:
         return format_value(m.get(name), unit)
-    fit = ("fits", "good") if s["fits"] else (
+    fit = ("unknown (no per-tile data)", "") if s["fits"] is None or s["fits"] != s["fits"] \
+        else ("fits", "good") if s["fits"] else (
         f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
     cards = [
         _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "
@@ -67,7 +71,7 @@ def _cards(comp: Comparison, side: str) -> html.Div:
               + f" samples/s on {s['total_ipus']} {dev}s"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
-              "warn" if (m.get("idle_fraction") or 0) > 0.25 else ""),
+              "warn" if (m.get("idle_fraction") or 0) > BUBBLE_LIMIT else ""),
         _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")

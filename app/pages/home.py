@@ -26,13 +26,20 @@ def _number(value: Any, fmt: str) -> str:
 def listing(ctx: AppContext) -> html.Div:
     rows = ctx.cache.listing()
     if not rows:
-        return html.Div(f"No .h5 profiles under {ctx.root} yet; this list refreshes by itself.",
+        return html.Div(f"No .h5 profiles under {ctx.root.name}/ yet; this list refreshes "
+                        "by itself.",
                         className="message info")
     head = html.Tr([html.Th(h) for h in ("profile", "kind", "run", "model", "target",
                                          "IPUs / ranks", "memory", "throughput (samples/s)",
                                          "latency (ms)")])
     body = []
     for r in rows:
+        if r.get("checking"):
+            body.append(html.Tr([html.Td(r["profile"]),
+                                 html.Td("checking the file in a separate process ...",
+                                         colSpan=8, className="status")],
+                                className="checking"))
+            continue
         if r.get("error"):
             body.append(html.Tr([html.Td(r["profile"]),
                                  html.Td(r["error"], colSpan=8, className="error")],
@@ -53,7 +60,7 @@ def listing(ctx: AppContext) -> html.Div:
 def layout(ctx: AppContext, entry: Any = None) -> html.Div:
     return html.Div([
         html.H2("Profiles"),
-        html.P(["Serving ", html.Code(str(ctx.root)), ". Open a profile to see its summary, "
+        html.P(["Serving ", html.Code(ctx.root.name + "/"), ". Open a profile to see its summary, "
                 "trace, liveness, memory, stages, exchange and operations.",
                 " Or ", dcc.Link("compare two layouts", href="/compare", id="home-compare"), "."]),
         dcc.Interval(id="home-refresh", interval=REFRESH_MS),

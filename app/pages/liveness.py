@@ -13,6 +13,7 @@ from dash.exceptions import PreventUpdate
 from popviz import analysis, figures
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
+from popviz.vocab import ipu_label
 
 from ..cache import Entry
 from ..common import (
@@ -62,7 +63,7 @@ def tiles(ctx: AppContext, entry: Entry, ipu: int = 0, lo: float | None = None,
     matrix, first, stride = pyramid.view(0 if lo is None else lo,
                                          pyramid.steps if hi is None else hi + 1)
     return figures.tile_liveness_figure(matrix, first, stride, rows=HEAT_ROWS,
-                                        title=f"Not-always-live memory per tile · IPU{ipu}")
+                                        title=f"Not-always-live memory per tile · {ipu_label(ipu)}")
 
 
 FIGURES = {"liveness": liveness, "tile_liveness": tiles}
@@ -91,7 +92,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     heat: list[Any] = []
     if ipus:
         heat = [html.H3("Per tile"),
-                dcc.Dropdown(id="live-ipu", options=[{"label": f"IPU{i}", "value": i}
+                dcc.Dropdown(id="live-ipu", options=[{"label": ipu_label(i), "value": i}
                                                      for i in ipus],
                              value=ipus[0], clearable=False, className="picker"),
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]

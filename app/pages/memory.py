@@ -12,6 +12,7 @@ from dash.exceptions import PreventUpdate
 from popviz import analysis, figures
 from popviz.figures.memory import TILE_MAP_COLUMNS
 from popviz.figures.style import fmt_bytes
+from popviz.vocab import ipu_label
 
 from ..cache import Entry
 from ..common import (
@@ -82,7 +83,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.H2(title_of(entry)),
         graph("mem-totals", totals(ctx, entry)),
         html.Div([html.Span("IPU ", className="label"),
-                  dcc.Dropdown(id="mem-ipu", options=[{"label": f"IPU{i}", "value": i}
+                  dcc.Dropdown(id="mem-ipu", options=[{"label": ipu_label(i), "value": i}
                                                       for i in ipus],
                                value=worst, clearable=False, className="picker")],
                  className="row"),

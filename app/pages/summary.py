@@ -9,8 +9,8 @@ import pandas as pd
 from dash import html
 
 from popviz import figures
-from popviz.figures.naming import Naming
 from popviz.figures.style import fmt_bytes
+from popviz.vocab import IMBALANCE_LIMIT, Naming
 
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, insights, naming, table, title_of
@@ -51,7 +51,7 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     if b:
         cards.append(_card("bottleneck", f"stage {b['stage']} on {words.label(b['ipu'])} · "
                            f"{b['relative_load']:.2f}x mean",
-                           "warn" if info["imbalance"] > 1.15 else ""))
+                           "warn" if info["imbalance"] > IMBALANCE_LIMIT else ""))
     cards.append(_card("pipeline bubbles", f"{info['bubble_fraction']:.0%} idle"))
     return html.Div(cards, className="cards")
 

@@ -2,7 +2,8 @@
 and which knob (AMP, split points, recomputation, gradient accumulation) to turn.
 
 Each rule is a small function returning zero or more `Advice`; `advise` runs them in order
-of urgency (does not fit, then slow). Thresholds are stated where they are used."""
+of urgency (does not fit, then slow). Thresholds live in popviz.vocab: one set for advice,
+cards and figures."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ from typing import Any
 
 import pandas as pd
 
-from popviz.analysis.balance import stage_balance
+from popviz.analysis.balance import imbalance, stage_balance
 from popviz.analysis.memory import ipu_totals, oom_tiles
+from popviz.metrics import stage_idle_fraction
+from popviz.vocab import (
+    BUBBLE_LIMIT,
+    DEFAULT_AMP,
+    IMBALANCE_LIMIT,
+    MEASURED_KIND,
+    MIN_AMP,
+    MODELLED_KIND,
+    NEARLY_FULL,
+    ipu_label,
+    is_measured,
+    naming_of,
+)
 
-DEFAULT_AMP = 0.6  # shared/reference/ipu.md
-MIN_AMP = 0.05  # lower end of the reasonable range in shared/reference/ipu.md
-IMBALANCE_LIMIT = 1.15  # busiest stage over the mean before we call it a bottleneck
-BUBBLE_LIMIT = 0.30  # idle share of the step worth acting on
-HEADROOM_FOR_AMP = 0.30  # free memory on every tile of an IPU before suggesting more AMP
 KiB = 1024
 
 
@@ -33,7 +42,7 @@ class Advice:
 def amp_for(meta: dict[str, Any], ipu: int) -> float:
     """The conv AMP in effect on `ipu` from meta['options'] ({"all": a, "IPU1": [c, m]})."""
     amp = (meta.get("options") or {}).get("available_memory_proportion") or {}
-    value = amp.get(f"IPU{ipu}", amp.get(str(ipu), amp.get("all", DEFAULT_AMP)))
+    value = amp.get(ipu_label(ipu), amp.get(str(ipu), amp.get("all", DEFAULT_AMP)))
     if isinstance(value, (list, tuple)):
         value = value[0]
     try:
@@ -62,8 +71,8 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
     totals = ipu_totals(tile_memory).set_index("ipu")
     for ipu, tiles in over.groupby("ipu", sort=True):
         ipu = int(ipu)
-        worst = int(tiles["over_bytes"].max())
-        head = (f"IPU{ipu} does not fit: {len(tiles)} tile(s) out of memory, "
+        worst = int(tiles["bytes_over"].max())
+        head = (f"{ipu_label(ipu)} does not fit: {len(tiles)} tile(s) out of memory, "
                 f"up to {worst / KiB:,.0f} KiB over.")
         nal = float(tiles.get("not_always_live_peak", pd.Series([0.0])).sum())
         alive = float(tiles.get("always_live", pd.Series([0.0])).sum())
@@ -73,11 +82,12 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
                 new = max(MIN_AMP, round(amp / 2, 2))
                 out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
                                   f"dominate there: lower availableMemoryProportion on "
-                                  f"IPU{ipu} from {amp:g} to about {new:g}."))
+                                  f"{ipu_label(ipu)} from {amp:g} to about {new:g}."))
             if not recomputation:
                 out.append(Advice("error", "recomputation", ipu,
-                                  f"Enable recomputation to cut activation liveness on IPU{ipu}"
-                                  " (only checkpoints are kept through the forward pass)."))
+                                  "Enable recomputation to cut activation liveness on "
+                                  f"{ipu_label(ipu)} (only checkpoints are kept through the "
+                                  "forward pass)."))
         else:
             out.append(Advice("error", "split", ipu, f"{head} Always-live data (weights, "
                               "optimiser state) dominate: move layers off this IPU or "
@@ -92,14 +102,14 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
                 name = _split_after(stages, splits, last)
                 if name:
                     out.append(Advice("error", "split", ipu, f"Move split '{name}' earlier so "
-                                      f"IPU{ipu + 1} ({after:.0%} used) takes layers from "
-                                      f"IPU{ipu}."))
+                                      f"{ipu_label(ipu + 1)} ({after:.0%} used) takes "
+                                      f"layers from {ipu_label(ipu)}."))
             elif before is not None:
                 name = _split_after(stages, splits, first - 1)
                 if name:
                     out.append(Advice("error", "split", ipu, f"Move split '{name}' later so "
-                                      f"IPU{ipu - 1} ({before:.0%} used) takes layers from "
-                                      f"IPU{ipu}."))
+                                      f"{ipu_label(ipu - 1)} ({before:.0%} used) takes "
+                                      f"layers from {ipu_label(ipu)}."))
     return out
 
 
@@ -110,13 +120,14 @@ def _balance_advice(stages: pd.DataFrame, splits: list[str],
         return []
     busy = bal.set_index("stage")["busy_cycles"]
     top = int(busy.idxmax())
-    load = float(busy.max() / busy.mean())
+    load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
     ipu = int(bal.loc[bal["stage"] == top, "ipu"].iloc[0])
     # a measured run is ranks and ns, a modelled one IPUs and cycles
-    where, busy_time, others = ((f"rank {ipu}", "busy time", "ranks") if measured
-                                else (f"IPU{ipu}", "busy cycles", "IPUs"))
+    words = naming_of(MEASURED_KIND if measured else MODELLED_KIND)
+    where, others = words.label(ipu), words.devices
+    busy_time = "busy time" if measured else "busy cycles"
     head = (f"Stage {top} on {where} is the bottleneck: {load:.2f}x the mean {busy_time} "
             f"of all stages, so the other {others} wait at every sync.")
     before, after = busy.get(top - 1), busy.get(top + 1)
@@ -136,8 +147,7 @@ def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
     bal = stage_balance(stages)
     if len(bal) < 2 or options.get("strategy", "pipelined") != "pipelined":
         return []
-    total = bal["total_cycles"].sum()
-    bubble = float(bal["idle_cycles"].sum() / total) if total else 0.0
+    bubble = stage_idle_fraction(stages)
     accumulation = int(options.get("gradient_accumulation", 1) or 1)
     if bubble < BUBBLE_LIMIT or accumulation >= 4 * len(bal):
         return []
@@ -153,9 +163,9 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame) -> list[Ad
     out = []
     for row in ipu_totals(tile_memory).itertuples():
         amp = amp_for(meta, int(row.ipu))
-        if row.max_tile_utilisation < 1 - HEADROOM_FOR_AMP and amp < DEFAULT_AMP:
+        if row.max_tile_utilisation < NEARLY_FULL and amp < DEFAULT_AMP:
             out.append(Advice("info", "amp", int(row.ipu),
-                              f"IPU{row.ipu}: the fullest tile is only "
+                              f"{ipu_label(row.ipu)}: the fullest tile is only "
                               f"{row.max_tile_utilisation:.0%} used; raising "
                               f"availableMemoryProportion from {amp:g} toward "
                               f"{DEFAULT_AMP:g} may save cycles."))
@@ -181,7 +191,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     """Every piece of advice for one profile, most urgent first. A measured profile
     (meta kind, unless `measured` says) is worded in ranks and time, not IPUs and cycles."""
     if measured is None:
-        measured = str(meta.get("kind", "")) == "measured"
+        measured = is_measured(meta.get("kind", ""))
     options = meta.get("options") or {}
     splits = [str(s) for s in (options.get("splits") or [])]
     recomputation = bool(options.get("recomputation", False))

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.timeline import rank_time
+from popviz.metrics import idle_fractions, rank_time, retime_stages
+from popviz.vocab import COMPUTE, is_measured
 
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
@@ -37,32 +38,18 @@ def _derive(frame: pd.DataFrame) -> pd.DataFrame:
 def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
                  measured: bool) -> pd.DataFrame:
     """The stage table with a measured run's time columns re-derived from its trace by the
-    timeline sweep (timeline.py), so overlapping events count once and each rank's columns
-    add up to the step time; idle_cycles is then idle + sync over that rank-time, the one
-    definition compare uses too. Time not covered by any event (host Python) goes to
-    other_cycles. A modelled stage table is returned as is (its columns already partition
-    the step). A rank holding several stages shares its times equally among them."""
+    metrics core (popviz.metrics.retime_stages): overlapping events count once, each
+    rank's columns add up to the step time, idle_cycles is idle + sync over that
+    rank-time, and time no event covers (host Python) is other_cycles. A modelled stage
+    table is returned as is (its columns already partition the step)."""
     if not measured or trace is None or trace.empty or stages.empty:
         return stages
-    times = rank_time(trace)
-    out = stages.copy()
-    share = out.groupby("ipu")["stage"].transform("size").astype(float).to_numpy()
-    ipu = out["ipu"].astype(int)
-    cols = {"forward_cycles": ["forward"], "backward_cycles": ["backward"],
-            "recompute_cycles": ["recompute"], "optimiser_cycles": ["weight_update"],
-            "other_cycles": ["compute", "untraced"], "exchange_cycles": ["exchange", "host_io"],
-            "idle_cycles": ["idle", "sync"]}
-    for col, cats in cols.items():
-        per_rank = times[cats].sum(axis=1)
-        out[col] = per_rank.reindex(ipu).fillna(0.0).to_numpy() / share
-    if "sync_cycles" in out.columns:
-        out["sync_cycles"] = times["sync"].reindex(ipu).fillna(0.0).to_numpy() / share
-    return out
+    return retime_stages(stages, trace)
 
 
 def profile_stages(profile: Any) -> pd.DataFrame:
     """A profile's stage table as every view should read it (`timed_stages`)."""
-    measured = str(getattr(profile, "kind", "")) == "measured"
+    measured = is_measured(getattr(profile, "kind", ""))
     return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 
@@ -103,18 +90,16 @@ def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def time_by_kind(trace: pd.DataFrame) -> pd.DataFrame:
-    """Cycles per IPU per event kind from the trace (columns: one per kind, plus span and
-    bubble_fraction = idle + sync over the IPU's span)."""
-    if trace.empty:
+    """Time per IPU per event kind from the trace, each instant counted once (the metrics
+    core's sweep; compute summed over its passes), plus span (the step window) and
+    bubble_fraction = idle + sync over it."""
+    times = rank_time(trace)
+    if times.empty:
         return pd.DataFrame(columns=["ipu", "span", "bubble_fraction"])
-    dur = (trace["end"] - trace["start"]).astype(float)
-    table = (pd.DataFrame({"ipu": trace["ipu"].astype(int), "kind": trace["kind"].astype(str),
-                           "cycles": dur})
-             .pivot_table(index="ipu", columns="kind", values="cycles", aggfunc="sum",
-                          fill_value=0.0))
-    table.columns = [str(c) for c in table.columns]
-    span = trace.groupby("ipu")["end"].max() - trace.groupby("ipu")["start"].min()
-    table["span"] = span.astype(float)
-    waiting = sum(table[c] for c in ("idle", "sync") if c in table.columns)
-    table["bubble_fraction"] = waiting / table["span"].replace(0, np.nan) if len(table) else []
-    return table.fillna(0.0).reset_index()
+    table = pd.DataFrame({"compute": times[list(COMPUTE)].sum(axis=1)})
+    for kind in ("exchange", "host_io", "sync", "idle"):
+        table[kind] = times[kind]
+    table = table.loc[:, (table != 0).any(axis=0) | (table.columns == "compute")]
+    table["span"] = times["step_time"]
+    table["bubble_fraction"] = idle_fractions(times)[0]
+    return table.reset_index()

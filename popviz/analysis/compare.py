@@ -13,7 +13,6 @@ The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughp
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,24 +143,8 @@ STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
 
 
 def compare(a: Any, b: Any) -> Comparison:
-    """Compare profile `a` with profile `b` (each a Profile, or a path to one)."""
-    opened: list[Any] = []
-    try:
-        pa, pb = (_as_profile(p, opened) for p in (a, b))
-        sa, sb = load_side(pa, "A"), load_side(pb, "B")
-    finally:
-        for p in opened:
-            p.close()
-    return build(sa, sb)
-
-
-def _as_profile(p: Any, opened: list[Any]) -> Any:
-    if isinstance(p, (str, os.PathLike)):
-        from popviz.format.reader import open as open_profile
-        profile = open_profile(p)
-        opened.append(profile)
-        return profile
-    return p
+    """Compare open profile `a` with open profile `b` (`popviz.compare` also takes paths)."""
+    return build(load_side(a, "A"), load_side(b, "B"))
 
 
 def build(sa: Side, sb: Side) -> Comparison:

@@ -13,8 +13,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.facts import oom_tiles
-from popviz.analysis.timeline import COMPUTE, idle_fractions, rank_time
+from popviz.metrics import (
+    COMPUTE,
+    fits_or_stored,
+    idle_fractions,
+    oom_tiles,
+    peak_liveness,
+    rank_time,
+)
+from popviz.vocab import ipu_label, is_measured
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
 TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
@@ -52,7 +59,7 @@ def _num(value: Any) -> float | None:
 def seconds_per_unit(profile: Any) -> tuple[float, str]:
     """Seconds per trace time unit and the unit's name: ns when measured, else cycles at
     meta.target.clock_hz (a ValueError naming the profile when the clock is missing)."""
-    if str(getattr(profile, "kind", "")) == "measured":
+    if is_measured(getattr(profile, "kind", "")):
         return 1e-9, "ns"
     clock = _num((profile.meta.get("target") or {}).get("clock_hz"))
     if not clock or clock <= 0:
@@ -65,13 +72,6 @@ def _col(frame: pd.DataFrame, name: str) -> pd.Series:
     if name in frame.columns:
         return pd.to_numeric(frame[name], errors="coerce").fillna(0).astype(float)
     return pd.Series(0.0, index=frame.index)
-
-
-def _peaks(liveness: pd.DataFrame) -> pd.Series:
-    if liveness.empty:
-        return pd.Series(dtype=float)
-    total = _col(liveness, "always_live_bytes") + _col(liveness, "not_always_live_bytes")
-    return total.groupby(liveness["ipu"].astype(int)).max()
 
 
 def _options_text(value: Any) -> str:
@@ -135,7 +135,7 @@ def load_side(profile: Any, label: str) -> Side:
                            else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
-    peaks = _peaks(liveness)
+    peaks = peak_liveness(liveness).astype(float)
     if peaks.empty and "peak_bytes" in stages.columns:
         peaks = _col(stages, "peak_bytes").groupby(stages["ipu"].astype(int)).max()
     ipus["peak_bytes"] = peaks.reindex(ipus.index).astype(float)
@@ -184,7 +184,7 @@ def load_side(profile: Any, label: str) -> Side:
             str).str.lower().eq("host")
         ex_bytes = _col(exchange, "bytes")
         ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
-    fits = bool(over.empty) if len(tile_memory) else bool(summary.get("fits", True))
+    fits = fits_or_stored(tile_memory, summary)
     n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
     metrics = {
         "throughput_per_ipu": per_ipu, "throughput": throughput, "total_ipus": total_ipus,
@@ -193,10 +193,9 @@ def load_side(profile: Any, label: str) -> Side:
         if unit == "cycles" else None,
         "samples_per_step": samples, "latency_ms": _num(summary.get("latency_ms")),
         "ipu_us_per_sample": ipu_us if per_ipu else None,
-        # one definition of idle (timeline.py); a modelled summary states the same figure
-        "idle_fraction": _num(summary.get("idle_fraction"))
-        if "idle_fraction" in summary and unit == "cycles"
-        else (idle_fractions(times)[1] if len(times) else None),
+        # one definition of idle (popviz.metrics), from the trace, never a stored copy
+        "idle_fraction": idle_fractions(times)[1] if len(times)
+        else _num(summary.get("idle_fraction")),
         "recompute_fraction": float(tps["recompute"]) / compute if compute else 0.0,
         "peak_bytes_max": float(ipus["peak_bytes"].max()) if len(peaks) else None,
         "headroom_bytes_min": float(ipus["headroom_bytes"].min()) if len(peaks) and capacity
@@ -218,7 +217,7 @@ def load_side(profile: Any, label: str) -> Side:
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity, "fits": fits,
         "oom_tiles": int(n_oom),
-        "oom_ipus": " ".join(f"IPU{i}" for i in sorted(set(over["ipu"].astype(int))))
+        "oom_ipus": " ".join(ipu_label(i) for i in sorted(set(over["ipu"].astype(int))))
         if len(tile_memory) else "",
         "strategy": _options_text(options.get("strategy")),
         "schedule": _options_text(options.get("schedule")),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from popviz.analysis.compare_sides import Side
 from popviz.units import fmt_bytes as _fmt_bytes
+from popviz.vocab import ipu_label, is_measured, rank_label
 
 if TYPE_CHECKING:
     from popviz.analysis.compare import Comparison
@@ -39,7 +40,7 @@ def _ok(value: Any) -> bool:
 
 
 def _measured(side: Side) -> bool:
-    return side.facts.get("kind") == "measured"
+    return is_measured(side.facts.get("kind"))
 
 
 def _dev(*sides: Side) -> str:
@@ -54,7 +55,7 @@ def _time_unit(dev: str) -> str:
 
 
 def _name(side: Side, index: int) -> str:
-    return f"rank {index}" if _measured(side) else f"IPU{index}"
+    return (rank_label if _measured(side) else ipu_label)(index)
 
 
 def _who(side: Side) -> str:
@@ -101,7 +102,7 @@ def _idlest_ipu(comp: Comparison, side: Side) -> str:
     need = {"compute_ms", "exchange_ms", "idle_ms"}
     if len(ipus) < 2 or not need <= set(ipus.columns):
         return ""
-    # over the step (rank-time, timeline.py), not over traced time: the one idle definition
+    # over the step (rank-time, popviz.metrics), not over traced time: the one idle definition
     step = _metric(comp, "step_ms").get(side.label.lower())
     rank_time = step if _ok(step) and step else ipus[list(need)].sum(axis=1)
     share = ipus["idle_ms"] / rank_time
@@ -185,7 +186,8 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     """{winner, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline, reasons,
     differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
     faster, factor, speed = _speed(comp, sa, sb)
-    fa, fb = bool(sa.facts["fits"]), bool(sb.facts["fits"])
+    # unknown (None: a measured run, no tiles) is not out of memory: the run ran
+    fa, fb = sa.facts["fits"] is not False, sb.facts["fits"] is not False
     reasons: list[str] = [
         f"Note: A and B are different {label}s ({sa.facts[key]} vs {sb.facts[key]}), so "
         "their per-sample figures are not like for like."

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from popviz.vocab import ipu_label
+
 
 def endpoint(value: object) -> str:
     """'host' or 'IPU<k>' for an exchange endpoint (an IPU index or the string 'host')."""
@@ -12,7 +14,7 @@ def endpoint(value: object) -> str:
     if text.lower() == "host":
         return "host"
     try:
-        return f"IPU{int(float(text))}"
+        return ipu_label(int(float(text)))
     except ValueError:
         return text
 
@@ -25,7 +27,7 @@ def _order(labels: set[str]) -> list[str]:
 
 def exchange_matrix(exchange: pd.DataFrame, num_ipus: int | None = None) -> pd.DataFrame:
     """Total bytes sent from each source (rows) to each destination (columns)."""
-    labels: set[str] = {f"IPU{i}" for i in range(num_ipus or 0)}
+    labels: set[str] = {ipu_label(i) for i in range(num_ipus or 0)}
     if exchange.empty:
         order = _order(labels | ({"host"} if labels else set()))
         return pd.DataFrame(0, index=order, columns=order, dtype="int64")

@@ -9,25 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from popviz.jsonsafe import jsonable as _plain
-
-
-def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:
-    """Tiles whose total memory exceeds their capacity, fullest first."""
-    over = tile_memory[tile_memory["total_bytes"] > tile_memory["capacity_bytes"]]
-    over = over.assign(bytes_over=over["total_bytes"] - over["capacity_bytes"])
-    return over.sort_values(["bytes_over", "ipu", "tile"], ascending=[False, True, True])
-
-
-def peak_liveness(liveness: pd.DataFrame) -> dict[int, int]:
-    """Peak of always-live + not-always-live bytes per IPU over program steps."""
-    if liveness.empty:
-        return {}
-    total = liveness["always_live_bytes"] + liveness["not_always_live_bytes"]
-    peaks = total.groupby(liveness["ipu"]).max()
-    return {int(ipu): int(v) for ipu, v in peaks.items()}
+from popviz.metrics import fits, oom_tiles, peak_liveness
 
 
 def profile_facts(profile: Any) -> dict[str, Any]:
@@ -44,11 +27,12 @@ def profile_facts(profile: Any) -> dict[str, Any]:
         "model": meta.get("model", {}).get("name"),
         "target": meta.get("target", {}),
         "options": meta.get("options", {}),
-        "fits": bool(over.empty),
+        "fits": fits(tiles),
         "oom_tiles": len(over),
         "oom_ipus": sorted(int(i) for i in over["ipu"].unique()),
         "num_ipus": int(meta.get("target", {}).get("num_ipus", tiles["ipu"].nunique())),
-        "peak_liveness_bytes": peak_liveness(profile.liveness),
+        "peak_liveness_bytes": {int(i): int(v) for i, v in
+                                peak_liveness(profile.liveness).items()},
         "stages": _plain(stages.to_dict(orient="records")),
         "tile_memory_bytes": {
             "max": int(tiles["total_bytes"].max()) if len(tiles) else 0,

@@ -10,6 +10,8 @@ from popviz.analysis.advice import Advice, advise
 from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance, timed_stages
 from popviz.analysis.liveness import liveness_peaks
 from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
+from popviz.metrics import fits_or_stored, stage_idle_fraction
+from popviz.vocab import MODELLED_KIND, is_measured
 
 
 class ProfileLike(Protocol):
@@ -30,13 +32,13 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
     (the trace only of a measured run, which is small), so it is cheap on big profiles."""
     meta, summary = profile.meta or {}, profile.summary or {}
-    measured = str(getattr(profile, "kind", meta.get("kind", ""))) == "measured"
+    measured = is_measured(getattr(profile, "kind", meta.get("kind", "")))
     stages = timed_stages(profile.table("stages"),
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
-    if not fit["known"] and "fits" in summary:
-        fit["fits"] = bool(summary["fits"])
+    if not fit["known"]:
+        fit["fits"] = fits_or_stored(tile_memory, summary)
     target = meta.get("target") or {}
     clock = float(target.get("clock_hz") or 0)
     step_cycles = summary.get("step_cycles")
@@ -45,10 +47,8 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     step_ms = summary.get("step_ms")
     if step_ms is None and step_cycles and clock:
         step_ms = float(step_cycles) / clock * 1e3
-    bal = stage_balance(stages)
-    total = float(bal["total_cycles"].sum()) if len(bal) else 0.0
     return {
-        "kind": getattr(profile, "kind", meta.get("kind", "modelled")),
+        "kind": getattr(profile, "kind", meta.get("kind", MODELLED_KIND)),
         "model": (meta.get("model") or {}).get("name", ""),
         "target": target.get("name", ""),
         "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)
@@ -63,7 +63,7 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
         "step_ms": step_ms,
         "bottleneck": bottleneck_stage(stages),
         "imbalance": imbalance(stages) if len(stages) else 1.0,
-        "bubble_fraction": float(bal["idle_cycles"].sum() / total) if total else 0.0,
+        "bubble_fraction": stage_idle_fraction(stages),
         "peaks": liveness_peaks(profile.table("liveness")),
         "advice": advise(meta, stages, tile_memory, profile.table("ops"), measured),
     }

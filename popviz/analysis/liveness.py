@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from popviz.metrics import peak_rows
+
 
 def _base_mins(values: np.ndarray) -> np.ndarray:
     """For each i, the minimum strictly between i and the nearest earlier value >= values[i]
@@ -54,8 +56,8 @@ def liveness_peaks(liveness: pd.DataFrame) -> pd.DataFrame:
             "phase", "label"]
     if liveness.empty:
         return pd.DataFrame(columns=cols)
+    idx = peak_rows(liveness)
     total = liveness["always_live_bytes"] + liveness["not_always_live_bytes"]
-    idx = total.groupby(liveness["ipu"]).idxmax()
     rows = liveness.loc[idx.to_numpy()]
     return pd.DataFrame({
         "ipu": rows["ipu"].astype(int).to_numpy(), "peak_step": rows["step"].to_numpy(),

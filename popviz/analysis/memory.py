@@ -6,6 +6,8 @@ from typing import Any
 
 import pandas as pd
 
+from popviz.metrics import fits, oom_tiles
+
 BASE_COLUMNS = ("ipu", "tile", "capacity_bytes", "total_bytes")
 
 
@@ -17,19 +19,12 @@ def memory_categories(tile_memory: pd.DataFrame) -> list[str]:
 
 
 def with_utilisation(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    """Each tile with `utilisation` and `bytes_over` (as popviz.metrics.oom_tiles)."""
     out = tile_memory.copy()
     cap = out["capacity_bytes"].astype(float).where(out["capacity_bytes"] > 0)
     out["utilisation"] = (out["total_bytes"] / cap).fillna(0.0)
-    out["over_bytes"] = (out["total_bytes"] - out["capacity_bytes"]).clip(lower=0)
+    out["bytes_over"] = (out["total_bytes"] - out["capacity_bytes"]).clip(lower=0)
     return out
-
-
-def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:
-    """Tiles whose total exceeds their capacity, worst first."""
-    tm = with_utilisation(tile_memory)
-    over = tm[tm["over_bytes"] > 0]
-    return over.sort_values(["over_bytes", "ipu", "tile"], ascending=[False, True, True],
-                            kind="stable").reset_index(drop=True)
 
 
 def fullest_tiles(tile_memory: pd.DataFrame, n: int = 5) -> pd.DataFrame:
@@ -51,7 +46,7 @@ def ipu_totals(tile_memory: pd.DataFrame) -> pd.DataFrame:
     out["utilisation"] = out["total_bytes"] / out["capacity_bytes"].where(
         out["capacity_bytes"] > 0)
     out["max_tile_utilisation"] = grouped["utilisation"].max()
-    out["oom_tiles"] = grouped["over_bytes"].apply(lambda s: int((s > 0).sum()))
+    out["oom_tiles"] = grouped["bytes_over"].apply(lambda s: int((s > 0).sum()))
     return out.fillna(0.0).reset_index()
 
 
@@ -69,14 +64,15 @@ def tile_breakdown(tile_memory: pd.DataFrame, ipu: int, tile: int) -> pd.DataFra
 
 def fit_summary(tile_memory: pd.DataFrame, oom: pd.DataFrame | None = None) -> dict[str, Any]:
     """Does it fit? OOM tile count overall and per IPU, worst overflow, worst utilisation."""
-    if tile_memory.empty:
+    known = fits(tile_memory)
+    if known is None:
         return {"known": False, "fits": None, "oom_tiles": 0, "oom_by_ipu": {},
                 "max_over_bytes": 0, "max_utilisation": 0.0}
     over = oom_tiles(tile_memory)
     by_ipu = {int(k): int(v) for k, v in over.groupby("ipu").size().items()}
     result: dict[str, Any] = {
-        "known": True, "fits": over.empty, "oom_tiles": len(over), "oom_by_ipu": by_ipu,
-        "max_over_bytes": int(over["over_bytes"].max()) if len(over) else 0,
+        "known": True, "fits": known, "oom_tiles": len(over), "oom_by_ipu": by_ipu,
+        "max_over_bytes": int(over["bytes_over"].max()) if len(over) else 0,
         "max_utilisation": float(with_utilisation(tile_memory)["utilisation"].max()),
     }
     if oom is not None and not oom.empty and "variables" in oom.columns:

@@ -9,8 +9,16 @@ import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
+
+
+def _fit_word(fits: object) -> str:
+    """A side's fit: unknown (no tiles: measured), fits, or does not fit."""
+    if fits is None or fits != fits:  # None, or NaN in a DataFrame cell
+        return "fit unknown"
+    return "fits" if fits else "DOES NOT FIT"
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +53,7 @@ def render_text(comp: object) -> str:
     for _, s in sides.iterrows():
         lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
                      f"{s['target']} x{s['num_ipus']} x{s['replicas']} replica(s); "
-                     f"{'fits' if s['fits'] else 'DOES NOT FIT'})  {s['path']}")
+                     f"{_fit_word(s['fits'])})  {s['path']}")
     lines += ["", v["headline"]]
     lines += [f"  - {r}" for r in v["reasons"]]
     if v["differences"]:
@@ -56,7 +64,8 @@ def render_text(comp: object) -> str:
     tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
     kinds = set(sides["kind"])
     # measured runs have ranks, modelled ones IPUs; a mixed pair speaks of devices
-    device = "IPU" if kinds == {"modelled"} else "rank" if kinds == {"measured"} else "device"
+    device = ("IPU" if kinds == {MODELLED_KIND} else "rank" if kinds == {MEASURED_KIND}
+              else "device")
     lines += ["", f"Where the {device} time per sample goes "
               f"(sums to 1e6 / throughput per {device})"]
     lines += _table(["category", *head[1:]], _rows(tps, "category"))
@@ -76,7 +85,7 @@ def render_text(comp: object) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.analysis.compare import compare
+    from popviz.api import compare
 
     comp = compare(args.a, args.b)
     text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json

@@ -24,7 +24,10 @@ def load_commands() -> list[Command]:
     return [importlib.import_module(name).COMMAND for name in SUBCOMMAND_MODULES]
 
 
-def build_parser(commands: list[Command]) -> argparse.ArgumentParser:
+def build_parser(commands: list[Command],
+                 only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that subcommand gets its arguments (some arguments'
+    defaults import heavy modules: `popviz tune`'s import torch)."""
     parser = argparse.ArgumentParser(
         prog="popviz",
         description="PopVision-style profiler for pipelined and recomputed PyTorch training.",
@@ -35,14 +38,18 @@ def build_parser(commands: list[Command]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands:
         child = sub.add_parser(command.name, help=command.help, description=command.description)
-        command.add_arguments(child)
+        if only is None or command.name == only:
+            command.add_arguments(child)
         child.set_defaults(_command=command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     commands = load_commands()
-    parser = build_parser(commands)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    known = {c.name for c in commands}
+    parser = build_parser(commands, only=chosen if chosen in known else None)
     args = parser.parse_args(argv)
     if getattr(args, "_command", None) is None:
         parser.print_help(sys.stderr)

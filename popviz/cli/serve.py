@@ -1,21 +1,65 @@
 """`popviz serve DIR [--host 127.0.0.1] [--port 8050]`: the Dash app over every profile
-under DIR. Loopback by default and never in debug mode (debug would run arbitrary code
-for anyone who can reach the port)."""
+under DIR, on waitress (a production WSGI server) with a bounded thread pool. Loopback by
+default and never in debug mode (debug would run arbitrary code for anyone who can reach
+the port); any other address warns and requires an access token (docs/app.md)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
+import logging
+import secrets
+import signal
+import socket
+import sys
 from pathlib import Path
 
 from popviz.cli.command import EXIT_OK, Command, UsageError
 
+THREADS = 8
+CONNECTION_LIMIT = 200
+MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
+MAX_HEADER_BYTES = 64 * 1024
+CHANNEL_TIMEOUT_S = 120  # an idle or stalled connection is closed after this
+
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from popviz.vet import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
+
     parser.add_argument("dir", metavar="DIR", help="directory of profiles (searched "
                         "recursively, including training/ and inference/)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1, this machine only)")
+                        help="address to listen on (default 127.0.0.1, this machine only; "
+                        "any other address requires a token)")
     parser.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    parser.add_argument("--token", default=None,
+                        help="access token every request must carry (default: none on "
+                        "loopback, a generated one, printed once, on any other address)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also accept requests whose Host header names NAME (the name "
+                        "clients use to reach this machine); repeatable")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help=f"worker threads answering requests (default {THREADS})")
+    parser.add_argument("--vet-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds a worker process may take to read a profile before "
+                        f"it is refused (default {DEFAULT_TIMEOUT_S:g}, plus 60 per GB "
+                        "of file)")
+    parser.add_argument("--vet-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                        help="address space a worker process may use to read a profile "
+                        f"(default {DEFAULT_MEMORY_MB})")
+
+
+def _own_names(host: str) -> list[str]:
+    """Names clients may use for this machine when bound to every address: its host name,
+    fully qualified name and their addresses (others need --allow-host)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return []
+    names = {socket.gethostname(), socket.getfqdn()}
+    for name in list(names):
+        with contextlib.suppress(OSError):  # a name without an address is still a name
+            names.update(socket.gethostbyname_ex(name)[2])
+    return sorted(n for n in names if n)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -24,12 +68,37 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"{root}: no such directory")
     if not 0 < args.port < 65536:
         raise UsageError(f"port {args.port} is outside 1..65535")
-    from popviz_app import create_app  # Dash is imported only when serving
+    if not 1 <= args.threads <= 64:
+        raise UsageError(f"--threads {args.threads} is outside 1..64")
+    if args.vet_timeout <= 0 or args.vet_memory_mb < 256:
+        raise UsageError("--vet-timeout must be positive and --vet-memory-mb at least 256")
+    import waitress  # Dash and waitress are imported only when serving
+    from popviz_app import access, create_app
 
-    app = create_app(root)
-    print(f"popviz: serving {root.resolve()} at http://{args.host}:{args.port}/ "
-          "(Ctrl-C to stop)", flush=True)
-    app.run(host=args.host, port=args.port, debug=False)
+    from popviz.vet import Vetter
+
+    token = args.token
+    if not access.is_loopback(args.host):
+        token = token or secrets.token_urlsafe(24)
+        print(f"popviz: warning: listening on {args.host}, not loopback: anyone who can "
+              "reach this port and has the token can read every profile under "
+              f"{root.resolve()}", file=sys.stderr, flush=True)
+    app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
+                                         memory_mb=args.vet_memory_mb))
+    access.install(app.server, args.host, token, [*args.allow_host, *_own_names(args.host)])
+    # waitress warns on every queued request past its threads: under load that is one
+    # line per request; overload shows in latency, not in a flooded log
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"popviz: serving {root.resolve()} at {url} (Ctrl-C to stop)", flush=True)
+    waitress.serve(app.server, host=args.host, port=args.port, threads=args.threads,
+                   connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
+                   max_request_body_size=MAX_BODY_BYTES,
+                   max_request_header_size=MAX_HEADER_BYTES, ident="popviz",
+                   expose_tracebacks=False, _quiet=True)
     return EXIT_OK
 
 
@@ -37,7 +106,9 @@ COMMAND = Command(
     name="serve",
     help="serve the profiles under DIR in a web app",
     description="Serve every profile under DIR (recursively) in a Dash app: summary, trace, "
-    "liveness, memory, stages, exchange and operations pages.",
+    "liveness, memory, stages, exchange and operations pages. Each file is first read by a "
+    "short-lived worker process under time and memory limits, so a damaged file is refused, "
+    "never crashes or freezes the server.",
     add_arguments=_add_arguments,
     run=_run,
 )

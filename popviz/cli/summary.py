@@ -7,7 +7,9 @@ import json
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.units import fmt_bytes as _fmt_bytes
+from popviz.vocab import naming_of
 
+_FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", help="a profile .h5 file, or a directory of profiles")
@@ -17,11 +19,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def render_text(facts: dict) -> str:
     target = facts.get("target") or {}
+    words = naming_of(facts["kind"])
     lines = [
         f"{facts['name']}  ({facts['kind']}, {facts.get('model') or 'model ?'} on "
         f"{target.get('name', '?')} x{facts['num_ipus']})",
-        f"  fits: {'yes' if facts['fits'] else 'NO'}"
-        + ("" if facts["fits"] else
+        f"  fits: {_FIT_WORD[facts['fits']]}"
+        + ("" if facts["fits"] is not False else
            f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
            f"{', '.join(map(str, facts['oom_ipus']))})"),
     ]
@@ -31,12 +34,10 @@ def render_text(facts: dict) -> str:
             unit = " samples/s" if key == "throughput" else " ms"
             lines.append(f"  {label}: {value:,.1f}{unit}")
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
-        device = f"rank {ipu}" if facts["kind"] == "measured" else f"IPU{ipu}"
-        lines.append(f"  {device} peak liveness: {_fmt_bytes(peak)}")
+        lines.append(f"  {words.label(ipu)} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
-        unit = "ns" if facts["kind"] == "measured" else "cycles"
         lines.append(f"  stage ipu     forward    backward   recompute    exchange        idle"
-                     f"  ({unit})")
+                     f"  ({words.unit})")
         for s in facts["stages"]:
             lines.append(
                 f"  {s['stage']:>5} {s['ipu']:>3} {s['forward_cycles']:>11,.0f} "

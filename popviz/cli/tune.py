@@ -14,16 +14,16 @@ from popviz.cli.command import EXIT_OK, Command, emit
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from popviz.analysis.tune import Candidate, TuneResult
+    from popviz.advise.tune import Candidate, TuneResult
     from popviz.options import Options
-    from popviz.record.program import Program
+    from popviz.recorder.program import Program
 
 MiB = 1024 * 1024
 SAME = 0.005  # ratios within 0.5% of 1 are 'about the same'
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from popviz.analysis.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
+    from popviz.advise.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
 
     parser.add_argument("profile", help="a modelled profile (.h5 file or its directory)")
     parser.add_argument("--ipus", type=int, default=None, metavar="N",
@@ -114,14 +114,14 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
 def _write(program: Program, options: Options, where: str | None, line: str) -> Path | None:
     if not where:
         return None
-    from popviz.compile import compile as compile_program
+    from popviz.compiler import compile as compile_program
     from popviz.format.writer import write_report
 
     return write_report(compile_program(program, options), where, command_line=line)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.analysis.tune import load_program, tune
+    from popviz.advise.tune import load_program, tune
     from popviz.format.reader import open as open_profile
 
     profile = open_profile(args.profile)

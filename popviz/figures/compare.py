@@ -11,7 +11,6 @@ import plotly.graph_objects as go
 
 from popviz.figures.lod import minmax_indices
 from popviz.figures.memory import far_below
-from popviz.figures.naming import Naming, naming_of
 from popviz.figures.style import (
     CAPACITY_COLOUR,
     CATEGORY_COLOURS,
@@ -20,6 +19,7 @@ from popviz.figures.style import (
     base_layout,
     empty_figure,
 )
+from popviz.vocab import Naming, ipu_label, naming_of
 
 SIDE_COLOURS = {"A": "#3b75af", "B": "#ef8636"}
 SIDE_DASH = {"A": "solid", "B": "dash"}
@@ -181,10 +181,10 @@ def tile_distribution_figure(comp: Any, points: int = 400,
             shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
             fig.add_trace(go.Scatter(
                 x=keep / max(n - 1, 1), y=y[keep], mode="lines",
-                name=f"{_side_name(comp, side)} · IPU{ipu}", legendgroup=side,
+                name=f"{_side_name(comp, side)} · {ipu_label(ipu)}", legendgroup=side,
                 line={"color": shade, "dash": SIDE_DASH[side], "width": 1.8},
                 customdata=keep, hovertemplate="tile rank %{customdata}: %{y:,.1f} KiB"
-                "<extra>" + f"{side} IPU{ipu}</extra>"))
+                "<extra>" + f"{side} {ipu_label(ipu)}</extra>"))
         if len(t):
             cap = float(t["capacity_bytes"].max()) / KiB
             if far_below(float(tiles["total_bytes"].max()) / KiB, cap):

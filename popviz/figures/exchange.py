@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.figures.naming import MEASURED, MODELLED, Naming
 from popviz.figures.style import base_layout, byte_unit, empty_figure, fmt_bytes
+from popviz.vocab import MEASURED, MODELLED, Naming
 
 KIND_COLOURS = {"activation": "#3b75af", "gradient": "#ef8636", "allreduce": "#8e6bbf",
                 "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#c53a32"}

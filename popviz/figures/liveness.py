@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from popviz.figures.lod import maxpool2d, minmax_indices
-from popviz.figures.naming import MODELLED, Naming
 from popviz.figures.style import CAPACITY_COLOUR, MiB, base_layout, empty_figure
+from popviz.vocab import MODELLED, Naming
 
 PIXELS = 1000
 

@@ -16,8 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-# trace categories: compute split by pass, then the other kinds; drawing order = priority
-CATEGORIES = ("F", "B", "R", "WU", "compute", "exchange", "host_io", "sync", "idle")
+from popviz import vocab
+from popviz.vocab import SHORT
+
+# trace categories (popviz.vocab, in its priority order), named by pass (F/B/R/WU) for
+# compute: the legend's and colours' keys
+CATEGORIES = tuple(SHORT.get(c, c) for c in vocab.CATEGORIES)
 IDLE = CATEGORIES.index("idle")
 
 
@@ -55,13 +59,11 @@ def maxpool2d(array: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int,
 
 
 def category_codes(trace: pd.DataFrame) -> np.ndarray:
-    """Category index of each event: compute events by pass (F/B/R/WU), others by kind."""
-    kind = trace["kind"].astype(str).to_numpy()
-    passes = trace["pass"].astype(str).to_numpy() if "pass" in trace else np.full(len(kind), "")
-    label = np.where(kind == "compute", np.where(np.isin(passes, CATEGORIES[:4]), passes,
-                                                 "compute"), kind)
-    lookup = {name: i for i, name in enumerate(CATEGORIES)}
-    return pd.Series(label, dtype=object).map(lookup).fillna(IDLE).to_numpy(dtype=np.int8)
+    """Category index of each event: compute events by pass (F/B/R/WU), others by kind;
+    a kind outside the contract counts as compute, as in every other view (vocab)."""
+    passes = trace["pass"].astype(str).to_numpy() if "pass" in trace else None
+    return vocab.category_codes(trace["kind"].astype(str).to_numpy(),
+                                passes).astype(np.int8)
 
 
 @dataclass

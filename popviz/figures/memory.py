@@ -17,6 +17,7 @@ from popviz.figures.style import (
     memory_colour,
     pretty,
 )
+from popviz.vocab import ipu_label
 
 TILE_MAP_COLUMNS = 64  # tiles per row of the tile map
 # below this share of the capacity, drawing the capacity would flatten the data to a line
@@ -34,7 +35,7 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
     """Stacked bars of every tile of one IPU by category; OOM tiles marked in red."""
     tm = tile_memory[tile_memory["ipu"] == ipu].sort_values("tile")
     if tm.empty:
-        return empty_figure(f"No tile memory for IPU{ipu}.", title)
+        return empty_figure(f"No tile memory for {ipu_label(ipu)}.", title)
     fig = go.Figure()
     tiles = tm["tile"].to_numpy()
     # stacked step areas, one SVG path per category: 1472 tiles x 4 categories as bars
@@ -66,7 +67,7 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
     fig.update_layout(clickmode="event", hovermode="x unified")
     fig.update_xaxes(title_text="tile", range=[-0.5, len(tiles) - 0.5])
     fig.update_yaxes(title_text="KiB")
-    return base_layout(fig, f"{title} · IPU{ipu} · click a tile for its breakdown")
+    return base_layout(fig, f"{title} · {ipu_label(ipu)} · click a tile for its breakdown")
 
 
 def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
@@ -74,7 +75,7 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
     """Utilisation of each tile laid out in a grid; OOM tiles crossed out."""
     tm = with_utilisation(tile_memory[tile_memory["ipu"] == ipu].sort_values("tile"))
     if tm.empty:
-        return empty_figure(f"No tile memory for IPU{ipu}.", title)
+        return empty_figure(f"No tile memory for {ipu_label(ipu)}.", title)
     n = int(tm["tile"].max()) + 1
     rows = -(-n // columns)
     z = np.full(rows * columns, np.nan)
@@ -92,7 +93,7 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
         colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
         zmin=0, zmax=zmax, colorbar={"title": "% used"}, xgap=1, ygap=1,
         hovertemplate="tile %{customdata:.0f}: %{z:.1f}% of capacity<extra></extra>"))
-    over = tm[tm["over_bytes"] > 0]
+    over = tm[tm["bytes_over"] > 0]
     if len(over):
         t = over["tile"].to_numpy()
         fig.add_trace(go.Scatter(x=t % columns, y=t // columns, mode="markers",
@@ -104,14 +105,14 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
     fig.update_yaxes(title_text=f"tile div {columns}", range=[rows - 0.5, -0.5],
                      showgrid=False, scaleanchor="x", constrain="domain")
     fig.update_xaxes(range=[-0.5, columns - 0.5], constrain="domain")
-    return base_layout(fig, f"{title} · IPU{ipu}", height=200 + 12 * rows)
+    return base_layout(fig, f"{title} · {ipu_label(ipu)}", height=200 + 12 * rows)
 
 
 def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go.Figure:
     """Stacked bars per IPU by category with each IPU's capacity (from `ipu_totals`)."""
     if totals.empty:
         return empty_figure("No tile memory in this profile.", title)
-    labels = [f"IPU{i}" for i in totals["ipu"]]
+    labels = [ipu_label(i) for i in totals["ipu"]]
     skip = {"ipu", "total_bytes", "capacity_bytes", "utilisation", "max_tile_utilisation",
             "oom_tiles"}
     fig = go.Figure()
@@ -151,7 +152,7 @@ def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histog
     if far:
         title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
     for ipu, g in tile_memory.groupby("ipu", sort=True):
-        fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=f"IPU{ipu}", opacity=0.7,
+        fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=ipu_label(ipu), opacity=0.7,
                                    xbins={"start": 0, "end": top * 1.02, "size": top / 60},
                                    hovertemplate="%{x} KiB: %{y} tiles<extra>IPU" + str(ipu)
                                    + "</extra>"))
@@ -167,7 +168,7 @@ def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histog
 def tile_breakdown_figure(breakdown: pd.DataFrame, ipu: int, tile: int,
                           capacity_bytes: float) -> go.Figure:
     """One tile's bytes per category against its capacity."""
-    title = f"IPU{ipu} tile {tile}"
+    title = f"{ipu_label(ipu)} tile {tile}"
     if breakdown.empty:
         return empty_figure("No categories for this tile.", title)
     fig = go.Figure(go.Bar(

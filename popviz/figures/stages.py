@@ -6,10 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.analysis.advice import IMBALANCE_LIMIT, amp_for
+from popviz.analysis.advice import amp_for
 from popviz.analysis.balance import ipu_balance, stage_balance
-from popviz.figures.naming import MEASURED, MODELLED, Naming
 from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
+from popviz.vocab import IMBALANCE_LIMIT, MEASURED, MODELLED, Naming
 
 _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
           ("recompute_cycles", "recompute", "R"), ("optimiser_cycles", "weight update", "WU"),

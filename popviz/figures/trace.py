@@ -14,8 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
-from popviz.figures.naming import MEASURED, Naming
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
+from popviz.vocab import MEASURED, Naming
 
 MAX_EVENTS = 1500  # above this, bars cost the browser more than they tell
 ROW_HEIGHT = 0.76  # of each IPU's row, the rest is the gap between rows

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.vocab import is_measured, naming_for
+
 # Chrome trace "ts"/"dur" are microseconds.
 _US_PER_S = 1e6
 
@@ -33,7 +35,7 @@ def export_csv(profile: Any, out_dir: Path, tables: list[str] | None = None) -> 
 
 def time_scale_us(profile: Any) -> float:
     """Multiply a trace time by this to get microseconds (cycles or ns -> us)."""
-    if profile.kind == "measured":
+    if is_measured(profile.kind):
         return 1e-3
     clock = float(profile.meta.get("target", {}).get("clock_hz") or 0)
     if clock <= 0:
@@ -53,7 +55,7 @@ def chrome_trace(profile: Any) -> dict[str, Any]:
     tid = {kind: i for i, kind in enumerate(kinds)}
     events: list[dict[str, Any]] = []
     for ipu in sorted(trace["ipu"].unique().tolist()) if len(trace) else []:
-        label = f"rank {ipu}" if profile.kind == "measured" else f"IPU{ipu}"
+        label = naming_for(profile).label(ipu)
         events.append({"name": "process_name", "ph": "M", "pid": int(ipu),
                        "args": {"name": label}})
         for kind, t in tid.items():

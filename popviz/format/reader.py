@@ -10,7 +10,6 @@ import builtins
 import json
 import os
 import threading
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,8 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.format import schema
+from popviz.format.containment import check_self_contained
+from popviz.vocab import MODELLED_KIND
 
 
 def discover(directory: str | os.PathLike[str]) -> list[Path]:
@@ -68,13 +69,16 @@ class Profile:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
+        # One re-entrant lock per file for every read and lazily built value (no
+        # functools.cached_property: on 3.11 its lock is shared by all instances).
+        self._lock = threading.RLock()
         self._tables: dict[str, pd.DataFrame] = {}
+        self._string_table: np.ndarray | None = None
         self._h5 = self._open_checked()
         try:
             attrs = self._h5.attrs
             self.format_version = str(attrs["format_version"])
-            self.kind = str(attrs.get("kind", "modelled"))
+            self.kind = str(attrs.get("kind", MODELLED_KIND))
             self.command_line = str(attrs.get("command_line", ""))
             self.creator = str(attrs.get("creator", ""))
             self.torch_version = str(attrs.get("torch_version", ""))
@@ -125,6 +129,11 @@ class Profile:
                 f"{path}: profile format {version} is {newer} than this popviz reads "
                 f"({schema.FORMAT_VERSION}); use a matching popviz"
             )
+        try:
+            check_self_contained(h5, str(path))
+        except ProfileError:
+            h5.close()
+            raise
         return h5
 
     def _check_tables(self) -> None:
@@ -209,11 +218,15 @@ class Profile:
             ) from None
         return pd.DataFrame(data, columns=order)
 
-    @cached_property
+    @property
     def _strings(self) -> np.ndarray:
-        raw = self._h5[schema.STRINGS_DATASET][()]
-        return np.array([s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in raw],
-                        dtype=object)
+        with self._lock:
+            if self._string_table is None:
+                raw = self._h5[schema.STRINGS_DATASET][()]
+                self._string_table = np.array(
+                    [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in raw],
+                    dtype=object)
+            return self._string_table
 
     def _decode(self, values: np.ndarray, encoding: str) -> Any:
         if encoding == schema.ENC_BOOL:

@@ -5,6 +5,8 @@ The format is documented for people in docs/profile-format.md; keep the two in s
 
 from __future__ import annotations
 
+from popviz import vocab
+
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
 FORMAT_VERSION = "1.0.0"
@@ -25,12 +27,12 @@ ENC_BOOL = "bool"
 ENC_STRING_REF = "string-ref"  # int32 codes into /strings
 ENC_INT_OR_STRING = "int-or-string-ref"  # like string-ref; digit-only strings read back as int
 
-CHUNK_BYTES = 1 << 20  # ~1 MiB chunks, as design.md asks
+CHUNK_BYTES = 1 << 20  # ~1 MiB chunks (docs/profile-format.md)
 GZIP_LEVEL = 4
 
-KINDS = ("modelled", "measured")
+KINDS = vocab.KINDS
 
-# Contract tables (design.md) and the columns every profile must have in them.
+# Contract tables (docs/internals.md) and the columns every profile must have in them.
 CONTRACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "stages": (
         "stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",

@@ -21,6 +21,7 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.format import schema
+from popviz.vocab import MODELLED_KIND
 
 
 def profile_path(path: str | os.PathLike[str]) -> Path:
@@ -33,14 +34,14 @@ def profile_path(path: str | os.PathLike[str]) -> Path:
 
 def write_report(report: Any, path: str | os.PathLike[str], *,
                  command_line: str | None = None) -> Path:
-    """Write a compiled `popviz.compile.Report` (or anything with the same fields)."""
+    """Write a compiled `popviz.compiler.Report` (or anything with the same fields)."""
     return write_profile(
         path,
         meta=report.meta,
         tables=report.tables,
         arrays=report.arrays,
         summary=report.summary,
-        kind=report.meta.get("kind", "modelled"),
+        kind=report.meta.get("kind", MODELLED_KIND),
         command_line=command_line,
     )
 
@@ -52,7 +53,7 @@ def write_profile(
     tables: Mapping[str, pd.DataFrame],
     arrays: Mapping[str, np.ndarray] | None = None,
     summary: Mapping[str, Any] | None = None,
-    kind: str = "modelled",
+    kind: str = MODELLED_KIND,
     command_line: str | None = None,
 ) -> Path:
     """Write one profile file and return its path. See docs/profile-format.md."""

@@ -17,6 +17,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.measure import tables as tbl
+from popviz.vocab import MEASURED_KIND, is_measured, rank_label
 
 CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory",
                  "variables")
@@ -42,7 +43,7 @@ def rank_files(inputs: list[str | os.PathLike[str]]) -> tuple[list[Path], set[Pa
 def _check(profiles: list[Any]) -> list[Any]:
     """Rank profiles of one run, sorted by rank; ProfileError naming the first problem."""
     for p in profiles:
-        if p.kind != "measured":
+        if not is_measured(p.kind):
             raise ProfileError(f"{p.path}: a {p.kind} profile; merge takes measured rank "
                                "profiles only")
         if "rank" not in p.meta.get("measure", {}):
@@ -56,7 +57,7 @@ def _check(profiles: list[Any]) -> list[Any]:
     ranks = [int(p.meta["measure"]["rank"]) for p in profiles]
     dup = sorted({r for r in ranks if ranks.count(r) > 1})
     if dup:
-        raise ProfileError(f"rank {dup[0]} given twice")
+        raise ProfileError(f"{rank_label(dup[0])} given twice")
     world = int(first.get("world_size", len(profiles)))
     missing = sorted(set(range(world)) - set(ranks))
     if missing:
@@ -122,5 +123,5 @@ def merge_profiles(inputs: list[str | os.PathLike[str]], out: str | os.PathLike[
         for p in profiles:
             p.close()
     return write_profile(target, meta=meta, tables=result,
-                         summary=tbl.summary(result, meta), kind="measured",
+                         summary=tbl.summary(result, meta), kind=MEASURED_KIND,
                          command_line=command_line)

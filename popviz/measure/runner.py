@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from popviz.measure import split as splitting
+from popviz.vocab import MEASURED_KIND
 
 # CPU ranks only for now: NCCL needs the stages on CUDA devices and CUDA-event timers
 # (perf_counter around an async kernel launch would time the launch), not built yet
@@ -274,7 +275,7 @@ def _write_rank(config: MeasureConfig, rank: int, world: int, probe: Any, origin
     }
     path = Path(config.profile_dir, f"rank{rank}", "profile.h5")
     return write_profile(path, meta=meta, tables=result,
-                         summary=tables.summary(result, meta), kind="measured",
+                         summary=tables.summary(result, meta), kind=MEASURED_KIND,
                          command_line=config.command_line or " ".join(sys.argv))
 
 
@@ -297,7 +298,7 @@ def rank_meta(config: MeasureConfig, rank: int, world: int, run_id: str,
                    steps=config.steps, warmup=config.warmup)
     params = sum(p.numel() for p in model.parameters())
     return {
-        "kind": "measured",
+        "kind": MEASURED_KIND,
         "target": {"name": f"cpu-{config.backend}", "num_ipus": world, "tiles_per_ipu": 1,
                    "bytes_per_tile": 0, "clock_hz": 1e9},
         "options": options,

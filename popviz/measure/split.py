@@ -1,7 +1,7 @@
 """Split a popviz reference model into pipeline stages with torch's own frontend.
 
 A split name (`B3`, `b1/2/relu`, `block4c`) is the first layer of the next stage, as in the
-CNN application (shared/reference/ipu.md). The models map module paths to these names
+CNN application (docs/hardware.md). The models map module paths to these names
 (`popviz_layer_names`); the first module of a name becomes a `SplitPoint.BEGINNING` for
 `torch.distributed.pipelining.pipeline`, which traces the model and cuts it there.
 """

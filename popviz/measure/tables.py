@@ -15,6 +15,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.metrics import (
+    fits,
+    idle_fraction,
+    peak_liveness,
+    stage_columns,
+    stage_time,
+    step_time,
+)
+from popviz.vocab import MEASURED_KIND, rank_label
+
 TRACE_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
                  "bytes", "peer"]
 EXCHANGE_COLUMNS = ["src", "dst", "bytes", "start", "end", "kind", "stage", "microbatch",
@@ -77,7 +87,7 @@ def match_p2p(mine: list[dict[str, Any]], everyone: list[dict[str, Any]]) -> pd.
 
 def _p2p_label(row: Any) -> str:
     way = "to" if row.direction == "send" else "from"
-    return f"{row.direction} {row.kind} mb{row.microbatch} {way} rank {row.peer}"
+    return f"{row.direction} {row.kind} mb{row.microbatch} {way} {rank_label(row.peer)}"
 
 
 def trace_table(compute: list[dict[str, Any]], p2p: pd.DataFrame) -> pd.DataFrame:
@@ -169,85 +179,64 @@ def renumber_ops(ops: pd.DataFrame) -> pd.DataFrame:
 
 def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[dict],
                  steps: int) -> pd.DataFrame:
-    """Per stage: mean ns per recorded step of forward, backward, transfer and waiting."""
-    rows = []
+    """Per stage: mean ns per recorded step of forward, backward, transfer and waiting,
+    each instant of a rank counted once (popviz.metrics.stage_time)."""
     steps = max(1, steps)
+    n = max((int(info["stage"]) for info in stage_info), default=-1) + 1
+    times = stage_columns(stage_time(trace, n)) / steps
+    peaks = peak_liveness(liveness)
+    rows = []
     for info in stage_info:
         s, rank = info["stage"], info["ipu"]
-        on = trace[trace["stage"] == s]
-        comp = on[on["kind"] == "compute"]
-        dur = comp["end"] - comp["start"]
-
-        def total(mask: pd.Series, d: pd.Series = dur) -> float:
-            return float(d[mask].sum()) / steps
-
-        fwd, bwd = total(comp["pass"] == "F"), total(comp["pass"] == "B")
-        wu = total(comp["pass"] == "WU")
-        span = on["end"] - on["start"]
-        exch = float(span[on["kind"] == "exchange"].sum()) / steps
-        idle = float(span[on["kind"] == "idle"].sum()) / steps
+        comp = trace[(trace["stage"] == s) & (trace["kind"] == "compute")]
+        t = times.loc[s]
         microbatches = max(1, comp.loc[comp["pass"] == "F", "microbatch"].nunique())
-        live = liveness[liveness["ipu"] == rank]
-        peak = int((live["always_live_bytes"] + live["not_always_live_bytes"]).max()) \
-            if len(live) else 0
         rows.append({
-            "stage": s, "ipu": rank, "forward_cycles": fwd, "backward_cycles": bwd,
-            "recompute_cycles": 0.0, "exchange_cycles": exch, "idle_cycles": idle,
-            "stash_bytes": int(info.get("stash_bytes", 0)), "peak_bytes": peak,
-            "optimiser_cycles": wu, "other_cycles": 0.0, "sync_cycles": 0.0,
+            "stage": s, "ipu": rank, "forward_cycles": t["forward_cycles"],
+            "backward_cycles": t["backward_cycles"], "recompute_cycles": 0.0,
+            "exchange_cycles": t["exchange_cycles"], "idle_cycles": t["idle_cycles"],
+            "stash_bytes": int(info.get("stash_bytes", 0)),
+            "peak_bytes": int(peaks.get(rank, 0)),
+            "optimiser_cycles": t["optimiser_cycles"], "other_cycles": 0.0,
+            "sync_cycles": t["sync_cycles"],
             "first_layer": info.get("first_layer", ""),
             "last_layer": info.get("last_layer", ""), "steps": steps,
-            "forward_cycles_per_microbatch": fwd / microbatches,
-            "backward_cycles_per_microbatch": bwd / microbatches,
+            "forward_cycles_per_microbatch": t["forward_cycles"] / microbatches,
+            "backward_cycles_per_microbatch": t["backward_cycles"] / microbatches,
             "stash_depth": int(info.get("stash_depth", 0)),
             "boundary_bytes": int(info.get("boundary_bytes", 0)),
         })
     frame = pd.DataFrame(rows, columns=STAGE_COLUMNS)
     # host time between the timed actions (Python, the schedule's bookkeeping), shared
     # by the stages of a rank, so that a rank's columns add up to its step time
-    spans = step_spans(trace, per_rank=True)
     for rank, group in frame.groupby("ipu"):
         busy = group[["forward_cycles", "backward_cycles", "exchange_cycles",
                       "idle_cycles", "optimiser_cycles"]].to_numpy().sum()
-        other = max(0.0, spans.get(int(rank), 0.0) - busy)
+        other = max(0.0, step_time(trace[trace["ipu"] == rank]) - busy)
         frame.loc[group.index, "other_cycles"] = other / len(group)
     return frame.sort_values("stage").reset_index(drop=True)
 
 
-def step_spans(trace: pd.DataFrame, per_rank: bool = False) -> dict[int, float]:
-    """Mean ns per training step from first start to last end: over all ranks (key -1),
-    or for each rank."""
-    if trace.empty:
-        return {}
-    if not per_rank:
-        g = trace.groupby("step")
-        return {-1: float((g["end"].max() - g["start"].min()).mean())}
-    g = trace.groupby(["ipu", "step"])
-    span = (g["end"].max() - g["start"].min()).groupby(level=0).mean()
-    return {int(k): float(v) for k, v in span.items()}
-
-
 def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, Any]:
-    """Headline figures of a measured profile (rank file or merged)."""
+    """Headline figures of a measured profile (rank file or merged), from the metrics
+    core: step time, idle, peaks and fit (unknown: a rank has no tiles)."""
     trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
     opts = meta.get("options", {})
-    step_ns = step_spans(trace).get(-1, 0.0)
+    step_ns = step_time(trace)
     samples = int(opts.get("micro_batch_size", 1)) * int(opts.get("microbatches", 1))
     ranks = sorted(int(r) for r in trace["ipu"].unique()) if len(trace) else []
-    span_all = step_ns * max(1, len(ranks))
-    idle = float((trace["end"] - trace["start"])[trace["kind"] == "idle"].sum())
     steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
     work = stages["forward_cycles"] + stages["backward_cycles"]
-    peaks = (live["always_live_bytes"] + live["not_always_live_bytes"]).groupby(
-        live["ipu"]).max() if len(live) else pd.Series(dtype="int64")
+    peaks = peak_liveness(live)
     return {
-        "kind": "measured", "fits": True, "oom_tiles": 0, "oom_ipus": [],
+        "kind": MEASURED_KIND, "fits": fits(tables.get("tile_memory", empty_tile_memory())),
+        "oom_tiles": 0, "oom_ipus": [],
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
         "step_ms": step_ns / 1e6, "samples_per_step": samples,
         "throughput": samples / (step_ns / 1e9) if step_ns > 0 else None,
         "latency_ms": None, "training": True,
-        "idle_fraction": idle / steps / span_all if span_all > 0 else 0.0,
+        "idle_fraction": idle_fraction(trace),
         "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
         "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
         "schedule": opts.get("schedule"), "strategy": "pipelined",
@@ -260,6 +249,6 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
 
 
 def empty_tile_memory() -> pd.DataFrame:
-    """A measured run has no tiles: the table exists (the reader requires it) with no rows;
-    `fits` is True because the run ran."""
+    """A measured run has no tiles: the table exists (the reader requires it) with no rows,
+    so `fits` is None (unknown: there is no capacity to hold the run against)."""
     return pd.DataFrame({c: pd.Series([], dtype="int64") for c in TILE_COLUMNS})

@@ -1,6 +1,6 @@
 """The PopTorch pipelining tutorial's MNIST CNN, in four blocks B1-B4 on IPUs 0-3.
 
-Layers as in the tutorial (shared/reference/ipu.md): conv 5x5 1->10, max-pool 2, ReLU;
+Layers as in the tutorial (docs/hardware.md): conv 5x5 1->10, max-pool 2, ReLU;
 conv 5x5 10->20, max-pool 2, ReLU; Linear 320->256 + ReLU; Linear 256->10; the loss
 (log-softmax + NLL = cross-entropy) runs in the last block.
 """

@@ -1,7 +1,7 @@
 """ResNet-18/34/50/101/152 and ResNeXt-50/101 (32x4d), written here (no torchvision).
 
 Layer names follow Graphcore's TensorFlow CNN application, so its published pipeline
-splits work unchanged (shared/reference/ipu.md): `b0` is the stem; unit u (0-based) of
+splits work unchanged (docs/hardware.md): `b0` is the stem; unit u (0-based) of
 group g = 1..4 is `b{g}/{u}` and its final ReLU, a module of its own, is `b{g}/{u}/relu`;
 `fc` is the pooled classifier (and the loss).
 """

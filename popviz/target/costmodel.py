@@ -97,11 +97,11 @@ PROVENANCE: dict[str, Provenance] = {
         "read-bandwidth microbenchmark"),
     "amp_lanes_fp16": Provenance(
         "assumed", "input channels the AMP units reduce at once in fp16: 64 fp16 FLOPs per "
-        "tile per cycle (ipu.md, derived) = 16 multiply-adds x 2 over 2 output channels; an "
+        "tile per cycle (hardware.md, derived) = 16 multiply-adds x 2 over 2 output channels; an "
         "op with fewer channels per group leaves lanes idle (this one rule replaces the "
         "earlier grouped / depthwise class penalties)", "channels"),
     "amp_lanes_fp32": Provenance("assumed", "half the fp16 lanes (fp32 peak is 1/4 of "
-                                 "fp16, ipu.md)", "channels"),
+                                 "fp16, hardware.md)", "channels"),
     "float_partials_rate": Provenance(
         "assumed", "fp32 partials in fp16 compute slow the AMP pipeline; no public figure "
         "for the ratio"),

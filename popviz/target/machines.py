@@ -1,8 +1,8 @@
 """Machine descriptions: IPU Mk1 GC2, Mk2 GC200, Bow, and user-registered targets.
 
-Every figure cites /work/shared/reference/ipu.md ("ipu.md"). "derived" marks a figure
-computed from published ones; "assumed" marks a modelling constant with no public figure
-(documented and calibrated in docs/cost-model.md).
+Every figure cites docs/hardware.md ("hardware.md": the figures and their public sources).
+"derived" marks a figure computed from published ones; "assumed" marks a modelling
+constant with no public figure (documented and calibrated in docs/cost-model.md).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Target:
         return meta
 
 
-_REF = "shared/reference/ipu.md"
+_REF = "docs/hardware.md"
 _EENEWS = ("eeNews Europe, 'Graphcore slashes power in first Dell server' (C2 card: 192 GB/s "
            "of IPU-Link bandwidth between its two IPUs; exchange 62.5 Tbit/s)")
 _COMMON = {

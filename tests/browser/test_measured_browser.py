@@ -22,8 +22,7 @@ def _svg_text(page: Any, selector: str) -> list[str]:
 
 
 def _page(browser_context: Any, base_url: str, served: Path, path: str) -> tuple[Any, list]:
-    if not (served / REL).exists():
-        pytest.skip(f"{REL} is not in profiles/")
+    assert (served / REL).exists(), f"{REL} is not in profiles/"  # committed: fail, not skip
     return _open(browser_context, f"{base_url}{path}?profile={quote(REL)}")
 
 
@@ -72,8 +71,7 @@ def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
 def test_compare_modelled_with_measured_names_each_side(browser_context: Any, base_url: str,
                                                         served: Path) -> None:
     modelled = "tutorial_pipelined/training/profile.h5"
-    if not (served / REL).exists() or not (served / modelled).exists():
-        pytest.skip("example profiles not in profiles/")
+    assert (served / REL).exists() and (served / modelled).exists(), "example profiles missing"
     page, errors = _open(browser_context, f"{base_url}/compare?profile={quote(modelled)}"
                          f"&other={quote(REL)}")
     page.wait_for_selector("#compare-verdict", timeout=60_000)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from popviz.annotate import STATE
-from popviz.record.tensors import Storage, tensors_in
+from popviz.recorder.tensors import Storage, tensors_in
 
 
 class ModuleScopes:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from popviz.compile.schedule import Schedule
+from popviz.compiler.schedule import Schedule
 from popviz.target.machines import Target
 
 KIND_CODES = ("compute", "exchange", "sync", "host_io", "idle")

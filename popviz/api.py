@@ -1,19 +1,27 @@
-"""record() and plan(): record one step, compile it and write `<profile_dir>/profile.h5`."""
+"""The public composition: record -> compile -> write, and compare by path.
+
+`popviz.record(...)` and `popviz.plan(...)` record one step (popviz.recorder), compile it
+(popviz.compiler) and write `<profile_dir>/profile.h5` (popviz.format). This is the one
+module that ties those layers together; the recorder itself returns a Program only."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from popviz.annotate import auto_stages, check_stages
+from popviz.compiler import compile as compile_program
+from popviz.format.writer import write_report
 from popviz.options import Options
-from popviz.record.program import Program
-from popviz.record.recorder import Recorder
+from popviz.recorder.program import Program
+from popviz.recorder.recorder import Recorder
+from popviz.recorder.steps import train_step
 
 
 class Recording:
@@ -51,12 +59,6 @@ def finish(recording: Recording, options: Options, profile_dir: str | Path | Non
     recording.options = compile_options(options, program)
     if profile_dir is None:
         return
-    try:
-        from popviz.compile import compile as compile_program
-        from popviz.format.writer import write_report
-    except ImportError as exc:
-        raise RuntimeError(f"cannot write a profile: {exc} (use popviz.record.Recorder "
-                           "to get the Program alone)") from exc
     # compiling never needs torch; keep fake-tensor modes out of it in plan mode
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -137,30 +139,6 @@ def plan(options: Options | None = None, profile_dir: str | Path | None = "profi
         yield session
 
 
-def record_program(step: Callable[..., Any], *args: Any, model: torch.nn.Module | None = None,
-                   name: str | None = None, model_info: dict[str, Any] | None = None,
-                   mode: str = "measured", progress: bool | None = False) -> Program:
-    """Run `step(*args)` once under a Recorder and return its Program (no compile, no file)."""
-    recorder = Recorder(model, name=name, model_info=model_info, mode=mode, progress=progress)
-    with recorder:
-        step(*args)
-    assert recorder.program is not None
-    return recorder.program
-
-
-def train_step(model: torch.nn.Module, optimiser: torch.optim.Optimizer,
-               inputs: torch.Tensor | Sequence[torch.Tensor], target: torch.Tensor,
-               loss_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """The usual step: zero grads, forward, loss, backward, optimiser step. Returns the loss."""
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
-    optimiser.zero_grad(set_to_none=True)
-    args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    loss = loss_fn(model(*args), target)
-    loss.backward()
-    optimiser.step()
-    return loss
-
-
 def plan_step(build_model: Callable[[], torch.nn.Module],
               make_batch: Callable[[], tuple[Any, torch.Tensor]],
               options: Options | None = None, profile_dir: str | Path | None = "profile", *,
@@ -179,3 +157,23 @@ def plan_step(build_model: Callable[[], torch.nn.Module],
         with session.step(model=model) as recording:
             train_step(model, opt, inputs, target, loss_fn)
     return recording
+
+
+def compare(a: Any, b: Any) -> Any:
+    """`popviz.compare(a, b)`: compare two profiles, each an open Profile or a path to one
+    (analysis.compare.compare takes open profiles; opening files is not analysis' job)."""
+    from popviz.analysis.compare import compare as compare_profiles
+    from popviz.format.reader import open as open_profile
+
+    opened: list[Any] = []
+    try:
+        sides = []
+        for p in (a, b):
+            if isinstance(p, (str, os.PathLike)):
+                p = open_profile(p)
+                opened.append(p)
+            sides.append(p)
+        return compare_profiles(*sides)
+    finally:
+        for p in opened:
+            p.close()

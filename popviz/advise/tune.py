@@ -1,8 +1,9 @@
 """The advisor: re-plan a recorded program with other split points, AMP per IPU,
 recomputation and schedule, and rank the layouts by modelled throughput.
 
-Layering note: this analysis module calls `popviz.compile` (to its left in the flow)
-because re-planning a recorded program is its whole point; it never runs the model.
+Layering: the advise package sits beside cli, above analysis: it opens profiles and calls
+`popviz.compile` because re-planning a recorded program is its whole point; it never runs
+the model.
 Every candidate is one pure, deterministic `compile()` call, so the same profile and
 arguments give the same ranking. The search (see docs/tune.md):
 
@@ -21,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from popviz.analysis.tune_layers import Segments, balanced_bounds, segments, split_positions
-from popviz.analysis.tune_search import (
+from popviz.advise.tune_layers import Segments, balanced_bounds, segments, split_positions
+from popviz.advise.tune_search import (
     Candidate,
     Search,
     SearchBudget,
@@ -34,7 +35,8 @@ from popviz.errors import ProfileError
 from popviz.format.reader import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
-from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+from popviz.vocab import MODELLED_KIND
 
 __all__ = ["AMP_LADDER", "DEFAULT_MAX_COMPILES", "Candidate", "TuneResult", "candidate_options",
            "layout_options", "load_program", "tune"]
@@ -56,7 +58,7 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
     options reproduces the stored tables (if the compiler has not changed since)."""
     p = profile if isinstance(profile, Profile) else open_profile(profile)
     where = str(p.path)
-    if p.kind != "modelled":
+    if p.kind != MODELLED_KIND:
         raise ProfileError(f"{where}: a {p.kind} profile holds no recorded program to "
                            "re-plan; tune needs a modelled one (train.py --profile)")
     ops, tensors = p.ops, p.tensors

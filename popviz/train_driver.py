@@ -223,9 +223,8 @@ def _plan_one(args: argparse.Namespace, options: Any, out: Path | None, training
 
 
 def _compile(rec: Any) -> Any:
-    """Compile a recording made without a profile dir. (Not `popviz.compile`: once the
-    subpackage popviz.compile is imported, that attribute is the module.)"""
-    from popviz.compile import compile as compile_program
+    """Compile a recording made without a profile dir."""
+    from popviz.compiler import compile as compile_program
 
     return compile_program(rec.program, rec.options)
 

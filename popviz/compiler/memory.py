@@ -1,6 +1,6 @@
 """Memory: tensor lifetimes over program steps, liveness, per-tile memory and OOM tiles.
 
-Program steps are the ops of one micro-batch on an IPU (popviz.compile.order). In a
+Program steps are the ops of one micro-batch on an IPU (popviz.compiler.order). In a
 pipeline, the other in-flight micro-batches' stash is a constant extra over every step.
 """
 

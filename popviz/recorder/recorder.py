@@ -30,11 +30,11 @@ from torch.optim.optimizer import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from popviz.annotate import STATE
-from popviz.record import flops as _flops
-from popviz.record.build import CHECKPOINT, build_program
-from popviz.record.program import Program
-from popviz.record.scopes import ModuleScopes
-from popviz.record.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
+from popviz.recorder import flops as _flops
+from popviz.recorder.build import CHECKPOINT, build_program
+from popviz.recorder.program import Program
+from popviz.recorder.scopes import ModuleScopes
+from popviz.recorder.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
 
 aten = torch.ops.aten
 _SCALAR_READ = aten._local_scalar_dense.default

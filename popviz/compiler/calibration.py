@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compile.bsp import time_schedule
-from popviz.compile.compiler import _forward_only, _rescale, _stage_costs, compile
-from popviz.compile.order import program_order
-from popviz.compile.schedule import build_schedule
-from popviz.compile.stages import plan_stages
+from popviz.compiler.bsp import time_schedule
+from popviz.compiler.compiler import _forward_only, _rescale, _stage_costs, compile
+from popviz.compiler.order import program_order
+from popviz.compiler.schedule import build_schedule
+from popviz.compiler.stages import plan_stages
 from popviz.options import Options
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 from popviz.target.cost import (
     CostTerms,
     OpFeatures,
@@ -51,7 +51,7 @@ def plan_program(name: str, size: Any, batch: int, image: int = 224,
 
     from popviz.models import build
     from popviz.models.training import train_step
-    from popviz.record import record_program
+    from popviz.recorder import record_program
 
     with FakeTensorMode():
         torch.manual_seed(0)

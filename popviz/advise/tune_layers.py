@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.options import Options
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 
 
 @dataclass

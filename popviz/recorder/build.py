@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from popviz.annotate import STATE
-from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
-from popviz.record.tensors import Storage, shape_str
+from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
+from popviz.recorder.tensors import Storage, shape_str
 
 if TYPE_CHECKING:
-    from popviz.record.recorder import Recorder
+    from popviz.recorder.recorder import Recorder
 
 # indices into an op row (a list, so a checkpoint mark can be set after the fact)
 OP_FIELDS = list(OP_COLUMNS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from popviz.record.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
+from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program, frame
 
 F32 = 4
 

@@ -3,7 +3,7 @@
 An action is (superstep, stage, microbatch, pass) with pass F (forward), R (recompute,
 right before the B of the same stage and micro-batch, in the same superstep), B
 (backward) or WU (weight update). A schedule places the
-actions into BSP supersteps; `popviz.compile.bsp` then times them. Superstep 0 only
+actions into BSP supersteps; `popviz.compiler.bsp` then times them. Superstep 0 only
 streams the first micro-batch in from the host.
 """
 

@@ -13,17 +13,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compile.bsp import StageCosts, Timing, time_schedule
-from popviz.compile.memory import Memory, analyse_memory, consumers
-from popviz.compile.order import program_order
-from popviz.compile.report import Report
-from popviz.compile.schedule import Schedule, build_schedule
-from popviz.compile.stages import StagePlan, plan_stages
+from popviz.compiler.bsp import StageCosts, Timing, time_schedule
+from popviz.compiler.memory import Memory, analyse_memory, consumers
+from popviz.compiler.order import program_order
+from popviz.compiler.report import Report
+from popviz.compiler.schedule import Schedule, build_schedule
+from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
+from popviz.metrics import fits, idle_fraction, oom_tiles, peak_liveness, stage_columns, stage_time
 from popviz.options import Options
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 from popviz.target.cost import Precision, dtype_scale, op_costs
 from popviz.target.machines import Target, get_target
+from popviz.vocab import MODELLED_KIND
 
 PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
 PER_SAMPLE_CATEGORIES = ("activation", "temporary", "input")
@@ -67,7 +69,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
     stages = _stages_table(plan, ops, schedule, timing, memory, stage_costs, options)
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
     meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
-            "model": dict(program.model), "kind": "modelled"}
+            "model": dict(program.model), "kind": MODELLED_KIND}
     summary = _summary(plan, schedule, timing, memory, stages, out_ops, options, target,
                        micro_batch, microbatches * iterations)
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
@@ -183,33 +185,24 @@ def plan_tensor_stage(t: pd.DataFrame, op_stage: pd.Series, plan: StagePlan) -> 
 
 def _stages_table(plan: StagePlan, ops: pd.DataFrame, schedule: Schedule, timing: Timing,
                   memory: Memory, costs: StageCosts, options: Options) -> pd.DataFrame:
-    tr = timing.trace
-    dur = (tr["end"] - tr["start"]).to_numpy(np.int64)
     n = len(plan.stages)
-    comp = (tr["kind"] == "compute").to_numpy()
-    st = tr["stage"].to_numpy(np.int64)
-    ps = tr["pass"].to_numpy(str)
-    kind = tr["kind"].to_numpy(str)
-
-    def total(mask: np.ndarray) -> np.ndarray:
-        return np.bincount(st[mask & (st >= 0)], weights=dur[mask & (st >= 0)],
-                           minlength=n)[:n].astype(np.int64)
+    # time per stage by category: the metrics core, as every view reads it
+    times = stage_columns(stage_time(timing.trace, n)).round().astype(np.int64)
 
     ipu = plan.stages["ipu"].to_numpy(np.int64)
+    peaks = peak_liveness(memory.liveness)
     out = plan.stages[["stage", "ipu"]].copy()
-    out["forward_cycles"] = total(comp & (ps == "F"))
-    out["backward_cycles"] = total(comp & (ps == "B"))
-    out["recompute_cycles"] = total(comp & (ps == "R"))
-    out["exchange_cycles"] = total(np.isin(kind, ["exchange", "host_io"]))
-    out["idle_cycles"] = total(np.isin(kind, ["idle", "sync"]))
+    for col in ("forward_cycles", "backward_cycles", "recompute_cycles", "exchange_cycles",
+                "idle_cycles"):
+        out[col] = times[col].to_numpy()
     out["stash_bytes"] = memory.stash_bytes
-    out["peak_bytes"] = memory.peak_bytes[ipu]
-    out["optimiser_cycles"] = total(comp & (ps == "WU"))
+    out["peak_bytes"] = peaks.reindex(ipu).fillna(0).astype(np.int64).to_numpy()
+    out["optimiser_cycles"] = times["optimiser_cycles"].to_numpy()
     out["amp"] = [options.amp_for(int(i), "conv") for i in ipu]
     out["first_layer"] = plan.stages["first_layer"].astype(str)
     out["last_layer"] = plan.stages["last_layer"].astype(str)
     out["num_ops"] = np.bincount(ops["stage"].to_numpy(np.int64), minlength=n)[:n]
-    out["sync_cycles"] = total(kind == "sync")
+    out["sync_cycles"] = times["sync_cycles"].to_numpy()
     out["forward_cycles_per_microbatch"] = costs.forward
     out["recompute_cycles_per_microbatch"] = costs.recompute
     out["backward_cycles_per_microbatch"] = costs.backward
@@ -232,12 +225,12 @@ def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory
     throughput = samples / seconds if seconds else 0.0
     per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
               + stages["backward_cycles_per_microbatch"])
-    tr = timing.trace
-    idle = float((tr["end"] - tr["start"])[tr["kind"].isin(["idle", "sync"])].sum())
     ignored = ops[ops["amp_ignored"]]
-    oom_ipus = sorted({int(i) for i in memory.oom["ipu"]})
+    over = oom_tiles(memory.tile_memory)
+    peaks = peak_liveness(memory.liveness)
     summary = {
-        "fits": memory.oom.empty, "oom_tiles": len(memory.oom), "oom_ipus": oom_ipus,
+        "fits": fits(memory.tile_memory), "oom_tiles": len(over),
+        "oom_ipus": sorted({int(i) for i in over["ipu"]}),
         "num_ipus": plan.num_ipus, "replicas": replicas, "total_ipus": total_ipus,
         "step_cycles": step_cycles, "step_seconds": seconds, "step_ms": seconds * 1e3,
         "samples_per_step": samples, "throughput": throughput,
@@ -245,9 +238,9 @@ def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory
         "latency_ms": (timing.latency_cycles / target.clock_hz * 1e3
                        if not options.training else None),
         "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
-        "idle_fraction": idle / (plan.num_ipus * step_cycles) if step_cycles else 0.0,
+        "idle_fraction": idle_fraction(timing.trace, plan.num_ipus),
         **{f"{phase}_cycles": cycles for phase, cycles in timing.phase_cycles.items()},
-        "peak_liveness_bytes": {str(i): int(p) for i, p in enumerate(memory.peak_bytes)},
+        "peak_liveness_bytes": {str(i): int(peaks.get(i, 0)) for i in range(plan.num_ipus)},
         "amp_ignored": len(ignored),
         "amp_ignored_ops": [f"{o}#{i}" for o, i in zip(ignored["op"].head(50),
                                                       ignored["op_id"].head(50), strict=True)],

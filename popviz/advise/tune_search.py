@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from popviz.analysis.tune_layers import Segments
+from popviz.advise.tune_layers import Segments
 from popviz.options import Options
-from popviz.record.program import Program
+from popviz.recorder.program import Program
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Search:
 
     def __init__(self, program: Program, base: Options, target: str,
                  ladder: tuple[float, ...], max_compiles: int, progress: bool) -> None:
-        from popviz.compile import compile as compile_program
+        from popviz.compiler import compile as compile_program
 
         self.compile = compile_program
         self.program, self.base, self.target = program, base, target

@@ -1,0 +1,250 @@
+"""The metrics core: every figure two layers would otherwise each compute, in one place.
+
+A leaf (numpy, pandas and popviz.vocab only) that compile, measure, analysis, the CLI and
+the app all call: time attribution and idle (the timeline sweep below), peak liveness per
+device, fit and out-of-memory tiles.
+
+Where each instant of a device's (IPU's or rank's) timeline goes, counted once.
+
+Trace events on one device may overlap (a measured async send runs under compute), so
+summing durations counts those instants twice. `rank_time` sweeps the timeline instead:
+every instant of a step window goes to exactly one category, the first of `CATEGORIES`
+active then (compute, by pass, beats exchange beats host_io beats sync beats idle);
+instants no event covers are "untraced". The parts of a device therefore add up to the
+step time. A modelled trace never overlaps and fills its span, so there the sweep gives
+the plain sums of durations, unchanged.
+
+Idle, the one definition every view uses: time attributed to idle or sync events over
+rank-time (the step time, per device; overall, the sum over devices of idle + sync over
+devices x step time).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from popviz.vocab import CATEGORIES, COMPUTE, WAITING, category_codes
+
+__all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "fits", "fits_or_stored",
+           "idle_fraction",
+           "idle_fractions", "oom_tiles", "peak_liveness", "peak_rows", "rank_time",
+           "retime_stages", "stage_columns", "stage_idle_fraction", "stage_time", "step_time",
+           "sweep"]
+
+# stage-table time columns and the timeline categories each one sums (compute a measured
+# run could not attribute to a pass, and time no event covers, are other_cycles)
+STAGE_TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "forward_cycles": ("forward",), "backward_cycles": ("backward",),
+    "recompute_cycles": ("recompute",), "optimiser_cycles": ("weight_update",),
+    "other_cycles": ("compute", "untraced"), "exchange_cycles": ("exchange", "host_io"),
+    "idle_cycles": WAITING, "sync_cycles": ("sync",)}
+
+
+def _codes(trace: pd.DataFrame) -> np.ndarray:
+    """Each event's category index in CATEGORIES (popviz.vocab.category_codes)."""
+    return category_codes(trace["kind"].astype(str).to_numpy(),
+                          trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
+                          else None)
+
+
+def sweep(group: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray,
+          n_groups: int, n_codes: int) -> np.ndarray:
+    """Time per (group, code) with each instant counted once, for the lowest code active.
+    Vectorised: one sort, one cumsum. When no two events of a group overlap (every
+    modelled trace) it is the plain sum of durations, taken without the cumsum."""
+    n = len(start)
+    out = np.zeros((n_groups, n_codes))
+    if n == 0:
+        return out
+    order = np.lexsort((start, group))
+    gs, s0, e0 = group[order], start[order], end[order]
+    # sorted by start, no event starts before the previous one ends: no overlap at all
+    if not ((gs[1:] == gs[:-1]) & (s0[1:] < e0[:-1])).any():
+        np.add.at(out, (gs.astype(np.int64), code[order].astype(np.int64)),
+                  (e0 - s0).astype(np.float64))
+        return out
+    g = np.concatenate([group, group]).astype(np.int64)
+    t = np.concatenate([start, end]).astype(np.float64)
+    c = np.concatenate([code, code]).astype(np.int64)
+    step = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
+    order = np.lexsort((t, g))
+    g, t, c, step = g[order], t[order], c[order], step[order]
+    delta = np.zeros((2 * n, n_codes), dtype=np.int64)
+    delta[np.arange(2 * n), c] = step
+    active = np.cumsum(delta, axis=0)[:-1] > 0  # coverage between point i and i + 1
+    length = np.diff(t)
+    ok = (g[:-1] == g[1:]) & (length > 0) & active.any(axis=1)
+    winner = np.argmax(active, axis=1)  # the first (highest-priority) active code
+    np.add.at(out, (g[:-1][ok], winner[ok]), length[ok])
+    return out
+
+
+def rank_time(trace: pd.DataFrame) -> pd.DataFrame:
+    """Per device (index ipu): mean time per step in each of CATEGORIES + "untraced",
+    summing to the step time (column step_time) in the trace's unit. A step's window runs
+    from its first start to its last end over all devices (a trace without a step column
+    is one step), so every device shares the same rank-time."""
+    cols = [*CATEGORIES, "untraced"]
+    if trace.empty:
+        return pd.DataFrame(columns=[*cols, "step_time", "steps"],
+                            index=pd.Index([], name="ipu"), dtype=float)
+    ipu = trace["ipu"].astype(int).to_numpy()
+    step = (pd.to_numeric(trace["step"], errors="coerce").fillna(0).astype(int).to_numpy()
+            if "step" in trace.columns else np.zeros(len(trace), dtype=int))
+    start = trace["start"].to_numpy(np.float64)
+    end = trace["end"].to_numpy(np.float64)
+    steps, step_idx = np.unique(step, return_inverse=True)
+    w_start = np.full(len(steps), np.inf)
+    w_end = np.full(len(steps), -np.inf)
+    np.minimum.at(w_start, step_idx, start)
+    np.maximum.at(w_end, step_idx, end)
+    ipus, ipu_idx = np.unique(ipu, return_inverse=True)
+    n_groups = len(ipus) * len(steps)
+    group = ipu_idx * len(steps) + step_idx
+    times = sweep(group, start, end, _codes(trace), n_groups, len(cols))
+    # what no event covers: the (device, step) window less the time attributed in it
+    window = (w_end - w_start)[np.arange(n_groups) % len(steps)]
+    times[:, -1] = window - times[:, :-1].sum(axis=1)
+    per = times.reshape(len(ipus), len(steps), len(cols)).mean(axis=1)
+    out = pd.DataFrame(per, columns=cols, index=pd.Index(ipus, name="ipu"))
+    out["step_time"] = float((w_end - w_start).mean())
+    out["steps"] = float(len(steps))
+    return out
+
+
+def idle_fractions(times: pd.DataFrame) -> tuple[pd.Series, float]:
+    """Idle (idle + sync) over rank-time: per device, and overall."""
+    if times.empty:
+        return pd.Series(dtype=float), 0.0
+    idle = times[list(WAITING)].sum(axis=1)
+    rank = times["step_time"].replace(0, np.nan)
+    overall = float(idle.sum() / rank.sum()) if rank.sum() else 0.0
+    return (idle / rank).fillna(0.0), overall
+
+
+def idle_fraction(trace: pd.DataFrame, num_devices: int | None = None) -> float:
+    """Overall idle over rank-time (`idle_fractions`) straight from a trace. With
+    `num_devices`, devices without a single event count as all idle-free rank-time too
+    (a compiled step spans every IPU of the target)."""
+    times = rank_time(trace)
+    if times.empty:
+        return 0.0
+    if num_devices is None or num_devices == len(times):
+        return idle_fractions(times)[1]
+    rank = float(times["step_time"].iloc[0]) * num_devices
+    return float(times[list(WAITING)].to_numpy().sum() / rank) if rank else 0.0
+
+
+def step_time(trace: pd.DataFrame) -> float:
+    """Mean step window over all devices: first start to last end of each step."""
+    times = rank_time(trace)
+    return float(times["step_time"].iloc[0]) if len(times) else 0.0
+
+
+def stage_time(trace: pd.DataFrame, n_stages: int) -> pd.DataFrame:
+    """Per stage (index 0..n_stages-1): total time over the trace in each of CATEGORIES,
+    each instant of a device counted once (the sweep per (device, stage)); events with
+    stage < 0 are left out. A modelled trace never overlaps, so these are plain sums."""
+    out = pd.DataFrame(0.0, index=pd.RangeIndex(n_stages, name="stage"),
+                       columns=list(CATEGORIES))
+    if trace.empty or not n_stages:
+        return out
+    stage = trace["stage"].to_numpy(np.int64)
+    keep = (stage >= 0) & (stage < n_stages)
+    ipu = trace["ipu"].to_numpy(np.int64)[keep]
+    ipus, ipu_idx = np.unique(ipu, return_inverse=True)
+    group = ipu_idx * n_stages + stage[keep]
+    times = sweep(group, trace["start"].to_numpy(np.float64)[keep],
+                  trace["end"].to_numpy(np.float64)[keep], _codes(trace)[keep],
+                  len(ipus) * n_stages, len(CATEGORIES))
+    out.loc[:, :] = times.reshape(len(ipus), n_stages, len(CATEGORIES)).sum(axis=0)
+    return out
+
+
+def stage_columns(times: pd.DataFrame) -> pd.DataFrame:
+    """Category times (stage_time or rank_time rows) as the stage table's time columns."""
+    return pd.DataFrame({col: times[[c for c in cats if c in times.columns]].sum(axis=1)
+                         for col, cats in STAGE_TIME_COLUMNS.items()}, index=times.index)
+
+
+def retime_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
+    """The stage table with its time columns (STAGE_TIME_COLUMNS; sync_cycles only where
+    present) taken from each device's `rank_time`: per step, each instant once, adding up
+    to the step time. A device holding several stages shares its times equally."""
+    if trace.empty or stages.empty:
+        return stages
+    per_rank = stage_columns(rank_time(trace))
+    out = stages.copy()
+    share = out.groupby("ipu")["stage"].transform("size").astype(float).to_numpy()
+    ipu = out["ipu"].astype(int)
+    for col in STAGE_TIME_COLUMNS:
+        if col != "sync_cycles" or col in out.columns:
+            out[col] = per_rank[col].reindex(ipu).fillna(0.0).to_numpy() / share
+    return out
+
+
+def stage_idle_fraction(stages: pd.DataFrame) -> float:
+    """Idle over rank-time from a stage table whose time columns partition each device's
+    step (compile's, measure's, or timed_stages'): sum of idle_cycles over the sum of all
+    time columns."""
+    if stages.empty:
+        return 0.0
+    cols = [c for c in STAGE_TIME_COLUMNS if c != "sync_cycles" and c in stages.columns]
+    total = float(stages[cols].apply(pd.to_numeric, errors="coerce").fillna(0).to_numpy().sum())
+    idle = float(pd.to_numeric(stages["idle_cycles"], errors="coerce").fillna(0).sum())
+    return idle / total if total else 0.0
+
+
+# --- memory ----------------------------------------------------------------------------
+
+def peak_rows(liveness: pd.DataFrame) -> pd.Series:
+    """Per device (index ipu): the liveness row label of its peak total (always-live +
+    not-always-live), the first such step."""
+    if liveness.empty:
+        return pd.Series(dtype="int64", index=pd.Index([], name="ipu"))
+    total = liveness["always_live_bytes"] + liveness["not_always_live_bytes"]
+    out = total.groupby(liveness["ipu"].astype(int)).idxmax()
+    out.index.name = "ipu"
+    return out
+
+
+def peak_liveness(liveness: pd.DataFrame) -> pd.Series:
+    """Per device (index ipu, sorted): peak always-live + not-always-live bytes."""
+    if liveness.empty:
+        return pd.Series(dtype="int64", index=pd.Index([], name="ipu"))
+    total = (pd.to_numeric(liveness["always_live_bytes"]).astype(np.int64)
+             + pd.to_numeric(liveness["not_always_live_bytes"]).astype(np.int64))
+    out = total.groupby(liveness["ipu"].astype(int)).max()
+    out.index.name = "ipu"
+    return out
+
+
+def oom_tiles(tile_memory: pd.DataFrame) -> pd.DataFrame:
+    """Tiles whose total exceeds their capacity, worst first, with `bytes_over` (the oom
+    table's name) and `utilisation` (total over capacity) added."""
+    tm = tile_memory.copy()
+    cap = tm["capacity_bytes"].astype(float)
+    tm["utilisation"] = (tm["total_bytes"] / cap.where(cap > 0)).fillna(0.0)
+    tm["bytes_over"] = (tm["total_bytes"] - tm["capacity_bytes"]).clip(lower=0)
+    over = tm[tm["bytes_over"] > 0]
+    return over.sort_values(["bytes_over", "ipu", "tile"], ascending=[False, True, True],
+                            kind="stable").reset_index(drop=True)
+
+
+def fits(tile_memory: pd.DataFrame) -> bool | None:
+    """True when no tile is over its capacity, False when one is, None (unknown) when
+    there is no per-tile data or no capacity to hold it against (a measured run)."""
+    if tile_memory.empty or not (tile_memory["capacity_bytes"] > 0).any():
+        return None
+    return bool(oom_tiles(tile_memory).empty)
+
+
+def fits_or_stored(tile_memory: pd.DataFrame, summary: dict) -> bool | None:
+    """`fits` from the tiles; without tile data, what the stored summary says (a file
+    written before the tiles were kept, or None: unknown)."""
+    known = fits(tile_memory)
+    if known is not None:
+        return known
+    stored = summary.get("fits")
+    return None if stored is None else bool(stored)

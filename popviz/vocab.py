@@ -1,0 +1,140 @@
+"""The words and limits every layer shares: profile kinds, device naming, trace categories
+and the policy thresholds. A leaf (imports nothing of popviz), so record, compile, measure,
+format, analysis, figures, the CLI and the app all say the same thing the same way.
+
+Device naming: a modelled profile (record + compile) has IPUs and times in cycles; a
+measured one (popviz.measure) has ranks (one process each, no tiles) and times in ns.
+Every figure builder, card and CLI line takes a `Naming` so rows, ticks, hover text and
+axis titles say the right words."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# --- profile kinds (meta.kind, the root attribute `kind`) ------------------------------
+MODELLED_KIND = "modelled"  # record + compile: a target model, IPUs and cycles
+MEASURED_KIND = "measured"  # popviz.measure: real ranks, ns
+KINDS = (MODELLED_KIND, MEASURED_KIND)
+
+
+def is_measured(kind: Any) -> bool:
+    """True for a measured profile's kind (a string, or anything with a `kind`)."""
+    kind = getattr(kind, "kind", kind)
+    return str(kind or "") == MEASURED_KIND
+
+
+# --- policy thresholds (advice, cards, the compare page) -------------------------------
+IMBALANCE_LIMIT = 1.15  # busiest stage over the mean before we call it a bottleneck
+BUBBLE_LIMIT = 0.30  # idle share of the step worth acting on (advice and every warning)
+NEARLY_FULL = 0.70  # fullest tile's share of its capacity past which AMP is not raised
+DEFAULT_AMP = 0.6  # availableMemoryProportion when none is set (docs/hardware.md)
+MIN_AMP = 0.05  # lower end of the reasonable AMP range (docs/hardware.md)
+
+# --- trace categories ------------------------------------------------------------------
+# An instant covered by several events goes to the first category listed here: compute
+# (by pass) beats exchange beats host_io beats sync beats idle. Drawing order is the same.
+CATEGORIES = ("forward", "backward", "recompute", "weight_update", "compute",
+              "exchange", "host_io", "sync", "idle")
+COMPUTE = ("forward", "backward", "recompute", "weight_update", "compute")
+WAITING = ("idle", "sync")  # what "idle" means everywhere: waiting, at a sync or not
+TRACE_KINDS = ("compute", "exchange", "sync", "host_io", "idle")  # trace.kind (contract)
+PASS_CATEGORY = {"F": "forward", "B": "backward", "R": "recompute", "WU": "weight_update"}
+SHORT = {v: k for k, v in PASS_CATEGORY.items()}  # forward -> F (legend keys, pass column)
+
+
+def category_codes(kind: Any, passes: Any = None) -> np.ndarray:
+    """Each event's index in CATEGORIES from its kind and pass. A compute event goes to
+    its pass's category (plain compute without a known pass); a kind outside the contract
+    (an importer's own) counts as compute: a traced event is work, idle is only waiting."""
+    kind = np.asarray(kind, dtype=str)
+    passes = (np.full(len(kind), "") if passes is None else np.asarray(passes, dtype=str))
+    code = np.full(len(kind), CATEGORIES.index("compute"), dtype=np.int64)
+    for p, cat in PASS_CATEGORY.items():
+        code[(kind == "compute") & (passes == p)] = CATEGORIES.index(cat)
+    for k in ("exchange", "host_io", "sync", "idle"):
+        code[kind == k] = CATEGORIES.index(k)
+    return code
+
+
+# --- device naming ---------------------------------------------------------------------
+_IPU_LABEL = re.compile(r"^IPU(\d+)$")
+
+
+def ipu_label(index: Any) -> str:
+    """'IPU3': a modelled device's name (also the key of per-IPU options)."""
+    return f"IPU{int(index)}"
+
+
+def rank_label(index: Any) -> str:
+    """'rank 3': a measured device's name."""
+    return f"rank {int(index)}"
+
+
+@dataclass(frozen=True)
+class Naming:
+    """Words for one profile: `device` ("IPU" | "rank"), `unit` ("cycles" | "ns")."""
+
+    device: str = "IPU"
+    unit: str = "cycles"
+    measured: bool = False
+
+    @property
+    def devices(self) -> str:
+        return self.device + "s"
+
+    @property
+    def prefix(self) -> str:
+        """What comes before a device's number: 'IPU' (IPU0) or 'rank ' (rank 0)."""
+        return self.device + (" " if self.measured else "")
+
+    def label(self, index: Any) -> str:
+        """'IPU0' for a modelled profile, 'rank 0' for a measured one."""
+        return rank_label(index) if self.measured else ipu_label(index)
+
+    def relabel(self, name: Any) -> str:
+        """An analysis label such as 'IPU1' (exchange matrix) in this profile's words."""
+        found = _IPU_LABEL.match(str(name))
+        return self.label(found.group(1)) if found else str(name)
+
+    @property
+    def time_title(self) -> str:
+        """Axis title of a time axis (the unit always shown)."""
+        return "time (ns)" if self.measured else self.unit
+
+    def column(self, name: str) -> str:
+        """A table column's display name: `ipu` -> `rank`, `*_cycles` -> `* ns` when the
+        numbers are ns; underscores as spaces."""
+        if self.measured:
+            if name == "ipu":
+                name = "rank"
+            if name in ("start", "end"):  # ops: times on the common clock
+                name += "_ns"
+            name = re.sub(r"(^|_)cycles(_|$)", r"\1ns\2", name)
+        return name.replace("_", " ")
+
+
+MODELLED = Naming()
+MEASURED = Naming(device="rank", unit="ns", measured=True)
+
+
+def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming:
+    """The naming of a profile from its kind and meta (meta.kind and meta.target are used
+    when the kind is not given): measured -> ranks and ns, anything else IPUs and cycles."""
+    meta = meta or {}
+    kind = str(kind or meta.get("kind") or "")
+    if kind == MEASURED_KIND:
+        return MEASURED
+    target = meta.get("target") or {}
+    if not kind and target.get("name") == "cpu-gloo":  # measure's target, kind missing
+        return MEASURED
+    return MODELLED
+
+
+def naming_for(profile: Any) -> Naming:
+    """The naming of an open profile (anything with `kind` and `meta`)."""
+    return naming_of(getattr(profile, "kind", None), getattr(profile, "meta", None))

@@ -1,0 +1,88 @@
+"""The import contract: the layer table in docs/internals.md, checked on every import (AST)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FACADE = "api"  # `import popviz` loads names from every layer: it counts as the api layer
+
+
+def layer_ranks() -> dict[str, int]:
+    """package -> rank, from the table between the layers markers of docs/internals.md."""
+    text = (ROOT / "docs" / "internals.md").read_text()
+    block = text.split("<!-- layers: begin -->")[1].split("<!-- layers: end -->")[0]
+    ranks: dict[str, int] = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([\w.]+)`", cells[1]):
+                ranks[name] = int(cells[0])
+    return ranks
+
+
+def components() -> dict[str, list[Path]]:
+    """Top-level component -> its source files (popviz/X.py, popviz/X/, app/ = popviz_app)."""
+    out: dict[str, list[Path]] = {"popviz_app": sorted((ROOT / "app").rglob("*.py"))}
+    for path in sorted((ROOT / "popviz").iterdir()):
+        if path.name.startswith("__") or path.name.startswith("."):
+            continue
+        if path.suffix == ".py":
+            out[path.stem] = [path]
+        elif path.is_dir() and (path / "__init__.py").exists():
+            out[path.name] = sorted(path.rglob("*.py"))
+    return out
+
+
+def imported(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, component) of every popviz import in a file, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods = [node.module]
+            if node.module == "popviz":  # from popviz import figures / Options / vocab
+                mods = [f"popviz.{a.name}" if a.name in names else "popviz"
+                        for a in node.names]
+        else:
+            continue
+        for mod in mods:
+            parts = mod.split(".")
+            if parts[0] == "popviz_app":
+                out.append((node.lineno, "popviz_app"))
+            elif parts[0] == "popviz":
+                target = parts[1] if len(parts) > 1 else FACADE
+                out.append((node.lineno, target if target in names else FACADE))
+    return out
+
+
+def test_every_package_has_a_rank() -> None:
+    ranks = layer_ranks()
+    missing = sorted(set(components()) - set(ranks))
+    assert not missing, f"add these to the layer table in docs/internals.md: {missing}"
+    assert not set(ranks) - set(components()) - {FACADE}, "the table names a package that is gone"
+
+
+def test_no_import_points_up_the_layers() -> None:
+    ranks, comps = layer_ranks(), components()
+    wrong = []
+    for name, files in comps.items():
+        for path in files:
+            for line, target in imported(path, set(comps)):
+                if target != name and ranks[target] >= ranks[name]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: {name} (rank "
+                                 f"{ranks[name]}) imports {target} (rank {ranks[target]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_contract_catches_an_arrow_against_it(tmp_path: Path) -> None:
+    # the checker itself: a metrics module importing analysis is reported
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from popviz.analysis import balance\n    import popviz\n")
+    names = set(components())
+    assert imported(bad, names) == [(2, "analysis"), (3, FACADE)]
+    ranks = layer_ranks()
+    assert ranks["analysis"] > ranks["metrics"] and ranks[FACADE] > ranks["analysis"]

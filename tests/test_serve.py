@@ -1,0 +1,155 @@
+"""`popviz serve` in production: waitress, Host checks, the access token off loopback; and
+`popviz summary` starting without torch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from popviz_app import access, create_app
+
+from popviz.format import write_report
+from popviz.synthetic import synthetic_report
+from tests.dash_http import find, payload
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = "run/profile.h5"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("serve")
+    write_report(synthetic_report(num_ipus=2, events=300, steps=30, seed=5), folder / GOOD)
+    return folder
+
+
+def test_summary_does_not_import_torch(root: Path) -> None:
+    code = ("import sys; from popviz.cli.main import main; "
+            f"assert main(['summary', {str(root / GOOD)!r}]) == 0; "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("no torch")
+
+
+def _guarded_client(root: Path, token: str | None) -> Any:
+    app = create_app(root, vetter=False)
+    access.install(app.server, "0.0.0.0", token, ["popviz.example"])
+    return app.server.test_client()
+
+
+def test_host_header_must_name_this_server(root: Path) -> None:
+    client = _guarded_client(root, None)
+    for host, status in (("localhost:8050", 200), ("127.0.0.1:8050", 200),
+                         ("[::1]:8050", 200), ("popviz.example:8050", 200),
+                         ("evil.example", 400), ("evil.example:8050", 400)):
+        reply = client.get("/", headers={"Host": host})
+        assert reply.status_code == status, host
+    assert "--allow-host" in client.get("/", headers={"Host": "evil.example"}).get_data(
+        as_text=True)
+
+
+def test_token_guards_pages_callbacks_and_downloads(root: Path) -> None:
+    client = _guarded_client(root, "s3cret")
+    deps_url, csv_url = "/_dash-dependencies", f"/download/csv/ops?profile={GOOD}"
+    for url in ("/", "/summary", deps_url, csv_url, "/?token=wrong"):
+        assert client.get(url).status_code == 401, url
+    body = {"output": "page.children", "outputs": {"id": "page", "property": "children"},
+            "inputs": [], "changedPropIds": []}
+    assert client.post("/_dash-update-component", json=body).status_code == 401
+    # the header is enough for scripts
+    assert client.get(csv_url, headers={access.HEADER: "s3cret"}).status_code == 200
+    # ?token= once: a cookie, and a redirect to the same page without the token
+    first = client.get(f"/summary?profile={GOOD}&token=s3cret")
+    assert first.status_code == 303
+    assert first.headers["Location"].endswith("/summary?profile=run%2Fprofile.h5")
+    assert "popviz_token=s3cret" in first.headers["Set-Cookie"]
+    assert "HttpOnly" in first.headers["Set-Cookie"]
+    assert client.get("/summary").status_code == 200  # the cookie now rides along
+    deps = client.get(deps_url).get_json()
+    reply = client.post("/_dash-update-component", json=payload(
+        find(deps, "page.children"), {"url.pathname": "/summary",
+                                      "url.search": f"?profile={GOOD}"}))
+    assert reply.status_code == 200
+    assert f"{GOOD} · " in json.dumps(reply.get_json(), ensure_ascii=False)  # the page title
+    assert client.get(csv_url).status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, **headers: str) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, reply.read().decode(), dict(reply.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+def _serve(root: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "popviz.cli.main", "serve", str(root),
+                             "--port", str(port), *extra], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"server did not start: {proc.communicate()[1][-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def test_serve_runs_on_waitress_with_limits(root: Path) -> None:
+    proc, port = _serve(root)
+    try:
+        status, _, headers = _get(f"http://127.0.0.1:{port}/")
+        assert status == 200 and headers.get("Server") == "popviz"  # waitress' ident
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /_dash-update-component HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 2097152\r\n"
+                         b"\r\n" + b"x" * 1024)
+            head = sock.recv(200).decode("latin-1")
+        assert head.startswith("HTTP/1.1 413")  # request body over the limit, refused
+        assert _get(f"http://127.0.0.1:{port}/", Host="evil.example")[0] == 400
+    finally:
+        out, _ = _stop(proc)
+    assert f"http://127.0.0.1:{port}/ " in out and "token" not in out
+
+
+def test_serve_off_loopback_warns_and_requires_a_generated_token(root: Path) -> None:
+    proc, port = _serve(root, "--host", "0.0.0.0")
+    try:
+        time.sleep(0.5)
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 401
+    finally:
+        out, err = _stop(proc)
+    assert "warning: listening on 0.0.0.0, not loopback" in err
+    token = out.split("?token=")[1].split()[0]
+    assert len(token) >= 24
