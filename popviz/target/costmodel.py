@@ -62,7 +62,7 @@ class CostModel:
     vector_flops_per_tile_cycle_fp16: float = 4.0
     vector_flops_per_tile_cycle_fp32: float = 2.0
     # ---- memory a program needs besides its tensors ----
-    code_bytes_per_op_per_tile: int = 320
+    code_bytes_per_op_per_tile: int = 128
     exchange_code_bytes_per_op_per_tile: int = 64
     vertex_state_bytes_per_op_per_tile: int = 64
     exchange_buffer_fraction: float = 0.25
@@ -134,7 +134,10 @@ PROVENANCE: dict[str, Provenance] = {
                                                    "datapath", "FLOPs"),
     "code_bytes_per_op_per_tile": Provenance(
         "assumed", "vertex code per op on every tile it runs on (PopVision's 'vertex code' "
-        "category; settle with a PopVision memory report)", "bytes"),
+        "category): codelet bodies are shared by the ops of a kind, so an op adds little; "
+        "bounded by the fits checks of calibration.json (320 put ResNeXt-101 inference on "
+        "Mk1 at 109-118% of a tile, 160 left ResNet-50 batch-90 inference on Mk2 just over; "
+        "settle with a PopVision memory report)", "bytes"),
     "exchange_code_bytes_per_op_per_tile": Provenance(
         "assumed", "internal exchange code per op per tile used", "bytes"),
     "vertex_state_bytes_per_op_per_tile": Provenance(
