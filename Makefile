@@ -9,7 +9,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup setup-test setup-bench system-deps lint bench profiles clean
+.PHONY: serve test setup setup-test system-deps lint bench profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,6 @@ setup: $(PY)
 
 setup-test: $(PY)
 	$(PIP) install --quiet -e '.[test]'
-
-setup-bench: $(PY)
-	$(PIP) install --quiet -e '.[bench]'
 
 system-deps:
 	bash scripts/install-system-deps.sh
@@ -41,7 +38,7 @@ test: setup-test system-deps
 lint: setup-test
 	$(VENV)/bin/ruff check .
 
-bench: setup-bench
+bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 ## regenerate the example profiles in profiles/ (plan mode: quick and deterministic)

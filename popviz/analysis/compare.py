@@ -170,6 +170,8 @@ def build(sa: Side, sb: Side) -> Comparison:
     ops = deltas(sa.op_classes, sb.op_classes).fillna({"a": 0.0, "b": 0.0})
     ops["delta"] = ops["b"] - ops["a"]
     ops["ratio"] = ops["b"] / ops["a"].where(ops["a"] != 0)
+    if not isinstance(ops.index, pd.MultiIndex):  # neither side has per-op times
+        ops.index = pd.MultiIndex.from_arrays([[], []])
     ops.index.names = ["op_class", "phase"]
     ops.insert(0, "unit", "us per sample")
     ops = ops.reset_index().sort_values("delta", key=np.abs, ascending=False, kind="stable")

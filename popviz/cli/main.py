@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = [
     "popviz.cli.tune",
     "popviz.cli.export",
     "popviz.cli.merge",
+    "popviz.cli.import_",
 ]
 
 

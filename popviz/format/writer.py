@@ -117,14 +117,23 @@ def to_json(value: Any) -> str:
     return json.dumps(value, default=_json_default, sort_keys=True, allow_nan=True)
 
 
+def _torch_version() -> str:
+    """torch's version without importing torch when nothing has (importing it takes
+    seconds and hundreds of MB, e.g. for `popviz import`); "" when it is absent."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - torch is a dependency
+        return ""
+
+
 def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[str, Any],
                       kind: str, command_line: str | None) -> None:
-    try:
-        import torch  # only for its version string; absent torch is fine
-
-        torch_version = str(torch.__version__)
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = ""
+    torch_version = _torch_version()
     attrs = h5.attrs
     attrs["format"] = schema.FORMAT_NAME
     attrs["format_version"] = schema.FORMAT_VERSION

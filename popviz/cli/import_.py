@@ -1,0 +1,48 @@
+"""`popviz import TRACE... --to DIR [--memory-snapshot PICKLE]`: torch.profiler traces (one
+per rank) into a measured profile."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from popviz.cli.command import EXIT_OK, Command
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("traces", nargs="+", metavar="TRACE",
+                        help="Kineto / Chrome trace JSON (.json or .json.gz) written by "
+                        "torch.profiler's export_chrome_trace; one per rank")
+    parser.add_argument("--to", "-o", required=True, metavar="DIR",
+                        help="where the profile goes: a .h5 path, or a directory to hold "
+                        "profile.h5")
+    parser.add_argument("--memory-snapshot", action="append", metavar="PICKLE",
+                        help="a torch.cuda.memory._snapshot() pickle (.pickle or .gz) for "
+                        "the liveness table instead of the trace's memory events; repeat "
+                        "for several ranks, in rank order")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from popviz.measure.importer import import_trace
+
+    path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
+                        command_line=shlex.join(["popviz", *sys.argv[1:]]))
+    print(f"imported {len(args.traces)} trace(s) into {path}")
+    return EXIT_OK
+
+
+COMMAND = Command(
+    name="import",
+    help="import torch.profiler (Kineto) traces and CUDA memory snapshots as a measured "
+    "profile",
+    description="Import what PyTorch already records: torch.profiler Chrome traces (CPU or "
+    "CUDA; one file per rank, the rank from distributedInfo; plain or gzipped) and "
+    "optionally torch.cuda.memory._snapshot() pickles, into one measured profile (ranks, "
+    "ns): the trace with compute / exchange / host_io / sync / idle, stages, passes and "
+    "micro-batches from torch.distributed.pipelining's PP: annotations, the ops table with "
+    "each op's GPU time, transfers and liveness. A missing or unreadable file, a repeated "
+    "or missing rank is a one-line error. See docs/import.md.",
+    add_arguments=_add_arguments,
+    run=_run,
+)

@@ -1,0 +1,268 @@
+"""One rank's Kineto spans -> trace events with popviz kinds, stage / pass / micro-batch.
+
+A rank's timeline is its GPU when the trace has GPU activity (kernels are `compute`, NCCL
+kernels, device copies and memsets `exchange`, host <-> device copies `host_io`; gaps
+between them are `idle`, the host's cudaXSynchronize calls `sync`), else its CPU
+threads (top-level ops are `compute`, c10d / gloo / nccl calls `exchange`, gaps stay
+untraced: Python between ops). Stage, pass and micro-batch come from the pipelining
+annotations around the time an event was launched on the host. See docs/import.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"
+                       r"|RECV_B|OVERLAP_F_B)(\d*)$")
+SINGLE_STAGE = re.compile(r"^(Forward|Backward) (\d+)$")  # ScheduleGPipe's annotations
+ACTION_PASS = {"F": "F", "B": "B", "I": "B", "W": "B", "REDUCE_GRAD": "WU",
+               "SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B",
+               "OVERLAP_F_B": "B", "UNSHARD": "", "RESHARD": ""}
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+COMM_OP = re.compile(r"^(c10d::|record_param_comms|nccl:|gloo:)")
+P2P_ANNOTATION = re.compile(r"^(gloo|nccl):(send|recv)$")
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8,
+               "int": 4, "short int": 2, "bool": 1, "unsigned char": 1, "signed char": 1,
+               "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
+               "Bool": 1, "Byte": 1, "Char": 1, "Short": 2}
+EVENT_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
+                 "bytes", "peer"]
+
+
+def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.ndarray:
+    """`test` (a vectorised str predicate) applied to each distinct name once, as a mask
+    over all rows: names are categorical, and 300k rows share a few thousand names."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return test(names.astype(str)).to_numpy(dtype=bool)
+    hit = test(pd.Series(names.cat.categories.astype(str))).to_numpy(dtype=bool)
+    codes = names.cat.codes.to_numpy()
+    return np.where(codes >= 0, hit[np.clip(codes, 0, None)], False) if len(hit) \
+        else np.zeros(len(names), dtype=bool)
+
+
+def annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """Pipelining actions as intervals: start, end, stage, pass, microbatch, label.
+    `PP:{stage}{action}{mb}` (multi-stage schedules), or GPipe's `Forward i` / `Backward i`
+    (stage unknown there: -1, filled in with the rank's stage later)."""
+    ua = spans[spans["cat"] == "user_annotation"]
+    names = ua["name"].astype(str)
+    rows = []
+    for start, end, name in zip(ua["start"].to_numpy(), ua["end"].to_numpy(), names):
+        m = PP_ACTION.match(name)
+        if m:
+            rows.append((start, end, int(m[1]), ACTION_PASS[m[2]],
+                         int(m[3]) if m[3] else -1, name))
+            continue
+        m = SINGLE_STAGE.match(name)
+        if m:
+            rows.append((start, end, -1, m[1][0], int(m[2]), name))
+        elif name.startswith("Optimizer.step"):
+            rows.append((start, end, -1, "WU", -1, name))
+    frame = pd.DataFrame(rows, columns=["start", "end", "stage", "pass", "microbatch",
+                                        "label"])
+    return frame.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def merged_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals as sorted disjoint intervals (vectorised)."""
+    if len(start) == 0:
+        return start.astype(np.int64), end.astype(np.int64)
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    group = np.cumsum(new) - 1
+    out_end = np.zeros(group[-1] + 1, dtype=np.int64)
+    np.maximum.at(out_end, group, e)
+    return s[new], out_end
+
+
+def inside(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the interval (sorted, disjoint) holding each time, or -1."""
+    if len(starts) == 0:
+        return np.full(len(t), -1, dtype=np.int64)
+    idx = np.searchsorted(starts, t, side="right") - 1
+    ok = (idx >= 0) & (t < ends[np.clip(idx, 0, None)])
+    return np.where(ok, idx, -1)
+
+
+def top_level(spans: pd.DataFrame) -> np.ndarray:
+    """Mask of spans not nested in an earlier span of their thread (ops on one thread nest
+    properly, so an op is top-level when it starts after every earlier op has ended)."""
+    out = np.zeros(len(spans), dtype=bool)
+    if spans.empty:
+        return out
+    order = np.lexsort((-spans["end"].to_numpy(), spans["start"].to_numpy(),
+                        spans["tid"].cat.codes.to_numpy()))
+    tid = spans["tid"].cat.codes.to_numpy()[order]
+    s, e = spans["start"].to_numpy()[order], spans["end"].to_numpy()[order]
+    for t in np.unique(tid):
+        sel = np.flatnonzero(tid == t)
+        reach = np.maximum.accumulate(e[sel])
+        first = np.ones(len(sel), dtype=bool)
+        first[1:] = s[sel][1:] >= reach[:-1]
+        out[order[sel[first]]] = True
+    return out
+
+
+def launch_times(spans: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
+    """When each GPU event was launched on the host: its runtime call (same correlation
+    id), else its own start."""
+    rt = spans[spans["cat"] == "cuda_runtime"]
+    when = pd.Series(rt["start"].to_numpy(), index=rt["corr"].to_numpy())
+    when = when[~when.index.duplicated()]
+    found = when.reindex(gpu["corr"].to_numpy()).to_numpy()
+    return np.where(np.isnan(found), gpu["start"].to_numpy(), found).astype(np.int64)
+
+
+class Labeller:
+    """Stage / pass / micro-batch for a time on one rank, from its annotations, its
+    backward (autograd) spans and its optimiser step."""
+
+    def __init__(self, spans: pd.DataFrame, rank: int) -> None:
+        self.ann = annotations(spans, rank)
+        stages = sorted(s for s in self.ann["stage"].unique() if s >= 0)
+        self.stages = stages or [rank]
+        self.default_stage = stages[0] if len(stages) == 1 else rank if not stages else -1
+        pp = self.ann[self.ann["label"].str.startswith(("PP:", "Forward", "Backward"))]
+        self.pp_start, self.pp_end = pp["start"].to_numpy(), pp["end"].to_numpy()
+        self.pp = pp.reset_index(drop=True)
+        opt = self.ann[self.ann["pass"] == "WU"]
+        self.wu = merged_intervals(opt["start"].to_numpy(), opt["end"].to_numpy())
+        bwd = spans[(spans["cat"] == "cpu_op").to_numpy() & name_test(
+            spans["name"], lambda n: n.str.startswith("autograd::engine::evaluate_function"))]
+        self.bwd = merged_intervals(bwd["start"].to_numpy(), bwd["end"].to_numpy())
+
+    def label(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        stage = np.full(len(t), self.default_stage, dtype=np.int64)
+        mb = np.full(len(t), -1, dtype=np.int64)
+        ps = np.full(len(t), "F", dtype=object)
+        ps[inside(t, *self.bwd) >= 0] = "B"
+        ps[inside(t, *self.wu) >= 0] = "WU"
+        idx = inside(t, self.pp_start, self.pp_end)
+        hit = idx >= 0
+        if hit.any():
+            row = self.pp.iloc[idx[hit]]
+            st = row["stage"].to_numpy()
+            stage[hit] = np.where(st >= 0, st, self.default_stage)
+            mb[hit] = row["microbatch"].to_numpy()
+            named = row["pass"].to_numpy()
+            ps[np.flatnonzero(hit)[named != ""]] = named[named != ""]
+        return stage, ps, mb
+
+
+def tensor_bytes(dims: object, types: object) -> int:
+    """Bytes of the tensors of an op from its recorded shapes and dtypes (0 if unknown)."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return 0
+    total = 0
+    for d, ty in zip(dims, types):
+        shapes = d if d and isinstance(d[0], list) else [d]
+        for shape in shapes:
+            if isinstance(shape, list) and all(isinstance(x, int) for x in shape):
+                total += int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES.get(str(ty), 4)
+    return total
+
+
+def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
+    """Kernels, copies and sets as trace events, the host's sync calls, and idle gaps."""
+    gpu = spans[spans["cat"].isin(GPU_CATS)]
+    cat = gpu["cat"].astype(str).to_numpy()
+    kind = np.full(len(gpu), "compute", dtype=object)
+    kind[name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))] = "exchange"
+    copy = cat == "gpu_memcpy"
+    host = name_test(gpu["name"], lambda n: n.str.contains("HtoD|DtoH|HtoH", regex=True))
+    kind[copy & host] = "host_io"
+    kind[copy & ~host] = "exchange"
+    kind[cat == "gpu_memset"] = "exchange"  # memory traffic, not compute (as HTA counts it)
+    stage, ps, mb = lab.label(launch_times(spans, gpu))
+    nbytes = gpu["bytes"].to_numpy().copy()
+    coll = gpu["nelems"].to_numpy() > 0
+    nbytes[coll] = gpu["nelems"].to_numpy()[coll] * np.array(
+        [DTYPE_BYTES.get(d, 4) for d in gpu["dtype"].to_numpy()[coll]], dtype=np.int64)
+    ev = pd.DataFrame({"ipu": rank, "start": gpu["start"].to_numpy(),
+                       "end": gpu["end"].to_numpy(), "kind": kind, "stage": stage,
+                       "microbatch": mb, "pass": ps, "op": gpu["name"].to_numpy(),
+                       "step": 0, "bytes": nbytes, "peer": -1})
+    lo, hi = int(ev["start"].min()), int(ev["end"].max())
+    busy_s, busy_e = merged_intervals(ev["start"].to_numpy(), ev["end"].to_numpy())
+    gap_s, gap_e = busy_e[:-1], busy_s[1:]
+    keep = gap_e > gap_s
+    gap_s, gap_e = gap_s[keep], gap_e[keep]
+    g_stage, g_pass, g_mb = lab.label(gap_s)
+    idle = pd.DataFrame({"ipu": rank, "start": gap_s, "end": gap_e, "kind": "idle",
+                         "stage": g_stage, "microbatch": g_mb, "pass": g_pass,
+                         "op": "GPU idle", "step": 0, "bytes": 0, "peer": -1})
+    rt = spans[(spans["cat"] == "cuda_runtime").to_numpy()
+               & name_test(spans["name"], lambda n: n.isin(SYNC_CALLS))]
+    s = np.clip(rt["start"].to_numpy(), lo, hi)
+    e = np.clip(rt["end"].to_numpy(), lo, hi)
+    s_stage, s_pass, s_mb = lab.label(s)
+    sync = pd.DataFrame({"ipu": rank, "start": s, "end": e, "kind": "sync",
+                         "stage": s_stage, "microbatch": s_mb, "pass": s_pass,
+                         "op": rt["name"].astype(str).to_numpy(), "step": 0, "bytes": 0,
+                         "peer": -1})
+    parts = [p for p in (ev, idle, sync[sync["end"] > sync["start"]]) if len(p)]
+    return pd.concat(parts, ignore_index=True)[EVENT_COLUMNS]
+
+
+def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
+    """gloo / nccl send and recv annotations (post to completion) with their peer (from the
+    c10d call that posted them) and bytes: rank, direction, peer, start, end, bytes,
+    stage, pass, microbatch, seq (k-th op between this rank and that peer that way)."""
+    ann = spans[(spans["cat"] == "user_annotation").to_numpy()
+                & name_test(spans["name"], lambda n: n.str.match(P2P_ANNOTATION.pattern))]
+    calls = spans[(spans["cat"] == "cpu_op").to_numpy()
+                  & name_test(spans["name"], lambda n: n.str.match(r"^c10d::(send|recv)"))]
+    cols = ["rank", "direction", "peer", "start", "end", "bytes", "stage", "pass",
+            "microbatch", "seq"]
+    if ann.empty:
+        return pd.DataFrame(columns=cols)
+    calls = calls.sort_values("start")
+    idx = np.searchsorted(calls["start"].to_numpy(), ann["start"].to_numpy(), "right") - 1
+    peers = []
+    for i in idx:  # c10d::send / recv_(tensors, group, peer, tag): the peer is input 2
+        conc = calls["concrete"].iloc[i] if i >= 0 else None
+        peers.append(int(conc[2]) if isinstance(conc, list) and len(conc) > 2
+                     and str(conc[2]).lstrip("-").isdigit() else -1)
+    # posted when the c10d call began: gloo opens its annotation only when that call
+    # returns, and a first send may block in it until the peer connects
+    post = np.where(idx >= 0, calls["start"].to_numpy()[np.clip(idx, 0, None)],
+                    ann["start"].to_numpy()) if len(calls) else ann["start"].to_numpy()
+    direction = ann["name"].astype(str).str.split(":").str[1].to_numpy()
+    stage, ps, mb = lab.label(post)
+    frame = pd.DataFrame({
+        "rank": rank, "direction": direction, "peer": peers,
+        "start": post, "end": ann["end"].to_numpy(),
+        "bytes": [tensor_bytes(d, t) for d, t in zip(ann["dims"], ann["types"])],
+        "stage": stage, "pass": ps, "microbatch": mb})
+    frame = frame.sort_values("start", kind="stable").reset_index(drop=True)
+    frame["seq"] = frame.groupby(["direction", "peer"]).cumcount()
+    # without pipelining's annotations (Schedule1F1B has none): stages run in rank order,
+    # so what goes to a lower rank (or comes from a higher one) is a gradient, and each
+    # way carries the micro-batches in order
+    bare = (frame["microbatch"] < 0).to_numpy()
+    down = ((frame["direction"] == "send") & (frame["peer"] < rank)) \
+        | ((frame["direction"] == "recv") & (frame["peer"] > rank))
+    frame.loc[bare, "pass"] = np.where(down.to_numpy()[bare], "B", "F")
+    frame.loc[bare, "microbatch"] = frame["seq"].to_numpy()[bare]
+    return frame[cols]
+
+
+def cpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
+    """Top-level host ops as compute (c10d / gloo / nccl calls as exchange)."""
+    ops = spans[spans["cat"] == "cpu_op"]
+    ops = ops[top_level(ops)]
+    kind = np.where(name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern)),
+                    "exchange", "compute")
+    stage, ps, mb = lab.label(ops["start"].to_numpy())
+    return pd.DataFrame({"ipu": rank, "start": ops["start"].to_numpy(),
+                         "end": ops["end"].to_numpy(), "kind": kind, "stage": stage,
+                         "microbatch": mb, "pass": ps, "op": ops["name"].to_numpy(),
+                         "step": 0, "bytes": 0, "peer": -1})[EVENT_COLUMNS]

@@ -1,0 +1,81 @@
+"""The ops table of an imported trace: every host op (aten::*, autograd nodes, c10d calls)
+with the GPU time of the kernels it launched (same `External id`), its input shapes and
+FLOPs where the trace recorded them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from popviz.measure import tables as tbl
+from popviz.measure.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
+
+try:
+    import orjson
+
+    def _text(value: object) -> str:
+        return orjson.dumps(value).decode()
+except ImportError:  # pragma: no cover
+    def _text(value: object) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+PHASE = {"F": "forward", "B": "backward", "WU": "optimiser"}
+EXTRA_COLUMNS = ["cycles", "op_class", "gpu_ns", "kernels", "shapes", "flops", "top_level"]
+# op classes of popviz.record, guessed from the aten name (first match wins)
+OP_CLASSES = [
+    ("conv", re.compile(r"conv")),
+    ("matmul", re.compile(r"::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv)\b")),
+    ("norm", re.compile(r"norm")),
+    ("reduction", re.compile(r"::(?:sum|mean|amax|max|min|softmax|_softmax|log_softmax|"
+                             r"_log_softmax|nll_loss|cross_entropy|.*pool|var|std)")),
+    ("data_movement", re.compile(r"::(?:copy_|_to_copy|to|cat|stack|transpose|t|view|"
+                                 r"reshape|permute|contiguous|clone|slice|select|expand|"
+                                 r"as_strided|index|gather|scatter|pad|constant_pad_nd)\b")),
+    ("elementwise", re.compile(r"^aten::")),
+]
+
+
+def op_class(names: pd.Series) -> np.ndarray:
+    """popviz.record's op class of each op, from its name ("other" when none fits);
+    classified once per distinct name."""
+    codes, uniques = pd.factorize(names)
+    out = np.full(len(uniques), "other", dtype=object)
+    todo = np.ones(len(uniques), dtype=bool)
+    texts = pd.Series(np.asarray(uniques, dtype=object)).astype(str)
+    for cls, pattern in OP_CLASSES:
+        hit = todo & texts.str.contains(pattern).to_numpy()
+        out[hit] = cls
+        todo &= ~hit
+    return out[codes] if len(codes) else np.zeros(0, dtype=object)
+
+
+def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
+    """One row per host op of one rank, in OPS_COLUMNS plus EXTRA_COLUMNS."""
+    ops = spans[spans["cat"] == "cpu_op"]
+    gpu = spans[spans["cat"].isin(GPU_CATS)]
+    per_ext = (gpu["end"] - gpu["start"]).groupby(gpu["ext"].to_numpy()).agg(["sum", "size"])
+    found = per_ext.reindex(ops["ext"].to_numpy())
+    comm = name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern))
+    stage, ps, mb = lab.label(ops["start"].to_numpy())
+    phase = np.array([PHASE.get(p, "other") for p in ps], dtype=object)
+    phase[comm] = "exchange"
+    start, end = ops["start"].to_numpy(), ops["end"].to_numpy()
+    gpu_ns = found["sum"].fillna(0).to_numpy(np.int64)
+    top = top_level(ops)
+    # device time of an op, each instant once: its own kernels' GPU time (a kernel belongs
+    # to the innermost op that launched it), or on a CPU run the host time of top-level ops
+    cycles = np.where(comm, 0, gpu_ns if len(gpu) else np.where(top, end - start, 0))
+    cls = op_class(ops["name"])
+    cls[comm] = "exchange"
+    return pd.DataFrame({
+        "op_id": 0, "op": ops["name"].to_numpy(), "phase": phase, "ipu": rank, "stage": stage,
+        "microbatch": mb, "pass": ps, "step": 0, "start": start, "end": end,
+        "host_ns": end - start, "bytes": 0, "peer": -1, "waiting_ns": 0, "transfer_ns": 0,
+        "cycles": cycles, "op_class": cls, "gpu_ns": gpu_ns,
+        "kernels": found["size"].fillna(0).to_numpy(np.int64),
+        "shapes": [_text(d) if d else "" for d in ops["dims"]],
+        "flops": ops["flops"].to_numpy(), "top_level": top},
+    )[[*tbl.OPS_COLUMNS, *EXTRA_COLUMNS]]

@@ -1,0 +1,112 @@
+"""Liveness from what PyTorch records about memory: a `torch.cuda.memory._snapshot()` pickle
+(plain or .gz), or the `[memory]` instant events of a Kineto trace (profile_memory=True).
+
+Allocated bytes over time become the liveness table: `always_live_bytes` is the least
+allocated over the recording (weights, optimiser state: what never goes away),
+`not_always_live_bytes` the rest. Long recordings are thinned to MAX_POINTS by keeping each
+bin's highest point, so peaks survive.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.errors import ProfileError
+
+MAX_POINTS = 20_000
+PHASE = {"F": "forward", "B": "backward", "WU": "optimiser", "": "other"}
+
+
+class _DataOnly(pickle.Unpickler):
+    """A snapshot is plain dicts, lists, tuples, numbers and strings: refuse anything that
+    names a class or function, so a crafted pickle cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: a memory snapshot holds "
+                                     "plain data only")
+
+
+def read_snapshot(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        snap = _DataOnly(io.BytesIO(raw)).load()
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such memory snapshot") from None
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, gzip.BadGzipFile) as exc:
+        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle ({exc})") \
+            from None
+    if not isinstance(snap, dict) or "device_traces" not in snap or "segments" not in snap:
+        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle "
+                           "(no segments / device_traces)")
+    return snap
+
+
+def snapshot_series(snap: dict[str, Any], path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """(time ns since the epoch, allocated bytes after each event, device) for the device
+    with the most recorded events. The allocated level before the first event follows
+    from the segments' allocated bytes at snapshot time minus the recorded net change."""
+    traces = snap["device_traces"]
+    device = int(np.argmax([len(t) for t in traces])) if traces else 0
+    events = traces[device] if traces else []
+    sign = {"alloc": 1, "free_completed": -1}
+    kept = [e for e in events if e.get("action") in sign]
+    if not kept:
+        raise ProfileError(f"{path}: the snapshot has no alloc / free events (was "
+                           "torch.cuda.memory._record_memory_history on?)")
+    delta = np.array([sign[e["action"]] * int(e["size"]) for e in kept], dtype=np.int64)
+    time_ns = np.array([int(e.get("time_us", 0)) * 1000 for e in kept], dtype=np.int64)
+    final = sum(int(s.get("allocated_size", 0)) for s in snap["segments"]
+                if int(s.get("device", 0)) == device)
+    allocated = final - int(delta.sum()) + np.cumsum(delta)
+    return time_ns, allocated, device
+
+
+def thin(time: np.ndarray, allocated: np.ndarray,
+         limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most `limit` points: the highest point of each of `limit` equal index bins."""
+    if len(time) <= limit:
+        return time, allocated
+    bins = np.arange(len(time)) * limit // len(time)
+    order = np.lexsort((-allocated, bins))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = bins[order][1:] != bins[order][:-1]
+    pick = np.sort(order[first])
+    return time[pick], allocated[pick]
+
+
+def liveness_rows(rank: int, time: np.ndarray, allocated: np.ndarray,
+                  labels: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """The liveness table of one rank from allocated bytes over time (ns on the profile's
+    clock) and the stage / pass / micro-batch at each point."""
+    stage, ps, mb = labels
+    base = int(allocated.min()) if len(allocated) else 0
+    return pd.DataFrame({
+        "ipu": rank, "step": np.arange(len(time), dtype=np.int64),
+        "phase": [PHASE.get(p, "other") for p in ps],
+        "always_live_bytes": np.full(len(time), base, dtype=np.int64),
+        "not_always_live_bytes": (allocated - base).astype(np.int64),
+        "label": "", "microbatch": mb, "stage": stage, "pass": ps, "training_step": 0,
+        "stashed_microbatches": 0, "time": time.astype(np.int64)})
+
+
+def trace_series(memory: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Allocated bytes over time from a trace's [memory] events: the GPU's (the device
+    with most events) when there are any, else the host's."""
+    if memory.empty:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    gpu = memory[memory["device_type"] == 1]
+    mem = gpu if len(gpu) else memory[memory["device_type"] == 0]
+    if len(mem) and mem["device_id"].nunique() > 1:
+        mem = mem[mem["device_id"] == mem["device_id"].value_counts().idxmax()]
+    mem = mem.sort_values("time", kind="stable")
+    return mem["time"].to_numpy(np.int64), mem["allocated"].to_numpy(np.int64)

@@ -1,0 +1,357 @@
+"""popviz import: real H100 recordings (tests/fixtures, from ../shared/fixtures/gpu) and
+multi-rank gloo pipelines these tests run themselves, checked against the raw JSON / pickle
+read independently here with json and gzip."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import popviz
+from popviz.cli.main import main
+from popviz.measure import kineto
+from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RESNET = FIXTURES / "kineto_resnet50_b64.json.gz"
+PIPELINE = FIXTURES / "kineto_pipelining_interleaved_1rank.json.gz"
+SNAPSHOT = FIXTURES / "memsnap_resnet50_b32.pickle.gz"
+WORLD = 3
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
+                      else path.read_bytes())["traceEvents"]
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, -np.inf
+    for s, e in sorted(intervals):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = popviz.import_trace([RESNET], tmp_path_factory.mktemp("rn"))
+    with popviz.open(path) as profile:
+        yield profile
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = popviz.import_trace(PIPELINE, tmp_path_factory.mktemp("pp") / "pp.h5")
+    with popviz.open(path) as profile:
+        yield profile
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    return make_traces(tmp_path_factory.mktemp("runs"), world=WORLD)
+
+
+@pytest.fixture(scope="module")
+def imported(runs: dict[str, list[Path]], tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, Any]:
+    out = {}
+    for name, files in runs.items():
+        path = popviz.import_trace(files, tmp_path_factory.mktemp(name))
+        out[name] = popviz.open(path)
+    yield out
+    for p in out.values():
+        p.close()
+
+
+# ---- the real GPU recordings ----
+def test_resnet_kernels_are_compute_and_gaps_idle(resnet: Any) -> None:
+    events = _events(RESNET)
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")]
+    trace = resnet.trace
+    assert resnet.kind == "measured" and set(trace["ipu"]) == {0}
+    assert (trace["kind"] == "compute").sum() == sum(e["cat"] == "kernel" for e in gpu)
+    assert (trace["kind"] == "exchange").sum() == sum(e["cat"] == "gpu_memset" for e in gpu)
+    # idle (+ sync) is the GPU's span minus the union of its activity, from the raw JSON
+    span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
+    idle_us = span - _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    gaps = trace[trace["kind"] == "idle"]
+    assert float((gaps["end"] - gaps["start"]).sum()) / 1e3 == pytest.approx(idle_us, rel=1e-3)
+    assert (trace["kind"] == "sync").sum() == 1  # the one cudaDeviceSynchronize
+    assert set(trace["pass"]) >= {"F", "B", "WU"}  # autograd spans, Optimizer.step
+
+
+def test_resnet_ops_carry_their_kernels_gpu_time_and_shapes(resnet: Any) -> None:
+    events = _events(RESNET)
+    conv_ids = {e["args"]["External id"] for e in events
+                if e.get("cat") == "cpu_op" and e["name"] == "aten::cudnn_convolution"}
+    want = sum(e["dur"] for e in events if e.get("cat") in ("kernel", "gpu_memset")
+               and e["args"].get("External id") in conv_ids)
+    ops = resnet.ops
+    conv = ops[ops["op"] == "aten::cudnn_convolution"]
+    assert len(conv) == len(conv_ids)
+    assert conv["gpu_ns"].sum() / 1e3 == pytest.approx(want, rel=1e-4)
+    assert (conv["op_class"] == "conv").all()
+    first = json.loads(conv.sort_values("start")["shapes"].iloc[0])
+    assert first[0] == [64, 3, 224, 224]  # batch 64, 224² images
+    # every kernel belongs to one op: the ops' GPU time is the kernels' time, once
+    all_kernels = sum(e["dur"] for e in events if e.get("cat") in ("kernel", "gpu_memset"))
+    assert ops["gpu_ns"].sum() / 1e3 == pytest.approx(all_kernels, rel=1e-3)
+
+
+def test_resnet_liveness_from_the_traces_memory_events(resnet: Any) -> None:
+    events = [e for e in _events(RESNET) if e.get("name") == "[memory]"
+              and e["args"].get("Device Type") == 1]
+    allocated = [e["args"]["Total Allocated"] for e in events]
+    live = resnet.liveness
+    total = live["always_live_bytes"] + live["not_always_live_bytes"]
+    assert len(live) == len(events)
+    assert int(total.max()) == max(allocated)
+    assert int(live["always_live_bytes"].iloc[0]) == min(allocated)
+
+
+def test_memory_snapshot_gives_the_liveness(tmp_path: Path) -> None:
+    snap = pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))
+    events = [e for e in snap["device_traces"][0]
+              if e["action"] in ("alloc", "free_completed")]
+    level = np.cumsum([e["size"] if e["action"] == "alloc" else -e["size"] for e in events])
+    final = sum(s["allocated_size"] for s in snap["segments"])
+    level = level - level[-1] + final  # ends where the segments say memory stood
+    path = popviz.import_trace([RESNET], tmp_path, memory_snapshot=SNAPSHOT)
+    with popviz.open(path) as p:
+        live = p.liveness
+    total = (live["always_live_bytes"] + live["not_always_live_bytes"]).to_numpy()
+    assert len(live) == len(events)
+    np.testing.assert_array_equal(total, level)
+    assert int(live["always_live_bytes"].iloc[0]) == int(level.min())
+
+
+def test_snapshot_pickle_that_names_code_is_refused(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]], "x": Path(".")}))
+    with pytest.raises(popviz.ProfileError, match="plain data only"):
+        popviz.import_trace([RESNET], tmp_path / "out", memory_snapshot=evil)
+
+
+def test_pipelining_annotations_give_stage_pass_and_microbatch(pipeline: Any) -> None:
+    events = _events(PIPELINE)
+    base_ns = json.loads(gzip.decompress(PIPELINE.read_bytes()))["baseTimeNanoseconds"]
+    trace = pipeline.trace
+    assert sorted(pipeline.stages["stage"]) == [0, 1]
+    assert set(pipeline.stages["ipu"]) == {0}
+    # kernels inside the GPU-side span of PP:{s}F{m} are labelled s, F, m
+    for ann in (e for e in events if e.get("cat") == "gpu_user_annotation"
+                and e["name"][4:5] == "F"):
+        s, m = int(ann["name"][3]), int(ann["name"][5:])
+        lo, hi = ann["ts"] * 1e3, (ann["ts"] + ann["dur"]) * 1e3
+        kernels = [e for e in events if e.get("cat") == "kernel"
+                   and lo <= e["ts"] * 1e3 < hi]
+        # the profile's clock: ns since baseTimeNanoseconds, minus the origin it names
+        shift = base_ns - pipeline.meta["measure"]["origin_ns"]
+        got = trace[(trace["kind"] == "compute")
+                    & trace["start"].between(lo + shift - 1, hi + shift)]
+        assert len(got) >= len(kernels) > 0
+        assert set(got["stage"]) == {s} and set(got["pass"]) == {"F"}, ann["name"]
+        assert set(got["microbatch"]) == {m}
+    copies = pipeline.exchange
+    n_copies = sum(e.get("cat") == "gpu_memcpy" for e in events)
+    assert len(copies) == n_copies and set(copies["kind"]) == {"internal"}
+    assert (copies["bytes"] == 32768).all()  # 8 x 1024 fp32 activations per micro-batch
+
+
+# ---- several ranks, made here ----
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_ranks_stages_and_transfers_of_a_gloo_pipeline(imported: dict[str, Any],
+                                                       schedule: str) -> None:
+    p = imported[schedule]
+    assert p.meta["ranks"] == list(range(WORLD))
+    assert sorted(p.stages["stage"]) == list(range(WORLD))
+    ex = p.exchange
+    # activations flow down the pipeline, gradients back, one per micro-batch and link
+    links = WORLD - 1
+    assert len(ex) == 2 * links * MICROBATCHES
+    acts = ex[ex["kind"] == "activation"]
+    grads = ex[ex["kind"] == "gradient"]
+    assert ((acts["dst"].astype(int) - acts["src"].astype(int)) == 1).all()
+    assert ((grads["src"].astype(int) - grads["dst"].astype(int)) == 1).all()
+    assert (ex["bytes"] == MICRO_BATCH * FEATURES * 4).all()
+    for (src, dst), link in acts.groupby(["src", "dst"]):
+        assert sorted(link["microbatch"]) == list(range(MICROBATCHES)), (src, dst)
+    # clocks aligned: a transfer ends after its data was posted (start = both posted)
+    assert (ex["end"] >= ex["start"]).all()
+    # micro-batch m reaches the last stage after it left the first
+    first = acts[acts["src"].astype(int) == 0].set_index("microbatch")["start"]
+    last = acts[acts["dst"].astype(int) == WORLD - 1].set_index("microbatch")["end"]
+    assert (last.sort_index() > first.sort_index()).all()
+
+
+def test_gpipe_compute_is_labelled_by_its_annotations(imported: dict[str, Any]) -> None:
+    comp = imported["GPipe"].trace
+    comp = comp[comp["kind"] == "compute"]
+    for rank in range(WORLD):
+        mine = comp[comp["ipu"] == rank]
+        assert set(mine["stage"]) == {rank}
+        for ps in ("F", "B"):
+            got = set(mine.loc[mine["pass"] == ps, "microbatch"]) - {-1}
+            assert got == set(range(MICROBATCHES)), (rank, ps)
+
+
+def test_microbatches_without_annotations_follow_the_transfers(
+        runs: dict[str, list[Path]], imported: dict[str, Any], tmp_path: Path) -> None:
+    # GPipe's traces without their Forward i / Backward i annotations (as Schedule1F1B
+    # writes them): the micro-batches inferred from the transfers are the annotated ones
+    stripped = []
+    for f in runs["GPipe"]:
+        doc = json.loads(f.read_bytes())
+        doc["traceEvents"] = [e for e in doc["traceEvents"]
+                              if not (e.get("cat") == "user_annotation"
+                                      and e.get("name", "").split(" ")[0]
+                                      in ("Forward", "Backward"))]
+        stripped.append(tmp_path / f.name)
+        stripped[-1].write_text(json.dumps(doc))
+    with popviz.open(popviz.import_trace(stripped, tmp_path / "bare")) as bare:
+        b = bare.trace[bare.trace["kind"] == "compute"].reset_index(drop=True)
+    a = imported["GPipe"].trace
+    a = a[a["kind"] == "compute"].reset_index(drop=True)
+    assert (a["start"] == b["start"]).all()
+    same = (a["microbatch"] >= 0) & (a["pass"] == b["pass"])
+    assert same.mean() > 0.9
+    assert (a.loc[same, "microbatch"] == b.loc[same, "microbatch"]).all()
+    one = imported["1F1B"].trace
+    one = one[(one["kind"] == "compute") & one["pass"].isin(["F", "B"])]
+    for (rank, ps), rows in one.groupby(["ipu", "pass"]):
+        assert set(rows["microbatch"]) - {-1} == set(range(MICROBATCHES)), (rank, ps)
+
+
+def test_gzip_and_plain_import_the_same(runs: dict[str, list[Path]], tmp_path: Path) -> None:
+    files = runs["GPipe"]
+    zipped = []
+    for f in files:
+        z = tmp_path / (f.name + ".gz")
+        z.write_bytes(gzip.compress(f.read_bytes()))
+        zipped.append(z)
+    a = popviz.import_trace(files, tmp_path / "a")
+    b = popviz.import_trace(list(reversed(zipped)), tmp_path / "b")
+    with popviz.open(a) as pa, popviz.open(b) as pb:
+        pd.testing.assert_frame_equal(pa.trace, pb.trace)
+        pd.testing.assert_frame_equal(pa.exchange, pb.exchange)
+
+
+def test_chunked_parsing_equals_one_json_load(runs: dict[str, list[Path]],
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    # an event whose args hold `},{` in a string and a list of objects: cuts land there
+    path = tmp_path / "tricky.json"
+    doc = json.loads(runs["1F1B"][1].read_bytes())
+    doc["traceEvents"].insert(5, {"ph": "X", "cat": "cpu_op", "name": "x},{y", "pid": 1,
+                                  "tid": 1, "ts": doc["traceEvents"][9]["ts"], "dur": 1.0,
+                                  "args": {"l": [{"a": 1}, {"b": 2}], "s": "}, {"}})
+    path.write_text(json.dumps(doc, indent=1))
+    whole = kineto.read_trace(path)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 700)
+    sliced = kineto.read_trace(path)
+    pd.testing.assert_frame_equal(whole.spans, sliced.spans)
+    assert whole.meta == sliced.meta and "x},{y" in set(sliced.spans["name"].astype(str))
+    raw = [e for e in doc["traceEvents"] if e.get("ph") == "X"
+           and e.get("cat") in kineto.KEEP_CATS]
+    assert len(sliced.spans) == len(raw)
+
+
+@pytest.mark.parametrize("which", ["resnet", "pipeline", "gloo"])
+def test_vectorised_reader_equals_the_json_decoder(which: str,
+                                                   runs: dict[str, list[Path]]) -> None:
+    path = {"resnet": RESNET, "pipeline": PIPELINE, "gloo": runs["GPipe"][1]}[which]
+    fast = kineto.read_trace(path)
+    spans, memory, top = kineto.read_general(kineto.read_bytes(path), path)
+    assert fast.meta == top and len(fast.spans) == len(spans) > 0
+    for col in spans.columns:
+        a, b = fast.spans[col], spans[col]
+        if col in ("start", "end"):  # exact digits vs float µs x 1000: 1 ns apart at most
+            assert np.abs(a.to_numpy() - b.to_numpy()).max() <= 1, col
+        elif col == "dims":  # text (fast) or lists (json): the same shapes
+            assert [json.loads(x) if isinstance(x, str) else x for x in a] == list(b)
+        elif col not in ("types", "concrete"):  # the fast reader keeps them for p2p only
+            assert (a.astype(str).to_numpy() == b.astype(str).to_numpy()).all(), col
+    for col in memory.columns:
+        assert np.abs(fast.memory[col].to_numpy() - memory[col].to_numpy()).max() <= 1
+
+
+# ---- errors: one line, naming the file ----
+def test_bad_inputs_are_named_in_one_line(runs: dict[str, list[Path]], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    files = runs["GPipe"]
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(files[1].read_bytes()[:5000])
+    # cut just after an event: what follows its last list reads like the top level's end
+    text = files[1].read_bytes()
+    after = tmp_path / "after_event.json"
+    dims = text.index(b'"Input Dims"', 3000)
+    after.write_bytes(text[:text.index(b"}", dims) + 1])
+    cases = {
+        "missing": ([files[0], tmp_path / "nope.json", files[2]], "nope.json: no such"),
+        "cut": ([files[0], cut, files[2]], "cut.json: not valid JSON"),
+        "after": ([files[0], after, files[2]], "after_event.json: not valid JSON"),
+        "twice": ([files[0], files[0], files[1], files[2]], "rank 0 given twice"),
+        "gap": ([files[0], files[2]], r"rank\(s\) 1 of 3 missing"),
+    }
+    for name, (paths, why) in cases.items():
+        with pytest.raises(popviz.ProfileError, match=why):
+            popviz.import_trace(paths, tmp_path / name)
+        assert not (tmp_path / name / "profile.h5").exists()
+    assert main(["import", str(files[0]), str(cut), "--to", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cut.json" in err
+
+
+def test_cli_import_writes_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["import", str(PIPELINE), "--to", str(tmp_path / "p")]) == 0
+    assert "imported 1 trace(s)" in capsys.readouterr().out
+    assert main(["summary", "--json", str(tmp_path / "p")]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["kind"] == "measured" and facts["ranks"] == [0]
+
+
+# ---- the app and compare treat an import like a measured run ----
+def test_pages_of_an_imported_profile_load_and_speak_ranks(pipeline: Any, resnet: Any,
+                                                          tmp_path: Path) -> None:
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from tests.dash_util import component_text
+
+    for name, p in (("pp", pipeline), ("rn", resnet)):
+        (tmp_path / name).mkdir()
+        shutil.copy(p.path, tmp_path / name / "profile.h5")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    for name in ("pp", "rn"):
+        query = f"?profile={name}/profile.h5"
+        for page in ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange",
+                     "/operations"):
+            text = component_text(render(ctx, page, query)[1])
+            assert "Traceback" not in text and "cannot" not in text.lower(), (name, page)
+        summary = component_text(render(ctx, "/summary", query)[1])
+        assert "rank 0" in summary and " ns (" in summary
+    assert "bubbles" in component_text(render(ctx, "/summary", "?profile=pp/profile.h5")[1])
+
+
+def test_compare_an_imported_run_with_a_modelled_plan(pipeline: Any,
+                                                      imported: dict[str, Any]) -> None:
+    modelled = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_pipelined" \
+        / "training" / "profile.h5"
+    if not modelled.exists():
+        pytest.skip("example profiles not in profiles/")
+    with popviz.open(modelled) as plan:
+        comp = popviz.compare(plan, pipeline)
+        assert list(comp.sides["kind"]) == ["modelled", "measured"]
+        tps = comp.time_per_sample.set_index("category")
+        assert tps.loc["idle", "b"] > 0 and tps.loc["forward", "b"] > 0
+    both = popviz.compare(imported["GPipe"], imported["1F1B"])
+    assert set(both.time_per_sample["category"]) >= {"forward", "backward", "exchange"}
