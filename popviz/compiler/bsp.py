@@ -140,6 +140,10 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
             hm = on & is_host
             np.add.at(host_x, (tk[hm], idx[hm]), tc[hm])
         np.add.at(host_total, tk[is_host], tc[is_host])
+    if K and num_ipus:  # the host call's fixed cost (stream setup, program start) opens it
+        call = int(np.ceil(getattr(target, "host_call_cycles", 0.0)))
+        host_x[0, int(costs.ipu[0])] += call
+        host_total[0] += call
     x_len = np.maximum((link_x + host_x).max(axis=1), host_total)
     sync = np.full(K, target.sync_cycles, dtype=np.int64)
     length = compute_len + sync + x_len

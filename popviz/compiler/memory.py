@@ -117,11 +117,28 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     ipu = stage_ipu[np.clip(stage, 0, len(stage_ipu) - 1)]
     t = t.assign(stage=stage.astype(np.int64), ipu=ipu.astype(np.int64))
 
-    nt = tiles_for(nbytes, tiles_per_ipu)
-    op_start = start_tiles(ops["tiles_used"].to_numpy(np.int64), ops["op_id"].to_numpy(),
-                           tiles_per_ipu)
-    start = np.where(has_p, np.minimum(op_start[pi], tiles_per_ipu - nt),
-                     start_tiles(nt, t["tensor_id"].to_numpy(), tiles_per_ipu))
+    # grains over the tiles of the op that makes the tensor (a tensor smaller than that op
+    # gets a contiguous run of its tiles, placed by id so that small ones do not all land
+    # on the op's first tile); a tensor no op makes (weights, inputs) over the tiles of its
+    # first reader, as a conv plan maps its weights; one nobody reads, from tile 0
+    grain = int(ops.attrs.get("grain_bytes", 128))
+    nt = tiles_for(nbytes, tiles_per_ipu, grain)
+    op_nt = ops["tiles_used"].to_numpy(np.int64)
+    op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
+    op_start = start_tiles(op_nt, op_key, tiles_per_ipu)
+    home_op = np.where(has_p, pi, -1)
+    if len(pairs):
+        first = pairs.groupby("t")["row"].min()
+        idx = first.index.to_numpy(np.int64)
+        home_op[idx] = np.where(has_p[idx], home_op[idx], first.to_numpy(np.int64))
+    hop = np.maximum(home_op, 0)
+    on_op = (home_op >= 0) & (op_nt[hop] > 0)
+    nt = np.where(on_op, np.minimum(nt, np.maximum(op_nt[hop], 1)), nt)
+    room = np.maximum(op_nt[hop] - nt + 1, 1)
+    offset = start_tiles(np.zeros(len(t), dtype=np.int64), t["tensor_id"].to_numpy(), 1 << 30) \
+        % room
+    start = np.where(on_op, np.minimum(op_start[hop] + offset, tiles_per_ipu - nt), 0)
+
     base = pd.DataFrame({"ipu": ipu, "name": t["name"].astype(str).to_numpy(),
                          "category": cat, "bytes": nbytes, "t0": start, "t1": start + nt,
                          "stage": stage})
@@ -201,21 +218,27 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     T = target.tiles_per_ipu
     ops = ops.copy()
     ops.attrs["tiles_per_ipu"] = T
+    ops.attrs["grain_bytes"] = int(target.cost.grain_bytes)
     tens, al, iv = _intervals(ops, tensors, options, precision, module_stage, stage_ipu)
     n_stages = len(stage_ipu)
 
-    # AMP temporaries: one step on the op's own tiles
+    # AMP temporaries and incoming-operand exchange buffers: one step on the op's own tiles
     amp_ops = ops[ops["temp_bytes"] > 0]
     nt = amp_ops["tiles_used"].to_numpy(np.int64)
     key = np.where(amp_ops["source_op"] >= 0, amp_ops["source_op"], amp_ops["op_id"])
     t0 = start_tiles(nt, key, T)
-    temps = pd.DataFrame({
-        "ipu": amp_ops["ipu"].to_numpy(), "name": ("temporary of " + amp_ops["op"].astype(str)
-                                                   + "#" + amp_ops["op_id"].astype(str)),
-        "category": "temporary",
-        "bytes": amp_ops["temp_bytes"].to_numpy(np.int64) * nt, "t0": t0, "t1": t0 + nt,
-        "stage": amp_ops["stage"].to_numpy(), "s0": amp_ops["step"].to_numpy(),
-        "s1": amp_ops["step"].to_numpy()})
+    label = amp_ops["op"].astype(str) + "#" + amp_ops["op_id"].astype(str)
+    scale = dtype_scale(amp_ops["dtype"], precision.compute_bytes)
+    buffer = np.ceil(amp_ops["bytes_read"].to_numpy(np.float64) * scale
+                     * target.cost.exchange_buffer_fraction)
+    temps = pd.concat([pd.DataFrame({
+        "ipu": amp_ops["ipu"].to_numpy(), "name": prefix + label, "category": category,
+        "bytes": nbytes, "t0": t0, "t1": t0 + nt, "stage": amp_ops["stage"].to_numpy(),
+        "s0": amp_ops["step"].to_numpy(), "s1": amp_ops["step"].to_numpy()})
+        for prefix, category, nbytes in (
+            ("temporary of ", "temporary", amp_ops["temp_bytes"].to_numpy(np.int64) * nt),
+            ("exchange buffer of ", "exchange_buffer", buffer.astype(np.int64)))],
+        ignore_index=True)
 
     # stash: tensors alive from a forward step into the backward, x (depth - 1) other
     # micro-batches in flight (the current one is the interval itself)
@@ -248,10 +271,12 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     R = int(rows.max()) if num_ipus else 0
     tile_live = np.zeros((num_ipus, R, T), dtype=np.uint32)
     code = np.zeros((num_ipus, T))
+    state = np.zeros((num_ipus, T))
     exch = np.zeros((num_ipus, T))
     alive_tiles = np.zeros((num_ipus, T))
     nal_step = np.zeros((num_ipus, R))
     nal_ipu = nal["ipu"].to_numpy(np.int64)
+    grain = int(target.cost.grain_bytes)
     op_ipu = ops["ipu"].to_numpy(np.int64)
     op_nt = ops["tiles_used"].to_numpy(np.int64)
     op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
@@ -260,14 +285,17 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     op_code = np.where(ops["source_op"].to_numpy() >= 0, 0, target.code_bytes_per_op_per_tile)
     op_xcode = np.where(ops["source_op"].to_numpy() >= 0, 0,
                         target.exchange_code_bytes_per_op_per_tile)
+    # vertex instance state on every tile an op runs (recompute copies are outlined calls
+    # of their forward's compute sets: no state of their own)
+    op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
+                        float(target.cost.vertex_state_bytes_per_op_per_tile))
     for i in range(num_ipus):
         m = nal_ipu == i
         sub = nal[m]
         r0 = sub["s0"].to_numpy(np.int64) // width[i]
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
-        ntile = (sub["t1"] - sub["t0"]).to_numpy(np.int64)
-        per_tile = sub["bytes"].to_numpy(np.float64) / np.maximum(ntile, 1)
-        grid = rectangles(R, T, r0, r1, sub["t0"].to_numpy(), sub["t1"].to_numpy(), per_tile)
+        t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
+        grid = rectangles(R, T, rr0, rr1, t0s, t1s, per_tile)
         tile_live[i] = np.minimum(np.ceil(grid - 1e-6), np.iinfo(np.uint32).max)
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
@@ -277,23 +305,26 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         code[i] = target.tile_overhead_bytes + per_tile_sum(
             T, op_t0[om], op_t0[om] + op_nt[om], op_code[om])
         exch[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_xcode[om])
+        state[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_state[om])
         a = al[al["ipu"].to_numpy() == i]
-        n_a = (a["t1"] - a["t0"]).to_numpy(np.int64)
-        alive_tiles[i] = per_tile_sum(T, a["t0"].to_numpy(), a["t1"].to_numpy(),
-                                      a["bytes"].to_numpy(np.float64) / np.maximum(n_a, 1))
+        zero = np.zeros(len(a), dtype=np.int64)
+        t0s, t1s, per_tile, _, _ = _grains(a, grain, zero, zero)
+        alive_tiles[i] = per_tile_sum(T, t0s, t1s, per_tile)
 
     nal_peak = tile_live.max(axis=1) if R else np.zeros((num_ipus, T))
     code_i, exch_i = np.ceil(code).astype(np.int64), np.ceil(exch).astype(np.int64)
+    state_i = np.ceil(state).astype(np.int64)
     al_i = np.ceil(alive_tiles).astype(np.int64)
-    total = code_i + exch_i + al_i + nal_peak.astype(np.int64)
+    total = code_i + state_i + exch_i + al_i + nal_peak.astype(np.int64)
     tile_memory = pd.DataFrame({
         "ipu": np.repeat(np.arange(num_ipus), T).astype(np.int64),
         "tile": np.tile(np.arange(T), num_ipus).astype(np.int64),
         "capacity_bytes": np.int64(target.bytes_per_tile),
         "total_bytes": total.ravel(), "code": code_i.ravel(), "always_live": al_i.ravel(),
         "not_always_live_peak": nal_peak.ravel().astype(np.int64), "exchange": exch_i.ravel(),
+        "vertex_state": state_i.ravel(),
     })
-    always_ipu = (code_i + exch_i + al_i).sum(axis=1)
+    always_ipu = (code_i + state_i + exch_i + al_i).sum(axis=1)
     liveness = _liveness_table(ops, rows, width, nal_step, always_ipu, num_ipus)
     peak = always_ipu + (nal_step.max(axis=1) if R else 0)
     variables = pd.DataFrame({
@@ -304,6 +335,26 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     oom = _oom(tile_memory, total, tile_live, al, nal, width, target.bytes_per_tile)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
+
+
+def _grains(rows: pd.DataFrame, grain: int, r0: np.ndarray, r1: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tile ranges holding whole grains: a tensor of g grains over n tiles gives g // n
+    grains to each and one more to its first g % n tiles (so 1.5 grains per tile is 2 on
+    half the tiles and 1 on the rest, as a real mapping is). Two ranges per tensor:
+    (t0, t1, bytes per tile, r0, r1) of each."""
+    t0 = rows["t0"].to_numpy(np.int64)
+    t1 = rows["t1"].to_numpy(np.int64)
+    nbytes = rows["bytes"].to_numpy(np.float64)
+    n = np.maximum(t1 - t0, 1)
+    g = np.maximum(np.ceil(nbytes / grain), 1)
+    per_grain = nbytes / g
+    base = np.floor(g / n)
+    extra = (g - base * n).astype(np.int64)
+    mid = t0 + np.minimum(extra, n)
+    return (np.concatenate([t0, mid]), np.concatenate([mid, t1]),
+            np.concatenate([(base + 1) * per_grain, base * per_grain]),
+            np.concatenate([r0, r0]), np.concatenate([r1, r1]))
 
 
 def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,

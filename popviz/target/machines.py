@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from popviz.target.costmodel import DEFAULT_COST, CostModel
+
 KIB = 1024
 
 
@@ -33,15 +35,43 @@ class Target:
     ipu_link_latency_s: float = 1.0e-6  # assumed
     host_bytes_per_s: float = 32.0e9
     host_latency_s: float = 2.0e-6  # assumed
-    sync_cycles: int = 600  # assumed: one BSP sync across IPUs
-    op_overhead_cycles: int = 200  # assumed: compute-set launch + internal sync per op
-    code_bytes_per_op_per_tile: int = 320  # assumed: vertex code + vertex state per tile used
-    exchange_code_bytes_per_op_per_tile: int = 64  # assumed: internal exchange code per op
-    tile_overhead_bytes: int = 8 * KIB  # assumed: control code + stack per tile
-    vector_flops_per_tile_cycle_fp16: float = 4.0  # assumed: 64-bit SIMD, non-AMP ops
-    vector_flops_per_tile_cycle_fp32: float = 2.0  # assumed
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    cost: CostModel = DEFAULT_COST  # modelling constants, each with its provenance
+
+    # ---- modelling constants, read from the cost model (kept as attributes so that
+    # compile code and target files keep their names) ----
+    @property
+    def sync_cycles(self) -> int:
+        return int(self.cost.sync_cycles)
+
+    @property
+    def op_overhead_cycles(self) -> int:
+        return int(self.cost.op_overhead_cycles)
+
+    @property
+    def code_bytes_per_op_per_tile(self) -> int:
+        return int(self.cost.code_bytes_per_op_per_tile)
+
+    @property
+    def exchange_code_bytes_per_op_per_tile(self) -> int:
+        return int(self.cost.exchange_code_bytes_per_op_per_tile)
+
+    @property
+    def tile_overhead_bytes(self) -> int:
+        return int(self.cost.tile_overhead_bytes)
+
+    @property
+    def vector_flops_per_tile_cycle_fp16(self) -> float:
+        return float(self.cost.vector_flops_per_tile_cycle_fp16)
+
+    @property
+    def vector_flops_per_tile_cycle_fp32(self) -> float:
+        return float(self.cost.vector_flops_per_tile_cycle_fp32)
+
+    @property
+    def host_call_cycles(self) -> float:
+        return float(self.cost.host_call_s) * self.clock_hz
 
     # ---- derived per-tile, per-cycle rates ----
     def _per_tile_cycle(self, per_second: float) -> float:
@@ -80,65 +110,95 @@ class Target:
 
     def to_meta(self, num_ipus: int) -> dict[str, Any]:
         """The `target` dict of the profile contract (JSON-safe), plus the model constants."""
-        meta = {k: v for k, v in asdict(self).items() if k not in ("sources",)}
+        meta = {k: v for k, v in asdict(self).items() if k not in ("sources", "cost")}
+        meta.update(self.cost.to_dict())
         meta["num_ipus"] = int(num_ipus)
         return meta
 
 
 _REF = "docs/hardware.md"
+_EENEWS = ("eeNews Europe, 'Graphcore slashes power in first Dell server' (C2 card: 192 GB/s "
+           "of IPU-Link bandwidth between its two IPUs; exchange 62.5 Tbit/s)")
+_COMMON = {
+    "ipu_link_latency_s": "assumed: 1 us per IPU-Link transfer (no public figure read; Jia et "
+                          "al. 2019 measure it, see docs/cost-model.md)",
+    "host_latency_s": "assumed: 2 us per host stream copy",
+}
 
 MK1 = Target(
     name="mk1",
     description="Graphcore Colossus Mk1 GC2 (C2 card)",
-    tiles_per_ipu=1216,  # hardware.md: tiles
-    bytes_per_tile=256 * KIB,  # hardware.md: SRAM per tile
-    clock_hz=1.6e9,  # hardware.md: ~1.6 GHz (derived there)
-    peak_fp16_flops=124.5e12,  # hardware.md: peak FP16 -> 64 FLOPs/tile/cycle (derived)
-    peak_fp32_flops=31.1e12,  # hardware.md: peak FP32 -> 16 FLOPs/tile/cycle (derived)
-    memory_bytes_per_s=45e12,  # hardware.md: on-chip memory bandwidth
-    exchange_bytes_per_s=8e12,  # hardware.md: on-chip exchange ~8 TB/s
-    ipu_link_bytes_per_s=320e9,  # assumed: hardware.md gives no Mk1 figure; Mk2's 320 GB/s
-    host_bytes_per_s=32e9,  # derived: PCIe Gen3 x16, half of hardware.md's Gen4 ~64 GB/s
-    sources={"tiles": _REF, "bytes_per_tile": _REF, "clock_hz": f"{_REF} (derived)",
-             "peak_fp16_flops": _REF, "peak_fp32_flops": _REF, "memory": _REF,
-             "exchange": _REF, "ipu_link": "assumed (Mk2 figure)",
-             "host": "derived (PCIe Gen3 x16)"},
+    tiles_per_ipu=1216,
+    bytes_per_tile=256 * KIB,
+    clock_hz=1.6e9,
+    peak_fp16_flops=124.5e12,
+    peak_fp32_flops=31.1e12,
+    memory_bytes_per_s=45e12,
+    exchange_bytes_per_s=8e12,
+    ipu_link_bytes_per_s=192e9,
+    host_bytes_per_s=32e9,
+    sources={
+        "tiles_per_ipu": f"published: {_REF} (1216 tiles)",
+        "bytes_per_tile": f"published: {_REF} (256 KiB)",
+        "clock_hz": f"derived: {_REF} (~1.6 GHz, derived there from peak / tiles)",
+        "peak_fp16_flops": f"published: {_REF} (124.5 TFLOPS)",
+        "peak_fp32_flops": f"published: {_REF} (31.1 TFLOPS)",
+        "memory_bytes_per_s": f"published: {_REF} (45 TB/s)",
+        "exchange_bytes_per_s": f"published: {_REF} (~8 TB/s); {_EENEWS}",
+        "ipu_link_bytes_per_s": f"published: {_EENEWS}",
+        "host_bytes_per_s": "derived: PCIe Gen3 x16, half of the Gen4 ~64 GB/s in " + _REF,
+        **_COMMON},
 )
 
 MK2 = Target(
     name="mk2",
     description="Graphcore Colossus Mk2 GC200 (IPU-M2000)",
-    tiles_per_ipu=1472,  # hardware.md
-    bytes_per_tile=624 * KIB,  # hardware.md
-    clock_hz=1.33e9,  # hardware.md
-    peak_fp16_flops=250e12,  # hardware.md -> ~128 FLOPs/tile/cycle (derived)
-    peak_fp32_flops=62.5e12,  # hardware.md -> ~32 FLOPs/tile/cycle (derived)
-    memory_bytes_per_s=47.5e12,  # hardware.md
-    exchange_bytes_per_s=47e12,  # hardware.md: ~47 TB/s within an IPU
-    ipu_link_bytes_per_s=320e9,  # hardware.md: 10 IPU-Links, 320 GB/s in all
-    host_bytes_per_s=64e9,  # hardware.md: PCIe Gen4 x16 ~64 GB/s
-    sources={"tiles": _REF, "bytes_per_tile": _REF, "clock_hz": _REF,
-             "peak_fp16_flops": _REF, "peak_fp32_flops": _REF, "memory": _REF,
-             "exchange": _REF, "ipu_link": _REF, "host": _REF},
+    tiles_per_ipu=1472,
+    bytes_per_tile=624 * KIB,
+    clock_hz=1.33e9,
+    peak_fp16_flops=250e12,
+    peak_fp32_flops=62.5e12,
+    memory_bytes_per_s=47.5e12,
+    exchange_bytes_per_s=47e12,
+    ipu_link_bytes_per_s=320e9,
+    host_bytes_per_s=64e9,
+    sources={
+        "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
+        "bytes_per_tile": f"published: {_REF} (624 KiB)",
+        "clock_hz": f"published: {_REF} (1.33 GHz)",
+        "peak_fp16_flops": f"published: {_REF} (250 TFLOPS)",
+        "peak_fp32_flops": f"published: {_REF} (62.5 TFLOPS)",
+        "memory_bytes_per_s": f"published: {_REF} (47.5 TB/s)",
+        "exchange_bytes_per_s": f"published: {_REF} (~47 TB/s within an IPU)",
+        "ipu_link_bytes_per_s": f"published: {_REF} (10 IPU-Links, 320 GB/s in all)",
+        "host_bytes_per_s": f"published: {_REF} (PCIe Gen4 x16, ~64 GB/s)",
+        **_COMMON},
 )
 
 MK2_CLOCK_RATIO = 1.85e9 / 1.33e9
 BOW = Target(
     name="bow",
     description="Graphcore Bow IPU (Bow-2000)",
-    tiles_per_ipu=1472,  # hardware.md
-    bytes_per_tile=624 * KIB,  # hardware.md
-    clock_hz=1.85e9,  # hardware.md
-    peak_fp16_flops=350e12,  # hardware.md (derived there: 1.4 PFLOPS per Bow-2000 / 4)
-    peak_fp32_flops=62.5e12 * MK2_CLOCK_RATIO,  # derived: Mk2 per-tile rate at Bow's clock
-    memory_bytes_per_s=47.5e12 * MK2_CLOCK_RATIO,  # derived: same tile, faster clock
-    exchange_bytes_per_s=47e12 * MK2_CLOCK_RATIO,  # derived: same tile, faster clock
-    ipu_link_bytes_per_s=320e9,  # assumed: Mk2 figure
-    host_bytes_per_s=64e9,  # assumed: Mk2 figure
-    sources={"tiles": _REF, "bytes_per_tile": _REF, "clock_hz": _REF,
-             "peak_fp16_flops": f"{_REF} (derived)", "peak_fp32_flops": "derived",
-             "memory": "derived", "exchange": "derived", "ipu_link": "assumed (Mk2)",
-             "host": "assumed (Mk2)"},
+    tiles_per_ipu=1472,
+    bytes_per_tile=624 * KIB,
+    clock_hz=1.85e9,
+    peak_fp16_flops=350e12,
+    peak_fp32_flops=62.5e12 * MK2_CLOCK_RATIO,
+    memory_bytes_per_s=47.5e12 * MK2_CLOCK_RATIO,
+    exchange_bytes_per_s=47e12 * MK2_CLOCK_RATIO,
+    ipu_link_bytes_per_s=320e9,
+    host_bytes_per_s=64e9,
+    sources={
+        "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
+        "bytes_per_tile": f"published: {_REF} (624 KiB)",
+        "clock_hz": f"published: {_REF} (1.85 GHz)",
+        "peak_fp16_flops": f"derived: {_REF} (~350 TFLOPS = 1.4 PFLOPS per Bow-2000 / 4)",
+        "peak_fp32_flops": "derived: Mk2's per-tile fp32 rate at Bow's clock",
+        "memory_bytes_per_s": "derived: Mk2's 47.5 TB/s at Bow's clock (same tile)",
+        "exchange_bytes_per_s": "derived: Mk2's 47 TB/s at Bow's clock (same tile)",
+        "ipu_link_bytes_per_s": "assumed: Mk2's 320 GB/s (same IPU-Links)",
+        "host_bytes_per_s": "assumed: Mk2's 64 GB/s (same PCIe Gen4 host link)",
+        **_COMMON},
 )
 
 _REGISTRY: dict[str, Target] = {t.name: t for t in (MK1, MK2, BOW)}
@@ -173,12 +233,15 @@ def make_target(spec: dict[str, Any]) -> Target:
         raise ValueError(f"a target description must be a dict, got {type(spec).__name__}")
     spec = dict(spec)
     base_name = spec.pop("base", None)
+    cost_spec = _cost_overrides(spec)
     unknown = sorted(k for k in spec if k not in _FIELDS)
     if unknown:
         raise ValueError(f"unknown target fields {unknown}; valid: {', '.join(sorted(_FIELDS))}")
     if base_name is not None:
-        values = asdict(get_target(base_name))
+        base = get_target(base_name)
+        values = {f: getattr(base, f) for f in _FIELDS if f not in ("sources", "cost")}
         values["sources"] = {}
+        values["cost"] = base.cost
         values.update(spec)
     else:
         missing = [k for k in REQUIRED if k not in spec]
@@ -188,8 +251,10 @@ def make_target(spec: dict[str, Any]) -> Target:
     if not str(values.get("name", "")).strip():
         raise ValueError("target name must be a non-empty string")
     values["name"] = str(values["name"]).strip().lower()
+    base_cost = values.get("cost", DEFAULT_COST)
+    values["cost"] = base_cost.with_values(**cost_spec) if cost_spec else base_cost
     for key, value in values.items():
-        if key in ("name", "description", "sources"):
+        if key in ("name", "description", "sources", "cost"):
             continue
         try:
             number = float(value)
@@ -202,6 +267,29 @@ def make_target(spec: dict[str, Any]) -> Target:
         is_int = _FIELDS[key].type in ("int", int)
         values[key] = int(number) if is_int else number
     return Target(**values)
+
+
+def _cost_overrides(spec: dict[str, Any]) -> dict[str, float]:
+    """Pop cost-model constants from a target dict: a `cost` table, or the constants named
+    at the top level (as older target files do, e.g. `sync_cycles`). Checked numbers."""
+    table = spec.pop("cost", {}) or {}
+    if not isinstance(table, dict):
+        raise ValueError("target field 'cost' must be a table of cost model constants")
+    names = {f.name for f in fields(CostModel)}
+    table = {**table, **{k: spec.pop(k) for k in list(spec) if k in names}}
+    out = {}
+    for key, value in table.items():
+        if key not in names:
+            raise ValueError(f"unknown cost model constant {key!r}; valid: "
+                             f"{', '.join(sorted(names))}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"cost constant {key!r} must be a number, got {value!r}") from None
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"cost constant {key!r} must be >= 0, got {value!r}")
+        out[key] = number
+    return out
 
 
 def register_target(spec: dict[str, Any] | Target, replace: bool = False) -> Target:

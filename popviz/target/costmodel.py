@@ -1,0 +1,166 @@
+"""The cost model's constants, each with its provenance.
+
+Every number the compiler uses beyond the machine's published figures lives in one
+`CostModel` (a target carries one, `Target.cost`). Each field has a `Provenance`:
+
+- published: a public figure (source and the figure),
+- derived: computed from other figures (from which),
+- fitted: set by `bench/fit_cost_model.py` to the calibration points of
+  `popviz/target/calibration.json` (which points),
+- assumed: no measurement behind it (why this value; docs/cost-model.md says which
+  measurement would settle it).
+
+The fitted values are read from calibration.json, so re-running the fit script is the only
+way they change. docs/cost-model.md's constants table is generated from this module
+(`python -m popviz.target.costdoc --write`); a test checks that it is current.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["published", "derived", "fitted", "assumed"]
+KINDS: tuple[str, ...] = ("published", "derived", "fitted", "assumed")
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class Provenance:
+    kind: Kind
+    note: str  # source and figure / from which / to which points / why this value
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Modelling constants shared by every target (a target may override any of them)."""
+
+    # ---- fitted (bench/fit_cost_model.py; values in calibration.json) ----
+    amp_efficiency: float = 0.45
+    depth_half: float = 64.0
+    vector_efficiency: float = 0.35
+    # ---- AMP units ----
+    amp_lanes_fp16: int = 16
+    amp_lanes_fp32: int = 8
+    float_partials_rate: float = 0.75
+    # ---- availableMemoryProportion plans ----
+    pass_penalty: float = 0.12
+    pass_fixed_cycles: int = 100
+    channels_per_pass: int = 8
+    max_passes: int = 64
+    # ---- tiles an op spreads over, and its fixed costs ----
+    grain_bytes: int = 128
+    min_flops_per_tile: int = 2048
+    op_overhead_cycles: int = 200
+    sync_cycles: int = 600
+    host_call_s: float = 20e-6
+    # ---- vector (non-AMP) rates ----
+    vector_flops_per_tile_cycle_fp16: float = 4.0
+    vector_flops_per_tile_cycle_fp32: float = 2.0
+    # ---- memory a program needs besides its tensors ----
+    code_bytes_per_op_per_tile: int = 128
+    exchange_code_bytes_per_op_per_tile: int = 64
+    vertex_state_bytes_per_op_per_tile: int = 64
+    exchange_buffer_fraction: float = 0.25
+    tile_overhead_bytes: int = 8 * KIB
+
+    def with_values(self, **values: Any) -> CostModel:
+        unknown = sorted(set(values) - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(f"unknown cost model constants {unknown}; valid: "
+                             f"{', '.join(sorted(f.name for f in fields(self)))}")
+        return replace(self, **values)
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_JIA = ("Jia et al. 2019, 'Dissecting the Graphcore IPU Architecture via Microbenchmarking' "
+        "(arXiv:1912.03413)")
+
+PROVENANCE: dict[str, Provenance] = {
+    "amp_efficiency": Provenance(
+        "fitted", "fraction of the AMP peak a conv/matmul reaches with full lanes and deep "
+        "reductions; fitted to the throughput points of calibration.json"),
+    "depth_half": Provenance(
+        "fitted", "reduction depth (input channels per group x kernel area, or a matmul's "
+        "inner dimension) at which the AMP efficiency is half its full value: shallow "
+        "reductions fill and drain the accumulators more often; fitted to the throughput "
+        "points", "elements"),
+    "vector_efficiency": Provenance(
+        "fitted", "fraction of on-chip memory bandwidth that vector ops (elementwise, norm, "
+        "reduction, data movement) reach; fitted to the throughput points and the Mk1 "
+        "read-bandwidth microbenchmark"),
+    "amp_lanes_fp16": Provenance(
+        "assumed", "input channels the AMP units reduce at once in fp16: 64 fp16 FLOPs per "
+        "tile per cycle (hardware.md, derived) = 16 multiply-adds x 2 over 2 output channels; an "
+        "op with fewer channels per group leaves lanes idle (this one rule replaces the "
+        "earlier grouped / depthwise class penalties)", "channels"),
+    "amp_lanes_fp32": Provenance("assumed", "half the fp16 lanes (fp32 peak is 1/4 of "
+                                 "fp16, hardware.md)", "channels"),
+    "float_partials_rate": Provenance(
+        "assumed", "fp32 partials in fp16 compute slow the AMP pipeline; no public figure "
+        "for the ratio"),
+    "pass_penalty": Provenance(
+        "assumed", "each extra serial pass under a low availableMemoryProportion re-exchanges "
+        "operands: +12% of the op's work per pass; no public per-pass figure"),
+    "pass_fixed_cycles": Provenance("assumed", "setup of each extra serial pass", "cycles"),
+    "channels_per_pass": Provenance(
+        "assumed", "a plan does not split the output channels finer than this per pass, so "
+        "an op has at most channels / 8 passes (then AMP is ignored)", "channels"),
+    "max_passes": Provenance("assumed", "cap on serial passes of one op", "passes"),
+    "grain_bytes": Provenance(
+        "assumed", "smallest slice of a tensor mapped to one tile (Poplar maps in grains of "
+        "a few vectors; 128 B = 64 fp16 values)", "bytes"),
+    "min_flops_per_tile": Provenance(
+        "assumed", "an op is not spread thinner than this much work per tile", "FLOPs"),
+    "op_overhead_cycles": Provenance(
+        "assumed", "fixed cost of one op: compute-set launch and its internal sync "
+        "(settle with the cycles of a tiny op in a PopVision execution trace)", "cycles"),
+    "sync_cycles": Provenance(
+        "assumed", "one BSP sync across IPUs per superstep (settle with a PopVision trace "
+        "of a pipelined program's sync steps)", "cycles"),
+    "host_call_s": Provenance(
+        "assumed", "fixed cost of one host call (stream setup, program start, link "
+        "round trip) on top of the transfer itself; keeps small-batch inference latency "
+        "from coming out too low (settle with a published batch-1 inference latency)", "s"),
+    "vector_flops_per_tile_cycle_fp16": Provenance(
+        "assumed", "non-AMP arithmetic: a 64-bit SIMD datapath, 4 fp16 lanes", "FLOPs"),
+    "vector_flops_per_tile_cycle_fp32": Provenance("assumed", "2 fp32 lanes of the same "
+                                                   "datapath", "FLOPs"),
+    "code_bytes_per_op_per_tile": Provenance(
+        "assumed", "vertex code per op on every tile it runs on (PopVision's 'vertex code' "
+        "category): codelet bodies are shared by the ops of a kind, so an op adds little; "
+        "bounded by the fits checks of calibration.json (320 put ResNeXt-101 inference on "
+        "Mk1 at 109-118% of a tile, 160 left ResNet-50 batch-90 inference on Mk2 just over; "
+        "settle with a PopVision memory report)", "bytes"),
+    "exchange_code_bytes_per_op_per_tile": Provenance(
+        "assumed", "internal exchange code per op per tile used", "bytes"),
+    "vertex_state_bytes_per_op_per_tile": Provenance(
+        "assumed", "vertex instance state (pointers, sizes) per op per tile used", "bytes"),
+    "exchange_buffer_fraction": Provenance(
+        "assumed", "a conv/matmul's incoming-operand exchange buffer on each of its tiles, as "
+        "a fraction of its input bytes per tile (live while the op runs)"),
+    "tile_overhead_bytes": Provenance("assumed", "control code and stack per tile", "bytes"),
+}
+
+
+def load_calibration(path: Path = CALIBRATION_FILE) -> dict[str, Any]:
+    """The calibration file: published points and the fitted constants."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"calibration file {path} cannot be read: {exc}") from None
+
+
+def default_cost_model() -> CostModel:
+    """The CostModel with the fitted constants of calibration.json."""
+    fit = load_calibration().get("fit", {}).get("values", {})
+    return CostModel().with_values(**{k: float(v) for k, v in fit.items()})
+
+
+DEFAULT_COST = default_cost_model()
