@@ -1,0 +1,130 @@
+"""The analyser's interactions in a real browser: the trace down to ops, range statistics,
+the program tree, numeric filters, liveness section bands, the tune page -> compare.
+Screenshots go to test-artifacts/screenshots/analyser_*.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from .conftest import SCREENSHOTS
+from .test_app_browser import _open, _profile_with_most
+
+pytestmark = pytest.mark.browser
+
+
+def _shot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"analyser_{name}.png"), full_page=True)
+
+
+def _until_changed(page: Any, selector: str, before: str, act: str, tries: int = 5) -> str:
+    """Run `act` (JS, given the attempt number) until `selector`'s text changes: Plotly
+    follows the first relayout with an 'autosize' one, which supersedes the zoom request,
+    so the zoom is repeated (slightly different each time, or dcc.Graph ignores it)."""
+    for attempt in range(tries):
+        page.evaluate(act, attempt)
+        try:
+            page.wait_for_function(
+                "([s, b]) => (document.querySelector(s) || {}).innerText != b",
+                arg=[selector, before], timeout=6_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    return page.inner_text(selector)
+
+
+def _modelled_with_ops(served: Path) -> str:
+    return _profile_with_most(served, lambda p: int("cycles" in p.ops) * len(p.trace))
+
+
+def test_trace_zooms_down_to_ops(browser_context: Any, base_url: str, served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    before = page.inner_text("#trace-status")
+    _shot(page, "trace_opening")
+    ticks = page.eval_on_selector_all("#trace-graph .ytick text", "e => e.map(t => t.textContent)")
+    assert any(t.endswith("· compute") for t in ticks) and "ops" in ticks
+    assert "exchange" in ticks and "sync" in ticks
+    # zoom to the first few ops of the first forward pass on IPU0
+    after = _until_changed(page, "#trace-status", before, """(k) => {
+        const g = document.querySelector('#trace-graph .js-plotly-plot');
+        const bars = g.data.filter(d => d.name === 'compute: forward');
+        const b0 = bars[0].base[0], w = bars[0].x[0];
+        Plotly.relayout(g, {'xaxis.range[0]': b0, 'xaxis.range[1]': b0 + w / (8 + k)}); }""")
+    assert "ops laid out in modelled order" in after, after
+    names = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                          ".data.map(d => d.name)")
+    assert any(n.startswith("op: ") for n in names)
+    # every event's tooltip says its duration: end - start, not the end time
+    checked = page.evaluate("""() => {
+        const g = document.querySelector('#trace-graph .js-plotly-plot');
+        let n = 0;
+        for (const d of g.data) { if (d.type !== 'bar' || !d.customdata) continue;
+            const cd = d.customdata; const dur = d.name.startsWith('op: ') ? 7 : 6;
+            const end = d.name.startsWith('op: ') ? 6 : 4;
+            for (let i = 0; i < cd.length; i++) {
+                if (Math.abs(cd[i][dur] - (cd[i][end] - d.base[i])) > 1e-6) return -1;
+                n++; } }
+        return n; }""")
+    assert checked > 0
+    labels = page.eval_on_selector_all("#trace-graph .bars text", "e => e.map(t => t.textContent)")
+    assert labels, "no op or pass labels drawn"
+    _shot(page, "trace_ops")
+    assert errors == []
+    page.close()
+
+
+def test_brushing_a_range_gives_its_statistics(browser_context: Any, base_url: str,
+                                               served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    assert page.inner_text("#trace-stats-head").startswith("Shown window")
+    page.click("#trace-graph .modebar-btn[data-val='select']")
+    box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+    x0, y0 = box["x"] + box["width"] * 0.3, box["y"] + 10
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move(x0 + box["width"] * 0.2, y0 + box["height"] * 0.5, steps=8)
+    page.mouse.up()
+    page.wait_for_function("() => (document.querySelector('#trace-stats-head') || {})"
+                           ".innerText.startsWith('Selected range')", timeout=20_000)
+    kinds = page.locator("#trace-stats-kind td[data-dash-column='kind']").all_inner_texts()
+    assert "compute" in kinds
+    classes = page.locator("#trace-stats-class td[data-dash-column='op_class']")
+    assert classes.count() > 0
+    _shot(page, "trace_brush_stats")
+    assert errors == []
+    page.close()
+
+
+def test_numeric_filters_typed_in_the_ops_table(browser_context: Any, base_url: str,
+                                                served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    headers = page.locator("#ops-table th.dash-header").all_inner_texts()
+    assert [h.strip() for h in headers].index("cycles") < 10
+    for typed, check in (("> 100000", lambda v: v > 100_000),
+                         ("< 10", lambda v: v < 10),
+                         ("1000..5000", lambda v: 1000 <= v <= 5000)):
+        before = page.inner_text("#ops-note")
+        cell = page.locator('th.dash-filter[data-dash-column="cycles"] input').first
+        cell.click()
+        cell.fill(typed)
+        cell.press("Enter")
+        page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
+                               arg=before, timeout=20_000)
+        note = page.inner_text("#ops-note")
+        assert "not understood" not in note, (typed, note)
+        shown = page.locator('#ops-table td[data-dash-column="cycles"]').all_inner_texts()
+        values = [float(s.replace(",", "")) for s in shown]
+        assert values and all(check(v) for v in values), (typed, values[:5])
+        _shot(page, "ops_filter_" + typed.replace(" ", "").replace(">", "gt")
+              .replace("<", "lt").replace(".", "_"))
+    assert errors == []
+    page.close()
