@@ -44,6 +44,16 @@ def test_filters_select_the_right_rows(query: str, expected: list[str]) -> None:
     assert _ops(query) == expected
 
 
+def test_a_wildcard_takes_a_module_and_its_children() -> None:
+    mods = pd.DataFrame({"module": ["layer1", "layer1.0.conv1", "layer10.conv", "stem.layer1"]})
+    got = analysis.filter_table(mods, "{module} s= layer1.*")["module"].tolist()
+    assert got == ["layer1", "layer1.0.conv1"]
+    got = analysis.filter_table(mods, "{module} s= *conv*")["module"].tolist()
+    assert got == ["layer1.0.conv1", "layer10.conv"]
+    got = analysis.filter_table(mods, "{module} s!= layer1*")["module"].tolist()
+    assert got == ["stem.layer1"]
+
+
 def test_filters_agree_with_pandas_on_a_profile() -> None:
     ops = pd.DataFrame({"flops": range(0, 5000, 7), "cycles": range(0, 10000, 14)})
     for op, fn in [(">", ops.flops.gt), (">=", ops.flops.ge), ("<", ops.flops.lt),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import dash
 import pandas as pd
 from dash import Input, Output, State, dash_table, html
+from dash.exceptions import PreventUpdate
 
 from popviz import analysis
 
@@ -63,6 +65,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "column > 1000, <= 5e6, != 0, 1000..20000 (a range), > 1.5M; click a header "
                "to sort, shift-click to sort by more columns.", className="hint"),
         html.Div(note, id="ops-note", className="status"),
+        html.Div(id="ops-init", style={"display": "none"}),
         dash_table.DataTable(
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
@@ -87,4 +90,17 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
                     size or PAGE_SIZE)
 
-    return {"refresh": refresh}
+    @app.callback(Output("ops-table", "filter_query"), Input("ops-init", "children"),
+                  State("url", "search"))
+    def from_url(_init: Any, search: str) -> str:
+        """`&module=PATH` (the program tree's link): that module and its children."""
+        module = parse_qs((search or "").lstrip("?")).get("module", [""])[0]
+        if not module:
+            raise PreventUpdate
+        return module_filter(module)
+
+    return {"refresh": refresh, "from_url": from_url}
+
+
+def module_filter(module: str) -> str:
+    return f"{{module}} s= {module}.*"

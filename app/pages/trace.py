@@ -185,9 +185,10 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
+                  Output("trace-stats", "children", allow_duplicate=True),
                   Input("trace-init", "children"), State("url", "search"),
                   prevent_initial_call="initial_duplicate")
-    def focus(_init: Any, search: str) -> tuple[Any, str]:
+    def focus(_init: Any, search: str) -> tuple[Any, str, list[Any]]:
         """With `&module=PATH`: open on that module's first pass, its ops outlined."""
         module = _param(search, "module")
         if not module:  # the layout already drew the opening window
@@ -195,7 +196,9 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         entry = ctx.cache.get(profile_of(search))
         window = module_window(entry, module) or opening_window(entry) or (None, None)
         fig = trace(ctx, entry, *window, module=module)
-        return fig, _status(fig, naming(entry).unit)
+        lo, hi = (float(v) for v in fig.layout.meta["range"])
+        return (fig, _status(fig, naming(entry).unit),
+                stats_panel(entry, lo, hi, f"First pass running {module}"))
 
     @app.callback(Output("trace-stats", "children"), Input("trace-graph", "selectedData"),
                   Input("trace-graph", "figure"), State("url", "search"),

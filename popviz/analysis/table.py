@@ -96,6 +96,9 @@ def _clause(frame: pd.DataFrame, raw: str) -> pd.Series:
     val = _value(text)
     if op == "contains" and numeric and isinstance(val, float):
         op = "="  # a bare number in a numeric column means equal
+    if op in ("=", "!=") and not numeric and isinstance(val, str) and "*" in val:
+        hit = _glob(series, val)
+        return hit if op == "=" else ~hit
     if op in ("contains", "datestartswith"):
         lower = series.astype(str).str.lower()
         needle = _text(val).lower()
@@ -104,6 +107,15 @@ def _clause(frame: pd.DataFrame, raw: str) -> pd.Series:
     if numeric and not isinstance(val, float) and op != "=" and op != "!=":
         raise ValueError(f"{col!r} holds numbers; {text!r} is not one")
     return _compare(series, op, val)
+
+
+def _glob(series: pd.Series, pattern: str) -> pd.Series:
+    """Rows whose text matches `pattern` (`*`: any run of characters); `a.*` also matches
+    `a` itself, so a module path pattern takes the module and its children."""
+    body = ".*".join(re.escape(part) for part in pattern.split("*"))
+    if pattern.endswith(".*"):
+        body = re.escape(pattern[:-2]) + r"(\..*)?"
+    return series.astype(str).str.fullmatch(body)
 
 
 def filter_table(frame: pd.DataFrame, filter_query: str | None) -> pd.DataFrame:

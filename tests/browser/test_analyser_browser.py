@@ -11,6 +11,9 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+import popviz
+from popviz.analysis.program_tree import program_tree
+
 from .conftest import SCREENSHOTS
 from .test_app_browser import _open, _profile_with_most
 
@@ -126,5 +129,59 @@ def test_numeric_filters_typed_in_the_ops_table(browser_context: Any, base_url: 
         assert values and all(check(v) for v in values), (typed, values[:5])
         _shot(page, "ops_filter_" + typed.replace(" ", "").replace(">", "gt")
               .replace("<", "lt").replace(".", "_"))
+    assert errors == []
+    page.close()
+
+
+def _click_slice(page: Any, label: str) -> None:
+    """Click the icicle box whose label is `label` (its first text line)."""
+    slices = page.locator("#tree-graph g.slice")
+    for i in range(slices.count()):
+        if (slices.nth(i).locator("text").first.text_content() or "").startswith(label):
+            slices.nth(i).click()
+            return
+    raise AssertionError(f"no box labelled {label}")
+
+
+def test_tree_click_lists_ops_and_links_to_table_and_trace(browser_context: Any,
+                                                           base_url: str,
+                                                           served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
+    page.wait_for_selector("#tree-graph g.slice")
+    before = page.inner_text("#tree-node-head")
+    assert before.startswith("model:")
+    _shot(page, "tree")
+    # click the widest top-level module (a real click on its box)
+    with popviz.open(served / rel) as profile:
+        tree = program_tree(profile.ops)
+    top = tree[(tree["parent"] == "model") & (tree["kind"] == "module")]
+    label = str(top.sort_values("cycles").iloc[-1]["id"])
+    _click_slice(page, label)
+    page.wait_for_function("b => document.querySelector('#tree-node-head').innerText != b",
+                           arg=before, timeout=20_000)
+    assert page.inner_text("#tree-node-head").startswith(f"{label}:")
+    modules = page.locator("#tree-node-ops td[data-dash-column='module']").all_inner_texts()
+    assert modules and all(m == label or m.startswith(label + ".") for m in modules)
+    _shot(page, "tree_clicked")
+    # the ops table, filtered to the module
+    page.click("#tree-to-ops")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    page.wait_for_function("""() => { const t = (document.querySelector('#ops-note') || {})
+        .innerText || ''; const m = t.match(/^([\\d,]+) of ([\\d,]+) ops/);
+        return m && m[1] !== m[2]; }""", timeout=20_000)
+    shown = page.locator("#ops-table td[data-dash-column='module']").all_inner_texts()
+    assert shown and all(m == label or m.startswith(label + ".") for m in shown), shown[:5]
+    _shot(page, "tree_to_operations")
+    page.go_back()
+    page.wait_for_selector("#tree-graph g.slice")
+    _click_slice(page, label)
+    page.wait_for_selector("#tree-to-trace", timeout=20_000)
+    page.click("#tree-to-trace")
+    page.wait_for_function("""() => { const g = document.querySelector(
+        '#trace-graph .js-plotly-plot'); return g && g.data &&
+        g.data.some(d => (d.name || '').includes('(selected module)')); }""", timeout=30_000)
+    assert "ops laid out" in page.inner_text("#trace-status")
+    _shot(page, "tree_to_trace")
     assert errors == []
     page.close()
