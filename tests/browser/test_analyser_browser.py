@@ -185,3 +185,32 @@ def test_tree_click_lists_ops_and_links_to_table_and_trace(browser_context: Any,
     _shot(page, "tree_to_trace")
     assert errors == []
     page.close()
+
+
+def test_liveness_shows_numbered_section_bands(browser_context: Any, base_url: str,
+                                               served: Path) -> None:
+    rel = _profile_with_most(served, lambda p: int(p.ops["section"].nunique())
+                             if "section" in p.ops else 0)
+    page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
+    page.wait_for_selector("#live-graph .main-svg")
+    notes = page.eval_on_selector_all("#live-graph .annotation-text",
+                                      "e => e.map(t => t.textContent)")
+    assert {"R1", "B1", "F0"} <= set(notes), notes
+    assert any("folded" in n for n in notes)
+    names = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
+                          ".data.map(d => d.name)")
+    assert "temporaries (one op's working memory)" in names and "section bump" in names
+    # the bands are drawn behind the curves: one rect per band
+    shapes = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
+                           ".layout.shapes.length")
+    assert shapes >= 10
+    # the y-axis is fitted: its top is near the data's peak, not at the IPU's capacity
+    with popviz.open(served / rel) as profile:
+        live = profile.liveness
+        peak = float((live["always_live_bytes"] + live["not_always_live_bytes"]).max())
+    top = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
+                        "._fullLayout.yaxis.range[1]")
+    assert top < 1.6 * peak / 2**20
+    _shot(page, "liveness_sections")
+    assert errors == []
+    page.close()
