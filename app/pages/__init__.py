@@ -13,6 +13,8 @@ from . import (
     summary,
     trace,
     tree,
+    tune,
 )
 
-PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations, tree, compare]
+PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations, tree, tune,
+         compare]

@@ -214,3 +214,34 @@ def test_liveness_shows_numbered_section_bands(browser_context: Any, base_url: s
     _shot(page, "liveness_sections")
     assert errors == []
     page.close()
+
+
+def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url: str,
+                                                 served: Path) -> None:
+    # the smallest modelled program that has split points to move: quick to re-plan
+    def small(profile: Any) -> int:
+        ok = profile.kind == "modelled" and profile.meta["options"].get("training", True)
+        return -len(profile.ops) if ok and profile.meta["target"]["num_ipus"] > 1 else -10**9
+
+    rel = _profile_with_most(served, small)
+    page, errors = _open(browser_context, f"{base_url}/tune?profile={quote(rel)}")
+    page.fill("#tune-budget", "8")
+    page.click("#tune-run")
+    page.wait_for_selector("#tune-head", timeout=120_000)
+    assert "compiles" in page.inner_text("#tune-head")
+    plans = page.locator("#tune-plans td[data-dash-column='plan']").all_inner_texts()
+    assert plans[0] == "now" and "#1" in plans
+    page.wait_for_function("() => { const g = document.querySelector("
+                           "'#tune-graph .js-plotly-plot'); return g && g.calcdata; }",
+                           timeout=30_000)
+    names = page.evaluate("() => document.querySelector('#tune-graph .js-plotly-plot')"
+                          ".data.map(d => d.name)")
+    assert "now (this profile)" in names
+    _shot(page, "tune")
+    page.click("#tune-links button >> text=plan #1")
+    page.wait_for_url("**/compare?**", timeout=60_000)
+    page.wait_for_selector("#compare-verdict", timeout=60_000)
+    assert "tune-plans" in page.url and quote(rel, safe="") in page.url.replace("/", "%2F")
+    _shot(page, "tune_to_compare")
+    assert errors == []
+    page.close()
