@@ -245,3 +245,23 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     _shot(page, "tune_to_compare")
     assert errors == []
     page.close()
+
+
+def test_compare_says_when_runs_are_not_like_for_like(browser_context: Any, base_url: str,
+                                                      served: Path) -> None:
+    a, b = "rn50_pipeline/profile.h5", "tutorial_measured_2ranks/profile.h5"
+    if not ((served / a).exists() and (served / b).exists()):
+        pytest.skip("bundled profiles not served")
+    page, errors = _open(browser_context,
+                         f"{base_url}/compare?profile={quote(a)}&other={quote(b)}")
+    page.wait_for_selector("#compare-terms", timeout=60_000)
+    terms = page.inner_text("#compare-terms")
+    assert "kind modelled vs measured" in terms and "micro-batch" in terms
+    verdict = page.inner_text("#compare-verdict")
+    assert "no winner" in verdict and "x faster" not in verdict
+    assert "✓ better" not in page.inner_text("#page")
+    cards = page.inner_text("#compare-side-B").lower()
+    assert "time per sample" in cards
+    _shot(page, "compare_unequal")
+    assert errors == []
+    page.close()
