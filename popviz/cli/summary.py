@@ -15,35 +15,88 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print one JSON object (a list when PROFILE holds several)")
 
 
+def _duration(ms: float) -> str:
+    """2.83 ms, 85.2 µs, 1,234 ms: three significant figures, never '0.0 ms'."""
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 0.1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1e3:.3g} µs"
+
+
+def _fit_line(facts: dict) -> str:
+    if facts.get("fit_known") is False:
+        return "  fits: unknown (a measured run records no per-tile memory)"
+    return (f"  fits: {'yes' if facts['fits'] else 'NO'}"
+            + ("" if facts["fits"] else
+               f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
+               f"{', '.join(map(str, facts['oom_ipus']))})"))
+
+
+def _insight_lines(facts: dict) -> list[str]:
+    lines = []
+    tile = facts.get("fullest_tile")
+    if tile:
+        lines.append(f"  fullest tile: IPU{tile['ipu']} tile {tile['tile']}, "
+                     f"{tile['utilisation']:.0%} of {_fmt_bytes(tile['capacity_bytes'])}"
+                     + (f" (mostly {tile['largest_category'].replace('_', ' ')})"
+                        if tile.get("largest_category") else ""))
+    neck = facts.get("bottleneck")
+    if neck and len(facts.get("stages") or []) > 1:
+        device = "rank" if facts["kind"] == "measured" else "IPU"
+        sep = " " if device == "rank" else ""
+        lines.append(f"  bottleneck: stage {neck['stage']} on {device}{sep}{neck['ipu']}, "
+                     f"{neck['relative_load']:.2f}x the mean stage load")
+    advice = facts.get("advice") or []
+    if advice:
+        lines.append("  advice:")
+        lines += [f"    - {a}" for a in advice]
+    return lines
+
+
 def render_text(facts: dict) -> str:
     target = facts.get("target") or {}
     lines = [
         f"{facts['name']}  ({facts['kind']}, {facts.get('model') or 'model ?'} on "
         f"{target.get('name', '?')} x{facts['num_ipus']})",
-        f"  fits: {'yes' if facts['fits'] else 'NO'}"
-        + ("" if facts["fits"] else
-           f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
-           f"{', '.join(map(str, facts['oom_ipus']))})"),
+        _fit_line(facts),
     ]
-    for key, label in (("throughput", "throughput"), ("latency_ms", "latency")):
-        value = facts.get(key)
-        if value is not None:
-            unit = " samples/s" if key == "throughput" else " ms"
-            lines.append(f"  {label}: {value:,.1f}{unit}")
+    if facts.get("throughput") is not None:
+        lines.append(f"  throughput: {facts['throughput']:,.1f} samples/s")
+    latency = facts.get("latency_ms")
+    if latency:  # absent or 0 (a training step has no single-batch latency): left out
+        lines.append(f"  latency: {_duration(float(latency))}")
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
         device = f"rank {ipu}" if facts["kind"] == "measured" else f"IPU{ipu}"
         lines.append(f"  {device} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
         unit = "ns" if facts["kind"] == "measured" else "cycles"
-        lines.append(f"  stage ipu     forward    backward   recompute    exchange        idle"
-                     f"  ({unit})")
+        cols = ("forward", "backward", "recompute", "exchange", "idle")
+        lines.append("  stage ipu " + " ".join(f"{c:>14}" for c in cols) + f"  ({unit})")
         for s in facts["stages"]:
-            lines.append(
-                f"  {s['stage']:>5} {s['ipu']:>3} {s['forward_cycles']:>11,.0f} "
-                f"{s['backward_cycles']:>11,.0f} {s['recompute_cycles']:>11,.0f} "
-                f"{s['exchange_cycles']:>11,.0f} {s['idle_cycles']:>11,.0f}"
-            )
+            lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(
+                f"{s[c + '_cycles']:>14,.0f}" for c in cols))
+    lines += _insight_lines(facts)
     return "\n".join(lines)
+
+
+def insight_facts(profile: object) -> dict:
+    """What the summary page adds to the stored facts: whether fit is known, the fullest
+    tile, the bottleneck stage and the advice (JSON-safe)."""
+    from popviz.analysis.insights import insights
+    from popviz.jsonsafe import jsonable
+
+    found = insights(profile)
+    tiles = found["fullest_tiles"]
+    top = tiles.iloc[0] if len(tiles) else None
+    return jsonable({
+        "fit_known": bool(found["fit"]["known"]),
+        "fullest_tile": None if top is None else {
+            k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
+                                "largest_category") if k in top},
+        "bottleneck": found["bottleneck"],
+        "advice": [a.text for a in found["advice"]],
+    })
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -56,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     all_facts = []
     for path in paths:
         with popviz.open(path) as profile:
-            all_facts.append(profile_facts(profile))
+            all_facts.append({**profile_facts(profile), **insight_facts(profile)})
     if args.json:
         payload = all_facts[0] if len(all_facts) == 1 else all_facts
         emit(json.dumps(payload, indent=2, sort_keys=True))
@@ -69,8 +122,9 @@ COMMAND = Command(
     name="summary",
     help="headline facts of a profile: fit, OOM tiles, stage cycles, peaks, throughput",
     description="Print the headline facts of a profile (or of every profile under a "
-    "directory): whether it fits, out-of-memory tiles, per-stage cycles, peak liveness "
-    "per IPU and throughput. --json prints the same facts as JSON.",
+    "directory): whether it fits (unknown for a measured run), out-of-memory tiles, the "
+    "fullest tile, per-stage cycles, the bottleneck stage, peak liveness per IPU, "
+    "throughput, latency and advice. --json prints the same facts as JSON.",
     add_arguments=_add_arguments,
     run=_run,
 )
