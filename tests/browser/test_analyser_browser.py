@@ -265,3 +265,18 @@ def test_compare_says_when_runs_are_not_like_for_like(browser_context: Any, base
     _shot(page, "compare_unequal")
     assert errors == []
     page.close()
+
+
+def test_trace_legend_clear_of_the_title_at_1024px(browser_context: Any, base_url: str,
+                                                   served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    page.set_viewport_size({"width": 1024, "height": 800})
+    page.wait_for_timeout(1500)  # the graph resizes to the new width
+    title = page.locator("#trace-graph .gtitle").bounding_box()
+    legend = page.locator("#trace-graph .legend").bounding_box()
+    assert title["y"] + title["height"] <= legend["y"] + 1, (title, legend)
+    _shot(page, "trace_1024")
+    page.set_viewport_size({"width": 1400, "height": 900})
+    assert errors == []
+    page.close()
