@@ -96,8 +96,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                   html.Button("Run tune", id="tune-run", n_clicks=0)],
                  className="row", style={"alignItems": "center"}),
         dcc.Loading(html.Div(results(ctx, entry, DEFAULT_BUDGET) if cached else
-                             [html.P("Press Run tune (about a second per compile).",
-                                     className="hint")], id="tune-results")),
+                             [message("Press Run tune (about a second per compile).",
+                                      "info")], id="tune-results")),
     ])
 
 

@@ -68,7 +68,8 @@ def _plot_traces(page: Any) -> list[int]:
     return page.eval_on_selector_all(
         ".js-plotly-plot", "els => els.map(e => (e.calcdata || []).filter("
         "cd => cd.some(p => Number.isFinite(p.x) || Number.isFinite(p.y) || "
-        "Number.isFinite(p.s) || Number.isFinite(p.b) || (p.z && p.z.length))).length)")
+        "Number.isFinite(p.s) || Number.isFinite(p.b) || (p.z && p.z.length) || "
+        "(p.hierarchy && p.hierarchy.children))).length)")  # icicle: a hierarchy
 
 
 def _slug(text: str) -> str:
