@@ -10,6 +10,7 @@ no winner and no "N x faster"."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 TERMS = [("kind", "kind"), ("target", "target"), ("micro_batch_size", "micro-batch"),
@@ -50,13 +51,19 @@ def on_equal_terms(verdict: dict[str, Any], a: dict[str, Any],
         per = verdict.get("per_device") or {}
         known = all(isinstance(per.get(k), (int, float)) and math.isfinite(per[k])
                     for k in ("a", "b"))
-        speed = (f" Per device A handles {per['a']:,.1f} samples/s and B {per['b']:,.1f}."
+        totals = all(isinstance(per.get(k), (int, float)) and math.isfinite(per[k])
+                     for k in ("total_a", "total_b"))
+        speed = (f" Samples/s per device: A {per['a']:,.1f}, B {per['b']:,.1f}"
+                 + (f" (in total A {per['total_a']:,.1f} on {per['devices_a']}, B "
+                    f"{per['total_b']:,.1f} on {per['devices_b']})" if totals else "") + "."
                  if known else "")
         out["winner"] = None
         out["headline"] = (f"{lead} A modelled run (the cost model's cycles) and a measured "
                            f"one (wall clock) are not a race: no winner.{speed}")
-        out["reasons"] = [r for r in verdict.get("reasons", []) if "x faster" not in r
-                          and " is faster per " not in r]
+        # keep where the device time goes, without calling it a win
+        out["reasons"] = [re.sub(r"^[AB] is faster per (\w+) because ",
+                                 r"Where the \1 time per sample differs: ", r)
+                          for r in verdict.get("reasons", []) if "x faster" not in r]
         return out
     if verdict.get("faster_per_ipu") and factor >= DECISIVE:
         out["headline"] = (f"{lead} Per sample {verdict['faster_per_ipu']} is still "

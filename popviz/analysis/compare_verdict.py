@@ -226,5 +226,9 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
         "speedup_total": tot.get("ratio") if tot else None,
         "fits": {"A": fa, "B": fb}, "headline": headline, "reasons": reasons,
         "differences": differences(sa, sb),
-        "per_device": {"a": per.get("a"), "b": per.get("b")} if per else {},
+        "per_device": {
+            "a": per.get("a"), "b": per.get("b"),
+            "total_a": tot.get("a") if tot else None, "total_b": tot.get("b") if tot else None,
+            "devices_a": f"{sa.facts['total_ipus']} {_dev(sa)}(s)",
+            "devices_b": f"{sb.facts['total_ipus']} {_dev(sb)}(s)"} if per else {},
     }, sa.facts, sb.facts)
