@@ -115,7 +115,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "not-always-live: the activations it stashes for the backward pass, per compute "
             "action. Black triangles mark bumps. Click the curve to list the "
             "stashed micro-batches." if naming(entry).measured else
-            "Stacked: always-live, activations (stashed, recomputed, inputs) and temporaries "
+            "Stacked: always-live (everything present for the whole program: the memory "
+            "page's code + always-live + exchange buffers), activations (stashed, "
+            "recomputed, inputs) and temporaries "
             "(one op's working memory, shown apart so the activation curve is visible). "
             "Bands: forward, backward, recompute (sections numbered: R3 recomputes section "
             "3 just before its backward B3) and optimiser (folded out of the opening view). "
