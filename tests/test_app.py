@@ -234,7 +234,9 @@ def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
     assert "no per-tile memory" in texts["/memory"]
     assert "no liveness report" in texts["/liveness"]
     assert "No exchange" in texts["/exchange"]
-    assert "fits (no per-tile data)" in texts["/summary"]
+    assert "unknown (a measured run records no per-tile memory)" in texts["/summary"]
+    assert "fullest tiles" not in texts["/summary"]
     trace = _find(render(ctx, "/trace", "?profile=m.h5")[1], "Graph")[0].figure
     assert trace.layout.xaxis.title.text == "time (ns)"
-    assert list(trace.layout.yaxis.ticktext) == ["rank 0", "rank 1"]
+    assert [t.split(" · ")[0] for t in trace.layout.yaxis.ticktext
+            if " · " in t] == ["rank 0", "rank 1"]  # one lane group per rank

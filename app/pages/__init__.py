@@ -2,6 +2,19 @@
 FIGURES (view name -> builder, for HTML downloads), layout(ctx, entry) and
 register(app, ctx) -> {name: callback function}. Adding a page is one line here."""
 
-from . import compare, exchange, home, liveness, memory, operations, stages, summary, trace
+from . import (
+    compare,
+    exchange,
+    home,
+    liveness,
+    memory,
+    operations,
+    stages,
+    summary,
+    trace,
+    tree,
+    tune,
+)
 
-PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations, compare]
+PAGES = [home, summary, trace, liveness, memory, stages, exchange, operations, tree, tune,
+         compare]

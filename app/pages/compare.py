@@ -67,6 +67,7 @@ def _cards(comp: Comparison, side: str) -> html.Div:
         _card("memory", fit[0], fit[1]),
         _card(f"throughput per {dev}", val("throughput_per_ipu", "") + " samples/s",
               "good" if win else ""),
+        _card(f"{dev} time per sample", val("ipu_us_per_sample", "") + f" {dev}-µs"),
         _card("throughput", val("throughput", "")
               + f" samples/s on {s['total_ipus']} {dev}s"),
         _card("step", val("step_ms", "ms") + " ms"),
@@ -88,7 +89,11 @@ def _verdict(comp: Comparison) -> html.Div:
     items = [html.Li(r) for r in v["reasons"]]
     if v["differences"]:
         items.append(html.Li("Layout differences (A vs B): " + "; ".join(v["differences"])))
-    return html.Div([html.Div(v["headline"], className="card-value"),
+    terms = v.get("terms") or []
+    banner = [html.Div("Not like for like: " + "; ".join(terms) + ". Compare the per-sample "
+                       "figures; totals and step times measure different work.",
+                       className="message info", id="compare-terms")] if terms else []
+    return html.Div([*banner, html.Div(v["headline"], className="card-value"),
                      html.Ul(items, className="hint")],
                     className=f"card {tone}", id="compare-verdict")
 

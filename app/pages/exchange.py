@@ -8,6 +8,7 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.units import fmt_bytes
 
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, message, naming, table, title_of
@@ -31,6 +32,16 @@ def over_time(ctx: AppContext, entry: Entry) -> Any:
 FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
 
 
+def _by_kind(entry: Entry) -> Any:
+    """Bytes per kind in readable units beside the raw count (which sorts)."""
+    frame = analysis.exchange_by_kind(entry.profile.exchange).rename(
+        columns={"time": naming(entry).unit})
+    if "bytes" in frame:
+        frame.insert(list(frame.columns).index("bytes"), "size",
+                     [fmt_bytes(b) for b in frame["bytes"]])
+    return frame
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.exchange.empty:
         return html.Div([html.H2(title_of(entry)), message(
@@ -41,8 +52,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),
                   graph("exchange-time", over_time(ctx, entry))], className="row two"),
         html.H3("By kind"),
-        table("exchange-kinds", analysis.exchange_by_kind(entry.profile.exchange).rename(
-            columns={"time": naming(entry).unit}), words=naming(entry)),
+        table("exchange-kinds", _by_kind(entry), words=naming(entry)),
         downloads(entry.rel, ["exchange"], list(FIGURES)),
     ])
 

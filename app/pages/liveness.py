@@ -11,6 +11,8 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
+from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
+from popviz.figures.liveness_sections import liveness_sections_figure
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
@@ -19,7 +21,6 @@ from ..cache import Entry
 from ..common import (
     AppContext,
     axis_range,
-    bumps,
     capacity_per_ipu,
     downloads,
     graph,
@@ -38,10 +39,21 @@ NEEDS_PROFILE = True
 HEAT_ROWS = 400
 
 
+def sections(entry: Entry) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(layers, phase bands, section bumps), built once per profile."""
+    def build() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        p = entry.profile
+        layers = liveness_layers(p.liveness, p.variables)
+        bands = phase_bands(p.liveness, p.ops)
+        return layers, bands, section_bumps(layers, bands)
+    return entry.get("liveness_sections", build)
+
+
 def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
              hi: float | None = None) -> Any:
-    return figures.liveness_figure(entry.profile.liveness, bumps(entry),
-                                   capacity_per_ipu(entry), lo, hi, naming=naming(entry))
+    layers, bands, found = sections(entry)
+    return liveness_sections_figure(layers, bands, found, capacity_per_ipu(entry), lo, hi,
+                                    naming=naming(entry))
 
 
 def _steps(entry: Entry) -> int:
@@ -60,6 +72,10 @@ def tiles(ctx: AppContext, entry: Entry, ipu: int = 0, lo: float | None = None,
     if len(shape) != 3 or ipu >= shape[0]:
         return figures.tile_liveness_figure(pd.DataFrame().to_numpy())
     pyramid = _pyramid(entry, ipu)
+    if hi is None:  # an IPU's own program ends before the longest one's
+        live = entry.profile.liveness
+        own = live.loc[live["ipu"] == ipu, "step"]
+        hi = float(own.max()) if len(own) else None
     matrix, first, stride = pyramid.view(0 if lo is None else lo,
                                          pyramid.steps if hi is None else hi + 1)
     return figures.tile_liveness_figure(matrix, first, stride, rows=HEAT_ROWS,
@@ -98,10 +114,17 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
     hint = ("Always-live: the rank's parameters, gradients and optimiser state; "
             "not-always-live: the activations it stashes for the backward pass, per compute "
-            "action. Red triangles mark bumps (local peaks). Click the curve to list the "
+            "action. Black triangles mark bumps. Click the curve to list the "
             "stashed micro-batches." if naming(entry).measured else
-            "Red triangles mark bumps (local peaks); the dashed line is the IPU's total "
-            "memory. Zoom to see more steps; click the curve to list live variables.")
+            "Stacked: always-live (everything present for the whole program: the memory "
+            "page's code + always-live + exchange buffers), activations (stashed, "
+            "recomputed, inputs) and temporaries "
+            "(one op's working memory, shown apart so the activation curve is visible). "
+            "Bands: forward, backward, recompute (sections numbered: R3 recomputes section "
+            "3 just before its backward B3) and optimiser (folded out of the opening view). "
+            "Black triangles: one bump per section whose activations rise and fall. The "
+            "y-axis fits the data; the IPU's memory is drawn when on scale, named when not. "
+            "Click the curve to list live variables.")
     return html.Div([
         html.H2(title_of(entry)),
         html.P(hint, className="hint"),

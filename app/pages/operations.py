@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import dash
+import pandas as pd
 from dash import Input, Output, State, dash_table, html
+from dash.exceptions import PreventUpdate
 
 from popviz import analysis
 
@@ -26,12 +29,21 @@ TITLE = "Operations"
 NEEDS_PROFILE = True
 PAGE_SIZE = 25
 FIGURES: dict[str, Any] = {}
+# what a user sorts and filters on first: which op, where it ran, what it cost
+FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "cycles",
+         "flops", "temp_bytes", "bytes_read", "bytes_written")
+
+
+def ordered(ops: pd.DataFrame) -> pd.DataFrame:
+    """The ops with the cost columns first (cycles is column 27 in the file)."""
+    front = [c for c in FRONT if c in ops.columns]
+    return ops[front + [c for c in ops.columns if c not in front]]
 
 
 def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
          number: int, size: int = PAGE_SIZE) -> tuple[list[dict], int, str]:
     """(rows of the page, page count, a message: '' or why the filter failed)."""
-    ops = entry.profile.ops
+    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
     try:
         rows, total = analysis.query_table(ops, filter_query, sort_by, number, size)
         note = f"{total:,} of {len(ops):,} ops"
@@ -42,16 +54,18 @@ def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
-    ops = entry.profile.ops
+    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
     if ops.empty:
         return html.Div([html.H2(title_of(entry)), message("No ops in this profile.", "info")])
     data, count, note = page(entry, "", [], 0)
     columns = table_columns(ops, naming(entry))
     return html.Div([
         html.H2(title_of(entry)),
-        html.P("Type in the row under the headers to filter (e.g. conv, or > 1000 in a number "
-               "column); click a header to sort.", className="hint"),
+        html.P("Type in the row under the headers to filter: text (conv), or in a number "
+               "column > 1000, <= 5e6, != 0, 1000..20000 (a range), > 1.5M; click a header "
+               "to sort, shift-click to sort by more columns.", className="hint"),
         html.Div(note, id="ops-note", className="status"),
+        html.Div(id="ops-init", style={"display": "none"}),
         dash_table.DataTable(
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
@@ -76,4 +90,17 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
                     size or PAGE_SIZE)
 
-    return {"refresh": refresh}
+    @app.callback(Output("ops-table", "filter_query"), Input("ops-init", "children"),
+                  State("url", "search"))
+    def from_url(_init: Any, search: str) -> str:
+        """`&module=PATH` (the program tree's link): that module and its children."""
+        module = parse_qs((search or "").lstrip("?")).get("module", [""])[0]
+        if not module:
+            raise PreventUpdate
+        return module_filter(module)
+
+    return {"refresh": refresh, "from_url": from_url}
+
+
+def module_filter(module: str) -> str:
+    return f"{{module}} s= {module}.*"

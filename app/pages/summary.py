@@ -28,7 +28,9 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
 def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     clock_unit = words.unit
     fit = info["fit"]
-    if not fit.get("known", True):
+    if not fit.get("known", True) and words.measured:  # a CPU run has no tiles to fill
+        fit_card = _card("memory", "unknown (a measured run records no per-tile memory)", "")
+    elif not fit.get("known", True):
         verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]
         fit_card = _card("memory", f"{verdict} (no per-tile data)", "")
     elif fit["fits"]:
@@ -99,8 +101,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.H3("Advice"), _advice(info),
         html.Div([
             html.Div([html.H3("Five fullest tiles"),
-                      table("fullest-tiles", fullest) if len(fullest)
-                      else html.P("No tile memory in this profile.")], className="half"),
+                      table("fullest-tiles", fullest)], className="half") if len(fullest)
+            else html.Div(),
             html.Div([html.H3(f"Peak liveness per {words.device}"),
                       table("peak-liveness", peaks, words=words) if len(peaks)
                       else html.P("No liveness in this profile.")], className="half"),

@@ -1,15 +1,21 @@
-"""`/trace`: one row per IPU (rank when measured); zoom or pan redraws the visible range on
-the server."""
+"""`/trace`: lanes per IPU (rank when measured) for compute, ops, sync, exchange and host
+I/O; zoom or pan redraws the visible range on the server, down to single ops; a box
+selection (or the zoomed window) gives statistics for that range. `&module=PATH` outlines
+one module's ops and opens on its first pass (the program tree links here)."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import dash
+import pandas as pd
 from dash import Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
-from popviz import figures
+from popviz.analysis.range_stats import RangeStats, range_statistics
+from popviz.analysis.trace_detail import PassOps, pass_ops, readable_window
+from popviz.figures.trace_lanes import trace_lanes_figure
 
 from ..cache import Entry
 from ..common import (
@@ -19,6 +25,7 @@ from ..common import (
     message,
     naming,
     profile_of,
+    table,
     title_of,
     trace_index,
     x_range,
@@ -29,12 +36,42 @@ TITLE = "Trace"
 NEEDS_PROFILE = True
 
 
-def trace(ctx: AppContext, entry: Entry, lo: float | None = None,
-          hi: float | None = None) -> Any:
-    return figures.trace_figure(trace_index(entry), lo, hi, naming=naming(entry))
+def templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
+    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops))
+
+
+def opening_window(entry: Entry) -> tuple[float, float] | None:
+    """Ramp-up plus a few steady-state steps of a long pipelined run (None: show all)."""
+    return entry.get("trace_window", lambda: readable_window(entry.profile.trace))
+
+
+def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | None = None,
+          module: str | None = None) -> Any:
+    return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
+                              templates=templates(entry), highlight=module or None)
 
 
 FIGURES = {"trace": trace}
+
+
+def module_window(entry: Entry, module: str) -> tuple[float, float] | None:
+    """The span of the first compute event that runs an op of `module` (or its children)."""
+    ops = entry.profile.ops
+    if not module or "module" not in ops or not {"stage", "pass"} <= set(ops.columns):
+        return None
+    mods = ops["module"].astype(str)
+    mine = ops[(mods == module) | mods.str.startswith(module + ".")]
+    if mine.empty:
+        return None
+    keys = set(zip(mine["stage"].astype(int), mine["pass"].astype(str), strict=True))
+    tr = entry.profile.trace
+    comp = tr[tr["kind"].astype(str) == "compute"]
+    hit = comp[[(int(s), str(p)) in keys
+                for s, p in zip(comp["stage"], comp["pass"], strict=True)]]
+    if hit.empty:
+        return None
+    first = hit.sort_values("start").iloc[0]
+    return float(first["start"]), float(first["end"])
 
 
 def _status(fig: Any, unit: str = "cycles") -> str:
@@ -42,28 +79,94 @@ def _status(fig: Any, unit: str = "cycles") -> str:
     if not meta:
         return ""
     lo, hi = meta["range"]
-    mode = ("every event drawn" if meta["mode"] == "events"
-            else "each bucket split by the time each kind ran in it; zoom in for single events")
+    if meta["mode"] == "events":
+        mode = "every event drawn"
+        if meta.get("ops_drawn"):
+            n = meta["ops_drawn"]
+            mode += f", {n:,} op{'s' if n != 1 else ''} laid out in modelled order"
+        elif meta.get("ops_hidden", 0) > 0:
+            mode += f"; zoom in further to see the {meta['ops_hidden']:,} ops"
+    else:
+        mode = "each bucket split by the time each kind ran in it; zoom in for single events"
     return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}."
+
+
+def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:
+    """Shares as percentages, times as whole units (range edges cut events mid-cycle)."""
+    out = frame.copy()
+    for name in out.columns:
+        if name not in (col, "ipu") and pd.api.types.is_float_dtype(out[name]):
+            out[name] = out[name].round().astype("int64")
+    if col in out:
+        out[col] = (out[col] * 100).round(1).astype(str) + " %"
+    return out
+
+
+def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
+    """The statistics of [lo, hi) as small tables (those of the opening window are kept:
+    every visit shows them)."""
+    words = naming(entry)
+
+    def build() -> RangeStats:
+        return range_statistics(entry.profile.trace, templates(entry), lo, hi)
+
+    opening = opening_window(entry) or (trace_index(entry).start, trace_index(entry).end)
+    same = abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6
+    stats: RangeStats = entry.get(("range_stats", lo, hi), build) if same else build()
+    unit = words.unit
+    head = html.Div(f"{how}: {lo:,.0f} to {hi:,.0f} {unit} ({hi - lo:,.0f} {unit}), "
+                    f"{stats.events:,} events.", id="trace-stats-head", className="status")
+    per_ipu = stats.per_ipu.rename(columns={"ipu": words.device.lower()})
+    per_ipu = _pct(per_ipu, "busy_share")
+    blocks = [head, html.Div([
+        html.Div([html.H3(f"Time by kind ({unit})"),
+                  table("trace-stats-kind", _pct(stats.by_kind), words=words)],
+                 className="half"),
+        html.Div([html.H3(f"Per {words.device}"),
+                  table("trace-stats-ipu", per_ipu, words=words)], className="half"),
+    ], className="row")]
+    if not stats.by_class.empty:
+        blocks.append(html.Div([
+            html.Div([html.H3("Compute by op class (modelled)"),
+                      table("trace-stats-class", _pct(stats.by_class), words=words)],
+                     className="half"),
+            html.Div([html.H3("Top ops"),
+                      table("trace-stats-top", _pct(stats.top_ops), words=words)],
+                     className="half"),
+        ], className="row"))
+    return blocks
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.trace.empty:
         return html.Div([html.H2(title_of(entry)),
                          message("This profile has no trace events.", "info")])
-    fig = trace(ctx, entry)
+    window = opening_window(entry)
+    fig = trace(ctx, entry, *(window or (None, None)))
     words = naming(entry)
-    rows = ("One row per rank (process); times in ns from the first recorded step. "
-            if words.measured else "One row per IPU; times in cycles. ")
+    rows = ("Lanes per rank (process); times in ns from the first recorded step. "
+            if words.measured else "Lanes per IPU; times in cycles. ")
+    opening = ("Opened on the ramp-up and the first steady-state steps; the strip at the "
+               "bottom is the whole run (double-click the trace for all of it). "
+               if window else "")
+    lo, hi = (float(v) for v in fig.layout.meta["range"])
     return html.Div([
         html.H2(title_of(entry)),
-        html.P(rows + "Drag to zoom, shift-drag or scroll to pan, double-click to reset. Colours: "
-               "forward, backward, recompute and weight-update compute; exchange; sync; "
-               "host I/O; idle.", className="hint"),
+        html.P(rows + opening + "Drag to zoom (down to single ops, laid out in each pass in "
+               "the compiler's modelled order), scroll to pan, double-click to reset; pick "
+               "Box Select in the toolbar and drag for statistics of a range.",
+               className="hint"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
+        html.Div(id="trace-init", style={"display": "none"}),
         graph("trace-graph", fig),
+        html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
         downloads(entry.rel, ["trace"], list(FIGURES)),
     ])
+
+
+def _param(search: str | None, name: str) -> str:
+    values = parse_qs((search or "").lstrip("?")).get(name, [])
+    return values[0] if values else ""
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
@@ -75,7 +178,51 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         if wanted is None:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
-        fig = trace(ctx, entry) if wanted == "auto" else trace(ctx, entry, *wanted)
+        module = _param(search, "module")
+        fig = (trace(ctx, entry, module=module) if wanted == "auto"
+               else trace(ctx, entry, *wanted, module=module))
         return fig, _status(fig, naming(entry).unit)
 
-    return {"zoom": zoom}
+    @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
+                  Output("trace-status", "children", allow_duplicate=True),
+                  Output("trace-stats", "children", allow_duplicate=True),
+                  Input("trace-init", "children"), State("url", "search"),
+                  prevent_initial_call="initial_duplicate")
+    def focus(_init: Any, search: str) -> tuple[Any, str, list[Any]]:
+        """With `&module=PATH`: open on that module's first pass, its ops outlined."""
+        module = _param(search, "module")
+        if not module:  # the layout already drew the opening window
+            raise PreventUpdate
+        entry = ctx.cache.get(profile_of(search))
+        window = module_window(entry, module) or opening_window(entry) or (None, None)
+        fig = trace(ctx, entry, *window, module=module)
+        lo, hi = (float(v) for v in fig.layout.meta["range"])
+        return (fig, _status(fig, naming(entry).unit),
+                stats_panel(entry, lo, hi, f"First pass running {module}"))
+
+    @app.callback(Output("trace-stats", "children"), Input("trace-graph", "selectedData"),
+                  Input("trace-graph", "figure"), State("url", "search"),
+                  prevent_initial_call=True)
+    def stats(selected: dict | None, figure: dict | None, search: str) -> list[Any]:
+        entry = ctx.cache.get(profile_of(search))
+        box = ((selected or {}).get("range") or {}).get("x")
+        if box and len(box) == 2 and _selected_last():
+            return stats_panel(entry, float(min(box)), float(max(box)), "Selected range")
+        if hasattr(figure, "to_plotly_json"):  # a go.Figure (tests call this directly)
+            figure = figure.to_plotly_json()
+        meta = ((figure or {}).get("layout") or {}).get("meta") or {}
+        if "range" not in meta:
+            raise PreventUpdate
+        lo, hi = meta["range"]
+        return stats_panel(entry, float(lo), float(hi), "Shown window")
+
+    return {"zoom": zoom, "focus": focus, "stats": stats}
+
+
+def _selected_last() -> bool:
+    """Whether the running callback was fired by a selection (not a redraw)."""
+    try:
+        props = dash.ctx.triggered_prop_ids
+    except Exception:  # called directly by a test
+        return True
+    return any(k.endswith(".selectedData") for k in props)

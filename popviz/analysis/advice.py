@@ -190,14 +190,14 @@ def _shared_parameter_advice(meta: dict[str, Any]) -> list[Advice]:
     """Tied weights read on several IPUs (meta['shared_parameters'], from the compiler)."""
     out = []
     for p in meta.get("shared_parameters") or []:
-        copies = ", ".join(f"IPU{i}" for i in p.get("copy_ipus", []))
+        copies = ", ".join(ipu_label(i) for i in p.get("copy_ipus", []))
         home = p.get("home_ipu", 0)
         out.append(Advice(
             "info", "split", home,
             f"Parameter {p.get('name')} ({p.get('bytes', 0) / KiB:.0f} KiB) is shared: it "
-            f"lives on IPU{home} and a copy on {copies}; its gradient goes from {copies} to "
-            f"IPU{home} at every weight update. Keeping its readers in one stage avoids the "
-            "copy and the exchange."))
+            f"lives on {ipu_label(home)} and a copy on {copies}; its gradient goes from "
+            f"{copies} to {ipu_label(home)} at every weight update. Keeping its readers in one "
+            "stage avoids the copy and the exchange."))
     return out
 
 

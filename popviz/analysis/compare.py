@@ -167,7 +167,10 @@ def build(sa: Side, sb: Side) -> Comparison:
     tps.insert(0, "unit", "IPU-us per sample")
     tps = tps.rename_axis("category").reset_index()
 
-    ops = deltas(sa.op_classes, sb.op_classes).fillna({"a": 0.0, "b": 0.0})
+    # a class one side never ran costs it 0; a side with no op costs at all (measured) is
+    # absent, not 0
+    fill = {k: 0.0 for k, side in (("a", sa), ("b", sb)) if len(side.op_classes)}
+    ops = deltas(sa.op_classes, sb.op_classes).fillna(fill)
     ops["delta"] = ops["b"] - ops["a"]
     ops["ratio"] = ops["b"] / ops["a"].where(ops["a"] != 0)
     if not isinstance(ops.index, pd.MultiIndex):  # neither side has per-op times

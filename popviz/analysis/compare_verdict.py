@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from popviz.analysis.compare_sides import Side
+from popviz.analysis.compare_terms import on_equal_terms
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, is_measured, rank_label
 
@@ -167,6 +168,8 @@ def _op_reason(comp: Comparison) -> list[str]:
     if ops.empty:
         return []
     top = ops.iloc[0]  # sorted by |delta|
+    if not (_ok(top["a"]) and _ok(top["b"])):  # one side has no op costs: nothing to say
+        return []
     total = max(float(ops["a"].sum()), float(ops["b"].sum()))
     if not total or abs(top["delta"]) < 0.05 * total:
         return []
@@ -218,11 +221,16 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
                        "seconds (modelled cycles / clock, measured ns).")
     tot = _metric(comp, "throughput")
     per = _metric(comp, "throughput_per_ipu")
-    return {
+    return on_equal_terms({
         "a": sa.facts["name"], "b": sb.facts["name"], "winner": winner,
         "faster_per_ipu": faster, "factor_per_ipu": factor,
         "speedup_per_ipu": per.get("ratio") if per else None,
         "speedup_total": tot.get("ratio") if tot else None,
         "fits": {"A": fa, "B": fb}, "headline": headline, "reasons": reasons,
         "differences": differences(sa, sb),
-    }
+        "per_device": {
+            "a": per.get("a"), "b": per.get("b"),
+            "total_a": tot.get("a") if tot else None, "total_b": tot.get("b") if tot else None,
+            "devices_a": f"{sa.facts['total_ipus']} {_dev(sa)}(s)",
+            "devices_b": f"{sb.facts['total_ipus']} {_dev(sb)}(s)"} if per else {},
+    }, sa.facts, sb.facts)

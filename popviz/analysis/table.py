@@ -1,4 +1,11 @@
-"""Filter, sort and page a table the way Dash's DataTable asks for it (server side)."""
+"""Filter, sort and page a table the way Dash's DataTable asks for it (server side).
+
+DataTable turns what a user types in a column's filter cell into `{col} op value`
+clauses joined by ` && `; relational operators may carry a case prefix (`s>`, `i<=`,
+`s=`), and a cell without an operator arrives as `=` (numeric column) or `contains`
+(text). On top of DataTable's own syntax a value may be a range, `100..2000`,
+`100 to 2000` or `between 100 and 2000` (inclusive), and a number may end in k, M, G
+or T (1e3 ... 1e12): `> 1.5M` on flops."""
 
 from __future__ import annotations
 
@@ -7,22 +14,38 @@ from typing import Any
 
 import pandas as pd
 
+_RELATIONAL = r"<=|>=|!=|=|<|>|eq|ne|lt|le|gt|ge"
 # one clause of DataTable's filter_query: {column} operator value
 _CLAUSE = re.compile(
-    r"^\{(?P<col>[^}]+)\}\s*(?P<op>scontains|icontains|contains|datestartswith|s=|i=|"
-    r"<=|>=|!=|=|<|>|eq|ne|lt|le|gt|ge)\s*(?P<val>.*)$")
-_OPS = {"eq": "=", "s=": "=", "i=": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
-        "ge": ">=", "scontains": "contains", "icontains": "contains"}
+    r"^\{(?P<col>[^}]+)\}\s*(?P<op>[si]?contains|datestartswith|"
+    rf"[si]?(?:{_RELATIONAL})|is (?:not )?blank)\s*(?P<val>.*)$")
+_OPS = {"eq": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_SUFFIX = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_NUMBER = r"-?\d[\d,_]*(?:\.\d*)?(?:e[+-]?\d+)?\s*[kmgt]?|-?\.\d+"
+_RANGE = re.compile(rf"^(?:between\s+)?({_NUMBER})\s*(?:\.\.|to|and|–)\s*({_NUMBER})$",
+                    re.IGNORECASE)
+# an operator typed inside a value ("> 1000" sent as `{col} contains > 1000` or `= > 1000`)
+_INNER = re.compile(r"^(<=|>=|!=|=|<|>)\s*(.+)$")
+
+
+def _number(text: str) -> float | None:
+    """A number as a user types it (1,000 · 1e6 · 2.5M), or None."""
+    text = text.strip().replace(",", "").replace("_", "").lower()
+    scale = 1.0
+    if text and text[-1] in _SUFFIX:
+        scale, text = _SUFFIX[text[-1]], text[:-1].strip()
+    try:
+        return float(text) * scale
+    except ValueError:
+        return None
 
 
 def _value(text: str) -> Any:
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
         return text[1:-1]
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    number = _number(text)
+    return text if number is None else number
 
 
 def _text(val: Any) -> str:
@@ -31,36 +54,78 @@ def _text(val: Any) -> str:
     return str(val)
 
 
+def _normalise(op: str) -> str:
+    if op in ("scontains", "icontains"):
+        return "contains"
+    if op[:1] in ("s", "i") and op[1:] and not op.startswith("is "):
+        rest = op[1:]
+        if rest in _OPS or rest in ("<=", ">=", "!=", "=", "<", ">"):
+            op = rest
+    return _OPS.get(op, op)
+
+
+def _compare(series: pd.Series, op: str, val: Any) -> pd.Series:
+    numeric = pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+    if numeric and isinstance(val, float):
+        left: Any = series
+    else:
+        left, val = series.astype(str), _text(val)
+    return {"=": left == val, "!=": left != val, "<": left < val, "<=": left <= val,
+            ">": left > val, ">=": left >= val}[op]
+
+
+def _clause(frame: pd.DataFrame, raw: str) -> pd.Series:
+    match = _CLAUSE.match(raw.strip())
+    if not match:
+        raise ValueError(f"cannot read filter {raw.strip()!r}")
+    col, op, text = match["col"], _normalise(match["op"]), match["val"].strip()
+    if col not in frame.columns:
+        raise ValueError(f"no column {col!r} to filter on")
+    series = frame[col]
+    if op in ("is blank", "is not blank"):
+        blank = series.isna() | (series.astype(str).str.strip() == "")
+        return blank if op == "is blank" else ~blank
+    numeric = pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+    inner = _INNER.match(text)
+    if inner and op in ("=", "contains"):  # "> 1000" typed where an operator was not parsed
+        op, text = inner[1], inner[2].strip()
+    span = _RANGE.match(text)
+    if span and op in ("=", "contains") and numeric:
+        lo, hi = sorted((_number(span[1]) or 0.0, _number(span[2]) or 0.0))
+        return (series >= lo) & (series <= hi)
+    val = _value(text)
+    if op == "contains" and numeric and isinstance(val, float):
+        op = "="  # a bare number in a numeric column means equal
+    if op in ("=", "!=") and not numeric and isinstance(val, str) and "*" in val:
+        hit = _glob(series, val)
+        return hit if op == "=" else ~hit
+    if op in ("contains", "datestartswith"):
+        lower = series.astype(str).str.lower()
+        needle = _text(val).lower()
+        return lower.str.contains(needle, regex=False) if op == "contains" else \
+            lower.str.startswith(needle)
+    if numeric and not isinstance(val, float) and op != "=" and op != "!=":
+        raise ValueError(f"{col!r} holds numbers; {text!r} is not one")
+    return _compare(series, op, val)
+
+
+def _glob(series: pd.Series, pattern: str) -> pd.Series:
+    """Rows whose text matches `pattern` (`*`: any run of characters); `a.*` also matches
+    `a` itself, so a module path pattern takes the module and its children."""
+    body = ".*".join(re.escape(part) for part in pattern.split("*"))
+    if pattern.endswith(".*"):
+        body = re.escape(pattern[:-2]) + r"(\..*)?"
+    return series.astype(str).str.fullmatch(body)
+
+
 def filter_table(frame: pd.DataFrame, filter_query: str | None) -> pd.DataFrame:
-    """Rows matching every `{col} op value` clause joined by `&&`. Unknown columns or
-    operators raise ValueError naming them."""
+    """Rows matching every `{col} op value` clause joined by `&&`. Unknown columns,
+    operators or a word where a number is needed raise ValueError naming them."""
     if not filter_query or not filter_query.strip():
         return frame
     mask = pd.Series(True, index=frame.index)
-    for raw in filter_query.split(" && "):
-        match = _CLAUSE.match(raw.strip())
-        if not match:
-            raise ValueError(f"cannot read filter {raw.strip()!r}")
-        col, op, val = match["col"], _OPS.get(match["op"], match["op"]), _value(match["val"])
-        if col not in frame.columns:
-            raise ValueError(f"no column {col!r} to filter on")
-        series = frame[col]
-        numeric = pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(
-            series)
-        if op in ("contains", "datestartswith"):
-            text = series.astype(str).str.lower()
-            needle = _text(val).lower()
-            part = text.str.contains(needle, regex=False) if op == "contains" else \
-                text.str.startswith(needle)
-        elif numeric and isinstance(val, float):
-            part = {"=": series == val, "!=": series != val, "<": series < val,
-                    "<=": series <= val, ">": series > val, ">=": series >= val}[op]
-        else:
-            text = series.astype(str)
-            sval = _text(val)
-            part = {"=": text == sval, "!=": text != sval, "<": text < sval,
-                    "<=": text <= sval, ">": text > sval, ">=": text >= sval}[op]
-        mask &= part.fillna(False).astype(bool)
+    for raw in re.split(r"\s+&&\s+", filter_query.strip()):
+        mask &= _clause(frame, raw).fillna(False).astype(bool)
     return frame[mask]
 
 

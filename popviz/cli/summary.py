@@ -7,7 +7,7 @@ import json
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import naming_of
+from popviz.vocab import ipu_label, naming_of
 
 _FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
@@ -17,34 +17,87 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print one JSON object (a list when PROFILE holds several)")
 
 
+def _duration(ms: float) -> str:
+    """2.83 ms, 85.2 µs, 1,234 ms: three significant figures, never '0.0 ms'."""
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 0.1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1e3:.3g} µs"
+
+
+def _fit_line(facts: dict) -> str:
+    if facts.get("fit_known") is False or facts.get("fits") is None:
+        return f"  fits: {_FIT_WORD[None]}"
+    return (f"  fits: {_FIT_WORD[bool(facts['fits'])]}"
+            + ("" if facts["fits"] else
+               f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
+               f"{', '.join(map(str, facts['oom_ipus']))})"))
+
+
+def _insight_lines(facts: dict) -> list[str]:
+    words = naming_of(facts["kind"])
+    lines = []
+    tile = facts.get("fullest_tile")
+    if tile:
+        lines.append(f"  fullest tile: {ipu_label(tile['ipu'])} tile {tile['tile']}, "
+                     f"{tile['utilisation']:.0%} of {_fmt_bytes(tile['capacity_bytes'])}"
+                     + (f" (mostly {tile['largest_category'].replace('_', ' ')})"
+                        if tile.get("largest_category") else ""))
+    neck = facts.get("bottleneck")
+    if neck and len(facts.get("stages") or []) > 1:
+        lines.append(f"  bottleneck: stage {neck['stage']} on {words.label(neck['ipu'])}, "
+                     f"{neck['relative_load']:.2f}x the mean stage load")
+    advice = facts.get("advice") or []
+    if advice:
+        lines.append("  advice:")
+        lines += [f"    - {a}" for a in advice]
+    return lines
+
+
 def render_text(facts: dict) -> str:
     target = facts.get("target") or {}
     words = naming_of(facts["kind"])
     lines = [
         f"{facts['name']}  ({facts['kind']}, {facts.get('model') or 'model ?'} on "
         f"{target.get('name', '?')} x{facts['num_ipus']})",
-        f"  fits: {_FIT_WORD[facts['fits']]}"
-        + ("" if facts["fits"] is not False else
-           f"  ({facts['oom_tiles']} tile(s) out of memory on IPU "
-           f"{', '.join(map(str, facts['oom_ipus']))})"),
+        _fit_line(facts),
     ]
-    for key, label in (("throughput", "throughput"), ("latency_ms", "latency")):
-        value = facts.get(key)
-        if value is not None:
-            unit = " samples/s" if key == "throughput" else " ms"
-            lines.append(f"  {label}: {value:,.1f}{unit}")
+    if facts.get("throughput") is not None:
+        lines.append(f"  throughput: {facts['throughput']:,.1f} samples/s")
+    latency = facts.get("latency_ms")
+    if latency:  # absent or 0 (a training step has no single-batch latency): left out
+        lines.append(f"  latency: {_duration(float(latency))}")
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"  {words.label(ipu)} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
-        lines.append(f"  stage ipu     forward    backward   recompute    exchange        idle"
-                     f"  ({words.unit})")
+        cols = ("forward", "backward", "recompute", "exchange", "idle")
+        lines.append("  stage ipu " + " ".join(f"{c:>14}" for c in cols)
+                     + f"  ({words.unit})")
         for s in facts["stages"]:
-            lines.append(
-                f"  {s['stage']:>5} {s['ipu']:>3} {s['forward_cycles']:>11,.0f} "
-                f"{s['backward_cycles']:>11,.0f} {s['recompute_cycles']:>11,.0f} "
-                f"{s['exchange_cycles']:>11,.0f} {s['idle_cycles']:>11,.0f}"
-            )
+            lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(
+                f"{s[c + '_cycles']:>14,.0f}" for c in cols))
+    lines += _insight_lines(facts)
     return "\n".join(lines)
+
+
+def insight_facts(profile: object) -> dict:
+    """What the summary page adds to the stored facts: whether fit is known, the fullest
+    tile, the bottleneck stage and the advice (JSON-safe)."""
+    from popviz.analysis.insights import insights
+    from popviz.jsonsafe import jsonable
+
+    found = insights(profile)
+    tiles = found["fullest_tiles"]
+    top = tiles.iloc[0] if len(tiles) else None
+    return jsonable({
+        "fit_known": bool(found["fit"]["known"]),
+        "fullest_tile": None if top is None else {
+            k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
+                                "largest_category") if k in top},
+        "bottleneck": found["bottleneck"],
+        "advice": [a.text for a in found["advice"]],
+    })
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -57,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     all_facts = []
     for path in paths:
         with popviz.open(path) as profile:
-            all_facts.append(profile_facts(profile))
+            all_facts.append({**profile_facts(profile), **insight_facts(profile)})
     if args.json:
         payload = all_facts[0] if len(all_facts) == 1 else all_facts
         emit(json.dumps(payload, indent=2, sort_keys=True))
@@ -70,8 +123,9 @@ COMMAND = Command(
     name="summary",
     help="headline facts of a profile: fit, OOM tiles, stage cycles, peaks, throughput",
     description="Print the headline facts of a profile (or of every profile under a "
-    "directory): whether it fits, out-of-memory tiles, per-stage cycles, peak liveness "
-    "per IPU and throughput. --json prints the same facts as JSON.",
+    "directory): whether it fits (unknown for a measured run), out-of-memory tiles, the "
+    "fullest tile, per-stage cycles, the bottleneck stage, peak liveness per IPU, "
+    "throughput, latency and advice. --json prints the same facts as JSON.",
     add_arguments=_add_arguments,
     run=_run,
 )

@@ -11,7 +11,7 @@ from popviz.figures.style import base_layout, byte_unit, empty_figure, fmt_bytes
 from popviz.vocab import MEASURED, MODELLED, Naming
 
 KIND_COLOURS = {"activation": "#3b75af", "gradient": "#ef8636", "allreduce": "#8e6bbf",
-                "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#c53a32"}
+                "host_in": "#519e3e", "host_out": "#8d6e63", "weights": "#1b9e8f"}
 
 
 def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
@@ -26,14 +26,17 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)
     size, name = byte_unit(float(matrix.to_numpy().max()))
     z = matrix.to_numpy(dtype=float) / size
-    text = np.vectorize(lambda b: fmt_bytes(b) if b else "")(matrix.to_numpy())
+    # cells in the colour bar's unit (never MiB on the bar and GiB in a cell)
+    text = np.vectorize(lambda b: f"{b / size:,.1f}" if b else "")(matrix.to_numpy())
     fig = go.Figure(go.Heatmap(
         z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
         texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
-        hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
+        customdata=np.vectorize(lambda b: fmt_bytes(b))(matrix.to_numpy()),
+        hovertemplate="%{y} → %{x}: %{customdata}<extra></extra>"))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
-    return base_layout(fig, title + " (from row to column)", height=160 + 45 * len(matrix))
+    return base_layout(fig, f"{title} ({name}, from row to column)",
+                       height=160 + 45 * len(matrix))
 
 
 def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
@@ -57,4 +60,6 @@ def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text=naming.time_title, tickformat=",d")
     fig.update_yaxes(title_text=name)
-    return base_layout(fig, title, height=340)
+    widths = (over_time["bin_end"] - over_time["bin_start"]).to_numpy(dtype=float)
+    width = f" · bins of {float(np.median(widths)):,.0f} {unit}" if len(widths) else ""
+    return base_layout(fig, title + width, height=340)

@@ -101,9 +101,12 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
                                  marker={"symbol": "x", "size": 8, "color": OOM_COLOUR},
                                  hovertemplate="tile %{customdata} OUT OF MEMORY"
                                  "<extra></extra>"))
-    fig.update_xaxes(title_text=f"tile mod {columns}", showgrid=False)
-    fig.update_yaxes(title_text=f"tile div {columns}", range=[rows - 0.5, -0.5],
-                     showgrid=False, scaleanchor="x", constrain="domain")
+    fig.update_xaxes(title_text=f"column (tile number = row × {columns} + column)",
+                     showgrid=False)
+    fig.update_yaxes(title_text=f"row ({columns} tiles each)", range=[rows - 0.5, -0.5],
+                     showgrid=False, scaleanchor="x", constrain="domain",
+                     tickvals=list(range(0, rows, max(1, rows // 6))),
+                     ticktext=[f"{r * columns}" for r in range(0, rows, max(1, rows // 6))])
     fig.update_xaxes(range=[-0.5, columns - 0.5], constrain="domain")
     return base_layout(fig, f"{title} · {ipu_label(ipu)}", height=200 + 12 * rows)
 
@@ -125,11 +128,16 @@ def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go
     if far_below(top, cap):
         title += f" ({cap / MiB:,.0f} MiB capacity each is off the scale)"
     else:
+        # drawn over the bars, dark with a white edge: visible inside an out-of-memory bar
         fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
                                  name="capacity",
-                                 marker={"symbol": "line-ew-open", "size": 40,
-                                         "color": CAPACITY_COLOUR, "line": {"width": 2}},
+                                 marker={"symbol": "line-ew-open", "size": 44,
+                                         "color": "#111", "line": {"width": 3}},
                                  hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
+        fig.add_trace(go.Scatter(x=labels, y=totals["capacity_bytes"] / MiB, mode="markers",
+                                 showlegend=False, hoverinfo="skip",
+                                 marker={"symbol": "line-ew-open", "size": 40,
+                                         "color": CAPACITY_COLOUR, "line": {"width": 1.5}}))
     text = [f"{u:.0%}" + (f" · {o} OOM tiles" if o else "")
             for u, o in zip(totals["utilisation"], totals["oom_tiles"])]
     fig.add_trace(go.Scatter(x=labels, y=totals["total_bytes"] / MiB, mode="text", text=text,
@@ -152,15 +160,15 @@ def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histog
     if far:
         title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
     for ipu, g in tile_memory.groupby("ipu", sort=True):
-        fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=ipu_label(ipu), opacity=0.7,
+        fig.add_trace(go.Histogram(x=g["total_bytes"] / KiB, name=ipu_label(ipu), opacity=0.85,
                                    xbins={"start": 0, "end": top * 1.02, "size": top / 60},
                                    hovertemplate="%{x} KiB: %{y} tiles<extra>IPU" + str(ipu)
                                    + "</extra>"))
     if not far:
         fig.add_vline(x=cap, line={"color": CAPACITY_COLOUR, "dash": "dash"},
                       annotation_text="tile capacity", annotation_position="top left")
-    fig.update_layout(barmode="overlay")
-    fig.update_xaxes(title_text="memory per tile (KiB)")
+    fig.update_layout(barmode="group", bargap=0.05)  # overlaid, IPU1 would hide IPU0
+    fig.update_xaxes(title_text=f"memory per tile (KiB, bins of {top / 60:,.1f} KiB)")
     fig.update_yaxes(title_text="tiles")
     return base_layout(fig, title, height=340)
 

@@ -9,8 +9,8 @@ from popviz.units import KiB, MiB, fmt_bytes  # noqa: F401 - re-exported for fig
 # trace: forward / backward / recompute / weight update are distinct hues of compute
 CATEGORY_COLOURS = {
     "F": "#3b75af", "B": "#ef8636", "R": "#8e6bbf", "WU": "#519e3e", "compute": "#56a3c9",
-    "exchange": "#c53a32", "host_io": "#8d6e63", "sync": "#6d6d6d", "idle": "#dcdcdc",
-}
+    "exchange": "#1b9e8f", "host_io": "#8d6e63", "sync": "#6d6d6d", "idle": "#dcdcdc",
+}  # exchange is teal: red means capacity, out of memory and the bottleneck
 CATEGORY_NAMES = {
     "F": "compute: forward", "B": "compute: backward", "R": "compute: recompute",
     "WU": "compute: weight update", "compute": "compute", "exchange": "exchange",
@@ -18,7 +18,7 @@ CATEGORY_NAMES = {
 }
 MEMORY_COLOURS = {
     "code": "#7f7f7f", "always_live": "#3b75af", "not_always_live_peak": "#ef8636",
-    "exchange": "#c53a32",
+    "exchange": "#1b9e8f",
 }
 _EXTRA = ["#519e3e", "#8e6bbf", "#8d6e63", "#e377c2", "#bcbd22", "#17becf"]
 OOM_COLOUR = "#d62728"

@@ -31,6 +31,14 @@ def _bar(name: str, rows: np.ndarray, base: np.ndarray, width: np.ndarray,
     )
 
 
+def _stack(columns: list) -> np.ndarray:
+    """Columns side by side as objects (np.stack would turn the numbers into strings)."""
+    out = np.empty((len(columns[0]), len(columns)), dtype=object)
+    for j, col in enumerate(columns):
+        out[:, j] = np.asarray(col, dtype=object)
+    return out
+
+
 def _events(index: TraceIndex, lo: float, hi: float, naming: Naming,
             row_of: dict[int, int]) -> list[go.Bar]:
     rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
@@ -40,18 +48,20 @@ def _events(index: TraceIndex, lo: float, hi: float, naming: Naming,
     hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · stage "
              "%{customdata[1]} · micro-batch %{customdata[2]} · pass %{customdata[3]}<br>"
              f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit} "
-             f"(%{{x:,.0f}} {unit})<extra>%{{fullData.name}}</extra>")
+             f"(duration %{{customdata[6]:,.0f}} {unit})<extra>%{{fullData.name}}</extra>")
     bars = []
     for k, name in enumerate(CATEGORIES):
         sel = ev[codes == k]
         if sel.empty:
             continue
-        custom = np.stack([
+        # Plotly's %{x} of an offset bar is its end, so the duration travels in customdata
+        custom = _stack([
             sel["op"].astype(str).to_numpy() if "op" in sel else np.full(len(sel), ""),
             sel["stage"].to_numpy() if "stage" in sel else np.full(len(sel), -1),
             sel["microbatch"].to_numpy() if "microbatch" in sel else np.full(len(sel), -1),
             sel["pass"].astype(str).to_numpy() if "pass" in sel else np.full(len(sel), ""),
-            sel["end"].to_numpy(), sel["ipu"].to_numpy()], axis=1).astype(object)
+            sel["end"].to_numpy(), sel["ipu"].to_numpy(),
+            (sel["end"] - sel["start"]).to_numpy()])
         bars.append(_bar(name, sel["ipu"].map(row_of).to_numpy(),
                          sel["start"].to_numpy(dtype=float),
                          (sel["end"] - sel["start"]).to_numpy(dtype=float), custom, hover))

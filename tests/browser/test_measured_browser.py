@@ -35,7 +35,8 @@ def _no_modelled_words(page: Any, allowed: str = "") -> None:
 def test_measured_trace_says_ranks_and_ns(browser_context: Any, base_url: str,
                                           served: Path) -> None:
     page, errors = _page(browser_context, base_url, served, "/trace")
-    assert _svg_text(page, "#trace-graph .ytick text") == ["rank 0", "rank 1"]
+    ticks = _svg_text(page, "#trace-graph .ytick text")  # lanes: "rank 0 · compute", "sync", ...
+    assert [t.split(" · ")[0] for t in ticks if " · " in t] == ["rank 0", "rank 1"]
     assert _svg_text(page, "#trace-graph .xtitle") == ["time (ns)"]
     assert page.inner_text("#trace-status").split(":")[0].endswith(" ns")
     _no_modelled_words(page)

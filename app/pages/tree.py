@@ -1,0 +1,101 @@
+"""`/tree`: the program tree (model -> blocks -> layers -> ops) as an icicle; clicking a box
+lists its ops below and links to the ops table filtered to it and to the trace with its
+ops outlined."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+import dash
+import pandas as pd
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+
+from popviz.analysis.program_tree import ROOT, node_ops, program_tree
+from popviz.figures.tree import program_tree_figure
+from popviz.units import fmt_bytes
+
+from ..cache import Entry
+from ..common import AppContext, downloads, graph, message, naming, profile_of, table, title_of
+
+PATH = "/tree"
+TITLE = "Program tree"
+NEEDS_PROFILE = True
+OP_COLUMNS = ["op_id", "op", "module", "pass", "stage", "cycles", "flops", "temp_bytes",
+              "bytes_written"]
+
+
+def tree_of(entry: Entry) -> pd.DataFrame:
+    return entry.get("program_tree", lambda: program_tree(entry.profile.ops))
+
+
+def tree(ctx: AppContext, entry: Entry) -> Any:
+    return program_tree_figure(tree_of(entry), naming=naming(entry))
+
+
+FIGURES = {"tree": tree}
+
+
+def _links(entry: Entry, node: str) -> html.Div:
+    module = node.rsplit("/", 1)[0] if "/" in node else node
+    if module in ("", ROOT):
+        return html.Div()
+    ops_q = urlencode({"profile": entry.rel, "module": module})
+    return html.Div([
+        html.Span("Open: ", className="label"),
+        dcc.Link(f"ops of {module} in Operations", href=f"/operations?{ops_q}",
+                 id="tree-to-ops", className="download"),
+        dcc.Link(f"{module} in the Trace (its ops outlined)", href=f"/trace?{ops_q}",
+                 id="tree-to-trace", className="download"),
+    ], className="downloads")
+
+
+def node_panel(entry: Entry, node: str) -> list[Any]:
+    """The picked node's figures, its heaviest ops and links to the other views."""
+    frame = tree_of(entry)
+    row = frame[frame["id"] == node]
+    if row.empty:
+        return [message(f"No node {node!r} in this program.", "info")]
+    r = row.iloc[0]
+    words = naming(entry)
+    ops = node_ops(entry.profile.ops, node)
+    cols = [c for c in OP_COLUMNS if c in ops.columns]
+    head = (f"{node}: {r['cycles']:,.0f} {words.unit} over {int(r['ops']):,} ops, "
+            f"{r['flops']:,.0f} FLOPs, {fmt_bytes(r['bytes_written'])} written, largest "
+            f"temporary {fmt_bytes(r['temp_bytes'])}; stage {r['stages'] or '-'}.")
+    return [html.Div(head, id="tree-node-head", className="status"), _links(entry, node),
+            table("tree-node-ops", ops[cols].head(25), words=words)]
+
+
+def layout(ctx: AppContext, entry: Entry) -> html.Div:
+    frame = tree_of(entry)
+    if frame.empty:
+        return html.Div([html.H2(title_of(entry)),
+                         message("No ops in this profile, so no program tree.", "info")])
+    words = naming(entry)
+    cost = ("host time (ns) of each op" if words.measured else "modelled cycles")
+    return html.Div([
+        html.H2(title_of(entry)),
+        html.P(f"The model's module hierarchy; each box is as wide as its {cost} over every "
+               "pass (forward, backward, recompute, optimiser), coloured by stage (grey: "
+               "several stages). Click a box to zoom into it and list its ops; click the "
+               "bar at the top to go back up.", className="hint"),
+        graph("tree-graph", tree(ctx, entry)),
+        html.Div(node_panel(entry, ROOT), id="tree-node"),
+        downloads(entry.rel, ["ops"], list(FIGURES)),
+    ])
+
+
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
+    @app.callback(Output("tree-node", "children"), Input("tree-graph", "clickData"),
+                  State("url", "search"), prevent_initial_call=True)
+    def pick(click: dict | None, search: str) -> list[Any]:
+        points = (click or {}).get("points") or []
+        if not points or not points[0].get("id"):
+            raise PreventUpdate
+        node = str(points[0]["id"])
+        entry = ctx.cache.get(profile_of(search))
+        return node_panel(entry, node)
+
+    return {"pick": pick}

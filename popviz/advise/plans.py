@@ -1,0 +1,79 @@
+"""The plans of `popviz tune` as a table and a Pareto front, and each plan written as a
+profile so it can be compared with the current one (the app's /tune page).
+
+Throughput against peak memory: a plan is on the Pareto front when it fits and no other
+fitting plan has both more throughput and less peak memory (per IPU, the fullest IPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from popviz.advise.tune import TuneResult, candidate_options, load_program, tune
+from popviz.advise.tune_search import Candidate
+from popviz.format.reader import Profile
+
+PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "oom_tiles",
+                "throughput", "throughput_per_ipu", "vs_now", "step_ms", "idle_fraction",
+                "peak_bytes", "fullest_tile", "imbalance", "pareto", "train_args"]
+
+
+def run_tune(profile: Profile, num_ipus: int | None = None, max_compiles: int = 16,
+             top: int = 8) -> TuneResult:
+    """`popviz tune` on an open modelled profile (no progress bar)."""
+    program, options = load_program(profile)
+    return tune(program, options, num_ipus, top=top, max_compiles=max_compiles)
+
+
+def _row(name: str, c: Candidate) -> dict:
+    amps = [f"{a:g}" for a in c.amp]
+    return {"plan": name, "splits": " ".join(c.splits) or "-",
+            "amp": amps[0] if len(set(amps)) == 1 else "/".join(amps),
+            "recomputation": bool(c.recomputation), "schedule": c.schedule,
+            "fits": bool(c.fits), "oom_tiles": int(c.oom_tiles),
+            "throughput": float(c.throughput), "throughput_per_ipu": float(c.throughput_per_ipu),
+            "vs_now": float(c.throughput_ratio), "step_ms": float(c.step_ms),
+            "idle_fraction": float(c.idle_fraction),
+            "peak_bytes": float(max(c.peak_bytes, default=0)),
+            "fullest_tile": float(max(c.max_tile_fill, default=0.0)),
+            "imbalance": float(c.imbalance), "train_args": c.train_args()}
+
+
+def pareto(plans: pd.DataFrame) -> pd.Series:
+    """True for the fitting plans that no other fitting plan beats on both throughput
+    (higher) and peak memory (lower or equal, one strictly better)."""
+    fit = plans[plans["fits"]]
+    out = pd.Series(False, index=plans.index)
+    for i, row in fit.iterrows():
+        better = fit[(fit["throughput"] >= row["throughput"]) &
+                     (fit["peak_bytes"] <= row["peak_bytes"]) &
+                     ((fit["throughput"] > row["throughput"]) |
+                      (fit["peak_bytes"] < row["peak_bytes"]))]
+        out[i] = better.empty
+    return out
+
+
+def plans_table(result: TuneResult) -> pd.DataFrame:
+    """'now' then the ranked plans '#1', '#2', ... with their figures and Pareto flag."""
+    rows = [_row("now", result.baseline)]
+    rows += [_row(f"#{i}", c) for i, c in enumerate(result.candidates, 1)]
+    frame = pd.DataFrame(rows)
+    frame["pareto"] = pareto(frame)
+    return frame[PLAN_COLUMNS]
+
+
+def write_plan(profile: Profile, result: TuneResult, rank: int,
+               path: str | os.PathLike[str]) -> Path:
+    """Compile plan `#rank` (1-based) and write it as a profile at `path`."""
+    from popviz.compiler import compile as compile_program
+    from popviz.format.writer import write_report
+
+    if not 1 <= rank <= len(result.candidates):
+        raise ValueError(f"no plan #{rank}: the search kept {len(result.candidates)}")
+    program, options = load_program(profile)
+    plan = candidate_options(options, result.candidates[rank - 1], result.target,
+                             result.blocks)
+    return write_report(compile_program(program, plan), path,
+                        command_line=f"popviz tune (app /tune, plan #{rank})")

@@ -1,0 +1,123 @@
+"""The recorded program as a tree: model -> modules (blocks, layers, ...) -> ops.
+
+Modules come from each op's dotted module path (`layer1.0.conv1`), so the tree is the
+model's own `nn.Module` hierarchy. A module's figures are the sum over every op recorded
+inside it or its children, in every pass (forward, backward, recompute, optimiser); leaves
+group a module's ops by name and pass ("convolution (F)"). A measured profile has no
+modelled cycles: its `cycles` column holds each action's time in ns. Pure pandas."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+ROOT = "model"
+PASS_NAMES = {"F": "forward", "B": "backward", "R": "recompute", "WU": "optimiser"}
+COLUMNS = ["id", "parent", "name", "depth", "kind", "module", "cycles", "flops",
+           "bytes_written", "temp_bytes", "ops", "stages", "ipus", "forward_cycles",
+           "backward_cycles", "recompute_cycles", "optimiser_cycles"]
+
+
+def _short(op: str) -> str:
+    parts = str(op).split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(op)
+
+
+def _stages(values: pd.Series) -> str:
+    """'0', '0-2' or '0, 3' for the stages a node's ops ran on."""
+    got = sorted({int(v) for v in values.dropna() if int(v) >= 0})
+    if not got:
+        return ""
+    if got == list(range(got[0], got[-1] + 1)) and len(got) > 1:
+        return f"{got[0]}-{got[-1]}"
+    return ", ".join(str(g) for g in got)
+
+
+def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Totals per value of `key` in one group-by (no loop over nodes)."""
+    g = frame.groupby(key, sort=False)
+    out = pd.DataFrame({
+        "cycles": g["cycles"].sum(), "flops": g["flops"].sum(),
+        "bytes_written": g["bytes_written"].sum(), "temp_bytes": g["temp_bytes"].max(),
+        "ops": g.size(), "stages": g["stage"].agg(_stages), "ipus": g["ipu"].agg(_stages)})
+    for code, name in PASS_NAMES.items():
+        out[f"{name}_cycles"] = frame["cycles"].where(frame["pass"] == code, 0.0).groupby(
+            frame[key], sort=False).sum()
+    return out
+
+
+def _normalised(ops: pd.DataFrame) -> pd.DataFrame:
+    """The columns the tree sums, present (zero or -1) even where a profile lacks them."""
+    out = pd.DataFrame(index=ops.index)
+    out["module"] = ops["module"].fillna("").astype(str) if "module" in ops else ""
+    out["op"] = ops["op"].astype(str) if "op" in ops else ""
+    out["pass"] = ops["pass"].astype(str) if "pass" in ops else ""
+    for col in ("cycles", "flops", "bytes_written", "temp_bytes"):
+        out[col] = pd.to_numeric(ops[col], errors="coerce").fillna(0.0).astype(float) \
+            if col in ops else 0.0
+    if "cycles" not in ops:  # measured: each action's time in ns
+        if "host_ns" in ops and float(ops["host_ns"].sum()) > 0:
+            out["cycles"] = ops["host_ns"].astype(float)
+        elif {"start", "end"} <= set(ops.columns):
+            out["cycles"] = (ops["end"] - ops["start"]).astype(float).clip(lower=0)
+    for col in ("stage", "ipu"):
+        out[col] = ops.get(col, -1)
+    return out
+
+
+def program_tree(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per node: id (the module path, or 'model'), parent, name, depth, kind
+    ('model' | 'module' | 'op'), module, cycles, flops, bytes_written, temp_bytes (largest
+    temporary of one op), ops, stages, ipus and cycles per pass. A parent's figures include
+    its children's; ops without a module hang under the model."""
+    if ops.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    ops = _normalised(ops)
+    # each op counted once in every module that contains it: explode into its ancestors
+    ancestors = ops["module"].map(
+        lambda m: [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 2)] if m
+        else [])
+    inside = ops.assign(path=ancestors).explode("path").dropna(subset=["path"])
+    modules = _aggregate(inside, "path") if len(inside) else pd.DataFrame()
+    model = _aggregate(ops.assign(path=ROOT), "path")
+    model = model.assign(id=ROOT, parent="", name=ROOT, depth=0, kind="model", module="")
+    frames = [model.reset_index(drop=True)]
+    if len(modules):
+        paths = modules.index.to_series()
+        modules = modules.assign(
+            id=paths, parent=paths.map(lambda p: p.rsplit(".", 1)[0] if "." in p else ROOT),
+            name=paths.map(lambda p: p.rsplit(".", 1)[-1]),
+            depth=paths.str.count(r"\.") + 1, kind="module", module=paths)
+        frames.append(modules.sort_values(["depth", "id"]).reset_index(drop=True))
+    # leaves: each module's own ops by name and pass
+    leaf = [f"{_short(o)} ({p})" for o, p in zip(ops["op"], ops["pass"], strict=True)]
+    owner = ops["module"].where(ops["module"] != "", ROOT)
+    keyed = ops.assign(path=owner + "/" + pd.Series(leaf, index=ops.index))
+    leaves = _aggregate(keyed, "path")
+    ids = leaves.index.to_series()
+    parents = ids.str.rsplit("/", n=1).str[0]
+    leaves = leaves.assign(
+        id=ids, parent=parents, name=ids.str.rsplit("/", n=1).str[1],
+        depth=parents.map(lambda p: 1 if p == ROOT else p.count(".") + 2), kind="op",
+        module=parents.where(parents != ROOT, ""))
+    frames.append(leaves.sort_values("id").reset_index(drop=True))
+    return pd.concat(frames, ignore_index=True)[COLUMNS]
+
+
+def node_ops(ops: pd.DataFrame, node: str) -> pd.DataFrame:
+    """The ops under a node of `program_tree` (a module path, 'model', or a leaf id
+    'module/name (pass)'), heaviest first."""
+    if node in ("", ROOT):
+        sel = ops
+    elif "/" in node:
+        module, leaf = node.rsplit("/", 1)
+        module = "" if module == ROOT else module
+        mods = ops["module"].fillna("").astype(str)
+        names = [f"{_short(o)} ({p})" for o, p in zip(ops["op"], ops["pass"].astype(str),
+                                                         strict=True)]
+        sel = ops[(mods == module) & (pd.Series(names, index=ops.index) == leaf)]
+    else:
+        mods = ops["module"].fillna("").astype(str)
+        sel = ops[(mods == node) | mods.str.startswith(node + ".")]
+    if "cycles" in sel:
+        sel = sel.sort_values("cycles", ascending=False, kind="stable")
+    return sel

@@ -1,0 +1,124 @@
+"""The trace below whole passes: the ops each compute event ran, and a readable first window.
+
+A modelled trace holds one compute event per stage, pass and micro-batch; the ops table
+holds every op of the program with its stage, pass and modelled cycles, and the cycles of a
+(stage, pass)'s ops sum to that pass's duration. `op_events` lays a pass's ops inside its
+span in program order (the order of `step`), each as long as its share of the pass's
+modelled cycles. This is the *modelled* order: the compiler's cost model, not a measured
+on-chip timeline (Poplar may interleave compute sets differently). Measured profiles have
+no per-op cycles, so they have no op level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+COMPUTE_PASSES = ("F", "B", "R", "WU")
+OP_FIELDS = ("op", "op_class", "module", "op_id")
+
+
+@dataclass(frozen=True)
+class PassOps:
+    """The ops of one (stage, pass) in program order, as fractions of the pass."""
+
+    lo: np.ndarray  # start of each op as a fraction of the pass, 0..1
+    hi: np.ndarray  # end, likewise
+    cycles: np.ndarray  # modelled cycles of each op
+    fields: dict[str, np.ndarray]  # op, op_class, module, op_id
+
+
+def pass_ops(ops: pd.DataFrame) -> dict[tuple[int, str], PassOps]:
+    """Per (stage, pass) the ops it runs with their share of the pass; {} when the ops
+    carry no modelled cycles (a measured profile)."""
+    need = {"stage", "pass", "cycles"}
+    if ops.empty or not need <= set(ops.columns):
+        return {}
+    order = ["step", "op_id"] if "step" in ops.columns else ["op_id"]
+    ordered = ops[ops["pass"].astype(str).isin(COMPUTE_PASSES)].sort_values(order,
+                                                                            kind="stable")
+    out: dict[tuple[int, str], PassOps] = {}
+    for (stage, pas), group in ordered.groupby(["stage", "pass"], sort=True):
+        cycles = group["cycles"].to_numpy(dtype=np.float64).clip(min=0)
+        total = cycles.sum()
+        if total <= 0:
+            continue
+        cum = np.concatenate([[0.0], np.cumsum(cycles)]) / total
+        fields = {f: group[f].to_numpy() for f in OP_FIELDS if f in group.columns}
+        out[(int(stage), str(pas))] = PassOps(cum[:-1], cum[1:], cycles, fields)
+    return out
+
+
+def _lay_out(parts: list, lo: float, hi: float) -> pd.DataFrame:
+    columns = ["ipu", "start", "end", "stage", "microbatch", "pass", *OP_FIELDS]
+    frames = []
+    for row, tpl in parts:
+        span = float(row.end) - float(row.start)
+        start = float(row.start) + tpl.lo * span
+        end = float(row.start) + tpl.hi * span
+        keep = (end > lo) & (start < hi) & (end > start)
+        if not keep.any():
+            continue
+        n = int(keep.sum())
+        frame = {"ipu": np.full(n, int(row.ipu)), "start": start[keep], "end": end[keep],
+                 "stage": np.full(n, int(row.stage)),
+                 "microbatch": np.full(n, int(row.microbatch)),
+                 "pass": np.full(n, str(row.pass_), dtype=object)}
+        frame.update({f: v[keep] for f, v in tpl.fields.items()})
+        frames.append(pd.DataFrame(frame))
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True)
+
+
+def compute_rows(trace: pd.DataFrame) -> pd.DataFrame:
+    """The compute events of a trace with `pass` renamed `pass_` (a keyword in Python)."""
+    sel = trace[trace["kind"] == "compute"]
+    cols = [c for c in ("ipu", "start", "end", "stage", "microbatch", "pass") if c in sel]
+    return sel[cols].rename(columns={"pass": "pass_"})
+
+
+def op_events(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
+              lo: float = -np.inf, hi: float = np.inf) -> pd.DataFrame:
+    """Op-level events inside the compute events of `trace`, clipped to those overlapping
+    [lo, hi): ipu, start, end, stage, microbatch, pass, op, op_class, module, op_id. Each
+    pass's ops laid out in program order in proportion to their modelled cycles."""
+    rows = compute_rows(trace)
+    if rows.empty or not templates or "pass_" not in rows or "stage" not in rows:
+        return _lay_out([], lo, hi)
+    rows = rows[(rows["end"] > lo) & (rows["start"] < hi)]
+    parts = [(r, templates[(int(r.stage), str(r.pass_))]) for r in rows.itertuples(index=False)
+             if (int(r.stage), str(r.pass_)) in templates]
+    return _lay_out(parts, lo, hi)
+
+
+def count_ops(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
+              lo: float, hi: float) -> int:
+    """How many op events `op_events` would return for [lo, hi), without building them (an
+    upper bound: ops of a partly visible pass are all counted)."""
+    rows = compute_rows(trace)
+    if rows.empty or not templates or "pass_" not in rows:
+        return 0
+    rows = rows[(rows["end"] > lo) & (rows["start"] < hi)]
+    sizes = {k: len(v.cycles) for k, v in templates.items()}
+    return int(sum(sizes.get((int(s), str(p)), 0)
+                   for s, p in zip(rows["stage"], rows["pass_"], strict=True)))
+
+
+def readable_window(trace: pd.DataFrame, steady_steps: int = 3,
+                    min_events: int = 1500) -> tuple[float, float] | None:
+    """(start, end) of the ramp-up plus `steady_steps` steady-state supersteps of a pipelined
+    trace, or None when the whole run is short enough to read (at most `min_events` events
+    or few supersteps) or the trace does not say which supersteps are ramp-up."""
+    if not {"superstep", "schedule_phase"} <= set(trace.columns) or len(trace) <= min_events:
+        return None
+    phase = trace["schedule_phase"].astype(str)
+    main = trace.loc[phase == "main", "superstep"]
+    if main.empty:
+        return None
+    last = int(main.min()) + steady_steps
+    if int(trace["superstep"].max()) <= last + steady_steps:  # short run: show all of it
+        return None
+    shown = trace[trace["superstep"] <= last]
+    return float(trace["start"].min()), float(shown["end"].max())

@@ -1,0 +1,288 @@
+"""The trace with lanes: per IPU (rank when measured) one lane each for compute, the ops
+inside compute, sync (and waiting for it), exchange and host I/O; an overview strip of the
+whole run under it with the shown window marked.
+
+Level of detail, all on the server: buckets when more than `max_events` events are
+visible (as `trace_figure`); single events with labels where they fit when fewer; and,
+when the visible passes hold at most `max_ops` ops, the ops lane shows each op laid out in
+its pass in modelled order (see popviz.analysis.trace_detail)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from popviz.analysis.trace_detail import PassOps, count_ops, op_events
+from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
+from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
+from popviz.figures.trace import MAX_EVENTS, _stack
+from popviz.vocab import Naming
+
+MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
+LANE_PIXELS = 400  # buckets per lane when zoomed out
+LANE_HEIGHT = 0.8
+LANE_PX = 26
+OVERVIEW_PX = 70
+# which lane each trace category is drawn in
+LANE_OF = {"F": "compute", "B": "compute", "R": "compute", "WU": "compute",
+           "compute": "compute", "sync": "sync", "idle": "sync", "exchange": "exchange",
+           "host_io": "host I/O"}
+LANES = ("compute", "ops", "sync", "exchange", "host I/O")
+OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#33a02c",
+                    "elementwise": "#a6cee3", "reduction": "#b2df8a",
+                    "data_movement": "#cab2d6", "pool": "#fdbf6f", "loss": "#ff7f00",
+                    "optimiser": "#519e3e", "other": "#bbbbbb"}
+HIGHLIGHT = "#ffd400"
+
+
+@dataclass
+class LaneView:
+    """What the figure drew, for the status line and tests."""
+
+    mode: str  # "events" | "buckets"
+    visible_events: int
+    ops_drawn: int
+    ops_hidden: int  # ops in view not drawn (too many: zoom in)
+    lanes: list[tuple[int, str]] = field(default_factory=list)
+
+
+def lanes_of(index: TraceIndex, with_ops: bool) -> list[tuple[int, str]]:
+    """(device, lane) rows, top to bottom: only lanes a device has events in (so the rows
+    stay put while zooming). Read off the index's per-category arrays: no pass over the
+    events."""
+    out = []
+    for i in index.ipus:
+        cats = index.lanes[i].cat_start
+        present = {LANE_OF[CATEGORIES[k]] for k in range(len(CATEGORIES)) if len(cats[k])}
+        if with_ops and "compute" in present:
+            present.add("ops")
+        out += [(i, lane) for lane in LANES if lane in present]
+    return out
+
+
+def _short(op: str) -> str:
+    """'aten.convolution_backward.default' -> 'convolution_backward'."""
+    parts = str(op).split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(op)
+
+
+def _column(frame: pd.DataFrame, name: str, fill: object) -> np.ndarray:
+    return frame[name].to_numpy() if name in frame else np.full(len(frame), fill)
+
+
+def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
+    codes = category_codes(ev)
+    unit = naming.unit
+    hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · stage "
+             "%{customdata[1]} · micro-batch %{customdata[2]} · pass %{customdata[3]}<br>"
+             f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
+             f"duration %{{customdata[6]:,.0f}} {unit}<extra>%{{fullData.name}}</extra>")
+    bars = []
+    for k, name in enumerate(CATEGORIES):
+        sel = ev[codes == k]
+        if sel.empty:
+            continue
+        n = len(sel)
+        label = _column(sel, "op", "").astype(str)
+        custom = _stack([label, _column(sel, "stage", -1), _column(sel, "microbatch", -1),
+                         _column(sel, "pass", "").astype(str), sel["end"].to_numpy(),
+                         sel["ipu"].to_numpy(), (sel["end"] - sel["start"]).to_numpy()])
+        rows = [row_of[(int(i), LANE_OF[name])] for i in sel["ipu"]]
+        text = label if name in ("F", "B", "R", "WU", "compute") else np.full(n, "")
+        bars.append(go.Bar(
+            name=CATEGORY_NAMES[name], orientation="h", y=rows,
+            base=sel["start"].to_numpy(dtype=float),
+            x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
+            marker={"color": CATEGORY_COLOURS[name], "line": {"width": 0}},
+            width=LANE_HEIGHT, customdata=custom, hovertemplate=hover, legendgroup=name,
+            text=text, textposition="inside", insidetextanchor="middle",
+            textfont={"color": "white"}, cliponaxis=True))
+    return bars
+
+
+def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
+             highlight: str | None) -> list[go.Bar]:
+    unit = naming.unit
+    hover = ("<b>%{customdata[0]}</b> (%{customdata[1]})<br>module %{customdata[2]} · "
+             f"{naming.device} %{{customdata[5]}} · micro-batch %{{customdata[3]}} · pass "
+             f"%{{customdata[4]}}<br>%{{base:,.0f}} → %{{customdata[6]:,.0f}} {unit}<br>"
+             f"duration %{{customdata[7]:,.0f}} {unit} (modelled order)"
+             "<extra>op %{customdata[8]}</extra>")
+    classes = ops["op_class"].astype(str) if "op_class" in ops else pd.Series("other",
+                                                                             index=ops.index)
+    module = ops["module"].astype(str) if "module" in ops else pd.Series("", index=ops.index)
+    hit = (module.eq(highlight) | module.str.startswith(f"{highlight}.")) if highlight else \
+        pd.Series(False, index=ops.index)
+    bars = []
+    for cls in sorted(classes.unique()):
+        for lit in ((False, True) if highlight else (False,)):
+            sel = ops[(classes == cls) & (hit == lit)]
+            if sel.empty:
+                continue
+            custom = _stack([sel["op"].astype(str).to_numpy(), classes[sel.index].to_numpy(),
+                             module[sel.index].to_numpy(), sel["microbatch"].to_numpy(),
+                             sel["pass"].astype(str).to_numpy(), sel["ipu"].to_numpy(),
+                             sel["end"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
+                             _column(sel, "op_id", -1)])
+            colour = OP_CLASS_COLOURS.get(cls, OP_CLASS_COLOURS["other"])
+            bars.append(go.Bar(
+                name=f"op: {cls}" + (" (selected module)" if lit else ""), orientation="h",
+                y=[row_of[(int(i), "ops")] for i in sel["ipu"]],
+                base=sel["start"].to_numpy(dtype=float),
+                x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
+                marker={"color": colour,
+                        "line": {"width": 2 if lit else 0.3,
+                                 "color": HIGHLIGHT if lit else "white"}},
+                opacity=1.0 if (lit or not highlight) else 0.35,
+                width=LANE_HEIGHT, customdata=custom, hovertemplate=hover,
+                legendgroup=f"op:{cls}", text=[_short(o) for o in sel["op"]],
+                textposition="inside", insidetextanchor="middle", cliponaxis=True))
+    return bars
+
+
+def _bucket_strips(index: TraceIndex, lo: float, hi: float, pixels: int, naming: Naming,
+                   row_of: dict) -> list[go.Scatter]:
+    """Per lane a 100%-stacked strip of the categories drawn in it (see trace_figure)."""
+    edges = np.linspace(lo, hi, pixels + 1)
+    x = np.repeat(edges, 2)[1:-1]
+    polys: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for ipu in index.ipus:
+        occ = index.occupancy(ipu, edges)
+        for lane in LANES:
+            if (ipu, lane) not in row_of:
+                continue
+            ks = [k for k, c in enumerate(CATEGORIES) if LANE_OF[c] == lane]
+            if not ks:
+                continue
+            frac = share_of_row(occ[ks], edges)
+            width = np.where(np.diff(edges) > 0, np.diff(edges), 1.0)
+            busy = np.minimum(occ[ks].sum(axis=0) / width, 1.0)  # lane's share of the bucket
+            top = np.cumsum(frac * busy, axis=0)
+            row = row_of[(ipu, lane)]
+            for j, k in enumerate(ks):
+                if not (frac[j] > 0).any():
+                    continue
+                y_top = row + LANE_HEIGHT / 2 - LANE_HEIGHT * np.repeat(top[j], 2)
+                y_bot = row + LANE_HEIGHT / 2 - LANE_HEIGHT * np.repeat(
+                    top[j] - frac[j] * busy, 2)
+                polys.setdefault(k, []).append((np.concatenate([x, x[::-1], [np.nan]]),
+                                                np.concatenate([y_top, y_bot[::-1],
+                                                                [np.nan]])))
+    out = []
+    for k, parts in sorted(polys.items()):
+        name = CATEGORIES[k]
+        out.append(go.Scatter(
+            name=CATEGORY_NAMES[name], x=np.round(np.concatenate([p[0] for p in parts])),
+            y=np.round(np.concatenate([p[1] for p in parts]), 3), mode="lines", fill="toself",
+            fillcolor=CATEGORY_COLOURS[name], line={"width": 0}, hoverinfo="skip",
+            legendgroup=name))
+    return out
+
+
+def _overview(index: TraceIndex, naming: Naming, buckets: int = 240) -> go.Heatmap:
+    """The whole run as one thin heat strip per device: the share of each bucket spent
+    computing (a few hundred numbers however long the run)."""
+    edges = np.linspace(index.start, index.end, buckets + 1)
+    width = np.where(np.diff(edges) > 0, np.diff(edges), 1.0)
+    compute = [k for k, c in enumerate(CATEGORIES) if LANE_OF[c] == "compute"]
+    z = np.array([np.minimum(index.occupancy(i, edges)[compute].sum(axis=0) / width, 1.0)
+                  for i in index.ipus])
+    return go.Heatmap(
+        z=np.round(z, 3), x=(edges[:-1] + edges[1:]) / 2, y=list(range(len(index.ipus))),
+        xaxis="x2", yaxis="y2", zmin=0, zmax=1, showscale=False,
+        colorscale=[[0, "#f4f6f8"], [1, CATEGORY_COLOURS["F"]]],
+        hovertemplate=(f"{naming.prefix}%{{y}} around %{{x:,.0f}} {naming.unit}: "
+                       "computing %{z:.0%} of the time<extra>whole run</extra>"),
+        name="whole run", showlegend=False)
+
+
+def trace_lanes_figure(index: TraceIndex, start: float | None = None,
+                       end: float | None = None, naming: Naming | None = None,
+                       templates: dict[tuple[int, str], PassOps] | None = None,
+                       highlight: str | None = None, overview: bool = True,
+                       max_events: int = MAX_EVENTS, max_ops: int = MAX_OPS,
+                       pixels: int = LANE_PIXELS, title: str = "Execution trace") -> go.Figure:
+    """The trace of [start, end) in lanes. `templates` (analysis.trace_detail.pass_ops)
+    gives the op level; `highlight` a module path whose ops are outlined. `layout.meta`:
+    mode, visible_events, range, ops_drawn, ops_hidden, lanes."""
+    naming = naming or Naming()
+    if len(index) == 0:
+        return empty_figure("This profile has no trace events.", title)
+    templates = templates or {}
+    lo = index.start if start is None else max(float(start), index.start)
+    hi = index.end if end is None else min(float(end), index.end)
+    if hi <= lo:
+        lo, hi = index.start, index.end
+    lanes = lanes_of(index, bool(templates))
+    row_of = {lane: r for r, lane in enumerate(lanes)}
+    visible = index.count_visible(lo, hi)
+    view = LaneView("events" if visible <= max_events else "buckets", visible, 0, 0, lanes)
+    if view.mode == "events":
+        rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
+        ev = index.frame.iloc[np.sort(rows)]
+        data: list = _pass_bars(ev, naming, row_of)
+        n_ops = count_ops(ev, templates, lo, hi) if templates else 0
+        if n_ops and n_ops <= max_ops * 4:  # the bound counts whole passes; clip, then check
+            ops = op_events(ev, templates, lo, hi)
+            if len(ops) <= max_ops:
+                data += _op_bars(ops, naming, row_of, highlight)
+                view.ops_drawn = len(ops)
+            else:
+                view.ops_hidden = len(ops)
+        else:
+            view.ops_hidden = n_ops
+    else:
+        data = _bucket_strips(index, lo, hi, pixels, naming, row_of)
+        view.ops_hidden = -1  # not counted: far too many
+    fig = go.Figure(data)
+    main_px = LANE_PX * len(lanes)
+    ov_px = OVERVIEW_PX if overview else 0
+    height = 140 + main_px + (ov_px + 55 if overview else 0)
+    split = (ov_px + 55) / (main_px + ov_px + 55) if overview else 0.0
+    if overview:
+        fig.add_trace(_overview(index, naming))
+        fig.update_layout(
+            xaxis2={"domain": [0, 1], "anchor": "y2", "range": [index.start, index.end],
+                    "fixedrange": True, "showgrid": False, "tickformat": "~s",
+                    "tickfont": {"size": 9}},
+            yaxis2={"domain": [0, split - 55 / (main_px + ov_px + 55)], "anchor": "x2",
+                    "range": [len(index.ipus) - 0.5, -0.5], "fixedrange": True,
+                    "tickvals": list(range(len(index.ipus))),
+                    "ticktext": [naming.label(i) for i in index.ipus],
+                    "tickfont": {"size": 9}, "showgrid": False, "zeroline": False})
+        fig.add_shape(type="rect", xref="x2", yref="y2", x0=lo, x1=hi, y0=-0.5,
+                      y1=len(index.ipus) - 0.5, line={"color": "#222", "width": 1.5},
+                      fillcolor="rgba(0,0,0,0.08)")
+        fig.add_annotation(text="whole run (shown window boxed)", xref="x2 domain",
+                           yref="y2 domain", x=0, y=1.0, yanchor="bottom", xanchor="left",
+                           showarrow=False, font={"size": 10, "color": "#555"})
+    labels = [f"{naming.label(i)} · {lane}" if lane == "compute" else lane
+              for i, lane in lanes]
+    fig.update_layout(
+        barmode="overlay", uirevision="trace-lanes",
+        uniformtext={"minsize": 9, "mode": "hide"},  # a label only where it fits
+        meta={"mode": view.mode, "visible_events": int(visible), "range": [lo, hi],
+              "ops_drawn": view.ops_drawn, "ops_hidden": view.ops_hidden,
+              "lanes": [f"{naming.label(i)} {lane}" for i, lane in lanes]},
+        yaxis={"domain": [split, 1.0]})
+    fig.update_layout(xaxis={"title": {"text": naming.time_title}, "range": [lo, hi],
+                             "showgrid": True, "tickformat": ",d", "anchor": "y"})
+    fig.update_layout(yaxis={"tickmode": "array", "tickvals": list(range(len(lanes))),
+                             "ticktext": labels, "range": [len(lanes) - 0.5, -0.5],
+                             "fixedrange": True, "showgrid": False, "zeroline": False,
+                             "tickfont": {"size": 10}})
+    # a thin line between devices
+    for r, (ipu, _lane) in enumerate(lanes):
+        if r and lanes[r - 1][0] != ipu:
+            fig.add_hline(y=r - 0.5, line={"color": "#999", "width": 1})
+    detail = (f"{visible:,} events" if view.mode == "events"
+              else f"{visible:,} events in {pixels} buckets per lane")
+    base_layout(fig, f"{title} · {detail}", height=height)
+    fig.update_layout(margin={"l": 110, "r": 20, "t": 100, "b": 40},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0,
+                              "xanchor": "left", "font": {"size": 10}},
+                      title={"y": 0.98, "yanchor": "top"})
+    return fig

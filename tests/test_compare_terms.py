@@ -1,0 +1,69 @@
+"""Compare on equal terms: differing micro-batch / accumulation / precision / target /
+kind is said first, no headline winner unless per-sample figures decide it, no 'N x
+faster' between a model and a measurement, absent data absent."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from popviz.analysis.compare import compare
+from popviz.analysis.compare_terms import DECISIVE, on_equal_terms, unequal_terms
+
+ROOT = Path(__file__).resolve().parents[1] / "profiles"
+BASE = {"kind": "modelled", "target": "mk2", "micro_batch_size": 16,
+        "gradient_accumulation": 16, "precision": "16.16"}
+
+
+def _verdict(factor: float, fits: tuple[bool, bool] = (True, True)) -> dict:
+    return {"winner": "B", "faster_per_ipu": "B", "factor_per_ipu": factor,
+            "headline": "B is faster.", "reasons": ["B is faster per IPU because x"],
+            "fits": {"A": fits[0], "B": fits[1]}, "per_device": {"a": 10.0, "b": 12.0}}
+
+
+def test_terms_listed() -> None:
+    other = dict(BASE, micro_batch_size=4, precision="32.32")
+    assert unequal_terms(BASE, other) == ["micro-batch 16 vs 4", "precision 16.16 vs 32.32"]
+    assert unequal_terms(BASE, dict(BASE)) == []
+
+
+def test_winner_only_when_per_sample_figures_decide() -> None:
+    other = dict(BASE, gradient_accumulation=1024)
+    close = on_equal_terms(_verdict(DECISIVE - 0.1), BASE, other)
+    assert close["winner"] is None and close["headline"].startswith("Not like for like")
+    assert "No headline winner" in close["headline"]
+    clear = on_equal_terms(_verdict(DECISIVE + 0.1), BASE, other)
+    assert clear["winner"] == "B" and "still clearly faster" in clear["headline"]
+    same = on_equal_terms(_verdict(1.1), BASE, dict(BASE))
+    assert same["winner"] == "B" and same["like_for_like"]
+    unfit = on_equal_terms(dict(_verdict(3.0, (True, False)), winner="A"), BASE, other)
+    assert unfit["winner"] == "A"  # only A fits: fitting decides, terms or not
+
+
+def test_model_against_measurement_is_no_race() -> None:
+    a, b = ROOT / "tutorial_pipelined" / "training", ROOT / "tutorial_measured_2ranks"
+    if not (a.exists() and b.exists()):
+        pytest.skip("profiles/ not built")
+    comp = compare(a, b)
+    v = comp.verdict
+    assert v["winner"] is None and "kind modelled vs measured" in v["headline"]
+    words = v["headline"] + " ".join(v["reasons"])
+    assert "x faster" not in words and "is faster per" not in words
+    # the measured side records no op costs: absent, not 0
+    assert comp.op_classes["b"].isna().all()
+    assert not any(math.isfinite(x) and x == 0 for x in comp.op_classes["b"])
+
+
+def test_runs_with_other_accumulation_say_so_first() -> None:
+    a, b = ROOT / "rn50_pipeline", ROOT / "rn50_recompute"
+    if not (a.exists() and b.exists()):
+        pytest.skip("profiles/ not built")
+    v = compare(a, b).verdict
+    assert "gradient accumulation 1024 vs 16" in v["terms"][1] or \
+        any("gradient accumulation" in t for t in v["terms"])
+    assert v["headline"].startswith("Not like for like")
+    per = v["per_device"]
+    ratio = max(per["a"], per["b"]) / min(per["a"], per["b"])
+    assert (v["winner"] is not None) == (ratio >= DECISIVE)

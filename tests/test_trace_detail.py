@@ -1,0 +1,139 @@
+"""The trace below passes (ops laid out in modelled order), range statistics and the lane
+figure, checked against sums taken straight from the profile's tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import popviz
+from popviz.analysis.range_stats import range_statistics
+from popviz.analysis.trace_detail import op_events, pass_ops, readable_window
+from popviz.figures.lod import TraceIndex
+from popviz.figures.naming import MEASURED
+from popviz.figures.trace_lanes import trace_lanes_figure
+
+ROOT = Path(__file__).resolve().parents[1] / "profiles"
+RECOMPUTE = ROOT / "rn50_recompute"
+LONG = ROOT / "rn50_pipeline"
+MEASURED_RUN = ROOT / "tutorial_measured_2ranks"
+
+
+@pytest.fixture(scope="module")
+def recompute() -> popviz.Profile:
+    if not RECOMPUTE.exists():
+        pytest.skip("profiles/ not built")
+    return popviz.open(RECOMPUTE)
+
+
+def test_ops_tile_each_pass_exactly_in_program_order(recompute: popviz.Profile) -> None:
+    trace, ops = recompute.trace, recompute.ops
+    events = op_events(trace, pass_ops(ops))
+    compute = trace[trace["kind"] == "compute"]
+    assert len(events) == sum(  # every op that takes time (zero-cycle ops take no room)
+        int(((ops["stage"] == s) & (ops["pass"] == p) & (ops["cycles"] > 0)).sum())
+        for s, p in zip(compute["stage"], compute["pass"], strict=True))
+    for ev in compute.itertuples():
+        mine = events[(events["ipu"] == ev.ipu) & (events["microbatch"] == ev.microbatch)
+                      & (events["pass"] == ev._7)]
+        assert mine["start"].min() == pytest.approx(ev.start)
+        assert mine["end"].max() == pytest.approx(ev.end)
+        # back to back, in the order of the program's steps
+        assert np.allclose(mine["start"].to_numpy()[1:], mine["end"].to_numpy()[:-1])
+        steps = ops.set_index("op_id").loc[mine["op_id"], "step"].to_numpy()
+        assert (np.diff(steps) >= 0).all()
+    # modelled cycles of a (stage, pass) sum to its pass, so each op lasts its own cycles
+    first = events[(events["microbatch"] == 0) & (events["pass"] == "F")]
+    cycles = ops.set_index("op_id").loc[first["op_id"], "cycles"].to_numpy(float)
+    assert np.allclose(first["end"] - first["start"], cycles)
+
+
+def test_range_statistics_match_plain_sums(recompute: popviz.Profile) -> None:
+    trace, ops = recompute.trace, recompute.ops
+    lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    stats = range_statistics(trace, pass_ops(ops), lo, hi)
+    plain = (trace["end"] - trace["start"]).groupby(trace["kind"].astype(str)).sum()
+    got = stats.by_kind.set_index("kind")["time"]
+    assert got.to_dict() == pytest.approx(plain.to_dict())
+    # every pass wholly inside: each op counted once per run of its pass
+    runs = trace[trace["kind"] == "compute"].groupby(["stage", "pass"]).size()
+    weight = ops.apply(lambda r: runs.get((r["stage"], r["pass"]), 0), axis=1)
+    by_class = (ops["cycles"] * weight).groupby(ops["op_class"]).sum()
+    got = stats.by_class.set_index("op_class")["time"]
+    assert got.to_dict() == pytest.approx(by_class[by_class > 0].to_dict())
+    assert stats.top_ops["time"].is_monotonic_decreasing
+
+
+def test_range_statistics_clip_a_pass_cut_by_the_range(recompute: popviz.Profile) -> None:
+    trace, ops = recompute.trace, recompute.ops
+    fwd = trace[(trace["pass"] == "F") & (trace["microbatch"] == 0)].iloc[0]
+    lo, hi = float(fwd["start"]), float(fwd["start"] + (fwd["end"] - fwd["start"]) / 3)
+    stats = range_statistics(trace, pass_ops(ops), lo, hi)
+    assert stats.by_kind.set_index("kind")["time"]["compute"] == pytest.approx(hi - lo)
+    assert stats.by_class["time"].sum() == pytest.approx(hi - lo)
+    brute = op_events(trace, pass_ops(ops), lo, hi)
+    brute_time = brute["end"].clip(upper=hi) - brute["start"].clip(lower=lo)
+    assert stats.top_ops["time"].iloc[0] == pytest.approx(brute_time.max())
+
+
+def test_a_long_run_opens_on_ramp_up_and_a_few_steps() -> None:
+    if not LONG.exists():
+        pytest.skip("profiles/ not built")
+    trace = popviz.open(LONG).trace
+    lo, hi = readable_window(trace)
+    inside = trace[(trace["start"] >= lo) & (trace["end"] <= hi)]
+    ramp = trace[trace["schedule_phase"] == "ramp_up"]
+    assert hi >= ramp["end"].max() and hi < trace["end"].max() / 50
+    steady = inside[inside["schedule_phase"] == "main"]["superstep"].nunique()
+    assert 3 <= steady <= 5
+    assert readable_window(trace.head(100)) is None  # a short trace is shown whole
+
+
+def test_lane_figure_draws_ops_with_true_durations(recompute: popviz.Profile) -> None:
+    index, templates = TraceIndex(recompute.trace), pass_ops(recompute.ops)
+    whole = trace_lanes_figure(index, templates=templates)
+    assert whole.layout.meta["ops_drawn"] == 0 and whole.layout.meta["ops_hidden"] > 3000
+    fwd = recompute.trace[recompute.trace["pass"] == "F"].iloc[0]
+    zoom = trace_lanes_figure(index, fwd["start"], fwd["start"] + 200_000, templates=templates)
+    meta = zoom.layout.meta
+    assert meta["mode"] == "events" and meta["ops_drawn"] > 0
+    assert "IPU0 ops" in meta["lanes"] and "IPU0 compute" in meta["lanes"]
+    ops = [d for d in zoom.data if d.name.startswith("op: ")]
+    assert sum(len(d.x) for d in ops) == meta["ops_drawn"]
+    for bar in zoom.data:
+        if bar.type != "bar":
+            continue
+        dur_col, end_col = (7, 6) if bar.name.startswith("op: ") else (6, 4)
+        for base, width, custom in zip(bar.base, bar.x, bar.customdata, strict=True):
+            assert custom[dur_col] == pytest.approx(width)
+            assert custom[end_col] == pytest.approx(base + width)
+        assert "duration %{customdata[" in bar.hovertemplate
+        assert "%{x" not in bar.hovertemplate  # Plotly's x of an offset bar is its end
+
+
+def test_highlighted_module_is_outlined(recompute: popviz.Profile) -> None:
+    index, templates = TraceIndex(recompute.trace), pass_ops(recompute.ops)
+    fwd = recompute.trace[recompute.trace["pass"] == "F"].iloc[0]
+    fig = trace_lanes_figure(index, fwd["start"], fwd["end"], templates=templates,
+                             highlight="layer1")
+    lit = [d for d in fig.data if "(selected module)" in d.name]
+    assert lit and all(m.startswith("layer1.") for d in lit for m in
+                       (c[2] for c in d.customdata))
+
+
+def test_measured_trace_has_rank_lanes_and_no_op_level() -> None:
+    if not MEASURED_RUN.exists():
+        pytest.skip("profiles/ not built")
+    p = popviz.open(MEASURED_RUN)
+    assert pass_ops(p.ops) == {}
+    fig = trace_lanes_figure(TraceIndex(p.trace), naming=MEASURED, templates={})
+    assert fig.layout.yaxis.ticktext[0] == "rank 0 · compute"
+    assert not any(lane.endswith(" ops") for lane in fig.layout.meta["lanes"])
+    assert fig.layout.xaxis.title.text == "time (ns)"
+
+
+def test_pass_ops_empty_without_cycles() -> None:
+    assert pass_ops(pd.DataFrame({"op": ["a"], "stage": [0], "pass": ["F"]})) == {}

@@ -1,0 +1,41 @@
+"""The /tune page's table: Pareto front by hand, and a real (small) tune run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import popviz
+from popviz.advise.plans import pareto, plans_table, run_tune, write_plan
+from popviz.figures.tune import tune_figure
+
+TUTORIAL = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_pipelined" / "training"
+
+
+def test_pareto_keeps_fitting_plans_nothing_beats_on_both() -> None:
+    plans = pd.DataFrame({"plan": list("abcde"), "fits": [True, True, True, True, False],
+                          "throughput": [10, 8, 12, 9, 50],
+                          "peak_bytes": [100, 50, 200, 120, 10]})
+    # d is beaten by a (more throughput, less memory); e does not fit
+    assert pareto(plans).tolist() == [True, True, True, False, False]
+
+
+def test_tune_plans_table_and_written_plan(tmp_path: Path) -> None:
+    if not TUTORIAL.exists():
+        pytest.skip("profiles/ not built")
+    profile = popviz.open(TUTORIAL)
+    result = run_tune(profile, max_compiles=4, top=3)
+    plans = plans_table(result)
+    assert plans["plan"].tolist()[0] == "now" and len(plans) == 1 + len(result.candidates)
+    assert plans.loc[0, "throughput"] == pytest.approx(result.baseline.throughput)
+    best = plans.iloc[1:][plans.iloc[1:]["fits"]]
+    assert best["throughput"].is_monotonic_decreasing  # ranked
+    fig = tune_figure(plans, 900 * 2**20)
+    assert {d.name for d in fig.data} >= {"now (this profile)"}
+    written = write_plan(profile, result, 1, tmp_path / "plan1" / "profile.h5")
+    with popviz.open(written) as plan:
+        assert plan.summary["throughput"] == pytest.approx(result.candidates[0].throughput)
+    with pytest.raises(ValueError, match="no plan #9"):
+        write_plan(profile, result, 9, tmp_path / "x.h5")
