@@ -16,10 +16,13 @@ def _parse_output(output: str) -> list[dict[str, str]]:
     return outs
 
 
-def find(deps: list[dict[str, Any]], output: str) -> dict[str, Any]:
-    """The one dependency with `output` ('id.property') among its outputs."""
+def find(deps: list[dict[str, Any]], output: str, trigger: str | None = None) -> dict[str, Any]:
+    """The one dependency with `output` ('id.property') among its outputs (and, when
+    several write it, `trigger` ('id.property') among its inputs)."""
     hits = [d for d in deps
-            if output in (f"{o['id']}.{o['property']}" for o in _parse_output(d["output"]))]
+            if output in (f"{o['id']}.{o['property']}" for o in _parse_output(d["output"]))
+            and (trigger is None or trigger in (f"{i['id']}.{i['property']}"
+                                                for i in d["inputs"]))]
     if len(hits) != 1:
         raise LookupError(f"{len(hits)} callbacks output {output!r}")
     return hits[0]

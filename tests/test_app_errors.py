@@ -111,7 +111,7 @@ def test_callbacks_of_a_bad_file_answer_with_the_error(
 
 def test_a_view_that_fails_after_the_profile_opened_is_a_line_not_a_500(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(ctx: Any, entry: Any, *args: Any) -> Any:
+    def broken(ctx: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"boom while reading {entry.profile.path}")
 
     monkeypatch.setattr(trace_page, "trace", broken)
@@ -122,7 +122,7 @@ def test_a_view_that_fails_after_the_profile_opened_is_a_line_not_a_500(
     assert status == 200
     assert f"{GOOD}: could not build this view (RuntimeError: boom while reading {GOOD})" \
         in body
-    status, body = _call(client, find(deps, "trace-graph.figure"), {
+    status, body = _call(client, find(deps, "trace-graph.figure", "trace-graph.relayoutData"), {
         "trace-graph.relayoutData": {"xaxis.range[0]": 0, "xaxis.range[1]": 1000},
         "url.search": f"?profile={GOOD}"})
     assert status == 200 and "callback-error" in body and "RuntimeError: boom" in body

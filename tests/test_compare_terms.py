@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from popviz.analysis.compare import compare
 from popviz.analysis.compare_terms import DECISIVE, on_equal_terms, unequal_terms
+from popviz.api import compare
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 BASE = {"kind": "modelled", "target": "mk2", "micro_batch_size": 16,
