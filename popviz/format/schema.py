@@ -24,9 +24,41 @@ ENC_NUMERIC = "numeric"
 ENC_BOOL = "bool"
 ENC_STRING_REF = "string-ref"  # int32 codes into /strings
 ENC_INT_OR_STRING = "int-or-string-ref"  # like string-ref; digit-only strings read back as int
+ENCODINGS = (ENC_NUMERIC, ENC_BOOL, ENC_STRING_REF, ENC_INT_OR_STRING)
 
 CHUNK_BYTES = 1 << 20  # ~1 MiB chunks, as design.md asks
 GZIP_LEVEL = 4
+
+# ---- what the reader accepts (checked before any data is read) ----
+# The most memory one read may take: a whole table (rows x the column itemsizes), the
+# string table, or one IPU's slice of an n-D array. Raise it to open bigger profiles.
+READ_BUDGET_BYTES = 1 << 30
+# Deflate cannot expand data more than ~1032x, so a dataset that declares more bytes than
+# this many times what it stores is lying about its size (or its chunks are missing).
+MAX_COMPRESSION_RATIO = 1100
+SMALL_DATASET_BYTES = 64 << 10  # below this no size check is worth its false alarms
+MAX_COLUMNS = 4096
+MAX_NAME_CHARS = 1024
+MAX_JSON_CHARS = 8 << 20  # the `meta` and `summary` attributes
+MAX_JSON_DEPTH = 64  # json.loads recurses per level; deep nesting is not a profile
+MAX_ATTR_CHARS = 1 << 20  # any other text attribute
+# Numeric columns that must hold finite, non-negative numbers (ids, times, sizes).
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {
+    "stages": ("stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",
+               "exchange_cycles", "idle_cycles", "stash_bytes", "peak_bytes"),
+    "trace": ("ipu", "start", "end"),
+    "liveness": ("ipu", "step", "always_live_bytes", "not_always_live_bytes"),
+    "tile_memory": ("ipu", "tile", "capacity_bytes", "total_bytes"),
+    "exchange": ("bytes", "start", "end"),
+    "ops": ("op_id",),
+}
+# Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
+TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "trace": ("kind", "pass", "op"),
+    "liveness": ("phase",),
+    "exchange": ("src", "dst", "kind"),
+    "ops": ("op", "phase"),
+}
 
 KINDS = ("modelled", "measured")
 
