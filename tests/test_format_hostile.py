@@ -217,3 +217,32 @@ def test_summary_cli_is_one_line_exit_1(tmp_path: Path) -> None:
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("popviz: error: ") and str(path) in lines[0]
+
+
+
+
+@pytest.mark.parametrize(("name", "make", "fragment"), [
+    ("strings/offsets", lambda off: off[::-1].copy(), "offsets are not increasing"),
+    ("strings/offsets", lambda off: off + 10**9, "offsets are not increasing"),
+    ("strings/offsets", lambda off: off[:0], "offsets 1-D"),
+    ("strings/bytes", lambda blob: np.full(len(blob), 0xFF, dtype=np.uint8), "not UTF-8"),
+    ("strings/bytes", lambda blob: blob.astype(np.int64), "uint8"),
+])
+def test_damaged_string_table(tmp_path: Path, name: str,
+                              make: Callable[[np.ndarray], np.ndarray], fragment: str) -> None:
+    path = write_tiny(tmp_path / "bad.h5")
+    with h5py.File(path, "a") as h5:
+        data = make(h5[name][()])
+        del h5[name]
+        h5.create_dataset(name, data=data)
+    refused(path, "string table", fragment)
+
+
+def test_format_1_0_string_table_not_strings(tmp_path: Path) -> None:
+    from tests.profiles_util import to_format_1_0
+
+    path = to_format_1_0(write_tiny(tmp_path / "bad.h5"))
+    with h5py.File(path, "a") as h5:
+        del h5["strings"]
+        h5["strings"] = np.arange(5)
+    refused(path, "string table", "not a 1-D string dataset")

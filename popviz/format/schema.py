@@ -1,4 +1,4 @@
-"""Profile format v1: names and rules shared by the writer and the reader.
+"""Profile format v1 (1.1): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
-FORMAT_VERSION = "1.0.0"
+# 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
+# The reader still opens 1.0 files (vlen `/strings`, no checksums).
+FORMAT_VERSION = "1.1.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -17,7 +19,7 @@ TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>; never a p
 TABLES_GROUP = "tables"
 ARRAYS_GROUP = "arrays"
 INDEX_GROUP = "index"
-STRINGS_DATASET = "strings"
+STRINGS_DATASET = "strings"  # 1.1: a group of `bytes` + `offsets`; 1.0: a vlen dataset
 
 # Column encodings (attribute `encoding` on each column dataset).
 ENC_NUMERIC = "numeric"

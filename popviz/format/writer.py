@@ -11,7 +11,7 @@ import datetime as _dt
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.format import schema
+from popviz.format.strings import StringTable
 
 
 def profile_path(path: str | os.PathLike[str]) -> Path:
@@ -72,7 +73,7 @@ def write_profile(
     try:
         with h5py.File(temp, "w", libver="earliest") as h5:
             _write_root_attrs(h5, meta, summary or {}, kind, command_line)
-            strings = _StringTable()
+            strings = StringTable()
             tables_group = h5.create_group(schema.TABLES_GROUP)
             index_group = h5.create_group(schema.INDEX_GROUP)
             for name in sorted(tables):
@@ -84,7 +85,7 @@ def write_profile(
             arrays_group = h5.create_group(schema.ARRAYS_GROUP)
             for name, array in sorted((arrays or {}).items()):
                 _write_array(arrays_group, name, np.asarray(array))
-            strings.write(h5)
+            strings.write(h5, _chunked)
         with open(temp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(temp, final)
@@ -136,37 +137,16 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
     attrs["summary"] = to_json(dict(summary))
 
 
-class _StringTable:
-    """Interns every string of every table once; columns store int32 codes into it."""
-
-    def __init__(self) -> None:
-        self._codes: dict[str, int] = {}
-
-    def encode(self, values: Iterable[str]) -> np.ndarray:
-        uniques, inverse = np.unique(np.asarray(list(values), dtype=object).astype(str),
-                                     return_inverse=True)
-        lookup = np.array([self._code(u) for u in uniques.tolist()], dtype=np.int32)
-        return lookup[inverse] if len(uniques) else np.zeros(0, dtype=np.int32)
-
-    def _code(self, text: str) -> int:
-        code = self._codes.get(text)
-        if code is None:
-            code = self._codes[text] = len(self._codes)
-        return code
-
-    def write(self, h5: h5py.File) -> None:
-        texts = list(self._codes)  # dict order is code order
-        h5.create_dataset(schema.STRINGS_DATASET, data=np.array(texts, dtype=object),
-                          dtype=h5py.string_dtype("utf-8"))
-
-
 def _chunked(group: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    """A 1-D dataset in ~1 MiB gzip chunks, each with a Fletcher-32 checksum (format 1.1)
+    so a damaged chunk is an error on read rather than wrong numbers."""
     if data.size == 0:
         return group.create_dataset(name, data=data)
     rows_per_chunk = max(1, schema.CHUNK_BYTES // max(1, data.itemsize))
     chunks = (min(len(data), rows_per_chunk),)
     return group.create_dataset(name, data=data, chunks=chunks, compression="gzip",
-                                compression_opts=schema.GZIP_LEVEL, shuffle=True)
+                                compression_opts=schema.GZIP_LEVEL, shuffle=True,
+                                fletcher32=True)
 
 
 def _column_kind(series: pd.Series) -> str:
@@ -180,7 +160,7 @@ def _column_kind(series: pd.Series) -> str:
 
 
 def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
-                 strings: _StringTable) -> None:
+                 strings: StringTable) -> None:
     group = parent.create_group(name)
     columns = [str(c) for c in frame.columns]
     group.attrs["encoding-type"] = "dataframe"
@@ -206,8 +186,8 @@ def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
     ipus = trace["ipu"].to_numpy()
     values, starts = np.unique(ipus, return_index=True)
     offsets = np.append(starts, len(ipus)).astype(np.int64)
-    index.create_dataset("trace_ipus", data=values.astype(np.int64))
-    index.create_dataset("trace_offsets", data=offsets)
+    _chunked(index, "trace_ipus", values.astype(np.int64))
+    _chunked(index, "trace_offsets", offsets)
 
 
 def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
@@ -225,4 +205,4 @@ def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
     else:
         chunks = (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
     parent.create_dataset(name, data=array, chunks=chunks, compression="gzip",
-                          compression_opts=schema.GZIP_LEVEL, shuffle=True)
+                          compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
