@@ -41,6 +41,14 @@ def build_parser(commands: list[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while importing or parsing; commands catch their own
+        print("popviz: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     commands = load_commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)

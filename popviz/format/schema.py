@@ -14,7 +14,7 @@ FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
 PROFILE_SUFFIX = ".h5"
-TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>; never a profile
+TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>-<thread>-<random>
 
 TABLES_GROUP = "tables"
 ARRAYS_GROUP = "arrays"

@@ -1,7 +1,9 @@
 """Write a profile: one HDF5 file, tables as 1-D column datasets, written atomically.
 
-The file is built under a temporary name in the destination folder and renamed only when
-complete, so a crash or Ctrl-C never leaves a valid-looking half profile behind.
+The file is built under a temporary name in the destination folder (unique per process,
+thread and call) and renamed only when complete, so a crash or Ctrl-C never leaves a
+valid-looking half profile behind; Ctrl-C during a write removes the temporary file and
+raises KeyboardInterrupt (tempfiles.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from popviz._version import __version__
-from popviz.format import schema
+from popviz.format import schema, tempfiles
 from popviz.format.strings import StringTable
 
 
@@ -69,27 +71,33 @@ def write_profile(
 
     final = profile_path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    temp = final.with_name(f"{final.name}{schema.TEMP_MARKER}{os.getpid()}")
+    tempfiles.remove_stale_in(final.parent)
+    temp = tempfiles.temp_name(final)
     try:
-        with h5py.File(temp, "w", libver="earliest") as h5:
-            _write_root_attrs(h5, meta, summary or {}, kind, command_line)
-            strings = StringTable()
-            tables_group = h5.create_group(schema.TABLES_GROUP)
-            index_group = h5.create_group(schema.INDEX_GROUP)
-            for name in sorted(tables):
-                frame = tables[name]
-                if name == "trace":
-                    frame = sort_trace(frame)
-                    _write_trace_index(index_group, frame)
-                _write_table(tables_group, name, frame, strings)
-            arrays_group = h5.create_group(schema.ARRAYS_GROUP)
-            for name, array in sorted((arrays or {}).items()):
-                _write_array(arrays_group, name, np.asarray(array))
-            strings.write(h5, _chunked)
-        with open(temp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp, final)
-    except BaseException:
+        with tempfiles.deferred_interrupt() as check_interrupt:
+            with h5py.File(temp, "w", libver="earliest") as h5:
+                _write_root_attrs(h5, meta, summary or {}, kind, command_line)
+                strings = StringTable()
+                tables_group = h5.create_group(schema.TABLES_GROUP)
+                index_group = h5.create_group(schema.INDEX_GROUP)
+                for name in sorted(tables):
+                    check_interrupt()
+                    frame = tables[name]
+                    if name == "trace":
+                        frame = sort_trace(frame)
+                        _write_trace_index(index_group, frame)
+                    _write_table(tables_group, name, frame, strings)
+                arrays_group = h5.create_group(schema.ARRAYS_GROUP)
+                for name, array in sorted((arrays or {}).items()):
+                    check_interrupt()
+                    _write_array(arrays_group, name, np.asarray(array))
+                strings.write(h5, _chunked)
+            check_interrupt()
+            with open(temp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            check_interrupt()  # the last moment a Ctrl-C still means "no profile"
+            os.replace(temp, final)
+    except BaseException:  # Ctrl-C included: no half file stays behind; re-raised
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
