@@ -72,8 +72,8 @@ def test_strings_are_interned_once(tmp_path: Path) -> None:
         assert len(strings) == len(set(strings))
         assert "compute" in strings
         kind = h5["tables/trace/kind"]
-        assert kind.dtype == np.int32 and kind.attrs["encoding"] == "string-ref"
-        order = list(h5["tables/trace"].attrs["column-order"])
+        assert kind.dtype == np.int32 and kind.attrs["encoding"] == b"string-ref"
+        order = [c.decode() for c in h5["tables/trace"].attrs["column-order"]]
         assert order == list(tiny_tables()["trace"].columns)
 
 

@@ -101,7 +101,7 @@ def test_column_is_a_group(tmp_path: Path) -> None:
 
 def test_duplicate_column_order(tmp_path: Path) -> None:
     def mutate(h5: h5py.File) -> None:
-        order = [str(c) for c in h5["tables/stages"].attrs["column-order"]]
+        order = [c.decode() for c in h5["tables/stages"].attrs["column-order"]]
         h5["tables/stages"].attrs["column-order"] = np.array(order + order[:1], dtype=object)
     refused(tampered(tmp_path, mutate), "table 'stages'", "repeats a name")
 
@@ -156,7 +156,7 @@ def _huge_column(rows: int) -> Mutate:
     def mutate(h5: h5py.File) -> None:
         group = h5["tables/liveness"]
         group.attrs["n_rows"] = rows
-        for column in [str(c) for c in group.attrs["column-order"]]:
+        for column in [c.decode() for c in group.attrs["column-order"]]:
             encoding = group[column].attrs["encoding"]
             dtype = group[column].dtype
             del group[column]
@@ -246,3 +246,20 @@ def test_format_1_0_string_table_not_strings(tmp_path: Path) -> None:
         del h5["strings"]
         h5["strings"] = np.arange(5)
     refused(path, "string table", "not a 1-D string dataset")
+
+
+def test_column_order_lacks_a_required_column(tmp_path: Path) -> None:
+    def mutate(h5: h5py.File) -> None:
+        order = [c.decode() for c in h5["tables/trace"].attrs["column-order"]]
+        h5["tables/trace"].attrs["column-order"] = np.array(order[1:], dtype=object)
+    refused(tampered(tmp_path, mutate), "table 'trace'", "lacks required column 'ipu'")
+
+
+def test_text_attributes_are_fixed_length(tmp_path: Path) -> None:
+    """1.1 keeps attribute text out of HDF5's global heap (damage there loops)."""
+    path = write_tiny(tmp_path / "x.h5")
+    with h5py.File(path) as h5:
+        for obj in (h5, h5["tables/trace"], h5["tables/trace/kind"]):
+            for key in obj.attrs:
+                dtype = obj.attrs.get_id(key).dtype
+                assert dtype.kind in "iuf" or h5py.check_string_dtype(dtype).length, key

@@ -29,6 +29,7 @@ ENC_INT_OR_STRING = "int-or-string-ref"  # like string-ref; digit-only strings r
 ENCODINGS = (ENC_NUMERIC, ENC_BOOL, ENC_STRING_REF, ENC_INT_OR_STRING)
 
 CHUNK_BYTES = 1 << 20  # ~1 MiB chunks, as design.md asks
+MAX_FIXED_ATTR_BYTES = 16 << 10  # text attributes up to this are fixed-length (1.1)
 GZIP_LEVEL = 4
 
 # ---- what the reader accepts (checked before any data is read) ----

@@ -150,6 +150,10 @@ def table_spec(group: h5py.Group, name: str, label: str, file_size: int,
         raise ProfileError(f"{label}: damaged {what} (column-order repeats a name)")
     if any(not c or len(c) > schema.MAX_NAME_CHARS for c in order):
         raise ProfileError(f"{label}: damaged {what} (a column name is empty or too long)")
+    missing = [c for c in required if c not in order]
+    if missing:
+        raise ProfileError(f"{label}: damaged {what} (column-order lacks required column "
+                           f"'{missing[0]}')")
     n_rows = group.attrs.get("n_rows", None)
     if isinstance(n_rows, np.ndarray) and n_rows.shape == ():
         n_rows = n_rows[()]
@@ -159,7 +163,7 @@ def table_spec(group: h5py.Group, name: str, label: str, file_size: int,
     n_rows = int(n_rows)
     encodings: dict[str, str] = {}
     row_bytes = 0
-    for column in order + [c for c in required if c not in order]:
+    for column in order:
         where = f"{what} column '{column}'"
         dataset = group.get(column)
         if not isinstance(dataset, h5py.Dataset):

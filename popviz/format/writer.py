@@ -133,16 +133,38 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
         torch_version = str(torch.__version__)
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = ""
-    attrs = h5.attrs
-    attrs["format"] = schema.FORMAT_NAME
-    attrs["format_version"] = schema.FORMAT_VERSION
-    attrs["creator"] = f"popviz {__version__}"
-    attrs["torch_version"] = torch_version
-    attrs["command_line"] = command_line if command_line is not None else " ".join(sys.argv)
-    attrs["kind"] = kind
-    attrs["created_utc"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    attrs["meta"] = to_json(dict(meta, kind=kind))
-    attrs["summary"] = to_json(dict(summary))
+    texts = {
+        "format": schema.FORMAT_NAME,
+        "format_version": schema.FORMAT_VERSION,
+        "creator": f"popviz {__version__}",
+        "torch_version": torch_version,
+        "command_line": command_line if command_line is not None else " ".join(sys.argv),
+        "kind": kind,
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "meta": to_json(dict(meta, kind=kind)),
+        "summary": to_json(dict(summary)),
+    }
+    for key, text in texts.items():
+        put_text(h5.attrs, key, text)
+
+
+def put_text(attrs: h5py.AttributeManager, key: str, text: str) -> None:
+    """A text attribute as a fixed-length UTF-8 string (format 1.1): it lives in the object
+    header, not in the global heap, whose damage can make libhdf5 loop. Text longer than
+    schema.MAX_FIXED_ATTR_BYTES (object headers are small) stays variable-length."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > schema.MAX_FIXED_ATTR_BYTES:
+        attrs[key] = text
+        return
+    attrs.create(key, data=np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
+
+
+def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
+    """A list of names as one fixed-length UTF-8 string array (see put_text)."""
+    raw = [name.encode("utf-8", "surrogatepass") for name in names]
+    width = max([1, *map(len, raw)])
+    attrs.create(key, data=np.array(raw, dtype=f"S{width}"),
+                 dtype=h5py.string_dtype("utf-8", width))
 
 
 def _chunked(group: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
@@ -171,10 +193,9 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
                  strings: StringTable) -> None:
     group = parent.create_group(name)
     columns = [str(c) for c in frame.columns]
-    group.attrs["encoding-type"] = "dataframe"
-    group.attrs["encoding-version"] = "0.1.0"
-    group.attrs.create("column-order", data=np.array(columns, dtype=object),
-                       dtype=h5py.string_dtype("utf-8"))
+    put_text(group.attrs, "encoding-type", "dataframe")
+    put_text(group.attrs, "encoding-version", "0.1.0")
+    put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
     for column in columns:
         series = frame[column]
@@ -186,7 +207,7 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
         else:
             data = strings.encode(series.fillna("").tolist())
         dataset = _chunked(group, column, data)
-        dataset.attrs["encoding"] = kind
+        put_text(dataset.attrs, "encoding", kind)
 
 
 def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
