@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -178,6 +179,7 @@ def read_isolated(path: str | os.PathLike[str], timeout_s: float = 10.0,
                 os.close(read_end)
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 2)
+                faulthandler.disable()  # a crash is the verdict, not a traceback to print
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 result = _work(path, memory_bytes, probe)
                 os.write(write_end, (json.dumps(result) + "\n").encode())
