@@ -128,12 +128,14 @@ def _tamper_order(h5: h5py.File, rng: random.Random) -> None:
 
 
 def _tamper_codes(h5: h5py.File, rng: random.Random) -> None:
-    group = _table(h5, rng)
-    refs = [c for c in group if isinstance(group[c], h5py.Dataset) and group[c].shape[0]
-            and _text(group[c].attrs.get("encoding", "")).endswith("string-ref")]
+    refs = [(name, column) for name, group in sorted(h5["tables"].items())
+            for column, data in sorted(group.items())
+            if isinstance(data, h5py.Dataset) and data.shape[0]
+            and _text(data.attrs.get("encoding", "")).endswith("string-ref")]
     if not refs:
         return
-    data = group[rng.choice(refs)]
+    name, column = rng.choice(refs)
+    data = h5["tables"][name][column]
     values = data[()]
     values[rng.randrange(len(values))] = rng.choice((-1, 2**31 - 1, 10**6))
     data[...] = values
@@ -201,11 +203,13 @@ class Campaign:
 
     outcomes: Counter[str] = field(default_factory=Counter)
     by_kind: dict[str, Counter[str]] = field(default_factory=dict)
+    by_source: dict[str, Counter[str]] = field(default_factory=dict)
     max_rss_bytes: int = 0
     examples: list[tuple[str, str, Verdict]] = field(default_factory=list)
 
-    def add(self, label: str, kind: str, verdict: Verdict) -> None:
+    def add(self, label: str, kind: str, verdict: Verdict, source: str = "") -> None:
         self.outcomes[verdict.outcome] += 1
+        self.by_source.setdefault(source, Counter())[verdict.outcome] += 1
         self.by_kind.setdefault(kind, Counter())[verdict.outcome] += 1
         self.max_rss_bytes = max(self.max_rss_bytes, verdict.max_rss_bytes)
         if verdict.outcome not in ("ok", "profile_error") and len(self.examples) < 50:
@@ -227,7 +231,7 @@ def run_campaign(sources: list[Path], mutants: int, seed: int = 0, workers: int 
     with tempfile.TemporaryDirectory(prefix="popviz-fuzz-") as scratch:
         done = 0
         while done < mutants:
-            jobs: list[tuple[str, str, Path]] = []
+            jobs: list[tuple[str, str, Path, str]] = []
             for k in range(done, min(done + batch, mutants)):
                 source = rng.choice(prepared)
                 out = Path(scratch, f"mutant{k}.h5")
@@ -236,13 +240,13 @@ def run_campaign(sources: list[Path], mutants: int, seed: int = 0, workers: int 
                 else:
                     kind, raw = byte_mutant(source, rng)
                     out.write_bytes(raw)
-                jobs.append((f"{source.path} #{k}", kind, out))
+                jobs.append((f"{source.path} #{k}", kind, out, str(source.path)))
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 verdicts = list(pool.map(
                     lambda job: read_isolated(job[2], timeout_s, memory_bytes, probe,
                                               start="fork"), jobs))
-            for (label, kind, out), verdict in zip(jobs, verdicts, strict=True):
-                campaign.add(label, kind, verdict)
+            for (label, kind, out, origin), verdict in zip(jobs, verdicts, strict=True):
+                campaign.add(label, kind, verdict, origin)
                 if keep is not None and verdict.outcome not in ("ok", "profile_error"):
                     keep.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(out, keep / out.name)
