@@ -48,7 +48,9 @@ class Verdict:
     outcome: str  # one of OUTCOMES
     message: str  # one line: the ProfileError, the exception, or what killed the worker
     seconds: float  # wall time of the worker
-    max_rss_bytes: int  # the worker's peak resident memory (0 if unknown)
+    # the worker's peak resident memory: its own (VmHWM) when it reported one; for a dead
+    # worker the kernel's ru_maxrss, which may include the spawning process's peak
+    max_rss_bytes: int
     signal: int | None = None  # the signal that ended a crashed worker
 
     @property
@@ -122,7 +124,20 @@ def _work(path: str, memory_bytes: int, probe: str | None) -> dict[str, Any]:
         outcome, message = "ok", ""
     except BaseException as exc:  # the worker reports everything, KeyboardInterrupt too
         outcome, message = _classify(exc)
-    return {"outcome": outcome, "message": message}
+    return {"outcome": outcome, "message": message, "peak_rss": _peak_rss()}
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process image (VmHWM). Unlike ru_maxrss it does not
+    carry over, through exec, the peak of the process that spawned the worker."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _wait(pid: int, timeout_s: float) -> tuple[int, Any, bool]:
@@ -155,7 +170,8 @@ def _verdict(report: bytes, status: int, usage: Any, timed_out: bool, seconds: f
     lines = report.decode("utf-8", "replace").strip().splitlines()
     try:
         data = json.loads(lines[-1])
-        return Verdict(str(data["outcome"]), str(data["message"]), seconds, rss)
+        return Verdict(str(data["outcome"]), str(data["message"]), seconds,
+                       int(data.get("peak_rss") or rss))
     except (IndexError, ValueError, KeyError, TypeError):
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
         return Verdict("crash", f"worker exited {code} without a verdict", seconds, rss)

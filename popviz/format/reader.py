@@ -296,7 +296,8 @@ class Profile:
                 n_ipus = self._specs["trace"].n_rows + 1
                 if not isinstance(ipus, h5py.Dataset) or not isinstance(offsets, h5py.Dataset) \
                         or ipus.ndim != 1 or len(ipus) > n_ipus or offsets.ndim != 1 \
-                        or len(offsets) > n_ipus + 1:
+                        or len(offsets) > n_ipus + 1 or ipus.dtype.kind not in "iu" \
+                        or offsets.dtype.kind not in "iu":
                     raise ProfileError(f"{self.path}: damaged index of table 'trace'")
                 ipus, offsets = ipus[()], offsets[()]
                 validate.check_trace_index(ipus, offsets, self._specs["trace"].n_rows,
