@@ -35,6 +35,7 @@ import numpy as np
 
 import popviz
 import popviz.analysis.facts  # loaded before forking: workers start warm
+from popviz.format import schema
 from popviz.format.fuzz import ATTRIBUTE_MUTANTS, Campaign, run_campaign
 from popviz.format.isolated import read_isolated
 from popviz.format.writer import write_profile
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         sources = list(bundled)
         for k, path in enumerate(bundled):
             sources.append(rewrite(path, work / f"v11_{k}.h5"))
-        print(f"sources: {len(bundled)} bundled profiles + their 1.1 rewrites "
+        print(f"sources: {len(bundled)} bundled profiles + their "
+              f"{schema.FORMAT_VERSION} rewrites (HDF5 libver {schema.HDF5_LIBVER}) "
               f"({sum(p.stat().st_size for p in sources) / 2**20:.1f} MiB)")
 
         detects = _atime_detects_reads(outside)
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         campaign = run_campaign(sources, args.mutants, seed=args.seed, workers=args.workers,
                                 timeout_s=args.timeout,
                                 memory_bytes=int(args.memory_gb * 2**30), probe=PROBE,
-                                keep=args.keep)
+                                keep=args.keep, progress=lambda done, c: print(
+                                    f"  {done:,} mutants: {dict(c.outcomes)}", flush=True))
         report(campaign, time.monotonic() - began, args.mutants)
     bad = campaign.outcomes["error"] + campaign.outcomes["memory"] \
         + counts["read outside DIR"] + sum(v for k, v in counts.items()

@@ -219,12 +219,13 @@ class Campaign:
 def run_campaign(sources: list[Path], mutants: int, seed: int = 0, workers: int = 2,
                  timeout_s: float = 10.0, memory_bytes: int = 1 << 30,
                  probe: str | None = None, attribute_share: float = 0.25,
-                 batch: int = 100, keep: Path | None = None) -> Campaign:
+                 batch: int = 100, keep: Path | None = None,
+                 progress: Callable[[int, Campaign], None] | None = None) -> Campaign:
     """Read `mutants` mutants of `sources` (seeded), each in a forked worker with limits.
 
     Mutants are made in this thread, a batch at a time, before any worker forks, so no
     worker inherits a lock held by h5py. `keep`: copy mutants that were not ok or a
-    ProfileError there, to replay them."""
+    ProfileError there, to replay them; `progress(done, campaign)` after each batch."""
     rng = random.Random(seed)
     prepared = [Source(Path(p)) for p in sources]
     campaign = Campaign()
@@ -252,4 +253,6 @@ def run_campaign(sources: list[Path], mutants: int, seed: int = 0, workers: int 
                     shutil.copyfile(out, keep / out.name)
                 out.unlink()
             done += len(jobs)
+            if progress is not None:
+                progress(done, campaign)
     return campaign

@@ -5,6 +5,8 @@ The format is documented for people in docs/profile-format.md; keep the two in s
 
 from __future__ import annotations
 
+import os
+
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
 # 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
@@ -30,6 +32,11 @@ ENCODINGS = (ENC_NUMERIC, ENC_BOOL, ENC_STRING_REF, ENC_INT_OR_STRING)
 
 CHUNK_BYTES = 1 << 20  # ~1 MiB chunks, as design.md asks
 MAX_FIXED_ATTR_BYTES = 16 << 10  # text attributes up to this are fixed-length (1.1)
+# HDF5 file-format features the writer may use. "v110" (HDF5 >= 1.10) stores the
+# superblock, object headers, heaps and chunk indexes with checksums, so damaged metadata
+# is an error, not something libhdf5 follows into a crash or an endless loop (h5dump of
+# HDF5 1.10 reads it). The environment variable is for experiments only.
+HDF5_LIBVER = os.environ.get("POPVIZ_HDF5_LIBVER", "v110")
 GZIP_LEVEL = 4
 
 # ---- what the reader accepts (checked before any data is read) ----

@@ -75,7 +75,7 @@ def write_profile(
     temp = tempfiles.temp_name(final)
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
-            with h5py.File(temp, "w", libver="earliest") as h5:
+            with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
                 _write_root_attrs(h5, meta, summary or {}, kind, command_line)
                 strings = StringTable()
                 tables_group = h5.create_group(schema.TABLES_GROUP)
