@@ -17,6 +17,7 @@ import numpy as np
 from popviz.errors import ProfileError
 from popviz.format import schema
 from popviz.format.validate import check_storage, declared_bytes
+from popviz.format.vlen_raw import read_vlen_strings
 
 BYTES = "bytes"
 OFFSETS = "offsets"
@@ -93,6 +94,9 @@ def _read_vlen(dataset: h5py.Dataset, label: str) -> np.ndarray:
     if dataset.ndim != 1 or h5py.check_string_dtype(dataset.dtype) is None:
         raise ProfileError(f"{label}: damaged string table (not a 1-D string dataset)")
     _check_budget(dataset.shape[0] * 64, label)
+    parsed = read_vlen_strings(dataset, label)  # not through libhdf5: see vlen_raw.py
+    if parsed is not None:
+        return parsed
     raw = dataset[()]
     texts = np.empty(len(raw), dtype=object)
     try:
