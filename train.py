@@ -15,6 +15,7 @@ Flags follow the PopTorch pipelining tutorial and Graphcore's TensorFlow CNN app
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -251,6 +252,16 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 another run writes into --profile-dir, 2 bad arguments or a
+    placement the compiler refuses, 130 Ctrl-C (one line, never a traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # at any point: imports, recording, compiling, writing
+        print("train.py: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = resolve(parser.parse_args(argv), parser)
@@ -258,25 +269,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     # the command line stored in each profile
     args.command_line = " ".join(["train.py", *(sys.argv[1:] if argv is None else argv)])
-    from popviz import train_driver as runs
+    from popviz.format.folder_lock import FolderInUse, hold_folder
 
     try:
-        if args.measure:
-            from popviz.measure.train_flags import run_from_train_args
-            return run_from_train_args(args)
-        if args.plan_only:
-            return runs.run_plan(args, make_options)
-        if args.inference:
-            return runs.run_inference(args, make_options)
-        if args.name == "tutorial":
-            return runs.run_tutorial(args, make_options)
-        return runs.run_cnn(args, make_options)
+        # one run per profile folder, so training/ and inference/ come from the same run
+        writes = args.profile or args.measure
+        with hold_folder(args.profile_dir, args.command_line) if writes \
+                else contextlib.nullcontext():
+            return _run(args)
+    except FolderInUse as exc:
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # e.g. a placement the compiler refuses
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("train.py: interrupted", file=sys.stderr)
-        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from popviz import train_driver as runs
+
+    if args.measure:
+        from popviz.measure.train_flags import run_from_train_args
+        return run_from_train_args(args)
+    if args.plan_only:
+        return runs.run_plan(args, make_options)
+    if args.inference:
+        return runs.run_inference(args, make_options)
+    if args.name == "tutorial":
+        return runs.run_tutorial(args, make_options)
+    return runs.run_cnn(args, make_options)
 
 
 if __name__ == "__main__":

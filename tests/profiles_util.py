@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -64,3 +65,19 @@ def tiny_arrays() -> dict[str, np.ndarray]:
 
 def tiny_summary() -> dict[str, Any]:
     return {"fits": False, "oom_tiles": 1, "throughput": 1234.5, "step_cycles": 5000}
+
+
+def to_format_1_0(path: Any) -> Any:
+    """Rewrite a profile's string table the 1.0 way (one vlen UTF-8 dataset `/strings`)
+    and mark it 1.0.0: what popviz wrote before format 1.1, for the compatibility tests."""
+    import h5py
+
+    with h5py.File(path, "a") as h5:
+        blob = h5["strings/bytes"][()].tobytes()
+        offsets = h5["strings/offsets"][()]
+        texts = [blob[a:b].decode("utf-8") for a, b in itertools.pairwise(offsets)]
+        del h5["strings"]
+        h5.create_dataset("strings", data=np.array(texts, dtype=object),
+                          dtype=h5py.string_dtype("utf-8"))
+        h5.attrs["format_version"] = "1.0.0"
+    return path

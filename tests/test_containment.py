@@ -27,7 +27,7 @@ SECRET = b"root:x:0:0:SECRET-MARKER:/root:/bin/bash\n" * 8
 def _add_column(h5: h5py.File, table: str, name: str, make: Callable[..., None]) -> None:
     group = h5["tables"][table]
     make(group, name, int(group.attrs["n_rows"]))
-    order = [str(c) for c in group.attrs["column-order"]]
+    order = [c.decode() for c in group.attrs["column-order"]]
     group.attrs["column-order"] = np.array([*order, name], dtype=object)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ import pytest
 import popviz
 from popviz.format import schema
 from popviz.format.writer import write_profile
-from tests.profiles_util import tiny_arrays, tiny_meta, tiny_summary, tiny_tables
+from tests.profiles_util import tiny_arrays, tiny_meta, tiny_summary, tiny_tables, to_format_1_0
 
 
 def write_tiny(path: Path, **overrides) -> Path:
@@ -59,15 +60,20 @@ def test_mixed_ipu_or_host_column_keeps_types(tmp_path: Path) -> None:
     assert isinstance(p.exchange["src"].iloc[0], int)
 
 
+def _strings(h5: h5py.File) -> list[str]:
+    blob, offsets = h5["strings/bytes"][()].tobytes(), h5["strings/offsets"][()]
+    return [blob[a:b].decode() for a, b in itertools.pairwise(offsets)]
+
+
 def test_strings_are_interned_once(tmp_path: Path) -> None:
     path = write_tiny(tmp_path / "x.h5")
     with h5py.File(path) as h5:
-        strings = [s.decode() for s in h5["strings"][()]]
+        strings = _strings(h5)
         assert len(strings) == len(set(strings))
         assert "compute" in strings
         kind = h5["tables/trace/kind"]
-        assert kind.dtype == np.int32 and kind.attrs["encoding"] == "string-ref"
-        order = list(h5["tables/trace"].attrs["column-order"])
+        assert kind.dtype == np.int32 and kind.attrs["encoding"] == b"string-ref"
+        order = [c.decode() for c in h5["tables/trace"].attrs["column-order"]]
         assert order == list(tiny_tables()["trace"].columns)
 
 
@@ -92,10 +98,10 @@ def test_columns_are_compressed_and_chunked(tmp_path: Path) -> None:
                       arrays={"tile_liveness": np.zeros((2, 2000, 1472), dtype=np.uint32)})
     with h5py.File(path) as h5:
         start = h5["tables/trace/start"]
-        assert start.compression == "gzip" and start.shuffle
+        assert start.compression == "gzip" and start.shuffle and start.fletcher32
         assert start.chunks[0] * start.dtype.itemsize <= schema.CHUNK_BYTES
         live = h5["arrays/tile_liveness"]
-        assert live.chunks[0] == 1 and live.chunks[2] == 1472
+        assert live.chunks[0] == 1 and live.chunks[2] == 1472 and live.fletcher32
         assert 0.25 * schema.CHUNK_BYTES <= np.prod(live.chunks) * 4 <= schema.CHUNK_BYTES
 
 
@@ -105,7 +111,7 @@ def test_h5dump_reads_the_file(tmp_path: Path) -> None:
     out = subprocess.run(["h5dump", "-H", str(path)], capture_output=True, text=True,
                          check=True).stdout
     assert 'ATTRIBUTE "format_version"' in out
-    assert 'GROUP "tables"' in out and 'DATASET "strings"' in out
+    assert 'GROUP "tables"' in out and 'GROUP "strings"' in out
     value = subprocess.run(["h5dump", "-a", "/format", str(path)], capture_output=True,
                            text=True, check=True).stdout
     assert '"popviz-profile"' in value
@@ -117,12 +123,40 @@ def test_plain_h5py_reads_without_popviz(tmp_path: Path) -> None:
         import sys, h5py
         sys.modules['popviz'] = None  # prove popviz is not needed
         with h5py.File({str(path)!r}) as h5:
-            strings = h5['strings'][()]
+            blob, offsets = h5['strings/bytes'][()].tobytes(), h5['strings/offsets'][()]
             codes = h5['tables/trace/kind'][()]
-            print(sorted({{strings[c].decode() for c in codes}}))
+            print(sorted({{blob[offsets[c]:offsets[c + 1]].decode() for c in codes}}))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['compute', 'exchange', 'idle']"
+
+
+def test_format_1_0_files_still_read(tmp_path: Path) -> None:
+    """A 1.0 profile (vlen string table, no checksums) reads back the same tables."""
+    new = popviz.open(write_tiny(tmp_path / "new.h5"))
+    old = popviz.open(to_format_1_0(write_tiny(tmp_path / "old.h5")))
+    assert old.format_version == "1.0.0" and new.format_version == schema.FORMAT_VERSION
+    for name in new.table_names:
+        pd.testing.assert_frame_equal(old.table(name), new.table(name))
+
+
+def test_damaged_chunk_is_detected_by_its_checksum(tmp_path: Path) -> None:
+    """Flip one byte inside a column's stored chunk: Fletcher-32 refuses it on read."""
+    n = 50_000
+    tables = tiny_tables()
+    tables["ops"] = pd.DataFrame({"op_id": np.arange(n), "op": ["x"] * n,
+                                  "phase": ["forward"] * n,
+                                  "cycles": np.random.default_rng(0).integers(0, 9, n)})
+    path = write_tiny(tmp_path / "x.h5", tables=tables)
+    with h5py.File(path) as h5:
+        data = h5["tables/ops/cycles"]
+        offset = data.id.get_chunk_info(0).byte_offset
+        size = data.id.get_chunk_info(0).size
+    raw = bytearray(path.read_bytes())
+    raw[offset + size - 1] ^= 0x10  # the stored checksum itself
+    path.write_bytes(bytes(raw))
+    with pytest.raises(popviz.ProfileError, match="table 'ops'"):
+        popviz.open(path).ops  # noqa: B018 - the read is the test
 
 
 # ---- errors ----

@@ -103,6 +103,7 @@ def insight_facts(profile: object) -> dict:
 def _run(args: argparse.Namespace) -> int:
     import popviz
     from popviz.analysis.facts import profile_facts
+    from popviz.errors import ProfileError
 
     paths = popviz.discover(args.profile)
     if not paths:
@@ -110,7 +111,14 @@ def _run(args: argparse.Namespace) -> int:
     all_facts = []
     for path in paths:
         with popviz.open(path) as profile:
-            all_facts.append({**profile_facts(profile), **insight_facts(profile)})
+            try:
+                all_facts.append({**profile_facts(profile), **insight_facts(profile)})
+            except (ProfileError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # the file is untrusted: one line, never a traceback
+                text = " ".join(str(exc).split())[:200]
+                raise ProfileError(f"{path}: cannot summarise ({type(exc).__name__}: "
+                                   f"{text})") from None
     if args.json:
         payload = all_facts[0] if len(all_facts) == 1 else all_facts
         emit(json.dumps(payload, indent=2, sort_keys=True))

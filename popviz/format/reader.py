@@ -1,15 +1,18 @@
 """Read a profile: `popviz.open(path) -> Profile` with lazily loaded pandas tables.
 
-Every way a file can be wrong (missing, not HDF5, truncated, foreign, incomplete, too new)
-becomes a `ProfileError` with one line naming the file, never a raw h5py traceback.
+Every way a file can be wrong (missing, not HDF5, truncated, foreign, incomplete, too new,
+lying about its sizes, values outside the schema) becomes a `ProfileError` with one line
+naming the file and the table, never a raw h5py traceback. Crashes and endless loops inside
+libhdf5 cannot be caught in-process: `popviz.format.isolated` reads a file in a worker.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,11 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.format import schema
+from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
+from popviz.format.strings import decode as decode_strings
+from popviz.format.strings import read_strings
+from popviz.format.tempfiles import remove_stale
 from popviz.vocab import MODELLED_KIND
 
 
@@ -27,13 +33,15 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
     """Every profile file under `directory` (recursively), sorted; temporary files skipped.
 
     A `.h5` path is returned as a one-item list. Files are not opened here: a broken file
-    is listed too, and `open` on it raises the reason.
+    is listed too, and `open` on it raises the reason. Temporary files of writers that
+    died (tempfiles.py) are removed on the way.
     """
     root = Path(directory)
     if root.is_file():
         return [root]
     if not root.is_dir():
         raise ProfileError(f"{root}: no such file or directory")
+    remove_stale(root.rglob(f"*{schema.TEMP_MARKER}*"))
     found = [p for p in root.rglob(f"*{schema.PROFILE_SUFFIX}")
              if p.is_file() and schema.TEMP_MARKER not in p.name and not p.name.startswith(".")]
     return sorted(found)
@@ -65,7 +73,10 @@ def _resolve(path: Path) -> Path:
 
 
 class Profile:
-    """One profile file. Tables load on first access and stay cached."""
+    """One profile file. Tables load on first access and stay cached.
+
+    Every way the file can be wrong ends in `ProfileError` (one line naming the file and
+    the table); declared shapes and sizes are checked at open, before any data is read."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -73,25 +84,44 @@ class Profile:
         # functools.cached_property: on 3.11 its lock is shared by all instances).
         self._lock = threading.RLock()
         self._tables: dict[str, pd.DataFrame] = {}
+        self._specs: dict[str, validate.TableSpec] = {}
         self._string_table: np.ndarray | None = None
         self._h5 = self._open_checked()
         try:
-            attrs = self._h5.attrs
-            self.format_version = str(attrs["format_version"])
-            self.kind = str(attrs.get("kind", MODELLED_KIND))
-            self.command_line = str(attrs.get("command_line", ""))
-            self.creator = str(attrs.get("creator", ""))
-            self.torch_version = str(attrs.get("torch_version", ""))
-            self.created_utc = str(attrs.get("created_utc", ""))
-            self.meta: dict[str, Any] = json.loads(str(attrs["meta"]))
-            self.summary: dict[str, Any] = json.loads(str(attrs.get("summary", "{}")))
-            self._check_tables()
-        except ProfileError:
+            with self._guard("profile"):
+                label = str(self.path)
+                attrs = self._h5.attrs
+                self.format_version = validate.text_attr(attrs, "format_version", label)
+                self.kind = validate.text_attr(attrs, "kind", label, MODELLED_KIND)
+                self.command_line = validate.text_attr(attrs, "command_line", label, "")
+                self.creator = validate.text_attr(attrs, "creator", label, "")
+                self.torch_version = validate.text_attr(attrs, "torch_version", label, "")
+                self.created_utc = validate.text_attr(attrs, "created_utc", label, "")
+                self.meta: dict[str, Any] = validate.json_object(
+                    validate.text_attr(attrs, "meta", label, limit=schema.MAX_JSON_CHARS),
+                    "meta", label)
+                validate.check_meta(self.meta, label)
+                self.summary: dict[str, Any] = validate.json_object(
+                    validate.text_attr(attrs, "summary", label, "{}",
+                                       limit=schema.MAX_JSON_CHARS), "summary", label)
+                self._check_tables()
+        except BaseException:
             self.close()
             raise
-        except (KeyError, ValueError, OSError, TypeError) as exc:
-            self.close()
-            raise ProfileError(f"{self.path}: damaged profile ({_one_line(exc)})") from None
+
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Anything but ProfileError raised while reading `what` becomes one."""
+        try:
+            yield
+        except ProfileError:
+            raise
+        except MemoryError:
+            raise ProfileError(f"{self.path}: {what} does not fit in memory") from None
+        except Exception as exc:  # the file is untrusted input
+            raise ProfileError(
+                f"{self.path}: damaged {what} ({type(exc).__name__}: {_one_line(exc)})"
+            ) from None
 
     # ---- opening and validation ----
     def _open_checked(self) -> h5py.File:
@@ -108,60 +138,66 @@ class Profile:
             raise ProfileError(f"{path}: not an HDF5 file, so not a popviz profile")
         try:
             h5 = h5py.File(path, "r")
-        except OSError as exc:
+        except Exception as exc:  # OSError mostly; damage raises others
             raise ProfileError(
                 f"{path}: HDF5 file is truncated or damaged ({_one_line(exc)})"
             ) from None
-        fmt = h5.attrs.get("format")
-        if fmt is None or str(fmt) != schema.FORMAT_NAME:
+        try:
+            with self._guard("profile"):
+                self._check_identity(h5)
+                check_self_contained(h5, str(path))
+        except BaseException:
             h5.close()
-            raise ProfileError(f"{path}: HDF5 file but not a popviz profile (format={fmt!r})")
-        version = str(h5.attrs.get("format_version", ""))
+            raise
+        return h5
+
+    def _check_identity(self, h5: h5py.File) -> None:
+        path = self.path
+        fmt = h5.attrs.get("format")
+        if fmt is None or not isinstance(fmt, (str, bytes)) \
+                or validate.text_attr(h5.attrs, "format", str(path)) != schema.FORMAT_NAME:
+            raise ProfileError(f"{path}: HDF5 file but not a popviz profile "
+                               f"(format={str(fmt)[:60]!r})")
+        version = validate.text_attr(h5.attrs, "format_version", str(path), "", limit=64)
         try:
             major = schema.major_of(version)
         except ValueError:
-            h5.close()
             raise ProfileError(f"{path}: unreadable format_version {version!r}") from None
         if major != schema.FORMAT_MAJOR:
-            h5.close()
             newer = "newer" if major > schema.FORMAT_MAJOR else "older"
             raise ProfileError(
                 f"{path}: profile format {version} is {newer} than this popviz reads "
                 f"({schema.FORMAT_VERSION}); use a matching popviz"
             )
-        try:
-            check_self_contained(h5, str(path))
-        except ProfileError:
-            h5.close()
-            raise
-        return h5
 
     def _check_tables(self) -> None:
+        label = str(self.path)
+        self._file_size = int(self._h5.id.get_filesize())
         tables = self._h5.get(schema.TABLES_GROUP)
         if not isinstance(tables, h5py.Group):
-            raise ProfileError(f"{self.path}: damaged profile (no '{schema.TABLES_GROUP}' group)")
+            raise ProfileError(f"{label}: damaged profile (no '{schema.TABLES_GROUP}' group)")
         if schema.STRINGS_DATASET not in self._h5:
-            raise ProfileError(f"{self.path}: damaged profile (no string table)")
-        for name, columns in schema.CONTRACT_COLUMNS.items():
+            raise ProfileError(f"{label}: damaged profile (no string table)")
+        if len(tables) > schema.MAX_COLUMNS:
+            raise ProfileError(f"{label}: damaged profile ({len(tables):,} tables)")
+        for name in schema.CONTRACT_COLUMNS:
+            if not isinstance(tables.get(name), h5py.Group):
+                raise ProfileError(f"{label}: damaged profile (table '{name}' is missing)")
+        for name in tables:
             group = tables.get(name)
             if not isinstance(group, h5py.Group):
-                raise ProfileError(f"{self.path}: damaged profile (table '{name}' is missing)")
-            self._check_group(name, group, columns)
-
-    def _check_group(self, name: str, group: h5py.Group, required: tuple[str, ...]) -> None:
-        order = [str(c) for c in group.attrs.get("column-order", [])]
-        n_rows = int(group.attrs.get("n_rows", -1))
-        for column in set(order) | set(required):
-            dataset = group.get(column)
-            if not isinstance(dataset, h5py.Dataset):
-                raise ProfileError(
-                    f"{self.path}: damaged profile (table '{name}' lacks column '{column}')"
-                )
-            if dataset.shape != (n_rows,):
-                raise ProfileError(
-                    f"{self.path}: damaged profile (table '{name}' column '{column}' has "
-                    f"{dataset.shape[0] if dataset.shape else 0} rows, expected {n_rows})"
-                )
+                raise ProfileError(f"{label}: damaged profile (table '{name}' is not a group)")
+            self._specs[name] = validate.table_spec(
+                group, name, label, self._file_size, schema.CONTRACT_COLUMNS.get(name, ()))
+        arrays = self._h5.get(schema.ARRAYS_GROUP)
+        if arrays is not None:
+            if not isinstance(arrays, h5py.Group):
+                raise ProfileError(f"{label}: damaged profile ('arrays' is not a group)")
+            for name in arrays:
+                dataset = arrays.get(name)
+                if not isinstance(dataset, h5py.Dataset):
+                    raise ProfileError(f"{label}: damaged array '{name}' (not a dataset)")
+                validate.check_array(dataset, name, label, self._file_size)
 
     # ---- identity ----
     @property
@@ -188,7 +224,7 @@ class Profile:
     # ---- tables ----
     @property
     def table_names(self) -> list[str]:
-        return sorted(self._h5[schema.TABLES_GROUP].keys())
+        return sorted(self._specs)
 
     def table(self, name: str) -> pd.DataFrame:
         """A table as a DataFrame (cached). An absent optional table reads back empty."""
@@ -198,45 +234,44 @@ class Profile:
             return self._tables[name]
 
     def _read_table(self, name: str, rows: slice | None = None) -> pd.DataFrame:
-        group = self._h5[schema.TABLES_GROUP].get(name)
-        if group is None:
+        spec = self._specs.get(name)
+        if spec is None:
             known = schema.OPTIONAL_COLUMNS.get(name)
             if known is None:
                 have = ", ".join(self.table_names)
                 raise KeyError(f"{self.path}: no table {name!r} (has {have})")
             return pd.DataFrame({c: [] for c in known})
-        order = [str(c) for c in group.attrs["column-order"]]
-        data: dict[str, Any] = {}
-        try:
-            for column in order:
+        label = str(self.path)
+        with self._lock, self._guard(f"table '{name}'"):
+            group = self._h5[schema.TABLES_GROUP][name]
+            data: dict[str, Any] = {}
+            for column in spec.order:
                 dataset = group[column]
                 values = dataset[rows] if rows is not None else dataset[()]
-                data[column] = self._decode(values, str(dataset.attrs.get("encoding", "")))
-        except (OSError, KeyError, ValueError) as exc:
-            raise ProfileError(
-                f"{self.path}: damaged table '{name}' ({_one_line(exc)})"
-            ) from None
-        return pd.DataFrame(data, columns=order)
+                if values.dtype.byteorder not in "=|":
+                    values = values.astype(values.dtype.newbyteorder("="))
+                validate.check_values(name, column, values, label)
+                data[column] = self._decode(values, spec.encodings[column],
+                                            f"table '{name}' column '{column}'")
+            return pd.DataFrame(data, columns=spec.order)
 
     @property
     def _strings(self) -> np.ndarray:
         with self._lock:
             if self._string_table is None:
-                raw = self._h5[schema.STRINGS_DATASET][()]
-                self._string_table = np.array(
-                    [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in raw],
-                    dtype=object)
+                with self._guard("string table"):
+                    self._string_table = read_strings(self._h5, str(self.path))
             return self._string_table
 
-    def _decode(self, values: np.ndarray, encoding: str) -> Any:
+    def _decode(self, values: np.ndarray, encoding: str, what: str) -> Any:
         if encoding == schema.ENC_BOOL:
             return values.astype(bool)
         if encoding == schema.ENC_STRING_REF:
-            return self._strings[values] if len(values) else np.array([], dtype=object)
+            return decode_strings(values, self._strings, str(self.path), what)
         if encoding == schema.ENC_INT_OR_STRING:
-            texts = self._strings[values] if len(values) else np.array([], dtype=object)
-            return np.array([int(t) if t.lstrip("-").isdigit() else t for t in texts],
-                            dtype=object)
+            texts = decode_strings(values, self._strings, str(self.path), what)
+            return np.array([int(t) if t.lstrip("-").isdigit() and len(t) < 19 else t
+                             for t in texts], dtype=object)
         return values
 
     stages = property(lambda self: self.table("stages"))
@@ -253,17 +288,26 @@ class Profile:
     def trace_for(self, ipu: int, start: float | None = None,
                   end: float | None = None) -> pd.DataFrame:
         """One IPU's events overlapping [start, end), read through the per-IPU offsets."""
-        index = self._h5.get(schema.INDEX_GROUP)
-        if index is None or "trace_ipus" not in index:
-            frame = self.trace[self.trace["ipu"] == ipu]
-        else:
-            ipus = index["trace_ipus"][()]
-            offsets = index["trace_offsets"][()]
-            where = np.flatnonzero(ipus == ipu)
-            if not len(where):
-                return self._read_table("trace", slice(0, 0))
-            k = int(where[0])
-            frame = self._read_table("trace", slice(int(offsets[k]), int(offsets[k + 1])))
+        with self._lock, self._guard("index of table 'trace'"):
+            index = self._h5.get(schema.INDEX_GROUP)
+            if not isinstance(index, h5py.Group) or "trace_ipus" not in index:
+                frame = self.trace[self.trace["ipu"] == ipu]
+            else:
+                ipus, offsets = index["trace_ipus"], index["trace_offsets"]
+                n_ipus = self._specs["trace"].n_rows + 1
+                if not isinstance(ipus, h5py.Dataset) or not isinstance(offsets, h5py.Dataset) \
+                        or ipus.ndim != 1 or len(ipus) > n_ipus or offsets.ndim != 1 \
+                        or len(offsets) > n_ipus + 1 or ipus.dtype.kind not in "iu" \
+                        or offsets.dtype.kind not in "iu":
+                    raise ProfileError(f"{self.path}: damaged index of table 'trace'")
+                ipus, offsets = ipus[()], offsets[()]
+                validate.check_trace_index(ipus, offsets, self._specs["trace"].n_rows,
+                                           str(self.path))
+                where = np.flatnonzero(ipus == ipu)
+                if not len(where):
+                    return self._read_table("trace", slice(0, 0))
+                k = int(where[0])
+                frame = self._read_table("trace", slice(int(offsets[k]), int(offsets[k + 1])))
         if start is not None:
             frame = frame[frame["end"] > start]
         if end is not None:
@@ -284,13 +328,16 @@ class Profile:
     def tile_liveness(self, ipu: int, step_start: int = 0,
                       step_stop: int | None = None) -> np.ndarray:
         """Steps x tiles of not-always-live bytes for one IPU, reading only that slice."""
-        group = self._h5.get(schema.ARRAYS_GROUP)
-        if group is None or "tile_liveness" not in group:
+        shape = self.array_shape("tile_liveness")
+        if not shape:
             return np.zeros((0, 0), dtype=np.uint32)
-        dataset = group["tile_liveness"]
-        if not 0 <= ipu < dataset.shape[0]:
-            raise IndexError(f"IPU {ipu} not in profile (it has {dataset.shape[0]})")
-        return dataset[ipu, step_start:step_stop, :]
+        if len(shape) != 3:
+            raise ProfileError(f"{self.path}: damaged array 'tile_liveness' (shape {shape}, "
+                               "expected IPUs x steps x tiles)")
+        if not 0 <= ipu < shape[0]:
+            raise IndexError(f"IPU {ipu} not in profile (it has {shape[0]})")
+        with self._lock, self._guard("array 'tile_liveness'"):
+            return self._h5[schema.ARRAYS_GROUP]["tile_liveness"][ipu, step_start:step_stop, :]
 
 
 def _one_line(exc: BaseException) -> str:

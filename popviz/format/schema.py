@@ -1,34 +1,76 @@
-"""Profile format v1: names and rules shared by the writer and the reader.
+"""Profile format v1 (1.1): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
 
 from __future__ import annotations
 
+import os
+
 from popviz import vocab
 
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
-FORMAT_VERSION = "1.0.0"
+# 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
+# The reader still opens 1.0 files (vlen `/strings`, no checksums).
+FORMAT_VERSION = "1.1.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
 PROFILE_SUFFIX = ".h5"
-TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>; never a profile
+TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>-<thread>-<random>
 
 TABLES_GROUP = "tables"
 ARRAYS_GROUP = "arrays"
 INDEX_GROUP = "index"
-STRINGS_DATASET = "strings"
+STRINGS_DATASET = "strings"  # 1.1: a group of `bytes` + `offsets`; 1.0: a vlen dataset
 
 # Column encodings (attribute `encoding` on each column dataset).
 ENC_NUMERIC = "numeric"
 ENC_BOOL = "bool"
 ENC_STRING_REF = "string-ref"  # int32 codes into /strings
 ENC_INT_OR_STRING = "int-or-string-ref"  # like string-ref; digit-only strings read back as int
+ENCODINGS = (ENC_NUMERIC, ENC_BOOL, ENC_STRING_REF, ENC_INT_OR_STRING)
 
 CHUNK_BYTES = 1 << 20  # ~1 MiB chunks (docs/profile-format.md)
+MAX_FIXED_ATTR_BYTES = 16 << 10  # text attributes up to this are fixed-length (1.1)
+# HDF5 file-format features the writer may use. "v110" (HDF5 >= 1.10) stores the
+# superblock, object headers, heaps and chunk indexes with checksums, so damaged metadata
+# is an error, not something libhdf5 follows into a crash or an endless loop (h5dump of
+# HDF5 1.10 reads it). The environment variable is for experiments only.
+HDF5_LIBVER = os.environ.get("POPVIZ_HDF5_LIBVER", "v110")
 GZIP_LEVEL = 4
+
+# ---- what the reader accepts (checked before any data is read) ----
+# The most memory one read may take: a whole table (rows x the column itemsizes), the
+# string table, or one IPU's slice of an n-D array. Raise it to open bigger profiles.
+READ_BUDGET_BYTES = 1 << 30
+# Deflate cannot expand data more than ~1032x, so a dataset that declares more bytes than
+# this many times what it stores is lying about its size (or its chunks are missing).
+MAX_COMPRESSION_RATIO = 1100
+SMALL_DATASET_BYTES = 64 << 10  # below this no size check is worth its false alarms
+MAX_COLUMNS = 4096
+MAX_NAME_CHARS = 1024
+MAX_JSON_CHARS = 8 << 20  # the `meta` and `summary` attributes
+MAX_JSON_DEPTH = 64  # json.loads recurses per level; deep nesting is not a profile
+MAX_ATTR_CHARS = 1 << 20  # any other text attribute
+# Numeric columns that must hold finite, non-negative numbers (ids, times, sizes).
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {
+    "stages": ("stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",
+               "exchange_cycles", "idle_cycles", "stash_bytes", "peak_bytes"),
+    "trace": ("ipu", "start", "end"),
+    "liveness": ("ipu", "step", "always_live_bytes", "not_always_live_bytes"),
+    "tile_memory": ("ipu", "tile", "capacity_bytes", "total_bytes"),
+    "exchange": ("bytes", "start", "end"),
+    "ops": ("op_id",),
+}
+# Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
+TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "trace": ("kind", "pass", "op"),
+    "liveness": ("phase",),
+    "exchange": ("src", "dst", "kind"),
+    "ops": ("op", "phase"),
+}
 
 KINDS = vocab.KINDS
 

@@ -1,7 +1,9 @@
 """Write a profile: one HDF5 file, tables as 1-D column datasets, written atomically.
 
-The file is built under a temporary name in the destination folder and renamed only when
-complete, so a crash or Ctrl-C never leaves a valid-looking half profile behind.
+The file is built under a temporary name in the destination folder (unique per process,
+thread and call) and renamed only when complete, so a crash or Ctrl-C never leaves a
+valid-looking half profile behind; Ctrl-C during a write removes the temporary file and
+raises KeyboardInterrupt (tempfiles.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import datetime as _dt
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from popviz._version import __version__
-from popviz.format import schema
+from popviz.format import schema, tempfiles
+from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND
 
 
@@ -69,27 +72,33 @@ def write_profile(
 
     final = profile_path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    temp = final.with_name(f"{final.name}{schema.TEMP_MARKER}{os.getpid()}")
+    tempfiles.remove_stale_in(final.parent)
+    temp = tempfiles.temp_name(final)
     try:
-        with h5py.File(temp, "w", libver="earliest") as h5:
-            _write_root_attrs(h5, meta, summary or {}, kind, command_line)
-            strings = _StringTable()
-            tables_group = h5.create_group(schema.TABLES_GROUP)
-            index_group = h5.create_group(schema.INDEX_GROUP)
-            for name in sorted(tables):
-                frame = tables[name]
-                if name == "trace":
-                    frame = sort_trace(frame)
-                    _write_trace_index(index_group, frame)
-                _write_table(tables_group, name, frame, strings)
-            arrays_group = h5.create_group(schema.ARRAYS_GROUP)
-            for name, array in sorted((arrays or {}).items()):
-                _write_array(arrays_group, name, np.asarray(array))
-            strings.write(h5)
-        with open(temp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp, final)
-    except BaseException:
+        with tempfiles.deferred_interrupt() as check_interrupt:
+            with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
+                _write_root_attrs(h5, meta, summary or {}, kind, command_line)
+                strings = StringTable()
+                tables_group = h5.create_group(schema.TABLES_GROUP)
+                index_group = h5.create_group(schema.INDEX_GROUP)
+                for name in sorted(tables):
+                    check_interrupt()
+                    frame = tables[name]
+                    if name == "trace":
+                        frame = sort_trace(frame)
+                        _write_trace_index(index_group, frame)
+                    _write_table(tables_group, name, frame, strings)
+                arrays_group = h5.create_group(schema.ARRAYS_GROUP)
+                for name, array in sorted((arrays or {}).items()):
+                    check_interrupt()
+                    _write_array(arrays_group, name, np.asarray(array))
+                strings.write(h5, _chunked)
+            check_interrupt()
+            with open(temp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            check_interrupt()  # the last moment a Ctrl-C still means "no profile"
+            os.replace(temp, final)
+    except BaseException:  # Ctrl-C included: no half file stays behind; re-raised
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
@@ -134,49 +143,50 @@ def _torch_version() -> str:
 def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[str, Any],
                       kind: str, command_line: str | None) -> None:
     torch_version = _torch_version()
-    attrs = h5.attrs
-    attrs["format"] = schema.FORMAT_NAME
-    attrs["format_version"] = schema.FORMAT_VERSION
-    attrs["creator"] = f"popviz {__version__}"
-    attrs["torch_version"] = torch_version
-    attrs["command_line"] = command_line if command_line is not None else " ".join(sys.argv)
-    attrs["kind"] = kind
-    attrs["created_utc"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    attrs["meta"] = to_json(dict(meta, kind=kind))
-    attrs["summary"] = to_json(dict(summary))
+    texts = {
+        "format": schema.FORMAT_NAME,
+        "format_version": schema.FORMAT_VERSION,
+        "creator": f"popviz {__version__}",
+        "torch_version": torch_version,
+        "command_line": command_line if command_line is not None else " ".join(sys.argv),
+        "kind": kind,
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "meta": to_json(dict(meta, kind=kind)),
+        "summary": to_json(dict(summary)),
+    }
+    for key, text in texts.items():
+        put_text(h5.attrs, key, text)
 
 
-class _StringTable:
-    """Interns every string of every table once; columns store int32 codes into it."""
+def put_text(attrs: h5py.AttributeManager, key: str, text: str) -> None:
+    """A text attribute as a fixed-length UTF-8 string (format 1.1): it lives in the object
+    header, not in the global heap, whose damage can make libhdf5 loop. Text longer than
+    schema.MAX_FIXED_ATTR_BYTES (object headers are small) stays variable-length."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > schema.MAX_FIXED_ATTR_BYTES:
+        attrs[key] = text
+        return
+    attrs.create(key, data=np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
 
-    def __init__(self) -> None:
-        self._codes: dict[str, int] = {}
 
-    def encode(self, values: Iterable[str]) -> np.ndarray:
-        uniques, inverse = np.unique(np.asarray(list(values), dtype=object).astype(str),
-                                     return_inverse=True)
-        lookup = np.array([self._code(u) for u in uniques.tolist()], dtype=np.int32)
-        return lookup[inverse] if len(uniques) else np.zeros(0, dtype=np.int32)
-
-    def _code(self, text: str) -> int:
-        code = self._codes.get(text)
-        if code is None:
-            code = self._codes[text] = len(self._codes)
-        return code
-
-    def write(self, h5: h5py.File) -> None:
-        texts = list(self._codes)  # dict order is code order
-        h5.create_dataset(schema.STRINGS_DATASET, data=np.array(texts, dtype=object),
-                          dtype=h5py.string_dtype("utf-8"))
+def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
+    """A list of names as one fixed-length UTF-8 string array (see put_text)."""
+    raw = [name.encode("utf-8", "surrogatepass") for name in names]
+    width = max([1, *map(len, raw)])
+    attrs.create(key, data=np.array(raw, dtype=f"S{width}"),
+                 dtype=h5py.string_dtype("utf-8", width))
 
 
 def _chunked(group: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    """A 1-D dataset in ~1 MiB gzip chunks, each with a Fletcher-32 checksum (format 1.1)
+    so a damaged chunk is an error on read rather than wrong numbers."""
     if data.size == 0:
         return group.create_dataset(name, data=data)
     rows_per_chunk = max(1, schema.CHUNK_BYTES // max(1, data.itemsize))
     chunks = (min(len(data), rows_per_chunk),)
     return group.create_dataset(name, data=data, chunks=chunks, compression="gzip",
-                                compression_opts=schema.GZIP_LEVEL, shuffle=True)
+                                compression_opts=schema.GZIP_LEVEL, shuffle=True,
+                                fletcher32=True)
 
 
 def _column_kind(series: pd.Series) -> str:
@@ -190,13 +200,12 @@ def _column_kind(series: pd.Series) -> str:
 
 
 def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
-                 strings: _StringTable) -> None:
+                 strings: StringTable) -> None:
     group = parent.create_group(name)
     columns = [str(c) for c in frame.columns]
-    group.attrs["encoding-type"] = "dataframe"
-    group.attrs["encoding-version"] = "0.1.0"
-    group.attrs.create("column-order", data=np.array(columns, dtype=object),
-                       dtype=h5py.string_dtype("utf-8"))
+    put_text(group.attrs, "encoding-type", "dataframe")
+    put_text(group.attrs, "encoding-version", "0.1.0")
+    put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
     for column in columns:
         series = frame[column]
@@ -208,7 +217,7 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
         else:
             data = strings.encode(series.fillna("").tolist())
         dataset = _chunked(group, column, data)
-        dataset.attrs["encoding"] = kind
+        put_text(dataset.attrs, "encoding", kind)
 
 
 def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
@@ -216,8 +225,8 @@ def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
     ipus = trace["ipu"].to_numpy()
     values, starts = np.unique(ipus, return_index=True)
     offsets = np.append(starts, len(ipus)).astype(np.int64)
-    index.create_dataset("trace_ipus", data=values.astype(np.int64))
-    index.create_dataset("trace_offsets", data=offsets)
+    _chunked(index, "trace_ipus", values.astype(np.int64))
+    _chunked(index, "trace_offsets", offsets)
 
 
 def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
@@ -235,4 +244,4 @@ def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
     else:
         chunks = (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
     parent.create_dataset(name, data=array, chunks=chunks, compression="gzip",
-                          compression_opts=schema.GZIP_LEVEL, shuffle=True)
+                          compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
