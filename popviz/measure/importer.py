@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz import metrics
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
 from popviz.measure import memsnap
@@ -152,40 +151,6 @@ def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("start", kind="stable").reset_index(drop=True)
 
 
-def swept_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
-    """The stage columns with each instant of a rank counted once (the timeline sweep:
-    an async send under compute is compute time, not both), so that a rank's columns add
-    up to its step; `other` is the rest of the step (host time no event covers)."""
-    if trace.empty or stages.empty:
-        return stages
-    key = trace["ipu"].astype(np.int64) * 1_000_003 + trace["stage"].astype(np.int64)
-    groups, group = np.unique(key.to_numpy(), return_inverse=True)
-    times = metrics.sweep(group, trace["start"].to_numpy(), trace["end"].to_numpy(),
-                          metrics._codes(trace), len(groups), len(metrics.CATEGORIES))
-    cat = {c: i for i, c in enumerate(metrics.CATEGORIES)}
-    span = float(trace["end"].max() - trace["start"].min())
-    out = stages.copy()
-    for row in out.itertuples():
-        hit = np.flatnonzero(groups == row.ipu * 1_000_003 + row.stage)
-        t = times[hit[0]] if len(hit) else np.zeros(len(cat))
-        out.loc[row.Index, "forward_cycles"] = t[cat["forward"]]
-        out.loc[row.Index, "backward_cycles"] = t[cat["backward"]] + t[cat["compute"]]
-        out.loc[row.Index, "optimiser_cycles"] = t[cat["weight_update"]]
-        out.loc[row.Index, "exchange_cycles"] = t[cat["exchange"]] + t[cat["host_io"]]
-        out.loc[row.Index, "sync_cycles"] = t[cat["sync"]]
-        out.loc[row.Index, "idle_cycles"] = t[cat["idle"]]
-    busy = out[["forward_cycles", "backward_cycles", "optimiser_cycles", "exchange_cycles",
-                "sync_cycles", "idle_cycles"]].sum(axis=1)
-    per_rank = busy.groupby(out["ipu"]).transform("sum")
-    count = out.groupby("ipu")["stage"].transform("size")
-    out["other_cycles"] = np.maximum(0.0, span - per_rank) / count
-    mbs = out["stage"].map(trace[trace["microbatch"] >= 0].groupby("stage")["microbatch"]
-                           .nunique()).fillna(1).clip(lower=1)
-    out["forward_cycles_per_microbatch"] = out["forward_cycles"] / mbs
-    out["backward_cycles_per_microbatch"] = out["backward_cycles"] / mbs
-    return out
-
-
 def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
     """Micro-batch of compute no annotation numbered (Schedule1F1B writes none): on a rank
     with one stage, a forward (backward) belongs to the micro-batch of the next activation
@@ -266,7 +231,7 @@ def import_tables(traces: list[KinetoTrace], snapshots: list[Path | None],
     liveness = pd.concat(lives, ignore_index=True)
     result = {
         "trace": trace, "liveness": liveness,
-        "stages": swept_stages(tbl.stages_table(trace, liveness, info, 1), trace),
+        "stages": tbl.stages_table(trace, liveness, info, 1),
         "exchange": exchange_rows(p2p, trace),
         "ops": renumber(pd.concat(ops, ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
