@@ -44,8 +44,8 @@ class RankPart:
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
     liveness: pd.DataFrame = field(default_factory=pd.DataFrame)
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
-    pp_labels: list[str] = field(default_factory=list)  # PP:{stage}{F|B}{mb}, in order
-    first_op_dims: dict[int, str] = field(default_factory=dict)  # stage -> Input Dims
+    actions: list[str] = field(default_factory=list)  # pipelining's labels, in order
+    first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
     labeller: kev.Labeller | None = None
     window: tuple[int, int] = (0, 0)  # first start, last end (rank clock)
 
@@ -94,21 +94,25 @@ def rank_part(path: PathLike) -> RankPart:
     part.liveness = liveness_of(part, *memsnap.trace_series(t.memory))
     part.ops = ops_table(spans, t.rank, lab)
     part.stages = [int(s) for s in lab.stages]
-    pp = lab.ann[lab.ann["label"].astype(str).str.startswith("PP:")]
-    part.pp_labels = pp.sort_values("start", kind="stable")["label"].astype(str).tolist()
-    part.first_op_dims = first_op_dims(part.ops)
+    act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]
+    part.actions = act.sort_values("start", kind="stable")["label"].astype(str).tolist()
+    part.first_ops = first_ops(part.ops, annotated=bool(part.actions))
     return part
 
 
-def first_op_dims(ops: pd.DataFrame) -> dict[int, str]:
-    """Per stage: the input shapes of its first forward op with any (the micro-batch's
-    leading dimension), as the ops table writes them."""
+def first_ops(ops: pd.DataFrame, annotated: bool) -> dict[int, tuple[str, str]]:
+    """Per stage: (name, input shapes) of its first top-level forward op with shapes,
+    inside a numbered micro-batch when the schedule annotated them (before the schedule
+    runs, the whole batch is split: those ops see the batch, not a micro-batch)."""
     if ops.empty or "shapes" not in ops.columns:
         return {}
-    fwd = ops[(ops["pass"] == "F") & (ops["stage"] >= 0)
+    fwd = ops[(ops["pass"] == "F") & (ops["stage"] >= 0) & ops["top_level"].astype(bool)
               & (ops["shapes"].astype(str).str.len() > 2)]
+    if annotated:
+        fwd = fwd[fwd["microbatch"] >= 0]
     fwd = fwd.sort_values("start", kind="stable").drop_duplicates("stage")
-    return {int(s): str(d) for s, d in zip(fwd["stage"], fwd["shapes"])}
+    return {int(s): (str(o), str(d)) for s, o, d in zip(fwd["stage"], fwd["op"],
+                                                          fwd["shapes"])}
 
 
 def rank_parts(paths: list[PathLike], workers: int | None = None) -> list[RankPart]:

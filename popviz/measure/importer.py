@@ -23,6 +23,7 @@ from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
 from popviz.measure import tables as tbl
 from popviz.measure.import_rank import RankPart, rank_parts, use_snapshot
+from popviz.measure.import_schedule import micro_batch_size, schedule_name
 
 PathLike = str | os.PathLike[str]
 
@@ -232,11 +233,12 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})
     options = {"strategy": "pipelined" if len(stages) > 1 else "single",
-               "schedule": None, "gradient_accumulation": max(1, mbs),
+               "schedule": schedule_name(traces), "gradient_accumulation": max(1, mbs),
                "device_iterations": 1, "replication_factor": 1,
                "available_memory_proportion": None, "precision": None,
                "recomputation": False, "splits": [], "microbatches": max(1, mbs),
-               "micro_batch_size": 1, "stages_per_rank": max(1, len(stages) // len(ranks)),
+               "micro_batch_size": micro_batch_size(traces),
+               "stages_per_rank": max(1, len(stages) // len(ranks)),
                "steps": 1}
     return {
         "kind": "measured",

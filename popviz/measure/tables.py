@@ -218,7 +218,9 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
     trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
     opts = meta.get("options", {})
     step_ns = step_time(trace)
-    samples = int(opts.get("micro_batch_size", 1)) * int(opts.get("microbatches", 1))
+    # an imported trace may not tell its micro-batch size (None): then no sample count
+    micro_batch = opts.get("micro_batch_size", 1)
+    samples = int(micro_batch) * int(opts.get("microbatches", 1)) if micro_batch else None
     ranks = sorted(int(r) for r in trace["ipu"].unique()) if len(trace) else []
     steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
     work = stages["forward_cycles"] + stages["backward_cycles"]
@@ -229,13 +231,13 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
         "step_ms": step_ns / 1e6, "samples_per_step": samples,
-        "throughput": samples / (step_ns / 1e9) if step_ns > 0 else None,
+        "throughput": samples / (step_ns / 1e9) if samples and step_ns > 0 else None,
         "latency_ms": None, "training": True,
         "idle_fraction": idle_fraction(trace),
         "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
         "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
         "schedule": opts.get("schedule"), "strategy": "pipelined",
-        "micro_batch_size": int(opts.get("micro_batch_size", 1)),
+        "micro_batch_size": int(micro_batch) if micro_batch else None,
         "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,
         "liveness_steps": int(live["step"].nunique()) if len(live) else 0,
         "exchange_bytes": int(tables["exchange"]["bytes"].sum()),
