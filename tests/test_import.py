@@ -265,6 +265,18 @@ def test_microbatches_without_annotations_follow_the_transfers(
         assert set(rows["microbatch"]) - {-1} == set(range(MICROBATCHES)), (rank, ps)
 
 
+def test_worker_processes_give_the_same_profile(runs: dict[str, list[Path]],
+                                               imported: dict[str, Any],
+                                               tmp_path: Path) -> None:
+    # files in reverse order, parsed in 2 worker processes: same tables as in-process
+    path = popviz.import_trace(runs["GPipe"][::-1], tmp_path, workers=2)
+    with popviz.open(path) as p:
+        one = imported["GPipe"]
+        for name in ("trace", "stages", "exchange", "ops", "liveness"):
+            pd.testing.assert_frame_equal(getattr(p, name), getattr(one, name))
+        assert p.meta["options"] == one.meta["options"]
+
+
 def test_gzip_and_plain_import_the_same(runs: dict[str, list[Path]], tmp_path: Path) -> None:
     files = runs["GPipe"]
     zipped = []

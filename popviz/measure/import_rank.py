@@ -115,10 +115,12 @@ def first_ops(ops: pd.DataFrame, annotated: bool) -> dict[int, tuple[str, str]]:
                                                           fwd["shapes"])}
 
 
-def rank_parts(paths: list[PathLike], workers: int | None = None) -> list[RankPart]:
-    """`rank_part` of every file, in order: in up to `workers` worker processes (default
-    one per CPU, at most one per file), in this process when that is 1."""
-    workers = min(len(paths), workers or os.cpu_count() or 1)
+def rank_parts(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
+    """`rank_part` of every file, in order: in this process (workers=1, the default), else
+    in up to `workers` worker processes (0: one per CPU), at most one per file. Workers
+    cut the wall time on idle cores but each holds a parse's temporaries at once, so the
+    process tree's peak memory grows with their number (docs/import.md)."""
+    workers = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
     if workers < 2:
         return [rank_part(p) for p in paths]
     # fork: the workers start without importing popviz again (Linux); spawn elsewhere

@@ -28,7 +28,7 @@ from popviz.measure.import_schedule import micro_batch_size, schedule_name
 PathLike = str | os.PathLike[str]
 
 
-def read_ranks(paths: list[PathLike], workers: int | None = None) -> list[RankPart]:
+def read_ranks(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
     """Every file parsed into its rank's tables (a missing or unreadable one is named in a
     ProfileError), sorted by rank; a rank given twice or missing from the world the traces
     name is refused."""
@@ -258,10 +258,10 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
 
 def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                  memory_snapshot: PathLike | Iterable[PathLike] | None = None, *,
-                 command_line: str | None = None, workers: int | None = None) -> Path:
+                 command_line: str | None = None, workers: int = 1) -> Path:
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
-    (a .h5 path or a directory to hold profile.h5); returns its path. Several files are
-    parsed in up to `workers` processes (default: one per CPU; 1: in this process)."""
+    (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
+    (0: one per CPU) the ranks are parsed in that many worker processes."""
     from popviz.format.writer import write_profile
 
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
