@@ -153,8 +153,13 @@ class _StringTable:
         self._codes: dict[str, int] = {}
 
     def encode(self, values: Iterable[str]) -> np.ndarray:
-        uniques, inverse = np.unique(np.asarray(list(values), dtype=object).astype(str),
-                                     return_inverse=True)
+        items = np.asarray(list(values), dtype=object)
+        if pd.api.types.infer_dtype(items, skipna=False) == "string":
+            # all str already: hash them (sorted uniques, as np.unique would give) without
+            # a fixed-width copy of the column (300k op names: ~70 MB of UCS-4)
+            inverse, uniques = pd.factorize(items, sort=True)
+        else:
+            uniques, inverse = np.unique(items.astype(str), return_inverse=True)
         lookup = np.array([self._code(u) for u in uniques.tolist()], dtype=np.int32)
         return lookup[inverse] if len(uniques) else np.zeros(0, dtype=np.int32)
 
@@ -184,6 +189,8 @@ def _column_kind(series: pd.Series) -> str:
         return schema.ENC_BOOL
     if pd.api.types.is_numeric_dtype(series.dtype):
         return schema.ENC_NUMERIC
+    if pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty"):
+        return schema.ENC_STRING_REF  # no int among them (checked in C, not per value)
     values = series.dropna().tolist()
     has_int = any(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
     return schema.ENC_INT_OR_STRING if has_int else schema.ENC_STRING_REF
