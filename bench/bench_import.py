@@ -141,7 +141,7 @@ def write_traces(folder: Path, ranks: int, events: int, seed: int = 0) -> list[P
 
 
 # ---- the two tools, each run in its own process ----
-def run_popviz(folder: Path, out: Path, workers: int | None = None) -> dict:
+def run_popviz(folder: Path, out: Path, workers: int = 1) -> dict:
     import popviz
     from popviz.metrics import COMPUTE, rank_time
 
@@ -176,7 +176,7 @@ def run_hta(folder: Path) -> dict:
     return {"seconds": time.perf_counter() - t0, "load_seconds": loaded, "shares": shares}
 
 
-def _child(tool: str, folder: Path, result: Path, workers: int | None) -> None:
+def _child(tool: str, folder: Path, result: Path, workers: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = run_popviz(folder, Path(tmp), workers) if tool == "popviz" else run_hta(folder)
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -189,7 +189,7 @@ def _child(tool: str, folder: Path, result: Path, workers: int | None) -> None:
     result.write_text(json.dumps(out))
 
 
-def measure(tool: str, folder: Path, workers: int | None = None) -> dict:
+def measure(tool: str, folder: Path, workers: int = 1) -> dict:
     """Run one tool in a fresh interpreter; add wall seconds and the peak of the process
     tree's summed RSS (sampled every 20 ms with psutil when it is installed)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -197,7 +197,7 @@ def measure(tool: str, folder: Path, workers: int | None = None) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--child", tool, "--dir", str(folder),
                              "--result", str(result),
-                             *(["--workers", str(workers)] if workers else [])])
+                             "--workers", str(workers)])
     tree_peak = 0
     try:
         import psutil
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=300_000, help="events per rank")
     parser.add_argument("--dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "popviz_bench_import")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=int, default=1,
                         help="popviz import's worker processes (default 1; 0: one per CPU)")
     parser.add_argument("--child", choices=["popviz", "hta"], help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
