@@ -141,13 +141,13 @@ def write_traces(folder: Path, ranks: int, events: int, seed: int = 0) -> list[P
 
 
 # ---- the two tools, each run in its own process ----
-def run_popviz(folder: Path, out: Path) -> dict:
+def run_popviz(folder: Path, out: Path, workers: int = 1) -> dict:
     import popviz
     from popviz.metrics import COMPUTE, rank_time
 
     t0 = time.perf_counter()
     files = sorted(folder.glob("rank*.json"))
-    path = popviz.import_trace(files, out / "profile.h5")
+    path = popviz.import_trace(files, out / "profile.h5", workers=workers)
     with popviz.open(path) as p:
         trace = p.trace
     shares = {}
@@ -176,9 +176,9 @@ def run_hta(folder: Path) -> dict:
     return {"seconds": time.perf_counter() - t0, "load_seconds": loaded, "shares": shares}
 
 
-def _child(tool: str, folder: Path, result: Path) -> None:
+def _child(tool: str, folder: Path, result: Path, workers: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        out = run_popviz(folder, Path(tmp)) if tool == "popviz" else run_hta(folder)
+        out = run_popviz(folder, Path(tmp), workers) if tool == "popviz" else run_hta(folder)
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     out["self_peak_rss"] = me.ru_maxrss * 1024
@@ -189,14 +189,15 @@ def _child(tool: str, folder: Path, result: Path) -> None:
     result.write_text(json.dumps(out))
 
 
-def measure(tool: str, folder: Path) -> dict:
+def measure(tool: str, folder: Path, workers: int = 1) -> dict:
     """Run one tool in a fresh interpreter; add wall seconds and the peak of the process
     tree's summed RSS (sampled every 20 ms with psutil when it is installed)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--child", tool, "--dir", str(folder),
-                             "--result", str(result)])
+                             "--result", str(result),
+                             "--workers", str(workers)])
     tree_peak = 0
     try:
         import psutil
@@ -226,18 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=300_000, help="events per rank")
     parser.add_argument("--dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "popviz_bench_import")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="popviz import's worker processes (default 1; 0: one per CPU)")
     parser.add_argument("--child", choices=["popviz", "hta"], help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child(args.child, args.dir, args.result)
+        _child(args.child, args.dir, args.result, args.workers)
         return 0
     t0 = time.perf_counter()
     files = write_traces(args.dir, args.ranks, args.events)
     size = sum(f.stat().st_size for f in files)
     print(f"traces: {args.ranks} ranks x ~{args.events:,} events, {size / 1e6:.0f} MB of "
           f"JSON in {args.dir} (ready in {time.perf_counter() - t0:.1f} s)")
-    pv = measure("popviz", args.dir)
+    pv = measure("popviz", args.dir, args.workers)
     try:
         hta = measure("hta", args.dir)
     except SystemExit as exc:

@@ -29,8 +29,8 @@ from popviz.vocab import CATEGORIES, COMPUTE, WAITING, category_codes
 __all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "fits", "fits_or_stored",
            "idle_fraction",
            "idle_fractions", "oom_tiles", "peak_liveness", "peak_rows", "rank_time",
-           "retime_stages", "stage_columns", "stage_idle_fraction", "stage_time", "step_time",
-           "sweep"]
+           "retime_stages", "stage_columns", "stage_idle_fraction", "stage_table_times",
+           "stage_time", "step_time", "sweep"]
 
 # stage-table time columns and the timeline categories each one sums (compute a measured
 # run could not attribute to a pass, and time no event covers, are other_cycles)
@@ -166,6 +166,31 @@ def stage_columns(times: pd.DataFrame) -> pd.DataFrame:
     """Category times (stage_time or rank_time rows) as the stage table's time columns."""
     return pd.DataFrame({col: times[[c for c in cats if c in times.columns]].sum(axis=1)
                          for col, cats in STAGE_TIME_COLUMNS.items()}, index=times.index)
+
+
+def stage_table_times(trace: pd.DataFrame, stages: pd.DataFrame, steps: int = 1
+                      ) -> pd.DataFrame:
+    """The stage table's time columns (STAGE_TIME_COLUMNS) for each (stage, ipu) row of
+    `stages` (same index), mean per step. Each column is the stage's `stage_time`;
+    other_cycles is the rest of its device's step (rank_time's window, shared by every
+    device) that no other column covers: compute without a known pass, host time between
+    traced events, events of no stage. A device holding several stages shares it equally,
+    so a device's columns (sync_cycles is part of idle_cycles) add up to the step time."""
+    steps = max(1, int(steps))
+    cols = list(STAGE_TIME_COLUMNS)
+    if stages.empty:
+        return pd.DataFrame(columns=cols, index=stages.index, dtype=float)
+    stage = stages["stage"].astype(int).to_numpy()
+    n = int(stage.max()) + 1 if len(stage) else 0
+    out = stage_columns(stage_time(trace, n)).reindex(stage).fillna(0.0) / steps
+    out.index = stages.index
+    ipu = stages["ipu"].astype(int)
+    busy = out[[c for c in cols if c not in ("other_cycles", "sync_cycles")]].sum(axis=1)
+    per_device = busy.groupby(ipu).transform("sum")
+    count = ipu.groupby(ipu).transform("size").astype(float)
+    step = float(rank_time(trace)["step_time"].iloc[0]) if len(trace) else 0.0
+    out["other_cycles"] = np.maximum(0.0, step - per_device) / count
+    return out[cols]
 
 
 def retime_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:

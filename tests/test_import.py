@@ -18,6 +18,8 @@ import pytest
 import popviz
 from popviz.cli.main import main
 from popviz.measure import kineto
+from popviz.measure.import_rank import RankPart
+from popviz.measure.import_schedule import schedule_name
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -167,12 +169,44 @@ def test_pipelining_annotations_give_stage_pass_and_microbatch(pipeline: Any) ->
     assert (copies["bytes"] == 32768).all()  # 8 x 1024 fp32 activations per micro-batch
 
 
+def test_schedule_and_micro_batch_size_from_the_trace(pipeline: Any, resnet: Any) -> None:
+    # the fixtures' README: ScheduleInterleaved1F1B, 2 stages on one rank, 4 micro-batches
+    # of a batch of 32; ResNet-50 at batch 64 without pipelining
+    opts = pipeline.meta["options"]
+    assert (opts["schedule"], opts["micro_batch_size"], opts["microbatches"]) == \
+        ("Interleaved1F1B", 8, 4)
+    assert pipeline.summary["samples_per_step"] == 32
+    opts = resnet.meta["options"]
+    assert (opts["schedule"], opts["micro_batch_size"]) == (None, 64)
+
+
+def test_schedule_family_from_the_order_of_actions() -> None:
+    def part(actions: list[str], stages: list[int]) -> RankPart:
+        return RankPart(path=Path("x"), meta={}, rank=0, world_size=1, backend="",
+                        base_ns=0, first_ns=0, stages=stages, actions=actions)
+
+    gpipe = ["Forward 0", "Forward 1", "Backward 0", "Backward 1"]
+    assert schedule_name([part(gpipe, [0]), part(gpipe, [1])]) == "GPipe"
+    last = ["PP:1F0", "PP:1B0", "PP:1F1", "PP:1B1"]
+    assert schedule_name([part(["PP:0F0", "PP:0F1", "PP:0B0", "PP:0B1"], [0]),
+                          part(last, [1])]) == "1F1B"
+    looped = ["PP:0F0", "PP:0F1", "PP:2F0", "PP:2F1", "PP:2B0", "PP:2B1", "PP:0B0", "PP:0B1"]
+    assert schedule_name([part(looped, [0, 2])]) == "LoopedBFS"
+    assert schedule_name([part(["PP:0F0", "PP:0I0", "PP:0W0"], [0])]) is None  # split B
+    assert schedule_name([part([], [0]), part([], [1])]) is None  # Schedule1F1B
+
+
 # ---- several ranks, made here ----
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_ranks_stages_and_transfers_of_a_gloo_pipeline(imported: dict[str, Any],
                                                        schedule: str) -> None:
     p = imported[schedule]
     assert p.meta["ranks"] == list(range(WORLD))
+    # GPipe numbers its micro-batches (Forward i / Backward i); Schedule1F1B writes nothing
+    # the schedule or the micro-batch size could be read from: unknown, not guessed
+    opts = p.meta["options"]
+    assert (opts["schedule"], opts["micro_batch_size"]) == \
+        (("GPipe", MICRO_BATCH) if schedule == "GPipe" else (None, None))
     assert sorted(p.stages["stage"]) == list(range(WORLD))
     ex = p.exchange
     # activations flow down the pipeline, gradients back, one per micro-batch and link
@@ -229,6 +263,18 @@ def test_microbatches_without_annotations_follow_the_transfers(
     one = one[(one["kind"] == "compute") & one["pass"].isin(["F", "B"])]
     for (rank, ps), rows in one.groupby(["ipu", "pass"]):
         assert set(rows["microbatch"]) - {-1} == set(range(MICROBATCHES)), (rank, ps)
+
+
+def test_worker_processes_give_the_same_profile(runs: dict[str, list[Path]],
+                                               imported: dict[str, Any],
+                                               tmp_path: Path) -> None:
+    # files in reverse order, parsed in 2 worker processes: same tables as in-process
+    path = popviz.import_trace(runs["GPipe"][::-1], tmp_path, workers=2)
+    with popviz.open(path) as p:
+        one = imported["GPipe"]
+        for name in ("trace", "stages", "exchange", "ops", "liveness"):
+            pd.testing.assert_frame_equal(getattr(p, name), getattr(one, name))
+        assert p.meta["options"] == one.meta["options"]
 
 
 def test_gzip_and_plain_import_the_same(runs: dict[str, list[Path]], tmp_path: Path) -> None:

@@ -44,6 +44,29 @@ def test_stage_time_counts_each_instant_of_a_device_once() -> None:
     assert metrics.stage_idle_fraction(st.assign(stage=[0, 1])) == pytest.approx(11 / 40)
 
 
+def test_stage_table_times_other_is_the_rest_of_the_step() -> None:
+    # rank 0 holds stages 0 and 2: forward 0-10 (stage 0), compute with no pass 12-16
+    # (stage 2), an exchange 14-18 half under it (stage 2), nothing 18-30. Rank 1:
+    # idle 0-20, backward 20-30 (stage 1). Step window 0-30, shared. Worked by hand.
+    tr = _trace([(0, 0, 0, 10, "compute", "F"), (0, 2, 12, 16, "compute", ""),
+                 (0, 2, 14, 18, "exchange", ""), (1, 1, 0, 20, "idle", ""),
+                 (1, 1, 20, 30, "compute", "B")])
+    pairs = pd.DataFrame({"stage": [0, 1, 2], "ipu": [0, 1, 0]}, index=[7, 8, 9])
+    t = metrics.stage_table_times(tr, pairs)
+    assert list(t.index) == [7, 8, 9]
+    assert t.loc[7, "forward_cycles"] == 10.0
+    assert t.loc[9, "exchange_cycles"] == 2.0  # 16-18: compute (any pass) beats exchange
+    # rank 0: 30 - (10 + 2) = 18 (the pass-less compute 4 and 14 untraced), shared by 2
+    assert t.loc[[7, 9], "other_cycles"].tolist() == [9.0, 9.0]
+    assert t.loc[8, ["backward_cycles", "idle_cycles", "other_cycles"]].tolist() == \
+        [10.0, 20.0, 0.0]
+    cols = [c for c in metrics.STAGE_TIME_COLUMNS if c != "sync_cycles"]
+    per_rank = t[cols].sum(axis=1).groupby(pairs["ipu"]).sum()
+    assert per_rank.tolist() == [30.0, 30.0]  # each rank's columns add up to its step
+    # two steps: means per step
+    assert metrics.stage_table_times(tr, pairs, steps=2).loc[7, "forward_cycles"] == 5.0
+
+
 def test_peaks_fit_and_oom_tiles() -> None:
     live = pd.DataFrame({"ipu": [0, 0, 1, 1], "step": [0, 1, 0, 1],
                          "always_live_bytes": [10, 10, 5, 5],

@@ -194,6 +194,8 @@ def _column_kind(series: pd.Series) -> str:
         return schema.ENC_BOOL
     if pd.api.types.is_numeric_dtype(series.dtype):
         return schema.ENC_NUMERIC
+    if pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty"):
+        return schema.ENC_STRING_REF  # no int among them (checked in C, not per value)
     values = series.dropna().tolist()
     has_int = any(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
     return schema.ENC_INT_OR_STRING if has_int else schema.ENC_STRING_REF

@@ -19,54 +19,50 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz import metrics
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
-from popviz.measure import memsnap
 from popviz.measure import tables as tbl
-from popviz.measure.kineto import KinetoTrace, read_trace
-from popviz.measure.kineto_ops import ops_table
+from popviz.measure.import_rank import RankPart, rank_parts, use_snapshot
+from popviz.measure.import_schedule import micro_batch_size, schedule_name
 
 PathLike = str | os.PathLike[str]
 
 
-def read_ranks(paths: Iterable[PathLike]) -> list[KinetoTrace]:
-    """Every file parsed (a missing or unreadable one is named in a ProfileError), sorted by
-    rank; a rank given twice or missing from the world the traces name is refused."""
-    traces = [read_trace(p) for p in paths]
-    if not traces:
+def read_ranks(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
+    """Every file parsed into its rank's tables (a missing or unreadable one is named in a
+    ProfileError), sorted by rank; a rank given twice or missing from the world the traces
+    name is refused."""
+    if not paths:
         raise ProfileError("no trace file given")
-    if len(traces) > 1 and not all(t.meta.get("distributedInfo") for t in traces):
-        bare = next(t for t in traces if not t.meta.get("distributedInfo"))
+    parts = rank_parts(paths, workers)
+    if len(parts) > 1 and not all(t.meta.get("distributedInfo") for t in parts):
+        bare = next(t for t in parts if not t.meta.get("distributedInfo"))
         raise ProfileError(f"{bare.path}: no distributedInfo (rank); several traces must "
                            "each come from one rank of a torch.distributed run")
-    empty = next((t for t in traces if t.spans.empty), None)
+    empty = next((t for t in parts if t.first_ns is None), None)
     if empty is not None:
         raise ProfileError(f"{empty.path}: no events popviz can use (host ops, kernels, "
                            "annotations): was torch.profiler running?")
     seen: dict[int, Path] = {}
-    for t in traces:
+    for t in parts:
         if t.rank in seen:
             raise ProfileError(f"rank {t.rank} given twice: {seen[t.rank]} and {t.path}")
         seen[t.rank] = t.path
-    world = max(t.world_size for t in traces)
+    world = max(t.world_size for t in parts)
     missing = sorted(set(range(world)) - set(seen))
-    if len(traces) > 1 and missing:
+    if len(parts) > 1 and missing:
         raise ProfileError(f"rank(s) {', '.join(map(str, missing))} of {world} missing: "
                            "give every rank's trace")
-    return sorted(traces, key=lambda t: t.rank)
+    return sorted(parts, key=lambda t: t.rank)
 
 
-def align(traces: list[KinetoTrace]) -> int:
+def align(parts: list[RankPart]) -> int:
     """Move every rank's times onto one clock (ns, 0 = first event of any rank); returns
     the origin in ns since the epoch."""
-    firsts = [t.base_ns + int(t.spans["start"].min()) for t in traces if len(t.spans)]
+    firsts = [t.base_ns + t.first_ns for t in parts if t.first_ns is not None]
     origin = min(firsts) if firsts else 0
-    for t in traces:
-        shift = t.base_ns - origin
-        t.spans["start"] += shift
-        t.spans["end"] += shift
-        t.memory["time"] += shift
+    for t in parts:
+        t.shift(origin)
     return origin
 
 
@@ -152,40 +148,6 @@ def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("start", kind="stable").reset_index(drop=True)
 
 
-def swept_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
-    """The stage columns with each instant of a rank counted once (the timeline sweep:
-    an async send under compute is compute time, not both), so that a rank's columns add
-    up to its step; `other` is the rest of the step (host time no event covers)."""
-    if trace.empty or stages.empty:
-        return stages
-    key = trace["ipu"].astype(np.int64) * 1_000_003 + trace["stage"].astype(np.int64)
-    groups, group = np.unique(key.to_numpy(), return_inverse=True)
-    times = metrics.sweep(group, trace["start"].to_numpy(), trace["end"].to_numpy(),
-                          metrics._codes(trace), len(groups), len(metrics.CATEGORIES))
-    cat = {c: i for i, c in enumerate(metrics.CATEGORIES)}
-    span = float(trace["end"].max() - trace["start"].min())
-    out = stages.copy()
-    for row in out.itertuples():
-        hit = np.flatnonzero(groups == row.ipu * 1_000_003 + row.stage)
-        t = times[hit[0]] if len(hit) else np.zeros(len(cat))
-        out.loc[row.Index, "forward_cycles"] = t[cat["forward"]]
-        out.loc[row.Index, "backward_cycles"] = t[cat["backward"]] + t[cat["compute"]]
-        out.loc[row.Index, "optimiser_cycles"] = t[cat["weight_update"]]
-        out.loc[row.Index, "exchange_cycles"] = t[cat["exchange"]] + t[cat["host_io"]]
-        out.loc[row.Index, "sync_cycles"] = t[cat["sync"]]
-        out.loc[row.Index, "idle_cycles"] = t[cat["idle"]]
-    busy = out[["forward_cycles", "backward_cycles", "optimiser_cycles", "exchange_cycles",
-                "sync_cycles", "idle_cycles"]].sum(axis=1)
-    per_rank = busy.groupby(out["ipu"]).transform("sum")
-    count = out.groupby("ipu")["stage"].transform("size")
-    out["other_cycles"] = np.maximum(0.0, span - per_rank) / count
-    mbs = out["stage"].map(trace[trace["microbatch"] >= 0].groupby("stage")["microbatch"]
-                           .nunique()).fillna(1).clip(lower=1)
-    out["forward_cycles_per_microbatch"] = out["forward_cycles"] / mbs
-    out["backward_cycles_per_microbatch"] = out["backward_cycles"] / mbs
-    return out
-
-
 def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
     """Micro-batch of compute no annotation numbered (Schedule1F1B writes none): on a rank
     with one stage, a forward (backward) belongs to the micro-batch of the next activation
@@ -227,35 +189,11 @@ def _snapshots(memory_snapshot: Any, n: int) -> list[Path | None]:
     return [Path(p) for p in items] + [None] * (n - len(items))
 
 
-def liveness_of(t: KinetoTrace, lab: kev.Labeller, snapshot: Path | None,
-                origin: int) -> pd.DataFrame:
-    if snapshot is not None:
-        time, allocated, _ = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
-                                                     snapshot)
-        time = time - origin
-    else:
-        time, allocated = memsnap.trace_series(t.memory)
-    time, allocated = memsnap.thin(time, allocated)
-    stage, ps, mb = lab.label(time)
-    if len(t.spans):  # a snapshot may come from another run: no phase outside the trace
-        outside = (time < t.spans["start"].min()) | (time > t.spans["end"].max())
-        ps[outside], mb[outside] = "", -1
-    return memsnap.liveness_rows(t.rank, time, allocated, (stage, ps, mb))
-
-
-def import_tables(traces: list[KinetoTrace], snapshots: list[Path | None],
-                  origin: int) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]]]:
-    events, calls, lives, ops, info = [], [], [], [], []
-    for t, snap in zip(traces, snapshots):
-        lab = kev.Labeller(t.spans, t.rank)
-        on_gpu = t.spans["cat"].isin(kev.GPU_CATS).any()
-        events.append(kev.gpu_events(t.spans, t.rank, lab) if on_gpu
-                      else kev.cpu_events(t.spans, t.rank, lab))
-        calls.append(kev.p2p_calls(t.spans, t.rank, lab).assign(on_gpu=on_gpu))
-        lives.append(liveness_of(t, lab, snap, origin))
-        ops.append(ops_table(t.spans, t.rank, lab))
-        info += [{"stage": s, "ipu": t.rank} for s in lab.stages]
-    p2p = match_p2p(calls)
+def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
+                                                  list[dict[str, Any]]]:
+    events = [t.events for t in parts]
+    info = [{"stage": s, "ipu": t.rank} for t in parts for s in t.stages]
+    p2p = match_p2p([t.calls for t in parts])
     if len(p2p):
         events.append(p2p_events(p2p[~p2p["on_gpu"].astype(bool)]))
     trace = pd.concat([e for e in events if len(e)] or events[:1], ignore_index=True)
@@ -263,12 +201,12 @@ def import_tables(traces: list[KinetoTrace], snapshots: list[Path | None],
                                               "step", "bytes", "peer")})
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
     number_by_transfers(trace, p2p)
-    liveness = pd.concat(lives, ignore_index=True)
+    liveness = pd.concat([t.liveness for t in parts], ignore_index=True)
     result = {
         "trace": trace, "liveness": liveness,
-        "stages": swept_stages(tbl.stages_table(trace, liveness, info, 1), trace),
+        "stages": tbl.stages_table(trace, liveness, info, 1),
         "exchange": exchange_rows(p2p, trace),
-        "ops": renumber(pd.concat(ops, ignore_index=True)),
+        "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
     }
     return result, info
@@ -285,7 +223,7 @@ def run_name(paths: list[Path]) -> str:
     return shared or paths[0].resolve().parent.name
 
 
-def import_meta(traces: list[KinetoTrace], info: list[dict[str, Any]], origin: int,
+def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
                 snapshots: list[Path | None], trace: pd.DataFrame) -> dict[str, Any]:
     first = traces[0]
     device = (first.meta.get("deviceProperties") or [{}])[0].get("name")
@@ -295,11 +233,12 @@ def import_meta(traces: list[KinetoTrace], info: list[dict[str, Any]], origin: i
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})
     options = {"strategy": "pipelined" if len(stages) > 1 else "single",
-               "schedule": None, "gradient_accumulation": max(1, mbs),
+               "schedule": schedule_name(traces), "gradient_accumulation": max(1, mbs),
                "device_iterations": 1, "replication_factor": 1,
                "available_memory_proportion": None, "precision": None,
                "recomputation": False, "splits": [], "microbatches": max(1, mbs),
-               "micro_batch_size": 1, "stages_per_rank": max(1, len(stages) // len(ranks)),
+               "micro_batch_size": micro_batch_size(traces),
+               "stages_per_rank": max(1, len(stages) // len(ranks)),
                "steps": 1}
     return {
         "kind": "measured",
@@ -319,21 +258,25 @@ def import_meta(traces: list[KinetoTrace], info: list[dict[str, Any]], origin: i
 
 def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                  memory_snapshot: PathLike | Iterable[PathLike] | None = None, *,
-                 command_line: str | None = None) -> Path:
+                 command_line: str | None = None, workers: int = 1) -> Path:
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
-    (a .h5 path or a directory to hold profile.h5); returns its path."""
+    (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
+    (0: one per CPU) the ranks are parsed in that many worker processes."""
     from popviz.format.writer import write_profile
 
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    snapshots = _snapshots(memory_snapshot, len(paths))
     # millions of short-lived dicts and lists, none in a cycle: the cyclic collector would
     # rescan them all again and again (4x the parse time on a 300k-event trace)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        traces = read_ranks(paths)
-        snapshots = _snapshots(memory_snapshot, len(traces))
+        traces = read_ranks(paths, workers)
+        for t, snap in zip(traces, snapshots):  # in rank order
+            if snap is not None:
+                use_snapshot(t, snap)
         origin = align(traces)
-        result, info = import_tables(traces, snapshots, origin)
+        result, info = import_tables(traces)
     finally:
         if collecting:
             gc.enable()

@@ -19,8 +19,7 @@ from popviz.metrics import (
     fits,
     idle_fraction,
     peak_liveness,
-    stage_columns,
-    stage_time,
+    stage_table_times,
     step_time,
 )
 from popviz.vocab import MEASURED_KIND, rank_label
@@ -179,25 +178,28 @@ def renumber_ops(ops: pd.DataFrame) -> pd.DataFrame:
 
 def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[dict],
                  steps: int) -> pd.DataFrame:
-    """Per stage: mean ns per recorded step of forward, backward, transfer and waiting,
-    each instant of a rank counted once (popviz.metrics.stage_time)."""
+    """Per stage: mean ns per recorded step of forward, backward, transfer, waiting and
+    the rest of the rank's step, from the metrics core (popviz.metrics.stage_table_times:
+    each instant of a rank counted once, a rank's columns adding up to the step time)."""
     steps = max(1, steps)
-    n = max((int(info["stage"]) for info in stage_info), default=-1) + 1
-    times = stage_columns(stage_time(trace, n)) / steps
+    pairs = pd.DataFrame({"stage": [int(i["stage"]) for i in stage_info],
+                          "ipu": [int(i["ipu"]) for i in stage_info]})
+    times = stage_table_times(trace, pairs, steps)
     peaks = peak_liveness(liveness)
     rows = []
-    for info in stage_info:
+    for k, info in enumerate(stage_info):
         s, rank = info["stage"], info["ipu"]
         comp = trace[(trace["stage"] == s) & (trace["kind"] == "compute")]
-        t = times.loc[s]
+        t = times.iloc[k]
         microbatches = max(1, comp.loc[comp["pass"] == "F", "microbatch"].nunique())
         rows.append({
             "stage": s, "ipu": rank, "forward_cycles": t["forward_cycles"],
-            "backward_cycles": t["backward_cycles"], "recompute_cycles": 0.0,
+            "backward_cycles": t["backward_cycles"],
+            "recompute_cycles": t["recompute_cycles"],
             "exchange_cycles": t["exchange_cycles"], "idle_cycles": t["idle_cycles"],
             "stash_bytes": int(info.get("stash_bytes", 0)),
             "peak_bytes": int(peaks.get(rank, 0)),
-            "optimiser_cycles": t["optimiser_cycles"], "other_cycles": 0.0,
+            "optimiser_cycles": t["optimiser_cycles"], "other_cycles": t["other_cycles"],
             "sync_cycles": t["sync_cycles"],
             "first_layer": info.get("first_layer", ""),
             "last_layer": info.get("last_layer", ""), "steps": steps,
@@ -207,13 +209,6 @@ def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[d
             "boundary_bytes": int(info.get("boundary_bytes", 0)),
         })
     frame = pd.DataFrame(rows, columns=STAGE_COLUMNS)
-    # host time between the timed actions (Python, the schedule's bookkeeping), shared
-    # by the stages of a rank, so that a rank's columns add up to its step time
-    for rank, group in frame.groupby("ipu"):
-        busy = group[["forward_cycles", "backward_cycles", "exchange_cycles",
-                      "idle_cycles", "optimiser_cycles"]].to_numpy().sum()
-        other = max(0.0, step_time(trace[trace["ipu"] == rank]) - busy)
-        frame.loc[group.index, "other_cycles"] = other / len(group)
     return frame.sort_values("stage").reset_index(drop=True)
 
 
@@ -223,7 +218,9 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
     trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
     opts = meta.get("options", {})
     step_ns = step_time(trace)
-    samples = int(opts.get("micro_batch_size", 1)) * int(opts.get("microbatches", 1))
+    # an imported trace may not tell its micro-batch size (None): then no sample count
+    micro_batch = opts.get("micro_batch_size", 1)
+    samples = int(micro_batch) * int(opts.get("microbatches", 1)) if micro_batch else None
     ranks = sorted(int(r) for r in trace["ipu"].unique()) if len(trace) else []
     steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
     work = stages["forward_cycles"] + stages["backward_cycles"]
@@ -234,13 +231,13 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
         "step_ms": step_ns / 1e6, "samples_per_step": samples,
-        "throughput": samples / (step_ns / 1e9) if step_ns > 0 else None,
+        "throughput": samples / (step_ns / 1e9) if samples and step_ns > 0 else None,
         "latency_ms": None, "training": True,
         "idle_fraction": idle_fraction(trace),
         "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
         "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
         "schedule": opts.get("schedule"), "strategy": "pipelined",
-        "micro_batch_size": int(opts.get("micro_batch_size", 1)),
+        "micro_batch_size": int(micro_batch) if micro_batch else None,
         "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,
         "liveness_steps": int(live["step"].nunique()) if len(live) else 0,
         "exchange_bytes": int(tables["exchange"]["bytes"].sum()),

@@ -1,0 +1,129 @@
+"""One rank's share of `popviz import`: parse its trace and build its tables, in a worker
+process when there are several ranks (each rank's parse is independent CPU work, and the
+raw events then never reach the main process: it receives only the rank's tables).
+
+Times are on the rank's own clock (ns since its `baseTimeNanoseconds`) until the importer
+knows every rank's first event; `RankPart.shift` then moves them onto the common one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.measure import kineto_events as kev
+from popviz.measure import memsnap
+from popviz.measure.kineto import read_trace
+from popviz.measure.kineto_ops import ops_table
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass
+class RankPart:
+    """What the importer keeps of one rank: the file's fields and the rank's tables."""
+
+    path: Path
+    meta: dict[str, Any]
+    rank: int
+    world_size: int
+    backend: str
+    base_ns: int
+    first_ns: int | None  # first event on the rank's clock; None: no usable event
+    on_gpu: bool = False
+    stages: list[int] = field(default_factory=list)
+    events: pd.DataFrame = field(default_factory=pd.DataFrame)
+    calls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    liveness: pd.DataFrame = field(default_factory=pd.DataFrame)
+    ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    actions: list[str] = field(default_factory=list)  # pipelining's labels, in order
+    first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
+    labeller: kev.Labeller | None = None
+    window: tuple[int, int] = (0, 0)  # first start, last end (rank clock)
+
+    def shift(self, origin: int) -> None:
+        """Move every time from the rank's clock onto the common one (0 = `origin`)."""
+        by = self.base_ns - origin
+        for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
+                            (self.ops, ("start", "end")), (self.liveness, ("time",))):
+            for c in cols:
+                if c in frame.columns and len(frame):
+                    frame[c] = frame[c].astype("int64") + by
+
+
+def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.DataFrame:
+    """The rank's liveness table from allocated bytes over time (rank clock), each sample
+    labelled with the stage, pass and micro-batch running then."""
+    time, allocated = memsnap.thin(time, allocated)
+    stage, ps, mb = part.labeller.label(time)
+    lo, hi = part.window  # a snapshot may come from another run: no phase outside the trace
+    outside = (time < lo) | (time > hi)
+    ps[outside], mb[outside] = "", -1
+    return memsnap.liveness_rows(part.rank, time, allocated, (stage, ps, mb))
+
+
+def use_snapshot(part: RankPart, snapshot: Path) -> None:
+    """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's."""
+    time, allocated, _ = memsnap.snapshot_series(memsnap.read_snapshot(snapshot), snapshot)
+    part.liveness = liveness_of(part, time - part.base_ns, allocated)  # snapshot: epoch ns
+
+
+def rank_part(path: PathLike) -> RankPart:
+    """Parse one rank's trace and build its tables (rank clock)."""
+    t = read_trace(path)
+    spans = t.spans
+    part = RankPart(path=t.path, meta=t.meta, rank=t.rank, world_size=t.world_size,
+                    backend=t.backend, base_ns=t.base_ns,
+                    first_ns=int(spans["start"].min()) if len(spans) else None)
+    if spans.empty:
+        return part
+    lab = part.labeller = kev.Labeller(spans, t.rank)
+    part.window = (int(spans["start"].min()), int(spans["end"].max()))
+    part.on_gpu = bool(spans["cat"].isin(kev.GPU_CATS).any())
+    part.events = (kev.gpu_events(spans, t.rank, lab) if part.on_gpu
+                   else kev.cpu_events(spans, t.rank, lab))
+    part.calls = kev.p2p_calls(spans, t.rank, lab).assign(on_gpu=part.on_gpu)
+    part.liveness = liveness_of(part, *memsnap.trace_series(t.memory))
+    part.ops = ops_table(spans, t.rank, lab)
+    part.stages = [int(s) for s in lab.stages]
+    act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]
+    part.actions = act.sort_values("start", kind="stable")["label"].astype(str).tolist()
+    part.first_ops = first_ops(part.ops, annotated=bool(part.actions))
+    return part
+
+
+def first_ops(ops: pd.DataFrame, annotated: bool) -> dict[int, tuple[str, str]]:
+    """Per stage: (name, input shapes) of its first top-level forward op with shapes,
+    inside a numbered micro-batch when the schedule annotated them (before the schedule
+    runs, the whole batch is split: those ops see the batch, not a micro-batch)."""
+    if ops.empty or "shapes" not in ops.columns:
+        return {}
+    fwd = ops[(ops["pass"] == "F") & (ops["stage"] >= 0) & ops["top_level"].astype(bool)
+              & (ops["shapes"].astype(str).str.len() > 2)]
+    if annotated:
+        fwd = fwd[fwd["microbatch"] >= 0]
+    fwd = fwd.sort_values("start", kind="stable").drop_duplicates("stage")
+    return {int(s): (str(o), str(d)) for s, o, d in zip(fwd["stage"], fwd["op"],
+                                                          fwd["shapes"])}
+
+
+def rank_parts(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
+    """`rank_part` of every file, in order: in this process (workers=1, the default), else
+    in up to `workers` worker processes (0: one per CPU), at most one per file. Workers
+    cut the wall time on idle cores but each holds a parse's temporaries at once, so the
+    process tree's peak memory grows with their number (docs/import.md)."""
+    workers = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
+    if workers < 2:
+        return [rank_part(p) for p in paths]
+    # fork: the workers start without importing popviz again (Linux); spawn elsewhere
+    method = "fork" if sys.platform == "linux" else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method)) as pool:
+        return list(pool.map(rank_part, paths))

@@ -1,0 +1,81 @@
+"""What an imported trace says of its pipeline schedule and micro-batch size; None when it
+does not say (never a guess). See docs/import.md, "Schedule and micro-batch size".
+
+Schedule family, from the order of the forward / backward actions pipelining annotates on
+each rank (`PP:{stage}{F|B|I|W}{mb}`, or ScheduleGPipe's `Forward i` / `Backward i`):
+a rank that runs a backward before its last forward interleaves them (1F1B), else every
+forward comes first (GPipe); with several stages on a rank those are Interleaved1F1B and
+LoopedBFS. Split backwards (I / W actions: the zero-bubble schedules) and a trace without
+actions (Schedule1F1B writes none) give None.
+
+Micro-batch size: the leading dimension of the first input of stage 0's first top-level
+forward op inside an annotated micro-batch. Without annotations only a single rank with a
+single stage (no pipeline: the batch is the micro-batch) gives one; a pipeline that numbers
+no micro-batch (Schedule1F1B) splits the batch before its first op, so None. An
+embedding's first input is its weight: its indices (the second input) carry the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from popviz.measure.import_rank import RankPart
+from popviz.measure.kineto_events import PP_ACTION, SINGLE_STAGE
+
+BATCH_SECOND = re.compile(r"^aten::embedding")  # (weight, indices, ...)
+
+
+def _passes(actions: list[str]) -> list[str] | None:
+    """F / B per annotated action in order; None if a backward is split (I / W)."""
+    out = []
+    for label in actions:
+        m = PP_ACTION.match(label)
+        if m:
+            if m[2] in ("I", "W"):
+                return None
+            out.append(m[2])
+            continue
+        m = SINGLE_STAGE.match(label)
+        if m:
+            out.append(m[1][0])
+    return out
+
+
+def schedule_name(parts: list[RankPart]) -> str | None:
+    """GPipe, 1F1B, LoopedBFS or Interleaved1F1B from the ranks' annotated actions."""
+    interleaved = False
+    for part in parts:
+        passes = _passes(part.actions)
+        if passes is None:
+            return None
+        if "F" in passes and "B" in passes:
+            last_f = len(passes) - 1 - passes[::-1].index("F")
+            interleaved |= "B" in passes[:last_f]
+    if not any(part.actions for part in parts):
+        return None
+    looped = max(len(part.stages) for part in parts) > 1
+    if looped:
+        return "Interleaved1F1B" if interleaved else "LoopedBFS"
+    return "1F1B" if interleaved else "GPipe"
+
+
+def micro_batch_size(parts: list[RankPart]) -> int | None:
+    """The first stage's first forward op's batch dimension (see the module doc)."""
+    annotated = any(part.actions for part in parts)
+    if not annotated and (len(parts) > 1 or any(len(p.stages) > 1 for p in parts)):
+        return None  # a pipeline that numbers no micro-batch: its first op sees the batch
+    firsts = [(stage, part.first_ops[stage]) for part in parts for stage in part.first_ops]
+    if not firsts:
+        return None
+    op, shapes = min(firsts)[1]
+    try:
+        dims = json.loads(shapes)
+        dims = json.loads(dims) if isinstance(dims, str) else dims  # a quoted list (CPU)
+    except ValueError:
+        return None
+    at = 1 if BATCH_SECOND.match(op) else 0
+    if not isinstance(dims, list) or len(dims) <= at or not isinstance(dims[at], list) \
+            or not dims[at] or not isinstance(dims[at][0], int) or dims[at][0] < 1:
+        return None
+    return int(dims[at][0])
