@@ -36,6 +36,12 @@ TILE_AMBER = 0.90  # fullest tile's share from which a fitting IPU is amber, not
 DEFAULT_AMP = 0.6  # availableMemoryProportion when none is set (docs/hardware.md)
 MIN_AMP = 0.05  # lower end of the reasonable AMP range (docs/hardware.md)
 
+# --- always-live: one meaning on every page (PopVision's, docs/hardware.md) ------------
+ALWAYS_LIVE = "always-live"
+ALWAYS_LIVE_MEANING = ("everything present for the whole program: code, always-live "
+                       "variables such as weights and optimiser state, exchange buffers, "
+                       "vertex state")
+
 # --- trace categories ------------------------------------------------------------------
 # An instant covered by several events goes to the first category listed here: compute
 # (by pass) beats exchange beats host_io beats sync beats idle. Drawing order is the same.
