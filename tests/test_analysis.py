@@ -208,3 +208,14 @@ def test_measured_other_cycles_count_as_busy() -> None:
     bal = analysis.stage_balance(stages)
     assert bal["busy_cycles"].tolist() == [400, 300]
     assert analysis.bottleneck_stage(stages)["stage"] == 0
+
+
+def test_query_table_text_cache_gives_the_same_rows() -> None:
+    ops = pd.DataFrame({"op": ["aten.Conv", "aten.relu", "aten.conv_bw", "aten.mm"],
+                        "cycles": [30, 5, 60, 20]})
+    texts: dict = {}
+    for _ in range(2):  # the second call reads the cached column
+        rows, total = analysis.query_table(ops, "{op} contains conv && {cycles} > 10",
+                                           texts=texts)
+        assert rows["op"].tolist() == ["aten.Conv", "aten.conv_bw"] and total == 2
+    assert list(texts) == ["op"] and texts["op"].tolist()[0] == "aten.conv"
