@@ -9,7 +9,7 @@ import pandas as pd
 from dash import html
 
 from popviz import figures
-from popviz.figures.style import fmt_bytes
+from popviz.figures.style import fmt_bytes, pretty
 from popviz.vocab import IMBALANCE_LIMIT, TILE_AMBER, Naming
 
 from ..cache import Entry
@@ -88,7 +88,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "used": [fmt_bytes(x) for x in fullest["total_bytes"]],
             "capacity": [fmt_bytes(x) for x in fullest["capacity_bytes"]],
             "utilisation": [f"{u:.1%}" for u in fullest["utilisation"]],
-            "largest category": fullest["largest_category"].str.replace("_", " "),
+            "largest category": fullest["largest_category"].map(pretty),
         })
     peaks = info["peaks"]
     if len(peaks):
