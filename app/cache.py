@@ -92,6 +92,10 @@ class Entry:
             return self.derived[key]
 
 
+VIRTUAL_PREFIX = "@"  # resolve_profile refuses no such name; no file is opened for it
+VIRTUAL_CAPACITY = 8
+
+
 class ProfileCache:
     """LRU of open profiles keyed by real path and file stamp (a rewritten file reopens)."""
 
@@ -106,12 +110,36 @@ class ProfileCache:
         self._lock = threading.Lock()
         self._opening: dict[tuple[str, float, int], threading.Lock] = {}
         self._listing: dict[str, tuple[tuple[float, int], dict[str, Any]]] = {}
+        # in-memory profiles (tune plans) under names no file can have: served, never
+        # written into the folder being served; bounded, oldest dropped first
+        self._virtual: OrderedDict[str, Entry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def register_virtual(self, rel: str, profile: Any) -> Entry:
+        """Serve an in-memory profile (a `ReportProfile`) under `rel`, which must start
+        with VIRTUAL_PREFIX; at most VIRTUAL_CAPACITY are kept."""
+        if not rel.startswith(VIRTUAL_PREFIX):
+            raise ValueError(f"a virtual profile name starts with {VIRTUAL_PREFIX!r}: {rel}")
+        with self._lock:
+            entry = self._virtual.get(rel)
+            if entry is None:
+                entry = self._virtual[rel] = Entry(profile, rel)
+            self._virtual.move_to_end(rel)
+            while len(self._virtual) > VIRTUAL_CAPACITY:
+                self._virtual.popitem(last=False)
+        return entry
+
     def get(self, rel: str | None) -> Entry:
         """The entry for `rel`; raises PathRefused or ProfileError (one line)."""
+        if rel and rel.startswith(VIRTUAL_PREFIX):
+            with self._lock:
+                entry = self._virtual.get(rel)
+            if entry is None:
+                raise ProfileError(f"{rel}: this in-memory plan is gone (the server "
+                                   "restarted or dropped it); run tune again")
+            return entry
         path = resolve_profile(self.root, rel)
         stat = path.stat()
         key = (str(path), stat.st_mtime, stat.st_size)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -18,6 +18,7 @@ from popviz.figures.lod import TraceIndex
 from popviz.vocab import MODELLED, Naming, naming_for
 
 from .cache import Entry, PathRefused, ProfileCache, relative_message
+from .tune_jobs import TuneJobs
 
 GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True,
                 "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -31,6 +32,7 @@ ID_COLUMNS = {"ipu", "tile", "stage", "step", "peak_step", "microbatch", "first_
 class AppContext:
     root: Path
     cache: ProfileCache
+    tune_jobs: TuneJobs = field(default_factory=TuneJobs)  # /tune's background searches
 
 
 def profile_of(search: str | None) -> str:

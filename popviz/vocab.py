@@ -32,8 +32,15 @@ def is_measured(kind: Any) -> bool:
 IMBALANCE_LIMIT = 1.15  # busiest stage over the mean before we call it a bottleneck
 BUBBLE_LIMIT = 0.30  # idle share of the step worth acting on (advice and every warning)
 NEARLY_FULL = 0.70  # fullest tile's share of its capacity past which AMP is not raised
+TILE_AMBER = 0.90  # fullest tile's share from which a fitting IPU is amber, not green
 DEFAULT_AMP = 0.6  # availableMemoryProportion when none is set (docs/hardware.md)
 MIN_AMP = 0.05  # lower end of the reasonable AMP range (docs/hardware.md)
+
+# --- always-live: one meaning on every page (PopVision's, docs/hardware.md) ------------
+ALWAYS_LIVE = "always-live"
+ALWAYS_LIVE_MEANING = ("everything present for the whole program: code, always-live "
+                       "variables such as weights and optimiser state, exchange buffers, "
+                       "vertex state")
 
 # --- trace categories ------------------------------------------------------------------
 # An instant covered by several events goes to the first category listed here: compute

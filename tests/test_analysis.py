@@ -176,7 +176,8 @@ def test_advice_for_a_bottleneck_stage_and_bubbles() -> None:
     tm = _tiles([(0, 0, 400, 400), (1, 0, 400, 400), (2, 0, 400, 400)])
     advice = analysis.advise(_meta({}, accumulation=4), stages, tm)
     texts = [a.text for a in advice]
-    assert any("Stage 1 on IPU1 is the bottleneck" in t and "Move split 'b2' earlier" in t
+    # no ops table, so no split move (tests/test_pipeline_advice.py has those)
+    assert any("Stage 1 on IPU1 is the bottleneck" in t and "compute-bound" in t
                for t in texts)
     assert any("raise gradient accumulation (now 4)" in t for t in texts)
     assert all(a.severity != "error" for a in advice)
@@ -207,3 +208,14 @@ def test_measured_other_cycles_count_as_busy() -> None:
     bal = analysis.stage_balance(stages)
     assert bal["busy_cycles"].tolist() == [400, 300]
     assert analysis.bottleneck_stage(stages)["stage"] == 0
+
+
+def test_query_table_text_cache_gives_the_same_rows() -> None:
+    ops = pd.DataFrame({"op": ["aten.Conv", "aten.relu", "aten.conv_bw", "aten.mm"],
+                        "cycles": [30, 5, 60, 20]})
+    texts: dict = {}
+    for _ in range(2):  # the second call reads the cached column
+        rows, total = analysis.query_table(ops, "{op} contains conv && {cycles} > 10",
+                                           texts=texts)
+        assert rows["op"].tolist() == ["aten.Conv", "aten.conv_bw"] and total == 2
+    assert list(texts) == ["op"] and texts["op"].tolist()[0] == "aten.conv"

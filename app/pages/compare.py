@@ -18,7 +18,7 @@ from popviz.errors import ProfileError
 from popviz.figures import compare as cf
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
-from ..cache import Entry, PathRefused
+from ..cache import VIRTUAL_PREFIX, Entry, PathRefused
 from ..common import AppContext, graph, message, table
 
 PATH = "/compare"
@@ -111,6 +111,7 @@ def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
 
 def _pickers(ctx: AppContext, a: str, b: str) -> html.Div:
     names = [r["profile"] for r in ctx.cache.listing() if not r.get("error")]
+    names += [n for n in (a, b) if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
     opts = [{"label": n, "value": n} for n in names]
     return html.Div([
         html.Span("A", className="label"),

@@ -12,6 +12,7 @@ from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
 from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
+from popviz.analysis.memory import always_live_from_liveness, always_live_text
 from popviz.figures.liveness_sections import liveness_sections_figure
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
@@ -116,8 +117,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "not-always-live: the activations it stashes for the backward pass, per compute "
             "action. Black triangles mark bumps. Click the curve to list the "
             "stashed micro-batches." if naming(entry).measured else
-            "Stacked: always-live (everything present for the whole program: the memory "
-            "page's code + always-live + exchange buffers), activations (stashed, "
+            "Stacked: always-live (as on the memory page), activations (stashed, "
             "recomputed, inputs) and temporaries "
             "(one op's working memory, shown apart so the activation curve is visible). "
             "Bands: forward, backward, recompute (sections numbered: R3 recomputes section "
@@ -125,9 +125,12 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "Black triangles: one bump per section whose activations rise and fall. The "
             "y-axis fits the data; the IPU's memory is drawn when on scale, named when not. "
             "Click the curve to list live variables.")
+    always = always_live_from_liveness(entry.profile.liveness)
     return html.Div([
         html.H2(title_of(entry)),
         html.P(hint, className="hint"),
+        *([html.P(always_live_text(always, naming(entry).label), id="always-live",
+                  className="hint")] if always and not naming(entry).measured else []),
         graph("live-graph", liveness(ctx, entry)),
         html.H3(head, id="live-vars-head"),
         html.Div(table("live-vars", live), id="live-vars-box"),

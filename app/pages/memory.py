@@ -10,6 +10,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
+from popviz.analysis.memory import always_live_by_ipu, always_live_text
 from popviz.figures.memory import TILE_MAP_COLUMNS
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
@@ -81,6 +82,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     worst = min(fit["oom_by_ipu"]) if fit["oom_by_ipu"] else ipus[0]
     return html.Div([
         html.H2(title_of(entry)),
+        html.P(always_live_text(always_live_by_ipu(tm), ipu_label), id="always-live",
+               className="hint"),
         graph("mem-totals", totals(ctx, entry)),
         html.Div([html.Span("IPU ", className="label"),
                   dcc.Dropdown(id="mem-ipu", options=[{"label": ipu_label(i), "value": i}

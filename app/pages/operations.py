@@ -45,7 +45,9 @@ def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
     """(rows of the page, page count, a message: '' or why the filter failed)."""
     ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
     try:
-        rows, total = analysis.query_table(ops, filter_query, sort_by, number, size)
+        texts = entry.get("ops_texts", dict)  # lower-cased text columns, built once each
+        rows, total = analysis.query_table(ops, filter_query, sort_by, number, size,
+                                           texts=texts)
         note = f"{total:,} of {len(ops):,} ops"
     except ValueError as exc:
         rows, total = ops.iloc[0:0], 0

@@ -9,8 +9,8 @@ import pandas as pd
 from dash import html
 
 from popviz import figures
-from popviz.figures.style import fmt_bytes
-from popviz.vocab import IMBALANCE_LIMIT, Naming
+from popviz.figures.style import fmt_bytes, pretty
+from popviz.vocab import IMBALANCE_LIMIT, TILE_AMBER, Naming
 
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, insights, naming, table, title_of
@@ -34,7 +34,10 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
         verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]
         fit_card = _card("memory", f"{verdict} (no per-tile data)", "")
     elif fit["fits"]:
-        fit_card = _card("memory", f"fits · fullest tile {fit['max_utilisation']:.0%}", "good")
+        # amber from TILE_AMBER: a nearly-full tile fits but leaves nothing to spare
+        tight = float(fit.get("max_utilisation") or 0) >= TILE_AMBER
+        fit_card = _card("memory", f"fits · fullest tile {fit['max_utilisation']:.0%}"
+                         + (" · little headroom" if tight else ""), "warn" if tight else "good")
     else:
         by_ipu = ", ".join(f"{words.label(k)}: {v}" for k, v in sorted(fit["oom_by_ipu"].items()))
         fit_card = _card("memory", f"OUT OF MEMORY · {fit['oom_tiles']} tiles ({by_ipu})",
@@ -50,6 +53,8 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
             step += f" ({float(info['step_ms']):,.3f} ms)"
         cards.append(_card("step", step))
     b = info["bottleneck"]
+    if int(info.get("num_ipus") or 0) < 2:  # one device: no pipeline to balance or fill
+        return html.Div(cards, className="cards")
     if b:
         cards.append(_card("bottleneck", f"stage {b['stage']} on {words.label(b['ipu'])} · "
                            f"{b['relative_load']:.2f}x mean",
@@ -83,7 +88,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "used": [fmt_bytes(x) for x in fullest["total_bytes"]],
             "capacity": [fmt_bytes(x) for x in fullest["capacity_bytes"]],
             "utilisation": [f"{u:.1%}" for u in fullest["utilisation"]],
-            "largest category": fullest["largest_category"].str.replace("_", " "),
+            "largest category": fullest["largest_category"].map(pretty),
         })
     peaks = info["peaks"]
     if len(peaks):

@@ -13,7 +13,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree
-from popviz.figures.tree import program_tree_figure
+from popviz.figures.tree import program_tree_figure, stage_colour
 from popviz.units import fmt_bytes
 
 from ..cache import Entry
@@ -68,6 +68,22 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
             table("tree-node-ops", ops[cols].head(25), words=words)]
 
 
+def _stage_key(entry: Entry, words: Any) -> html.Div:
+    """What each box colour means: one swatch per stage, with its device."""
+    stages = entry.profile.stages
+    if stages.empty:
+        return html.Div()
+    swatch = {"display": "inline-block", "width": 12, "height": 12, "marginRight": 4,
+              "verticalAlign": "middle"}
+    items = [html.Span([html.Span(style={**swatch, "background": stage_colour(str(int(s)))}),
+                        f"stage {int(s)} ({words.label(int(i))})"],
+                       style={"marginRight": 14})
+             for s, i in zip(stages["stage"], stages["ipu"], strict=True)]
+    items.append(html.Span([html.Span(style={**swatch, "background": stage_colour("0-1")}),
+                            "several stages"]))
+    return html.Div(items, className="hint", id="tree-key")
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     frame = tree_of(entry)
     if frame.empty:
@@ -81,6 +97,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "pass (forward, backward, recompute, optimiser), coloured by stage (grey: "
                "several stages). Click a box to zoom into it and list its ops; click the "
                "bar at the top to go back up.", className="hint"),
+        _stage_key(entry, words),
         graph("tree-graph", tree(ctx, entry)),
         html.Div(node_panel(entry, ROOT), id="tree-node"),
         downloads(entry.rel, ["ops"], list(FIGURES)),

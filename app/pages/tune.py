@@ -1,10 +1,10 @@
-"""`/tune`: run `popviz tune` on the open profile, rank its plans, draw throughput against
-peak memory (Pareto), and compare any plan with the current profile on /compare (the plan
-is compiled and written under `tune-plans/` in the served directory)."""
+"""`/tune`: run `popviz tune` on the open profile in the background (app.tune_jobs; the
+page polls the job), rank its plans, draw throughput against peak memory (Pareto), and
+compare any plan with the current profile on /compare. The plan is compiled in memory and
+served under a virtual name (`@tune/...`): nothing is written into the served folder."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,11 +12,12 @@ import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from popviz.advise.plans import plans_table, run_tune, write_plan
+from popviz.advise.plans import compile_plan, plans_table, run_tune
 from popviz.errors import ProfileError
 from popviz.figures.tune import tune_figure
+from popviz.synthetic import ReportProfile
 
-from ..cache import Entry
+from ..cache import VIRTUAL_PREFIX, Entry
 from ..common import AppContext, capacity_per_ipu, graph, message, profile_of, table, title_of
 
 PATH = "/tune"
@@ -24,29 +25,26 @@ TITLE = "Tune"
 NEEDS_PROFILE = True
 FIGURES: dict[str, Any] = {}
 DEFAULT_BUDGET = 16
-PLANS_DIR = "tune-plans"
+POLL_MS = 700
 SHOWN = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "throughput",
          "throughput_per_ipu", "vs_now", "step_ms", "idle_fraction", "peak_MiB",
          "fullest_tile", "pareto"]
 
 
-def _key(budget: int) -> tuple[str, int]:
-    return ("tune", int(budget))
+def _plan_rel(entry: Entry, budget: int, rank: int) -> str:
+    """The virtual name a compiled plan is served under (app.cache.VIRTUAL_PREFIX)."""
+    return f"{VIRTUAL_PREFIX}tune/{entry.rel}/budget{budget}/plan{rank}"
 
 
-def _plan_path(ctx: AppContext, entry: Entry, budget: int, rank: int) -> tuple[str, Any]:
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", entry.rel).strip("_")
-    rel = f"{PLANS_DIR}/{slug}/budget{budget}/plan{rank}/profile.h5"
-    return rel, ctx.root / rel
-
-
-def results(ctx: AppContext, entry: Entry, budget: int) -> list[Any]:
-    """The ranked plans, the Pareto figure and a compare link per plan."""
+def _budget(value: Any) -> int:
     try:
-        result = entry.get(_key(budget), lambda: run_tune(entry.profile,
-                                                          max_compiles=budget))
-    except (ProfileError, ValueError) as exc:
-        return [message(str(exc))]
+        return max(2, min(200, int(value or DEFAULT_BUDGET)))
+    except (TypeError, ValueError):
+        return DEFAULT_BUDGET
+
+
+def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any]:
+    """The ranked plans, the Pareto figure and a compare link per plan."""
     plans = plans_table(result)
     shown = plans.assign(peak_MiB=(plans["peak_bytes"] / 2**20).round(1),
                          throughput=plans["throughput"].round().astype("int64"),
@@ -78,38 +76,63 @@ def results(ctx: AppContext, entry: Entry, budget: int) -> list[Any]:
     ]
 
 
+def poll(ctx: AppContext, entry: Entry, budget: int) -> tuple[list[Any], bool]:
+    """(what the results area shows, whether to stop polling) for the job of `budget`."""
+    job = ctx.tune_jobs.get(entry.rel, budget)
+    if job is None:
+        return [message("Press Run tune (about a second per compile, in the background).",
+                        "info")], True
+    if job.state == "error":
+        return [message(job.error)], True
+    if job.state != "done":
+        return [html.Div(job.progress(), className="status", id="tune-progress")], False
+    return results(ctx, entry, budget, job.result), True
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.kind != "modelled":
         return html.Div([html.H2(title_of(entry)), message(
             "A measured profile holds no recorded program to re-plan; tune needs a modelled "
             "one (train.py --profile).", "info")])
-    cached = entry.derived.get(_key(DEFAULT_BUDGET)) if hasattr(entry, "derived") else None
+    if entry.rel.startswith(VIRTUAL_PREFIX):
+        return html.Div([html.H2(title_of(entry)), message(
+            "This is a tune plan held in memory; tune the profile it came from.", "info")])
+    shown, done = poll(ctx, entry, DEFAULT_BUDGET)
     return html.Div([
         html.H2(title_of(entry)),
         html.P("Re-plans the recorded program with other split points, AMP per IPU, "
                "recomputation and schedule (popviz tune): every plan is compiled with the "
-               "cost model, nothing is run. Each run compiles up to the budget below.",
-               className="hint"),
+               "cost model, nothing is run. Each run compiles up to the budget below, in "
+               "the background; one search per profile at a time.", className="hint"),
         html.Div([html.Span("compile budget", className="label"),
                   dcc.Input(id="tune-budget", type="number", min=2, max=200, step=1,
                             value=DEFAULT_BUDGET, style={"width": 80}),
                   html.Button("Run tune", id="tune-run", n_clicks=0)],
                  className="row", style={"alignItems": "center"}),
-        dcc.Loading(html.Div(results(ctx, entry, DEFAULT_BUDGET) if cached else
-                             [message("Press Run tune (about a second per compile).",
-                                      "info")], id="tune-results")),
+        dcc.Interval(id="tune-poll", interval=POLL_MS, disabled=done),
+        html.Div(shown, id="tune-results"),
     ])
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
-    @app.callback(Output("tune-results", "children"), Input("tune-run", "n_clicks"),
+    @app.callback(Output("tune-results", "children"), Output("tune-poll", "disabled"),
+                  Input("tune-run", "n_clicks"), Input("tune-poll", "n_intervals"),
                   State("tune-budget", "value"), State("url", "search"),
                   prevent_initial_call=True)
-    def run(clicks: int, budget: int | None, search: str) -> list[Any]:
-        if not clicks:
-            raise PreventUpdate
+    def run(clicks: int, ticks: int | None, budget: Any,
+            search: str) -> tuple[list[Any], bool]:
         entry = ctx.cache.get(profile_of(search))
-        return results(ctx, entry, max(2, min(200, int(budget or DEFAULT_BUDGET))))
+        budget = _budget(budget)
+        if dash.ctx.triggered_id == "tune-run" or (dash.ctx.triggered_id is None and clicks):
+            profile = entry.profile
+            try:
+                ctx.tune_jobs.start(entry.rel, budget,
+                                    lambda: run_tune(profile, max_compiles=budget))
+            except RuntimeError as exc:
+                return [message(str(exc))], True
+        elif not ticks:
+            raise PreventUpdate
+        return poll(ctx, entry, budget)
 
     @app.callback(Output("tune-go", "children"),
                   Input({"type": "tune-compare", "rank": dash.ALL}, "n_clicks"),
@@ -119,23 +142,27 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         picked = dash.ctx.triggered_id if clicks and any(clicks) else None
         if not picked:
             raise PreventUpdate
-        return link_to_compare(ctx, profile_of(search), int(picked["rank"]),
-                               int(budget or DEFAULT_BUDGET))
+        return link_to_compare(ctx, profile_of(search), int(picked["rank"]), _budget(budget))
 
     return {"run": run, "compare_plan": compare_plan}
 
 
 def link_to_compare(ctx: AppContext, rel: str, rank: int, budget: int) -> Any:
-    """Write plan #rank (once) and navigate to /compare?profile=<plan>&other=<this>."""
+    """Compile plan #rank in memory (once), serve it under a virtual name and navigate to
+    /compare?profile=<plan>&other=<this>."""
     entry = ctx.cache.get(rel)
-    result = entry.derived.get(_key(budget))
-    if result is None:
+    job = ctx.tune_jobs.get(rel, budget)
+    if job is None or job.state != "done":
         return message("Run tune first.", "info")
-    plan_rel, path = _plan_path(ctx, entry, budget, rank)
-    if not path.exists():
+    plan_rel = _plan_rel(entry, budget, rank)
+    try:
+        ctx.cache.get(plan_rel)
+    except ProfileError:
         try:
-            write_plan(entry.profile, result, rank, path)
+            report = compile_plan(entry.profile, job.result, rank)
         except (OSError, ValueError) as exc:
-            return message(f"could not write plan #{rank}: {exc}")
+            return message(f"could not compile plan #{rank}: {exc}")
+        ctx.cache.register_virtual(plan_rel, ReportProfile(report, name=f"plan #{rank}",
+                                                           path=plan_rel))
     href = "/compare?" + urlencode({"profile": plan_rel, "other": rel})
     return dcc.Location(id="tune-location", href=href, refresh=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -64,16 +65,22 @@ def plans_table(result: TuneResult) -> pd.DataFrame:
     return frame[PLAN_COLUMNS]
 
 
-def write_plan(profile: Profile, result: TuneResult, rank: int,
-               path: str | os.PathLike[str]) -> Path:
-    """Compile plan `#rank` (1-based) and write it as a profile at `path`."""
+def compile_plan(profile: Profile, result: TuneResult, rank: int) -> Any:
+    """Compile plan `#rank` (1-based) into an in-memory Report (nothing written)."""
     from popviz.compiler import compile as compile_program
-    from popviz.format.writer import write_report
 
     if not 1 <= rank <= len(result.candidates):
         raise ValueError(f"no plan #{rank}: the search kept {len(result.candidates)}")
     program, options = load_program(profile)
     plan = candidate_options(options, result.candidates[rank - 1], result.target,
                              result.blocks)
-    return write_report(compile_program(program, plan), path,
-                        command_line=f"popviz tune (app /tune, plan #{rank})")
+    return compile_program(program, plan)
+
+
+def write_plan(profile: Profile, result: TuneResult, rank: int,
+               path: str | os.PathLike[str]) -> Path:
+    """Compile plan `#rank` (1-based) and write it as a profile at `path`."""
+    from popviz.format.writer import write_report
+
+    return write_report(compile_plan(profile, result, rank), path,
+                        command_line=f"popviz tune (plan #{rank})")

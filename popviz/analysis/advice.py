@@ -14,6 +14,15 @@ import pandas as pd
 
 from popviz.analysis.balance import imbalance, stage_balance
 from popviz.analysis.memory import ipu_totals, oom_tiles
+from popviz.analysis.pipeline_plan import (
+    balanced_bounds,
+    bound_by,
+    frozen_stages,
+    host_io_by_ipu,
+    plan_moves,
+    segments,
+    stage_costs,
+)
 from popviz.metrics import stage_idle_fraction
 from popviz.vocab import (
     BUBBLE_LIMIT,
@@ -23,6 +32,7 @@ from popviz.vocab import (
     MIN_AMP,
     MODELLED_KIND,
     NEARLY_FULL,
+    TILE_AMBER,
     ipu_label,
     is_measured,
     naming_of,
@@ -34,7 +44,7 @@ KiB = 1024
 @dataclass(frozen=True)
 class Advice:
     severity: str  # "error" (does not fit), "warning" (slow), "info"
-    topic: str  # "amp", "split", "recomputation", "accumulation", "ok"
+    topic: str  # "amp", "split", "recomputation", "accumulation", "memory", "host_io", "ok"
     ipu: int | None
     text: str
 
@@ -113,8 +123,61 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
     return out
 
 
-def _balance_advice(stages: pd.DataFrame, splits: list[str],
-                    measured: bool = False) -> list[Advice]:
+def _pct(shares: dict[str, float]) -> str:
+    return ", ".join(f"{v:.0%} {k}" for k, v in shares.items())
+
+
+def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
+                 tile_use: dict[int, float], proposed_splits: list[str] | None,
+                 top: int, ipu: int) -> list[Advice]:
+    """Where each split should move: the tune search's plan when given, else a balanced
+    split of the stored per-segment costs that keeps nearly-full IPUs from taking layers."""
+    segs = segments(ops, meta)
+    ordered = stages.sort_values("stage")
+    if segs is None or "first_layer" not in ordered.columns:
+        return []
+    current = segs.bounds([str(x) for x in ordered["first_layer"].iloc[1:]])
+    if current is None:
+        return []
+    frozen = frozen_stages(ordered, tile_use)
+    if proposed_splits is not None:
+        proposed, source = segs.bounds(proposed_splits), "the tune search's best plan"
+    else:
+        proposed = balanced_bounds(segs, len(ordered), current, frozen)
+        source = "a balanced split of the stored per-layer costs"
+    if proposed is None or len(proposed) != len(current):
+        return []
+    moves = plan_moves(segs, current, proposed)
+    ipu_of = dict(zip(ordered["stage"].astype(int), ordered["ipu"].astype(int)))
+    held = [ipu_label(ipu_of.get(s, s)) for s in sorted(frozen)]
+    keep = (f" {', '.join(held)} take no layers: fullest tile at or past "
+            f"{TILE_AMBER:.0%}." if held else "")
+    if not moves:
+        return [Advice("info", "split", ipu, f"Stage {top} cannot be balanced further at the "
+                       f"usable split names ({source} keeps every split where it is): split "
+                       f"the model at finer points, or raise the stage count.{keep}")]
+    out = []
+    for m in moves:
+        gives, takes = (m.index, m.index + 1) if m.earlier else (m.index + 1, m.index)
+        where = ipu_of.get(takes, takes)
+        shown = ", ".join(m.layers[:4]) + (f" and {len(m.layers) - 4} more"
+                                          if len(m.layers) > 4 else "")
+        out.append(Advice("warning", "split", where, (
+            f"Move split '{m.old}' {'earlier' if m.earlier else 'later'} to '{m.new}': "
+            f"stage {takes} ({ipu_label(where)}, fullest tile "
+            f"{tile_use.get(where, 0.0):.0%} used) takes {shown} from stage {gives}.")))
+    before, after = max(stage_costs(segs, current)), max(stage_costs(segs, proposed))
+    if after > 0:
+        out.append(Advice("info", "split", None, (
+            f"Splits {[segs.names[b - 1] for b in proposed]} ({source}): the slowest stage "
+            f"drops from {before:,.0f} to {after:,.0f} cycles per micro-batch, about "
+            f"{before / after:.2f}x on the steady state.{keep}")))
+    return out
+
+
+def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame,
+                    ops: pd.DataFrame, exchange: pd.DataFrame | None, measured: bool,
+                    proposed_splits: list[str] | None) -> list[Advice]:
     bal = stage_balance(stages)
     if len(bal) < 2 or bal["busy_cycles"].mean() <= 0:
         return []
@@ -123,29 +186,36 @@ def _balance_advice(stages: pd.DataFrame, splits: list[str],
     load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
-    ipu = int(bal.loc[bal["stage"] == top, "ipu"].iloc[0])
+    row = bal[bal["stage"] == top].iloc[0]
+    ipu = int(row["ipu"])
     # a measured run is ranks and ns, a modelled one IPUs and cycles
     words = naming_of(MEASURED_KIND if measured else MODELLED_KIND)
     where, others = words.label(ipu), words.devices
     busy_time = "busy time" if measured else "busy cycles"
+    kind, shares = bound_by(row, host_io_by_ipu(exchange).get(ipu, 0.0))
     head = (f"Stage {top} on {where} is the bottleneck: {load:.2f}x the mean {busy_time} "
-            f"of all stages, so the other {others} wait at every sync.")
-    before, after = busy.get(top - 1), busy.get(top + 1)
-    if after is not None and (before is None or after <= before):
-        name = _split_after(stages, splits, top)
-        move = f" Move split '{name}' earlier to hand layers to stage {top + 1}." if name else ""
-    elif before is not None:
-        name = _split_after(stages, splits, top - 1)
-        move = f" Move split '{name}' later to hand layers to stage {top - 1}." if name else ""
-    else:
-        move = ""
-    return [Advice("warning", "split", ipu, head + move)]
+            f"of all stages, so the other {others} wait at every sync. It is {kind}-bound "
+            f"({_pct(shares)}).")
+    if kind == "host I/O":
+        return [Advice("warning", "host_io", ipu, head + " Moving splits does not shorten "
+                       "host transfers: send fewer or smaller inputs (uint8 or half images, "
+                       "preprocessing on the device) or raise device iterations.")]
+    if kind == "exchange":
+        head += (" Exchange dominates: prefer cuts where the boundary activations are "
+                 "small, and check the exchange page for the largest transfers.")
+    out = [Advice("warning", "split", ipu, head)]
+    if not measured:
+        tile_use = {int(r.ipu): float(r.max_tile_utilisation)
+                    for r in ipu_totals(tile_memory).itertuples()} if len(tile_memory) else {}
+        out += _split_moves(meta, stages, ops, tile_use, proposed_splits, top, ipu)
+    return out
 
 
 def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
     options = meta.get("options") or {}
     bal = stage_balance(stages)
-    if len(bal) < 2 or options.get("strategy", "pipelined") != "pipelined":
+    if len(bal) < 2 or bal["ipu"].nunique() < 2 or \
+            options.get("strategy", "pipelined") != "pipelined":
         return []
     bubble = stage_idle_fraction(stages)
     accumulation = int(options.get("gradient_accumulation", 1) or 1)
@@ -163,6 +233,13 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame) -> list[Ad
     out = []
     for row in ipu_totals(tile_memory).itertuples():
         amp = amp_for(meta, int(row.ipu))
+        if row.max_tile_utilisation >= TILE_AMBER:
+            # fits, but with no room: amber, never "nothing to change"
+            out.append(Advice("warning", "memory", int(row.ipu),
+                              f"{ipu_label(row.ipu)} fits with little headroom: the fullest "
+                              f"tile is {row.max_tile_utilisation:.0%} used. A larger batch, "
+                              "more layers or a higher availableMemoryProportion there will "
+                              "not fit; lower the AMP or move layers off it first."))
         if row.max_tile_utilisation < NEARLY_FULL and amp < DEFAULT_AMP:
             out.append(Advice("info", "amp", int(row.ipu),
                               f"{ipu_label(row.ipu)}: the fullest tile is only "
@@ -202,19 +279,25 @@ def _shared_parameter_advice(meta: dict[str, Any]) -> list[Advice]:
 
 
 def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame,
-           ops: pd.DataFrame | None = None, measured: bool | None = None) -> list[Advice]:
+           ops: pd.DataFrame | None = None, measured: bool | None = None,
+           exchange: pd.DataFrame | None = None,
+           proposed_splits: list[str] | None = None) -> list[Advice]:
     """Every piece of advice for one profile, most urgent first. A measured profile
-    (meta kind, unless `measured` says) is worded in ranks and time, not IPUs and cycles."""
+    (meta kind, unless `measured` says) is worded in ranks and time, not IPUs and cycles.
+    `exchange` (the transfers table) tells host I/O apart from IPU-to-IPU exchange;
+    `proposed_splits` (the tune search's best plan, from popviz.advise) replaces the
+    balanced split of the stored per-layer costs."""
     if measured is None:
         measured = is_measured(meta.get("kind", ""))
     options = meta.get("options") or {}
     splits = [str(s) for s in (options.get("splits") or [])]
     recomputation = bool(options.get("recomputation", False))
     out = _oom_advice(meta, stages, tile_memory, splits, recomputation)
-    out += _balance_advice(stages, splits, measured)
+    ops = ops if ops is not None else pd.DataFrame()
+    out += _balance_advice(meta, stages, tile_memory, ops, exchange, measured, proposed_splits)
     out += _bubble_advice(meta, stages)
     out += _headroom_advice(meta, tile_memory)
-    out += _amp_ignored_advice(ops if ops is not None else pd.DataFrame())
+    out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)
     if not out:
         out.append(Advice("info", "ok", None, "Fits, and the stages are balanced within "

@@ -65,7 +65,8 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
         "imbalance": imbalance(stages) if len(stages) else 1.0,
         "bubble_fraction": stage_idle_fraction(stages),
         "peaks": liveness_peaks(profile.table("liveness")),
-        "advice": advise(meta, stages, tile_memory, profile.table("ops"), measured),
+        "advice": advise(meta, stages, tile_memory, profile.table("ops"), measured,
+                         exchange=profile.table("exchange")),
     }
 
 

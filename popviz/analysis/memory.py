@@ -7,6 +7,9 @@ from typing import Any
 import pandas as pd
 
 from popviz.metrics import fits, oom_tiles
+from popviz.vocab import ALWAYS_LIVE, ALWAYS_LIVE_MEANING
+
+NOT_ALWAYS_LIVE = "not_always_live_peak"  # the one tile category that is not always-live
 
 BASE_COLUMNS = ("ipu", "tile", "capacity_bytes", "total_bytes")
 
@@ -78,3 +81,28 @@ def fit_summary(tile_memory: pd.DataFrame, oom: pd.DataFrame | None = None) -> d
     if oom is not None and not oom.empty and "variables" in oom.columns:
         result["oom_variables"] = [str(v) for v in oom["variables"].head(5)]
     return result
+
+
+def always_live_by_ipu(tile_memory: pd.DataFrame) -> dict[int, float]:
+    """Always-live bytes per IPU from the tiles: every category but the not-always-live
+    peak (code, always-live variables, exchange, vertex state), PopVision's meaning."""
+    if tile_memory.empty:
+        return {}
+    cats = [c for c in memory_categories(tile_memory) if c != NOT_ALWAYS_LIVE]
+    sums = tile_memory.groupby("ipu", sort=True)[cats].sum().sum(axis=1)
+    return {int(k): float(v) for k, v in sums.items()}
+
+
+def always_live_from_liveness(liveness: pd.DataFrame) -> dict[int, float]:
+    """Always-live bytes per IPU from the liveness table (constant over the steps)."""
+    if liveness.empty or "always_live_bytes" not in liveness.columns:
+        return {}
+    peak = liveness.groupby("ipu", sort=True)["always_live_bytes"].max()
+    return {int(k): float(v) for k, v in peak.items()}
+
+
+def always_live_text(by_ipu: dict[int, float], label: Any) -> str:
+    """The one line both the memory and the liveness page show (same words, same
+    precision): 'Always-live (everything ...): IPU0 41.0 MiB · IPU1 63.1 MiB'."""
+    parts = " · ".join(f"{label(i)} {v / 2**20:,.1f} MiB" for i, v in sorted(by_ipu.items()))
+    return f"{ALWAYS_LIVE.capitalize()} ({ALWAYS_LIVE_MEANING}): {parts}"

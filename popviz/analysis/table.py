@@ -74,7 +74,18 @@ def _compare(series: pd.Series, op: str, val: Any) -> pd.Series:
             ">": left > val, ">=": left >= val}[op]
 
 
-def _clause(frame: pd.DataFrame, raw: str) -> pd.Series:
+def _lower(frame: pd.DataFrame, col: str, texts: dict[str, pd.Series] | None) -> pd.Series:
+    """Column `col` as lower-case text, built once per column when `texts` (a cache the
+    caller keeps with the frame) is given: converting a big column is the costly part."""
+    if texts is None:
+        return frame[col].astype(str).str.lower()
+    if col not in texts:
+        texts[col] = frame[col].astype(str).str.lower()
+    return texts[col]
+
+
+def _clause(frame: pd.DataFrame, raw: str,
+            texts: dict[str, pd.Series] | None = None) -> pd.Series:
     match = _CLAUSE.match(raw.strip())
     if not match:
         raise ValueError(f"cannot read filter {raw.strip()!r}")
@@ -100,7 +111,7 @@ def _clause(frame: pd.DataFrame, raw: str) -> pd.Series:
         hit = _glob(series, val)
         return hit if op == "=" else ~hit
     if op in ("contains", "datestartswith"):
-        lower = series.astype(str).str.lower()
+        lower = _lower(frame, col, texts)
         needle = _text(val).lower()
         return lower.str.contains(needle, regex=False) if op == "contains" else \
             lower.str.startswith(needle)
@@ -118,22 +129,25 @@ def _glob(series: pd.Series, pattern: str) -> pd.Series:
     return series.astype(str).str.fullmatch(body)
 
 
-def filter_table(frame: pd.DataFrame, filter_query: str | None) -> pd.DataFrame:
+def filter_table(frame: pd.DataFrame, filter_query: str | None,
+                 texts: dict[str, pd.Series] | None = None) -> pd.DataFrame:
     """Rows matching every `{col} op value` clause joined by `&&`. Unknown columns,
-    operators or a word where a number is needed raise ValueError naming them."""
+    operators or a word where a number is needed raise ValueError naming them. `texts`:
+    a dict kept with `frame` across calls, filled with lower-cased text columns."""
     if not filter_query or not filter_query.strip():
         return frame
     mask = pd.Series(True, index=frame.index)
     for raw in re.split(r"\s+&&\s+", filter_query.strip()):
-        mask &= _clause(frame, raw).fillna(False).astype(bool)
+        mask &= _clause(frame, raw, texts).fillna(False).astype(bool)
     return frame[mask]
 
 
 def query_table(frame: pd.DataFrame, filter_query: str | None = None,
                 sort_by: list[dict[str, str]] | None = None, page: int = 0,
-                page_size: int = 50) -> tuple[pd.DataFrame, int]:
+                page_size: int = 50,
+                texts: dict[str, pd.Series] | None = None) -> tuple[pd.DataFrame, int]:
     """(one page of the filtered, sorted rows, number of matching rows)."""
-    rows = filter_table(frame, filter_query)
+    rows = filter_table(frame, filter_query, texts)
     if sort_by:
         cols = [s["column_id"] for s in sort_by if s.get("column_id") in rows.columns]
         if cols:

@@ -29,9 +29,15 @@ def memory_colour(category: str, index: int) -> str:
     return MEMORY_COLOURS.get(category, _EXTRA[index % len(_EXTRA)])
 
 
+# tile categories: "always-live" alone means the whole-program total (popviz.vocab), so
+# the variables' category says what it is
+_CATEGORY_NAMES = {"always_live": "always-live variables",
+                   "not_always_live_peak": "not-always-live peak"}
+
+
 def pretty(name: str) -> str:
-    """'not_always_live_peak' -> 'not always live peak'."""
-    return name.replace("_", " ")
+    """'vertex_state' -> 'vertex state'; tile categories by their names above."""
+    return _CATEGORY_NAMES.get(name, name.replace("_", " "))
 
 
 def byte_unit(largest: float) -> tuple[float, str]:

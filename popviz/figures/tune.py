@@ -56,17 +56,16 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
             text=sel["plan"], textposition="top center", name=name, marker=marker,
             customdata=_custom(sel), hovertemplate=hover))
     peak = float(plans["peak_bytes"].max())
-    if capacity_bytes and capacity_bytes > 2 * peak:  # off scale: named, not drawn
-        fig.add_annotation(x=1, y=1, xref="paper", yref="paper", xanchor="right",
-                           yanchor="top", showarrow=False,
-                           text=f"IPU memory {capacity_bytes / MiB:,.0f} MiB (off scale)",
-                           font={"color": CAPACITY_COLOUR, "size": 11})
+    x_title = "peak memory of the fullest IPU (MiB)"
+    if capacity_bytes and capacity_bytes > 2 * peak:
+        # off scale: named in the axis title, where no point or legend can cover it
+        x_title += f" · IPU memory {capacity_bytes / MiB:,.0f} MiB is off the scale"
     elif capacity_bytes:
         fig.add_vline(x=capacity_bytes / MiB, line={"color": CAPACITY_COLOUR, "dash": "dash"})
         fig.add_annotation(x=capacity_bytes / MiB, y=1, yref="paper", xanchor="right",
                            yanchor="top", showarrow=False,
                            text=f"IPU memory {capacity_bytes / MiB:,.0f} MiB",
                            font={"color": CAPACITY_COLOUR, "size": 11})
-    fig.update_xaxes(title_text="peak memory of the fullest IPU (MiB)", rangemode="tozero")
+    fig.update_xaxes(title_text=x_title, rangemode="tozero")
     fig.update_yaxes(title_text="samples/s", rangemode="tozero")
     return base_layout(fig, title, height=460)

@@ -241,7 +241,11 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     page.click("#tune-links button >> text=plan #1")
     page.wait_for_url("**/compare?**", timeout=60_000)
     page.wait_for_selector("#compare-verdict", timeout=60_000)
-    assert "tune-plans" in page.url and quote(rel, safe="") in page.url.replace("/", "%2F")
+    assert "%40tune" in page.url and quote(rel, safe="") in page.url.replace("/", "%2F")
+    assert not (served / "tune-plans").exists()  # the plan is served from memory
+    page.wait_for_function("() => { const g = document.querySelector("
+                           "'#compare-time .js-plotly-plot'); return g && g.calcdata; }",
+                           timeout=30_000)
     _shot(page, "tune_to_compare")
     assert errors == []
     page.close()

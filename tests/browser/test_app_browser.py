@@ -132,6 +132,16 @@ def test_every_page_of_every_profile_has_data(browser_context: Any, base_url: st
             page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}_{spec.TITLE.lower()}.png"),
                             full_page=True)
             assert errors == [], f"{where}: {errors}"
+        # /compare takes two: this profile against the next one in the list
+        rels = _profiles(served)
+        other = rels[(rels.index(rel) + 1) % len(rels)]
+        page.goto(f"{base_url}/compare?profile={quote(rel)}&other={quote(other)}")
+        page.wait_for_function(_SETTLED, timeout=60_000)
+        where = f"/compare of {rel} and {other}"
+        assert page.locator(".message.error").count() == 0, where
+        assert page.locator("#compare-verdict").count() == 1, where
+        page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}_compare.png"), full_page=True)
+        assert errors == [], f"{where}: {errors}"
         page.close()
 
 

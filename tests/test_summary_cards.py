@@ -1,0 +1,54 @@
+"""The summary page's cards: none about pipelines for a one-IPU run; amber, not green, for
+a fitting profile whose fullest tile is at or past TILE_AMBER."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from popviz_app import create_app, render
+
+from tests.dash_util import component_text as _text
+
+ROOT = Path(__file__).resolve().parent.parent / "profiles"
+
+
+def _cards(body: object) -> list[object]:
+    out, todo = [], [body]
+    while todo:
+        node = todo.pop()
+        if "card" in str(getattr(node, "className", "")).split():
+            out.append(node)
+        kids = getattr(node, "children", None)
+        todo += kids if isinstance(kids, list) else [kids] if kids is not None and \
+            not isinstance(kids, (str, int, float)) else []
+    return out
+
+
+def test_one_ipu_run_has_no_bottleneck_or_bubble_card(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "resnext101_inference_mk1", tmp_path / "one")
+    shutil.copytree(ROOT / "rn50_pipeline", tmp_path / "four")
+    ctx = create_app(tmp_path).popviz_context
+    one = _text(render(ctx, "/summary", "?profile=one%2Fprofile.h5")[1])
+    four = _text(render(ctx, "/summary", "?profile=four%2Fprofile.h5")[1])
+    assert "pipeline bubbles" in four and "bottleneck" in four
+    assert "pipeline bubbles" not in one and "bottleneck" not in one
+    assert "fits · fullest tile" in one
+
+
+def test_a_nearly_full_tile_is_an_amber_card() -> None:
+    from popviz_app.pages.summary import _cards as summary_cards
+
+    from popviz.vocab import naming_of
+
+    def memory_card(use: float) -> object:
+        info = {"fit": {"known": True, "fits": True, "max_utilisation": use},
+                "throughput": None, "latency_ms": None, "step_cycles": None,
+                "bottleneck": None, "num_ipus": 1, "bubble_fraction": 0.0}
+        cards = _cards(summary_cards(info, naming_of("modelled")))
+        return next(c for c in cards if "memory" in _text(c))
+
+    assert memory_card(0.5).className.split()[-1] == "good"
+    tight = memory_card(0.97)
+    assert tight.className.split()[-1] == "warn" and "little headroom" in _text(tight)
+    assert memory_card(0.90).className.split()[-1] == "warn"
