@@ -64,9 +64,9 @@ def test_one_profile_with_meta_42_does_not_blank_the_home_page(
     status, body = _route(client, deps, "/", "")
     assert status == 200
     assert "/summary?profile=good%2Fprofile.h5" in body  # the good profile is linked
-    assert f"{META42}: damaged profile (meta is int JSON, not an object)" in body
+    assert f"{META42}: damaged profile ('meta' is JSON int, not an object)" in body
     status, body = _call(client, find(deps, "home-list.children"), {"home-refresh.n_intervals": 1})
-    assert status == 200 and "meta is int JSON" in body
+    assert status == 200 and "'meta' is JSON int" in body
     assert str(root) not in body
 
 
@@ -74,7 +74,7 @@ def test_one_profile_with_meta_42_does_not_blank_the_home_page(
                                   "/exchange", "/operations"])
 def test_every_page_of_a_bad_file_or_name_is_a_message(
         client: Any, deps: list[dict[str, Any]], root: Path, path: str) -> None:
-    for search, expected in ((f"?profile={META42}", "meta is int JSON, not an object"),
+    for search, expected in ((f"?profile={META42}", "'meta' is JSON int, not an object"),
                              ("?profile=a%00b", "control characters in a profile path"),
                              (f"?profile={LONG}", "refused a profile path of 5,000 characters")):
         status, body = _route(client, deps, path, search)
@@ -83,7 +83,7 @@ def test_every_page_of_a_bad_file_or_name_is_a_message(
 
 
 def test_downloads_of_bad_files_and_names_say_why(client: Any, root: Path) -> None:
-    for query, expected in ((META42, "meta is int JSON"),
+    for query, expected in ((META42, "'meta' is JSON int"),
                             ("a%00b", "control characters"),
                             (LONG, "too long")):
         for url in (f"/download/csv/ops?profile={query}",
@@ -101,7 +101,7 @@ def test_callbacks_of_a_bad_file_answer_with_the_error(
         "ops-table.page_current": 1, "ops-table.page_size": 25, "ops-table.sort_by": [],
         "ops-table.filter_query": "", "url.search": f"?profile={META42}"})
     assert status == 200
-    assert "callback-error" in body and "meta is int JSON" in body
+    assert "callback-error" in body and "'meta' is JSON int" in body
     assert str(root) not in body
     # a real callback with an allow_duplicate output key works on the good file
     status, body = _call(client, find(deps, "mem-tiles.figure"),
