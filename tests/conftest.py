@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Tests must be deterministic and light on this 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The CLI caches vetting verdicts under $XDG_CACHE_HOME/popviz: never the user's own cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="popviz-test-cache-")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.cli.vetcache import add_no_vet_argument, check_vetted
 from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
@@ -26,6 +27,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object")
+    add_no_vet_argument(parser)
 
 
 def _rows(frame: pd.DataFrame, label: str) -> list[list[str]]:
@@ -87,6 +89,8 @@ def render_text(comp: object) -> str:
 def _run(args: argparse.Namespace) -> int:
     from popviz.api import compare
 
+    if not args.no_vet:
+        check_vetted(args.a, args.b)
     comp = compare(args.a, args.b)
     text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
             else render_text(comp))

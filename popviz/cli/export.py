@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from popviz.cli.command import EXIT_OK, Command
+from popviz.cli.vetcache import add_no_vet_argument, check_vetted
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "execution trace as Chrome trace-event JSON for Perfetto")
     parser.add_argument("--tables", nargs="+", metavar="NAME",
                         help="with csv: only these tables (default: all)")
+    add_no_vet_argument(parser)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -24,6 +26,8 @@ def _run(args: argparse.Namespace) -> int:
     from popviz.cli.command import UsageError
     from popviz.format.export import export_chrome_trace, export_csv
 
+    if not args.no_vet:
+        check_vetted(args.profile)
     with popviz.open(args.profile) as profile:
         if args.format == "csv":
             unknown = sorted(set(args.tables or []) - set(profile.table_names))

@@ -46,8 +46,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"it is refused (default {DEFAULT_TIMEOUT_S:g}, plus 60 per GB "
                         "of file)")
     parser.add_argument("--vet-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
-                        help="address space a worker process may use to read a profile "
-                        f"(default {DEFAULT_MEMORY_MB})")
+                        help="how far a worker process's address space may grow while it "
+                        f"reads a profile (default {DEFAULT_MEMORY_MB})")
 
 
 def _own_names(host: str) -> list[str]:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
+from popviz.cli.vetcache import add_no_vet_argument, check_vetted
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, naming_of
 
@@ -15,6 +16,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", help="a profile .h5 file, or a directory of profiles")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (a list when PROFILE holds several)")
+    add_no_vet_argument(parser)
 
 
 def _duration(ms: float) -> str:
@@ -108,6 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     paths = popviz.discover(args.profile)
     if not paths:
         return fail(f"{args.profile}: no profile (.h5) here", EXIT_BAD_PROFILE)
+    if not args.no_vet:
+        check_vetted(*paths)
     all_facts = []
     for path in paths:
         with popviz.open(path) as profile:

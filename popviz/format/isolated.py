@@ -39,6 +39,7 @@ from typing import Any
 
 OUTCOMES = ("ok", "profile_error", "error", "memory", "crash", "hang")
 _MESSAGE_CHARS = 400
+_BLOCK_STEPS = 65536  # tile_liveness steps read at a time
 
 
 @dataclass(frozen=True)
@@ -59,17 +60,23 @@ class Verdict:
 
 
 def read_everything(profile: Any) -> None:
-    """What a viewer reads: every table, each IPU's trace and a tile-liveness slice."""
+    """What a viewer reads: every table, the string table, each IPU's trace through the
+    per-IPU index and every tile-liveness block (as the app's step pyramid reads them)."""
     for name in profile.table_names:
         profile.table(name)
     for name in ("stages", "trace", "liveness", "tile_memory", "exchange", "ops",
                  "tensors", "variables", "oom"):
         profile.table(name)
-    for ipu in sorted(set(profile.trace["ipu"].tolist()))[:64]:
+    profile._strings  # noqa: B018 - read even when no table refers to it
+    for ipu in sorted(set(profile.trace["ipu"].tolist())):
         profile.trace_for(int(ipu))
     shape = profile.array_shape("tile_liveness")
-    for ipu in range(min(shape[0], 64) if shape else 0):
-        profile.tile_liveness(ipu, 0, 64)
+    if shape and len(shape) != 3:
+        profile.tile_liveness(0)  # raises the reader's one-line 'damaged array' error
+    elif shape:
+        for ipu in range(shape[0]):
+            for first in range(0, max(shape[1], 1), _BLOCK_STEPS):
+                profile.tile_liveness(ipu, first, first + _BLOCK_STEPS)
 
 
 def _load_probe(probe: str | None) -> Callable[[Any], Any] | None:
@@ -206,8 +213,12 @@ def read_isolated(path: str | os.PathLike[str], timeout_s: float = 10.0,
     elif start == "spawn":
         command = [sys.executable, "-m", "popviz.format.isolated", "--memory-bytes",
                    str(memory_bytes), *(["--probe", probe] if probe else []), path]
+        # one BLAS thread: the worker reads, it does not compute, and idle thread stacks
+        # would count against its address-space limit
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                   MKL_NUM_THREADS="1")
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              stdin=subprocess.DEVNULL) as proc:
+                              stdin=subprocess.DEVNULL, env=env) as proc:
             status, usage, timed_out = _wait(proc.pid, timeout_s)
             proc.returncode = 0  # reaped above; keep Popen from waiting again
             report = proc.stdout.read() if proc.stdout else b""
