@@ -296,7 +296,11 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
         t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
         grid = rectangles(R, T, rr0, rr1, t0s, t1s, per_tile)
-        tile_live[i] = np.minimum(np.ceil(grid - 1e-6), np.iinfo(np.uint32).max)
+        # in place: each step over the (steps x tiles) grid would otherwise allocate a copy
+        np.subtract(grid, 1e-6, out=grid)
+        np.ceil(grid, out=grid)
+        np.minimum(grid, np.iinfo(np.uint32).max, out=grid)
+        tile_live[i] = grid
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
@@ -384,7 +388,7 @@ def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
         bad = np.flatnonzero(tiles > 0)
         if not len(bad):
             continue
-        peak_row = tile_live[i][:, bad].argmax(axis=0) if tile_live.shape[1] else \
+        peak_row = tile_live[i].argmax(axis=0)[bad] if tile_live.shape[1] else \
             np.zeros(len(bad), dtype=np.int64)
         cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),
                           nal[nal["ipu"] == i]], ignore_index=True)
