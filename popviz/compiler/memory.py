@@ -296,7 +296,11 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
         t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
         grid = rectangles(R, T, rr0, rr1, t0s, t1s, per_tile)
-        tile_live[i] = np.minimum(np.ceil(grid - 1e-6), np.iinfo(np.uint32).max)
+        # in place: each step over the (steps x tiles) grid would otherwise allocate a copy
+        np.subtract(grid, 1e-6, out=grid)
+        np.ceil(grid, out=grid)
+        np.minimum(grid, np.iinfo(np.uint32).max, out=grid)
+        tile_live[i] = grid
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
@@ -332,7 +336,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "category": nal["category"].astype(str), "bytes": nal["bytes"].astype(np.int64),
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
-    oom = _oom(tile_memory, total, tile_live, al, nal, width, target.bytes_per_tile)
+    oom = _oom(tile_memory, total, tile_live, nal_peak, al, nal, width, target.bytes_per_tile)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 
@@ -375,7 +379,8 @@ def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,
 
 
 def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
-         al: pd.DataFrame, nal: pd.DataFrame, width: np.ndarray, capacity: int) -> pd.DataFrame:
+         tile_peak: np.ndarray, al: pd.DataFrame, nal: pd.DataFrame, width: np.ndarray,
+         capacity: int) -> pd.DataFrame:
     """Tiles over capacity, each with its largest variables (always-live, plus the
     not-always-live ones alive at that tile's peak step)."""
     over = total - capacity
@@ -384,7 +389,9 @@ def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
         bad = np.flatnonzero(tiles > 0)
         if not len(bad):
             continue
-        peak_row = tile_live[i][:, bad].argmax(axis=0) if tile_live.shape[1] else \
+        # each tile's first step at its peak (argmax down columns is slow in numpy)
+        peak_row = (tile_live[i] == tile_peak[i]).argmax(axis=0)[bad] \
+            if tile_live.shape[1] else \
             np.zeros(len(bad), dtype=np.int64)
         cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),
                           nal[nal["ipu"] == i]], ignore_index=True)

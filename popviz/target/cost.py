@@ -46,8 +46,11 @@ class Precision:
 
 def dtype_scale(dtypes: pd.Series, target_bytes: int) -> np.ndarray:
     """Factor from recorded bytes to bytes at the target precision (1 for non-floats)."""
-    rec = dtypes.map(lambda d: ELEMENT_BYTES.get(str(d).replace("torch.", ""), 0)).to_numpy()
-    is_float = dtypes.map(lambda d: str(d).replace("torch.", "") in FLOATING).to_numpy()
+    # once per distinct dtype (a program has a handful), then spread by code
+    codes, uniques = pd.factorize(dtypes, use_na_sentinel=False)
+    names = [str(d).replace("torch.", "") for d in uniques]
+    rec = np.array([ELEMENT_BYTES.get(n, 0) for n in names], dtype=np.int64)[codes]
+    is_float = np.array([n in FLOATING for n in names], dtype=bool)[codes]
     scale = np.ones(len(dtypes))
     ok = is_float & (rec > 0)
     scale[ok] = target_bytes / rec[ok]
