@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.analysis.pipeline_plan import split_positions_in
 from popviz.recorder.program import Program
 
 
@@ -57,21 +58,9 @@ def split_positions(program: Program) -> tuple[list[str], list[int]]:
     A name is the first layer of the next stage (as the compiler reads it: the layer
     itself, or the first layer under a parent name). Names at the first layer (an empty
     first stage) and names repeating an earlier position are dropped."""
-    layers = program.layers
-    index = {name: i for i, name in enumerate(layers)}
-    names, positions = [], []
-    for name in program.model.get("split_names") or layers:
-        name = str(name)
-        pos = index.get(name)
-        if pos is None:
-            under = [i for i, layer in enumerate(layers)
-                     if layer.startswith(name + "/") or layer.startswith(name + ".")]
-            pos = under[0] if under else None
-        if pos is None or pos == 0 or (positions and pos <= positions[-1]):
-            continue
-        names.append(name)
-        positions.append(pos)
-    return names, positions
+    layers = [str(layer) for layer in program.layers]
+    return split_positions_in(layers, [str(n) for n in
+                                       program.model.get("split_names") or layers])
 
 
 def _op_positions(program: Program, ops: pd.DataFrame) -> np.ndarray:

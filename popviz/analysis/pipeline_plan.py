@@ -43,7 +43,7 @@ class Segments:
         return None if any(b is None for b in out) else [int(b) for b in out if b is not None]
 
 
-def _positions(layers: list[str], names: list[str]) -> tuple[list[str], list[int]]:
+def split_positions_in(layers: list[str], names: list[str]) -> tuple[list[str], list[int]]:
     """Usable split names and the layer index each starts (exact layer, or the first
     layer under it), strictly increasing, never at layer 0."""
     index = {n: i for i, n in enumerate(layers)}
@@ -67,7 +67,7 @@ def segments(ops: pd.DataFrame, meta: dict[str, Any]) -> Segments | None:
     layers = [str(x) for x in model.get("layers") or []]
     if ops is None or ops.empty or not layers or not {"layer", "cycles"} <= set(ops.columns):
         return None
-    names, pos = _positions(layers, [str(x) for x in model.get("split_names") or layers])
+    names, pos = split_positions_in(layers, [str(x) for x in model.get("split_names") or layers])
     where = {la: i for i, la in enumerate(layers)}
     layer_pos = ops["layer"].astype(str).map(where)
     # ops of no listed layer (a loss, an optimiser helper) go with the previous op of
