@@ -204,3 +204,14 @@ def test_bundled_single_block_stage_is_not_told_to_move_its_split() -> None:
     one = popviz.open("profiles/resnext101_inference_mk1")
     topics = [a.topic for a in analysis.insights(one)["advice"]]
     assert "accumulation" not in topics and "split" not in topics
+
+
+def test_nothing_to_change_claims_a_fit_only_when_tiles_say_so() -> None:
+    """A measured run has no tile data: its fit is unknown, so the all-clear must not say
+    'Fits' (it did for an imported H100 trace)."""
+    stages = _stage_table([10] * 8, [0] * 8, ["L0"])
+    known = analysis.advise(_meta(), stages, _tiles([0.5]), _ops([10] * 8, [0] * 8))
+    unknown = analysis.advise(_meta(), stages, _tiles([0.5]).iloc[0:0],
+                              _ops([10] * 8, [0] * 8))
+    assert known[-1].text.startswith("Fits, and the stages are balanced")
+    assert unknown[-1].text.startswith("The stages are balanced")

@@ -23,7 +23,7 @@ from popviz.analysis.pipeline_plan import (
     segments,
     stage_costs,
 )
-from popviz.metrics import stage_idle_fraction
+from popviz.metrics import fits, stage_idle_fraction
 from popviz.vocab import (
     BUBBLE_LIMIT,
     DEFAULT_AMP,
@@ -300,6 +300,8 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)
     if not out:
-        out.append(Advice("info", "ok", None, "Fits, and the stages are balanced within "
+        # a measured run has no tile data: whether it fits is unknown, not "fits"
+        fit = "Fits, and the stages" if fits(tile_memory) else "The stages"
+        out.append(Advice("info", "ok", None, f"{fit} are balanced within "
                           f"{IMBALANCE_LIMIT - 1:.0%}: nothing to change."))
     return out
