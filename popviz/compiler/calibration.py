@@ -17,10 +17,8 @@ import numpy as np
 import pandas as pd
 
 from popviz.compiler.bsp import time_schedule
-from popviz.compiler.compiler import _forward_only, _rescale, _stage_costs, compile
-from popviz.compiler.order import program_order
+from popviz.compiler.compiler import _stage_costs, compile, costed_plan
 from popviz.compiler.schedule import build_schedule
-from popviz.compiler.stages import plan_stages
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.target.cost import (
@@ -130,17 +128,8 @@ def prepare(point: dict[str, Any]) -> Prepared:
     options = point_options(point).copy()
     target = get_target(options.target)
     precision = Precision.parse(options.precision, options.half_partials)
-    program, micro_batch = _rescale(point_program(point), options)
-    if not options.training:
-        program = _forward_only(program)
-    plan = plan_stages(program, options)
-    ops = plan.ops
-    is_matmul = ops["op_class"].to_numpy(str) == "matmul"
-    amp = np.array([options.amp_for(int(i), "matmul" if m else "conv")
-                    for i, m in zip(ops["ipu"].to_numpy(), is_matmul, strict=True)])
-    ops = pd.concat([ops, op_costs(ops, target, precision, amp)], axis=1)
-    ops.loc[ops["phase"] == "host_io", "cycles"] = 0
-    ops = program_order(ops)
+    program, micro_batch, plan, ops, amp = costed_plan(point_program(point), options,
+                                                       target, precision)
     amp = ops["amp_used"].fillna(0.6).to_numpy(np.float64) if len(ops) else amp
     n = len(plan.stages)
     costs = _stage_costs(ops, program, plan, options, precision, n)

@@ -37,19 +37,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
     options = (options or Options()).copy()
     target = get_target(options.target)
     precision = Precision.parse(options.precision, options.half_partials)
-    program, micro_batch = _rescale(program, options)
-    if not options.training:
-        program = _forward_only(program)
-
-    plan = plan_stages(program, options)
-    ops = plan.ops
-    is_matmul = ops["op_class"].to_numpy(str) == "matmul"
-    amp = np.array([options.amp_for(int(i), "matmul" if m else "conv")
-                    for i, m in zip(ops["ipu"].to_numpy(), is_matmul, strict=True)])
-    costs = op_costs(ops, target, precision, amp)
-    ops = pd.concat([ops, costs], axis=1)
-    ops.loc[ops["phase"] == "host_io", "cycles"] = 0  # stream copies are exchange, not compute
-    ops = program_order(ops)
+    program, micro_batch, plan, ops, _ = costed_plan(program, options, target, precision)
 
     n_stages = len(plan.stages)
     stage_costs = _stage_costs(ops, program, plan, options, precision, n_stages)
@@ -89,6 +77,24 @@ def compile(program: Program, options: Options | None = None) -> Report:
     return Report(meta=meta, tables=tables, arrays={"tile_liveness": memory.tile_liveness},
                   summary=summary)
 
+
+
+def costed_plan(program: Program, options: Options, target: Target, precision: Precision
+                ) -> tuple[Program, int, StagePlan, pd.DataFrame, np.ndarray]:
+    """The front half of `compile` (also the calibration's): the program rescaled to the
+    micro-batch (forward only for inference), its stages, and every op's cost in program
+    order. Returns (program, micro_batch, plan, costed ops, each op's requested AMP)."""
+    program, micro_batch = _rescale(program, options)
+    if not options.training:
+        program = _forward_only(program)
+    plan = plan_stages(program, options)
+    ops = plan.ops
+    is_matmul = ops["op_class"].to_numpy(str) == "matmul"
+    amp = np.array([options.amp_for(int(i), "matmul" if m else "conv")
+                    for i, m in zip(ops["ipu"].to_numpy(), is_matmul, strict=True)])
+    ops = pd.concat([ops, op_costs(ops, target, precision, amp)], axis=1)
+    ops.loc[ops["phase"] == "host_io", "cycles"] = 0  # stream copies are exchange, not compute
+    return program, micro_batch, plan, program_order(ops), amp
 
 def _rescale(program: Program, options: Options) -> tuple[Program, int]:
     """Scale per-sample work when options.micro_batch_size (if not the default 1) differs
