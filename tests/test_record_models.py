@@ -12,6 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from popviz.recorder import flops, record_program
+from tests.custom_function import Square
 
 
 @pytest.mark.parametrize("op", ["split", "chunk", "unbind"])
@@ -135,21 +136,11 @@ def test_safe_softmax_counts_like_softmax() -> None:
 
 
 # ------------------------------------------------------------------ attribution
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
 
 
 class _Act(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Square.apply(x)
+        return Square.apply(x)
 
 
 class _Net(torch.nn.Module):

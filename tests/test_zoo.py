@@ -27,6 +27,7 @@ from popviz.compiler import compile
 from popviz.options import Options
 from popviz.recorder import record_program
 from popviz.recorder.program import PHASES
+from tests.custom_function import Square
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
@@ -109,16 +110,6 @@ def t5(attn: str) -> Built:
 
 
 # ------------------------------------------------------------------ own models
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
 
 
 class Mlp(nn.Module):
