@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.measure import kineto_scan as scan
+from popviz.measure.kineto_scan import NotKineto
+
 try:
     import orjson
 
@@ -30,8 +33,6 @@ WHOLE = re.compile(r"^(?:gloo|nccl):(?:send|recv)$|^c10d::")
 KEEP_CATS = ("cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy",
              "gpu_memset", "cuda_runtime")
 
-WS = np.array([32, 10, 13, 9], dtype=np.uint8)
-NUMBER_WIDTH = 24
 # key -> column name; each is read once per event (the first occurrence: "name" also
 # appears in the args of metadata events, after the event's own)
 STRING_KEYS = {b"ph": "ph", b"cat": "cat", b"name": "name", b"tid": "tid",
@@ -43,202 +44,206 @@ NUMBER_KEYS = {b"ts": "ts", b"dur": "dur", b"External id": "ext", b"correlation"
                b"Device Type": "device_type", b"Device Id": "device_id"}
 TEXT_KEYS = {b"Input Dims": "dims"}  # nested lists of ints, kept as text
 MILLI = {"ts", "dur"}  # µs in the file, read as ns (3 decimals, exactly)
+WANTED = list(dict.fromkeys([b"ph", *STRING_KEYS, *NUMBER_KEYS, *TEXT_KEYS]))  # ph: 0
 
 
-class NotKineto(Exception):
-    """The layout is not the one this reader handles; use the general decoder."""
+def _key_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """A perfect hash of WANTED's first 8 bytes and length: slot -> key index (-1 none),
+    with each key's two words and length to confirm a hit."""
+    heads = np.array([int.from_bytes(k[:8].ljust(8, b"\0"), "little") for k in WANTED],
+                     dtype=np.uint64)
+    tails = np.array([int.from_bytes(k[8:16].ljust(8, b"\0"), "little") for k in WANTED],
+                     dtype=np.uint64)
+    lens = np.array([len(k) for k in WANTED], dtype=np.int64)
+    for mult in range(1, 1 << 16, 2):  # the first multiplier that separates them all
+        slot = _slot(heads, lens, mult)
+        if len(set(slot.tolist())) == len(WANTED):
+            table = np.full(1 << 12, -1, dtype=np.int16)
+            table[slot] = np.arange(len(WANTED))
+            return table, heads, tails, lens, mult
+    raise AssertionError("no perfect hash for the wanted keys")  # pragma: no cover
 
 
-def _positions(arr: np.ndarray, lo: int, hi: int, *values: int) -> np.ndarray:
-    """Positions in [lo, hi) of bytes equal to any of `values`, found in 8 MiB blocks and
-    kept as int32 when the file allows: tens of millions of them, without file-sized
-    temporaries."""
-    kind = np.int32 if len(arr) < 2**31 - 64 else np.int64
-    parts = []
-    for at in range(lo, hi, 8 << 20):
-        part = arr[at:min(hi, at + (8 << 20))]
-        hit = part == values[0]
-        for v in values[1:]:
-            hit |= part == v
-        parts.append((np.flatnonzero(hit) + at).astype(kind))
-    return np.concatenate(parts) if parts else np.zeros(0, kind)
+def _slot(head: np.ndarray, length: np.ndarray, mult: int) -> np.ndarray:
+    mixed = (head ^ (length.astype(np.uint64) << np.uint64(56))) * np.uint64(
+        0x9E3779B97F4A7C15 + 2 * mult)
+    return (mixed >> np.uint64(52)).astype(np.int64)
 
 
-def _strings(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(open, close) positions of every JSON string."""
-    q = _positions(arr, 0, len(arr), 34)
-    if len(q) == 0:
-        raise NotKineto
-    back = arr[np.maximum(q - 1, 0)] == 92
-    if back.any():  # a quote after one backslash is escaped (after two it is not)
-        back &= arr[np.maximum(q - 2, 0)] != 92
-        q = q[~back]
-    if len(q) % 2:
-        raise NotKineto
-    return q[0::2], q[1::2]
+KEY_TABLE = _key_table()
 
 
-def _pack(arr: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Up to 8 bytes from each `at` (fewer where `length` is shorter) as one uint64."""
-    m = _rows(arr, at, 8)
-    m[np.arange(8) >= length[:, None]] = 0
-    return m.view(np.uint64).ravel()
-
-
-def _rows(arr: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """A (len(at), width) uint8 copy of the bytes from each `at` (zero past the end),
-    gathered through a sliding window view: no int64 index matrix."""
-    if len(arr) < width:
-        arr = np.concatenate([arr, np.zeros(width, np.uint8)])
-    window = np.lib.stride_tricks.sliding_window_view(arr, width)
-    return window[np.minimum(at, len(arr) - width)]
-
-
-def _key_ids(arr: np.ndarray, kopen: np.ndarray, klen: np.ndarray,
-             wanted: list[bytes]) -> np.ndarray:
-    """Index into `wanted` of each key (-1: not wanted): length, first and last 8 bytes."""
-    kid = np.full(len(kopen), -1, dtype=np.int16)
-    head = _pack(arr, kopen + 1, klen)
-    long_ = np.flatnonzero(klen > 8)
-    tail = _pack(arr, kopen[long_] + 1 + klen[long_] - 8, np.full(len(long_), 8))
-    for i, key in enumerate(wanted):
-        k = np.frombuffer(key, np.uint8)
-        first = _pack(k, np.zeros(1, np.int64), np.array([len(k)]))[0]
-        if len(key) <= 8:
-            kid[(klen == len(key)) & (head == first)] = i
-            continue
-        last = _pack(k, np.array([len(k) - 8]), np.array([8]))[0]
-        hit = (klen[long_] == len(key)) & (head[long_] == first) & (tail == last)
-        kid[long_[hit]] = i
+def _key_ids(w: np.ndarray, kstart: np.ndarray, klen: np.ndarray) -> np.ndarray:
+    """Index into WANTED of each key (its text from `kstart`, `klen` bytes; -1: not
+    wanted): a table look-up on its first word and length, confirmed on both words."""
+    table, heads, tails, lens, mult = KEY_TABLE
+    head = w[kstart] & scan.LOWB[np.minimum(klen, 8)]
+    kid = table[_slot(head, klen, mult)].astype(np.int64)
+    hit = np.flatnonzero(kid >= 0)
+    cand = kid[hit]
+    ok = (head[hit] == heads[cand]) & (klen[hit] == lens[cand])
+    long_ = lens[cand] > 8
+    tail = w[kstart[hit] + 8] & scan.LOWB[np.clip(klen[hit] - 8, 0, 8)]
+    ok &= ~long_ | (tail == tails[cand])
+    kid[hit[~ok]] = -1
     return kid
-
-
-def parse_numbers(arr: np.ndarray, start: np.ndarray, decimals: int) -> np.ndarray:
-    """int64 value x 10**decimals (truncated) of the JSON numbers starting at `start`,
-    one column of digits at a time; NotKineto on exponents or anything longer."""
-    m = len(start)
-    if m == 0:
-        return np.zeros(0, dtype=np.int64)
-    mat = _rows(arr, start, NUMBER_WIDTH)
-    neg = mat[:, 0] == 45
-    value = np.zeros(m, dtype=np.int64)
-    places = np.zeros(m, dtype=np.int64)  # fraction digits taken
-    state = np.zeros(m, dtype=np.int8)  # 0 integer part, 1 fraction, 2 done
-    for j in range(NUMBER_WIDTH):
-        c = mat[:, j]
-        if j == 0:
-            c = np.where(neg, 48, c)  # the sign: read as a leading zero
-        digit = (c >= 48) & (c <= 57)
-        d = c.astype(np.int64) - 48
-        take = digit & ((state == 0) | ((state == 1) & (places < decimals)))
-        value = np.where(take, value * 10 + d, value)
-        places += take & (state == 1)
-        point = (c == 46) & (state == 0)
-        done = ~digit & ~point & (state < 2)
-        if (done & ((c == 101) | (c == 69))).any():
-            raise NotKineto  # an exponent
-        state = np.where(point, 1, np.where(done, 2, state)).astype(np.int8)
-    if (state < 2).any():
-        raise NotKineto
-    value = value * 10 ** (decimals - places)
-    return np.where(neg, -value, value)
 
 
 def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     """Columns of every event between the traceEvents array's `[` (begin) and `]` (end):
-    for each key of STRING_KEYS / NUMBER_KEYS / TEXT_KEYS an array over events (None /
-    -1 / 0 where absent), and `brace`: where each event's object opens."""
+    "n" events, `brace` (where each opens), `kind` (the ph byte); per key of STRING_KEYS
+    and TEXT_KEYS (codes per event, -1 absent; the distinct raw texts) and of NUMBER_KEYS
+    (events, values), or None. Read a few MiB of events at a time: the temporaries stay
+    small (in cache, no fresh pages) and the result does not depend on the cuts."""
     arr = np.frombuffer(data, dtype=np.uint8)
-    sopen, sclose = _strings(arr)
-    _check_balanced(arr, begin, end, sopen, sclose)
-    after = arr[np.minimum(sclose + 1, len(arr) - 1)]
-    spaced = after == 32
-    colon = np.where(spaced, np.minimum(sclose + 2, len(arr) - 1), sclose + 1)
-    is_key = (arr[colon] == 58) & (sopen > begin) & (sopen < end)
-    kopen, kclose, kcolon = sopen[is_key], sclose[is_key], colon[is_key]
-    del after, spaced, colon, is_key  # file-sized temporaries: free before the next ones
-    wanted = [b"ph", *STRING_KEYS, *NUMBER_KEYS, *TEXT_KEYS]  # "ph" first: kid 0
-    wanted = list(dict.fromkeys(wanted))
-    kid = _key_ids(arr, kopen, kclose - kopen - 1, wanted)
-    del kclose
-    ph = kopen[kid == 0]
-    if len(ph) == 0:
-        raise NotKineto
-    # every event opens with "ph": the byte before it (past whitespace) must be `{`
-    brace = ph - 1
-    for _ in range(16):
-        ws = np.isin(arr[brace], WS)
-        if not ws.any():
-            break
-        brace = brace - ws
-    if not (arr[brace] == 123).all():
-        raise NotKineto
-    n = len(ph)
-    # keys are in file order and each event starts with "ph"
-    event = np.cumsum(kid == 0, dtype=np.int32) - 1
-    vstart = kcolon + 1
-    vstart = vstart + (arr[np.minimum(vstart, len(arr) - 1)] == 32)
-    # the event's kind is the byte after "ph": "; only complete (X) and instant (i)
-    # events are read further (flows, metadata and counters are skipped)
-    kind = arr[np.minimum(vstart[kid == 0] + 1, len(arr) - 1)]
-    used = np.isin(kind, np.frombuffer(b"Xi", np.uint8))
-    cols: dict[str, Any] = {"n": n, "brace": brace,
-                            "ph": (np.arange(n), [bytes([k]) for k in kind.tolist()])}
-    keep = np.flatnonzero(kid > 0)  # one pass: wanted keys of X / i events, by key
-    keep = keep[(event[keep] >= 0) & used[np.maximum(event[keep], 0)]]
-    keep = keep[np.argsort(kid[keep], kind="stable")]
-    bounds = np.searchsorted(kid[keep], np.arange(len(wanted) + 1))
-    for i, key in enumerate(wanted):
-        if key == b"ph":
+    if len(arr) - end < scan.PAD:  # 8-byte loads past the last value stay in the buffer
+        arr = np.concatenate([arr, np.zeros(scan.PAD, np.uint8)])
+    w = scan.words(arr)
+    parts: list[dict[str, Any]] = []
+    quotes: list[np.ndarray] = []
+    opens: list[np.ndarray] = []
+    n = 0
+    for q, o in scan.blocks(arr, begin, end):
+        quotes.append(q)
+        opens.append(o)
+        brace = np.concatenate(opens)
+        if len(brace) < 2:
             continue
-        sel = keep[bounds[i]:bounds[i + 1]]
-        if len(sel) == 0:
-            cols[_name(key)] = None
-            continue
-        ev, first = np.unique(event[sel], return_index=True)
-        sel = sel[first]
-        cols[_name(key)] = (ev, _values(data, arr, key, vstart[sel], sopen, sclose))
+        q = np.concatenate(quotes)
+        cut = int(np.searchsorted(q, brace[-1]))  # the last event may go on: keep it
+        parts.append(_segment(data, arr, w, q[:cut], brace[:-1], int(brace[-1]), n))
+        n += len(brace) - 1
+        quotes, opens = [q[cut:]], [brace[-1:]]
+    brace = np.concatenate(opens) if opens else np.zeros(0, np.int64)
+    if len(brace):
+        parts.append(_segment(data, arr, w, np.concatenate(quotes), brace, end, n))
+        n += len(brace)
+    if n == 0:
+        raise NotKineto
+    cols: dict[str, Any] = {"n": n, "brace": np.concatenate([p["brace"] for p in parts]),
+                            "kind": np.concatenate([p["kind"] for p in parts])}
+    for key in WANTED[1:]:
+        name = _name(key)
+        got = [p[name] for p in parts if p[name] is not None]
+        if not got:
+            cols[name] = None
+        elif key in NUMBER_KEYS:
+            cols[name] = (np.concatenate([g[0] for g in got]),
+                          np.concatenate([g[1] for g in got]))
+        else:
+            cols[name] = _merge(got, n)
     return cols
 
 
-def _check_balanced(arr: np.ndarray, begin: int, end: int, sopen: np.ndarray,
-                    sclose: np.ndarray) -> None:
-    """Brackets outside strings balance between the array's `[` and `]`: else the file is
-    cut short or the `]` taken for the array's end is not it (NotKineto: the general
-    decoder then names the problem)."""
-    for a, b in ((123, 125), (91, 93)):
-        pos = _positions(arr, begin + 1, end, a, b)
-        last = np.searchsorted(sopen, pos, side="right") - 1
-        inside = (last >= 0) & (sclose[np.maximum(last, 0)] > pos)
-        pos = pos[~inside]
-        depth = np.cumsum(np.where(arr[pos] == a, 1, -1))
-        if len(depth) and (depth[-1] != 0 or depth.min() < 0):
-            raise NotKineto
+def _merge(got: list[tuple[np.ndarray, np.ndarray, list[bytes]]],
+           n: int) -> tuple[np.ndarray, list[bytes]]:
+    """Codes per event (-1 absent) into one list of distinct texts, from each segment's
+    (events, codes, distinct texts)."""
+    codes = np.full(n, -1, dtype=np.int64)
+    index: dict[bytes, int] = {}
+    for ev, local, uniq in got:
+        remap = np.array([index.setdefault(u, len(index)) for u in uniq], dtype=np.int64)
+        codes[ev] = remap[local]
+    return codes, list(index)
+
+
+def _segment(data: bytes, arr: np.ndarray, w: np.ndarray, q: np.ndarray,
+             brace: np.ndarray, stop: int, first_event: int) -> dict[str, Any]:
+    """The columns of the events opening at `brace` (their strings' quotes `q`; the next
+    event, or the array's end, at `stop`), numbered from `first_event`."""
+    sopen, sclose = q[0::2], q[1::2]
+    after = sclose + 1
+    after += arr[after] == 32  # `"key": ` or `"key":`
+    key = np.flatnonzero(arr[after] == 58)  # index of each key among the strings
+    kcolon = after[key]
+    kid = _key_ids(w, sopen[key] + 1, (sclose[key] - sopen[key] - 1).astype(np.int64))
+    ph = np.flatnonzero(kid == 0)
+    n = len(brace)
+    if len(ph) != n or n == 0:
+        raise NotKineto
+    # each event opens with "ph" (past whitespace after its `{`), so a key belongs to the
+    # event of the last "ph" before it
+    gap = sopen[key[ph]] - brace - 1
+    if (gap < 0).any() or (gap > 16).any() or not all(
+            (arr[brace[gap > k] + 1 + k] <= 32).all() for k in range(int(gap.max()))):
+        raise NotKineto
+    wanted = np.flatnonzero(kid >= 0)
+    kid, kcolon, key = kid[wanted], kcolon[wanted], key[wanted]
+    if kid[0] != 0:
+        raise NotKineto  # a key before the first event's "ph"
+    event = np.cumsum(kid == 0, dtype=np.int64) - 1
+    vstart = kcolon.astype(np.int64) + 1
+    vstart += arr[vstart] == 32
+    if not (arr[vstart[kid == 0]] == 34).all():
+        raise NotKineto
+    kind = arr[vstart[kid == 0] + 1]
+    # only complete (X) and instant (i) events are read further (flows, metadata and
+    # counters are skipped)
+    used = (kind == 88) | (kind == 105)
+    out: dict[str, Any] = {"brace": brace, "kind": kind}
+    sel = np.flatnonzero((kid > 0) & used[event])
+    sel = sel[np.argsort(kid[sel], kind="stable")]  # by key, each in file order
+    bounds = np.searchsorted(kid[sel], np.arange(len(WANTED) + 1))
+    for i, name in enumerate(WANTED[1:], start=1):
+        rows = sel[bounds[i]:bounds[i + 1]]
+        ev = event[rows]
+        first = np.r_[True, ev[1:] != ev[:-1]] if len(ev) else np.zeros(0, bool)
+        rows, ev = rows[first], ev[first]
+        out[_name(name)] = _values(data, arr, w, name, ev, vstart[rows], key[rows],
+                                   sopen, sclose, stop)
+        if out[_name(name)] is not None:
+            out[_name(name)] = (ev + first_event, *out[_name(name)][1:]) \
+                if name not in NUMBER_KEYS else (out[_name(name)][0] + first_event,
+                                                 out[_name(name)][1])
+    return out
 
 
 def _name(key: bytes) -> str:
     return STRING_KEYS.get(key) or NUMBER_KEYS.get(key) or TEXT_KEYS[key]
 
 
-def _values(data: bytes, arr: np.ndarray, key: bytes, start: np.ndarray,
-            sopen: np.ndarray, sclose: np.ndarray) -> Any:
+def _values(data: bytes, arr: np.ndarray, w: np.ndarray, key: bytes, ev: np.ndarray,
+            start: np.ndarray, string: np.ndarray, sopen: np.ndarray, sclose: np.ndarray,
+            stop: int) -> Any:
+    """One key's column from its values' positions (`string`: the key's index among the
+    strings, so its value, when a string, is the next one): (events, values) of a number,
+    (events, codes, distinct raw texts) of a string or text."""
+    if len(ev) == 0:
+        return None
+    first = arr[start]
     if key in NUMBER_KEYS:
-        quoted = arr[start] == 34  # a number written as a string ("tid": "12")
-        start = start + quoted
-        return parse_numbers(arr, start, 3 if NUMBER_KEYS[key] in MILLI else 0)
+        null = first == 110  # null: as if absent, as the general decoder reads it
+        if null.any():
+            ev, start, first = ev[~null], start[~null], first[~null]
+        quoted = first == 34  # a number written as a string ("stream": "7")
+        values = np.empty(len(ev), dtype=np.int64)
+        plain = np.flatnonzero(~quoted)
+        milli = 3 if NUMBER_KEYS[key] in MILLI else 0
+        values[plain] = scan.parse_numbers(arr, w, start[plain], milli)
+        if quoted.any():
+            if milli:
+                raise NotKineto
+            at = np.flatnonzero(quoted)
+            values[at] = scan.parse_numbers(arr, w, start[at] + 1, 0, quoted=True)
+        return ev, values
     if key in TEXT_KEYS:  # a list up to the next key's quote, trailing `,` / `}` cut
-        nxt = sopen[np.minimum(np.searchsorted(sopen, start), len(sopen) - 1)]
-        return [data[a:b].rstrip(b" \t\r\n,{}").replace(b" ", b"").decode()
-                for a, b in zip(start.tolist(), nxt.tolist())]
-    is_str = arr[start] == 34
-    out = np.empty(len(start), dtype=object)
+        nxt = np.minimum(string + 1, len(sopen) - 1)
+        ends = np.where(string + 1 < len(sopen), sopen[nxt], stop)
+        codes, raw = scan.factorize(data, w, start, ends)
+        return ev, codes, raw
+    is_str = first == 34
     if not is_str.all():  # a number where a string is usual (tid): its digits as text
         num = np.flatnonzero(~is_str)
-        out[num] = [str(v).encode() for v in parse_numbers(arr, start[num], 0).tolist()]
-    text = np.flatnonzero(is_str)
-    close = sclose[np.minimum(np.searchsorted(sopen, start[text]), len(sclose) - 1)]
-    out[text] = [data[a:b] for a, b in zip((start[text] + 1).tolist(), close.tolist())]
-    return out
+        ncodes, nuniq = pd.factorize(scan.parse_numbers(arr, w, start[num], 0))
+        text = np.flatnonzero(is_str)
+        scodes, suniq = scan.factorize(data, w, sopen[string[text] + 1] + 1,
+                                       sclose[string[text] + 1])
+        codes = np.empty(len(ev), dtype=np.int64)
+        codes[num] = ncodes
+        codes[text] = scodes + len(nuniq)
+        return ev, codes, [str(v).encode() for v in nuniq.tolist()] + suniq
+    codes, uniq = scan.factorize(data, w, sopen[string + 1] + 1, sclose[string + 1])
+    return ev, codes, uniq
 
 
 def _text(raw: bytes) -> str:
@@ -248,13 +253,10 @@ def _text(raw: bytes) -> str:
 
 def _codes(cols: dict[str, Any], name: str, n: int) -> tuple[np.ndarray, list[str]]:
     """Per event: code into the distinct texts of a string key (-1 where absent)."""
-    codes = np.full(n, -1, dtype=np.int64)
     if cols[name] is None:
-        return codes, []
-    ev, raw = cols[name]
-    c, uniques = pd.factorize(np.asarray(raw, dtype=object))
-    codes[ev] = c
-    return codes, [_text(u) for u in uniques]
+        return np.full(n, -1, dtype=np.int64), []
+    codes, raw = cols[name]
+    return codes, [_text(u) for u in raw]
 
 
 def _numbers(cols: dict[str, Any], name: str, n: int, default: int) -> np.ndarray:
@@ -279,10 +281,9 @@ def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.Dat
     """(spans, memory) as kineto.read_general builds them, from the vectorised columns."""
     cols = fast_columns(data, begin, end)
     n = cols["n"]
-    ph, ph_u = _codes(cols, "ph", n)
     cat, cat_u = _codes(cols, "cat", n)
     name, name_u = _codes(cols, "name", n)
-    x = ph == (ph_u.index("X") if "X" in ph_u else -2)
+    x = cols["kind"] == 88
     keep_cat = np.isin(cat, [i for i, c in enumerate(cat_u) if c in KEEP_CATS])
     rows = np.flatnonzero(x & keep_cat)
     tid, tid_u = _codes(cols, "tid", n)
@@ -290,7 +291,10 @@ def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.Dat
     dur = np.maximum(_numbers(cols, "dur", n, 0), 0)
     dims = np.full(n, None, dtype=object)  # text: ops only show their shapes
     if cols["dims"] is not None:
-        dims[cols["dims"][0]] = cols["dims"][1]
+        codes, raw = cols["dims"]
+        texts = np.array([None, *(r.rstrip(b" \t\r\n,{}").replace(b" ", b"").decode()
+                                  for r in raw)], dtype=object)
+        dims = texts[codes + 1]
     whole = _whole_events(data, cols, rows, name, name_u, end)
     coll, coll_u = _codes(cols, "collective", n)
     dtype, dtype_u = _codes(cols, "dtype", n)
@@ -317,7 +321,7 @@ def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.Dat
     spans.loc[~gpu, "bytes"] = 0
     op = spans["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
     spans.loc[~op, "dims"] = None
-    mem = np.flatnonzero((ph == (ph_u.index("i") if "i" in ph_u else -2))
+    mem = np.flatnonzero((cols["kind"] == 105)
                          & (name == (name_u.index("[memory]") if "[memory]" in name_u
                                      else -2)))
     memory = pd.DataFrame({"time": start[mem], "allocated": _numbers(cols, "allocated",
