@@ -17,7 +17,7 @@ import pytest
 
 import popviz
 from popviz.cli.main import main
-from popviz.measure import kineto
+from popviz.measure import kineto, kineto_fast
 from popviz.measure.import_rank import RankPart
 from popviz.measure.import_schedule import schedule_name
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
@@ -320,8 +320,15 @@ def test_vectorised_reader_equals_the_json_decoder(which: str,
                                                    runs: dict[str, list[Path]]) -> None:
     path = {"resnet": RESNET, "pipeline": PIPELINE, "gloo": runs["GPipe"][1]}[which]
     fast = kineto.read_trace(path)
-    spans, memory, top = kineto.read_general(kineto.read_bytes(path), path)
+    data = kineto.read_bytes(path)
+    spans, memory, top = kineto.read_general(data, path)
     assert fast.meta == top and len(fast.spans) == len(spans) > 0
+    # the vectorised reader itself, not its fallback, takes torch.profiler's files
+    begin = kineto._KEY.search(data).end() - 1
+    vec_spans, vec_memory = kineto_fast.fast_frames(
+        data, begin, kineto.array_end(data, begin, path)[0])
+    pd.testing.assert_frame_equal(vec_spans, fast.spans)
+    pd.testing.assert_frame_equal(vec_memory, fast.memory)
     for col in spans.columns:
         a, b = fast.spans[col], spans[col]
         if col in ("start", "end"):  # exact digits vs float µs x 1000: 1 ns apart at most

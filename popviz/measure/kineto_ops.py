@@ -52,6 +52,13 @@ def op_class(names: pd.Series) -> np.ndarray:
     return out[codes] if len(codes) else np.zeros(0, dtype=object)
 
 
+def _shapes(dims: pd.Series) -> list[str]:
+    """Input dims as compact JSON text ("" when none): the vectorised reader gives the
+    text already, the JSON decoder lists."""
+    return [("" if d == "[]" else d) if isinstance(d, str) else _text(d) if d else ""
+            for d in dims.tolist()]
+
+
 def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """One row per host op of one rank, in OPS_COLUMNS plus EXTRA_COLUMNS."""
     ops = spans[spans["cat"] == "cpu_op"]
@@ -76,6 +83,6 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
         "host_ns": end - start, "bytes": 0, "peer": -1, "waiting_ns": 0, "transfer_ns": 0,
         "cycles": cycles, "op_class": cls, "gpu_ns": gpu_ns,
         "kernels": found["size"].fillna(0).to_numpy(np.int64),
-        "shapes": [_text(d) if d else "" for d in ops["dims"]],
+        "shapes": _shapes(ops["dims"]),
         "flops": ops["flops"].to_numpy(), "top_level": top},
     )[[*tbl.OPS_COLUMNS, *EXTRA_COLUMNS]]
