@@ -78,13 +78,14 @@ def _key_ids(w: np.ndarray, kstart: np.ndarray, klen: np.ndarray) -> np.ndarray:
     wanted): a table look-up on its first word and length, confirmed on both words."""
     table, heads, tails, lens, mult = KEY_TABLE
     head = w[kstart] & scan.LOWB[np.minimum(klen, 8)]
-    kid = table[_slot(head, klen, mult)].astype(np.int64)
+    kid = table[_slot(head, klen, mult)]
     hit = np.flatnonzero(kid >= 0)
     cand = kid[hit]
     ok = (head[hit] == heads[cand]) & (klen[hit] == lens[cand])
-    long_ = lens[cand] > 8
-    tail = w[kstart[hit] + 8] & scan.LOWB[np.clip(klen[hit] - 8, 0, 8)]
-    ok &= ~long_ | (tail == tails[cand])
+    long_ = np.flatnonzero(lens[cand] > 8)  # confirm the rest of the longer keys
+    at = hit[long_]
+    tail = w[kstart[at] + 8] & scan.LOWB[np.clip(klen[at] - 8, 0, 8)]
+    ok[long_] &= tail == tails[cand[long_]]
     kid[hit[~ok]] = -1
     return kid
 

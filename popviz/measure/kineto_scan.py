@@ -115,8 +115,8 @@ def _eight(x: np.ndarray) -> np.ndarray:
 
 def _run(w: np.ndarray, stop: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Value of the `k` (<= 16) digits that end just before `stop`."""
-    hi = w[np.maximum(stop - 8, 0)] & TOP[np.minimum(k, 8)] & NIBBLE
-    lo = w[np.maximum(stop - 16, 0)] & TOP[np.clip(k - 8, 0, 8)] & NIBBLE
+    hi = w[stop - 8] & TOP[np.minimum(k, 8)] & NIBBLE
+    lo = w[stop - 16] & TOP[np.clip(k - 8, 0, 8)] & NIBBLE
     return _eight(lo) * 100_000_000 + _eight(hi)
 
 
@@ -127,13 +127,19 @@ def parse_numbers(arr: np.ndarray, w: np.ndarray, start: np.ndarray, decimals: i
     anything that is not a number followed by what may follow one (`"` when `quoted`)."""
     if len(start) == 0:
         return np.zeros(0, dtype=np.int64)
+    if start.min() < 16:  # loads reach 16 bytes back (never so early in a trace)
+        raise NotKineto
     neg = arr[start] == 45
     s = start + neg
     n0 = _digits(w[s])
-    ilen = n0 + np.where(n0 == 8, _digits(w[s + 8]), 0)
+    short = bool((n0 < 8).all())  # ids, streams, sizes: one word each
+    ilen = n0 if short else n0 + np.where(n0 == 8, _digits(w[s + 8]), 0)
     if (ilen == 0).any() or (ilen > 15).any():
         raise NotKineto
-    value = _run(w, s + ilen, ilen)
+    if short:
+        value = _eight(w[s + ilen - 8] & TOP[ilen] & NIBBLE)
+    else:
+        value = _run(w, s + ilen, ilen)
     stop = s + ilen
     point = arr[stop] == 46
     if point.any():
