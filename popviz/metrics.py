@@ -43,9 +43,8 @@ STAGE_TIME_COLUMNS: dict[str, tuple[str, ...]] = {
 
 def _codes(trace: pd.DataFrame) -> np.ndarray:
     """Each event's category index in CATEGORIES (popviz.vocab.category_codes)."""
-    return category_codes(trace["kind"].astype(str).to_numpy(),
-                          trace["pass"].astype(str).to_numpy() if "pass" in trace.columns
-                          else None)
+    return category_codes(trace["kind"].to_numpy(),
+                          trace["pass"].to_numpy() if "pass" in trace.columns else None)
 
 
 def sweep(group: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray,

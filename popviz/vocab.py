@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 # --- profile kinds (meta.kind, the root attribute `kind`) ------------------------------
 MODELLED_KIND = "modelled"  # record + compile: a target model, IPUs and cycles
@@ -57,15 +58,24 @@ SHORT = {v: k for k, v in PASS_CATEGORY.items()}  # forward -> F (legend keys, p
 def category_codes(kind: Any, passes: Any = None) -> np.ndarray:
     """Each event's index in CATEGORIES from its kind and pass. A compute event goes to
     its pass's category (plain compute without a known pass); a kind outside the contract
-    (an importer's own) counts as compute: a traced event is work, idle is only waiting."""
-    kind = np.asarray(kind, dtype=str)
-    passes = (np.full(len(kind), "") if passes is None else np.asarray(passes, dtype=str))
-    code = np.full(len(kind), CATEGORIES.index("compute"), dtype=np.int64)
-    for p, cat in PASS_CATEGORY.items():
-        code[(kind == "compute") & (passes == p)] = CATEGORIES.index(cat)
-    for k in ("exchange", "host_io", "sync", "idle"):
-        code[kind == k] = CATEGORIES.index(k)
-    return code
+    (an importer's own) counts as compute: a traced event is work, idle is only waiting.
+    Decided once per distinct (kind, pass) pair: traces have 10^5+ events, a few pairs."""
+    k_codes, k_names = pd.factorize(np.asarray(kind, dtype=object))
+    if passes is None:
+        p_codes, p_names = np.zeros(len(k_codes), dtype=np.int64), [""]
+    else:
+        p_codes, p_names = pd.factorize(np.asarray(passes, dtype=object))
+    compute = CATEGORIES.index("compute")
+    # one row / column more for a missing value (code -1: the last), read as ""
+    kinds, pass_texts = [*map(str, k_names), ""], [*map(str, p_names), ""]
+    table = np.full((len(kinds), len(pass_texts)), compute, dtype=np.int64)
+    for i, k in enumerate(kinds):
+        for j, p in enumerate(pass_texts):
+            if k == "compute" and p in PASS_CATEGORY:
+                table[i, j] = CATEGORIES.index(PASS_CATEGORY[p])
+            elif k in ("exchange", "host_io", "sync", "idle"):
+                table[i, j] = CATEGORIES.index(k)
+    return table[k_codes, p_codes]
 
 
 # --- device naming ---------------------------------------------------------------------
