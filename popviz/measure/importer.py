@@ -209,6 +209,10 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
         "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
     }
+    del events
+    for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
+        t.events = t.calls = t.liveness = t.ops = pd.DataFrame()
+        t.labeller = None
     return result, info
 
 
