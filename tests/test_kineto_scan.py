@@ -32,7 +32,7 @@ def test_numbers_read_eight_digits_at_a_time_equal_python(decimals: int) -> None
              "4561953772008.6", "1.23456", "-0.5", "42.0"]
     texts += [str(int(v)) for v in rng.integers(0, 10**15, 200)]
     texts += [f"{v:.3f}" for v in rng.uniform(-1e9, 1e9, 200)]
-    data, arr, start = _buffer(texts)
+    _, arr, start = _buffer(texts)
     got = scan.parse_numbers(arr, scan.words(arr), start, decimals)
     want = [int(Decimal(t).scaleb(decimals).to_integral_value(rounding="ROUND_DOWN"))
             for t in texts]
@@ -42,7 +42,7 @@ def test_numbers_read_eight_digits_at_a_time_equal_python(decimals: int) -> None
 @pytest.mark.parametrize("bad", ["1e5", "1.5E3", "12345678901234567", "-", "1.", "true",
                                  "12x"])
 def test_what_is_not_a_plain_number_goes_to_the_general_decoder(bad: str) -> None:
-    data, arr, start = _buffer(["1", bad, "2"])
+    _, arr, start = _buffer(["1", bad, "2"])
     with pytest.raises(scan.NotKineto):
         scan.parse_numbers(arr, scan.words(arr), start, 3)
 
