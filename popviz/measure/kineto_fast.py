@@ -245,8 +245,14 @@ def _values(data: bytes, arr: np.ndarray, w: np.ndarray, key: bytes, ev: np.ndar
 
 
 def _text(raw: bytes) -> str:
-    """A JSON string's content (escapes decoded only where there are any)."""
-    return _loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode("utf-8", "replace")
+    """A JSON string's content (escapes decoded only where there are any); a bad escape
+    is for the general decoder to name."""
+    if b"\\" not in raw:
+        return raw.decode("utf-8", "replace")
+    try:
+        return _loads(b'"' + raw + b'"')
+    except ValueError:  # orjson's and json's decode errors are ValueErrors
+        raise NotKineto from None
 
 
 def _codes(cols: dict[str, Any], name: str, n: int) -> tuple[np.ndarray, list[str]]:
