@@ -28,6 +28,7 @@ POINTS = load_calibration()["points"]
 FIT_POINTS = [p for p in POINTS if p["use"] == "fit"]
 CHECKS = [p for p in POINTS if p["kind"] == "fits"]
 MISSED = [p for p in POINTS if p["use"] == "check" and p["kind"] == "throughput"]
+HELD_OUT = [p for p in POINTS if p["use"] == "holdout"]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,8 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
     for p in POINTS:
         assert p["source"] and p["figure"] and p["config"], p["id"]
         assert p["kind"] in ("throughput", "bandwidth", "fits")
+        assert p["use"] in ("fit", "check", "holdout"), p["id"]
+    assert len([p for p in POINTS if p["kind"] != "fits"]) >= 12  # published figures
     targets = {p["config"]["target"] for p in POINTS}
     models = {p["config"].get("model") for p in POINTS} - {None}
     assert {"mk1", "mk2", "bow"} <= targets and {"resnet", "resnext", "efficientnet"} <= models
@@ -85,6 +88,18 @@ def test_cached_terms_give_the_same_cycles_as_a_full_costing(evaluator: Evaluato
         full = op_costs(prepared.ops, prepared.target, prepared.precision, prepared.amp,
                         other, prepared.features)["cycles"].to_numpy(np.float64)
         assert np.array_equal(prepared.op_cycles(other), full), prepared.point["id"]
+
+
+def test_held_out_points_are_never_fitted() -> None:
+    fitted = set(load_calibration()["fit"]["points"])
+    assert HELD_OUT and not fitted & {p["id"] for p in HELD_OUT}
+    assert fitted == {p["id"] for p in FIT_POINTS}
+
+
+@pytest.mark.parametrize("point", HELD_OUT, ids=lambda p: p["id"])
+def test_held_out_points_are_predicted_within_their_tolerance(point: dict) -> None:
+    error = prepare(point).predict(DEFAULT_COST) / point["value"] - 1
+    assert abs(error) <= point["tolerance"], f"{point['id']}: {error:+.1%} out of sample"
 
 
 @pytest.mark.parametrize("point", CHECKS, ids=lambda p: p["id"])

@@ -40,7 +40,7 @@ QUANTITATIVE = ("throughput", "bandwidth")
 
 @lru_cache(maxsize=16)
 def plan_program(name: str, size: Any, batch: int, image: int = 224,
-                 classes: int = 1000) -> Program:
+                 classes: int = 1000, variant: tuple[tuple[str, Any], ...] = ()) -> Program:
     """A full-size model's training step recorded in plan mode (fake tensors: no compute;
     inference points drop the backward in `compile`). Cached per process: a fit and a test
     session record each model once."""
@@ -53,7 +53,7 @@ def plan_program(name: str, size: Any, batch: int, image: int = 224,
 
     with FakeTensorMode():
         torch.manual_seed(0)
-        model = build(name, size)
+        model = build(name, size, variant=dict(variant))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x = torch.randn(batch, 3, image, image)
         y = torch.randint(0, classes, (batch,))
@@ -69,7 +69,8 @@ def point_options(point: dict[str, Any]) -> Options:
 
 def point_program(point: dict[str, Any]) -> Program:
     cfg = point["config"]
-    return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)))
+    return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)),
+                        variant=tuple(sorted(cfg.get("variant", {}).items())))
 
 
 @dataclass
