@@ -11,6 +11,7 @@ ratio to the time of recording that step (target: < 0.2), and the profile's size
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -78,8 +79,16 @@ def calibrate() -> int:
           f"{np.mean(np.abs(loo)):.1%} | 15% / 25% |")
     from popviz.compiler.calibration import prepare
 
+    def missing(p: dict) -> str:  # an optional package the point's model needs, if absent
+        need = p["config"].get("requires")
+        if need and importlib.util.find_spec(need) is None:
+            print(f"| {p['id'].ljust(width)} | {p['value']:,.1f} samples/s | skipped: needs "
+                  f"the optional package {need} | | | {p['tolerance']:.0%} |")
+            return need
+        return ""
+
     for p in points:
-        if p.get("use") == "check" and p["kind"] == "throughput":
+        if p.get("use") == "check" and p["kind"] == "throughput" and not missing(p):
             got = prepare(p).predict(DEFAULT_COST)
             print(f"| {p['id'].ljust(width)} | {p['value']:,.1f} samples/s | {got:,.1f} "
                   f"samples/s | {got / p['value'] - 1:+.1%} (check, not fitted: "
@@ -88,6 +97,8 @@ def calibrate() -> int:
     if held:
         print(f"| {'held out (never fitted)'.ljust(width)} | | | out of sample | | |")
     for p in held:
+        if missing(p):
+            continue
         got = prepare(p).predict(DEFAULT_COST)
         print(f"| {p['id'].ljust(width)} | {p['value']:,.1f} samples/s | {got:,.1f} "
               f"samples/s | {got / p['value'] - 1:+.1%} (holdout) | | {p['tolerance']:.0%} |")

@@ -5,12 +5,15 @@ each); each throughput point is then re-costed in about a millisecond."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from popviz.compiler import compile
 from popviz.compiler.calibration import (
     FITTED,
+    TRANSFORMERS,
     Evaluator,
     fit,
     fits,
@@ -31,6 +34,12 @@ MISSED = [p for p in POINTS if p["use"] == "check" and p["kind"] == "throughput"
 HELD_OUT = [p for p in POINTS if p["use"] == "holdout"]
 
 
+def _needs(point: dict) -> None:
+    """Skip a point whose model needs an optional package that is not installed."""
+    if point["config"].get("requires"):
+        pytest.importorskip(point["config"]["requires"])
+
+
 @pytest.fixture(scope="module")
 def evaluator() -> Evaluator:
     return Evaluator(FIT_POINTS)
@@ -45,7 +54,11 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
     assert len([p for p in POINTS if p["kind"] != "fits"]) >= 12  # published figures
     targets = {p["config"]["target"] for p in POINTS}
     models = {p["config"].get("model") for p in POINTS} - {None}
-    assert {"mk1", "mk2", "bow"} <= targets and {"resnet", "resnext", "efficientnet"} <= models
+    assert {"mk1", "mk2", "bow"} <= targets
+    assert {"resnet", "resnext", "efficientnet", "bert", "vit"} <= models
+    for p in POINTS:  # transformers is optional: its models say so, and none is fitted
+        if p["config"].get("model") in TRANSFORMERS:
+            assert p["config"]["requires"] == "transformers" and p["use"] != "fit", p["id"]
     assert {True, False} <= {p["config"].get("training", True) for p in CHECKS}
     assert not any("kacher" in (p["source"] + p["note"]).lower() for p in POINTS)
 
@@ -98,6 +111,7 @@ def test_held_out_points_are_never_fitted() -> None:
 
 @pytest.mark.parametrize("point", HELD_OUT, ids=lambda p: p["id"])
 def test_held_out_points_are_predicted_within_their_tolerance(point: dict) -> None:
+    _needs(point)
     error = prepare(point).predict(DEFAULT_COST) / point["value"] - 1
     assert abs(error) <= point["tolerance"], f"{point['id']}: {error:+.1%} out of sample"
 
@@ -113,6 +127,7 @@ def test_published_configurations_fit_or_not(point: dict) -> None:
 @pytest.mark.parametrize("point", MISSED, ids=lambda p: p["id"])
 def test_documented_throughput_misses_are_still_missed(point: dict) -> None:
     assert point["known_miss"]
+    _needs(point)
     error = prepare(point).predict(DEFAULT_COST) / point["value"] - 1
     assert abs(error) > point["tolerance"], f"{point['id']} is now within tolerance"
 
@@ -132,3 +147,13 @@ def test_cost_constants_override_per_target() -> None:
         make_target({"base": "mk2", "name": "x", "cost": {"warp_speed": 1}})
     with pytest.raises(ValueError, match="unknown cost model constants"):
         CostModel().with_values(warp_speed=1)
+
+
+def test_a_transformer_without_transformers_is_one_clear_error(monkeypatch) -> None:
+    from popviz.models.hf import build_transformer
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(ImportError, match="optional package 'transformers'"):
+        build_transformer("bert", "large", 1)
+    with pytest.raises(ValueError, match="unknown transformer 'bert' size 'huge'"):
+        build_transformer("bert", "huge", 1)

@@ -61,6 +61,29 @@ def plan_program(name: str, size: Any, batch: int, image: int = 224,
                               progress=False)
 
 
+TRANSFORMERS = ("bert", "vit")  # built with the optional package `transformers`
+
+
+@lru_cache(maxsize=8)
+def plan_transformer(name: str, size: str, batch: int,
+                     variant: tuple[tuple[str, Any], ...] = ()) -> Program:
+    """A transformer's training step (popviz.models.hf, needs `transformers`) recorded in
+    plan mode, as `plan_program`; AdamW stands in for LAMB (same per-weight passes)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from popviz.models.hf import build_transformer, loss_step
+    from popviz.recorder import record_program
+
+    with FakeTensorMode():
+        torch.manual_seed(0)
+        model, inputs = build_transformer(name, size, batch, init_weights=False,
+                                          **dict(variant))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return record_program(loss_step, model, opt, inputs, model=model, mode="plan",
+                              progress=False)
+
+
 def point_options(point: dict[str, Any]) -> Options:
     cfg = point["config"]
     return Options(target=cfg["target"], training=bool(cfg.get("training", True)),
@@ -69,6 +92,9 @@ def point_options(point: dict[str, Any]) -> Options:
 
 def point_program(point: dict[str, Any]) -> Program:
     cfg = point["config"]
+    if cfg["model"] in TRANSFORMERS:
+        return plan_transformer(cfg["model"], cfg["size"], int(cfg["batch"]),
+                                tuple(sorted(cfg.get("variant", {}).items())))
     return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)),
                         variant=tuple(sorted(cfg.get("variant", {}).items())))
 
