@@ -56,7 +56,7 @@ def calibrate() -> int:
     then the checks (documented misses), the held-out points and the fits checks."""
     import numpy as np
 
-    from popviz.compiler.calibration import Evaluator, fits, leave_one_out
+    from popviz.compiler.calibration import FITTED, Evaluator, fits, leave_one_out
     from popviz.target.costmodel import DEFAULT_COST, CostModel, load_calibration
 
     points = load_calibration()["points"]
@@ -111,7 +111,7 @@ def calibrate() -> int:
         print(f"| {p['id'].ljust(width)} | fits={p['value']} | fits={got} | {verdict} | | |")
     print(f"({time.perf_counter() - start:.0f} s; constants: "
           + ", ".join(f"{k}={getattr(DEFAULT_COST, k):.4g}" for k in
-                      ("amp_efficiency", "depth_half", "vector_efficiency")) + ")")
+                      FITTED) + ")")
     return 0
 
 

@@ -34,7 +34,7 @@ from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, get_target
 
 PASSES = ("F", "R", "B", "WU")
-FITTED = ("amp_efficiency", "depth_half", "vector_efficiency")
+FITTED = ("amp_efficiency", "depth_half", "vector_efficiency", "matmul_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 
 
@@ -241,7 +241,7 @@ class Evaluator:
 
 
 BOUNDS = {"amp_efficiency": (0.05, 1.0), "depth_half": (0.0, 4096.0),
-          "vector_efficiency": (0.02, 1.0)}
+          "vector_efficiency": (0.02, 1.0), "matmul_efficiency": (0.05, 1.0)}
 
 
 def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel) -> CostModel:
