@@ -159,3 +159,17 @@ def test_a_transformer_without_transformers_is_one_clear_error(monkeypatch) -> N
         build_transformer("bert", "large", 1)
     with pytest.raises(ValueError, match="unknown transformer 'bert' size 'huge'"):
         build_transformer("bert", "huge", 1)
+
+
+def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
+    point = next(p for p in POINTS if p["config"].get("model") == "bert")
+    _needs(point)
+    program = point_program(point)
+    ops = program.ops
+    assert 330e6 < program.model["parameters"] < 340e6  # BERT-Large, vocab 30,400
+    layers = ops["module"].astype(str).str.extract(r"^bert\.encoder\.layer\.(\d+)\.")[0]
+    assert set(layers.dropna().astype(int)) == set(range(24))
+    # the MLM head only on the masked positions: micro-batch 8 x 20 masked tokens
+    head = ops[(ops["module"] == "cls.predictions.decoder") & (ops["phase"] == "forward")
+               & (ops["op_class"] == "matmul")]
+    assert head["out_shape"].tolist() == ["[160,30400]"]

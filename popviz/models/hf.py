@@ -84,6 +84,9 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
     IPU applications run, not a fused kernel. `init_weights=False` skips HF's weight
     initialisation (plan mode: fake tensors have no values, and ViT's truncated normal
     init reads them)."""
+    if name not in SIZES or size not in SIZES[name]:
+        valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
+        raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
     with contextlib.nullcontext() if init_weights else _no_init_weights():
         return _build(name, size, batch, sequence_length, mask_tokens, vocab_size, image_size,
                       num_classes, hidden_dropout, attention_dropout)
@@ -101,9 +104,6 @@ def _no_init_weights() -> Any:
 def _build(name: str, size: str, batch: int, sequence_length: int, mask_tokens: int,
            vocab_size: int, image_size: int, num_classes: int, hidden_dropout: float,
            attention_dropout: float) -> tuple[nn.Module, dict[str, Any]]:
-    if name not in SIZES or size not in SIZES[name]:
-        valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
-        raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
     hidden, layers, heads, inner = SIZES[name][size]
     tf = _transformers()
     common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
