@@ -5,12 +5,15 @@ each); each throughput point is then re-costed in about a millisecond."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from popviz.compiler import compile
 from popviz.compiler.calibration import (
     FITTED,
+    TRANSFORMERS,
     Evaluator,
     fit,
     fits,
@@ -28,10 +31,19 @@ POINTS = load_calibration()["points"]
 FIT_POINTS = [p for p in POINTS if p["use"] == "fit"]
 CHECKS = [p for p in POINTS if p["kind"] == "fits"]
 MISSED = [p for p in POINTS if p["use"] == "check" and p["kind"] == "throughput"]
+HELD_OUT = [p for p in POINTS if p["use"] == "holdout"]
+
+
+def _needs(point: dict) -> None:
+    """Skip a point whose model needs an optional package that is not installed."""
+    if point["config"].get("requires"):
+        pytest.importorskip(point["config"]["requires"])
 
 
 @pytest.fixture(scope="module")
 def evaluator() -> Evaluator:
+    for point in FIT_POINTS:  # BERT-Large (it sets matmul_efficiency) needs transformers
+        _needs(point)
     return Evaluator(FIT_POINTS)
 
 
@@ -40,9 +52,15 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
     for p in POINTS:
         assert p["source"] and p["figure"] and p["config"], p["id"]
         assert p["kind"] in ("throughput", "bandwidth", "fits")
+        assert p["use"] in ("fit", "check", "holdout"), p["id"]
+    assert len([p for p in POINTS if p["kind"] != "fits"]) >= 12  # published figures
     targets = {p["config"]["target"] for p in POINTS}
     models = {p["config"].get("model") for p in POINTS} - {None}
-    assert {"mk1", "mk2", "bow"} <= targets and {"resnet", "resnext", "efficientnet"} <= models
+    assert {"mk1", "mk2", "bow"} <= targets
+    assert {"resnet", "resnext", "efficientnet", "bert", "vit"} <= models
+    for p in POINTS:  # transformers is optional: the points that need it say so
+        if p["config"].get("model") in TRANSFORMERS:
+            assert p["config"]["requires"] == "transformers", p["id"]
     assert {True, False} <= {p["config"].get("training", True) for p in CHECKS}
     assert not any("kacher" in (p["source"] + p["note"]).lower() for p in POINTS)
 
@@ -87,6 +105,19 @@ def test_cached_terms_give_the_same_cycles_as_a_full_costing(evaluator: Evaluato
         assert np.array_equal(prepared.op_cycles(other), full), prepared.point["id"]
 
 
+def test_held_out_points_are_never_fitted() -> None:
+    fitted = set(load_calibration()["fit"]["points"])
+    assert HELD_OUT and not fitted & {p["id"] for p in HELD_OUT}
+    assert fitted == {p["id"] for p in FIT_POINTS}
+
+
+@pytest.mark.parametrize("point", HELD_OUT, ids=lambda p: p["id"])
+def test_held_out_points_are_predicted_within_their_tolerance(point: dict) -> None:
+    _needs(point)
+    error = prepare(point).predict(DEFAULT_COST) / point["value"] - 1
+    assert abs(error) <= point["tolerance"], f"{point['id']}: {error:+.1%} out of sample"
+
+
 @pytest.mark.parametrize("point", CHECKS, ids=lambda p: p["id"])
 def test_published_configurations_fit_or_not(point: dict) -> None:
     if point.get("known_miss"):  # documented miss: noticed when the model stops missing it
@@ -98,6 +129,7 @@ def test_published_configurations_fit_or_not(point: dict) -> None:
 @pytest.mark.parametrize("point", MISSED, ids=lambda p: p["id"])
 def test_documented_throughput_misses_are_still_missed(point: dict) -> None:
     assert point["known_miss"]
+    _needs(point)
     error = prepare(point).predict(DEFAULT_COST) / point["value"] - 1
     assert abs(error) > point["tolerance"], f"{point['id']} is now within tolerance"
 
@@ -117,3 +149,27 @@ def test_cost_constants_override_per_target() -> None:
         make_target({"base": "mk2", "name": "x", "cost": {"warp_speed": 1}})
     with pytest.raises(ValueError, match="unknown cost model constants"):
         CostModel().with_values(warp_speed=1)
+
+
+def test_a_transformer_without_transformers_is_one_clear_error(monkeypatch) -> None:
+    from popviz.models.hf import build_transformer
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(ImportError, match="optional package 'transformers'"):
+        build_transformer("bert", "large", 1)
+    with pytest.raises(ValueError, match="unknown transformer 'bert' size 'huge'"):
+        build_transformer("bert", "huge", 1)
+
+
+def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
+    point = next(p for p in POINTS if p["config"].get("model") == "bert")
+    _needs(point)
+    program = point_program(point)
+    ops = program.ops
+    assert 330e6 < program.model["parameters"] < 340e6  # BERT-Large, vocab 30,400
+    layers = ops["module"].astype(str).str.extract(r"^bert\.encoder\.layer\.(\d+)\.")[0]
+    assert set(layers.dropna().astype(int)) == set(range(24))
+    # the MLM head only on the masked positions: micro-batch 8 x 20 masked tokens
+    head = ops[(ops["module"] == "cls.predictions.decoder") & (ops["phase"] == "forward")
+               & (ops["op_class"] == "matmul")]
+    assert head["out_shape"].tolist() == ["[160,30400]"]

@@ -93,6 +93,18 @@ def test_resnext_uses_grouped_convs_and_efficientnet_depthwise() -> None:
     assert conv.groups == conv.in_channels == conv.out_channels
 
 
+def test_efficientnet_g16_variant_groups_16_channels_and_expands_4x() -> None:
+    g16 = models.build("efficientnet", 4, num_classes=2,
+                       variant={"group_dim": 16, "expand_ratio": 4})
+    conv = g16.blocks[2].depthwise[0]  # block2a (B4 repeats block1 twice)
+    assert conv.in_channels // conv.groups == 16
+    assert conv.in_channels == 4 * g16.blocks[2].expand[0].in_channels
+    assert g16.blocks[0].depthwise[0].in_channels == 48  # block1a keeps expand ratio 1
+    assert "block4a" in g16.popviz_split_names  # the published 2-stage split
+    with pytest.raises(ValueError, match="no variants"):
+        models.build("resnet", 50, variant={"group_dim": 16})
+
+
 def test_efficientnet_scaling_and_block_names() -> None:
     b4 = models.build("efficientnet", 4, num_classes=2)
     width, depth, _ = SIZES[4]

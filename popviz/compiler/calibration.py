@@ -34,13 +34,13 @@ from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, get_target
 
 PASSES = ("F", "R", "B", "WU")
-FITTED = ("amp_efficiency", "depth_half", "vector_efficiency")
+FITTED = ("amp_efficiency", "depth_half", "vector_efficiency", "matmul_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 
 
 @lru_cache(maxsize=16)
 def plan_program(name: str, size: Any, batch: int, image: int = 224,
-                 classes: int = 1000) -> Program:
+                 classes: int = 1000, variant: tuple[tuple[str, Any], ...] = ()) -> Program:
     """A full-size model's training step recorded in plan mode (fake tensors: no compute;
     inference points drop the backward in `compile`). Cached per process: a fit and a test
     session record each model once."""
@@ -53,11 +53,34 @@ def plan_program(name: str, size: Any, batch: int, image: int = 224,
 
     with FakeTensorMode():
         torch.manual_seed(0)
-        model = build(name, size)
+        model = build(name, size, variant=dict(variant))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x = torch.randn(batch, 3, image, image)
         y = torch.randint(0, classes, (batch,))
         return record_program(train_step, model, opt, x, y, model=model, mode="plan",
+                              progress=False)
+
+
+TRANSFORMERS = ("bert", "vit")  # built with the optional package `transformers`
+
+
+@lru_cache(maxsize=8)
+def plan_transformer(name: str, size: str, batch: int,
+                     variant: tuple[tuple[str, Any], ...] = ()) -> Program:
+    """A transformer's training step (popviz.models.hf, needs `transformers`) recorded in
+    plan mode, as `plan_program`; AdamW stands in for LAMB (same per-weight passes)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from popviz.models.hf import build_transformer, loss_step
+    from popviz.recorder import record_program
+
+    with FakeTensorMode():
+        torch.manual_seed(0)
+        model, inputs = build_transformer(name, size, batch, init_weights=False,
+                                          **dict(variant))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return record_program(loss_step, model, opt, inputs, model=model, mode="plan",
                               progress=False)
 
 
@@ -69,7 +92,11 @@ def point_options(point: dict[str, Any]) -> Options:
 
 def point_program(point: dict[str, Any]) -> Program:
     cfg = point["config"]
-    return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)))
+    if cfg["model"] in TRANSFORMERS:
+        return plan_transformer(cfg["model"], cfg["size"], int(cfg["batch"]),
+                                tuple(sorted(cfg.get("variant", {}).items())))
+    return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)),
+                        variant=tuple(sorted(cfg.get("variant", {}).items())))
 
 
 @dataclass
@@ -214,7 +241,7 @@ class Evaluator:
 
 
 BOUNDS = {"amp_efficiency": (0.05, 1.0), "depth_half": (0.0, 4096.0),
-          "vector_efficiency": (0.02, 1.0)}
+          "vector_efficiency": (0.02, 1.0), "matmul_efficiency": (0.05, 1.0)}
 
 
 def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel) -> CostModel:

@@ -44,11 +44,15 @@ def check(name: str, size: Any = None) -> Any:
 
 
 def build(name: str, size: Any = None, num_classes: int | None = None,
-          image_size: int | None = None) -> nn.Module:
+          image_size: int | None = None, variant: dict[str, Any] | None = None) -> nn.Module:
     """A freshly initialised reference model. `num_classes` defaults to 10 for the tutorial
     and 1000 (ImageNet) otherwise; `image_size` only matters for the tutorial CNN (the CNNs
-    pool globally and take any input of at least 32x32)."""
+    pool globally and take any input of at least 32x32). `variant`: EfficientNet's
+    `group_dim` / `expand_ratio` (Graphcore's G16 variant)."""
     size = check(name, size)
+    if variant and name != "efficientnet":
+        raise ValueError(f"model {name!r} has no variants (only efficientnet: group_dim, "
+                         "expand_ratio)")
     if name == "tutorial":
         return TutorialNet(image_size or 28, num_classes or 10)
     classes = num_classes or 1000
@@ -56,7 +60,7 @@ def build(name: str, size: Any = None, num_classes: int | None = None,
         return resnet(size, classes)
     if name == "resnext":
         return resnext(size, classes)
-    return EfficientNet(size, classes)
+    return EfficientNet(size, classes, **(variant or {}))
 
 
 def native_resolution(name: str, size: Any = None) -> int:

@@ -1,5 +1,7 @@
 """EfficientNet-B0..B4 (Tan & Le 2019), written here: MBConv blocks with depthwise convs,
-squeeze-excite and swish, scaled by width and depth multipliers.
+squeeze-excite and swish, scaled by width and depth multipliers. `group_dim` and
+`expand_ratio` give Graphcore's G16 variant (grouped 16-channel convs instead of depthwise,
+expand ratio 4: `group_dim: 16, expand_ratio: 4` in their CNN application's configs.yml).
 
 Block names follow Keras / Graphcore's CNN application (`block1a`, `block2a`, `block2b`,
 ..., `block7a`); they are the split points (`--pipeline-split block2c block4c block6a`).
@@ -67,7 +69,8 @@ class SqueezeExcite(nn.Module):
 class MBConv(nn.Module):
     """Inverted residual: 1x1 expand, depthwise kxk, squeeze-excite, 1x1 project."""
 
-    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, expand: int) -> None:
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, expand: int,
+                 group_dim: int = 1) -> None:
         super().__init__()
         mid = in_ch * expand
         self.expand = None
@@ -75,7 +78,8 @@ class MBConv(nn.Module):
             self.expand = nn.Sequential(nn.Conv2d(in_ch, mid, 1, bias=False),
                                         _bn(mid), nn.SiLU())
         self.depthwise = nn.Sequential(
-            nn.Conv2d(mid, mid, kernel, stride, kernel // 2, groups=mid, bias=False),
+            nn.Conv2d(mid, mid, kernel, stride, kernel // 2, groups=mid // group_dim,
+                      bias=False),
             _bn(mid), nn.SiLU())
         self.se = SqueezeExcite(mid, max(1, int(in_ch * 0.25)))
         self.project = nn.Sequential(nn.Conv2d(mid, out_ch, 1, bias=False),
@@ -91,7 +95,8 @@ class MBConv(nn.Module):
 class EfficientNet(nn.Module):
     """`model(x)` -> logits; `model(x, labels)` -> (logits, cross-entropy loss)."""
 
-    def __init__(self, size: int = 0, num_classes: int = 1000) -> None:
+    def __init__(self, size: int = 0, num_classes: int = 1000, group_dim: int = 1,
+                 expand_ratio: int | None = None) -> None:
         super().__init__()
         from popviz.models.common import HeadWithLoss
 
@@ -99,7 +104,7 @@ class EfficientNet(nn.Module):
             raise ValueError(f"unknown EfficientNet size {size}; valid sizes: "
                              f"{', '.join(map(str, SIZES))}")
         width, depth, self.native_resolution = SIZES[size]
-        self.name = f"efficientnet-b{size}"
+        self.name = f"efficientnet-b{size}" + (f"-g{group_dim}" if group_dim > 1 else "")
         self.num_classes = num_classes
         stem_ch = round_filters(32, width)
         self.stem = nn.Sequential(nn.Conv2d(3, stem_ch, 3, 2, 1, bias=False),
@@ -111,7 +116,9 @@ class EfficientNet(nn.Module):
             out_ch = round_filters(out, width)
             for r in range(round_repeats(repeats, depth)):
                 layer_names[f"blocks.{len(blocks)}"] = f"block{s}{chr(ord('a') + r)}"
-                blocks.append(MBConv(in_ch, out_ch, kernel, stride if r == 0 else 1, expand))
+                ratio = expand if expand == 1 or expand_ratio is None else expand_ratio
+                blocks.append(MBConv(in_ch, out_ch, kernel, stride if r == 0 else 1, ratio,
+                                     group_dim))
                 in_ch = out_ch
         self.blocks = nn.Sequential(*blocks)
         top_ch = round_filters(1280, width)
@@ -127,5 +134,6 @@ class EfficientNet(nn.Module):
         return self.head(self.top(self.blocks(self.stem(x))), labels)
 
 
-def efficientnet(size: int, num_classes: int = 1000) -> EfficientNet:
-    return EfficientNet(size, num_classes)
+def efficientnet(size: int, num_classes: int = 1000, group_dim: int = 1,
+                 expand_ratio: int | None = None) -> EfficientNet:
+    return EfficientNet(size, num_classes, group_dim, expand_ratio)

@@ -88,6 +88,7 @@ class OpFeatures:
     fill_b: np.ndarray
     depth_b: np.ndarray
     channels: np.ndarray  # dim a serial pass splits: conv output channels, matmul columns
+    is_matmul: np.ndarray  # matmuls take CostModel.matmul_efficiency on top
 
 
 def op_features(ops: pd.DataFrame, lanes: int) -> OpFeatures:
@@ -128,19 +129,21 @@ def op_features(ops: pd.DataFrame, lanes: int) -> OpFeatures:
         else:
             fill_a[i], depth_a[i] = min(1.0, w[1] / lanes), w[1] * area
     return OpFeatures(is_amp, share, fill_a, depth_a, fill_b, depth_b,
-                      _channels(ops["out_shape"], cls) if n else np.ones(0, dtype=np.int64))
+                      _channels(ops["out_shape"], cls) if n else np.ones(0, dtype=np.int64),
+                      cls == "matmul")
 
 
 def amp_efficiency(features: OpFeatures, cost: CostModel) -> np.ndarray:
     """Fraction of the AMP peak each op reaches: the fitted full-lane efficiency, times
     lane fill and reduction depth / (depth + depth_half), combined over the op's halves
-    by time (1 for non-AMP ops)."""
+    by time, times matmul_efficiency for a matmul (1 for non-AMP ops)."""
     def half(fill: np.ndarray, depth: np.ndarray) -> np.ndarray:
         return cost.amp_efficiency * fill * depth / (depth + cost.depth_half)
 
     f = features
     inv = f.share_a / half(f.fill_a, f.depth_a) + (1 - f.share_a) / half(f.fill_b, f.depth_b)
-    return np.where(f.is_amp, 1.0 / inv, 1.0)
+    eff = np.where(f.is_matmul, cost.matmul_efficiency / inv, 1.0 / inv)
+    return np.where(f.is_amp, eff, 1.0)
 
 
 @dataclass(frozen=True)

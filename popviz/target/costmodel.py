@@ -43,6 +43,7 @@ class CostModel:
     amp_efficiency: float = 0.45
     depth_half: float = 64.0
     vector_efficiency: float = 0.35
+    matmul_efficiency: float = 1.0
     # ---- AMP units ----
     amp_lanes_fp16: int = 16
     amp_lanes_fp32: int = 8
@@ -95,6 +96,11 @@ PROVENANCE: dict[str, Provenance] = {
         "fitted", "fraction of on-chip memory bandwidth that vector ops (elementwise, norm, "
         "reduction, data movement) reach; fitted to the throughput points and the Mk1 "
         "read-bandwidth microbenchmark"),
+    "matmul_efficiency": Provenance(
+        "fitted", "factor on the AMP efficiency of matmuls only (convolutions: 1): with the "
+        "conv-fitted curve alone BERT-Large came out 26% too fast; fitted to the BERT-Large "
+        "Ph1 Bow Pod16 point, checked out of sample by BERT-Large on a Pod64 and ViT-B/16 "
+        "(docs/cost-model.md, section 6)"),
     "amp_lanes_fp16": Provenance(
         "assumed", "input channels the AMP units reduce at once in fp16: 64 fp16 FLOPs per "
         "tile per cycle (hardware.md, derived) = 16 multiply-adds x 2 over 2 output channels; an "

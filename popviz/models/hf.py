@@ -1,0 +1,137 @@
+"""Transformer workloads built with HuggingFace `transformers`, as Graphcore's published
+BERT and ViT pre-training runs use them (calibration points; see docs/cost-model.md).
+
+`transformers` is NOT a runtime dependency of popviz (it is in the `test` and `bench`
+extras): it is imported only when one of these models is built, and a missing package is
+one clear error. Models are built from configurations (no download, random weights), so
+they also build under FakeTensorMode (plan mode: no weights are materialised).
+
+    model, inputs = build_transformer("bert", "large", batch=8, sequence_length=128)
+    loss = model(**inputs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# name -> size -> (hidden, layers, heads, intermediate)
+SIZES: dict[str, dict[str, tuple[int, int, int, int]]] = {
+    "bert": {"base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096)},
+    "vit": {"base-16": (768, 12, 12, 3072), "large-16": (1024, 24, 16, 4096)},
+}
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach the network
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("this model needs the optional package 'transformers' "
+                          "(pip install 'popviz[bench]' or 'popviz[test]')") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+class BertPretraining(nn.Module):
+    """BERT pre-training as Graphcore's PopART application runs it: the masked-LM head only
+    on the `mask_tokens` masked positions (gathered), the next-sentence head on the pooled
+    output, the decoder tied to the word embedding."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers.models.bert.modeling_bert import BertModel, BertPreTrainingHeads
+
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, masked_positions: torch.Tensor,
+                masked_labels: torch.Tensor, next_sentence_label: torch.Tensor
+                ) -> torch.Tensor:
+        sequence, pooled = self.bert(input_ids=input_ids, token_type_ids=token_type_ids,
+                                     attention_mask=attention_mask)[:2]
+        index = masked_positions.unsqueeze(-1).expand(-1, -1, sequence.size(-1))
+        scores, relationship = self.cls(torch.gather(sequence, 1, index), pooled)
+        return (F.cross_entropy(scores.flatten(0, 1), masked_labels.flatten())
+                + F.cross_entropy(relationship, next_sentence_label))
+
+
+class VitClassifier(nn.Module):
+    """ViT image classification (`ViTForImageClassification`); the loss is the output."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.vit = _transformers().ViTForImageClassification(config)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.vit(pixel_values=pixel_values, labels=labels).loss
+
+
+def build_transformer(name: str, size: str, batch: int, *, sequence_length: int = 128,
+                      mask_tokens: int = 20, vocab_size: int = 30522, image_size: int = 224,
+                      num_classes: int = 1000, hidden_dropout: float = 0.1,
+                      attention_dropout: float = 0.0, init_weights: bool = True
+                      ) -> tuple[nn.Module, dict[str, Any]]:
+    """A freshly initialised model and one micro-batch of inputs for it (keyword arguments
+    of its forward, which returns the loss). Eager attention: the matmuls and softmax the
+    IPU applications run, not a fused kernel. `init_weights=False` skips HF's weight
+    initialisation (plan mode: fake tensors have no values, and ViT's truncated normal
+    init reads them)."""
+    if name not in SIZES or size not in SIZES[name]:
+        valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
+        raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
+    with contextlib.nullcontext() if init_weights else _no_init_weights():
+        return _build(name, size, batch, sequence_length, mask_tokens, vocab_size, image_size,
+                      num_classes, hidden_dropout, attention_dropout)
+
+
+def _no_init_weights() -> Any:
+    _transformers()
+    try:  # transformers >= 5
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def _build(name: str, size: str, batch: int, sequence_length: int, mask_tokens: int,
+           vocab_size: int, image_size: int, num_classes: int, hidden_dropout: float,
+           attention_dropout: float) -> tuple[nn.Module, dict[str, Any]]:
+    hidden, layers, heads, inner = SIZES[name][size]
+    tf = _transformers()
+    common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                  intermediate_size=inner, hidden_dropout_prob=hidden_dropout,
+                  attention_probs_dropout_prob=attention_dropout, attn_implementation="eager")
+    if name == "bert":
+        model: nn.Module = BertPretraining(tf.BertConfig(vocab_size=vocab_size, **common))
+        ids = torch.randint(0, vocab_size, (batch, sequence_length))
+        return model, {"input_ids": ids, "token_type_ids": torch.zeros_like(ids),
+                       "attention_mask": torch.ones_like(ids),
+                       "masked_positions": torch.randint(0, sequence_length,
+                                                         (batch, mask_tokens)),
+                       "masked_labels": torch.randint(0, vocab_size, (batch, mask_tokens)),
+                       "next_sentence_label": torch.randint(0, 2, (batch,))}
+    patch = int(size.rsplit("-", 1)[1])
+    model = VitClassifier(tf.ViTConfig(image_size=image_size, patch_size=patch,
+                                       num_labels=num_classes, layer_norm_eps=1e-6,
+                                       **common))
+    return model, {"pixel_values": torch.randn(batch, 3, image_size, image_size),
+                   "labels": torch.randint(0, num_classes, (batch,))}
+
+
+def loss_step(model: nn.Module, optimiser: torch.optim.Optimizer,
+              inputs: dict[str, Any]) -> torch.Tensor:
+    """One training step on one micro-batch: zero grads, forward (the loss), backward,
+    update."""
+    optimiser.zero_grad(set_to_none=True)
+    loss = model(**inputs)
+    loss.backward()
+    optimiser.step()
+    return loss
