@@ -189,6 +189,14 @@ def test_advice_when_all_is_well_or_amp_could_rise() -> None:
     assert [a.topic for a in analysis.advise(_meta({"all": 0.6}), stages, tm)] == ["ok"]
     raised = analysis.advise(_meta({"all": 0.2}), stages, tm)
     assert [a.ipu for a in raised if a.topic == "amp"] == [0, 1]
+    # with the ops table: only where an op runs in extra passes can a higher AMP save cycles
+    ops = pd.DataFrame({"ipu": [0, 0, 1, 1], "passes": [1, 1, 1, 3]})
+    raised = analysis.advise(_meta({"all": 0.2}), stages, tm, ops=ops)
+    amp = [a for a in raised if a.topic == "amp"]
+    assert [a.ipu for a in amp] == [1] and "1 convolution / matmul op run" in amp[0].text
+    ops["passes"] = 1
+    assert [a.topic for a in analysis.advise(_meta({"all": 0.2}), stages, tm, ops=ops)] \
+        == ["ok"]
 
 
 def test_insights_on_synthetic_reports_are_deterministic() -> None:

@@ -227,9 +227,19 @@ def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
                    "the ramp-up and ramp-down.")]
 
 
-def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame) -> list[Advice]:
+def _multi_pass_ops(ops: pd.DataFrame) -> pd.Series | None:
+    """Per IPU: ops the cost model splits into extra serial passes (the only cycles a
+    higher availableMemoryProportion can save); None when the ops table cannot tell."""
+    if ops.empty or not {"passes", "ipu"} <= set(ops.columns):
+        return None
+    return (ops["passes"] > 1).groupby(ops["ipu"]).sum()
+
+
+def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
+                     ops: pd.DataFrame) -> list[Advice]:
     if tile_memory.empty or not oom_tiles(tile_memory).empty:
         return []
+    multi_pass = _multi_pass_ops(ops)
     out = []
     for row in ipu_totals(tile_memory).itertuples():
         amp = amp_for(meta, int(row.ipu))
@@ -240,12 +250,22 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame) -> list[Ad
                               f"tile is {row.max_tile_utilisation:.0%} used. A larger batch, "
                               "more layers or a higher availableMemoryProportion there will "
                               "not fit; lower the AMP or move layers off it first."))
-        if row.max_tile_utilisation < NEARLY_FULL and amp < DEFAULT_AMP:
-            out.append(Advice("info", "amp", int(row.ipu),
-                              f"{ipu_label(row.ipu)}: the fullest tile is only "
-                              f"{row.max_tile_utilisation:.0%} used; raising "
-                              f"availableMemoryProportion from {amp:g} toward "
-                              f"{DEFAULT_AMP:g} may save cycles."))
+        if row.max_tile_utilisation >= NEARLY_FULL or amp >= DEFAULT_AMP:
+            continue
+        if multi_pass is None:
+            why = "may save cycles."
+        else:
+            # no op in extra passes there: a higher AMP changes no modelled cycle
+            n = int(multi_pass.get(int(row.ipu), 0))
+            if n == 0:
+                continue
+            why = (f"would let {n} convolution / matmul op{'s' if n > 1 else ''} run in "
+                   "fewer serial passes.")
+        out.append(Advice("info", "amp", int(row.ipu),
+                          f"{ipu_label(row.ipu)}: the fullest tile is only "
+                          f"{row.max_tile_utilisation:.0%} used; raising "
+                          f"availableMemoryProportion from {amp:g} toward "
+                          f"{DEFAULT_AMP:g} {why}"))
     return out
 
 
@@ -296,7 +316,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     ops = ops if ops is not None else pd.DataFrame()
     out += _balance_advice(meta, stages, tile_memory, ops, exchange, measured, proposed_splits)
     out += _bubble_advice(meta, stages)
-    out += _headroom_advice(meta, tile_memory)
+    out += _headroom_advice(meta, tile_memory, ops)
     out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)
     if not out:
