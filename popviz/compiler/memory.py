@@ -14,7 +14,7 @@ import pandas as pd
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
-from popviz.target.mapping import per_tile_sum, rectangles, start_tiles, tiles_for
+from popviz.target.mapping import expand_runs, per_tile_sum, rectangle_runs, start_tiles, tiles_for
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
 WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
@@ -289,18 +289,21 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     # of their forward's compute sets: no state of their own)
     op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
                         float(target.cost.vertex_state_bytes_per_op_per_tile))
+    runs: list[tuple[np.ndarray, np.ndarray]] = []  # per IPU: run rows, their first steps
     for i in range(num_ipus):
         m = nal_ipu == i
         sub = nal[m]
         r0 = sub["s0"].to_numpy(np.int64) // width[i]
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
         t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
-        grid = rectangles(R, T, rr0, rr1, t0s, t1s, per_tile)
+        # runs of steps with the same live bytes: one row each, expanded at the end
+        grid, starts = rectangle_runs(R, T, rr0, rr1, t0s, t1s, per_tile)
         # in place: each step over the (steps x tiles) grid would otherwise allocate a copy
         np.subtract(grid, 1e-6, out=grid)
         np.ceil(grid, out=grid)
         np.minimum(grid, np.iinfo(np.uint32).max, out=grid)
-        tile_live[i] = grid
+        runs.append((grid.astype(np.uint32), starts))
+        tile_live[i] = expand_runs(runs[i][0], starts, R)
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
@@ -315,7 +318,8 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         t0s, t1s, per_tile, _, _ = _grains(a, grain, zero, zero)
         alive_tiles[i] = per_tile_sum(T, t0s, t1s, per_tile)
 
-    nal_peak = tile_live.max(axis=1) if R else np.zeros((num_ipus, T))
+    nal_peak = np.stack([r.max(axis=0) for r, _ in runs]) if R and num_ipus \
+        else np.zeros((num_ipus, T))
     code_i, exch_i = np.ceil(code).astype(np.int64), np.ceil(exch).astype(np.int64)
     state_i = np.ceil(state).astype(np.int64)
     al_i = np.ceil(alive_tiles).astype(np.int64)
@@ -336,7 +340,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "category": nal["category"].astype(str), "bytes": nal["bytes"].astype(np.int64),
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
-    oom = _oom(tile_memory, total, tile_live, nal_peak, al, nal, width, target.bytes_per_tile)
+    oom = _oom(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 
@@ -378,7 +382,7 @@ def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
+def _oom(total: np.ndarray, runs: list[tuple[np.ndarray, np.ndarray]],
          tile_peak: np.ndarray, al: pd.DataFrame, nal: pd.DataFrame, width: np.ndarray,
          capacity: int) -> pd.DataFrame:
     """Tiles over capacity, each with its largest variables (always-live, plus the
@@ -390,9 +394,9 @@ def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
         if not len(bad):
             continue
         # each tile's first step at its peak (argmax down columns is slow in numpy)
-        peak_row = (tile_live[i] == tile_peak[i]).argmax(axis=0)[bad] \
-            if tile_live.shape[1] else \
-            np.zeros(len(bad), dtype=np.int64)
+        live, starts = runs[i] if i < len(runs) else (np.zeros((0, 0)), np.zeros(0))
+        peak_row = starts[(live[:, bad] == tile_peak[i][bad]).argmax(axis=0)] \
+            if live.shape[0] else np.zeros(len(bad), dtype=np.int64)
         cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),
                           nal[nal["ipu"] == i]], ignore_index=True)
         cand = cand.assign(per_tile=cand["bytes"] / (cand["t1"] - cand["t0"]).clip(lower=1))
