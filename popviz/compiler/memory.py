@@ -14,7 +14,7 @@ import pandas as pd
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
-from popviz.target.mapping import expand_runs, per_tile_sum, rectangle_runs, start_tiles, tiles_for
+from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start_tiles, tiles_for
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
 WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
@@ -269,7 +269,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     width = np.maximum(np.ceil(steps / MAX_STEPS), 1).astype(np.int64)
     rows = np.maximum((steps + width - 1) // width, 1)
     R = int(rows.max()) if num_ipus else 0
-    tile_live = np.zeros((num_ipus, R, T), dtype=np.uint32)
+    tile_live = np.empty((num_ipus, R, T), dtype=np.uint32)  # every row written below
     code = np.zeros((num_ipus, T))
     state = np.zeros((num_ipus, T))
     exch = np.zeros((num_ipus, T))
@@ -289,7 +289,8 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     # of their forward's compute sets: no state of their own)
     op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
                         float(target.cost.vertex_state_bytes_per_op_per_tile))
-    runs: list[tuple[np.ndarray, np.ndarray]] = []  # per IPU: run rows, their first steps
+    # per IPU: tile liveness of each run of equal steps (runs x tiles), first step of each
+    runs: list[tuple[np.ndarray, np.ndarray]] = []
     for i in range(num_ipus):
         m = nal_ipu == i
         sub = nal[m]
@@ -297,13 +298,14 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
         t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
         # runs of steps with the same live bytes: one row each, expanded at the end
-        grid, starts = rectangle_runs(R, T, rr0, rr1, t0s, t1s, per_tile)
+        grid, row_starts, col_starts = rectangle_runs(R, T, rr0, rr1, t0s, t1s, per_tile)
         # in place: each step over the (steps x tiles) grid would otherwise allocate a copy
         np.subtract(grid, 1e-6, out=grid)
         np.ceil(grid, out=grid)
         np.minimum(grid, np.iinfo(np.uint32).max, out=grid)
-        runs.append((grid.astype(np.uint32), starts))
-        tile_live[i] = expand_runs(runs[i][0], starts, R)
+        live = np.take(grid.astype(np.uint32), run_index(col_starts, T), axis=1)
+        runs.append((live, row_starts))
+        np.take(live, run_index(row_starts, R), axis=0, out=tile_live[i])
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
