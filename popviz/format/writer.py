@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.format import schema, tempfiles
+from popviz.format.chunks import ChunkJobs
 from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND
 
@@ -74,6 +76,12 @@ def write_profile(
     final.parent.mkdir(parents=True, exist_ok=True)
     tempfiles.remove_stale_in(final.parent)
     temp = tempfiles.temp_name(final)
+    arrays = {name: np.asarray(array) for name, array in (arrays or {}).items()}
+    # the arrays' chunks are compressed in a worker while this thread writes the tables
+    pool = ThreadPoolExecutor(max_workers=max(1, min(2, (os.cpu_count() or 1) - 1)),
+                              thread_name_prefix="popviz-chunks")
+    jobs = {name: ChunkJobs(array, _array_chunks(array), schema.ARRAY_GZIP_LEVEL, pool)
+            for name, array in arrays.items() if array.size and array.ndim}
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
             with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
@@ -89,9 +97,9 @@ def write_profile(
                         _write_trace_index(index_group, frame)
                     _write_table(tables_group, name, frame, strings)
                 arrays_group = h5.create_group(schema.ARRAYS_GROUP)
-                for name, array in sorted((arrays or {}).items()):
+                for name, array in sorted(arrays.items()):
                     check_interrupt()
-                    _write_array(arrays_group, name, np.asarray(array))
+                    _write_array(arrays_group, name, array, jobs.get(name))
                 strings.write(h5, _chunked)
             check_interrupt()
             with open(temp, "rb+") as handle:
@@ -102,6 +110,10 @@ def write_profile(
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
+    finally:
+        for job in jobs.values():
+            job.cancel()
+        pool.shutdown(wait=True)
     return final
 
 
@@ -194,6 +206,8 @@ def _column_kind(series: pd.Series) -> str:
         return schema.ENC_BOOL
     if pd.api.types.is_numeric_dtype(series.dtype):
         return schema.ENC_NUMERIC
+    if isinstance(series.dtype, pd.StringDtype):  # str or missing: no value to look at
+        return schema.ENC_STRING_REF
     if pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty"):
         return schema.ENC_STRING_REF  # no int among them (checked in C, not per value)
     values = series.dropna().tolist()
@@ -209,13 +223,14 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
     put_text(group.attrs, "encoding-version", "0.1.0")
     put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
-    for column in columns:
-        series = frame[column]
+    for column, (_, series) in zip(columns, frame.items(), strict=True):
         kind = _column_kind(series)
         if kind == schema.ENC_BOOL:
             data = series.to_numpy(dtype=np.uint8)
         elif kind == schema.ENC_NUMERIC:
             data = series.to_numpy()
+        elif isinstance(series.dtype, pd.StringDtype):
+            data = strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
         else:
             data = strings.encode(series.fillna("").tolist())
         dataset = _chunked(group, column, data)
@@ -231,19 +246,24 @@ def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
     _chunked(index, "trace_offsets", offsets)
 
 
-def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
-    if array.size == 0 or array.ndim == 0:
+def _array_chunks(array: np.ndarray) -> tuple[int, ...]:
+    """One chunk = one IPU (leading axis) x a range of steps x every tile, ~1 MiB, so a
+    single IPU or a step range is read without touching the rest."""
+    shape = array.shape
+    if array.ndim >= 2:
+        row_bytes = int(np.prod(shape[2:], dtype=np.int64)) * array.itemsize
+        steps = max(1, min(shape[1], schema.CHUNK_BYTES // max(1, row_bytes)))
+        return (1, steps, *shape[2:])
+    return (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
+
+
+def _write_array(parent: h5py.Group, name: str, array: np.ndarray,
+                 job: ChunkJobs | None) -> None:
+    if job is None:  # empty or 0-d: nothing to chunk
         parent.create_dataset(name, data=array)
         return
-    # One chunk = one IPU (leading axis) x a range of steps x every tile, ~1 MiB, so a
-    # single IPU or a step range is read without touching the rest.
-    shape = array.shape
-    row_bytes = int(np.prod(shape[2:], dtype=np.int64)) * array.itemsize if array.ndim > 2 \
-        else array.itemsize
-    if array.ndim >= 2:
-        steps = max(1, min(shape[1], schema.CHUNK_BYTES // max(1, row_bytes)))
-        chunks = (1, steps, *shape[2:])
-    else:
-        chunks = (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
-    parent.create_dataset(name, data=array, chunks=chunks, compression="gzip",
-                          compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
+    dataset = parent.create_dataset(name, shape=array.shape, dtype=array.dtype,
+                                    chunks=job.chunks, compression="gzip",
+                                    compression_opts=schema.ARRAY_GZIP_LEVEL, shuffle=True,
+                                    fletcher32=True)
+    job.write(dataset)
