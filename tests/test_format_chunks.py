@@ -12,6 +12,7 @@ import pytest
 import popviz
 from popviz.format import schema
 from popviz.format.chunks import fletcher32
+from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.writer import write_profile
 from tests.profiles_util import tiny_meta, tiny_summary, tiny_tables
 
@@ -65,7 +66,7 @@ def test_chunks_are_what_hdf5_itself_stores(tmp_path: Path) -> None:
             mine = ours[f"arrays/{name}"]
             theirs = ref.create_dataset(name, data=array, chunks=mine.chunks,
                                         compression="gzip",
-                                        compression_opts=schema.ARRAY_GZIP_LEVEL,
+                                        compression_opts=schema.GZIP_LEVEL,
                                         shuffle=True, fletcher32=True)
             assert mine.shuffle and mine.fletcher32 and mine.compression == "gzip"
             assert mine.id.get_num_chunks() == theirs.id.get_num_chunks() > 0
@@ -92,3 +93,30 @@ def test_a_damaged_array_chunk_is_an_error(tmp_path: Path) -> None:
     profile.tile_liveness(1, 0, 10)  # other chunks still read
     with pytest.raises(popviz.ProfileError):
         profile.tile_liveness(0)
+
+
+def test_low_level_objects_are_h5pys(tmp_path: Path) -> None:
+    """The writer's low-level datasets and text attributes are what h5py's create_dataset
+    and attrs.create make: same type, space, creation properties and filters."""
+    data = np.arange(1000, dtype=np.int32)
+    with h5py.File(tmp_path / "x.h5", "w", libver=schema.HDF5_LIBVER) as h5:
+        ours = h5py.Dataset(create_chunked(h5, "ours", data, (400,), 3))
+        fixed_text_attr(ours, "encoding", "numéric".encode())
+        theirs = h5.create_dataset("theirs", data=data, chunks=(400,), compression="gzip",
+                                   compression_opts=3, shuffle=True, fletcher32=True)
+        theirs.attrs.create("encoding", data=np.bytes_("numéric".encode()),
+                            dtype=h5py.string_dtype("utf-8", len("numéric".encode())))
+        a, b = ours.id.get_create_plist(), theirs.id.get_create_plist()
+        assert a.get_chunk() == b.get_chunk() and a.get_nfilters() == b.get_nfilters() == 3
+        assert [a.get_filter(k) for k in range(3)] == [b.get_filter(k) for k in range(3)]
+        assert (a.get_fill_time(), a.get_alloc_time(), a.get_obj_track_times()) == \
+            (b.get_fill_time(), b.get_alloc_time(), b.get_obj_track_times())
+        assert ours.id.get_type() == theirs.id.get_type() and ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours[()], theirs[()])
+        ta = h5py.h5a.open(ours.id, b"encoding")
+        tb = h5py.h5a.open(theirs.id, b"encoding")
+        assert ta.get_type() == tb.get_type()
+        assert ta.get_type().get_strpad() == tb.get_type().get_strpad()
+        assert ta.get_space().get_simple_extent_type() == \
+            tb.get_space().get_simple_extent_type()
+        assert ours.attrs["encoding"] == theirs.attrs["encoding"] == "numéric".encode()

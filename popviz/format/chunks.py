@@ -91,13 +91,13 @@ class ChunkJobs:
         full[tuple(slice(0, n) for n in block.shape)] = block
         return full
 
-    def write(self, dataset: h5py.Dataset) -> None:
+    def write(self, dataset: h5py.h5d.DatasetID) -> None:
         """Store every chunk; one no worker has started yet is encoded here (the caller
         has nothing else to do by then)."""
         for offset, job in self.jobs:
             data = encode_chunk(self._block(offset), self.level) if job.cancel() \
                 else job.result()
-            dataset.id.write_direct_chunk(offset, data, 0)
+            dataset.write_direct_chunk(offset, data, 0)
 
     def cancel(self) -> None:
         for _, job in self.jobs:

@@ -25,6 +25,7 @@ import pandas as pd
 from popviz._version import __version__
 from popviz.format import schema, tempfiles
 from popviz.format.chunks import ChunkJobs
+from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND
 
@@ -80,7 +81,7 @@ def write_profile(
     # the arrays' chunks are compressed in a worker while this thread writes the tables
     pool = ThreadPoolExecutor(max_workers=max(1, min(2, (os.cpu_count() or 1) - 1)),
                               thread_name_prefix="popviz-chunks")
-    jobs = {name: ChunkJobs(array, _array_chunks(array), schema.ARRAY_GZIP_LEVEL, pool)
+    jobs = {name: ChunkJobs(array, _array_chunks(array), schema.GZIP_LEVEL, pool)
             for name, array in arrays.items() if array.size and array.ndim}
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
@@ -167,18 +168,20 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
         "summary": to_json(dict(summary)),
     }
     for key, text in texts.items():
-        put_text(h5.attrs, key, text)
+        put_text(h5, key, text)
 
 
-def put_text(attrs: h5py.AttributeManager, key: str, text: str) -> None:
+def put_text(obj: h5py.Group | h5py.Dataset | h5py.h5d.DatasetID, key: str,
+             text: str) -> None:
     """A text attribute as a fixed-length UTF-8 string (format 1.1): it lives in the object
     header, not in the global heap, whose damage can make libhdf5 loop. Text longer than
     schema.MAX_FIXED_ATTR_BYTES (object headers are small) stays variable-length."""
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) > schema.MAX_FIXED_ATTR_BYTES:
-        attrs[key] = text
+        owner = h5py.Dataset(obj) if isinstance(obj, h5py.h5d.DatasetID) else obj
+        owner.attrs[key] = text
         return
-    attrs.create(key, data=np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
+    fixed_text_attr(obj, key, raw)
 
 
 def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
@@ -189,16 +192,15 @@ def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
                  dtype=h5py.string_dtype("utf-8", width))
 
 
-def _chunked(group: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+def _chunked(group: h5py.Group, name: str, data: np.ndarray
+             ) -> h5py.Dataset | h5py.h5d.DatasetID:
     """A 1-D dataset in ~1 MiB gzip chunks, each with a Fletcher-32 checksum (format 1.1)
     so a damaged chunk is an error on read rather than wrong numbers."""
     if data.size == 0:
         return group.create_dataset(name, data=data)
     rows_per_chunk = max(1, schema.CHUNK_BYTES // max(1, data.itemsize))
-    chunks = (min(len(data), rows_per_chunk),)
-    return group.create_dataset(name, data=data, chunks=chunks, compression="gzip",
-                                compression_opts=schema.GZIP_LEVEL, shuffle=True,
-                                fletcher32=True)
+    return create_chunked(group, name, data, (min(len(data), rows_per_chunk),),
+                          schema.GZIP_LEVEL)
 
 
 def _column_kind(series: pd.Series) -> str:
@@ -219,8 +221,8 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
                  strings: StringTable) -> None:
     group = parent.create_group(name)
     columns = [str(c) for c in frame.columns]
-    put_text(group.attrs, "encoding-type", "dataframe")
-    put_text(group.attrs, "encoding-version", "0.1.0")
+    put_text(group, "encoding-type", "dataframe")
+    put_text(group, "encoding-version", "0.1.0")
     put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
     for column, (_, series) in zip(columns, frame.items(), strict=True):
@@ -233,8 +235,7 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
             data = strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
         else:
             data = strings.encode(series.fillna("").tolist())
-        dataset = _chunked(group, column, data)
-        put_text(dataset.attrs, "encoding", kind)
+        put_text(_chunked(group, column, data), "encoding", kind)
 
 
 def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
@@ -262,8 +263,5 @@ def _write_array(parent: h5py.Group, name: str, array: np.ndarray,
     if job is None:  # empty or 0-d: nothing to chunk
         parent.create_dataset(name, data=array)
         return
-    dataset = parent.create_dataset(name, shape=array.shape, dtype=array.dtype,
-                                    chunks=job.chunks, compression="gzip",
-                                    compression_opts=schema.ARRAY_GZIP_LEVEL, shuffle=True,
-                                    fletcher32=True)
-    job.write(dataset)
+    job.write(create_chunked(parent, name, None, job.chunks, schema.GZIP_LEVEL,
+                             shape=array.shape, dtype=array.dtype))
