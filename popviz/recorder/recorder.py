@@ -114,6 +114,8 @@ class Recorder(ModuleScopes, Owners):
         self._from_grads = False
         self._last_module = ""
         self._input_shape: list[int] | None = None
+        self._batch_dims: list[int] = []
+        self._call_counted = True
         self._root: torch.nn.Module | None = None
         self._layer_names: dict[str, str] = {}
         self._param_names: dict[int, str] = {}
