@@ -14,7 +14,8 @@ context; the same including entering and leaving it (popviz builds its Program o
 torch.profiler post-processes its trace); median and minimum CPU time of this process for
 the step (on a shared machine wall time mostly measures the neighbours; the minimum is the
 least disturbed round). "popviz+write" is record, compile and write the profile (one
-.h5 per round); the compile+write seconds of the recorded program are given apart. Then
+.h5 per round); the compile and write seconds of the recorded program are given apart
+(best of 5, and medians). Then
 plan mode: ResNet-50 at batch 64 on fake tensors, against one real step at the bench
 batch size.
 """
@@ -128,11 +129,17 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     program = rec.program
     n_ops = len(program.ops)
     bookkeeping = rec.bookkeeping_ns / 1e9
-    compile_s = []
-    for _ in range(3):
+    compile_s, write_s, both_s = [], [], []
+    opts = compile_options(options, program)
+    for _ in range(5):
         t0 = time.perf_counter()
-        write_report(compile_program(program, compile_options(options, program)), out)
-        compile_s.append(time.perf_counter() - t0)
+        report = compile_program(program, opts)
+        t1 = time.perf_counter()
+        write_report(report, out)
+        t2 = time.perf_counter()
+        compile_s.append(t1 - t0)
+        write_s.append(t2 - t1)
+        both_s.append(t2 - t0)
     print(f"{title}, {n_ops} ops recorded, {rounds} rounds, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     base_step, base_total, base_cpu = med["plain"]
@@ -141,13 +148,36 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     for name, (s, t, c) in med.items():
         print(f"{name:16}{s:12.3f}{s / base_step:7.3f}{t:12.3f}{t / base_total:7.3f}"
               f"{c:11.3f}{c / base_cpu:7.3f}{low[name]:9.3f}{low[name] / low['plain']:7.3f}")
+    # paired: each round's step against the plain step of the same round, so a busy
+    # moment of the machine hits both sides of a ratio
+    for col, label in ((0, "wall"), (2, "cpu")):
+        parts = []
+        for name in ("popviz", "torch.profiler"):
+            ratios = sorted(x[col] / p[col] for x, p in zip(times[name], times["plain"],
+                                                            strict=True))
+            q1, q3 = _quartiles(ratios)
+            parts.append(f"{name} {statistics.median(ratios):.3f} [{q1:.3f}-{q3:.3f}]")
+        wins = sum(a[col] < b[col] for a, b in zip(times["popviz"], times["torch.profiler"],
+                                                   strict=True))
+        print(f"per-round ratio to plain ({label}), median [quartiles]: {'; '.join(parts)}; "
+              f"popviz below torch.profiler in {wins} of {rounds} rounds")
     overhead_us = (low["popviz"] - low["plain"]) / n_ops * 1e6
     print(f"popviz overhead per op (min cpu): {overhead_us:.1f} us; CPU time in the "
           f"recorder's own bookkeeping (measured inside it): {bookkeeping * 1e3:.0f} ms = "
           f"{bookkeeping / n_ops * 1e6:.1f} us per op = {bookkeeping / low['plain']:.1%} of a "
           f"plain step")
-    print(f"compile + write of the recorded step: {min(compile_s):.3f} s (best of 3)\n")
+    print(f"compile + write of the recorded step: {min(both_s):.3f} s (best of 5; compile "
+          f"{min(compile_s):.3f} s, write {min(write_s):.3f} s; medians "
+          f"{statistics.median(both_s):.3f} / {statistics.median(compile_s):.3f} / "
+          f"{statistics.median(write_s):.3f} s); load average {os.getloadavg()[0]:.2f}\n")
     return base_step
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def main() -> int:
