@@ -9,15 +9,15 @@ called as its users call it, model(input_ids=..., labels=...), with AdamW.
 
 Each round runs, in turn, a plain step, a step under popviz's Recorder and a step under
 torch.profiler(record_shapes=True, profile_memory=True, with_flops=True), so that load from
-other processes hits all three alike. Reported: median wall time of the step inside the
-context; the same including entering and leaving it (popviz builds its Program on exit,
-torch.profiler post-processes its trace); median and minimum CPU time of this process for
-the step (on a shared machine wall time mostly measures the neighbours; the minimum is the
-least disturbed round). "popviz+write" is record, compile and write the profile (one
-.h5 per round); the compile and write seconds of the recorded program are given apart
-(best of 5, and medians). Then
-plan mode: ResNet-50 at batch 64 on fake tensors, against one real step at the bench
-batch size.
+other processes hits all three alike; the order rotates from round to round. Reported:
+median wall time of the step inside the context; the same including entering and leaving
+it (popviz builds its Program on exit, torch.profiler post-processes its trace); median
+and minimum CPU time of this process for the step (on a shared machine wall time mostly
+measures the neighbours; the minimum is the least disturbed round); each round's ratio to
+that round's plain step (median and quartiles). "popviz+write" is record, compile and
+write the profile (one .h5 per round); the compile and write seconds of the recorded
+program are given apart (best of 5, and medians). Then plan mode: ResNet-50 at batch 64
+on fake tensors, against one real step at the bench batch size.
 """
 
 from __future__ import annotations
@@ -118,9 +118,10 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
         "torch.profiler": profiler,
     }
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in contexts}
-    for _ in range(rounds):
-        for name, ctx in contexts.items():
-            times[name].append(timed(ctx, run))
+    names = list(contexts)
+    for r in range(rounds):  # each round starts with another context: no place is favoured
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed(contexts[name], run))
     med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
            for k, v in times.items()}
     low = {k: min(x[2] for x in v) for k, v in times.items()}
