@@ -23,6 +23,7 @@ on fake tensors, against one real step at the bench batch size.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -82,6 +83,10 @@ def make_gpt2(batch: int, seq: int) -> tuple[Any, Callable[[], None], str]:
 def timed(context: Callable[[], Any], run: Callable[[], None]) -> tuple[float, float, float]:
     """Wall seconds inside the context, wall seconds including enter and exit, and CPU
     seconds of this process inside the context (steadier when other jobs share the cores)."""
+    # garbage of the step before (GPT-2 4x256: GBs in reference cycles) is freed first,
+    # outside the timing: else it piles up over the rounds and lands on whichever step
+    # the collector happens to run in
+    gc.collect()
     t0 = time.perf_counter()
     with context():
         t1, c1 = time.perf_counter(), time.process_time()
