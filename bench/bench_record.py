@@ -14,10 +14,12 @@ median wall time of the step inside the context; the same including entering and
 it (popviz builds its Program on exit, torch.profiler post-processes its trace); median
 and minimum CPU time of this process for the step (on a shared machine wall time mostly
 measures the neighbours; the minimum is the least disturbed round); each round's ratio to
-that round's plain step (median and quartiles). "popviz+write" is record, compile and
-write the profile (one .h5 per round); the compile and write seconds of the recorded
-program are given apart (best of 5, and medians). Then plan mode: ResNet-50 at batch 64
-on fake tensors, against one real step at the bench batch size.
+that round's plain step (median and quartiles). "dispatch floor" is a TorchDispatchMode
+that only calls each op: what any recorder built on one pays before it records anything.
+"popviz+write" is record, compile and write the profile (one .h5 per round); the compile
+and write seconds of the recorded program are given apart (best of 5, and medians). Then
+plan mode: ResNet-50 at batch 64 on fake tensors, against one real step at the bench
+batch size.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -111,6 +114,15 @@ class _Null:
         return None
 
 
+class _Passthrough(TorchDispatchMode):
+    """A dispatch mode that only calls each op: the floor of any recorder built on one
+    (every op, and every tensor of its arguments, crosses into Python and back)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
 def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Path) -> float:
     """Print the table for one model; return the plain step's median wall seconds."""
     for _ in range(2):  # warm-up: oneDNN primitives, optimiser state, allocator
@@ -118,6 +130,7 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     options = Options()
     contexts: dict[str, Callable[[], Any]] = {
         "plain": _Null,
+        "dispatch floor": _Passthrough,
         "popviz": lambda: Recorder(model, progress=False),
         "popviz+write": lambda: record(options, profile_dir=out, model=model, progress=False),
         "torch.profiler": profiler,
@@ -158,7 +171,7 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     # moment of the machine hits both sides of a ratio
     for col, label in ((0, "wall"), (2, "cpu")):
         parts = []
-        for name in ("popviz", "torch.profiler"):
+        for name in ("dispatch floor", "popviz", "torch.profiler"):
             ratios = sorted(x[col] / p[col] for x, p in zip(times[name], times["plain"],
                                                             strict=True))
             q1, q3 = _quartiles(ratios)
