@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.oom import oom_table
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
@@ -18,7 +19,6 @@ from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
 WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
-OOM_CANDIDATES = 200
 
 
 @dataclass
@@ -342,7 +342,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "category": nal["category"].astype(str), "bytes": nal["bytes"].astype(np.int64),
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
-    oom = _oom(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
+    oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 
@@ -382,48 +382,3 @@ def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,
             "microbatch": np.int64(0), "stage": first["stage"].to_numpy(np.int64),
             "pass": first["pass"].astype(str).to_numpy()}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def _oom(total: np.ndarray, runs: list[tuple[np.ndarray, np.ndarray]],
-         tile_peak: np.ndarray, al: pd.DataFrame, nal: pd.DataFrame, width: np.ndarray,
-         capacity: int) -> pd.DataFrame:
-    """Tiles over capacity, each with its largest variables (always-live, plus the
-    not-always-live ones alive at that tile's peak step)."""
-    over = total - capacity
-    parts = []
-    for i, tiles in enumerate(over):
-        bad = np.flatnonzero(tiles > 0)
-        if not len(bad):
-            continue
-        # each tile's first step at its peak: the first run at it (rows of a run are equal)
-        live, starts = runs[i] if i < len(runs) else (np.zeros((0, 0)), np.zeros(0))
-        peak_row = starts[(live == tile_peak[i]).argmax(axis=0)[bad]] \
-            if live.shape[0] else np.zeros(len(bad), dtype=np.int64)
-        cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),
-                          nal[nal["ipu"] == i]], ignore_index=True)
-        cand = cand.assign(per_tile=cand["bytes"] / (cand["t1"] - cand["t0"]).clip(lower=1))
-        cand = cand.nlargest(OOM_CANDIDATES, "per_tile", keep="first")
-        t0, t1 = cand["t0"].to_numpy()[:, None], cand["t1"].to_numpy()[:, None]
-        r0 = cand["s0"].to_numpy()[:, None] // width[i]
-        r1 = cand["s1"].to_numpy()[:, None] // width[i]
-        per_tile = cand["per_tile"].to_numpy()
-        labels = [f"{name} ({size / 1024:.1f} KiB)"
-                  for name, size in zip(cand["name"].astype(str).tolist(), per_tile.tolist(),
-                                        strict=True)]
-        texts: list[str] = []
-        for lo in range(0, len(bad), 512):
-            b, pr = bad[lo:lo + 512][None, :], peak_row[lo:lo + 512][None, :]
-            hit = (t0 <= b) & (b < t1) & ((r0 < 0) | ((r0 <= pr) & (pr <= r1)))
-            score = np.where(hit, per_tile[:, None], 0.0)
-            top = np.argsort(-score.T, axis=1, kind="stable")[:, :3].T  # rows: faster
-            shown = np.take_along_axis(score, top, axis=0) > 0
-            texts.extend("; ".join([labels[v] for v, ok in zip(vs, oks, strict=True) if ok])
-                         for vs, oks in zip(top.T.tolist(), shown.T.tolist(), strict=True))
-        parts.append(pd.DataFrame({"ipu": np.full(len(bad), i, dtype=np.int64),
-                                   "tile": bad.astype(np.int64),
-                                   "bytes_over": tiles[bad].astype(np.int64),
-                                   "variables": np.array(texts, dtype=object)}))
-    table = pd.concat(parts, ignore_index=True) if parts else \
-        pd.DataFrame(columns=["ipu", "tile", "bytes_over", "variables"])
-    return table.astype({"ipu": np.int64, "tile": np.int64, "bytes_over": np.int64,
-                         "variables": str})
