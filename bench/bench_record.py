@@ -9,12 +9,15 @@ called as its users call it, model(input_ids=..., labels=...), with AdamW.
 
 Each round runs, in turn, a plain step, a step under popviz's Recorder and a step under
 torch.profiler(record_shapes=True, profile_memory=True, with_flops=True), so that load from
-other processes hits all three alike. Reported: median wall time of the step inside the
-context; the same including entering and leaving it (popviz builds its Program on exit,
-torch.profiler post-processes its trace); median and minimum CPU time of this process for
-the step (on a shared machine wall time mostly measures the neighbours; the minimum is the
-least disturbed round). "popviz+write" is record, compile and write the profile (one
-.h5 per round); the compile+write seconds of the recorded program are given apart. Then
+other processes hits all three alike; the order rotates from round to round. Reported:
+median wall time of the step inside the context; the same including entering and leaving
+it (popviz builds its Program on exit, torch.profiler post-processes its trace); median
+and minimum CPU time of this process for the step (on a shared machine wall time mostly
+measures the neighbours; the minimum is the least disturbed round); each round's ratio to
+that round's plain step (median and quartiles). "dispatch floor" is a TorchDispatchMode
+that only calls each op: what any recorder built on one pays before it records anything.
+"popviz+write" is record, compile and write the profile (one .h5 per round); the compile
+and write seconds of the recorded program are given apart (best of 5, and medians). Then
 plan mode: ResNet-50 at batch 64 on fake tensors, against one real step at the bench
 batch size.
 """
@@ -22,6 +25,7 @@ batch size.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -81,6 +86,10 @@ def make_gpt2(batch: int, seq: int) -> tuple[Any, Callable[[], None], str]:
 def timed(context: Callable[[], Any], run: Callable[[], None]) -> tuple[float, float, float]:
     """Wall seconds inside the context, wall seconds including enter and exit, and CPU
     seconds of this process inside the context (steadier when other jobs share the cores)."""
+    # garbage of the step before (GPT-2 4x256: GBs in reference cycles) is freed first,
+    # outside the timing: else it piles up over the rounds and lands on whichever step
+    # the collector happens to run in
+    gc.collect()
     t0 = time.perf_counter()
     with context():
         t1, c1 = time.perf_counter(), time.process_time()
@@ -105,6 +114,15 @@ class _Null:
         return None
 
 
+class _Passthrough(TorchDispatchMode):
+    """A dispatch mode that only calls each op: the floor of any recorder built on one
+    (every op, and every tensor of its arguments, crosses into Python and back)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
 def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Path) -> float:
     """Print the table for one model; return the plain step's median wall seconds."""
     for _ in range(2):  # warm-up: oneDNN primitives, optimiser state, allocator
@@ -112,14 +130,16 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     options = Options()
     contexts: dict[str, Callable[[], Any]] = {
         "plain": _Null,
+        "dispatch floor": _Passthrough,
         "popviz": lambda: Recorder(model, progress=False),
         "popviz+write": lambda: record(options, profile_dir=out, model=model, progress=False),
         "torch.profiler": profiler,
     }
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in contexts}
-    for _ in range(rounds):
-        for name, ctx in contexts.items():
-            times[name].append(timed(ctx, run))
+    names = list(contexts)
+    for r in range(rounds):  # each round starts with another context: no place is favoured
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed(contexts[name], run))
     med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
            for k, v in times.items()}
     low = {k: min(x[2] for x in v) for k, v in times.items()}
@@ -128,11 +148,17 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     program = rec.program
     n_ops = len(program.ops)
     bookkeeping = rec.bookkeeping_ns / 1e9
-    compile_s = []
-    for _ in range(3):
+    compile_s, write_s, both_s = [], [], []
+    opts = compile_options(options, program)
+    for _ in range(5):
         t0 = time.perf_counter()
-        write_report(compile_program(program, compile_options(options, program)), out)
-        compile_s.append(time.perf_counter() - t0)
+        report = compile_program(program, opts)
+        t1 = time.perf_counter()
+        write_report(report, out)
+        t2 = time.perf_counter()
+        compile_s.append(t1 - t0)
+        write_s.append(t2 - t1)
+        both_s.append(t2 - t0)
     print(f"{title}, {n_ops} ops recorded, {rounds} rounds, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     base_step, base_total, base_cpu = med["plain"]
@@ -141,13 +167,36 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
     for name, (s, t, c) in med.items():
         print(f"{name:16}{s:12.3f}{s / base_step:7.3f}{t:12.3f}{t / base_total:7.3f}"
               f"{c:11.3f}{c / base_cpu:7.3f}{low[name]:9.3f}{low[name] / low['plain']:7.3f}")
+    # paired: each round's step against the plain step of the same round, so a busy
+    # moment of the machine hits both sides of a ratio
+    for col, label in ((0, "wall"), (2, "cpu")):
+        parts = []
+        for name in ("dispatch floor", "popviz", "torch.profiler"):
+            ratios = sorted(x[col] / p[col] for x, p in zip(times[name], times["plain"],
+                                                            strict=True))
+            q1, q3 = _quartiles(ratios)
+            parts.append(f"{name} {statistics.median(ratios):.3f} [{q1:.3f}-{q3:.3f}]")
+        wins = sum(a[col] < b[col] for a, b in zip(times["popviz"], times["torch.profiler"],
+                                                   strict=True))
+        print(f"per-round ratio to plain ({label}), median [quartiles]: {'; '.join(parts)}; "
+              f"popviz below torch.profiler in {wins} of {rounds} rounds")
     overhead_us = (low["popviz"] - low["plain"]) / n_ops * 1e6
     print(f"popviz overhead per op (min cpu): {overhead_us:.1f} us; CPU time in the "
           f"recorder's own bookkeeping (measured inside it): {bookkeeping * 1e3:.0f} ms = "
           f"{bookkeeping / n_ops * 1e6:.1f} us per op = {bookkeeping / low['plain']:.1%} of a "
           f"plain step")
-    print(f"compile + write of the recorded step: {min(compile_s):.3f} s (best of 3)\n")
+    print(f"compile + write of the recorded step: {min(both_s):.3f} s (best of 5; compile "
+          f"{min(compile_s):.3f} s, write {min(write_s):.3f} s; medians "
+          f"{statistics.median(both_s):.3f} / {statistics.median(compile_s):.3f} / "
+          f"{statistics.median(write_s):.3f} s); load average {os.getloadavg()[0]:.2f}\n")
     return base_step
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def main() -> int:

@@ -69,6 +69,32 @@ def test_micro_batch_from_keyword_arguments(fake: bool) -> None:
     assert program.model["input_shape"] == [5, 3]
 
 
+@pytest.mark.parametrize("fake", [False, True], ids=["record", "plan"])
+def test_micro_batch_is_every_call_of_the_model_in_the_step(fake: bool) -> None:
+    """Gradient accumulation inside the step (the model called on 3 then 5 samples, one
+    positional, one by keyword) is 8 samples of work; a checkpoint's re-run of the model
+    during backward is not another call."""
+    def run() -> torch.nn.Module:
+        model = _KeywordModel()
+        a, b = torch.randint(0, 11, (3, 4)), torch.randint(0, 11, (5, 4))
+
+        def step() -> None:
+            model(a, a).backward()
+            model(input_ids=b, labels=b).backward()
+            torch.utils.checkpoint.checkpoint(model, b, b, use_reentrant=False).backward()
+
+        return record_program(step, model=model, mode="plan" if fake else "measured")
+
+    if fake:
+        with FakeTensorMode():
+            program = run()
+    else:
+        program = run()
+    assert (program.ops.phase == "recompute").any()  # the model did run again in backward
+    assert program.model["batch_size"] == 3 + 5 + 5
+    assert program.model["input_shape"] == [3, 4]  # the first call's
+
+
 # ------------------------------------------------------------------ fused attention
 B, H, L, E = 2, 4, 16, 8
 

@@ -171,7 +171,8 @@ def _own(model: nn.Module, batch: dict[str, torch.Tensor], *, autocast: bool = F
         opt.step()
         return total
 
-    return Built(model, step, size // micro_batches)
+    # the step's micro-batch is every sample its forward and backward passes see
+    return Built(model, step, size)
 
 
 class TwoLayer(nn.Module):

@@ -89,9 +89,11 @@ def costed_plan(program: Program, options: Options, target: Target, precision: P
         program = _forward_only(program)
     plan = plan_stages(program, options)
     ops = plan.ops
-    is_matmul = ops["op_class"].to_numpy(str) == "matmul"
-    amp = np.array([options.amp_for(int(i), "matmul" if m else "conv")
-                    for i, m in zip(ops["ipu"].to_numpy(), is_matmul, strict=True)])
+    # the AMP of each op: one look-up per (IPU, conv or matmul), spread over the ops
+    key = ops["ipu"].to_numpy(np.int64) * 2 + (ops["op_class"].to_numpy(str) == "matmul")
+    keys, inverse = np.unique(key, return_inverse=True)
+    amp = np.array([options.amp_for(int(k) // 2, "matmul" if k % 2 else "conv")
+                    for k in keys.tolist()])[inverse.reshape(-1)] if len(key) else np.array([])
     ops = pd.concat([ops, op_costs(ops, target, precision, amp)], axis=1)
     ops.loc[ops["phase"] == "host_io", "cycles"] = 0  # stream copies are exchange, not compute
     return program, micro_batch, plan, program_order(ops), amp
@@ -188,14 +190,18 @@ def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: 
 def plan_tensor_stage(t: pd.DataFrame, op_stage: pd.Series, plan: StagePlan) -> np.ndarray:
     """Stage of each tensor: its producer's, else its module's (parents too), else 0."""
     ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
-    out = np.zeros(len(t), dtype=np.int64)
-    for i, (p, module) in enumerate(zip(ps, t["module"].astype(str).tolist(), strict=True)):
-        if not np.isnan(p):
-            out[i] = int(p)
-            continue
-        while module and module not in plan.module_stage and "." in module:
-            module = module.rsplit(".", 1)[0]
-        out[i] = plan.module_stage.get(module, 0)
+    made = ~np.isnan(ps)
+    out = np.where(made, np.nan_to_num(ps), 0).astype(np.int64)
+    modules = t["module"].astype(str).to_numpy()
+    found: dict[str, int] = {}
+    for i in np.flatnonzero(~made).tolist():
+        module = start = modules[i]
+        stage = found.get(start)
+        if stage is None:
+            while module and module not in plan.module_stage and "." in module:
+                module = module.rsplit(".", 1)[0]
+            stage = found[start] = plan.module_stage.get(module, 0)
+        out[i] = stage
     return out
 
 

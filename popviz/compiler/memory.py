@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.oom import oom_table
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
-from popviz.target.mapping import per_tile_sum, rectangles, start_tiles, tiles_for
+from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start_tiles, tiles_for
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
 WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
-OOM_CANDIDATES = 200
 
 
 @dataclass
@@ -269,7 +269,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     width = np.maximum(np.ceil(steps / MAX_STEPS), 1).astype(np.int64)
     rows = np.maximum((steps + width - 1) // width, 1)
     R = int(rows.max()) if num_ipus else 0
-    tile_live = np.zeros((num_ipus, R, T), dtype=np.uint32)
+    tile_live = np.empty((num_ipus, R, T), dtype=np.uint32)  # every row written below
     code = np.zeros((num_ipus, T))
     state = np.zeros((num_ipus, T))
     exch = np.zeros((num_ipus, T))
@@ -289,18 +289,23 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     # of their forward's compute sets: no state of their own)
     op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
                         float(target.cost.vertex_state_bytes_per_op_per_tile))
+    # per IPU: tile liveness of each run of equal steps (runs x tiles), first step of each
+    runs: list[tuple[np.ndarray, np.ndarray]] = []
     for i in range(num_ipus):
         m = nal_ipu == i
         sub = nal[m]
         r0 = sub["s0"].to_numpy(np.int64) // width[i]
         r1 = np.minimum(sub["s1"].to_numpy(np.int64) // width[i], rows[i] - 1)
         t0s, t1s, per_tile, rr0, rr1 = _grains(sub, grain, r0, r1)
-        grid = rectangles(R, T, rr0, rr1, t0s, t1s, per_tile)
+        # runs of steps with the same live bytes: one row each, expanded at the end
+        grid, row_starts, col_starts = rectangle_runs(R, T, rr0, rr1, t0s, t1s, per_tile)
         # in place: each step over the (steps x tiles) grid would otherwise allocate a copy
         np.subtract(grid, 1e-6, out=grid)
         np.ceil(grid, out=grid)
         np.minimum(grid, np.iinfo(np.uint32).max, out=grid)
-        tile_live[i] = grid
+        live = np.take(grid.astype(np.uint32), run_index(col_starts, T), axis=1)
+        runs.append((live, row_starts))
+        np.take(live, run_index(row_starts, R), axis=0, out=tile_live[i])
         diff = np.zeros(R + 1)
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
@@ -315,7 +320,8 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         t0s, t1s, per_tile, _, _ = _grains(a, grain, zero, zero)
         alive_tiles[i] = per_tile_sum(T, t0s, t1s, per_tile)
 
-    nal_peak = tile_live.max(axis=1) if R else np.zeros((num_ipus, T))
+    nal_peak = np.stack([r.max(axis=0) for r, _ in runs]) if R and num_ipus \
+        else np.zeros((num_ipus, T))
     code_i, exch_i = np.ceil(code).astype(np.int64), np.ceil(exch).astype(np.int64)
     state_i = np.ceil(state).astype(np.int64)
     al_i = np.ceil(alive_tiles).astype(np.int64)
@@ -336,7 +342,7 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "category": nal["category"].astype(str), "bytes": nal["bytes"].astype(np.int64),
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
-    oom = _oom(tile_memory, total, tile_live, nal_peak, al, nal, width, target.bytes_per_tile)
+    oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 
@@ -376,40 +382,3 @@ def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,
             "microbatch": np.int64(0), "stage": first["stage"].to_numpy(np.int64),
             "pass": first["pass"].astype(str).to_numpy()}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def _oom(tile_memory: pd.DataFrame, total: np.ndarray, tile_live: np.ndarray,
-         tile_peak: np.ndarray, al: pd.DataFrame, nal: pd.DataFrame, width: np.ndarray,
-         capacity: int) -> pd.DataFrame:
-    """Tiles over capacity, each with its largest variables (always-live, plus the
-    not-always-live ones alive at that tile's peak step)."""
-    over = total - capacity
-    rows = []
-    for i, tiles in enumerate(over):
-        bad = np.flatnonzero(tiles > 0)
-        if not len(bad):
-            continue
-        # each tile's first step at its peak (argmax down columns is slow in numpy)
-        peak_row = (tile_live[i] == tile_peak[i]).argmax(axis=0)[bad] \
-            if tile_live.shape[1] else \
-            np.zeros(len(bad), dtype=np.int64)
-        cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),
-                          nal[nal["ipu"] == i]], ignore_index=True)
-        cand = cand.assign(per_tile=cand["bytes"] / (cand["t1"] - cand["t0"]).clip(lower=1))
-        cand = cand.nlargest(OOM_CANDIDATES, "per_tile", keep="first")
-        t0, t1 = cand["t0"].to_numpy()[:, None], cand["t1"].to_numpy()[:, None]
-        r0 = cand["s0"].to_numpy()[:, None] // width[i]
-        r1 = cand["s1"].to_numpy()[:, None] // width[i]
-        names = cand["name"].to_numpy(str)
-        per_tile = cand["per_tile"].to_numpy()
-        for lo in range(0, len(bad), 512):
-            b, pr = bad[lo:lo + 512][None, :], peak_row[lo:lo + 512][None, :]
-            hit = (t0 <= b) & (b < t1) & ((r0 < 0) | ((r0 <= pr) & (pr <= r1)))
-            score = np.where(hit, per_tile[:, None], 0.0)
-            top = np.argsort(-score, axis=0, kind="stable")[:3]
-            for j in range(b.shape[1]):
-                picks = [f"{names[v]} ({per_tile[v] / 1024:.1f} KiB)" for v in top[:, j]
-                         if score[v, j] > 0]
-                rows.append((i, int(b[0, j]), int(tiles[b[0, j]]), "; ".join(picks)))
-    return pd.DataFrame(rows, columns=["ipu", "tile", "bytes_over", "variables"]).astype(
-        {"ipu": np.int64, "tile": np.int64, "bytes_over": np.int64, "variables": str})

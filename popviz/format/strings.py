@@ -30,9 +30,11 @@ class StringTable:
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
 
-    def encode(self, values: Iterable[str]) -> np.ndarray:
-        items = np.asarray(list(values), dtype=object)
-        if pd.api.types.infer_dtype(items, skipna=False) == "string":
+    def encode(self, values: Iterable[str], *, all_str: bool = False) -> np.ndarray:
+        """int32 codes of `values`; `all_str`: the caller knows each one is a str."""
+        items = values if all_str and isinstance(values, np.ndarray) \
+            else np.asarray(list(values), dtype=object)
+        if all_str or pd.api.types.infer_dtype(items, skipna=False) == "string":
             # all str already: hash them (sorted uniques, as np.unique would give) without
             # a fixed-width copy of the column (300k op names: ~70 MB of UCS-4)
             inverse, uniques = pd.factorize(items, sort=True)

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.format import schema, tempfiles
+from popviz.format.chunks import ChunkJobs
+from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND
 
@@ -74,6 +77,12 @@ def write_profile(
     final.parent.mkdir(parents=True, exist_ok=True)
     tempfiles.remove_stale_in(final.parent)
     temp = tempfiles.temp_name(final)
+    arrays = {name: np.asarray(array) for name, array in (arrays or {}).items()}
+    # the arrays' chunks are compressed in a worker while this thread writes the tables
+    pool = ThreadPoolExecutor(max_workers=max(1, min(2, (os.cpu_count() or 1) - 1)),
+                              thread_name_prefix="popviz-chunks")
+    jobs = {name: ChunkJobs(array, _array_chunks(array), schema.GZIP_LEVEL, pool)
+            for name, array in arrays.items() if array.size and array.ndim}
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
             with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
@@ -89,9 +98,9 @@ def write_profile(
                         _write_trace_index(index_group, frame)
                     _write_table(tables_group, name, frame, strings)
                 arrays_group = h5.create_group(schema.ARRAYS_GROUP)
-                for name, array in sorted((arrays or {}).items()):
+                for name, array in sorted(arrays.items()):
                     check_interrupt()
-                    _write_array(arrays_group, name, np.asarray(array))
+                    _write_array(arrays_group, name, array, jobs.get(name))
                 strings.write(h5, _chunked)
             check_interrupt()
             with open(temp, "rb+") as handle:
@@ -102,6 +111,10 @@ def write_profile(
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
+    finally:
+        for job in jobs.values():
+            job.cancel()
+        pool.shutdown(wait=True)
     return final
 
 
@@ -155,18 +168,20 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
         "summary": to_json(dict(summary)),
     }
     for key, text in texts.items():
-        put_text(h5.attrs, key, text)
+        put_text(h5, key, text)
 
 
-def put_text(attrs: h5py.AttributeManager, key: str, text: str) -> None:
+def put_text(obj: h5py.Group | h5py.Dataset | h5py.h5d.DatasetID, key: str,
+             text: str) -> None:
     """A text attribute as a fixed-length UTF-8 string (format 1.1): it lives in the object
     header, not in the global heap, whose damage can make libhdf5 loop. Text longer than
     schema.MAX_FIXED_ATTR_BYTES (object headers are small) stays variable-length."""
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) > schema.MAX_FIXED_ATTR_BYTES:
-        attrs[key] = text
+        owner = h5py.Dataset(obj) if isinstance(obj, h5py.h5d.DatasetID) else obj
+        owner.attrs[key] = text
         return
-    attrs.create(key, data=np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
+    fixed_text_attr(obj, key, raw)
 
 
 def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
@@ -177,16 +192,15 @@ def put_names(attrs: h5py.AttributeManager, key: str, names: list[str]) -> None:
                  dtype=h5py.string_dtype("utf-8", width))
 
 
-def _chunked(group: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+def _chunked(group: h5py.Group, name: str, data: np.ndarray
+             ) -> h5py.Dataset | h5py.h5d.DatasetID:
     """A 1-D dataset in ~1 MiB gzip chunks, each with a Fletcher-32 checksum (format 1.1)
     so a damaged chunk is an error on read rather than wrong numbers."""
     if data.size == 0:
         return group.create_dataset(name, data=data)
     rows_per_chunk = max(1, schema.CHUNK_BYTES // max(1, data.itemsize))
-    chunks = (min(len(data), rows_per_chunk),)
-    return group.create_dataset(name, data=data, chunks=chunks, compression="gzip",
-                                compression_opts=schema.GZIP_LEVEL, shuffle=True,
-                                fletcher32=True)
+    return create_chunked(group, name, data, (min(len(data), rows_per_chunk),),
+                          schema.GZIP_LEVEL)
 
 
 def _column_kind(series: pd.Series) -> str:
@@ -194,6 +208,8 @@ def _column_kind(series: pd.Series) -> str:
         return schema.ENC_BOOL
     if pd.api.types.is_numeric_dtype(series.dtype):
         return schema.ENC_NUMERIC
+    if isinstance(series.dtype, pd.StringDtype):  # str or missing: no value to look at
+        return schema.ENC_STRING_REF
     if pd.api.types.infer_dtype(series, skipna=True) in ("string", "empty"):
         return schema.ENC_STRING_REF  # no int among them (checked in C, not per value)
     values = series.dropna().tolist()
@@ -205,21 +221,21 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
                  strings: StringTable) -> None:
     group = parent.create_group(name)
     columns = [str(c) for c in frame.columns]
-    put_text(group.attrs, "encoding-type", "dataframe")
-    put_text(group.attrs, "encoding-version", "0.1.0")
+    put_text(group, "encoding-type", "dataframe")
+    put_text(group, "encoding-version", "0.1.0")
     put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
-    for column in columns:
-        series = frame[column]
+    for column, (_, series) in zip(columns, frame.items(), strict=True):
         kind = _column_kind(series)
         if kind == schema.ENC_BOOL:
             data = series.to_numpy(dtype=np.uint8)
         elif kind == schema.ENC_NUMERIC:
             data = series.to_numpy()
+        elif isinstance(series.dtype, pd.StringDtype):
+            data = strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
         else:
             data = strings.encode(series.fillna("").tolist())
-        dataset = _chunked(group, column, data)
-        put_text(dataset.attrs, "encoding", kind)
+        put_text(_chunked(group, column, data), "encoding", kind)
 
 
 def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
@@ -231,19 +247,21 @@ def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
     _chunked(index, "trace_offsets", offsets)
 
 
-def _write_array(parent: h5py.Group, name: str, array: np.ndarray) -> None:
-    if array.size == 0 or array.ndim == 0:
+def _array_chunks(array: np.ndarray) -> tuple[int, ...]:
+    """One chunk = one IPU (leading axis) x a range of steps x every tile, ~1 MiB, so a
+    single IPU or a step range is read without touching the rest."""
+    shape = array.shape
+    if array.ndim >= 2:
+        row_bytes = int(np.prod(shape[2:], dtype=np.int64)) * array.itemsize
+        steps = max(1, min(shape[1], schema.CHUNK_BYTES // max(1, row_bytes)))
+        return (1, steps, *shape[2:])
+    return (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
+
+
+def _write_array(parent: h5py.Group, name: str, array: np.ndarray,
+                 job: ChunkJobs | None) -> None:
+    if job is None:  # empty or 0-d: nothing to chunk
         parent.create_dataset(name, data=array)
         return
-    # One chunk = one IPU (leading axis) x a range of steps x every tile, ~1 MiB, so a
-    # single IPU or a step range is read without touching the rest.
-    shape = array.shape
-    row_bytes = int(np.prod(shape[2:], dtype=np.int64)) * array.itemsize if array.ndim > 2 \
-        else array.itemsize
-    if array.ndim >= 2:
-        steps = max(1, min(shape[1], schema.CHUNK_BYTES // max(1, row_bytes)))
-        chunks = (1, steps, *shape[2:])
-    else:
-        chunks = (min(shape[0], schema.CHUNK_BYTES // array.itemsize or 1),)
-    parent.create_dataset(name, data=array, chunks=chunks, compression="gzip",
-                          compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
+    job.write(create_chunked(parent, name, None, job.chunks, schema.GZIP_LEVEL,
+                             shape=array.shape, dtype=array.dtype))

@@ -150,7 +150,7 @@ def _model_facts(recorder: Recorder, ops: Any, params: list[tuple[str, torch.Ten
         "name": name,
         "parameters": int(sum(p.numel() for _, p in params)),
         "parameter_bytes": int(sum(p.numel() * p.element_size() for _, p in params)),
-        "batch_size": int(recorder._input_shape[0]) if recorder._input_shape else 0,
+        "batch_size": sum(recorder._batch_dims),
         "input_shape": list(recorder._input_shape or []),
         "layers": layers,
         "split_names": list(split_names) if split_names else list(layers),

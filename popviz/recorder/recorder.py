@@ -98,7 +98,9 @@ class Recorder(ModuleScopes, Owners):
         self._ops: list[list[Any]] = []
         self._storages: dict[int, Storage] = {}
         self._rows: list[Storage] = []
-        self._funcs: dict[Any, tuple[str, str, str, bool, tuple[int, ...]]] = {}
+        # id(overload) -> _func_info (keyed by id: an OpOverload hashes in Python, ~0.3 us;
+        # the tuple holds the overload, so the id stays its own)
+        self._funcs: dict[int, tuple[str, str, str, bool, tuple[int, ...], bool, Any]] = {}
         self._shape_cache: dict[torch.Size, str] = {}
         self._dtype_cache: dict[torch.dtype, str] = {}
         self._layer_cache: dict[str, str] = {}
@@ -114,6 +116,8 @@ class Recorder(ModuleScopes, Owners):
         self._from_grads = False
         self._last_module = ""
         self._input_shape: list[int] | None = None
+        self._batch_dims: list[int] = []
+        self._call_counted = True
         self._root: torch.nn.Module | None = None
         self._layer_names: dict[str, str] = {}
         self._param_names: dict[int, str] = {}
@@ -221,7 +225,10 @@ class Recorder(ModuleScopes, Owners):
         self._pending.clear()
 
     def _on_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
+        info = self._funcs.get(id(func))
+        if info is None:
+            info = self._func_info(func)
+        if info[5]:  # not work
             return func(*args, **kwargs)
         if self._timed:
             start = time.perf_counter_ns()
@@ -237,12 +244,12 @@ class Recorder(ModuleScopes, Owners):
             start = time.thread_time_ns()  # CPU time: steady when other jobs share cores
             if self._pending:
                 self._resolve_pending()
-            self._record(func, args, kwargs, out, host_ns)
+            self._record(func, info, args, kwargs, out, host_ns)
             self.bookkeeping_ns += time.thread_time_ns() - start
         else:
             if self._pending:
                 self._resolve_pending()
-            self._record(func, args, kwargs, out, host_ns)
+            self._record(func, info, args, kwargs, out, host_ns)
         return out
 
     def _phase_and_owner(self, func: Any, name: str, inputs: list[torch.Tensor]
@@ -286,14 +293,19 @@ class Recorder(ModuleScopes, Owners):
             self._module_block[module] = block
         return "forward", module, block
 
-    def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...]]:
-        """(kind, packet name, overload name, is a view, mutated args), once per overload."""
-        info = self._funcs.get(func)
+    def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...], bool, Any]:
+        """(kind, packet name, overload name, is a view, mutated args, not work, the
+        overload), once per overload."""
+        info = self._funcs.get(id(func))
         if info is None:
-            kind = _flops.kind_of(func)
-            info = (kind, func._overloadpacket.__name__, str(func),
-                    kind == "data_movement" and func.is_view, mutated_args(func))
-            self._funcs[func] = info
+            if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
+                info = ("", "", "", False, (), True, func)
+            else:
+                kind = _flops.kind_of(func)
+                info = (kind, func._overloadpacket.__name__, str(func),
+                        kind == "data_movement" and func.is_view, mutated_args(func), False,
+                        func)
+            self._funcs[id(func)] = info
         return info
 
     def _shape(self, shape: torch.Size) -> str:
@@ -308,11 +320,11 @@ class Recorder(ModuleScopes, Owners):
             text = self._dtype_cache[dtype] = str(dtype).removeprefix("torch.")
         return text
 
-    def _record(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
-                host_ns: int) -> None:
+    def _record(self, func: Any, info: tuple[Any, ...], args: Any, kwargs: dict[str, Any],
+                out: Any, host_ns: int) -> None:
         # hot path: runs for every op of the step, so caches and no repeated lookups
         op_id = len(self._ops)
-        kind, name, op_name, is_view, mutated = self._func_info(func)
+        kind, name, op_name, is_view, mutated = info[:5]
         inputs = tensors_in(args)
         if kwargs:
             inputs.extend(tensors_in(kwargs.values()))

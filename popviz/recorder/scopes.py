@@ -28,6 +28,8 @@ class ModuleScopes:
     _grad_cds: set[int]
     _mod_stack: list[str]
     _input_shape: list[int] | None
+    _batch_dims: list[int]  # dim 0 of each call of the model in the step
+    _call_counted: bool  # the current call of the model has been counted
     _forward_started: bool
 
     def _adopt_root(self, model: torch.nn.Module) -> None:
@@ -79,21 +81,31 @@ class ModuleScopes:
         path = self._path_of(mod)
         if path == "" and mod is self._root and torch._C._current_graph_task_id() == -1:
             STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
-            if self._input_shape is None:
-                first = next(iter(tensors_in(args)), None)
-                if first is not None and first.dim():
-                    self._input_shape = [int(s) for s in first.shape]
+            # a call of the model outside backward (so not a checkpoint's re-run): its
+            # batch is dim 0 of its first tensor argument, here or (keywords) at its end
+            self._call_counted = self._count_call(tensors_in(args))
             self._forward_started = True
         self._mod_stack.append(path)
+
+    def _count_call(self, tensors: Any) -> bool:
+        """Add one model call's batch to the step's micro-batch (two calls of 4 in one
+        step, gradient accumulation in the step, are 8 samples of forward and backward
+        work); the first call's input shape is kept as `input_shape`."""
+        first = next(iter(tensors), None)
+        if first is None or not first.dim():
+            return False
+        if self._input_shape is None:
+            self._input_shape = [int(s) for s in first.shape]
+        self._batch_dims.append(int(first.shape[0]))
+        return True
 
     def _module_post(self, mod: torch.nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, out) normally; (out,) when torch runs it after an exception
         path = self._paths.get(id(mod))
-        if path == "" and self._input_shape is None and len(rest) == 2 and rest[0] \
-                and mod is self._root:  # model(input_ids=..., labels=...): batch from kwargs
-            first = next(iter(tensors_in(rest[0].values())), None)
-            if first is not None and first.dim():
-                self._input_shape = [int(s) for s in first.shape]
+        if path == "" and not self._call_counted and len(rest) == 2 and rest[0] \
+                and mod is self._root and torch._C._current_graph_task_id() == -1:
+            # model(input_ids=..., labels=...): the batch from the keyword arguments
+            self._call_counted = self._count_call(tensors_in(rest[0].values()))
         stack = self._mod_stack
         if stack and stack[-1] == path:
             stack.pop()

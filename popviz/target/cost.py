@@ -58,14 +58,24 @@ def dtype_scale(dtypes: pd.Series, target_bytes: int) -> np.ndarray:
 
 
 def _channels(out_shape: pd.Series, op_class: np.ndarray) -> np.ndarray:
-    """Dim that serial passes can split: channels (dim 1) for convs, last dim for matmuls."""
-    dims = out_shape.str.strip("[]() ").str.split(",")
-    second = dims.str.get(1).astype(object).fillna("").astype(str).str.strip()
-    last = dims.str.get(-1).astype(object).fillna("").astype(str).str.strip()
-    pick = np.where(op_class == "matmul", last.to_numpy(str), second.to_numpy(str))
-    out = np.ones(len(pick), dtype=np.int64)
-    digits = np.char.isdigit(pick.astype(str))
-    out[digits] = pick[digits].astype(np.int64)
+    """Dim that serial passes can split: channels (dim 1) for convs, last dim for matmuls
+    (1 where it is not a number). Only that dim is cut out of the text: an optimiser's
+    foreach op lists hundreds of shapes."""
+    out = np.ones(len(op_class), dtype=np.int64)
+    for i, (shape, cls) in enumerate(zip(out_shape.tolist(), op_class.tolist(), strict=True)):
+        if not isinstance(shape, str):
+            continue
+        body = shape.strip("[]() ")
+        if cls == "matmul":
+            dim = body.rsplit(",", 1)[-1]
+        else:
+            parts = body.split(",", 2)
+            if len(parts) < 2:
+                continue
+            dim = parts[1]
+        dim = dim.strip()
+        if dim.isdigit():
+            out[i] = int(dim)
     return np.maximum(out, 1)
 
 

@@ -27,23 +27,66 @@ def start_tiles(ntiles: np.ndarray, keys: np.ndarray, tiles_per_ipu: int) -> np.
 
 def rectangles(steps: int, tiles: int, s0: np.ndarray, s1: np.ndarray, t0: np.ndarray,
                t1: np.ndarray, per_tile: np.ndarray) -> np.ndarray:
-    """Sum of rectangles [s0, s1] x [t0, t1) of `per_tile` bytes each: (steps, tiles) float64.
+    """Sum of rectangles [s0, s1] x [t0, t1) of `per_tile` bytes each: (steps, tiles) float64."""
+    grid, row_starts, col_starts = rectangle_runs(steps, tiles, s0, s1, t0, t1, per_tile)
+    return expand_runs(grid, row_starts, col_starts, steps, tiles)
+
+
+def rectangle_runs(steps: int, tiles: int, s0: np.ndarray, s1: np.ndarray, t0: np.ndarray,
+                   t1: np.ndarray, per_tile: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`rectangles` as runs: a (K, L) float64 grid, the first step of each of its rows and
+    the first tile of each of its columns (both start at 0); step s, tile t is the value
+    of the row and column whose runs hold them.
 
     A 2-D difference array and two cumulative sums, so cost does not grow with the
-    rectangles' area."""
-    diff = np.zeros((steps + 1, tiles + 1), dtype=np.float64)
+    rectangles' area. Only the steps and tiles where a rectangle starts or ends get a row
+    or column (the others repeat the one before, exactly: x + 0.0 == x), and the sums run
+    in the same order as over every step and tile, so the values are the same bit for bit
+    (the tile liveness of a GPT-2 step is ~2,000 distinct steps x ~700 distinct tiles
+    instead of 3,630 x 1,472)."""
+    s0 = np.asarray(s0, dtype=np.int64)
+    s1p = np.asarray(s1, dtype=np.int64) + 1
+    t0 = np.asarray(t0, dtype=np.int64)
+    t1 = np.asarray(t1, dtype=np.int64)
+    row_starts = _starts(s0, s1p, steps)
+    col_starts = _starts(t0, t1, tiles)
+    # an end at `steps` / `tiles` lands in the extra last row / column, which is dropped
+    k0, k1 = np.searchsorted(row_starts, s0), np.searchsorted(row_starts, s1p)
+    c0, c1 = np.searchsorted(col_starts, t0), np.searchsorted(col_starts, t1)
+    width = len(col_starts) + 1
+    diff = np.zeros((len(row_starts) + 1, width), dtype=np.float64)
     if len(s0):
-        s1p = np.asarray(s1) + 1
         flat = diff.reshape(-1)
-        width = tiles + 1
         w = np.asarray(per_tile, dtype=np.float64)
-        np.add.at(flat, s0 * width + t0, w)
-        np.add.at(flat, s0 * width + t1, -w)
-        np.add.at(flat, s1p * width + t0, -w)
-        np.add.at(flat, s1p * width + t1, w)
-    np.cumsum(diff, axis=0, out=diff)
+        np.add.at(flat, k0 * width + c0, w)
+        np.add.at(flat, k0 * width + c1, -w)
+        np.add.at(flat, k1 * width + c0, -w)
+        np.add.at(flat, k1 * width + c1, w)
+    # down the steps one row at a time: contiguous, several times faster than numpy's
+    # cumsum(axis=0) and the same sequential sum
+    for k in range(1, len(row_starts)):
+        np.add(diff[k - 1], diff[k], out=diff[k])
     np.cumsum(diff, axis=1, out=diff)
-    return diff[:steps, :tiles]
+    return diff[:len(row_starts), :len(col_starts)], row_starts, col_starts
+
+
+def _starts(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """Sorted distinct edges in [0, n), 0 always among them."""
+    edges = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), lo, hi]))
+    return edges[(edges >= 0) & (edges < max(n, 1))]
+
+
+def run_index(starts: np.ndarray, n: int) -> np.ndarray:
+    """For each of n positions, the run (index into `starts`) that holds it."""
+    return np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+
+
+def expand_runs(grid: np.ndarray, row_starts: np.ndarray, col_starts: np.ndarray,
+                steps: int, tiles: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The (steps, tiles) array of `rectangle_runs`' grid, into `out` when given."""
+    wide = np.take(grid, run_index(col_starts, tiles), axis=1)
+    return np.take(wide, run_index(row_starts, steps), axis=0, out=out)
 
 
 def per_tile_sum(tiles: int, t0: np.ndarray, t1: np.ndarray, per_tile: np.ndarray) -> np.ndarray:
