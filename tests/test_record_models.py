@@ -3,6 +3,9 @@ keyword arguments, fused attention, custom autograd Functions, attribution."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pandas as pd
 import pytest
 import torch
@@ -16,6 +19,14 @@ from tests.custom_function import Square
 
 
 @pytest.mark.parametrize("op", ["split", "chunk", "unbind"])
+def _run_maybe_fake(run: Callable[[], Any], fake: bool) -> Any:
+    """`run()` under FakeTensorMode (plan mode) or as is (record mode)."""
+    if not fake:
+        return run()
+    with FakeTensorMode():
+        return run()
+
+
 @pytest.mark.parametrize("fake", [False, True], ids=["record", "plan"])
 def test_ops_returning_lists_of_views(op: str, fake: bool) -> None:
     def step(x: torch.Tensor) -> list[torch.Tensor]:
@@ -60,11 +71,7 @@ def test_micro_batch_from_keyword_arguments(fake: bool) -> None:
 
         return record_program(step, model=model, mode="plan" if fake else "measured")
 
-    if fake:
-        with FakeTensorMode():
-            program = run()
-    else:
-        program = run()
+    program = _run_maybe_fake(run, fake)
     assert program.model["batch_size"] == 5
     assert program.model["input_shape"] == [5, 3]
 
@@ -85,11 +92,7 @@ def test_micro_batch_is_every_call_of_the_model_in_the_step(fake: bool) -> None:
 
         return record_program(step, model=model, mode="plan" if fake else "measured")
 
-    if fake:
-        with FakeTensorMode():
-            program = run()
-    else:
-        program = run()
+    program = _run_maybe_fake(run, fake)
     assert (program.ops.phase == "recompute").any()  # the model did run again in backward
     assert program.model["batch_size"] == 3 + 5 + 5
     assert program.model["input_shape"] == [3, 4]  # the first call's
