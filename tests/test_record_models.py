@@ -18,7 +18,6 @@ from popviz.recorder import flops, record_program
 from tests.custom_function import Square
 
 
-@pytest.mark.parametrize("op", ["split", "chunk", "unbind"])
 def _run_maybe_fake(run: Callable[[], Any], fake: bool) -> Any:
     """`run()` under FakeTensorMode (plan mode) or as is (record mode)."""
     if not fake:
@@ -27,6 +26,7 @@ def _run_maybe_fake(run: Callable[[], Any], fake: bool) -> Any:
         return run()
 
 
+@pytest.mark.parametrize("op", ["split", "chunk", "unbind"])
 @pytest.mark.parametrize("fake", [False, True], ids=["record", "plan"])
 def test_ops_returning_lists_of_views(op: str, fake: bool) -> None:
     def step(x: torch.Tensor) -> list[torch.Tensor]:
