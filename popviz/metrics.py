@@ -195,16 +195,31 @@ def stage_table_times(trace: pd.DataFrame, stages: pd.DataFrame, steps: int = 1
 def retime_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     """The stage table with its time columns (STAGE_TIME_COLUMNS; sync_cycles only where
     present) taken from each device's `rank_time`: per step, each instant once, adding up
-    to the step time. A device holding several stages shares its times equally."""
+    to the step time. On a device holding several stages (an interleaved schedule) each
+    stage's busy columns are its own events' (`stage_time`); the device's idle and sync
+    are shared equally, and other_cycles is each stage's share of the rest of the step."""
     if trace.empty or stages.empty:
         return stages
-    per_rank = stage_columns(rank_time(trace))
+    times = rank_time(trace)
+    per_rank = stage_columns(times)
     out = stages.copy()
-    share = out.groupby("ipu")["stage"].transform("size").astype(float).to_numpy()
     ipu = out["ipu"].astype(int)
-    for col in STAGE_TIME_COLUMNS:
-        if col != "sync_cycles" or col in out.columns:
-            out[col] = per_rank[col].reindex(ipu).fillna(0.0).to_numpy() / share
+    share = ipu.groupby(ipu).transform("size").astype(float).to_numpy()
+    cols = [c for c in STAGE_TIME_COLUMNS if c != "sync_cycles" or c in out.columns]
+    for col in cols:
+        out[col] = per_rank[col].reindex(ipu).fillna(0.0).to_numpy() / share
+    shared = share > 1
+    if shared.any():
+        own = stage_table_times(trace, out.loc[shared, ["stage", "ipu"]],
+                                int(times["steps"].iloc[0]))
+        busy = [c for c in cols if c not in ("idle_cycles", "sync_cycles", "other_cycles")]
+        out.loc[shared, busy] = own[busy].to_numpy()
+        step = float(times["step_time"].iloc[0])
+        sub = out.loc[shared]
+        used = sub[busy].sum(axis=1).groupby(sub["ipu"].astype(int)).transform("sum")
+        rest = np.maximum(0.0, step - used - per_rank["idle_cycles"].reindex(
+            sub["ipu"].astype(int)).fillna(0.0).to_numpy())
+        out.loc[shared, "other_cycles"] = rest / share[shared]
     return out
 
 

@@ -16,10 +16,12 @@ import pandas as pd
 import pytest
 
 import popviz
+from popviz.analysis.balance import profile_stages
 from popviz.cli.main import main
 from popviz.measure import kineto, kineto_fast
 from popviz.measure.import_rank import RankPart
 from popviz.measure.import_schedule import schedule_name
+from popviz.metrics import rank_time
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -178,6 +180,36 @@ def test_schedule_and_micro_batch_size_from_the_trace(pipeline: Any, resnet: Any
     assert pipeline.summary["samples_per_step"] == 32
     opts = resnet.meta["options"]
     assert (opts["schedule"], opts["micro_batch_size"]) == (None, 64)
+
+
+def test_interleaved_stages_on_one_rank_each_get_their_own_kernels(pipeline: Any) -> None:
+    # the raw JSON: a kernel (or copy) belongs to the stage whose PP:{stage}... annotation
+    # spans its launch (cuda_runtime, by correlation id; backward launches come from the
+    # autograd thread, so any thread)
+    events = _events(PIPELINE)
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in
+                e.get("args", {})}
+    anns = [e for e in events if e.get("cat") == "user_annotation"
+            and e["name"].startswith("PP:")]
+    busy = {0: 0.0, 1: 0.0}
+    for k in (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy")):
+        at = launches.get(k["args"].get("correlation"))
+        owner = [int(a["name"][3]) for a in anns if at is not None
+                 and a["ts"] <= at <= a["ts"] + a["dur"]]
+        if owner:
+            busy[owner[0]] += k["dur"] * 1e3
+    stages = profile_stages(pipeline).set_index("stage")
+    got = stages[["forward_cycles", "backward_cycles", "recompute_cycles",
+                  "optimiser_cycles", "exchange_cycles"]].sum(axis=1)
+    assert busy[0] != pytest.approx(busy[1], rel=0.05)  # the stages do differ
+    for s in (0, 1):
+        assert got[s] == pytest.approx(busy[s], rel=1e-6), s
+    # the rank's columns still add up to its step, idle counted once
+    cols = ["forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
+            "exchange_cycles", "idle_cycles", "other_cycles"]
+    step = rank_time(pipeline.trace)["step_time"].iloc[0]
+    assert stages[cols].to_numpy().sum() == pytest.approx(step, rel=1e-9)
 
 
 def test_schedule_family_from_the_order_of_actions() -> None:
