@@ -227,3 +227,20 @@ def test_query_table_text_cache_gives_the_same_rows() -> None:
                                            texts=texts)
         assert rows["op"].tolist() == ["aten.Conv", "aten.conv_bw"] and total == 2
     assert list(texts) == ["op"] and texts["op"].tolist()[0] == "aten.conv"
+
+
+def test_one_measured_device_gets_no_balance_verdict_but_its_idle_share() -> None:
+    # two stages interleaved on rank 0, 93 % of the step idle, one stage 1.5x the other
+    stages = _stages(busy=[40, 60], idle=[650, 650], ipus=[0, 0])
+    meta = {"kind": "measured", "options": {}}
+    advice = analysis.advise(meta, stages, _tiles([]), measured=True)
+    texts = " ".join(a.text for a in advice)
+    assert "balanced" not in texts and "bottleneck" not in texts
+    idle = [a for a in advice if a.topic == "idle"]
+    assert len(idle) == 1 and idle[0].severity == "warning"
+    assert "Rank 0 is idle 93% of the step" in idle[0].text and "host-bound" in idle[0].text
+    # a busy single device: an info line, still no claim about balance
+    busy = analysis.advise(meta, _stages(busy=[900], idle=[100], ipus=[0]), _tiles([]),
+                           measured=True)
+    assert [a.topic for a in busy] == ["ok"] and "busy 90% of the step" in busy[0].text
+    assert "balanced" not in busy[0].text

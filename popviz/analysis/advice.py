@@ -44,7 +44,8 @@ KiB = 1024
 @dataclass(frozen=True)
 class Advice:
     severity: str  # "error" (does not fit), "warning" (slow), "info"
-    topic: str  # "amp", "split", "recomputation", "accumulation", "memory", "host_io", "ok"
+    topic: str  # "amp", "split", "recomputation", "accumulation", "memory", "host_io",
+    # "idle" (one measured device mostly waiting), "ok"
     ipu: int | None
     text: str
 
@@ -179,7 +180,8 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
                     ops: pd.DataFrame, exchange: pd.DataFrame | None, measured: bool,
                     proposed_splits: list[str] | None) -> list[Advice]:
     bal = stage_balance(stages)
-    if len(bal) < 2 or bal["busy_cycles"].mean() <= 0:
+    # stages sharing one device run in turn: none waits for another, nothing to balance
+    if len(bal) < 2 or bal["ipu"].nunique() < 2 or bal["busy_cycles"].mean() <= 0:
         return []
     busy = bal.set_index("stage")["busy_cycles"]
     top = int(busy.idxmax())
@@ -225,6 +227,25 @@ def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
                    f"{bubble:.0%} of the step is idle in pipeline bubbles: raise gradient "
                    f"accumulation (now {accumulation}) to at least {4 * len(bal)} to amortise "
                    "the ramp-up and ramp-down.")]
+
+
+def _one_device_advice(stages: pd.DataFrame, measured: bool) -> list[Advice]:
+    """A measured run on one device has no balance to judge; its idle share says whether
+    the device or the host sets the pace (many short kernels with gaps between: launch- or
+    host-bound)."""
+    if not measured or stages.empty or stages["ipu"].nunique() != 1:
+        return []
+    idle = stage_idle_fraction(stages)
+    where = naming_of(MEASURED_KIND).label(int(stages["ipu"].iloc[0]))
+    if idle < BUBBLE_LIMIT:
+        return [Advice("info", "ok", None, f"One device ({where}), so no balance between "
+                       f"devices to judge; it is busy {1 - idle:.0%} of the step.")]
+    return [Advice("warning", "idle", int(stages["ipu"].iloc[0]), (
+        f"{where.capitalize()} is idle {idle:.0%} of the step: it computes only "
+        f"{1 - idle:.0%} of the time, so the step is launch- or host-bound (Python, "
+        "kernel launches, data loading between kernels), not device-bound. The trace shows the gaps; fewer, "
+        "larger kernels (a bigger micro-batch, torch.compile or CUDA graphs) or a faster "
+        "input pipeline close them. With one device there is no stage balance to judge."))]
 
 
 def _multi_pass_ops(ops: pd.DataFrame) -> pd.Series | None:
@@ -316,6 +337,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     ops = ops if ops is not None else pd.DataFrame()
     out += _balance_advice(meta, stages, tile_memory, ops, exchange, measured, proposed_splits)
     out += _bubble_advice(meta, stages)
+    out += _one_device_advice(stages, measured)
     out += _headroom_advice(meta, tile_memory, ops)
     out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)
