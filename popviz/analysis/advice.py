@@ -244,8 +244,9 @@ def _one_device_advice(stages: pd.DataFrame, measured: bool) -> list[Advice]:
         f"{where.capitalize()} is idle {idle:.0%} of the step: it computes only "
         f"{1 - idle:.0%} of the time, so the step is launch- or host-bound (Python, "
         "kernel launches, data loading between kernels), not device-bound. The trace "
-        "shows the gaps; fewer, larger kernels (a bigger micro-batch, torch.compile or CUDA graphs) or a faster "
-        "input pipeline close them. With one device there is no stage balance to judge."))]
+        "shows the gaps; fewer, larger kernels (a bigger micro-batch, torch.compile or "
+        "CUDA graphs) or a faster input pipeline close them. With one device there is "
+        "no stage balance to judge."))]
 
 
 def _multi_pass_ops(ops: pd.DataFrame) -> pd.Series | None:
