@@ -446,3 +446,30 @@ def test_compare_an_imported_run_with_a_modelled_plan(pipeline: Any,
         assert tps.loc["idle", "b"] > 0 and tps.loc["forward", "b"] > 0
     both = popviz.compare(imported["GPipe"], imported["1F1B"])
     assert set(both.time_per_sample["category"]) >= {"forward", "backward", "exchange"}
+
+
+def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
+    from popviz.figures.compare import liveness_compare_figure
+    modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
+    if not modelled.exists():
+        pytest.skip("example profiles not in profiles/")
+    with popviz.open(modelled) as plan:
+        comp = popviz.compare(plan, resnet)
+    v = comp.verdict
+    words = v["terms"] + v["differences"] + v["reasons"] + [v["headline"]]
+    # a value the import does not know reads "unknown", never an empty string
+    assert "precision 16.32 vs unknown" in v["terms"]
+    assert any(d.startswith("schedule: ") and d.endswith(" vs unknown")
+               for d in v["differences"])
+    assert not any(" vs ;" in w or " vs ." in w or w.endswith(" vs ") for w in words)
+    # the import's model name is its file's: no claim of a different model
+    assert not any("different models" in w for w in words)
+    assert any("kineto_resnet50_b64 is its trace file's name" in w for w in v["reasons"])
+    # units speak each side's devices
+    units = comp.metrics.set_index("metric")["unit"]
+    assert units["throughput_per_ipu"] == "samples/s per IPU (A) / rank (B)"
+    assert "rank" in units["ipu_us_per_sample"] and "rank" in comp.time_per_sample["unit"][0]
+    # A's IPU capacity is not drawn across B's GPU curve
+    fig = liveness_compare_figure(comp)
+    assert not [s for s in fig.layout.shapes if s.y0 == s.y1]  # no horizontal line
+    assert "B has none" in fig.layout.title.text

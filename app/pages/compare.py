@@ -133,6 +133,7 @@ def body(ctx: AppContext, a: str, b: str) -> list[Any]:
     except (PathRefused, ProfileError, ValueError) as exc:
         return [message(str(exc))]
     tps = comp.time_per_sample
+    dev = " / ".join(dict.fromkeys(naming_of(k).device for k in comp.sides["kind"]))
     return [
         _verdict(comp),
         html.Div([_cards(comp, "A"), _cards(comp, "B")], className="row"),
@@ -144,11 +145,11 @@ def body(ctx: AppContext, a: str, b: str) -> list[Any]:
         graph("compare-tiles", cf.tile_distribution_figure(comp)),
         html.H3("A vs B (every delta is B - A)"),
         _delta_table("compare-metrics", comp.metrics, ["metric"]),
-        html.H3("IPU time per sample by category"),
+        html.H3(f"{dev} time per sample by category"),
         _delta_table("compare-time-table", tps[(tps["a"] != 0) | (tps["b"] != 0)],
                      ["category"]),
         html.Div([
-            html.Div([html.H3("Per IPU"), _delta_table("compare-ipus", comp.ipus,
+            html.Div([html.H3(f"Per {dev}"), _delta_table("compare-ipus", comp.ipus,
                                                        ["ipu", "metric"])], className="half"),
             html.Div([html.H3("Compute per sample by op class"),
                       _delta_table("compare-ops", comp.op_classes, ["op_class", "phase"])],

@@ -13,6 +13,7 @@ The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughp
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from popviz.analysis.compare_sides import (
     normalised_liveness,
 )
 from popviz.jsonsafe import jsonable as _plain
+from popviz.vocab import Naming, naming_of
 
 DELTA_COLUMNS = ["a", "b", "delta", "ratio"]
 TIE = 0.02  # speeds within 2% are "about the same"
@@ -147,6 +149,20 @@ def compare(a: Any, b: Any) -> Comparison:
     return build(load_side(a, "A"), load_side(b, "B"))
 
 
+def device_units(sa: Side, sb: Side) -> dict[str, str]:
+    """Units that name the device, in each side's words (naming_of: IPU, or rank for a
+    measured profile), e.g. 'samples/s per IPU (A) / rank (B)' when they differ."""
+    words = [naming_of(s.facts.get("kind")) for s in (sa, sb)]
+
+    def both(make: Callable[[Naming], str]) -> str:
+        a, b = (make(w) for w in words)
+        return a if a == b else f"{a} (A) / {b} (B)"
+    time = both(lambda w: f"{w.device}-µs" if w.measured else "IPU-us")
+    return {"throughput_per_ipu": "samples/s per " + both(lambda w: w.device),
+            "total_ipus": both(lambda w: w.devices),
+            "ipu_us_per_sample": f"{time} per sample", "time_per_sample": f"{time} per sample"}
+
+
 def build(sa: Side, sb: Side) -> Comparison:
     """The comparison of two loaded sides (see compare_sides.load_side)."""
     metrics = deltas(pd.Series(sa.metrics, dtype=float), pd.Series(sb.metrics, dtype=float))
@@ -154,7 +170,8 @@ def build(sa: Side, sb: Side) -> Comparison:
     metrics = metrics.dropna(how="all", subset=["a", "b"])
     if "step_cycles" in metrics.index and metrics.loc["step_cycles", ["a", "b"]].isna().any():
         metrics = metrics.drop(index="step_cycles")  # ns vs cycles: compare step_ms instead
-    metrics.insert(0, "unit", [METRICS[m][0] for m in metrics.index])
+    units = device_units(sa, sb)
+    metrics.insert(0, "unit", [units.get(m, METRICS[m][0]) for m in metrics.index])
     metrics.insert(1, "better", [METRICS[m][1] for m in metrics.index])
     metrics = metrics.rename_axis("metric").reset_index()
 
@@ -164,7 +181,7 @@ def build(sa: Side, sb: Side) -> Comparison:
     tps["ratio"] = tps["b"] / tps["a"].where(tps["a"] != 0)
     total = float(tps["delta"].sum())
     tps["share_of_delta"] = tps["delta"] / total if total else np.nan
-    tps.insert(0, "unit", "IPU-us per sample")
+    tps.insert(0, "unit", units["time_per_sample"])
     tps = tps.rename_axis("category").reset_index()
 
     # a class one side never ran costs it 0; a side with no op costs at all (measured) is

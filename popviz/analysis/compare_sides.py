@@ -213,6 +213,8 @@ def load_side(profile: Any, label: str) -> Side:
         "side": label, "name": name, "run": "training" if training else "inference",
         "path": str(getattr(profile, "path", "")), "kind": str(getattr(profile, "kind", "")),
         "model": str((meta.get("model") or {}).get("name", "")),
+        # an imported trace records no model: its name is the trace file's
+        "model_from_file": bool((meta.get("measure") or {}).get("imported")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity, "fits": fits,

@@ -18,16 +18,21 @@ TERMS = [("kind", "kind"), ("target", "target"), ("micro_batch_size", "micro-bat
 DECISIVE = 1.25  # per-sample figures decide only when one side is this much faster
 
 
+def shown(value: Any) -> str:
+    """A fact as text; 'unknown' when the profile does not say (None, '' or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return "unknown"
+    return str(value)
+
+
 def unequal_terms(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """['micro-batch 16 vs 4', ...] for the terms the two sides' facts differ in."""
+    """['micro-batch 16 vs 4', 'precision 16.32 vs unknown', ...] for the terms the two
+    sides' facts differ in."""
     out = []
     for key, label in TERMS:
-        va, vb = a.get(key), b.get(key)
-        if va is None and vb is None:
-            continue
-        if str(va) != str(vb):
-            out.append(f"{label} {va if va is not None else '?'} vs "
-                       f"{vb if vb is not None else '?'}")
+        va, vb = shown(a.get(key)), shown(b.get(key))
+        if va != vb:
+            out.append(f"{label} {va} vs {vb}")
     return out
 
 

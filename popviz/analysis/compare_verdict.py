@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from popviz.analysis.compare_sides import Side
-from popviz.analysis.compare_terms import on_equal_terms
+from popviz.analysis.compare_terms import on_equal_terms, shown
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, is_measured, rank_label
 
@@ -179,10 +179,44 @@ def _op_reason(comp: Comparison) -> list[str]:
             f"({_us(top['a'])} vs {_us(top['b'])})"]
 
 
+def _model(side: Side) -> str:
+    """The side's model name; an import's is its trace file's name, and says so."""
+    name = shown(side.facts.get("model"))
+    return f"{name} (a file name)" if side.facts.get("model_from_file") else name
+
+
 def differences(sa: Side, sb: Side) -> list[str]:
-    """The layout choices that differ, e.g. 'AMP: IPU0: 0.6 vs IPU0: 0.15'."""
-    return [f"{label}: {sa.facts[key]} vs {sb.facts[key]}" for key, label in OPTION_FACTS
-            if str(sa.facts.get(key)) != str(sb.facts.get(key))]
+    """The layout choices that differ, e.g. 'AMP: IPU0: 0.6 vs IPU0: 0.15' (an absent
+    value reads 'unknown')."""
+    out = []
+    for key, label in OPTION_FACTS:
+        va, vb = shown(sa.facts.get(key)), shown(sb.facts.get(key))
+        if va != vb:
+            out.append(f"{label}: {_model(sa)} vs {_model(sb)}" if key == "model"
+                       else f"{label}: {va} vs {vb}")
+    return out
+
+
+def _model_notes(sa: Side, sb: Side) -> list[str]:
+    """Whether the sides run different models (or runs). An imported trace names no model:
+    its name is the file's, so a mismatch there says nothing either way."""
+    out = []
+    if sa.facts["model"] != sb.facts["model"]:
+        named = [s for s in (sa, sb) if s.facts.get("model_from_file")]
+        if named:
+            who = " and ".join(f"{s.label}'s name {s.facts['model']}" for s in named)
+            whose = "is its trace file's" if len(named) == 1 else "are the trace files'"
+            out.append(f"Note: {who} {whose} name (an imported trace records no model), so "
+                       f"whether A ({sa.facts['model']}) and B ({sb.facts['model']}) run "
+                       "the same model is not known.")
+        else:
+            out.append(f"Note: A and B are different models ({sa.facts['model']} vs "
+                       f"{sb.facts['model']}), so their per-sample figures are not like "
+                       "for like.")
+    if sa.facts["run"] != sb.facts["run"]:
+        out.append(f"Note: A and B are different runs ({sa.facts['run']} vs "
+                   f"{sb.facts['run']}), so their per-sample figures are not like for like.")
+    return out
 
 
 def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
@@ -191,10 +225,7 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     faster, factor, speed = _speed(comp, sa, sb)
     # unknown (None: a measured run, no tiles) is not out of memory: the run ran
     fa, fb = sa.facts["fits"] is not False, sb.facts["fits"] is not False
-    reasons: list[str] = [
-        f"Note: A and B are different {label}s ({sa.facts[key]} vs {sb.facts[key]}), so "
-        "their per-sample figures are not like for like."
-        for key, label in (("model", "model"), ("run", "run")) if sa.facts[key] != sb.facts[key]]
+    reasons: list[str] = _model_notes(sa, sb)
     if fa and fb:
         winner = faster
         headline = speed if faster else speed + " Both fit."

@@ -81,6 +81,13 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
     peak = float(lv["total_bytes"].max())
     caps = {s["side"]: float(s["ipu_capacity_bytes"] or 0) for _, s in comp.sides.iterrows()}
     same = len(set(caps.values())) == 1
+    if not all(caps.values()):
+        # a line spans every curve: one side's capacity over a device without one (a GPU
+        # rank) would read as that device out of memory
+        none = " and ".join(s for s, c in caps.items() if not c)
+        if any(caps.values()):
+            title += f" (no capacity line: {none} has none)"
+        caps = {}
     for side, cap in caps.items():  # capacity only when it is within sight of the peak
         if cap and peak >= 0.4 * cap and not (same and side == "B"):
             fig.add_hline(y=cap / MiB, line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[side],
