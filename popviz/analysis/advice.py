@@ -157,22 +157,31 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         return [Advice("info", "split", ipu, f"Stage {top} cannot be balanced further at the "
                        f"usable split names ({source} keeps every split where it is): split "
                        f"the model at finer points, or raise the stage count.{keep}")]
+    # the moves are one plan: lead with what it does as a whole, then word each move as a
+    # part of it (alone, a move can load the bottleneck further before a later one relieves it)
+    was, now = stage_costs(segs, current), stage_costs(segs, proposed)
+    before, after = max(was), max(now)
+    n = len(moves)
     out = []
-    for m in moves:
+    if after > 0:
+        parts = "its parts are below, to make together" if n > 1 else "the move below"
+        out.append(Advice("info", "split", None, (
+            f"One plan ({source}): splits {[segs.names[b - 1] for b in proposed]}, "
+            f"{n} split move{'s' if n > 1 else ''} at once ({parts}). The slowest stage "
+            f"drops from {before:,.0f} to {after:,.0f} cycles per micro-batch, about "
+            f"{before / after:.2f}x on the steady state.{keep}")))
+    for i, m in enumerate(moves, 1):
         gives, takes = (m.index, m.index + 1) if m.earlier else (m.index + 1, m.index)
         where = ipu_of.get(takes, takes)
         shown = ", ".join(m.layers[:4]) + (f" and {len(m.layers) - 4} more"
                                           if len(m.layers) > 4 else "")
+        part = f"Part {i} of {n} of the plan" if n > 1 else "The plan"
         out.append(Advice("warning", "split", where, (
-            f"Move split '{m.old}' {'earlier' if m.earlier else 'later'} to '{m.new}': "
-            f"stage {takes} ({ipu_label(where)}, fullest tile "
-            f"{tile_use.get(where, 0.0):.0%} used) takes {shown} from stage {gives}.")))
-    before, after = max(stage_costs(segs, current)), max(stage_costs(segs, proposed))
-    if after > 0:
-        out.append(Advice("info", "split", None, (
-            f"Splits {[segs.names[b - 1] for b in proposed]} ({source}): the slowest stage "
-            f"drops from {before:,.0f} to {after:,.0f} cycles per micro-batch, about "
-            f"{before / after:.2f}x on the steady state.{keep}")))
+            f"{part}: move split '{m.old}' {'earlier' if m.earlier else 'later'} to "
+            f"'{m.new}': stage {takes} ({ipu_label(where)}, fullest tile "
+            f"{tile_use.get(where, 0.0):.0%} used) takes {shown} from stage {gives}; with "
+            f"the whole plan stage {takes} goes from {was[takes]:,.0f} to "
+            f"{now[takes]:,.0f} cycles per micro-batch.")))
     return out
 
 
