@@ -244,3 +244,15 @@ def test_one_measured_device_gets_no_balance_verdict_but_its_idle_share() -> Non
                            measured=True)
     assert [a.topic for a in busy] == ["ok"] and "busy 90% of the step" in busy[0].text
     assert "balanced" not in busy[0].text
+
+
+def test_stage_load_figure_judges_no_balance_on_one_device() -> None:
+    from popviz import figures
+    from popviz.vocab import MEASURED
+    shared = figures.stage_load_figure(_stages(busy=[40, 90], idle=[650, 650], ipus=[0, 0]),
+                                       naming=MEASURED)
+    title = shared.layout.title.text
+    assert "balanced" not in title and "bottleneck" not in title and "rank 0" in title
+    assert "#c53a32" not in shared.data[0].marker.color
+    two = figures.stage_load_figure(_stages(busy=[40, 90], idle=[650, 600]), naming=MEASURED)
+    assert "bottleneck" in two.layout.title.text

@@ -56,7 +56,9 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
         return empty_figure("This profile has no stage table.", title)
     bal = stage_balance(stages)
     top = bal["busy_cycles"].idxmax()
-    unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT
+    # stages sharing one device run in turn: none waits for another, nothing to balance
+    one_device = bal["ipu"].nunique() == 1
+    unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT and not one_device
     colours = ["#c53a32" if i == top and unbalanced else "#3b75af" for i in bal.index]
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
@@ -65,7 +67,8 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
                            hovertemplate="%{x}: %{y:.2f}x the mean busy time<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
-    note = ("red: bottleneck" if unbalanced
+    note = (f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
+            else "red: bottleneck" if unbalanced
             else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
     return base_layout(fig, f"{title} ({note})", height=340)
 
