@@ -51,11 +51,10 @@ def _kind_time(trace: pd.DataFrame, lo: float, hi: float,
     start = trace["start"].to_numpy(float)
     end = trace["end"].to_numpy(float)
     keep = (end > lo) & (start < hi)
-    sel = trace[keep]
-    codes = category_codes(sel["kind"].to_numpy(),
-                           sel["pass"].to_numpy() if "pass" in sel.columns else None)
-    slot = {d: i for i, d in enumerate(devices)}
-    group = np.array([slot[int(i)] for i in sel["ipu"]], dtype=np.int64)
+    codes = category_codes(trace["kind"].to_numpy()[keep],
+                           trace["pass"].to_numpy()[keep] if "pass" in trace.columns else None)
+    group = np.searchsorted(np.asarray(devices, dtype=np.int64),
+                            trace["ipu"].to_numpy(np.int64)[keep])
     times = sweep(group, np.maximum(start[keep], lo), np.minimum(end[keep], hi), codes,
                   len(devices), len(CATEGORIES))
     frame = pd.DataFrame(times, columns=KIND_OF, index=devices).T.groupby(level=0).sum().T
