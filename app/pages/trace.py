@@ -37,7 +37,9 @@ NEEDS_PROFILE = True
 
 
 def templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
-    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops))
+    """The modelled op layout of each pass ({} on a measured profile: no op level)."""
+    measured = naming(entry).measured
+    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops, measured=measured))
 
 
 def opening_window(entry: Entry) -> tuple[float, float] | None:
@@ -108,7 +110,8 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     words = naming(entry)
 
     def build() -> RangeStats:
-        return range_statistics(entry.profile.trace, templates(entry), lo, hi)
+        return range_statistics(entry.profile.trace, templates(entry), lo, hi,
+                                measured=words.measured)
 
     opening = opening_window(entry) or (trace_index(entry).start, trace_index(entry).end)
     same = abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6
@@ -125,7 +128,14 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
         html.Div([html.H3(f"Per {words.device}"),
                   table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
-    if not stats.by_class.empty:
+    if stats.measured and not stats.top_ops.empty:
+        blocks.append(html.Div([
+            html.H3("Top kernels (measured GPU time)"),
+            html.P("Op-level statistics of a range are not available on a measured profile: "
+                   "the trace records the kernels, not the op that launched each. The "
+                   "Operations page has each op's total measured GPU time.", className="hint"),
+            table("trace-stats-top", _pct(stats.top_ops), words=words)]))
+    elif not stats.by_class.empty:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (modelled)"),
                       table("trace-stats-class", _pct(stats.by_class), words=words)],
@@ -135,6 +145,16 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                      className="half"),
         ], className="row"))
     return blocks
+
+
+ZOOM_HINT = {
+    False: "Drag to zoom (down to single ops, laid out in each pass in the compiler's "
+           "modelled order), scroll to pan, double-click to reset; pick Box Select in the "
+           "toolbar and drag for statistics of a range.",
+    True: "Drag to zoom (down to single kernels, at their measured times), scroll to pan, "
+          "double-click to reset; pick Box Select in the toolbar and drag for statistics "
+          "of a range.",
+}
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -152,9 +172,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     lo, hi = (float(v) for v in fig.layout.meta["range"])
     return html.Div([
         html.H2(title_of(entry)),
-        html.P(rows + opening + "Drag to zoom (down to single ops, laid out in each pass in "
-               "the compiler's modelled order), scroll to pan, double-click to reset; pick "
-               "Box Select in the toolbar and drag for statistics of a range.",
+        html.P(rows + opening + ZOOM_HINT[words.measured],
                className="hint"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),

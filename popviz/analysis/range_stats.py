@@ -4,7 +4,14 @@ Events are clipped to the range, so a pass that straddles an edge counts only it
 part. Op-level figures come from `trace_detail.pass_ops` (ops laid out in modelled order
 inside each pass): passes wholly inside the range contribute their ops' modelled shares
 without being expanded one by one, so the whole of a million-event trace costs a group-by,
-not one row per op per micro-batch."""
+not one row per op per micro-batch.
+
+Time by kind and per device is the metrics core's sweep (`popviz.metrics.sweep`): each
+instant of a device goes to one kind (compute > exchange > host_io > sync > idle), so on a
+measured trace, where events overlap, the shares still add to 100 % and agree with the
+Stages table. A measured profile has no modelled op layout (the trace holds kernels, not the
+op that launched each), so its "top" table is of the kernels in the range with their
+measured GPU time and true run counts, and there is no op-class table."""
 
 from __future__ import annotations
 
@@ -14,8 +21,12 @@ import numpy as np
 import pandas as pd
 
 from popviz.analysis.trace_detail import PassOps, compute_rows, op_events
+from popviz.metrics import CATEGORIES, COMPUTE, sweep
+from popviz.vocab import category_codes
 
-KINDS = ("compute", "exchange", "sync", "host_io", "idle")
+KINDS = ("compute", "exchange", "sync", "host_io", "idle", "untraced")
+# each sweep category's kind: the passes of compute are one kind here
+KIND_OF = [("compute" if c in COMPUTE else c) for c in CATEGORIES]
 
 
 @dataclass
@@ -25,21 +36,30 @@ class RangeStats:
     by_kind: pd.DataFrame  # kind, time, share (of the range summed over devices)
     per_ipu: pd.DataFrame  # ipu, one column per kind, busy_share
     by_class: pd.DataFrame  # op_class, time, share (of compute time with op detail)
-    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs
+    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs (measured: kernels)
+    measured: bool = False  # top_ops are kernels with measured times, no op classes
 
     @property
     def events(self) -> int:
         return int(self.per_ipu.attrs.get("events", 0))
 
 
-def _clipped(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
+def _kind_time(trace: pd.DataFrame, lo: float, hi: float,
+               devices: list[int]) -> tuple[pd.DataFrame, int]:
+    """Per device, the time of each kind inside [lo, hi), each instant counted once
+    (metrics.sweep), "untraced" what no event covers; and the number of events seen."""
     start = trace["start"].to_numpy(float)
     end = trace["end"].to_numpy(float)
     keep = (end > lo) & (start < hi)
-    kind = trace["kind"].to_numpy()[keep]
-    return pd.DataFrame({"ipu": trace["ipu"].to_numpy()[keep],
-                         "kind": pd.Categorical(kind).astype(str) if len(kind) else kind,
-                         "time": np.minimum(end[keep], hi) - np.maximum(start[keep], lo)})
+    codes = category_codes(trace["kind"].to_numpy()[keep],
+                           trace["pass"].to_numpy()[keep] if "pass" in trace.columns else None)
+    group = np.searchsorted(np.asarray(devices, dtype=np.int64),
+                            trace["ipu"].to_numpy(np.int64)[keep])
+    times = sweep(group, np.maximum(start[keep], lo), np.minimum(end[keep], hi), codes,
+                  len(devices), len(CATEGORIES))
+    frame = pd.DataFrame(times, columns=KIND_OF, index=devices).T.groupby(level=0).sum().T
+    frame["untraced"] = np.clip(max(hi - lo, 0.0) - frame.sum(axis=1), 0.0, None)
+    return frame, int(keep.sum())
 
 
 def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo: float,
@@ -77,29 +97,56 @@ def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo:
         time=("time", "sum"), runs=("runs", "sum"))
 
 
+def _short_kernel(name: str, width: int = 90) -> str:
+    """A kernel's name without "void " and cut to `width` characters (C++ template
+    arguments run to hundreds)."""
+    name = name.removeprefix("void ")
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def _kernel_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
+    """Per kernel name (a measured trace's compute events): GPU time inside [lo, hi) and
+    how many of its runs overlap the range."""
+    comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)]
+    if comp.empty or "op" not in comp:
+        return pd.DataFrame(columns=["kernel", "time", "runs"])
+    time = comp["end"].clip(upper=hi) - comp["start"].clip(lower=lo)
+    out = time.groupby(comp["op"].astype(str).to_numpy()).agg(["sum", "size"])
+    return pd.DataFrame({"kernel": [_short_kernel(k) for k in out.index],
+                         "time": out["sum"].to_numpy(float),
+                         "runs": out["size"].to_numpy(int)})
+
+
 def range_statistics(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
-                     lo: float, hi: float, top: int = 10) -> RangeStats:
+                     lo: float, hi: float, top: int = 10,
+                     measured: bool = False) -> RangeStats:
     """What ran in [lo, hi): time by kind, per IPU (rank), by op class and the `top` ops by
-    time. Times in the trace's unit (cycles, or ns when measured)."""
+    time. Times in the trace's unit (cycles, or ns when measured). `measured`: no op
+    layout (templates ignored); the top table is of kernels, with no op classes."""
     lo, hi = float(min(lo, hi)), float(max(lo, hi))
-    clipped = _clipped(trace, lo, hi)
     devices = sorted(int(i) for i in trace["ipu"].unique()) if len(trace) else []
     span = max(hi - lo, 0.0)
-    by_kind = clipped.groupby("kind")["time"].sum()
-    present = set(by_kind.index)
-    by_kind = by_kind.reindex([k for k in KINDS if k in present]
-                              + sorted(present - set(KINDS)), fill_value=0.0)
+    per_dev, events = _kind_time(trace, lo, hi, devices)
+    by_kind = per_dev.sum(axis=0)
+    shown = [k for k in KINDS if k in by_kind.index and by_kind[k] > 0]
+    by_kind = by_kind.reindex(shown)
     total = span * max(len(devices), 1)
     kind_frame = pd.DataFrame({"kind": by_kind.index, "time": by_kind.to_numpy(),
                                "share": by_kind.to_numpy() / total if total else 0.0})
-    per_ipu = clipped.groupby(["ipu", "kind"])["time"].sum().unstack(
-        fill_value=0.0).reindex(devices, fill_value=0.0)
-    per_ipu = per_ipu[[k for k in kind_frame["kind"] if k in per_ipu.columns]]
-    busy = per_ipu.drop(columns=[c for c in ("idle",) if c in per_ipu]).sum(axis=1)
+    per_ipu = per_dev[shown].copy()
+    # busy: not waiting (idle, sync: metrics' one idle) and not untraced
+    busy = per_ipu.drop(columns=[c for c in ("idle", "sync", "untraced")
+                                 if c in per_ipu]).sum(axis=1)
     per_ipu["busy_share"] = busy / span if span else 0.0
-    per_ipu = per_ipu.reset_index()
+    per_ipu = per_ipu.rename_axis("ipu").reset_index()
     per_ipu.columns.name = None
-    per_ipu.attrs["events"] = len(clipped)
+    per_ipu.attrs["events"] = events
+    if measured:
+        kernels = _kernel_time(trace, lo, hi)
+        top_k = kernels.sort_values("time", ascending=False, kind="stable").head(top)
+        return RangeStats(lo, hi, kind_frame, per_ipu,
+                          pd.DataFrame(columns=["op_class", "time", "share"]),
+                          top_k.reset_index(drop=True), measured=True)
     ops = _op_time(trace, templates, lo, hi)
     if ops.empty or "op_class" not in ops:
         by_class = pd.DataFrame(columns=["op_class", "time", "share"])

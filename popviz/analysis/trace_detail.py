@@ -6,7 +6,8 @@ holds every op of the program with its stage, pass and modelled cycles, and the 
 span in program order (the order of `step`), each as long as its share of the pass's
 modelled cycles. This is the *modelled* order: the compiler's cost model, not a measured
 on-chip timeline (Poplar may interleave compute sets differently). Measured profiles have
-no per-op cycles, so they have no op level."""
+no op level: a run's ops carry no modelled cycles, and an imported trace's `cycles` are each
+op's measured GPU time, which must not be laid out in program order inside each kernel."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ class PassOps:
     fields: dict[str, np.ndarray]  # op, op_class, module, op_id
 
 
-def pass_ops(ops: pd.DataFrame) -> dict[tuple[int, str], PassOps]:
+def pass_ops(ops: pd.DataFrame, measured: bool = False) -> dict[tuple[int, str], PassOps]:
     """Per (stage, pass) the ops it runs with their share of the pass; {} when the ops
-    carry no modelled cycles (a measured profile)."""
+    carry no modelled cycles (`measured`, or no cycles column)."""
     need = {"stage", "pass", "cycles"}
-    if ops.empty or not need <= set(ops.columns):
+    if measured or ops.empty or not need <= set(ops.columns):
         return {}
     order = ["step", "op_id"] if "step" in ops.columns else ["op_id"]
     ordered = ops[ops["pass"].astype(str).isin(COMPUTE_PASSES)].sort_values(order,
@@ -95,15 +96,25 @@ def op_events(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
 
 def count_ops(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
               lo: float, hi: float) -> int:
-    """How many op events `op_events` would return for [lo, hi), without building them (an
-    upper bound: ops of a partly visible pass are all counted)."""
+    """How many op events `op_events` returns for [lo, hi), without building them: a pass
+    wholly inside counts its ops that take time; only the few passes cut by the range's
+    edges are laid out to count theirs."""
     rows = compute_rows(trace)
     if rows.empty or not templates or "pass_" not in rows:
         return 0
     rows = rows[(rows["end"] > lo) & (rows["start"] < hi)]
-    sizes = {k: len(v.cycles) for k, v in templates.items()}
-    return int(sum(sizes.get((int(s), str(p)), 0)
-                   for s, p in zip(rows["stage"], rows["pass_"], strict=True)))
+    sizes = {k: int((v.hi > v.lo).sum()) for k, v in templates.items()}
+    inside = (rows["start"] >= lo) & (rows["end"] <= hi)
+    n = sum(sizes.get((int(s), str(p)), 0)
+            for s, p in zip(rows.loc[inside, "stage"], rows.loc[inside, "pass_"], strict=True))
+    for r in rows[~inside].itertuples(index=False):
+        tpl = templates.get((int(r.stage), str(r.pass_)))
+        if tpl is None:
+            continue
+        span = float(r.end) - float(r.start)
+        start, end = float(r.start) + tpl.lo * span, float(r.start) + tpl.hi * span
+        n += int(((end > lo) & (start < hi) & (end > start)).sum())
+    return int(n)
 
 
 def readable_window(trace: pd.DataFrame, steady_steps: int = 3,

@@ -225,13 +225,10 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         ev = index.frame.iloc[np.sort(rows)]
         data: list = _pass_bars(ev, naming, row_of)
         n_ops = count_ops(ev, templates, lo, hi) if templates else 0
-        if n_ops and n_ops <= max_ops * 4:  # the bound counts whole passes; clip, then check
+        if 0 < n_ops <= max_ops:  # the exact count of the ops in view
             ops = op_events(ev, templates, lo, hi)
-            if len(ops) <= max_ops:
-                data += _op_bars(ops, naming, row_of, highlight)
-                view.ops_drawn = len(ops)
-            else:
-                view.ops_hidden = len(ops)
+            data += _op_bars(ops, naming, row_of, highlight)
+            view.ops_drawn = len(ops)
         else:
             view.ops_hidden = n_ops
     else:

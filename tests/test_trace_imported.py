@@ -1,0 +1,113 @@
+"""The Trace page on profiles imported from real H100 torch.profiler traces (tests/fixtures):
+range statistics from measured times, each instant counted once (the metrics core), no
+modelled op layout, and words that say what a measured profile shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from popviz_app import create_app
+
+import popviz
+from popviz.analysis.range_stats import range_statistics
+from popviz.analysis.trace_detail import count_ops, op_events, pass_ops
+from popviz.metrics import rank_time
+from tests.dash_util import component_text
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RESNET = FIXTURES / "kineto_resnet50_b64.json.gz"
+PIPELINE = FIXTURES / "kineto_pipelining_interleaved_1rank.json.gz"
+RECOMPUTE = Path(__file__).resolve().parents[1] / "profiles" / "rn50_recompute"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("imported")
+    popviz.import_trace([RESNET], root / "rn")
+    popviz.import_trace(PIPELINE, root / "fx")
+    return root
+
+
+@pytest.fixture(scope="module")
+def app(root: Path) -> Any:
+    return create_app(root)
+
+
+def _rel(root: Path, name: str) -> str:
+    return next((root / name).rglob("*.h5")).relative_to(root).as_posix()
+
+
+def _busy_window(trace: Any) -> tuple[float, float]:
+    """A window of the backward pass a few kernels long (like a zoom in the browser)."""
+    comp = trace[(trace["kind"] == "compute") & (trace["pass"] == "B")].sort_values("start")
+    mid = comp.iloc[len(comp) // 2: len(comp) // 2 + 20]
+    return float(mid["start"].iloc[0]) + 1.0, float(mid["end"].iloc[-1]) - 1.0
+
+
+@pytest.mark.parametrize("name", ["rn", "fx"])
+def test_range_top_is_the_kernels_in_the_window(root: Path, name: str) -> None:
+    with popviz.open(next((root / name).rglob("*.h5"))) as p:
+        trace = p.trace
+        lo, hi = _busy_window(trace)
+        stats = range_statistics(trace, pass_ops(p.ops, measured=True), lo, hi, top=10_000,
+                                 measured=True)
+        comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)]
+        # every kernel in the window once: runs are real counts, times clipped GPU time
+        assert stats.measured and stats.by_class.empty
+        assert int(stats.top_ops["runs"].sum()) == len(comp)
+        clipped = (comp["end"].clip(upper=hi) - comp["start"].clip(lower=lo)).sum()
+        assert stats.top_ops["time"].sum() == pytest.approx(clipped)
+        assert stats.top_ops["time"].is_monotonic_decreasing
+        # the imported ops' cycles are measured GPU time: no modelled layout of them
+        assert pass_ops(p.ops, measured=True) == {}
+
+
+@pytest.mark.parametrize("name", ["rn", "fx"])
+def test_time_by_kind_is_the_metrics_sweep(root: Path, name: str) -> None:
+    with popviz.open(next((root / name).rglob("*.h5"))) as p:
+        trace = p.trace
+        lo, hi = float(trace["start"].min()), float(trace["end"].max())
+        stats = range_statistics(trace, {}, lo, hi)
+        assert stats.by_kind["share"].sum() == pytest.approx(1.0)
+        got = stats.by_kind.set_index("kind")["time"]
+        swept = rank_time(trace).iloc[0]
+        assert got.get("sync", 0.0) == pytest.approx(swept["sync"])
+        assert got.get("sync", 0.0) == pytest.approx(float(p.stages["sync_cycles"].sum()))
+        assert got["idle"] == pytest.approx(swept["idle"])
+        assert got["compute"] == pytest.approx(
+            swept[["forward", "backward", "recompute", "weight_update", "compute"]].sum())
+        row = stats.per_ipu.iloc[0]
+        assert row["busy_share"] == pytest.approx(
+            1 - (got["idle"] + got.get("sync", 0.0) + got.get("untraced", 0.0)) / (hi - lo))
+
+
+@pytest.mark.parametrize("name", ["rn", "fx"])
+def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> None:
+    search = f"?profile={_rel(root, name)}"
+    with popviz.open(root / _rel(root, name)) as p:
+        lo, hi = _busy_window(p.trace)
+    fig, status = app.popviz_callbacks["trace.zoom"](
+        {"xaxis.range[0]": lo, "xaxis.range[1]": hi}, search)
+    assert fig.layout.meta["mode"] == "events"
+    assert "ops" not in status and "modelled" not in status  # no op layout to promise
+    assert not any(lane.endswith(" ops") for lane in fig.layout.meta["lanes"])
+    panel = app.popviz_callbacks["trace.stats"]({"range": {"x": [lo, hi]}}, None, search)
+    text = " ".join(component_text(c) for c in panel)
+    assert "Top kernels (measured GPU time)" in text and "modelled" not in text
+    assert "Op-level statistics of a range are not available" in text
+
+
+def test_count_ops_is_the_ops_in_view() -> None:
+    if not RECOMPUTE.exists():
+        pytest.skip("profiles/ not built")
+    p = popviz.open(RECOMPUTE)
+    templates = pass_ops(p.ops)
+    comp = p.trace[p.trace["kind"] == "compute"].sort_values("start")
+    first = comp.iloc[0]
+    span = float(first["end"] - first["start"])
+    for lo, hi in [(float(first["start"]) + span / 3, float(first["start"]) + span / 2),
+                   (float(first["start"]) + span / 2, float(comp["end"].iloc[3]))]:
+        assert count_ops(p.trace, templates, lo, hi) == len(
+            op_events(p.trace, templates, lo, hi))
