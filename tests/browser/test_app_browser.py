@@ -211,6 +211,24 @@ def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: st
     page.close()
 
 
+def test_a_word_in_a_number_filter_is_a_one_line_error(browser_context: Any, base_url: str,
+                                                      served: Path) -> None:
+    rel = _profiles(served)[0]
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    before = page.inner_text("#ops-note")
+    cell = page.locator('th.dash-filter[data-dash-column="cycles"] input').first
+    cell.click()
+    cell.fill("fast")
+    cell.press("Enter")
+    page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
+                           arg=before, timeout=20_000)
+    note = page.inner_text("#ops-note")
+    assert note == "Filter not understood: 'cycles' holds numbers; 'fast' is not one"
+    assert errors == []
+    page.close()
+
+
 def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base_url: str,
                                                       served: Path) -> None:
     def ipus(profile: Any) -> int:

@@ -1,5 +1,6 @@
-"""The liveness page on imported H100 traces: a click reports the curve's own bytes and
-where they come from, since an import has no per-variable data (never "0 variables, 0 B")."""
+"""The app on imported H100 traces: a liveness click reports the curve's own bytes and
+where they come from, since an import has no per-variable data (never "0 variables, 0 B");
+an operations filter error names columns as the headers do (ns, rank)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,10 @@ def test_the_opening_heading_is_the_peak_step_of_the_curve(root: Path) -> None:
     assert f"step {int(peak['step'])}: {fmt_bytes(peak['not_always_live_bytes'])} " \
         "not-always-live, from the trace's memory events" in text
     assert "0 not-always-live variables" not in text and "stashed micro-batches" not in text
+
+
+def test_a_filter_error_names_the_column_as_its_header(root: Path) -> None:
+    app: Any = create_app(root)
+    _, _, note = app.popviz_callbacks["operations.refresh"](
+        0, 25, [], "{cycles} s= fast", "?profile=rn/profile.h5")
+    assert note == "Filter not understood: 'ns' holds numbers; 'fast' is not one"
