@@ -82,6 +82,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
             filter_action="custom", filter_query="", sort_by=[],
+            filter_options={"placeholder_text": "filter"},  # 'filter data...' is cut off
             style_table={"overflowX": "auto"},
             style_cell={"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
                         "textAlign": "left",

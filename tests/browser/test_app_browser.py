@@ -272,3 +272,40 @@ def test_clicking_the_tile_map_shows_that_tiles_breakdown(browser_context: Any, 
     assert re.match(r"IPU\d+ tile \d+: ", after) and after != before
     assert errors == []
     page.close()
+
+
+# how far a table's content reaches past its half-width panel (0: it fits)
+_OVERRUN = """sel => { const t = document.querySelector(sel + ' table.cell-table');
+  const half = document.querySelector(sel).closest('.half');
+  return t.getBoundingClientRect().right - half.getBoundingClientRect().right; }"""
+
+
+@pytest.mark.parametrize(("path", "table"), [("/summary", "#peak-liveness"),
+                                             ("/trace", "#trace-stats-top")])
+def test_summary_and_trace_tables_fit_their_half_panels(browser_context: Any, base_url: str,
+                                                        served: Path, path: str,
+                                                        table: str) -> None:
+    rels = _profiles(served)
+    rel = next((r for r in rels if r.startswith("rn50_pipeline/")), rels[0])
+    page, errors = _open(browser_context, f"{base_url}{path}?profile={quote(rel)}")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.wait_for_selector(f"{table} table.cell-table", timeout=30_000)
+    assert page.evaluate(_OVERRUN, table) <= 1
+    assert errors == []
+    page.close()
+
+
+def test_operations_filter_placeholder_is_not_cut(browser_context: Any, base_url: str,
+                                                  served: Path) -> None:
+    page, errors = _open(browser_context,
+                         f"{base_url}/operations?profile={quote(_profiles(served)[0])}")
+    cell = page.locator('th.dash-filter[data-dash-column="op_id"] input').first
+    cell.wait_for()
+    # the placeholder's drawn width, in the input's own font, against the room it has
+    need, room = cell.evaluate("""e => { const c = document.createElement('canvas')
+        .getContext('2d'); const s = getComputedStyle(e); c.font = s.font;
+        return [c.measureText(e.placeholder).width, e.clientWidth
+                - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)]; }""")
+    assert cell.get_attribute("placeholder") and need <= room, (need, room)
+    assert errors == []
+    page.close()
