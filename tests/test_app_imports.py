@@ -57,6 +57,10 @@ def test_the_opening_heading_is_the_peak_step_of_the_curve(root: Path) -> None:
     assert f"step {int(peak['step'])}: {fmt_bytes(peak['not_always_live_bytes'])} " \
         "not-always-live, from the trace's memory events" in text
     assert "0 not-always-live variables" not in text and "stashed micro-batches" not in text
+    fig = app.popviz_callbacks["liveness.zoom"]({"xaxis.autorange": True},
+                                                "?profile=fx/profile.h5")
+    assert "no per-variable data" in fig.layout.title.text
+    assert "list the variables" not in fig.layout.title.text
 
 
 def test_a_filter_error_names_the_column_as_its_header(root: Path) -> None:

@@ -53,8 +53,10 @@ def sections(entry: Entry) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
              hi: float | None = None) -> Any:
     layers, bands, found = sections(entry)
+    click = None if len(entry.profile.variables) else \
+        "click a step for its not-always-live memory (no per-variable data)"
     return liveness_sections_figure(layers, bands, found, capacity_per_ipu(entry), lo, hi,
-                                    naming=naming(entry))
+                                    naming=naming(entry), **({"click": click} if click else {}))
 
 
 def _steps(entry: Entry) -> int:

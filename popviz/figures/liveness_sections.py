@@ -94,7 +94,9 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                              bumps: pd.DataFrame, capacity_bytes: float | None = None,
                              start: float | None = None, end: float | None = None,
                              pixels: int = PIXELS, naming: Naming = MODELLED,
-                             title: str = "Liveness by section") -> go.Figure:
+                             title: str = "Liveness by section",
+                             click: str = "click a step to list the variables live there"
+                             ) -> go.Figure:
     """One panel per IPU. `layers` from liveness_layers, `bands` from phase_bands, `bumps`
     from section_bumps. Without start/end the view opens with the optimiser folded.
     `layout.meta`: points per IPU, range, capacity_on_scale, bands drawn."""
@@ -201,7 +203,7 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                             "capacity_on_scale": bool(capacity_bytes and cap_on),
                             "bands": drawn_bands})
     height = max(360, 110 + 200 * len(ipus))
-    base_layout(fig, title + " · click a step to list the variables live there", height)
+    base_layout(fig, f"{title} · {click}" if click else title, height)
     # title on the first line, legend on the second, then the first panel's title
     fig.update_layout(margin={"t": 105},
                       title={"y": 1 - 12 / height, "yref": "container", "yanchor": "top"},
