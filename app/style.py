@@ -21,6 +21,12 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .row { display: flex; gap: 14px; align-items: flex-start; }
 .row.two > * { flex: 1 1 0; }
 .half { flex: 1 1 0; min-width: 0; }
+/* a table in a half-width panel fits it: long text ends in an ellipsis (the full text is in
+   the CSV download), headers wrap; what still does not fit scrolls inside the panel */
+.half .dash-spreadsheet td.dash-cell { max-width: 150px !important; }
+.half .dash-spreadsheet th.dash-header { white-space: normal !important; }
+/* room for the filter cell's placeholder next to its case toggle */
+th.dash-filter { min-width: 88px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
 .card { background: #fff; border: 1px solid #e1e5ea; border-left: 5px solid #9aa5b1;
         border-radius: 6px; padding: 8px 12px; min-width: 170px; }

@@ -130,3 +130,24 @@ def test_a_view_that_fails_after_the_profile_opened_is_a_line_not_a_500(
     text = reply.get_data(as_text=True)
     assert reply.status_code == 422 and "RuntimeError: boom" in text
     assert str(root) not in body + text
+
+
+@pytest.mark.parametrize(("query", "note"), [
+    # a word typed in a number column's cell: DataTable sends `s=`, not `s>`
+    ("{cycles} s= fast", "Filter not understood: 'cycles' holds numbers; 'fast' is not one"),
+    ("{cycles} s> fast", "Filter not understood: 'cycles' holds numbers; 'fast' is not one"),
+    ("{cycles} s= 0..1e15", " of "),
+])
+def test_the_ops_filter_answers_a_word_in_a_number_column_with_one_line(
+        client: Any, deps: list[dict[str, Any]], query: str, note: str) -> None:
+    status, body = _call(client, find(deps, "ops-note.children", "ops-table.filter_query"), {
+        "ops-table.page_current": 0, "ops-table.page_size": 25, "ops-table.sort_by": [],
+        "ops-table.filter_query": query, "url.search": f"?profile={GOOD}"})
+    assert status == 200, body[:300]
+    reply = json.loads(body)["response"]
+    text = reply["ops-note"]["children"]
+    assert note in text and "\n" not in text
+    if note == " of ":
+        assert reply["ops-table"]["data"] and not text.startswith("0 of")
+    else:
+        assert reply["ops-table"]["data"] == []

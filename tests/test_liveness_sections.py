@@ -3,6 +3,8 @@ out by hand, and the figure's fitted axis."""
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from popviz.analysis.liveness_sections import (
@@ -73,3 +75,58 @@ def test_axis_fitted_and_capacity_named_when_off_scale() -> None:
     assert fig.layout.meta["capacity_on_scale"] is False
     assert list(fig.layout.xaxis.range) == [-0.5, 9 + 2.0]  # optimiser folded out
     assert {"F1", "B1", "R0", "B0"} <= set(notes)
+
+
+def _two_training_steps(opt_steps: int) -> pd.DataFrame:
+    """A measured-style run: F B F B ... then the optimiser, twice (no sections)."""
+    one = ["forward", "backward"] * 4 + ["optimiser"] * opt_steps
+    nal = [10, 30, 20, 40, 30, 50, 20, 5] + [0] * opt_steps
+    phases, values = one * 2, nal * 2
+    return pd.DataFrame({"ipu": 0, "step": range(len(phases)), "phase": phases,
+                         "always_live_bytes": 100, "not_always_live_bytes": values,
+                         "label": "op"})
+
+
+def test_an_optimiser_in_view_is_not_called_folded() -> None:
+    # optimiser at steps 8 and 17: both drawn (the axis reaches 17), so no fold note
+    live = _two_training_steps(1)
+    layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
+    fig = liveness_sections_figure(layers, bands, section_bumps(layers, bands))
+    notes = [a.text for a in fig.layout.annotations if a.name == "fold-note"]
+    assert notes == [] and fig.layout.meta["folded"] is False
+    assert fig.layout.xaxis.range[1] >= 17
+
+
+def test_the_fold_note_names_only_the_hidden_steps() -> None:
+    # 40 optimiser steps after each training step: the first run (8-47) is drawn; the view
+    # ends at 55 + 2, so steps 58-95 of the last run are folded
+    live = _two_training_steps(40)
+    layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
+    fig = liveness_sections_figure(layers, bands, section_bumps(layers, bands))
+    notes = [a.text for a in fig.layout.annotations if a.name == "fold-note"]
+    assert len(notes) == 1 and "steps 58–95 folded" in notes[0], notes
+    assert list(fig.layout.xaxis.range) == [-0.5, 57.0]
+
+
+def test_an_unsectioned_run_has_one_short_bump_per_training_step() -> None:
+    live = _two_training_steps(1)
+    layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
+    found = section_bumps(layers, bands)
+    # one bump per training step (the optimiser ends a unit), labelled first…last band
+    assert found["step"].tolist() == [5, 14]
+    assert found["label"].tolist() == ["F…B", "F…B"]
+
+
+def test_narrow_bands_share_labels_that_do_not_overlap() -> None:
+    # 300 steps: a wide F, then 60 alternating one-step F/B bands, then a wide B
+    phases = ["forward"] * 100 + ["forward", "backward"] * 30 + ["backward"] * 140
+    live = pd.DataFrame({"ipu": 0, "step": range(len(phases)), "phase": phases,
+                         "always_live_bytes": 100, "not_always_live_bytes": 10,
+                         "label": "op"})
+    layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
+    fig = liveness_sections_figure(layers, bands, section_bumps(layers, bands))
+    labels = sorted((a.x, a.text) for a in fig.layout.annotations if a.name == "band-label")
+    assert [t for _, t in labels] == ["F", "B/F", "B"]  # the run opens on a B
+    px = 1000 / 299  # the figure lays labels out for ~1000 px
+    for (x0, t0), (x1, t1) in itertools.pairwise(labels):
+        assert (x1 - x0) * px >= 3.5 * (len(t0) + len(t1)), (t0, t1)

@@ -53,8 +53,10 @@ def sections(entry: Entry) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
              hi: float | None = None) -> Any:
     layers, bands, found = sections(entry)
+    click = None if len(entry.profile.variables) else \
+        "click a step for its not-always-live memory (no per-variable data)"
     return liveness_sections_figure(layers, bands, found, capacity_per_ipu(entry), lo, hi,
-                                    naming=naming(entry))
+                                    naming=naming(entry), **({"click": click} if click else {}))
 
 
 def _steps(entry: Entry) -> int:
@@ -86,14 +88,31 @@ def tiles(ctx: AppContext, entry: Entry, ipu: int = 0, lo: float | None = None,
 FIGURES = {"liveness": liveness, "tile_liveness": tiles}
 
 
+LIVE_COLUMNS = ["name", "category", "size", "bytes", "first_step", "last_step"]
+
+
 def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame]:
-    live = analysis.variables_live_at(entry.profile.variables, ipu, step)
-    head = (f"{naming(entry).label(ipu)}, step {step}: {len(live)} not-always-live variables, "
+    """The heading and table of what is live at a step, from the data the curve is drawn
+    from: a profile without per-variable data (an import) says so, with the curve's bytes."""
+    p, words = entry.profile, naming(entry)
+    where = f"{words.label(ipu)}, step {step}"
+    has_vars = not p.variables.empty and bool((p.variables["ipu"] == ipu).any())
+    if not has_vars:
+        curve = analysis.step_memory(p.liveness, ipu, step)
+        size = fmt_bytes(curve) if curve is not None else "no data"
+        head = (f"{where}: {size} not-always-live, from "
+                f"{analysis.liveness_source(p.meta, ipu)}; this profile has no "
+                "per-variable data, so there is no variable list")
+        return head, pd.DataFrame()  # no columns: no table is drawn
+    live = analysis.variables_live_at(p.variables, ipu, step)
+    head = (f"{where}: {len(live)} not-always-live variables, "
             f"{fmt_bytes(live['bytes'].sum()) if len(live) else '0 B'}")
-    if len(live):
-        live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[
-            ["name", "category", "size", "bytes", "first_step", "last_step"]]
+    live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[LIVE_COLUMNS]
     return head, live
+
+
+def _box(entry: Entry, live: pd.DataFrame) -> Any:
+    return table("live-vars", live, words=naming(entry)) if len(live.columns) else []
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -115,8 +134,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
     hint = ("Always-live: the rank's parameters, gradients and optimiser state; "
             "not-always-live: the activations it stashes for the backward pass, per compute "
-            "action. Black triangles mark bumps. Click the curve to list the "
-            "stashed micro-batches." if naming(entry).measured else
+            "action. Black triangles mark bumps. " + (
+                "Click the curve to list the stashed micro-batches."
+                if len(entry.profile.variables) else "Click the curve for the "
+                "not-always-live memory at a step (no per-variable data here).")
+            if naming(entry).measured else
             "Stacked: always-live (as on the memory page), activations (stashed, "
             "recomputed, inputs) and temporaries "
             "(one op's working memory, shown apart so the activation curve is visible). "
@@ -133,7 +155,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                   className="hint")] if always and not naming(entry).measured else []),
         graph("live-graph", liveness(ctx, entry)),
         html.H3(head, id="live-vars-head"),
-        html.Div(table("live-vars", live), id="live-vars-box"),
+        html.Div(_box(entry, live), id="live-vars-box"),
         *heat,
         downloads(entry.rel, ["liveness", "variables"],
                   list(FIGURES) if ipus else ["liveness"]),  # no tiles: no tile heat map
@@ -160,7 +182,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         head, live = live_variables(entry, int(custom[3]), round(float(point["x"])))
-        return head, table("live-vars", live)
+        return head, _box(entry, live)
 
     @app.callback(Output("tile-live-graph", "figure"), Input("live-ipu", "value"),
                   Input("tile-live-graph", "relayoutData"), State("url", "search"),

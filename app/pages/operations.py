@@ -11,6 +11,7 @@ from dash import Input, Output, State, dash_table, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
+from popviz.vocab import Naming
 
 from ..cache import Entry
 from ..common import (
@@ -51,8 +52,17 @@ def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
         note = f"{total:,} of {len(ops):,} ops"
     except ValueError as exc:
         rows, total = ops.iloc[0:0], 0
-        note = f"Filter not understood: {exc}"
+        note = f"Filter not understood: {_in_words(str(exc), ops, naming(entry))}"
     return records(rows), max(1, -(-total // size)), note
+
+
+def _in_words(text: str, ops: pd.DataFrame, words: Naming) -> str:
+    """An error naming a column by its id ('cycles') in the header's words ('ns')."""
+    for col in ops.columns:
+        shown = words.column(str(col))
+        if shown != col:
+            text = text.replace(f"'{col}'", f"'{shown}'")
+    return text
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -72,6 +82,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
             filter_action="custom", filter_query="", sort_by=[],
+            filter_options={"placeholder_text": "filter"},  # 'filter data...' is cut off
             style_table={"overflowX": "auto"},
             style_cell={"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
                         "textAlign": "left",

@@ -106,3 +106,24 @@ def variables_live_at(variables: pd.DataFrame, ipu: int, step: int) -> pd.DataFr
     live = variables[(variables["ipu"] == ipu) & (variables["first_step"] <= step)
                      & (variables["last_step"] >= step)]
     return live.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def step_memory(liveness: pd.DataFrame, ipu: int, step: int) -> int | None:
+    """The liveness curve's not-always-live bytes on `ipu` at `step` (None: no such step)."""
+    if liveness.empty:
+        return None
+    row = liveness.loc[(liveness["ipu"] == ipu) & (liveness["step"] == step),
+                       "not_always_live_bytes"]
+    return int(row.iloc[0]) if len(row) else None
+
+
+def liveness_source(meta: dict | None, ipu: int) -> str:
+    """Where an imported profile's curve comes from, in words, for a note that there is no
+    per-variable data: the rank's CUDA memory snapshot, or its trace's memory events."""
+    measure = (meta or {}).get("measure") or {}
+    if not measure.get("imported"):
+        return "the recorded run"
+    snaps = measure.get("memory_snapshots") or []
+    if 0 <= ipu < len(snaps) and snaps[ipu]:
+        return "the CUDA memory snapshot's allocations"
+    return "the trace's memory events"

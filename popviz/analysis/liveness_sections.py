@@ -92,6 +92,12 @@ def liveness_layers(liveness: pd.DataFrame, variables: pd.DataFrame) -> pd.DataF
     return out
 
 
+def bump_label(labels: list[str], most: int = 3) -> str:
+    """A unit's bands as one short label: 'R3+B3'; a long run (an unsectioned program's
+    F B F B ...) as its first and last band, 'F…B', so it stays readable over the curve."""
+    return "+".join(labels) if len(labels) <= most else f"{labels[0]}…{labels[-1]}"
+
+
 def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
                   rel_rise: float = 0.05) -> pd.DataFrame:
     """One bump per IPU and section whose activation curve rises and then falls by at least
@@ -103,7 +109,7 @@ def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
     if layers.empty or bands.empty:
         return pd.DataFrame(columns=cols)
     rows = []
-    for ipu, b in bands[bands["phase"] != "optimiser"].groupby("ipu", sort=True):
+    for ipu, b in bands.groupby("ipu", sort=True):
         g = layers[layers["ipu"] == ipu].sort_values("step")
         steps = g["step"].to_numpy()
         act = g["activation_bytes"].to_numpy(float)
@@ -111,9 +117,11 @@ def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
         span = float(act.max() - act.min()) if len(act) else 0.0
         if span <= 0:
             continue
-        # consecutive bands of one section form one unit (R3 then B3; F6 then B6)
-        unit = (b["section"] != b["section"].shift()).cumsum()
-        for _, u in b.groupby(unit, sort=False):
+        # consecutive bands of one section form one unit (R3 then B3; F6 then B6); an
+        # optimiser run ends one (a measured run's training steps are apart)
+        opt = b["phase"] == "optimiser"
+        unit = ((b["section"] != b["section"].shift()) | (opt != opt.shift())).cumsum()
+        for _, u in b[~opt].groupby(unit[~opt], sort=False):
             a = int(np.searchsorted(steps, u["first_step"].min(), side="left"))
             z = int(np.searchsorted(steps, u["last_step"].max(), side="right"))
             if z - a < 2:
@@ -123,8 +131,8 @@ def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
             rise, fall = seg[top] - seg[0], seg[top] - seg[-1]
             if min(rise, fall) < rel_rise * span:
                 continue
-            labels = "+".join(u["label"])
-            rows.append((int(ipu), int(u["section"].iloc[0]), labels, int(steps[a + top]),
+            rows.append((int(ipu), int(u["section"].iloc[0]), bump_label(list(u["label"])),
+                         int(steps[a + top]),
                          float(seg[top]), float(total[a + top]), float(rise), float(fall),
                          int(steps[a]), int(steps[z - 1])))
     return pd.DataFrame(rows, columns=cols)

@@ -105,6 +105,10 @@ def _clause(frame: pd.DataFrame, raw: str,
         lo, hi = sorted((_number(span[1]) or 0.0, _number(span[2]) or 0.0))
         return (series >= lo) & (series <= hi)
     val = _value(text)
+    if numeric and text and isinstance(val, str) and _number(val) is None:
+        # DataTable sends a word typed in a number column as `{col} s= word`: matching it
+        # as text would silently give no rows
+        raise ValueError(f"{col!r} holds numbers; {text!r} is not one")
     if op == "contains" and numeric and isinstance(val, float):
         op = "="  # a bare number in a numeric column means equal
     if op in ("=", "!=") and not numeric and isinstance(val, str) and "*" in val:

@@ -27,8 +27,18 @@ LAYERS = (("always_live_bytes", "always-live", "#3b75af", "rgba(59,117,175,0.45)
 
 
 def opening_range(bands: pd.DataFrame) -> tuple[float, float] | None:
-    """Steps to open on: everything before the optimiser plus a sliver of it (the optimiser
-    is folded: its steps would otherwise take a third of the axis)."""
+    """Steps to open on: everything before the trailing optimiser plus a sliver of it (the
+    optimiser is folded: its steps would otherwise take a third of the axis). None when
+    that hides nothing (no optimiser at the end, or one too short to fold)."""
+    hidden = folded_steps(bands)
+    if hidden is None:
+        return None
+    return -0.5, hidden[2]
+
+
+def folded_steps(bands: pd.DataFrame) -> tuple[int, int, float] | None:
+    """(first, last, end): the optimiser steps past the opening view's `end`. Only steps
+    after every IPU's last forward/backward step are folded; None when none are."""
     if bands.empty:
         return None
     opt = bands[bands["phase"] == "optimiser"]
@@ -36,7 +46,44 @@ def opening_range(bands: pd.DataFrame) -> tuple[float, float] | None:
     if opt.empty or rest.empty:
         return None
     last = float(rest["last_step"].max())
-    return -0.5, last + max(2.0, 0.03 * last)
+    end = last + max(2.0, 0.03 * last)
+    past = opt[opt["last_step"] > end]
+    if past.empty:
+        return None
+    first = max(int(past["first_step"].min()), int(np.floor(end)) + 1)
+    return first, int(past["last_step"].max()), end
+
+
+def band_labels(bands: pd.DataFrame, lo: float, hi: float,
+                pixels: int = PIXELS) -> list[tuple[float, str]]:
+    """(x, text) of the band labels that fit: a band as wide as its label gets it; runs of
+    narrower bands (a pipeline's alternating F and B) share one label ('F/B') when the run
+    is wide enough, so no two labels overlap."""
+    per_step = pixels / max(hi - lo, 1e-9)
+
+    def fits(a: float, b: float, text: str) -> bool:
+        return (b - a) * per_step >= 6.5 * len(text) + 8  # ~10px font
+
+    out: list[tuple[float, str]] = []
+    run: list[tuple[float, float, str]] = []
+
+    def close() -> None:
+        if run:
+            names = list(dict.fromkeys(t for _, _, t in run))
+            text = names[0] if len(names) == 1 else "/".join(names)
+            if fits(run[0][0], run[-1][1], text):
+                out.append(((run[0][0] + run[-1][1]) / 2, text))
+            run.clear()
+
+    for band in _visible(bands, lo, hi).itertuples():
+        a, b = max(band.first_step - 0.5, lo), min(band.last_step + 0.5, hi)
+        if fits(a, b, str(band.label)):
+            close()
+            out.append(((a + b) / 2, str(band.label)))
+        else:
+            run.append((a, b, str(band.label)))
+    close()
+    return out
 
 
 def _visible(bands: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
@@ -47,7 +94,9 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                              bumps: pd.DataFrame, capacity_bytes: float | None = None,
                              start: float | None = None, end: float | None = None,
                              pixels: int = PIXELS, naming: Naming = MODELLED,
-                             title: str = "Liveness by section") -> go.Figure:
+                             title: str = "Liveness by section",
+                             click: str = "click a step to list the variables live there"
+                             ) -> go.Figure:
     """One panel per IPU. `layers` from liveness_layers, `bands` from phase_bands, `bumps`
     from section_bumps. Without start/end the view opens with the optimiser folded.
     `layout.meta`: points per IPU, range, capacity_on_scale, bands drawn."""
@@ -90,18 +139,17 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 customdata=custom,
                 hovertemplate=f"step %{{x}} · %{{customdata[1]}} · %{{customdata[0]}}<br>"
                 f"{name}: %{{y:,.1f}} MiB<extra>{dev}</extra>"), row=row, col=1)
-        for band in _visible(bands[bands["ipu"] == ipu], lo, hi).itertuples():
+        mine = bands[bands["ipu"] == ipu]
+        for band in _visible(mine, lo, hi).itertuples():
             fig.add_vrect(x0=band.first_step - 0.5, x1=band.last_step + 0.5,
                           fillcolor=BAND_COLOURS.get(band.phase, "rgba(0,0,0,0.05)"),
                           line_width=0, layer="below", row=row, col=1)
             drawn_bands += 1
-            width = min(band.last_step, hi) - max(band.first_step, lo)
-            if width >= 0.025 * (hi - lo):  # a label only where it fits
-                fig.add_annotation(
-                    x=(max(band.first_step, lo) + min(band.last_step, hi)) / 2,
-                    y=0.99, xref=f"x{row if row > 1 else ''}",
-                    yref=f"y{row if row > 1 else ''} domain", yanchor="top", text=band.label,
-                    showarrow=False, font={"size": 10, "color": "#444"}, name="band-label")
+        for x_label, text in band_labels(mine, lo, hi, pixels):
+            fig.add_annotation(
+                x=x_label, y=0.99, xref=f"x{row if row > 1 else ''}",
+                yref=f"y{row if row > 1 else ''} domain", yanchor="top", text=text,
+                showarrow=False, font={"size": 10, "color": "#444"}, name="band-label")
         bp = bumps[(bumps["ipu"] == ipu) & (bumps["step"] >= lo) & (bumps["step"] <= hi)] \
             if len(bumps) else bumps
         if len(bp):
@@ -116,7 +164,7 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
             fig.add_trace(go.Scatter(
                 x=bp["step"], y=ys, mode="markers+text", name="section bump",
                 legendgroup="bump", showlegend=row == 1, text=bp["label"],
-                textposition="top center", textfont={"size": 10},
+                textposition="bottom center", textfont={"size": 10},  # under the band labels
                 marker={"symbol": "triangle-down", "size": 11, "color": "#222"},
                 customdata=bcustom,
                 hovertemplate="section %{customdata[0]}: activations peak at step %{x}<br>"
@@ -138,11 +186,13 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 " of it", xref="paper", yref="paper", x=1, y=1.0, xanchor="right",
                 yanchor="bottom", showarrow=False, font={"size": 11, "color": CAPACITY_COLOUR},
                 name="capacity-note")
-    if folded:
-        opt = bands[bands["phase"] == "optimiser"]
+    hidden = folded_steps(bands) if folded else None
+    if hidden is not None:
+        first, last, _ = hidden
+        steps_text = f"step {first:,}" if first == last else f"steps {first:,}–{last:,}"
         fig.add_annotation(
-            text=f"optimiser: steps {int(opt['first_step'].min()):,}–"
-            f"{int(opt['last_step'].max()):,} folded (pan right or zoom out to see them)",
+            text=f"optimiser {steps_text} folded out of view (pan right or zoom out to see "
+            f"{'it' if first == last else 'them'})",
             xref="paper", yref="paper", x=1, y=-0.09, xanchor="right", yanchor="top",
             showarrow=False, font={"size": 11, "color": "#555"}, name="fold-note")
     fig.update_xaxes(title_text="compute action on the rank" if naming.measured
@@ -153,7 +203,7 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                             "capacity_on_scale": bool(capacity_bytes and cap_on),
                             "bands": drawn_bands})
     height = max(360, 110 + 200 * len(ipus))
-    base_layout(fig, title + " · click a step to list the variables live there", height)
+    base_layout(fig, f"{title} · {click}" if click else title, height)
     # title on the first line, legend on the second, then the first panel's title
     fig.update_layout(margin={"t": 105},
                       title={"y": 1 - 12 / height, "yref": "container", "yanchor": "top"},

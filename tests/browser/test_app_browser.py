@@ -211,6 +211,24 @@ def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: st
     page.close()
 
 
+def test_a_word_in_a_number_filter_is_a_one_line_error(browser_context: Any, base_url: str,
+                                                      served: Path) -> None:
+    rel = _profiles(served)[0]
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    before = page.inner_text("#ops-note")
+    cell = page.locator('th.dash-filter[data-dash-column="cycles"] input').first
+    cell.click()
+    cell.fill("fast")
+    cell.press("Enter")
+    page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
+                           arg=before, timeout=20_000)
+    note = page.inner_text("#ops-note")
+    assert note == "Filter not understood: 'cycles' holds numbers; 'fast' is not one"
+    assert errors == []
+    page.close()
+
+
 def test_clicking_a_liveness_bump_lists_its_variables(browser_context: Any, base_url: str,
                                                       served: Path) -> None:
     def ipus(profile: Any) -> int:
@@ -252,5 +270,42 @@ def test_clicking_the_tile_map_shows_that_tiles_breakdown(browser_context: Any, 
                            arg=[title, before], timeout=20_000)
     after = page.text_content(title) or ""
     assert re.match(r"IPU\d+ tile \d+: ", after) and after != before
+    assert errors == []
+    page.close()
+
+
+# how far a table's content reaches past its half-width panel (0: it fits)
+_OVERRUN = """sel => { const t = document.querySelector(sel + ' table.cell-table');
+  const half = document.querySelector(sel).closest('.half');
+  return t.getBoundingClientRect().right - half.getBoundingClientRect().right; }"""
+
+
+@pytest.mark.parametrize(("path", "table"), [("/summary", "#peak-liveness"),
+                                             ("/trace", "#trace-stats-top")])
+def test_summary_and_trace_tables_fit_their_half_panels(browser_context: Any, base_url: str,
+                                                        served: Path, path: str,
+                                                        table: str) -> None:
+    rels = _profiles(served)
+    rel = next((r for r in rels if r.startswith("rn50_pipeline/")), rels[0])
+    page, errors = _open(browser_context, f"{base_url}{path}?profile={quote(rel)}")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.wait_for_selector(f"{table} table.cell-table", timeout=30_000)
+    assert page.evaluate(_OVERRUN, table) <= 1
+    assert errors == []
+    page.close()
+
+
+def test_operations_filter_placeholder_is_not_cut(browser_context: Any, base_url: str,
+                                                  served: Path) -> None:
+    page, errors = _open(browser_context,
+                         f"{base_url}/operations?profile={quote(_profiles(served)[0])}")
+    cell = page.locator('th.dash-filter[data-dash-column="op_id"] input').first
+    cell.wait_for()
+    # the placeholder's drawn width, in the input's own font, against the room it has
+    need, room = cell.evaluate("""e => { const c = document.createElement('canvas')
+        .getContext('2d'); const s = getComputedStyle(e); c.font = s.font;
+        return [c.measureText(e.placeholder).width, e.clientWidth
+                - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)]; }""")
+    assert cell.get_attribute("placeholder") and need <= room, (need, room)
     assert errors == []
     page.close()
