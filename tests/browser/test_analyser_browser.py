@@ -229,6 +229,8 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     page.click("#tune-run")
     page.wait_for_selector("#tune-head", timeout=120_000)
     assert "compiles" in page.inner_text("#tune-head")
+    # the table's rows can render a moment after the heading: wait for them, not a sleep
+    page.wait_for_selector("#tune-plans td[data-dash-column='plan']", timeout=30_000)
     plans = page.locator("#tune-plans td[data-dash-column='plan']").all_inner_texts()
     assert plans[0] == "now" and "#1" in plans
     page.wait_for_function("() => { const g = document.querySelector("
