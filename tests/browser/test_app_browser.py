@@ -191,18 +191,27 @@ def test_trace_zoom_switches_to_single_events(browser_context: Any, base_url: st
     page.close()
 
 
-def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: str,
-                                              served: Path) -> None:
+def _type_ops_filter(browser_context: Any, base_url: str, served: Path, column: str,
+                     text: str) -> tuple[Any, list, str]:
+    """Operations page of the first profile with `text` typed into `column`'s filter cell;
+    returns the page, its errors and the row note from before the filter."""
     rel = _profiles(served)[0]
     page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
     page.wait_for_selector("#ops-table .dash-spreadsheet")
     before = page.inner_text("#ops-note")
-    cell = page.locator('th.dash-filter[data-dash-column="op_class"] input').first
+    cell = page.locator(f'th.dash-filter[data-dash-column="{column}"] input').first
     cell.click()
-    cell.fill("conv")
+    cell.fill(text)
     cell.press("Enter")
     page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
                            arg=before, timeout=20_000)
+    return page, errors, before
+
+
+def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: str,
+                                              served: Path) -> None:
+    page, errors, before = _type_ops_filter(browser_context, base_url, served, "op_class",
+                                            "conv")
     shown = page.locator('#ops-table td[data-dash-column="op_class"]').all_inner_texts()
     assert shown and all("conv" in s for s in shown)
     assert int(page.inner_text("#ops-note").split(" of ")[0].replace(",", "")) < int(
@@ -213,16 +222,7 @@ def test_operations_filter_typed_in_the_table(browser_context: Any, base_url: st
 
 def test_a_word_in_a_number_filter_is_a_one_line_error(browser_context: Any, base_url: str,
                                                       served: Path) -> None:
-    rel = _profiles(served)[0]
-    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
-    page.wait_for_selector("#ops-table .dash-spreadsheet")
-    before = page.inner_text("#ops-note")
-    cell = page.locator('th.dash-filter[data-dash-column="cycles"] input').first
-    cell.click()
-    cell.fill("fast")
-    cell.press("Enter")
-    page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
-                           arg=before, timeout=20_000)
+    page, errors, _ = _type_ops_filter(browser_context, base_url, served, "cycles", "fast")
     note = page.inner_text("#ops-note")
     assert note == "Filter not understood: 'cycles' holds numbers; 'fast' is not one"
     assert errors == []
