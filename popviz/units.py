@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
@@ -14,3 +16,8 @@ def fmt_bytes(value: float) -> str:
         if abs(value) >= size:
             return f"{value / size:,.1f} {unit}"
     return f"{value:,.0f} B"
+
+
+def known_or(value: float, fmt: Callable[[float], str]) -> str:
+    """`fmt(value)`, or 'unknown' where a profile does not record the figure (NaN)."""
+    return "unknown" if value != value else fmt(value)  # NaN is the one value != itself

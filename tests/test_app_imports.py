@@ -68,3 +68,19 @@ def test_a_filter_error_names_the_column_as_its_header(root: Path) -> None:
     _, _, note = app.popviz_callbacks["operations.refresh"](
         0, 25, [], "{cycles} s= fast", "?profile=rn/profile.h5")
     assert note == "Filter not understood: 'ns' holds numbers; 'fast' is not one"
+
+
+def test_the_program_tree_of_an_import_says_what_its_widths_are_and_what_is_unknown(
+        root: Path) -> None:
+    """An import's op cost is its kernels' GPU time; bytes written are not in the trace
+    and these traces were recorded without FLOPs, so both read 'unknown', never 0."""
+    app: Any = create_app(root)
+    text = component_text(render(app.popviz_context, "/tree", "?profile=rn/profile.h5")[1])
+    assert "measured GPU time (ns) of each op's kernels" in text and "host time" not in text
+    with popviz.open(root / "rn/profile.h5") as p:
+        ops = p.ops
+    assert "bytes_written" not in ops.columns and not (ops["flops"] > 0).any()  # premise
+    head = " ".join(component_text(c) for c in app.popviz_callbacks["tree.pick"](
+        {"points": [{"id": "model"}]}, "?profile=rn/profile.h5"))
+    assert "unknown FLOPs, unknown written, largest temporary unknown" in head
+    assert "0 FLOPs" not in head and "0 B" not in head

@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree
 from popviz.figures.tree import program_tree_figure, stage_colour
-from popviz.units import fmt_bytes
+from popviz.units import fmt_bytes, known_or
 
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, message, naming, profile_of, table, title_of
@@ -62,8 +62,9 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
     ops = node_ops(entry.profile.ops, node)
     cols = [c for c in OP_COLUMNS if c in ops.columns]
     head = (f"{node}: {r['cycles']:,.0f} {words.unit} over {int(r['ops']):,} ops, "
-            f"{r['flops']:,.0f} FLOPs, {fmt_bytes(r['bytes_written'])} written, largest "
-            f"temporary {fmt_bytes(r['temp_bytes'])}; stage {r['stages'] or '-'}.")
+            f"{known_or(r['flops'], lambda v: f'{v:,.0f}')} FLOPs, "
+            f"{known_or(r['bytes_written'], fmt_bytes)} written, largest temporary "
+            f"{known_or(r['temp_bytes'], fmt_bytes)}; stage {r['stages'] or '-'}.")
     return [html.Div(head, id="tree-node-head", className="status"), _links(entry, node),
             table("tree-node-ops", ops[cols].head(25), words=words)]
 
@@ -90,7 +91,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         return html.Div([html.H2(title_of(entry)),
                          message("No ops in this profile, so no program tree.", "info")])
     words = naming(entry)
-    cost = ("host time (ns) of each op" if words.measured else "modelled cycles")
+    ops = entry.profile.ops
+    # an import's op cost is its kernels' GPU time; a measured run's, its host time
+    cost = ("modelled cycles" if not words.measured else
+            "measured GPU time (ns) of each op's kernels" if "gpu_ns" in ops.columns else
+            "host time (ns) of each op")
     return html.Div([
         html.H2(title_of(entry)),
         html.P(f"The model's module hierarchy; each box is as wide as its {cost} over every "

@@ -8,6 +8,7 @@ modelled cycles: its `cycles` column holds each action's time in ns. Pure pandas
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 ROOT = "model"
@@ -36,8 +37,9 @@ def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     """Totals per value of `key` in one group-by (no loop over nodes)."""
     g = frame.groupby(key, sort=False)
     out = pd.DataFrame({
-        "cycles": g["cycles"].sum(), "flops": g["flops"].sum(),
-        "bytes_written": g["bytes_written"].sum(), "temp_bytes": g["temp_bytes"].max(),
+        "cycles": g["cycles"].sum(), "flops": g["flops"].sum(min_count=1),
+        "bytes_written": g["bytes_written"].sum(min_count=1),
+        "temp_bytes": g["temp_bytes"].max(),
         "ops": g.size(), "stages": g["stage"].agg(_stages), "ipus": g["ipu"].agg(_stages)})
     for code, name in PASS_NAMES.items():
         out[f"{name}_cycles"] = frame["cycles"].where(frame["pass"] == code, 0.0).groupby(
@@ -51,9 +53,14 @@ def _normalised(ops: pd.DataFrame) -> pd.DataFrame:
     out["module"] = ops["module"].fillna("").astype(str) if "module" in ops else ""
     out["op"] = ops["op"].astype(str) if "op" in ops else ""
     out["pass"] = ops["pass"].astype(str) if "pass" in ops else ""
-    for col in ("cycles", "flops", "bytes_written", "temp_bytes"):
+    out["cycles"] = pd.to_numeric(ops["cycles"], errors="coerce").fillna(0.0).astype(float) \
+        if "cycles" in ops else 0.0
+    # a column the profile does not record stays NaN: its totals read "unknown", not 0
+    for col in ("flops", "bytes_written", "temp_bytes"):
         out[col] = pd.to_numeric(ops[col], errors="coerce").fillna(0.0).astype(float) \
-            if col in ops else 0.0
+            if col in ops else np.nan
+    if not (out["flops"] > 0).any():  # no op with FLOPs: a trace recorded without them
+        out["flops"] = np.nan
     if "cycles" not in ops:  # measured: each action's time in ns
         if "host_ns" in ops and float(ops["host_ns"].sum()) > 0:
             out["cycles"] = ops["host_ns"].astype(float)

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.figures.style import base_layout, empty_figure
-from popviz.units import fmt_bytes
+from popviz.units import fmt_bytes, known_or
 from popviz.vocab import Naming
 
 # one hue per stage (no red: red means out of memory / capacity); several stages: grey
@@ -49,9 +49,9 @@ def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
     custom = np.empty((len(tree), 8), dtype=object)
     custom[:, 0] = tree["kind"].to_numpy()
     custom[:, 1] = share.to_numpy()
-    custom[:, 2] = [_flops(v) for v in tree["flops"]]
-    custom[:, 3] = [fmt_bytes(v) for v in tree["bytes_written"]]
-    custom[:, 4] = [fmt_bytes(v) for v in tree["temp_bytes"]]
+    custom[:, 2] = [known_or(v, _flops) for v in tree["flops"]]
+    custom[:, 3] = [known_or(v, fmt_bytes) for v in tree["bytes_written"]]
+    custom[:, 4] = [known_or(v, fmt_bytes) for v in tree["temp_bytes"]]
     custom[:, 5] = tree["stages"].astype(str).to_numpy()
     custom[:, 6] = tree["ops"].to_numpy()
     custom[:, 7] = [f"F {f:,.0f} · B {b:,.0f} · R {r:,.0f} · WU {w:,.0f}" for f, b, r, w in
