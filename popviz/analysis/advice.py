@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from popviz.analysis.balance import imbalance, stage_balance
+from popviz.analysis.balance import imbalance, stage_balance, stages_take_turns
 from popviz.analysis.memory import ipu_totals, oom_tiles
 from popviz.analysis.pipeline_plan import (
     balanced_bounds,
@@ -189,8 +189,7 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
                     ops: pd.DataFrame, exchange: pd.DataFrame | None, measured: bool,
                     proposed_splits: list[str] | None) -> list[Advice]:
     bal = stage_balance(stages)
-    # stages sharing one device run in turn: none waits for another, nothing to balance
-    if len(bal) < 2 or bal["ipu"].nunique() < 2 or bal["busy_cycles"].mean() <= 0:
+    if stages_take_turns(bal) or bal["busy_cycles"].mean() <= 0:
         return []
     busy = bal.set_index("stage")["busy_cycles"]
     top = int(busy.idxmax())
@@ -225,7 +224,7 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
 def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
     options = meta.get("options") or {}
     bal = stage_balance(stages)
-    if len(bal) < 2 or bal["ipu"].nunique() < 2 or \
+    if stages_take_turns(bal) or \
             options.get("strategy", "pipelined") != "pipelined":
         return []
     bubble = stage_idle_fraction(stages)

@@ -58,6 +58,12 @@ def stage_balance(stages: pd.DataFrame) -> pd.DataFrame:
     return _derive(stages.sort_values("stage").reset_index(drop=True))
 
 
+def stages_take_turns(bal: pd.DataFrame) -> bool:
+    """Fewer than two stages, or all on one device: they run in turn, none waits for
+    another, so there is no balance between them to judge."""
+    return len(bal) < 2 or bal["ipu"].nunique() < 2
+
+
 def ipu_balance(stages: pd.DataFrame) -> pd.DataFrame:
     """The same per IPU (several stages may share one IPU, e.g. recomputation on one IPU)."""
     if stages.empty:

@@ -24,7 +24,7 @@ def oom_table(total: np.ndarray, runs: list[tuple[np.ndarray, np.ndarray]],
         if not len(bad):
             continue
         # each tile's first step at its peak: the first run at it (rows of a run are equal)
-        live, starts = runs[i] if i < len(runs) else (np.zeros((0, 0)), np.zeros(0))
+        live, starts = runs[i]  # one entry per IPU (compiler/memory.py)
         peak_row = starts[(live == tile_peak[i]).argmax(axis=0)[bad]] \
             if live.shape[0] else np.zeros(len(bad), dtype=np.int64)
         cand = pd.concat([al[al["ipu"] == i].assign(s0=-1, s1=np.iinfo(np.int64).max // 2),

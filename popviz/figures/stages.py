@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.analysis.advice import amp_for
-from popviz.analysis.balance import ipu_balance, stage_balance
+from popviz.analysis.balance import ipu_balance, stage_balance, stages_take_turns
 from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
 from popviz.vocab import IMBALANCE_LIMIT, MEASURED, MODELLED, Naming
 
@@ -56,8 +56,7 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
         return empty_figure("This profile has no stage table.", title)
     bal = stage_balance(stages)
     top = bal["busy_cycles"].idxmax()
-    # stages sharing one device run in turn: none waits for another, nothing to balance
-    one_device = bal["ipu"].nunique() == 1
+    one_device = stages_take_turns(bal)  # never empty here: one stage is one device too
     unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT and not one_device
     colours = ["#c53a32" if i == top and unbalanced else "#3b75af" for i in bal.index]
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]

@@ -295,17 +295,14 @@ class Recorder(ModuleScopes, Owners):
 
     def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...], bool, Any]:
         """(kind, packet name, overload name, is a view, mutated args, not work, the
-        overload), once per overload."""
-        info = self._funcs.get(id(func))
-        if info is None:
-            if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
-                info = ("", "", "", False, (), True, func)
-            else:
-                kind = _flops.kind_of(func)
-                info = (kind, func._overloadpacket.__name__, str(func),
-                        kind == "data_movement" and func.is_view, mutated_args(func), False,
-                        func)
-            self._funcs[id(func)] = info
+        overload), once per overload: `_on_op` looks in the cache first."""
+        if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
+            info = ("", "", "", False, (), True, func)
+        else:
+            kind = _flops.kind_of(func)
+            info = (kind, func._overloadpacket.__name__, str(func),
+                    kind == "data_movement" and func.is_view, mutated_args(func), False, func)
+        self._funcs[id(func)] = info
         return info
 
     def _shape(self, shape: torch.Size) -> str:

@@ -25,17 +25,11 @@ def start_tiles(ntiles: np.ndarray, keys: np.ndarray, tiles_per_ipu: int) -> np.
     return (np.asarray(keys, dtype=np.int64) * START_STRIDE) % np.maximum(room, 1)
 
 
-def rectangles(steps: int, tiles: int, s0: np.ndarray, s1: np.ndarray, t0: np.ndarray,
-               t1: np.ndarray, per_tile: np.ndarray) -> np.ndarray:
-    """Sum of rectangles [s0, s1] x [t0, t1) of `per_tile` bytes each: (steps, tiles) float64."""
-    grid, row_starts, col_starts = rectangle_runs(steps, tiles, s0, s1, t0, t1, per_tile)
-    return expand_runs(grid, row_starts, col_starts, steps, tiles)
-
-
 def rectangle_runs(steps: int, tiles: int, s0: np.ndarray, s1: np.ndarray, t0: np.ndarray,
                    t1: np.ndarray, per_tile: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`rectangles` as runs: a (K, L) float64 grid, the first step of each of its rows and
+    """Sum of rectangles [s0, s1] x [t0, t1) of `per_tile` bytes each, as runs: a (K, L)
+    float64 grid, the first step of each of its rows and
     the first tile of each of its columns (both start at 0); step s, tile t is the value
     of the row and column whose runs hold them.
 
@@ -80,13 +74,6 @@ def _starts(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
 def run_index(starts: np.ndarray, n: int) -> np.ndarray:
     """For each of n positions, the run (index into `starts`) that holds it."""
     return np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
-
-
-def expand_runs(grid: np.ndarray, row_starts: np.ndarray, col_starts: np.ndarray,
-                steps: int, tiles: int, out: np.ndarray | None = None) -> np.ndarray:
-    """The (steps, tiles) array of `rectangle_runs`' grid, into `out` when given."""
-    wide = np.take(grid, run_index(col_starts, tiles), axis=1)
-    return np.take(wide, run_index(row_starts, steps), axis=0, out=out)
 
 
 def per_tile_sum(tiles: int, t0: np.ndarray, t1: np.ndarray, per_tile: np.ndarray) -> np.ndarray:
