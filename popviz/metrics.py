@@ -2,7 +2,8 @@
 
 A leaf (numpy, pandas and popviz.vocab only) that compile, measure, analysis, the CLI and
 the app all call: time attribution and idle (the timeline sweep below), peak liveness per
-device, fit and out-of-memory tiles.
+device, fit (tiles against their capacity; an imported GPU's peak against its device
+memory) and out-of-memory tiles.
 
 Where each instant of a device's (IPU's or rank's) timeline goes, counted once.
 
@@ -26,8 +27,8 @@ import pandas as pd
 
 from popviz.vocab import CATEGORIES, COMPUTE, WAITING, category_codes
 
-__all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "fits", "fits_or_stored",
-           "idle_fraction",
+__all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "device_capacities", "device_fit",
+           "device_fits", "fit_verdict", "fits", "fits_or_stored", "idle_fraction",
            "idle_fractions", "oom_tiles", "peak_liveness", "peak_rows", "rank_time",
            "retime_stages", "stage_columns", "stage_idle_fraction", "stage_table_times",
            "stage_time", "step_time", "sweep"]
@@ -287,3 +288,45 @@ def fits_or_stored(tile_memory: pd.DataFrame, summary: dict) -> bool | None:
         return known
     stored = summary.get("fits")
     return None if stored is None else bool(stored)
+
+
+def device_capacities(meta: dict) -> dict[int, int]:
+    """Device memory per rank of a measured profile (`meta.measure.device_memory_bytes`,
+    written by `popviz import` from the trace's deviceProperties); {} when unknown. The
+    meta comes from an untrusted file: anything but a positive integer is dropped."""
+    stored = ((meta or {}).get("measure") or {}).get("device_memory_bytes")
+    if not isinstance(stored, dict):
+        return {}
+    out = {}
+    for rank, value in stored.items():
+        try:
+            rank, value = int(rank), int(value)
+        except (TypeError, ValueError):
+            continue
+        if value > 0:
+            out[rank] = value
+    return out
+
+
+def device_fit(liveness: pd.DataFrame, capacity: dict[int, int]) -> pd.DataFrame:
+    """Per device with a known capacity: its peak liveness (`peak_liveness`), capacity and
+    utilisation (peak over capacity); a device without liveness has peak 0."""
+    peaks = peak_liveness(liveness)
+    rows = [(rank, int(peaks.get(rank, 0)), cap) for rank, cap in sorted(capacity.items())]
+    frame = pd.DataFrame(rows, columns=["ipu", "peak_bytes", "capacity_bytes"])
+    frame["utilisation"] = frame["peak_bytes"] / frame["capacity_bytes"].astype(float)
+    return frame.astype({"ipu": "int64", "peak_bytes": "int64", "capacity_bytes": "int64"})
+
+
+def device_fits(liveness: pd.DataFrame, capacity: dict[int, int]) -> bool | None:
+    """True when every device's peak is within its memory; None when no capacity is known."""
+    if not capacity:
+        return None
+    return bool((device_fit(liveness, capacity)["utilisation"] <= 1.0).all())
+
+
+def fit_verdict(tile_memory: pd.DataFrame, liveness: pd.DataFrame, meta: dict) -> bool | None:
+    """Does the profile fit: its tiles against their capacity when it has tiles, else an
+    imported GPU's peak liveness against its device memory; None when neither is known."""
+    known = fits(tile_memory)
+    return known if known is not None else device_fits(liveness, device_capacities(meta))

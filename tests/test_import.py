@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,11 @@ from popviz.measure import kineto, kineto_fast
 from popviz.measure.import_rank import RankPart
 from popviz.measure.import_schedule import schedule_name
 from popviz.metrics import rank_time
+from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, imported_profile
+from tests.import_fixtures import trace_events as _events
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RESNET = FIXTURES / "kineto_resnet50_b64.json.gz"
-PIPELINE = FIXTURES / "kineto_pipelining_interleaved_1rank.json.gz"
-SNAPSHOT = FIXTURES / "memsnap_resnet50_b32.pickle.gz"
 WORLD = 3
-
-
-def _events(path: Path) -> list[dict[str, Any]]:
-    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
-                      else path.read_bytes())["traceEvents"]
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -47,16 +39,12 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 @pytest.fixture(scope="module")
 def resnet(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    path = popviz.import_trace([RESNET], tmp_path_factory.mktemp("rn"))
-    with popviz.open(path) as profile:
-        yield profile
+    yield from imported_profile([RESNET], tmp_path_factory.mktemp("rn"))
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    path = popviz.import_trace(PIPELINE, tmp_path_factory.mktemp("pp") / "pp.h5")
-    with popviz.open(path) as profile:
-        yield profile
+    yield from imported_profile([PIPELINE], tmp_path_factory.mktemp("pp") / "pp.h5")
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +228,9 @@ def test_ranks_stages_and_transfers_of_a_gloo_pipeline(imported: dict[str, Any],
     assert (opts["schedule"], opts["micro_batch_size"]) == \
         (("GPipe", MICRO_BATCH) if schedule == "GPipe" else (None, None))
     assert sorted(p.stages["stage"]) == list(range(WORLD))
+    # CPU ranks: no device memory to hold the run against, so fit stays unknown
+    assert p.meta["measure"]["device_memory_bytes"] == {} and p.summary["fits"] is None
+    assert p.summary["device_memory"] == [] and p.meta["warnings"] == []
     ex = p.exchange
     # activations flow down the pipeline, gradients back, one per micro-batch and link
     links = WORLD - 1
@@ -400,39 +391,7 @@ def test_bad_inputs_are_named_in_one_line(runs: dict[str, list[Path]], tmp_path:
     assert err.count("\n") == 0 and "cut.json" in err
 
 
-def test_cli_import_writes_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["import", str(PIPELINE), "--to", str(tmp_path / "p")]) == 0
-    assert "imported 1 trace(s)" in capsys.readouterr().out
-    assert main(["summary", "--json", str(tmp_path / "p")]) == 0
-    facts = json.loads(capsys.readouterr().out)
-    assert facts["kind"] == "measured" and facts["ranks"] == [0]
-
-
-# ---- the app and compare treat an import like a measured run ----
-def test_pages_of_an_imported_profile_load_and_speak_ranks(pipeline: Any, resnet: Any,
-                                                          tmp_path: Path) -> None:
-    from popviz_app import ProfileCache, render
-    from popviz_app.common import AppContext
-
-    from tests.dash_util import component_text
-
-    for name, p in (("pp", pipeline), ("rn", resnet)):
-        (tmp_path / name).mkdir()
-        shutil.copy(p.path, tmp_path / name / "profile.h5")
-    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
-    for name in ("pp", "rn"):
-        query = f"?profile={name}/profile.h5"
-        for page in ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange",
-                     "/operations"):
-            text = component_text(render(ctx, page, query)[1])
-            assert "Traceback" not in text and "cannot" not in text.lower(), (name, page)
-        summary = component_text(render(ctx, "/summary", query)[1])
-        assert "per rank" in summary and " ns (" in summary
-    # one rank: no bottleneck or bubble cards (they compare devices)
-    pp = component_text(render(ctx, "/summary", "?profile=pp/profile.h5")[1])
-    assert "bubbles" not in pp and "bottleneck" not in pp
-
-
+# ---- compare treats an import like a measured run ----
 def test_compare_an_imported_run_with_a_modelled_plan(pipeline: Any,
                                                       imported: dict[str, Any]) -> None:
     modelled = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_pipelined" \
@@ -446,30 +405,3 @@ def test_compare_an_imported_run_with_a_modelled_plan(pipeline: Any,
         assert tps.loc["idle", "b"] > 0 and tps.loc["forward", "b"] > 0
     both = popviz.compare(imported["GPipe"], imported["1F1B"])
     assert set(both.time_per_sample["category"]) >= {"forward", "backward", "exchange"}
-
-
-def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
-    from popviz.figures.compare import liveness_compare_figure
-    modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
-    if not modelled.exists():
-        pytest.skip("example profiles not in profiles/")
-    with popviz.open(modelled) as plan:
-        comp = popviz.compare(plan, resnet)
-    v = comp.verdict
-    words = v["terms"] + v["differences"] + v["reasons"] + [v["headline"]]
-    # a value the import does not know reads "unknown", never an empty string
-    assert "precision 16.32 vs unknown" in v["terms"]
-    assert any(d.startswith("schedule: ") and d.endswith(" vs unknown")
-               for d in v["differences"])
-    assert not any(" vs ;" in w or " vs ." in w or w.endswith(" vs ") for w in words)
-    # the import's model name is its file's: no claim of a different model
-    assert not any("different models" in w for w in words)
-    assert any("kineto_resnet50_b64 is its trace file's name" in w for w in v["reasons"])
-    # units speak each side's devices
-    units = comp.metrics.set_index("metric")["unit"]
-    assert units["throughput_per_ipu"] == "samples/s per IPU (A) / rank (B)"
-    assert "rank" in units["ipu_us_per_sample"] and "rank" in comp.time_per_sample["unit"][0]
-    # A's IPU capacity is not drawn across B's GPU curve
-    fig = liveness_compare_figure(comp)
-    assert not [s for s in fig.layout.shapes if s.y0 == s.y1]  # no horizontal line
-    assert "B has none" in fig.layout.title.text

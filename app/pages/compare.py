@@ -61,6 +61,9 @@ def _cards(comp: Comparison, side: str) -> html.Div:
     fit = ("unknown (no per-tile data)", "") if s["fits"] is None or s["fits"] != s["fits"] \
         else ("fits", "good") if s["fits"] else (
         f"OUT OF MEMORY · {s['oom_tiles']} tiles ({s['oom_ipus']})", "bad")
+    if s.get("capacity_name") == "device memory" and fit[1]:  # an imported GPU
+        fit = ("fits its device memory", "good") if s["fits"] else \
+            ("OVER DEVICE MEMORY", "bad")
     cards = [
         _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "
               f"{s['target']} · {s['kind']}"),

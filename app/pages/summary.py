@@ -28,7 +28,13 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
 def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     clock_unit = words.unit
     fit = info["fit"]
-    if not fit.get("known", True) and words.measured:  # a CPU run has no tiles to fill
+    if fit.get("basis") == "device":  # an imported GPU: its peak against its memory
+        fit_card = _card("memory", ("fits · " if fit["fits"] else "OVER DEVICE MEMORY · ")
+                         + "; ".join(f"peak {fmt_bytes(d['peak_bytes'])} of "
+                                     f"{fmt_bytes(d['capacity_bytes'])} "
+                                     f"({d['utilisation']:.0%})" for d in fit["devices"]),
+                         "good" if fit["fits"] else "bad")
+    elif not fit.get("known", True) and words.measured:  # a CPU run has no tiles to fill
         fit_card = _card("memory", "unknown (a measured run records no per-tile memory)", "")
     elif not fit.get("known", True):
         verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]

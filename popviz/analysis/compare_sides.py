@@ -15,6 +15,8 @@ import pandas as pd
 
 from popviz.metrics import (
     COMPUTE,
+    device_capacities,
+    fit_verdict,
     fits_or_stored,
     idle_fractions,
     oom_tiles,
@@ -135,6 +137,8 @@ def load_side(profile: Any, label: str) -> Side:
                            else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
+    gpu_memory = device_capacities(meta)  # an imported GPU: its device memory
+    capacity = capacity or float(min(gpu_memory.values(), default=0))
     peaks = peak_liveness(liveness).astype(float)
     if peaks.empty and "peak_bytes" in stages.columns:
         peaks = _col(stages, "peak_bytes").groupby(stages["ipu"].astype(int)).max()
@@ -184,7 +188,8 @@ def load_side(profile: Any, label: str) -> Side:
             str).str.lower().eq("host")
         ex_bytes = _col(exchange, "bytes")
         ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
-    fits = fits_or_stored(tile_memory, summary)
+    fits = fit_verdict(tile_memory, liveness, meta)
+    fits = fits_or_stored(tile_memory, summary) if fits is None else fits
     n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
     metrics = {
         "throughput_per_ipu": per_ipu, "throughput": throughput, "total_ipus": total_ipus,
@@ -217,7 +222,8 @@ def load_side(profile: Any, label: str) -> Side:
         "model_from_file": bool((meta.get("measure") or {}).get("imported")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
-        "total_ipus": total_ipus, "ipu_capacity_bytes": capacity, "fits": fits,
+        "total_ipus": total_ipus, "ipu_capacity_bytes": capacity,
+        "capacity_name": "device memory" if gpu_memory else "IPU capacity", "fits": fits,
         "oom_tiles": int(n_oom),
         "oom_ipus": " ".join(ipu_label(i) for i in sorted(set(over["ipu"].astype(int))))
         if len(tile_memory) else "",

@@ -50,6 +50,12 @@ def _dev(*sides: Side) -> str:
     return "device" if len(kinds) > 1 else ("rank" if kinds == {True} else "IPU")
 
 
+def _capacity_words(side: Side) -> str:
+    """What a side's peak is a share of: an IPU's memory, or a GPU's device memory."""
+    return "its device memory" if side.facts.get("capacity_name") == "device memory" \
+        else "an IPU"
+
+
 def _time_unit(dev: str) -> str:
     """Device-time per sample: modelled keeps its 'IPU-us', measured ones read 'rank-µs'."""
     return "IPU-us" if dev == "IPU" else f"{dev}-µs"
@@ -148,8 +154,8 @@ def _memory_reasons(comp: Comparison, sa: Side, sb: Side) -> list[str]:
     peak = _metric(comp, "peak_bytes_max")
     if peak and _ok(peak["a"]) and _ok(peak["b"]):
         cap_a, cap_b = sa.facts["ipu_capacity_bytes"], sb.facts["ipu_capacity_bytes"]
-        pa = f" ({peak['a'] / cap_a:.0%} of an IPU)" if cap_a else ""
-        pb = f" ({peak['b'] / cap_b:.0%} of an IPU)" if cap_b else ""
+        pa = f" ({peak['a'] / cap_a:.0%} of {_capacity_words(sa)})" if cap_a else ""
+        pb = f" ({peak['b'] / cap_b:.0%} of {_capacity_words(sb)})" if cap_b else ""
         out.append(f"peak memory of the fullest {_dev(sa, sb)}: A {_fmt_bytes(peak['a'])}{pa}, "
                    f"B {_fmt_bytes(peak['b'])}{pb}")
     inter = _metric(comp, "inter_ipu_bytes")

@@ -10,7 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from popviz.jsonsafe import jsonable as _plain
-from popviz.metrics import fits, oom_tiles, peak_liveness
+from popviz.metrics import device_capacities, device_fit, fit_verdict, oom_tiles, peak_liveness
+
+
+def profile_warnings(meta: dict[str, Any], limit: int = 20) -> list[str]:
+    """What the tool that wrote the profile warned about (`meta.warnings`, e.g. a memory
+    snapshot from another run); an untrusted file's: strings only, at most `limit`, each
+    cut to 500 characters."""
+    stored = meta.get("warnings")
+    if not isinstance(stored, list):
+        return []
+    return [w[:500] for w in stored if isinstance(w, str)][:limit]
 
 
 def profile_facts(profile: Any) -> dict[str, Any]:
@@ -27,7 +37,10 @@ def profile_facts(profile: Any) -> dict[str, Any]:
         "model": meta.get("model", {}).get("name"),
         "target": meta.get("target", {}),
         "options": meta.get("options", {}),
-        "fits": fits(tiles),
+        "fits": fit_verdict(tiles, profile.liveness, meta),
+        "device_memory": _plain(device_fit(profile.liveness, device_capacities(meta))
+                                .to_dict(orient="records")),
+        "warnings": profile_warnings(meta),
         "oom_tiles": len(over),
         "oom_ipus": sorted(int(i) for i in over["ipu"].unique()),
         "num_ipus": int(meta.get("target", {}).get("num_ipus", tiles["ipu"].nunique())),

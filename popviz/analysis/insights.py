@@ -10,7 +10,12 @@ from popviz.analysis.advice import Advice, advise
 from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance, timed_stages
 from popviz.analysis.liveness import liveness_peaks
 from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
-from popviz.metrics import fits_or_stored, stage_idle_fraction
+from popviz.metrics import (
+    device_capacities,
+    device_fit,
+    fits_or_stored,
+    stage_idle_fraction,
+)
 from popviz.vocab import MODELLED_KIND, is_measured
 
 
@@ -37,7 +42,14 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
-    if not fit["known"]:
+    devices = device_fit(profile.table("liveness"), device_capacities(meta)) \
+        if not fit["known"] and measured else pd.DataFrame()
+    if len(devices):  # an imported GPU: its peak against its device memory
+        fit = {**fit, "known": True, "basis": "device",
+               "fits": bool((devices["utilisation"] <= 1.0).all()),
+               "max_utilisation": float(devices["utilisation"].max()),
+               "devices": devices.to_dict(orient="records")}
+    elif not fit["known"]:
         fit["fits"] = fits_or_stored(tile_memory, summary)
     target = meta.get("target") or {}
     clock = float(target.get("clock_hz") or 0)

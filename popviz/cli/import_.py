@@ -35,6 +35,11 @@ def _run(args: argparse.Namespace) -> int:
     path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                         command_line=shlex.join(["popviz", *sys.argv[1:]]),
                         workers=args.workers)
+    import popviz
+
+    with popviz.open(path) as profile:
+        for warning in profile.meta.get("warnings") or []:
+            print(f"popviz: warning: {warning}", file=sys.stderr)
     print(f"imported {len(args.traces)} trace(s) into {path}")
     return EXIT_OK
 

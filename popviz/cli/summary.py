@@ -29,6 +29,13 @@ def _duration(ms: float) -> str:
 
 
 def _fit_line(facts: dict) -> str:
+    devices = facts.get("device_memory") or []
+    if devices and facts.get("fits") is not None:  # an imported GPU: its device memory
+        words = naming_of(facts["kind"])
+        return f"  fits: {_FIT_WORD[bool(facts['fits'])]}  (" + "; ".join(
+            f"{words.label(d['ipu'])} peak {_fmt_bytes(d['peak_bytes'])} of "
+            f"{_fmt_bytes(d['capacity_bytes'])} device memory, {d['utilisation']:.1%}"
+            for d in devices) + ")"
     if facts.get("fit_known") is False or facts.get("fits") is None:
         return f"  fits: {_FIT_WORD[None]}"
     return (f"  fits: {_FIT_WORD[bool(facts['fits'])]}"
@@ -80,6 +87,7 @@ def render_text(facts: dict) -> str:
             lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(
                 f"{s[c + '_cycles']:>14,.0f}" for c in cols))
     lines += _insight_lines(facts)
+    lines += [f"  warning: {w}" for w in facts.get("warnings") or []]
     return "\n".join(lines)
 
 

@@ -80,9 +80,11 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
                       annotation_position="top right", annotation_font_size=11)
     peak = float(lv["total_bytes"].max())
     caps = {s["side"]: float(s["ipu_capacity_bytes"] or 0) for _, s in comp.sides.iterrows()}
-    same = len(set(caps.values())) == 1
+    cap_names = {s["side"]: str(s.get("capacity_name") or "IPU capacity")
+                 for _, s in comp.sides.iterrows()}
+    same = len(set(caps.values())) == 1 and len(set(cap_names.values())) == 1
     if not all(caps.values()):
-        # a line spans every curve: one side's capacity over a device without one (a GPU
+        # a line spans every curve: one side's capacity over a device without one (a CPU
         # rank) would read as that device out of memory
         none = " and ".join(s for s, c in caps.items() if not c)
         if any(caps.values()):
@@ -92,7 +94,8 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
         if cap and peak >= 0.4 * cap and not (same and side == "B"):
             fig.add_hline(y=cap / MiB, line={"color": CAPACITY_COLOUR, "dash": SIDE_DASH[side],
                                              "width": 1.2},
-                          annotation_text="IPU capacity" if same else f"{side} IPU capacity",
+                          annotation_text=cap_names[side] if same
+                          else f"{side} {cap_names[side]}",
                           annotation_position="bottom right")
     fig.update_xaxes(title_text="program progress (0 = start, 1 = end of the step; "
                      "phase boundaries aligned)", range=[0, 1])

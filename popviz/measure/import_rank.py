@@ -48,6 +48,8 @@ class RankPart:
     first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
     labeller: kev.Labeller | None = None
     window: tuple[int, int] = (0, 0)  # first start, last end (rank clock)
+    warnings: list[str] = field(default_factory=list)  # said by `popviz import`, kept in meta
+    device_memory: int | None = None  # the GPU's memory (bytes) when the trace says it
 
     def shift(self, origin: int) -> None:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
@@ -71,9 +73,16 @@ def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.D
 
 
 def use_snapshot(part: RankPart, snapshot: Path) -> None:
-    """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's."""
-    time, allocated, _ = memsnap.snapshot_series(memsnap.read_snapshot(snapshot), snapshot)
-    part.liveness = liveness_of(part, time - part.base_ns, allocated)  # snapshot: epoch ns
+    """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's; a
+    snapshot whose events fall outside the trace's window is kept with a warning."""
+    time, allocated, device = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
+                                                      snapshot)
+    time = time - part.base_ns  # snapshot: epoch ns
+    part.liveness = liveness_of(part, time, allocated)
+    part.device_memory = device_memory(part.meta, device)
+    warning = memsnap.mismatch(snapshot, time, part.window, part.rank)
+    if warning:
+        part.warnings.append(warning)
 
 
 def rank_part(path: PathLike) -> RankPart:
@@ -92,12 +101,32 @@ def rank_part(path: PathLike) -> RankPart:
                    else kev.cpu_events(spans, t.rank, lab))
     part.calls = kev.p2p_calls(spans, t.rank, lab).assign(on_gpu=part.on_gpu)
     part.liveness = liveness_of(part, *memsnap.trace_series(t.memory))
+    if part.on_gpu:
+        gpu = t.memory.loc[t.memory["device_type"] == 1, "device_id"]
+        part.device_memory = device_memory(t.meta, int(gpu.mode().iloc[0]) if len(gpu)
+                                           else None)
     part.ops = ops_table(spans, t.rank, lab)
     part.stages = [int(s) for s in lab.stages]
     act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]
     part.actions = act.sort_values("start", kind="stable")["label"].astype(str).tolist()
     part.first_ops = first_ops(part.ops, annotated=bool(part.actions))
     return part
+
+
+def device_memory(meta: dict[str, Any], device_id: int | None) -> int | None:
+    """The GPU's memory in bytes (`totalGlobalMem` of the trace's deviceProperties): the
+    device the memory events name, else the size every listed device shares; None when
+    the trace does not say (a CPU run, an older torch)."""
+    sizes: dict[int, int] = {}
+    for props in meta.get("deviceProperties") or []:
+        try:
+            sizes[int(props.get("id", -1))] = int(props["totalGlobalMem"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+    if device_id in sizes:
+        return sizes[device_id] if sizes[device_id] > 0 else None
+    distinct = set(sizes.values())
+    return distinct.pop() if len(distinct) == 1 and min(distinct) > 0 else None
 
 
 def first_ops(ops: pd.DataFrame, annotated: bool) -> dict[int, tuple[str, str]]:

@@ -244,10 +244,12 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
                "micro_batch_size": micro_batch_size(traces),
                "stages_per_rank": max(1, len(stages) // len(ranks)),
                "steps": 1}
+    memory = {str(t.rank): t.device_memory for t in traces if t.device_memory}
     return {
         "kind": "measured",
         "target": {"name": name, "num_ipus": len(ranks), "tiles_per_ipu": 1,
-                   "bytes_per_tile": 0, "clock_hz": 1e9},
+                   "bytes_per_tile": 0, "clock_hz": 1e9,
+                   "device_memory_bytes": min(memory.values()) if memory else None},
         "options": options,
         "model": {"name": run_name([t.path for t in traces])},
         "ranks": ranks,
@@ -255,8 +257,9 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
                     "backend": backend, "stages": stages, "num_stages": len(stages),
                     "origin_ns": origin, "source": [str(t.path) for t in traces],
                     "memory_snapshots": [str(s) if s else None for s in snapshots],
-                    "device": device,
+                    "device": device, "device_memory_bytes": memory,
                     "clock": {str(t.rank): {"base_ns": t.base_ns} for t in traces}},
+        "warnings": [w for t in traces for w in t.warnings],
     }
 
 

@@ -71,6 +71,39 @@ def snapshot_series(snap: dict[str, Any], path: Path) -> tuple[np.ndarray, np.nd
     return time_ns, allocated, device
 
 
+def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int) -> str | None:
+    """Why a snapshot's events may not belong to the trace they are paired with: times
+    missing, or mostly outside the trace's [first start, last end] (same clock), as when
+    the snapshot was taken in another run; None when at least half fall inside."""
+    lo, hi = window
+    if len(time) == 0 or hi <= lo:
+        return None
+    name = Path(path).name
+    if not time.any() or (time == time[0]).all():
+        return (f"memory snapshot {name} (rank {rank}) records no event times: its curve "
+                "cannot be placed on the trace's clock, so it has no phases")
+    inside = float(((time >= lo) & (time <= hi)).mean())
+    if inside >= 0.5:
+        return None
+    if inside == 0:
+        if time.min() > hi:
+            where = f"starts {_seconds(time.min() - hi)} after the trace ends"
+        elif time.max() < lo:
+            where = f"ends {_seconds(lo - time.max())} before the trace starts"
+        else:
+            where = "falls in no part of the trace's span"
+        return (f"memory snapshot {name} (rank {rank}): none of its {len(time):,} alloc / "
+                f"free events is inside the trace's {_seconds(hi - lo)} span (it {where}): "
+                "taken in another run? Its curve is kept without phases")
+    return (f"memory snapshot {name} (rank {rank}): only {inside:.0%} of its "
+            f"{len(time):,} alloc / free events are inside the trace's span: those outside "
+            "it have no phase")
+
+
+def _seconds(ns: float) -> str:
+    return f"{ns / 1e9:,.1f} s" if ns >= 1e9 else f"{ns / 1e6:,.1f} ms"
+
+
 def thin(time: np.ndarray, allocated: np.ndarray,
          limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """At most `limit` points: the highest point of each of `limit` equal index bins."""

@@ -16,7 +16,9 @@ import numpy as np
 import pandas as pd
 
 from popviz.metrics import (
-    fits,
+    device_capacities,
+    device_fit,
+    fit_verdict,
     idle_fraction,
     peak_liveness,
     stage_table_times,
@@ -214,7 +216,8 @@ def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[d
 
 def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, Any]:
     """Headline figures of a measured profile (rank file or merged), from the metrics
-    core: step time, idle, peaks and fit (unknown: a rank has no tiles)."""
+    core: step time, idle, peaks and fit (a rank has no tiles: an imported GPU's peak
+    against its device memory, else unknown)."""
     trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
     opts = meta.get("options", {})
     step_ns = step_time(trace)
@@ -226,7 +229,9 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
     work = stages["forward_cycles"] + stages["backward_cycles"]
     peaks = peak_liveness(live)
     return {
-        "kind": MEASURED_KIND, "fits": fits(tables.get("tile_memory", empty_tile_memory())),
+        "kind": MEASURED_KIND,
+        "fits": fit_verdict(tables.get("tile_memory", empty_tile_memory()), live, meta),
+        "device_memory": device_fit(live, device_capacities(meta)).to_dict(orient="records"),
         "oom_tiles": 0, "oom_ipus": [],
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,

@@ -1,0 +1,217 @@
+"""popviz import as users see it: the CLI, the summary (a GPU's fit against its device
+memory, warnings), every app page and compare, on the real H100 recordings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import popviz
+from popviz.analysis.facts import profile_facts
+from popviz.cli.main import main
+from popviz.metrics import device_capacities, device_fit, device_fits
+from tests.import_fixtures import (
+    PIPELINE,
+    RESNET,
+    SNAPSHOT,
+    imported_profile,
+    trace_events,
+    trace_json,
+)
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    yield from imported_profile([RESNET], tmp_path_factory.mktemp("rn"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    yield from imported_profile([PIPELINE], tmp_path_factory.mktemp("pp") / "pp.h5")
+
+
+def test_cli_import_writes_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["import", str(PIPELINE), "--to", str(tmp_path / "p")]) == 0
+    assert "imported 1 trace(s)" in capsys.readouterr().out
+    assert main(["summary", "--json", str(tmp_path / "p")]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["kind"] == "measured" and facts["ranks"] == [0]
+
+
+# ---- the app and compare treat an import like a measured run ----
+def test_pages_of_an_imported_profile_load_and_speak_ranks(pipeline: Any, resnet: Any,
+                                                          tmp_path: Path) -> None:
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from tests.dash_util import component_text
+
+    for name, p in (("pp", pipeline), ("rn", resnet)):
+        (tmp_path / name).mkdir()
+        shutil.copy(p.path, tmp_path / name / "profile.h5")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    for name in ("pp", "rn"):
+        query = f"?profile={name}/profile.h5"
+        for page in ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange",
+                     "/operations"):
+            text = component_text(render(ctx, page, query)[1])
+            assert "Traceback" not in text and "cannot" not in text.lower(), (name, page)
+        summary = component_text(render(ctx, "/summary", query)[1])
+        assert "per rank" in summary and " ns (" in summary
+    # one rank: no bottleneck or bubble cards (they compare devices)
+    pp = component_text(render(ctx, "/summary", "?profile=pp/profile.h5")[1])
+    assert "bubbles" not in pp and "bottleneck" not in pp
+
+
+def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
+    from popviz.figures.compare import liveness_compare_figure
+    modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
+    if not modelled.exists():
+        pytest.skip("example profiles not in profiles/")
+    with popviz.open(modelled) as plan:
+        comp = popviz.compare(plan, resnet)
+    v = comp.verdict
+    words = v["terms"] + v["differences"] + v["reasons"] + [v["headline"]]
+    # a value the import does not know reads "unknown", never an empty string
+    assert "precision 16.32 vs unknown" in v["terms"]
+    assert any(d.startswith("schedule: ") and d.endswith(" vs unknown")
+               for d in v["differences"])
+    assert not any(" vs ;" in w or " vs ." in w or w.endswith(" vs ") for w in words)
+    # the import's model name is its file's: no claim of a different model
+    assert not any("different models" in w for w in words)
+    assert any("kineto_resnet50_b64 is its trace file's name" in w for w in v["reasons"])
+    # units speak each side's devices
+    units = comp.metrics.set_index("metric")["unit"]
+    assert units["throughput_per_ipu"] == "samples/s per IPU (A) / rank (B)"
+    assert "rank" in units["ipu_us_per_sample"] and "rank" in comp.time_per_sample["unit"][0]
+    # B's peak is a share of its GPU's memory, A's of an IPU's; each capacity line says whose
+    gpu = trace_json(RESNET)["deviceProperties"][0]["totalGlobalMem"]
+    peak = comp.metrics.set_index("metric").loc["peak_bytes_max", "b"]
+    assert f"({peak / gpu:.0%} of its device memory)" in " ".join(v["reasons"])
+    assert any(r.startswith("peak memory") and "of an IPU)" in r for r in v["reasons"])
+    fig = liveness_compare_figure(comp)
+    lines = [a.text for a in fig.layout.annotations if "capacity" in a.text or "memory" in a.text]
+    assert lines == ["A IPU capacity"]  # B's 79 GiB is far above every curve: not drawn
+
+
+def test_no_capacity_line_across_a_cpu_rank() -> None:
+    from popviz.figures.compare import liveness_compare_figure
+    root = Path(__file__).resolve().parents[1] / "profiles"
+    if not (root / "tutorial_measured_2ranks").exists():
+        pytest.skip("example profiles not in profiles/")
+    with popviz.open(root / "tutorial_pipelined" / "training" / "profile.h5") as plan, \
+            popviz.open(root / "tutorial_measured_2ranks") as cpu:
+        fig = liveness_compare_figure(popviz.compare(plan, cpu))
+    assert not [s for s in fig.layout.shapes if s.y0 == s.y1]  # no horizontal line
+    assert "B has none" in fig.layout.title.text
+
+
+# ---- a GPU's fit: its peak against its device memory ----
+def test_a_gpu_import_fits_its_device_memory(resnet: Any, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    memory = trace_json(RESNET)["deviceProperties"][0]["totalGlobalMem"]
+    peak = max(e["args"]["Total Allocated"] for e in trace_events(RESNET)
+               if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1)
+    assert resnet.meta["measure"]["device_memory_bytes"] == {"0": memory}
+    assert resnet.meta["target"]["device_memory_bytes"] == memory
+    facts = profile_facts(resnet)
+    assert facts["fits"] is True and resnet.summary["fits"] is True
+    assert facts["device_memory"] == [{"ipu": 0, "peak_bytes": peak, "capacity_bytes": memory,
+                                       "utilisation": pytest.approx(peak / memory)}]
+    assert main(["summary", "--no-vet", str(resnet.path)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line == (f"  fits: yes  (rank 0 peak {peak / 2**30:.1f} GiB of "
+                    f"{memory / 2**30:.1f} GiB device memory, {peak / memory:.1%})")
+
+
+def test_summary_card_of_a_gpu_import_names_its_memory(resnet: Any, tmp_path: Path) -> None:
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from tests.dash_util import component_text
+
+    (tmp_path / "rn").mkdir()
+    shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    text = component_text(render(ctx, "/summary", "?profile=rn/profile.h5")[1])
+    memory = trace_json(RESNET)["deviceProperties"][0]["totalGlobalMem"]
+    peak = int(resnet.summary["peak_liveness_bytes"]["0"])
+    assert f"fits · peak {peak / 2**30:.1f} GiB of {memory / 2**30:.1f} GiB " \
+        f"({peak / memory:.0%})" in text
+
+
+def test_device_fit_of_the_metrics_core() -> None:
+    live = pd.DataFrame({"ipu": [0, 0, 1], "always_live_bytes": [10, 10, 5],
+                         "not_always_live_bytes": [0, 30, 1]})
+    assert device_fits(live, {}) is None
+    assert device_fits(live, {0: 40, 1: 6}) is True  # a peak equal to the memory fits
+    assert device_fits(live, {0: 39, 1: 6}) is False
+    rows = device_fit(live, {0: 80, 2: 8})  # rank 2 has no liveness: peak 0
+    assert rows.to_dict("list") == {"ipu": [0, 2], "peak_bytes": [40, 0],
+                                    "capacity_bytes": [80, 8], "utilisation": [0.5, 0.0]}
+    # the capacities come from an untrusted file: only positive integers per rank count
+    hostile = {"measure": {"device_memory_bytes": {"0": "lots", "1": -5, "x": 3, "2": 10}}}
+    assert device_capacities(hostile) == {2: 10}
+    assert device_capacities({"measure": {"device_memory_bytes": [1, 2]}}) == {}
+
+
+# ---- a memory snapshot that does not belong to the trace ----
+def _snapshot_with_times(tmp_path: Path, times_us: np.ndarray) -> Path:
+    snap = pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))
+    for event, t in zip(snap["device_traces"][0], times_us):
+        event["time_us"] = int(t)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    return path
+
+
+def test_a_snapshot_of_another_run_is_kept_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["import", str(RESNET), "--memory-snapshot", str(SNAPSHOT),
+                 "--to", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr()
+    warnings = out.err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "popviz: warning: memory snapshot memsnap_resnet50_b32.pickle.gz (rank 0): none of")
+    # how far after the trace, from the raw files: the trace's last end, the first event
+    trace = trace_json(RESNET)
+    base_us = trace["baseTimeNanoseconds"] / 1e3
+    end_us = max(e["ts"] + e.get("dur", 0) for e in trace["traceEvents"]
+                 if isinstance(e.get("pid"), int) and e.get("ph") == "X")
+    snap = pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))
+    first_us = min(e["time_us"] for e in snap["device_traces"][0]
+                   if e["action"] in ("alloc", "free_completed"))
+    assert f"starts {(first_us - base_us - end_us) / 1e6:,.1f} s after the trace ends" \
+        in warnings[0]
+    assert main(["summary", "--no-vet", str(tmp_path / "p")]) == 0
+    text = capsys.readouterr().out
+    assert "  warning: memory snapshot memsnap_resnet50_b32.pickle.gz" in text
+    assert main(["summary", "--json", "--no-vet", str(tmp_path / "p")]) == 0
+    assert len(json.loads(capsys.readouterr().out)["warnings"]) == 1
+
+
+def test_a_snapshot_inside_the_trace_or_without_times(tmp_path: Path) -> None:
+    trace = trace_json(RESNET)
+    base_us = trace["baseTimeNanoseconds"] / 1e3
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+             if e.get("ph") == "X" and isinstance(e.get("pid"), int)]
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    inside = _snapshot_with_times(tmp_path, base_us + np.linspace(lo + 1, hi - 1, 2025))
+    with popviz.open(popviz.import_trace([RESNET], tmp_path / "in",
+                                         memory_snapshot=inside)) as p:
+        assert p.meta["warnings"] == []
+        assert (p.liveness["phase"] != "other").any()  # placed on the trace: phases
+    untimed = _snapshot_with_times(tmp_path, np.zeros(2025))
+    with popviz.open(popviz.import_trace([RESNET], tmp_path / "zero",
+                                         memory_snapshot=untimed)) as p:
+        assert p.meta["warnings"] == ["memory snapshot snap.pickle (rank 0) records no event "
+                                      "times: its curve cannot be placed on the trace's "
+                                      "clock, so it has no phases"]
