@@ -15,10 +15,8 @@ from popviz.analysis.range_stats import range_statistics
 from popviz.analysis.trace_detail import count_ops, op_events, pass_ops
 from popviz.metrics import rank_time
 from tests.dash_util import component_text
+from tests.import_fixtures import PIPELINE, RESNET, trace_events
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RESNET = FIXTURES / "kineto_resnet50_b64.json.gz"
-PIPELINE = FIXTURES / "kineto_pipelining_interleaved_1rank.json.gz"
 RECOMPUTE = Path(__file__).resolve().parents[1] / "profiles" / "rn50_recompute"
 
 
@@ -54,12 +52,16 @@ def test_range_top_is_the_kernels_in_the_window(root: Path, name: str) -> None:
         stats = range_statistics(trace, pass_ops(p.ops, measured=True), lo, hi, top=10_000,
                                  measured=True)
         comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)]
-        # every kernel in the window once: runs are real counts, times clipped GPU time
-        assert stats.measured and stats.by_class.empty
-        assert int(stats.top_ops["runs"].sum()) == len(comp)
+        # every kernel in the window once: runs are real counts, times clipped GPU time,
+        # by kernel and by the host op that launched it
+        assert stats.measured and stats.top_kernels is not None
         clipped = (comp["end"].clip(upper=hi) - comp["start"].clip(lower=lo)).sum()
-        assert stats.top_ops["time"].sum() == pytest.approx(clipped)
-        assert stats.top_ops["time"].is_monotonic_decreasing
+        for table in (stats.top_kernels, stats.top_ops):
+            assert int(table["runs"].sum()) == len(comp)
+            assert table["time"].sum() == pytest.approx(clipped)
+            assert table["time"].is_monotonic_decreasing
+        assert stats.by_class["time"].sum() == pytest.approx(clipped)
+        assert stats.by_class["share"].sum() == pytest.approx(1.0)
         # the imported ops' cycles are measured GPU time: no modelled layout of them
         assert pass_ops(p.ops, measured=True) == {}
 
@@ -96,7 +98,36 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
     panel = app.popviz_callbacks["trace.stats"]({"range": {"x": [lo, hi]}}, None, search)
     text = " ".join(component_text(c) for c in panel)
     assert "Top kernels (measured GPU time)" in text and "modelled" not in text
-    assert "Op-level statistics of a range are not available" in text
+    assert "Compute by op class (measured GPU time)" in text
+    assert "Top ops (GPU time of the kernels each launched)" in text
+    assert "Op-level statistics" not in text
+
+
+def test_ops_of_a_range_are_the_launching_ops_of_the_raw_trace(root: Path) -> None:
+    """Over the whole step, each host op's GPU time equals the summed durations of the
+    compute kernels carrying its External id in the raw JSON (read with json here)."""
+    events = trace_events(RESNET)
+    name_of = {e["args"]["External id"]: e["name"] for e in events
+               if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+    want: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "kernel" and "nccl" not in e["name"].lower():
+            op = name_of[e["args"]["External id"]]
+            want[op] = want.get(op, 0.0) + e["dur"] * 1e3  # µs -> ns
+    with popviz.open(next((root / "rn").rglob("*.h5"))) as p:
+        trace = p.trace
+        stats = range_statistics(trace, {}, float(trace["start"].min()),
+                                 float(trace["end"].max()), top=10_000, measured=True)
+    got = stats.top_ops.set_index("op")["time"]
+    assert set(got.index) == set(want)
+    for op, ns in want.items():
+        assert got[op] == pytest.approx(ns, abs=len(events) * 1e-3), op  # ns rounding
+    assert stats.top_ops.set_index("op").loc["aten::cudnn_convolution", "op_class"] == "conv"
+    # a profile without the link (an older import) still lists its kernels, no op tables
+    bare = range_statistics(trace.drop(columns=["host_op", "op_class"]), {},
+                            float(trace["start"].min()), float(trace["end"].max()),
+                            measured=True)
+    assert bare.by_class.empty and bare.top_ops.empty and len(bare.top_kernels)
 
 
 def test_count_ops_is_the_ops_in_view() -> None:

@@ -128,13 +128,30 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
         html.Div([html.H3(f"Per {words.device}"),
                   table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
-    if stats.measured and not stats.top_ops.empty:
+    kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
+    # an import names its GPU; a popviz.measure run's compute events are its actions
+    on_gpu = bool((entry.profile.meta.get("measure") or {}).get("device"))
+    kernels_title = "Top kernels (measured GPU time)" if on_gpu else \
+        "Top compute events (measured time)"
+    if stats.measured and not stats.by_class.empty:  # kernels linked to their host ops
         blocks.append(html.Div([
-            html.H3("Top kernels (measured GPU time)"),
-            html.P("Op-level statistics of a range are not available on a measured profile: "
-                   "the trace records the kernels, not the op that launched each. The "
-                   "Operations page has each op's total measured GPU time.", className="hint"),
-            table("trace-stats-top", _pct(stats.top_ops), words=words)]))
+            html.Div([html.H3("Compute by op class (measured GPU time)"),
+                      table("trace-stats-class", _pct(stats.by_class), words=words)],
+                     className="half"),
+            html.Div([html.H3("Top ops (GPU time of the kernels each launched)"),
+                      table("trace-stats-top", _pct(stats.top_ops), words=words)],
+                     className="half"),
+        ], className="row"))
+        blocks.append(html.Div([html.H3(kernels_title),
+                                table("trace-stats-kernels", _pct(kernels), words=words)]))
+    elif stats.measured and not kernels.empty:
+        hint = html.P(
+            "Op-level statistics of this range are not available: this profile does not "
+            "record which op launched each kernel (imported by an older popviz: import the "
+            "trace again). The Operations page has each op's total measured GPU time.",
+            className="hint") if on_gpu else html.Div()
+        blocks.append(html.Div([html.H3(kernels_title), hint,
+                                table("trace-stats-kernels", _pct(kernels), words=words)]))
     elif not stats.by_class.empty:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (modelled)"),

@@ -9,9 +9,10 @@ not one row per op per micro-batch.
 Time by kind and per device is the metrics core's sweep (`popviz.metrics.sweep`): each
 instant of a device goes to one kind (compute > exchange > host_io > sync > idle), so on a
 measured trace, where events overlap, the shares still add to 100 % and agree with the
-Stages table. A measured profile has no modelled op layout (the trace holds kernels, not the
-op that launched each), so its "top" table is of the kernels in the range with their
-measured GPU time and true run counts, and there is no op-class table."""
+Stages table. A measured profile has no modelled op layout: its tables are of the kernels in
+the range, with their measured GPU time (clipped to the range) and true run counts, and,
+where the trace names the host op that launched each kernel (`host_op`, `op_class`:
+`popviz import`), of those ops and their classes; else there is no op-class table."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class RangeStats:
     by_kind: pd.DataFrame  # kind, time, share (of the range summed over devices)
     per_ipu: pd.DataFrame  # ipu, one column per kind, busy_share
     by_class: pd.DataFrame  # op_class, time, share (of compute time with op detail)
-    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs (measured: kernels)
-    measured: bool = False  # top_ops are kernels with measured times, no op classes
+    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs (measured: host ops)
+    measured: bool = False  # measured times: top_ops and by_class from the launching ops
+    top_kernels: pd.DataFrame | None = None  # measured: kernel, time, runs
 
     @property
     def events(self) -> int:
@@ -117,6 +119,33 @@ def _kernel_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
                          "runs": out["size"].to_numpy(int)})
 
 
+def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
+    """Per host op that launched compute kernels (`host_op`, with its `op_class`): their
+    GPU time inside [lo, hi) and how many of its kernels overlap the range."""
+    cols = ["op", "op_class", "time", "runs"]
+    if "host_op" not in trace or "op_class" not in trace:
+        return pd.DataFrame(columns=cols)
+    comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)
+                 & (trace["host_op"].astype(str) != "")]
+    if comp.empty:
+        return pd.DataFrame(columns=cols)
+    time = comp["end"].clip(upper=hi) - comp["start"].clip(lower=lo)
+    out = time.groupby([comp["host_op"].astype(str).to_numpy(),
+                        comp["op_class"].astype(str).to_numpy()]).agg(["sum", "size"])
+    return pd.DataFrame({"op": out.index.get_level_values(0),
+                         "op_class": out.index.get_level_values(1),
+                         "time": out["sum"].to_numpy(float), "runs": out["size"].to_numpy(int)})
+
+
+def _by_class(ops: pd.DataFrame) -> pd.DataFrame:
+    if ops.empty or "op_class" not in ops:
+        return pd.DataFrame(columns=["op_class", "time", "share"])
+    by_class = ops.groupby("op_class", as_index=False)["time"].sum().sort_values(
+        "time", ascending=False, kind="stable")
+    by_class["share"] = by_class["time"] / by_class["time"].sum()
+    return by_class.reset_index(drop=True)
+
+
 def range_statistics(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
                      lo: float, hi: float, top: int = 10,
                      measured: bool = False) -> RangeStats:
@@ -144,16 +173,12 @@ def range_statistics(trace: pd.DataFrame, templates: dict[tuple[int, str], PassO
     if measured:
         kernels = _kernel_time(trace, lo, hi)
         top_k = kernels.sort_values("time", ascending=False, kind="stable").head(top)
-        return RangeStats(lo, hi, kind_frame, per_ipu,
-                          pd.DataFrame(columns=["op_class", "time", "share"]),
-                          top_k.reset_index(drop=True), measured=True)
+        launched = _launched_time(trace, lo, hi)
+        top_ops = launched.sort_values("time", ascending=False, kind="stable").head(top)
+        return RangeStats(lo, hi, kind_frame, per_ipu, _by_class(launched),
+                          top_ops.reset_index(drop=True), measured=True,
+                          top_kernels=top_k.reset_index(drop=True))
     ops = _op_time(trace, templates, lo, hi)
-    if ops.empty or "op_class" not in ops:
-        by_class = pd.DataFrame(columns=["op_class", "time", "share"])
-    else:
-        by_class = ops.groupby("op_class", as_index=False)["time"].sum().sort_values(
-            "time", ascending=False, kind="stable")
-        by_class["share"] = by_class["time"] / by_class["time"].sum()
     top_ops = ops.sort_values("time", ascending=False, kind="stable").head(top)
-    return RangeStats(lo, hi, kind_frame, per_ipu, by_class.reset_index(drop=True),
+    return RangeStats(lo, hi, kind_frame, per_ipu, _by_class(ops),
                       top_ops.reset_index(drop=True))

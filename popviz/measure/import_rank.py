@@ -22,7 +22,7 @@ import pandas as pd
 from popviz.measure import kineto_events as kev
 from popviz.measure import memsnap
 from popviz.measure.kineto import read_trace
-from popviz.measure.kineto_ops import ops_table
+from popviz.measure.kineto_ops import op_class, ops_table
 
 PathLike = str | os.PathLike[str]
 
@@ -99,6 +99,9 @@ def rank_part(path: PathLike) -> RankPart:
     part.on_gpu = bool(spans["cat"].isin(kev.GPU_CATS).any())
     part.events = (kev.gpu_events(spans, t.rank, lab) if part.on_gpu
                    else kev.cpu_events(spans, t.rank, lab))
+    # the launching op's class, as the ops table gives it: op-level range statistics
+    launched = part.events["host_op"].to_numpy() != ""
+    part.events["op_class"] = np.where(launched, op_class(part.events["host_op"]), "")
     part.calls = kev.p2p_calls(spans, t.rank, lab).assign(on_gpu=part.on_gpu)
     part.liveness = liveness_of(part, *memsnap.trace_series(t.memory))
     if part.on_gpu:

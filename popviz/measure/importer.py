@@ -107,6 +107,7 @@ def p2p_events(p2p: pd.DataFrame) -> pd.DataFrame:
                          "op": [f"wait: {x}" for x in label], "bytes": 0})
     move = pd.DataFrame({**common, "start": split, "end": end, "kind": "exchange",
                          "op": label, "bytes": p2p["bytes"].to_numpy()})
+    wait["host_op"] = move["host_op"] = ""
     return pd.concat([wait[wait["end"] > wait["start"]], move],
                      ignore_index=True)[kev.EVENT_COLUMNS]
 
@@ -199,6 +200,7 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
     trace = pd.concat([e for e in events if len(e)] or events[:1], ignore_index=True)
     trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
                                               "step", "bytes", "peer")})
+    trace["op_class"] = trace["op_class"].fillna("") if "op_class" in trace else ""
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
     number_by_transfers(trace, p2p)
     liveness = pd.concat([t.liveness for t in parts], ignore_index=True)

@@ -31,7 +31,7 @@ DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "lon
                "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
                "Bool": 1, "Byte": 1, "Char": 1, "Short": 2}
 EVENT_COLUMNS = ["ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op", "step",
-                 "bytes", "peer"]
+                 "bytes", "peer", "host_op"]  # host_op: the host op that launched a kernel
 
 
 def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.ndarray:
@@ -170,6 +170,16 @@ def tensor_bytes(dims: object, types: object) -> int:
     return total
 
 
+def launching_ops(spans: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
+    """The host op that launched each GPU event: the op with the event's `External id`
+    (Kineto gives a kernel the id of the innermost op running at its launch; the ops
+    table counts the kernel's time there too); "" when none was recorded."""
+    ops = spans[spans["cat"] == "cpu_op"]
+    ops = ops[ops["ext"].to_numpy() >= 0].drop_duplicates("ext")
+    names = pd.Series(ops["name"].astype(str).to_numpy(), index=ops["ext"].to_numpy())
+    return names.reindex(gpu["ext"].to_numpy()).fillna("").to_numpy(dtype=object)
+
+
 def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """Kernels, copies and sets as trace events, the host's sync calls, and idle gaps."""
     gpu = spans[spans["cat"].isin(GPU_CATS)]
@@ -189,7 +199,8 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     ev = pd.DataFrame({"ipu": rank, "start": gpu["start"].to_numpy(),
                        "end": gpu["end"].to_numpy(), "kind": kind, "stage": stage,
                        "microbatch": mb, "pass": ps, "op": gpu["name"].to_numpy(),
-                       "step": 0, "bytes": nbytes, "peer": -1})
+                       "step": 0, "bytes": nbytes, "peer": -1,
+                       "host_op": launching_ops(spans, gpu)})
     lo, hi = int(ev["start"].min()), int(ev["end"].max())
     busy_s, busy_e = merged_intervals(ev["start"].to_numpy(), ev["end"].to_numpy())
     gap_s, gap_e = busy_e[:-1], busy_s[1:]
@@ -198,7 +209,8 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     g_stage, g_pass, g_mb = lab.label(gap_s)
     idle = pd.DataFrame({"ipu": rank, "start": gap_s, "end": gap_e, "kind": "idle",
                          "stage": g_stage, "microbatch": g_mb, "pass": g_pass,
-                         "op": "GPU idle", "step": 0, "bytes": 0, "peer": -1})
+                         "op": "GPU idle", "step": 0, "bytes": 0, "peer": -1,
+                         "host_op": ""})
     rt = spans[(spans["cat"] == "cuda_runtime").to_numpy()
                & name_test(spans["name"], lambda n: n.isin(SYNC_CALLS))]
     s = np.clip(rt["start"].to_numpy(), lo, hi)
@@ -207,7 +219,7 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     sync = pd.DataFrame({"ipu": rank, "start": s, "end": e, "kind": "sync",
                          "stage": s_stage, "microbatch": s_mb, "pass": s_pass,
                          "op": rt["name"].astype(str).to_numpy(), "step": 0, "bytes": 0,
-                         "peer": -1})
+                         "peer": -1, "host_op": ""})
     parts = [p for p in (ev, idle, sync[sync["end"] > sync["start"]]) if len(p)]
     return pd.concat(parts, ignore_index=True)[EVENT_COLUMNS]
 
@@ -265,4 +277,5 @@ def cpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     return pd.DataFrame({"ipu": rank, "start": ops["start"].to_numpy(),
                          "end": ops["end"].to_numpy(), "kind": kind, "stage": stage,
                          "microbatch": mb, "pass": ps, "op": ops["name"].to_numpy(),
-                         "step": 0, "bytes": 0, "peer": -1})[EVENT_COLUMNS]
+                         "step": 0, "bytes": 0, "peer": -1,
+                         "host_op": ops["name"].to_numpy()})[EVENT_COLUMNS]
