@@ -143,7 +143,8 @@ COMMAND = Command(
     name="summary",
     help="headline facts of a profile: fit, OOM tiles, stage cycles, peaks, throughput",
     description="Print the headline facts of a profile (or of every profile under a "
-    "directory): whether it fits (unknown for a measured run), out-of-memory tiles, the "
+    "directory): whether it fits (an imported GPU: its peak against its device memory; "
+    "unknown for a CPU run), out-of-memory tiles, the "
     "fullest tile, per-stage cycles, the bottleneck stage, peak liveness per IPU, "
     "throughput, latency and advice. --json prints the same facts as JSON.",
     add_arguments=_add_arguments,
