@@ -34,7 +34,7 @@ th.dash-filter { min-width: 88px; }
 .card.warn { border-left-color: #e59b25; }
 .card-label { font-size: 11px; text-transform: uppercase; color: #7b8794; }
 .card-value { font-size: 15px; font-weight: 600; margin-top: 2px; }
-ul#advice { padding-left: 0; list-style: none; margin: 4px 0; }
+ul#advice, ul#warnings { padding-left: 0; list-style: none; margin: 4px 0; }
 .advice { background: #fff; border: 1px solid #e1e5ea; border-left: 5px solid #3b75af;
           border-radius: 4px; padding: 6px 10px; margin: 4px 0; font-size: 14px; }
 .advice.error { border-left-color: #c53a32; } .advice.warning { border-left-color: #e59b25; }

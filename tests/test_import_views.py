@@ -100,6 +100,13 @@ def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
     fig = liveness_compare_figure(comp)
     lines = [a.text for a in fig.layout.annotations if "capacity" in a.text or "memory" in a.text]
     assert lines == ["A IPU capacity"]  # B's 79 GiB is far above every curve: not drawn
+    # peak per device: A's IPUs keep their capacity marks, B's is off the scale, said so
+    from popviz.figures.compare import ipu_memory_compare_figure
+    mem = ipu_memory_compare_figure(comp)
+    marks = next(d for d in mem.data if d.name == "capacity")
+    ipu = comp.sides.set_index("side").loc["A", "ipu_capacity_bytes"]
+    assert [y for y in marks.y if y == y] == [ipu / 2**20] * 4  # one per IPU of A, none for B
+    assert f"(B capacity {gpu / 2**20:,.0f} MiB is off the scale)" in mem.layout.title.text
 
 
 def test_no_capacity_line_across_a_cpu_rank() -> None:
@@ -196,6 +203,15 @@ def test_a_snapshot_of_another_run_is_kept_with_a_warning(
     assert "  warning: memory snapshot memsnap_resnet50_b32.pickle.gz" in text
     assert main(["summary", "--json", "--no-vet", str(tmp_path / "p")]) == 0
     assert len(json.loads(capsys.readouterr().out)["warnings"]) == 1
+    # and the Summary page lists it above the advice
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from tests.dash_util import component_text
+
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    page = component_text(render(ctx, "/summary", "?profile=p/profile.h5")[1])
+    assert "Warnings" in page and warnings[0].removeprefix("popviz: warning: ") in page
 
 
 def test_a_snapshot_inside_the_trace_or_without_times(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pandas as pd
 from dash import html
 
 from popviz import figures
+from popviz.analysis.facts import profile_warnings
 from popviz.figures.style import fmt_bytes, pretty
 from popviz.vocab import IMBALANCE_LIMIT, TILE_AMBER, Naming
 
@@ -106,9 +107,13 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "phase": peaks["phase"], "at": peaks["label"],
         })
     words = naming(entry)
+    warnings = profile_warnings(entry.profile.meta or {})
     return html.Div([
         html.H2(title_of(entry)),
         _cards(info, words),
+        html.Div([html.H3("Warnings"), html.Ul(
+            [html.Li(w, className="advice warning") for w in warnings], id="warnings")])
+        if warnings else html.Div(),
         html.H3("Advice"), _advice(info),
         html.Div([
             html.Div([html.H3("Five fullest tiles"),

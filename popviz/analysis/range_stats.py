@@ -37,7 +37,8 @@ class RangeStats:
     by_kind: pd.DataFrame  # kind, time, share (of the range summed over devices)
     per_ipu: pd.DataFrame  # ipu, one column per kind, busy_share
     by_class: pd.DataFrame  # op_class, time, share (of compute time with op detail)
-    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs (measured: host ops)
+    top_ops: pd.DataFrame  # op_id, op, module, op_class, time, runs (measured: op,
+    #                       op_class, time, kernels: the host ops that launched them)
     measured: bool = False  # measured times: top_ops and by_class from the launching ops
     top_kernels: pd.DataFrame | None = None  # measured: kernel, time, runs
 
@@ -121,8 +122,8 @@ def _kernel_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
 
 def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     """Per host op that launched compute kernels (`host_op`, with its `op_class`): their
-    GPU time inside [lo, hi) and how many of its kernels overlap the range."""
-    cols = ["op", "op_class", "time", "runs"]
+    GPU time inside [lo, hi) and how many of them overlap the range (`kernels`)."""
+    cols = ["op", "op_class", "time", "kernels"]
     if "host_op" not in trace or "op_class" not in trace:
         return pd.DataFrame(columns=cols)
     comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)
@@ -134,7 +135,8 @@ def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
                         comp["op_class"].astype(str).to_numpy()]).agg(["sum", "size"])
     return pd.DataFrame({"op": out.index.get_level_values(0),
                          "op_class": out.index.get_level_values(1),
-                         "time": out["sum"].to_numpy(float), "runs": out["size"].to_numpy(int)})
+                         "time": out["sum"].to_numpy(float),
+                         "kernels": out["size"].to_numpy(int)})
 
 
 def _by_class(ops: pd.DataFrame) -> pd.DataFrame:

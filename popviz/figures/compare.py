@@ -160,12 +160,17 @@ def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
                            name="peak", text=text, textposition="outside",
                            hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"))
     cap = w["peak_bytes"] + w["headroom_bytes"] if "headroom_bytes" in w.columns else None
-    if cap is not None and cap.notna().any() \
-            and far_below(float(w["peak_bytes"].max()), float(cap.max())):
-        title += f" (capacity {float(cap.max()) / MiB:,.0f} MiB is off the scale)"
-        cap = None  # drawing it would flatten every bar to the axis
+    if cap is not None:
+        # a capacity far above every bar (a GPU's device memory beside IPUs) would flatten
+        # them all to the axis: its marks are left out and the title says so
+        top = float(w["peak_bytes"].max())
+        off = cap.notna() & cap.map(lambda c: far_below(top, float(c)))
+        if off.any():
+            sides = " and ".join(sorted(set(w.loc[off, "side"])))
+            title += f" ({sides} capacity {float(cap[off].max()) / MiB:,.0f} MiB is off the scale)"
+            cap = cap.where(~off)
     if cap is not None and cap.notna().any():
-        fig.add_trace(go.Scatter(x=x, y=cap / MiB, mode="markers", name="IPU capacity",
+        fig.add_trace(go.Scatter(x=x, y=cap / MiB, mode="markers", name="capacity",
                                  marker={"symbol": "line-ew-open", "size": 36,
                                          "color": CAPACITY_COLOUR, "line": {"width": 2}},
                                  hovertemplate="%{x} capacity %{y:,.0f} MiB<extra></extra>"))
