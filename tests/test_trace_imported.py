@@ -30,7 +30,24 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def app(root: Path) -> Any:
+    _cpu_trace(root / "cpu.json")  # a CPU step traced by torch.profiler here
+    popviz.import_trace(root / "cpu.json", root / "cpu")
     return create_app(root)
+
+
+def _cpu_trace(path: Path) -> None:
+    """A training step of a small attention model on CPU, traced by torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 64, batch_first=True)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = torch.randn(4, 8, 32)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        layer(x).square().mean().backward()
+        opt.step()
+    prof.export_chrome_trace(str(path))
 
 
 def _rel(root: Path, name: str) -> str:
@@ -142,3 +159,22 @@ def test_count_ops_is_the_ops_in_view() -> None:
                    (float(first["start"]) + span / 2, float(comp["end"].iloc[3]))]:
         assert count_ops(p.trace, templates, lo, hi) == len(
             op_events(p.trace, templates, lo, hi))
+
+
+def test_trace_page_of_a_cpu_import_speaks_host_time(app: Any, root: Path) -> None:
+    search = f"?profile={_rel(root, 'cpu')}"
+    with popviz.open(root / _rel(root, "cpu")) as p:
+        trace = p.trace
+        comp = trace[trace["kind"] == "compute"]
+        assert (comp["host_op"] == comp["op"]).all()  # a CPU rank's compute rows are ops
+        lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    panel = app.popviz_callbacks["trace.stats"]({"range": {"x": [lo, hi]}}, None, search)
+    text = " ".join(component_text(c) for c in panel)
+    assert "Top ops (measured host time)" in text
+    assert "Compute by op class (measured host time)" in text
+    assert "GPU" not in text and "kernel" not in text.lower()
+    stats = range_statistics(trace, {}, lo, hi, top=10_000, measured=True)
+    # fused attention is matmul work, as popviz.record classes it
+    classes = stats.top_ops.set_index("op")["op_class"]
+    attention = [op for op in classes.index if "attention" in op and op.startswith("aten::")]
+    assert attention and all(classes[op] == "matmul" for op in attention)

@@ -133,17 +133,22 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     on_gpu = bool((entry.profile.meta.get("measure") or {}).get("device"))
     kernels_title = "Top kernels (measured GPU time)" if on_gpu else \
         "Top compute events (measured time)"
-    if stats.measured and not stats.by_class.empty:  # kernels linked to their host ops
+    if stats.measured and not stats.by_class.empty:  # compute linked to its host ops
+        top_ops = stats.top_ops if on_gpu else \
+            stats.top_ops.rename(columns={"kernels": "runs"})  # a CPU rank's ops ran there
         blocks.append(html.Div([
-            html.Div([html.H3("Compute by op class (measured GPU time)"),
+            html.Div([html.H3("Compute by op class (measured "
+                              + ("GPU time)" if on_gpu else "host time)")),
                       table("trace-stats-class", _pct(stats.by_class), words=words)],
                      className="half"),
-            html.Div([html.H3("Top ops (GPU time of the kernels each launched)"),
-                      table("trace-stats-top", _pct(stats.top_ops), words=words)],
+            html.Div([html.H3("Top ops (GPU time of the kernels each launched)" if on_gpu
+                              else "Top ops (measured host time)"),
+                      table("trace-stats-top", _pct(top_ops), words=words)],
                      className="half"),
         ], className="row"))
-        blocks.append(html.Div([html.H3(kernels_title),
-                                table("trace-stats-kernels", _pct(kernels), words=words)]))
+        if on_gpu:  # on a CPU rank the compute events are those ops: no second table
+            blocks.append(html.Div([html.H3(kernels_title), table(
+                "trace-stats-kernels", _pct(kernels), words=words)]))
     elif stats.measured and not kernels.empty:
         hint = html.P(
             "Op-level statistics of this range are not available: this profile does not "
@@ -168,7 +173,7 @@ ZOOM_HINT = {
     False: "Drag to zoom (down to single ops, laid out in each pass in the compiler's "
            "modelled order), scroll to pan, double-click to reset; pick Box Select in the "
            "toolbar and drag for statistics of a range.",
-    True: "Drag to zoom (down to single kernels, at their measured times), scroll to pan, "
+    True: "Drag to zoom (down to single events, at their measured times), scroll to pan, "
           "double-click to reset; pick Box Select in the toolbar and drag for statistics "
           "of a range.",
 }

@@ -37,6 +37,8 @@ def _fit_line(facts: dict) -> str:
             f"{_fmt_bytes(d['capacity_bytes'])} device memory, {d['utilisation']:.1%}"
             for d in devices) + ")"
     if facts.get("fit_known") is False or facts.get("fits") is None:
+        if naming_of(facts["kind"]).measured:  # a CPU run: no tiles, no device memory
+            return "  fits: unknown (no tiles, no device memory recorded)"
         return f"  fits: {_FIT_WORD[None]}"
     return (f"  fits: {_FIT_WORD[bool(facts['fits'])]}"
             + ("" if facts["fits"] else

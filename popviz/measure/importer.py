@@ -234,7 +234,7 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     first = traces[0]
     device = (first.meta.get("deviceProperties") or [{}])[0].get("name")
     backend = first.backend or ("cuda" if device else "cpu")
-    name = device or f"cpu-{backend}"
+    name = device or ("cpu" if backend == "cpu" else f"cpu-{backend}")
     ranks = [t.rank for t in traces]
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})

@@ -27,7 +27,10 @@ EXTRA_COLUMNS = ["cycles", "op_class", "gpu_ns", "kernels", "shapes", "flops", "
 # op classes of popviz.record, guessed from the aten name (first match wins)
 OP_CLASSES = [
     ("conv", re.compile(r"conv")),
-    ("matmul", re.compile(r"::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv)\b")),
+    # fused attention is matmul work, as popviz.record counts its FLOPs
+    ("matmul", re.compile(r"::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|"
+                          r"_?scaled_dot_product_\w*attention\w*|_flash_attention\w*|"
+                          r"_efficient_attention\w*)\b")),
     ("norm", re.compile(r"norm")),
     ("reduction", re.compile(r"::(?:sum|mean|amax|max|min|softmax|_softmax|log_softmax|"
                              r"_log_softmax|nll_loss|cross_entropy|.*pool|var|std)")),
