@@ -231,3 +231,12 @@ def test_a_snapshot_inside_the_trace_or_without_times(tmp_path: Path) -> None:
         assert p.meta["warnings"] == ["memory snapshot snap.pickle (rank 0) records no event "
                                       "times: its curve cannot be placed on the trace's "
                                       "clock, so it has no phases"]
+
+
+def test_chrome_export_of_an_import_names_each_kernels_host_op(resnet: Any) -> None:
+    from popviz.format.export import chrome_trace
+
+    events = [e for e in chrome_trace(resnet)["traceEvents"] if e.get("cat") == "compute"]
+    comp = resnet.trace[resnet.trace["kind"] == "compute"]
+    assert len(events) == len(comp)
+    assert [e["args"].get("host_op") for e in events] == comp["host_op"].tolist()

@@ -64,13 +64,19 @@ def chrome_trace(profile: Any) -> dict[str, Any]:
     starts = trace["start"].to_numpy(dtype=np.float64) * scale
     ends = trace["end"].to_numpy(dtype=np.float64) * scale
     columns = [trace[c].tolist() for c in ("ipu", "kind", "stage", "microbatch", "pass", "op")]
-    for ts, te, ipu, kind, stage, microbatch, pass_, op in zip(starts, ends, *columns,
-                                                                 strict=True):
+    # an import's kernels name the host op that launched them
+    launched = trace["host_op"].astype(str).tolist() if "host_op" in trace else \
+        [""] * len(trace)
+    for ts, te, ipu, kind, stage, microbatch, pass_, op, host_op in zip(
+            starts, ends, *columns, launched, strict=True):
+        args: dict[str, Any] = {"stage": int(stage), "microbatch": int(microbatch),
+                                "pass": str(pass_)}
+        if host_op and host_op != op:
+            args["host_op"] = host_op
         events.append({
             "name": str(op or f"{kind} {pass_}".strip()), "cat": str(kind), "ph": "X",
             "ts": float(ts), "dur": float(max(te - ts, 0.0)),
-            "pid": int(ipu), "tid": tid[kind],
-            "args": {"stage": int(stage), "microbatch": int(microbatch), "pass": str(pass_)},
+            "pid": int(ipu), "tid": tid[kind], "args": args,
         })
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"profile": str(profile.path), "kind": profile.kind}}
