@@ -1,5 +1,6 @@
 """The real H100 recordings the import tests read (copied from ../shared/fixtures/gpu: a
-fresh clone has no ../shared), and a helper that imports and opens them."""
+fresh clone has no ../shared), and the fixtures `resnet` and `pipeline`: each imported
+once per test module that asks for it (a pytest plugin: tests/conftest.py names it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import popviz
 
@@ -31,3 +34,15 @@ def imported_profile(paths: list[Path], to: Path, **kwargs: Any) -> Iterator[Any
     """For a fixture: import `paths` to `to`, yield the opened profile, close it after."""
     with popviz.open(popviz.import_trace(paths, to, **kwargs)) as profile:
         yield profile
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The ResNet-50 training step on an H100, imported."""
+    yield from imported_profile([RESNET], tmp_path_factory.mktemp("rn"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The Interleaved 1F1B pipelining step (2 stages on one H100), imported."""
+    yield from imported_profile([PIPELINE], tmp_path_factory.mktemp("pp") / "pp.h5")

@@ -21,7 +21,7 @@ from popviz.measure import kineto, kineto_fast
 from popviz.measure.import_rank import RankPart
 from popviz.measure.import_schedule import schedule_name
 from popviz.metrics import rank_time
-from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, imported_profile
+from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT
 from tests.import_fixtures import trace_events as _events
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
 
@@ -35,16 +35,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
             total += e - max(s, reach)
             reach = e
     return total
-
-
-@pytest.fixture(scope="module")
-def resnet(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    yield from imported_profile([RESNET], tmp_path_factory.mktemp("rn"))
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    yield from imported_profile([PIPELINE], tmp_path_factory.mktemp("pp") / "pp.h5")
 
 
 @pytest.fixture(scope="module")

@@ -22,20 +22,9 @@ from tests.import_fixtures import (
     PIPELINE,
     RESNET,
     SNAPSHOT,
-    imported_profile,
     trace_events,
     trace_json,
 )
-
-
-@pytest.fixture(scope="module")
-def resnet(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    yield from imported_profile([RESNET], tmp_path_factory.mktemp("rn"))
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    yield from imported_profile([PIPELINE], tmp_path_factory.mktemp("pp") / "pp.h5")
 
 
 def test_cli_import_writes_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
