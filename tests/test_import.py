@@ -210,20 +210,31 @@ def test_schedule_family_from_the_order_of_actions() -> None:
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_ranks_stages_and_transfers_of_a_gloo_pipeline(imported: dict[str, Any],
                                                        schedule: str) -> None:
-    p = imported[schedule]
-    assert p.meta["ranks"] == list(range(WORLD))
+    _check_gloo_pipeline(imported[schedule], WORLD, schedule)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_pipelines_of_two_and_four_ranks(world: int, tmp_path: Path) -> None:
+    for schedule, files in make_traces(tmp_path / "runs", world=world).items():
+        with popviz.open(popviz.import_trace(files, tmp_path / schedule)) as p:
+            _check_gloo_pipeline(p, world, schedule)
+
+
+def _check_gloo_pipeline(p: Any, world: int, schedule: str) -> None:
+    """One Linear stage per gloo rank, MICROBATCHES micro-batches: what the import gives."""
+    assert p.meta["ranks"] == list(range(world))
     # GPipe numbers its micro-batches (Forward i / Backward i); Schedule1F1B writes nothing
     # the schedule or the micro-batch size could be read from: unknown, not guessed
     opts = p.meta["options"]
     assert (opts["schedule"], opts["micro_batch_size"]) == \
         (("GPipe", MICRO_BATCH) if schedule == "GPipe" else (None, None))
-    assert sorted(p.stages["stage"]) == list(range(WORLD))
+    assert sorted(p.stages["stage"]) == list(range(world))
     # CPU ranks: no device memory to hold the run against, so fit stays unknown
     assert p.meta["measure"]["device_memory_bytes"] == {} and p.summary["fits"] is None
     assert p.summary["device_memory"] == [] and p.meta["warnings"] == []
     ex = p.exchange
     # activations flow down the pipeline, gradients back, one per micro-batch and link
-    links = WORLD - 1
+    links = world - 1
     assert len(ex) == 2 * links * MICROBATCHES
     acts = ex[ex["kind"] == "activation"]
     grads = ex[ex["kind"] == "gradient"]
@@ -236,8 +247,12 @@ def test_ranks_stages_and_transfers_of_a_gloo_pipeline(imported: dict[str, Any],
     assert (ex["end"] >= ex["start"]).all()
     # micro-batch m reaches the last stage after it left the first
     first = acts[acts["src"].astype(int) == 0].set_index("microbatch")["start"]
-    last = acts[acts["dst"].astype(int) == WORLD - 1].set_index("microbatch")["end"]
+    last = acts[acts["dst"].astype(int) == world - 1].set_index("microbatch")["end"]
     assert (last.sort_index() > first.sort_index()).all()
+    # every rank's time adds up to the step: the metrics core's partition
+    times = rank_time(p.trace)
+    parts = times.drop(columns=["step_time", "steps"]).sum(axis=1)
+    assert np.allclose(parts, times["step_time"])
 
 
 def test_gpipe_compute_is_labelled_by_its_annotations(imported: dict[str, Any]) -> None:
