@@ -18,11 +18,11 @@ since HTA parses ranks in worker processes; and the main process's own peak), th
 ratios, and each rank's idle / compute / non-compute shares side by side; exit status 1 if
 any share differs by more than 1 percentage point.
 
-On the 2-core development machine (load 2.5-4.5, shared): popviz 4.6-4.9 CPU-s and
-~360 MiB against HTA 0.5.0's 25-26 CPU-s, 1,070-1,100 MiB summed over its processes
-(~405 MiB in its main one): 5.4-5.8x less CPU, 0.33x the tree's and 0.9x the main
-process's memory; the issue's target (20x, half the memory) is not met. docs/import.md
-has the figures and where the time goes.
+On the 2-core development machine, quiet: popviz 3.9-4.5 s of work, 4.2-4.9 CPU-s,
+~365 MiB against HTA 0.5.0's 13.8-14.1 s, 25.6-25.7 CPU-s, 1,098 MiB summed over its
+processes (~408 MiB in its main one): 3.1-3.6x less work time, 5.3-6.1x less CPU, 0.33x
+the tree's memory; the issue's target (20x) is not met. bench/bench_import_floors.py shows
+where the time goes and why (docs/import.md).
 """
 
 from __future__ import annotations
