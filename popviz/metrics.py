@@ -293,36 +293,42 @@ def fits_or_stored(tile_memory: pd.DataFrame, summary: dict) -> bool | None:
 def device_capacities(meta: dict) -> dict[int, int]:
     """Device memory per rank of a measured profile (`meta.measure.device_memory_bytes`,
     written by `popviz import` from the trace's deviceProperties); {} when unknown. The
-    meta comes from an untrusted file: anything but a positive integer is dropped."""
-    stored = ((meta or {}).get("measure") or {}).get("device_memory_bytes")
+    meta comes from an untrusted file: anything but a positive whole number of bytes (no
+    bool, no infinity) under an integer rank is dropped."""
+    measure = meta.get("measure") if isinstance(meta, dict) else None
+    stored = measure.get("device_memory_bytes") if isinstance(measure, dict) else None
     if not isinstance(stored, dict):
         return {}
     out = {}
     for rank, value in stored.items():
-        try:
-            rank, value = int(rank), int(value)
-        except (TypeError, ValueError):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if value > 0:
-            out[rank] = value
+        try:
+            rank, whole = int(rank), int(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if whole == value and whole > 0:
+            out[rank] = whole
     return out
 
 
 def device_fit(liveness: pd.DataFrame, capacity: dict[int, int]) -> pd.DataFrame:
-    """Per device with a known capacity: its peak liveness (`peak_liveness`), capacity and
-    utilisation (peak over capacity); a device without liveness has peak 0."""
+    """Per device with a known capacity and a liveness curve: its peak liveness
+    (`peak_liveness`), capacity and utilisation (peak over capacity). A device without
+    liveness is left out: nothing says how full it was."""
     peaks = peak_liveness(liveness)
-    rows = [(rank, int(peaks.get(rank, 0)), cap) for rank, cap in sorted(capacity.items())]
+    rows = [(rank, int(peaks[rank]), cap) for rank, cap in sorted(capacity.items())
+            if rank in peaks.index]
     frame = pd.DataFrame(rows, columns=["ipu", "peak_bytes", "capacity_bytes"])
     frame["utilisation"] = frame["peak_bytes"] / frame["capacity_bytes"].astype(float)
     return frame.astype({"ipu": "int64", "peak_bytes": "int64", "capacity_bytes": "int64"})
 
 
 def device_fits(liveness: pd.DataFrame, capacity: dict[int, int]) -> bool | None:
-    """True when every device's peak is within its memory; None when no capacity is known."""
-    if not capacity:
-        return None
-    return bool((device_fit(liveness, capacity)["utilisation"] <= 1.0).all())
+    """True when every device's peak is within its memory; None when no device has both
+    a capacity and a liveness curve."""
+    rows = device_fit(liveness, capacity)
+    return bool((rows["utilisation"] <= 1.0).all()) if len(rows) else None
 
 
 def fit_verdict(tile_memory: pd.DataFrame, liveness: pd.DataFrame, meta: dict) -> bool | None:

@@ -95,7 +95,7 @@ def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
     marks = next(d for d in mem.data if d.name == "capacity")
     ipu = comp.sides.set_index("side").loc["A", "ipu_capacity_bytes"]
     assert [y for y in marks.y if y == y] == [ipu / 2**20] * 4  # one per IPU of A, none for B
-    assert f"(B capacity {gpu / 2**20:,.0f} MiB is off the scale)" in mem.layout.title.text
+    assert f"(B's capacity {gpu / 2**20:,.0f} MiB is off the scale)" in mem.layout.title.text
 
 
 def test_no_capacity_line_across_a_cpu_rank() -> None:
@@ -117,7 +117,6 @@ def test_a_gpu_import_fits_its_device_memory(resnet: Any, tmp_path: Path,
     peak = max(e["args"]["Total Allocated"] for e in trace_events(RESNET)
                if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1)
     assert resnet.meta["measure"]["device_memory_bytes"] == {"0": memory}
-    assert resnet.meta["target"]["device_memory_bytes"] == memory
     facts = profile_facts(resnet)
     assert facts["fits"] is True and resnet.summary["fits"] is True
     assert facts["device_memory"] == [{"ipu": 0, "peak_bytes": peak, "capacity_bytes": memory,
@@ -150,13 +149,89 @@ def test_device_fit_of_the_metrics_core() -> None:
     assert device_fits(live, {}) is None
     assert device_fits(live, {0: 40, 1: 6}) is True  # a peak equal to the memory fits
     assert device_fits(live, {0: 39, 1: 6}) is False
-    rows = device_fit(live, {0: 80, 2: 8})  # rank 2 has no liveness: peak 0
-    assert rows.to_dict("list") == {"ipu": [0, 2], "peak_bytes": [40, 0],
-                                    "capacity_bytes": [80, 8], "utilisation": [0.5, 0.0]}
-    # the capacities come from an untrusted file: only positive integers per rank count
-    hostile = {"measure": {"device_memory_bytes": {"0": "lots", "1": -5, "x": 3, "2": 10}}}
-    assert device_capacities(hostile) == {2: 10}
-    assert device_capacities({"measure": {"device_memory_bytes": [1, 2]}}) == {}
+    # rank 2 has no liveness: nothing says how full it was, so it is left out
+    rows = device_fit(live, {0: 80, 2: 8})
+    assert rows.to_dict("list") == {"ipu": [0], "peak_bytes": [40], "capacity_bytes": [80],
+                                    "utilisation": [0.5]}
+    assert device_fits(live, {2: 8}) is None
+    # the capacities come from an untrusted file: only positive whole numbers count
+    hostile = {"0": "lots", "1": -5, "x": 3, "2": 10, "3": float("inf"), "4": float("nan"),
+               "5": True, "6": 1.5, "7": 8.0e10, "8": None, "9": [1]}
+    assert device_capacities({"measure": {"device_memory_bytes": hostile}}) == \
+        {2: 10, 7: 80_000_000_000}
+    for meta in ({"measure": {"device_memory_bytes": [1, 2]}}, {"measure": "x"},
+                 {"measure": [1]}, {"measure": None}, [], None):
+        assert device_capacities(meta) == {}
+
+
+def _edited(tmp_path: Path, name: str, edit: Any, source: Path = RESNET) -> Path:
+    """A copy of a fixture trace with `edit` applied to its parsed JSON."""
+    doc = trace_json(source)
+    edit(doc)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_no_device_memory_fit_without_the_gpus_memory_events(tmp_path: Path) -> None:
+    def drop_memory(doc: dict) -> None:
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"]
+
+    def host_only(doc: dict) -> None:
+        for e in doc["traceEvents"]:
+            if e.get("name") == "[memory]":
+                e["args"]["Device Type"] = 0
+    for name, edit in (("bare", drop_memory), ("host", host_only)):
+        with popviz.open(popviz.import_trace(_edited(tmp_path, name, edit),
+                                             tmp_path / name)) as p:
+            # the GPU's memory is known, but not how full it was: fit stays unknown
+            assert p.meta["measure"]["device_memory_bytes"] == {}, name
+            assert p.summary["fits"] is None and profile_facts(p)["device_memory"] == []
+
+
+def test_a_gpu_over_its_memory_reads_no_everywhere(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from tests.dash_util import component_text
+
+    def small_gpu(doc: dict) -> None:
+        doc["deviceProperties"][0]["totalGlobalMem"] = 2**30  # 1 GiB
+
+    (tmp_path / "root").mkdir()
+    path = popviz.import_trace(_edited(tmp_path, "small", small_gpu), tmp_path / "root" / "s")
+    with popviz.open(path) as p:
+        peak = int(p.summary["peak_liveness_bytes"]["0"])
+        assert p.summary["fits"] is False
+    assert main(["summary", "--no-vet", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        f"  fits: NO  (rank 0 peak {peak / 2**30:.1f} GiB of 1.0 GiB device memory, "
+        f"{peak / 2**30:.1%})")
+    ctx = AppContext(root=tmp_path / "root", cache=ProfileCache(tmp_path / "root"))
+    text = component_text(render(ctx, "/summary", "?profile=s/profile.h5")[1])
+    assert f"OVER DEVICE MEMORY · peak {peak / 2**30:.1f} GiB of 1.0 GiB" in text
+
+
+def test_ranks_on_gpus_of_different_memory_keep_their_own(tmp_path: Path) -> None:
+    sizes = {0: 80 * 2**30, 1: 40 * 2**30}
+
+    def rank(r: int) -> Any:
+        def edit(doc: dict) -> None:
+            doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r,
+                                      "world_size": 2}
+            doc["deviceProperties"][0]["totalGlobalMem"] = sizes[r]
+        return edit
+    files = [_edited(tmp_path, f"rank{r}", rank(r), PIPELINE) for r in sizes]
+    with popviz.open(popviz.import_trace(files, tmp_path / "two")) as p:
+        assert device_capacities(p.meta) == sizes
+        rows = device_fit(p.liveness, device_capacities(p.meta)).set_index("ipu")
+        assert rows["capacity_bytes"].to_dict() == sizes
+        comp = popviz.compare(p, p)
+    head = comp.ipus[comp.ipus["metric"] == "headroom_bytes"].set_index("ipu")["a"]
+    peaks = comp.ipus[comp.ipus["metric"] == "peak_bytes"].set_index("ipu")["a"]
+    for r, size in sizes.items():  # each rank's headroom is against its own GPU
+        assert head[r] == pytest.approx(size - peaks[r])
 
 
 # ---- a memory snapshot that does not belong to the trace ----
@@ -223,9 +298,25 @@ def test_a_snapshot_inside_the_trace_or_without_times(tmp_path: Path) -> None:
 
 
 def test_chrome_export_of_an_import_names_each_kernels_host_op(resnet: Any) -> None:
+    """Each exported kernel carries the cpu_op of its External id in the raw JSON."""
+    from collections import Counter
+
     from popviz.format.export import chrome_trace
 
-    events = [e for e in chrome_trace(resnet)["traceEvents"] if e.get("cat") == "compute"]
-    comp = resnet.trace[resnet.trace["kind"] == "compute"]
-    assert len(events) == len(comp)
-    assert [e["args"].get("host_op") for e in events] == comp["host_op"].tolist()
+    raw = trace_events(RESNET)
+    name_of = {e["args"]["External id"]: e["name"] for e in raw
+               if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+    want = Counter((e["name"], name_of[e["args"]["External id"]]) for e in raw
+                   if e.get("cat") == "kernel" and "nccl" not in e["name"].lower())
+    got = Counter((e["name"], e["args"].get("host_op"))
+                  for e in chrome_trace(resnet)["traceEvents"] if e.get("cat") == "compute")
+    assert got == want
+
+
+def test_warnings_of_an_untrusted_file_are_plain_text() -> None:
+    from popviz.analysis.facts import profile_warnings
+
+    meta = {"warnings": ["red \x1b[31mtext\x07", 5, None, "c" * 600]}
+    assert profile_warnings(meta) == ["red  [31mtext ", "c" * 500]
+    assert profile_warnings({"warnings": "not a list"}) == []
+    assert profile_warnings({"warnings": ["w"] * 50}, limit=3) == ["w"] * 3

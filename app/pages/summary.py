@@ -30,8 +30,10 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     clock_unit = words.unit
     fit = info["fit"]
     if fit.get("basis") == "device":  # an imported GPU: its peak against its memory
+        several = len(fit["devices"]) > 1  # then each figure says whose it is
         fit_card = _card("memory", ("fits · " if fit["fits"] else "OVER DEVICE MEMORY · ")
-                         + "; ".join(f"peak {fmt_bytes(d['peak_bytes'])} of "
+                         + "; ".join((f"{words.label(d['ipu'])} " if several else "")
+                                     + f"peak {fmt_bytes(d['peak_bytes'])} of "
                                      f"{fmt_bytes(d['capacity_bytes'])} "
                                      f"({d['utilisation']:.0%})" for d in fit["devices"]),
                          "good" if fit["fits"] else "bad")

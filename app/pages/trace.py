@@ -104,6 +104,19 @@ def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:
     return out
 
 
+def _compute_link(entry: Entry) -> tuple[bool, bool]:
+    """(the trace names each compute event's launching host op, its compute events are GPU
+    kernels). A kernel is not its host op; a CPU rank's compute events are the ops
+    themselves; a profile without the link (a popviz.measure run, an older import) is on
+    a GPU when the import named one."""
+    trace = entry.profile.trace
+    if "host_op" not in trace.columns:
+        return False, bool((entry.profile.meta.get("measure") or {}).get("device"))
+    comp = trace[trace["kind"] == "compute"]
+    kernels = comp["host_op"].astype(str).to_numpy() != comp["op"].astype(str).to_numpy()
+    return True, bool(kernels.any())
+
+
 def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     """The statistics of [lo, hi) as small tables (those of the opening window are kept:
     every visit shows them)."""
@@ -129,8 +142,7 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                   table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
     kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
-    # an import names its GPU; a popviz.measure run's compute events are its actions
-    on_gpu = bool((entry.profile.meta.get("measure") or {}).get("device"))
+    linked, on_gpu = entry.get("compute_link", lambda: _compute_link(entry))
     kernels_title = "Top kernels (measured GPU time)" if on_gpu else \
         "Top compute events (measured time)"
     if stats.measured and not stats.by_class.empty:  # compute linked to its host ops
@@ -150,11 +162,12 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
             blocks.append(html.Div([html.H3(kernels_title), table(
                 "trace-stats-kernels", _pct(kernels), words=words)]))
     elif stats.measured and not kernels.empty:
-        hint = html.P(
-            "Op-level statistics of this range are not available: this profile does not "
-            "record which op launched each kernel (imported by an older popviz: import the "
-            "trace again). The Operations page has each op's total measured GPU time.",
-            className="hint") if on_gpu else html.Div()
+        why = ("no kernel in this range names the op that launched it (launched outside "
+               "any recorded op)" if linked else "this profile does not record which op "
+               "launched each kernel (imported by an older popviz: import the trace again)")
+        hint = html.P(f"Op-level statistics of this range are not available: {why}. The "
+                      "Operations page has each op's total measured GPU time.",
+                      className="hint") if on_gpu else html.Div()
         blocks.append(html.Div([html.H3(kernels_title), hint,
                                 table("trace-stats-kernels", _pct(kernels), words=words)]))
     elif not stats.by_class.empty:

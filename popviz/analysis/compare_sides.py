@@ -137,13 +137,20 @@ def load_side(profile: Any, label: str) -> Side:
                            else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
-    gpu_memory = device_capacities(meta)  # an imported GPU: its device memory
-    capacity = capacity or float(min(gpu_memory.values(), default=0))
+    # an imported GPU: each rank's own device memory (ranks may hold different GPUs)
+    gpu_memory = {} if capacity else device_capacities(meta)
+    per_device = (pd.Series(capacity, index=ipus.index, dtype=float) if capacity
+                  else pd.Series(gpu_memory, dtype=float).reindex(ipus.index))
     peaks = peak_liveness(liveness).astype(float)
     if peaks.empty and "peak_bytes" in stages.columns:
         peaks = _col(stages, "peak_bytes").groupby(stages["ipu"].astype(int)).max()
     ipus["peak_bytes"] = peaks.reindex(ipus.index).astype(float)
-    ipus["headroom_bytes"] = capacity - ipus["peak_bytes"] if capacity else np.nan
+    ipus["headroom_bytes"] = per_device - ipus["peak_bytes"]
+    if gpu_memory:  # the capacity the fullest device's peak is a share of
+        held = ipus["peak_bytes"].where(per_device.notna())
+        capacity = float(per_device[held.idxmax()]) if held.notna().any() \
+            else float(per_device.max())
+        capacity = capacity if capacity == capacity else 0.0  # no rank of this profile
     over = oom_tiles(tile_memory) if len(tile_memory) else tile_memory
     ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
                          if len(tile_memory) else np.nan)

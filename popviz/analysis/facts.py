@@ -16,11 +16,13 @@ from popviz.metrics import device_capacities, device_fit, fit_verdict, oom_tiles
 def profile_warnings(meta: dict[str, Any], limit: int = 20) -> list[str]:
     """What the tool that wrote the profile warned about (`meta.warnings`, e.g. a memory
     snapshot from another run); an untrusted file's: strings only, at most `limit`, each
-    cut to 500 characters."""
+    cut to 500 characters, unprintable characters blanked."""
     stored = meta.get("warnings")
     if not isinstance(stored, list):
         return []
-    return [w[:500] for w in stored if isinstance(w, str)][:limit]
+    # control characters (terminal escapes) become spaces: the text reaches a terminal
+    return ["".join(c if c.isprintable() else " " for c in w[:500])
+            for w in stored if isinstance(w, str)][:limit]
 
 
 def profile_facts(profile: Any) -> dict[str, Any]:

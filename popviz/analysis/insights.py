@@ -13,6 +13,7 @@ from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
 from popviz.metrics import (
     device_capacities,
     device_fit,
+    device_fits,
     fits_or_stored,
     stage_idle_fraction,
 )
@@ -42,11 +43,10 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
-    devices = device_fit(profile.table("liveness"), device_capacities(meta)) \
-        if not fit["known"] and measured else pd.DataFrame()
+    live, capacity = profile.table("liveness"), device_capacities(meta)
+    devices = device_fit(live, capacity) if not fit["known"] and measured else pd.DataFrame()
     if len(devices):  # an imported GPU: its peak against its device memory
-        fit = {**fit, "known": True, "basis": "device",
-               "fits": bool((devices["utilisation"] <= 1.0).all()),
+        fit = {**fit, "known": True, "basis": "device", "fits": device_fits(live, capacity),
                "max_utilisation": float(devices["utilisation"].max()),
                "devices": devices.to_dict(orient="records")}
     elif not fit["known"]:

@@ -153,7 +153,9 @@ def range_statistics(trace: pd.DataFrame, templates: dict[tuple[int, str], PassO
                      measured: bool = False) -> RangeStats:
     """What ran in [lo, hi): time by kind, per IPU (rank), by op class and the `top` ops by
     time. Times in the trace's unit (cycles, or ns when measured). `measured`: no op
-    layout (templates ignored); the top table is of kernels, with no op classes."""
+    layout (templates ignored); `top_kernels` lists the compute events, and the op-class
+    and top-op tables come from each one's launching host op where the trace names it
+    (`host_op`, `op_class`), else they are empty."""
     lo, hi = float(min(lo, hi)), float(max(lo, hi))
     devices = sorted(int(i) for i in trace["ipu"].unique()) if len(trace) else []
     span = max(hi - lo, 0.0)

@@ -166,8 +166,9 @@ def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
         top = float(w["peak_bytes"].max())
         off = cap.notna() & cap.map(lambda c: far_below(top, float(c)))
         if off.any():
-            sides = " and ".join(sorted(set(w.loc[off, "side"])))
-            title += f" ({sides} capacity {float(cap[off].max()) / MiB:,.0f} MiB is off the scale)"
+            sides = sorted(set(w.loc[off, "side"]))
+            whose = f"{sides[0]}'s capacity" if len(sides) == 1 else "capacity"
+            title += f" ({whose} {float(cap[off].max()) / MiB:,.0f} MiB is off the scale)"
             cap = cap.where(~off)
     if cap is not None and cap.notna().any():
         fig.add_trace(go.Scatter(x=x, y=cap / MiB, mode="markers", name="capacity",

@@ -22,7 +22,7 @@ import pandas as pd
 from popviz.measure import kineto_events as kev
 from popviz.measure import memsnap
 from popviz.measure.kineto import read_trace
-from popviz.measure.kineto_ops import op_class, ops_table
+from popviz.measure.kineto_ops import op_classes, ops_table
 
 PathLike = str | os.PathLike[str]
 
@@ -101,13 +101,12 @@ def rank_part(path: PathLike) -> RankPart:
                    else kev.cpu_events(spans, t.rank, lab))
     # the launching op's class, as the ops table gives it: op-level range statistics
     launched = part.events["host_op"].to_numpy() != ""
-    part.events["op_class"] = np.where(launched, op_class(part.events["host_op"]), "")
+    part.events["op_class"] = np.where(launched, op_classes(part.events["host_op"]), "")
     part.calls = kev.p2p_calls(spans, t.rank, lab).assign(on_gpu=part.on_gpu)
-    part.liveness = liveness_of(part, *memsnap.trace_series(t.memory))
-    if part.on_gpu:
-        gpu = t.memory.loc[t.memory["device_type"] == 1, "device_id"]
-        part.device_memory = device_memory(t.meta, int(gpu.mode().iloc[0]) if len(gpu)
-                                           else None)
+    time, allocated, device = memsnap.trace_series(t.memory)
+    part.liveness = liveness_of(part, time, allocated)
+    if device is not None:  # a GPU's memory events: its capacity holds them
+        part.device_memory = device_memory(t.meta, device)
     part.ops = ops_table(spans, t.rank, lab)
     part.stages = [int(s) for s in lab.stages]
     act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]

@@ -55,6 +55,14 @@ def op_class(names: pd.Series) -> np.ndarray:
     return out[codes] if len(codes) else np.zeros(0, dtype=object)
 
 
+def op_classes(names: pd.Series) -> np.ndarray:
+    """The ops table's class of each op name: `op_class`, communication calls (c10d,
+    gloo, nccl) "exchange". Kernels take their launching op's class from here too."""
+    cls = op_class(names)
+    cls[name_test(names, lambda n: n.str.match(COMM_OP.pattern))] = "exchange"
+    return cls
+
+
 def _shapes(dims: pd.Series) -> list[str]:
     """Input dims as compact JSON text ("" when none): the vectorised reader gives the
     text already, the JSON decoder lists."""
@@ -78,8 +86,7 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     # device time of an op, each instant once: its own kernels' GPU time (a kernel belongs
     # to the innermost op that launched it), or on a CPU run the host time of top-level ops
     cycles = np.where(comm, 0, gpu_ns if len(gpu) else np.where(top, end - start, 0))
-    cls = op_class(ops["name"])
-    cls[comm] = "exchange"
+    cls = op_classes(ops["name"])
     return pd.DataFrame({
         "op_id": 0, "op": ops["name"].to_numpy(), "phase": phase, "ipu": rank, "stage": stage,
         "microbatch": mb, "pass": ps, "step": 0, "start": start, "end": end,

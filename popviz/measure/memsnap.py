@@ -79,7 +79,7 @@ def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int) -
     if len(time) == 0 or hi <= lo:
         return None
     name = Path(path).name
-    if not time.any() or (time == time[0]).all():
+    if len(time) > 1 and (not time.any() or (time == time[0]).all()):
         return (f"memory snapshot {name} (rank {rank}) records no event times: its curve "
                 "cannot be placed on the trace's clock, so it has no phases")
     inside = float(((time >= lo) & (time <= hi)).mean())
@@ -132,14 +132,16 @@ def liveness_rows(rank: int, time: np.ndarray, allocated: np.ndarray,
         "stashed_microbatches": 0, "time": time.astype(np.int64)})
 
 
-def trace_series(memory: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def trace_series(memory: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int | None]:
     """Allocated bytes over time from a trace's [memory] events: the GPU's (the device
-    with most events) when there are any, else the host's."""
+    with most events) when there are any, else the host's; and that GPU's id (None for
+    the host's memory, or no events)."""
     if memory.empty:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), None
     gpu = memory[memory["device_type"] == 1]
     mem = gpu if len(gpu) else memory[memory["device_type"] == 0]
     if len(mem) and mem["device_id"].nunique() > 1:
         mem = mem[mem["device_id"] == mem["device_id"].value_counts().idxmax()]
     mem = mem.sort_values("time", kind="stable")
-    return mem["time"].to_numpy(np.int64), mem["allocated"].to_numpy(np.int64)
+    device = int(mem["device_id"].iloc[0]) if len(gpu) else None
+    return mem["time"].to_numpy(np.int64), mem["allocated"].to_numpy(np.int64), device

@@ -16,8 +16,6 @@ import numpy as np
 import pandas as pd
 
 from popviz.metrics import (
-    device_capacities,
-    device_fit,
     fit_verdict,
     idle_fraction,
     peak_liveness,
@@ -231,7 +229,6 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
     return {
         "kind": MEASURED_KIND,
         "fits": fit_verdict(tables.get("tile_memory", empty_tile_memory()), live, meta),
-        "device_memory": device_fit(live, device_capacities(meta)).to_dict(orient="records"),
         "oom_tiles": 0, "oom_ipus": [],
         "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
