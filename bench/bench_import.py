@@ -227,12 +227,17 @@ def measure(tool: str, folder: Path, workers: int = 1) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The synthetic traces' size and folder (shared with bench_import_floors.py)."""
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--events", type=int, default=300_000, help="events per rank")
     parser.add_argument("--dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "popviz_bench_import")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    trace_arguments(parser)
     parser.add_argument("--workers", type=int, default=1,
                         help="popviz import's worker processes (default 1; 0: one per CPU)")
     parser.add_argument("--child", choices=["popviz", "hta"], help=argparse.SUPPRESS)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from bench_import import write_traces
+from bench_import import trace_arguments, write_traces
 
 
 def _best(fn: Callable[[], object], rounds: int) -> float:
@@ -93,10 +93,7 @@ def phases(files: list[Path]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--events", type=int, default=300_000, help="events per rank")
-    parser.add_argument("--dir", type=Path,
-                        default=Path(tempfile.gettempdir()) / "popviz_bench_import")
+    trace_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hta-seconds", type=float,
                         help="HTA's work seconds from bench_import.py on this machine")
