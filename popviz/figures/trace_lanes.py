@@ -234,6 +234,11 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     else:
         data = _bucket_strips(index, lo, hi, pixels, naming, row_of)
         view.ops_hidden = -1  # not counted: far too many
+        # Plotly offers Box Select only beside a selectable trace and the strips are
+        # filled lines: two invisible markers keep the range statistics' tool
+        data.append(go.Scatter(x=[lo, hi], y=[0, 0], mode="markers", name="select",
+                               marker={"opacity": 0, "size": 1}, hoverinfo="skip",
+                               showlegend=False))
     fig = go.Figure(data)
     main_px = LANE_PX * len(lanes)
     ov_px = OVERVIEW_PX if overview else 0

@@ -1,0 +1,45 @@
+"""An imported H100 trace in a real browser: its trace opens zoomed out (buckets), and Box
+Select still gives the range's statistics by op class, host op and kernel."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import popviz
+from tests.import_fixtures import RESNET
+
+from .test_app_browser import _open
+
+pytestmark = pytest.mark.browser
+
+
+def test_box_select_on_a_zoomed_out_import(browser_context: Any, base_url: str,
+                                           served: Path) -> None:
+    folder = served / "imported_rn"  # served only for this test: others count profiles
+    popviz.import_trace([RESNET], folder)
+    try:
+        page, errors = _open(browser_context,
+                             f"{base_url}/trace?profile=imported_rn/profile.h5")
+        assert "each bucket" in page.inner_text("#trace-status")  # the zoomed-out view
+        page.locator("#trace-graph .modebar-btn[data-val='select']").first.click()
+        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+        x0, y0 = box["x"] + box["width"] * 0.45, box["y"] + 10
+        page.mouse.move(x0, y0)
+        page.mouse.down()
+        page.mouse.move(x0 + box["width"] * 0.1, y0 + box["height"] * 0.5, steps=8)
+        page.mouse.up()
+        page.wait_for_function("() => (document.querySelector('#trace-stats-head') || {})"
+                               ".innerText.startsWith('Selected range')", timeout=20_000)
+        heads = page.locator("#trace-stats h3").all_inner_texts()
+        assert "Compute by op class (measured GPU time)" in heads
+        assert "Top kernels (measured GPU time)" in heads
+        ops = page.locator("#trace-stats-top td[data-dash-column='op']").all_inner_texts()
+        assert ops and all(op.startswith("aten::") for op in ops)
+        assert errors == []
+        page.close()
+    finally:
+        shutil.rmtree(folder)
