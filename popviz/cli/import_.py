@@ -34,12 +34,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)
     path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                         command_line=shlex.join(["popviz", *sys.argv[1:]]),
-                        workers=args.workers)
-    import popviz
-
-    with popviz.open(path) as profile:
-        for warning in profile.meta.get("warnings") or []:
-            print(f"popviz: warning: {warning}", file=sys.stderr)
+                        workers=args.workers,
+                        on_warning=lambda w: print(f"popviz: warning: {w}", file=sys.stderr))
     print(f"imported {len(args.traces)} trace(s) into {path}")
     return EXIT_OK
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -266,10 +266,12 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
 
 def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                  memory_snapshot: PathLike | Iterable[PathLike] | None = None, *,
-                 command_line: str | None = None, workers: int = 1) -> Path:
+                 command_line: str | None = None, workers: int = 1,
+                 on_warning: Callable[[str], None] | None = None) -> Path:
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
     (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
-    (0: one per CPU) the ranks are parsed in that many worker processes."""
+    (0: one per CPU) the ranks are parsed in that many worker processes. `on_warning`
+    is called with each one-line warning (also kept in meta.warnings)."""
     from popviz.format.writer import write_profile
 
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -289,5 +291,7 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
         if collecting:
             gc.enable()
     meta = import_meta(traces, info, origin, snapshots, result["trace"])
+    for warning in meta["warnings"] if on_warning else []:
+        on_warning(warning)
     return write_profile(to, meta=meta, tables=result, summary=tbl.summary(result, meta),
                          kind="measured", command_line=command_line or " ".join(sys.argv))

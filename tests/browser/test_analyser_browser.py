@@ -15,7 +15,7 @@ import popviz
 from popviz.analysis.program_tree import program_tree
 
 from .conftest import SCREENSHOTS
-from .test_app_browser import _open, _profile_with_most
+from .test_app_browser import _open, _profile_with_most, box_select_trace
 
 pytestmark = pytest.mark.browser
 
@@ -87,15 +87,7 @@ def test_brushing_a_range_gives_its_statistics(browser_context: Any, base_url: s
     rel = _modelled_with_ops(served)
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
     assert page.inner_text("#trace-stats-head").startswith("Shown window")
-    page.click("#trace-graph .modebar-btn[data-val='select']")
-    box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
-    x0, y0 = box["x"] + box["width"] * 0.3, box["y"] + 10
-    page.mouse.move(x0, y0)
-    page.mouse.down()
-    page.mouse.move(x0 + box["width"] * 0.2, y0 + box["height"] * 0.5, steps=8)
-    page.mouse.up()
-    page.wait_for_function("() => (document.querySelector('#trace-stats-head') || {})"
-                           ".innerText.startsWith('Selected range')", timeout=20_000)
+    box_select_trace(page, 0.3, 0.2)
     kinds = page.locator("#trace-stats-kind td[data-dash-column='kind']").all_inner_texts()
     assert "compute" in kinds
     classes = page.locator("#trace-stats-class td[data-dash-column='op_class']")

@@ -63,6 +63,20 @@ def _open(context: Any, url: str) -> tuple[Any, list[str]]:
     return page, errors
 
 
+def box_select_trace(page: Any, start: float, width: float) -> None:
+    """Pick Box Select on the trace and drag over [start, start + width] of its width (as
+    fractions); wait until the statistics are of the selected range."""
+    page.locator("#trace-graph .modebar-btn[data-val='select']").first.click()
+    box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+    x0, y0 = box["x"] + box["width"] * start, box["y"] + 10
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move(x0 + box["width"] * width, y0 + box["height"] * 0.5, steps=8)
+    page.mouse.up()
+    page.wait_for_function("() => (document.querySelector('#trace-stats-head') || {})"
+                           ".innerText.startsWith('Selected range')", timeout=20_000)
+
+
 def _plot_traces(page: Any) -> list[int]:
     """Number of traces with at least one computed point, per Plotly graph on the page
     (calcdata: numpy arrays arrive base64-encoded, so `data[i].x.length` would lie)."""

@@ -12,7 +12,7 @@ import pytest
 import popviz
 from tests.import_fixtures import RESNET
 
-from .test_app_browser import _open
+from .test_app_browser import _open, box_select_trace
 
 pytestmark = pytest.mark.browser
 
@@ -25,15 +25,7 @@ def test_box_select_on_a_zoomed_out_import(browser_context: Any, base_url: str,
         page, errors = _open(browser_context,
                              f"{base_url}/trace?profile=imported_rn/profile.h5")
         assert "each bucket" in page.inner_text("#trace-status")  # the zoomed-out view
-        page.locator("#trace-graph .modebar-btn[data-val='select']").first.click()
-        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
-        x0, y0 = box["x"] + box["width"] * 0.45, box["y"] + 10
-        page.mouse.move(x0, y0)
-        page.mouse.down()
-        page.mouse.move(x0 + box["width"] * 0.1, y0 + box["height"] * 0.5, steps=8)
-        page.mouse.up()
-        page.wait_for_function("() => (document.querySelector('#trace-stats-head') || {})"
-                               ".innerText.startsWith('Selected range')", timeout=20_000)
+        box_select_trace(page, 0.45, 0.1)
         heads = page.locator("#trace-stats h3").all_inner_texts()
         assert "Compute by op class (measured GPU time)" in heads
         assert "Top kernels (measured GPU time)" in heads
