@@ -34,7 +34,7 @@ from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, get_target
 
 PASSES = ("F", "R", "B", "WU")
-FITTED = ("amp_efficiency", "depth_half", "vector_efficiency", "matmul_efficiency")
+FITTED = ("amp_efficiency", "vector_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 
 
@@ -171,8 +171,7 @@ def prepare(point: dict[str, Any]) -> Prepared:
     raw = ops.drop(columns=[c for c in ("tiles_used", "compute_cycles", "memory_cycles",
                                         "exchange_cycles_internal", "passes", "cycles",
                                         "temp_bytes", "temp_total_bytes", "amp_used",
-                                        "amp_ignored") if c in ops.columns])
-    lanes = target.cost.amp_lanes_fp16 if precision.fp16 else target.cost.amp_lanes_fp32
+                                        "amp_ignored", "plan") if c in ops.columns])
     code = {p: i for i, p in enumerate(PASSES)}
     pass_code = np.array([code.get(p, -1) for p in ops["pass"].astype(str)], dtype=np.int64)
     pass_code[(ops["phase"] == "host_io").to_numpy()] = -1
@@ -184,7 +183,7 @@ def prepare(point: dict[str, Any]) -> Prepared:
                         np.array([code[p] for p in a["pass"].astype(str)], dtype=np.int64)],
                        axis=1)
     prepared = Prepared(point, target, precision, raw.reset_index(drop=True), amp,
-                        op_features(raw, int(lanes)), ops["stage"].to_numpy(np.int64),
+                        op_features(raw), ops["stage"].to_numpy(np.int64),
                         pass_code, n, actions, np.zeros(schedule.num_supersteps),
                         (schedule.num_supersteps, plan.num_ipus),
                         float(micro_batch * microbatches * iterations
@@ -240,8 +239,7 @@ class Evaluator:
         return np.array([self.predict(p, cost) / float(p["value"]) - 1 for p in pts])
 
 
-BOUNDS = {"amp_efficiency": (0.05, 1.0), "depth_half": (0.0, 4096.0),
-          "vector_efficiency": (0.02, 1.0), "matmul_efficiency": (0.05, 1.0)}
+BOUNDS = {"amp_efficiency": (0.05, 1.5), "vector_efficiency": (0.02, 1.0)}
 
 
 def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel) -> CostModel:

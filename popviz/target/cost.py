@@ -5,16 +5,18 @@ See docs/cost-model.md for the formulas, the constants and the calibration table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from popviz.target.convparams import WU, ConvParams, op_passes
+from popviz.target.convplan import plan_conv
 from popviz.target.costmodel import CostModel
 from popviz.target.machines import Target
+from popviz.target.vertices import TileArch
 
 AMP_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
-EXCHANGE_CLASSES = (*AMP_CLASSES, "data_movement")
 
 ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
                  "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -57,122 +59,91 @@ def dtype_scale(dtypes: pd.Series, target_bytes: int) -> np.ndarray:
     return scale
 
 
-def _channels(out_shape: pd.Series, op_class: np.ndarray) -> np.ndarray:
-    """Dim that serial passes can split: channels (dim 1) for convs, last dim for matmuls
-    (1 where it is not a number). Only that dim is cut out of the text: an optimiser's
-    foreach op lists hundreds of shapes."""
-    out = np.ones(len(op_class), dtype=np.int64)
-    for i, (shape, cls) in enumerate(zip(out_shape.tolist(), op_class.tolist(), strict=True)):
-        if not isinstance(shape, str):
-            continue
-        body = shape.strip("[]() ")
-        if cls == "matmul":
-            dim = body.rsplit(",", 1)[-1]
-        else:
-            parts = body.split(",", 2)
-            if len(parts) < 2:
-                continue
-            dim = parts[1]
-        dim = dim.strip()
-        if dim.isdigit():
-            out[i] = int(dim)
-    return np.maximum(out, 1)
+def tile_arch(target: Target, precision: Precision) -> TileArch:
+    """The tile's convolution figures for a precision, from the target's published peaks
+    (vertices.py: MACs per tile cycle = units x chain / core cycles):
 
-
-def _dims(shape: str) -> list[int]:
-    parts = [p.strip() for p in shape.strip("[]() ").split(",")]
-    return [int(p) for p in parts if p.isdigit()]
+    - half inputs: a chain of 16 weights, 4 worker cycles a position, so units = peak
+      fp16 MACs per tile cycle x 4 / 16 (Mk2, Bow: 16; Mk1: 8); with float partials at
+      most 8 units (PopLibs' 'hf8' vertices; Mk2's half-partial vertices are 'hh16');
+    - float inputs: a chain of 8, 8 cycles a position: units = peak fp32 MACs x 8 / 8.
+    SLIC is an IPU2 vertex: only where 16 half-partial units exist."""
+    if precision.fp16:
+        units16 = max(1, round(target.flops_per_tile_cycle_fp16 / 2 * 4 / 16))
+        units = units16 if precision.half_partials else min(units16, 8)
+        wpu, load, core, slic = 16, 4, 4, units16 >= 16
+    else:
+        units = max(1, round(target.flops_per_tile_cycle_fp32 / 2 * 8 / 8))
+        wpu, load, core, slic = 8, 2, 8, False
+    return TileArch(tiles=target.tiles_per_ipu, bytes_per_tile=target.bytes_per_tile,
+                    units=units, weights_per_unit=wpu, load_elems=load, core=core,
+                    elem_bytes=precision.compute_bytes, partial_bytes=precision.partial_bytes,
+                    out_bytes=precision.compute_bytes,
+                    exchange_bytes_per_cycle=target.exchange_bytes_per_tile_cycle, slic=slic)
 
 
 @dataclass(frozen=True)
 class OpFeatures:
-    """Shape facts of each op the cost model needs, parsed once (a fit re-costs the same
-    ops many times). An AMP op's work is split into two halves (a conv backward: data and
-    weight gradient; otherwise all in half a); each half has the fraction of the AMP lanes
-    it fills and its reduction depth."""
+    """Shape facts of each op, parsed once (a fit re-costs the same ops many times): the
+    convolution passes (convparams.py) of every conv / matmul, batch-scaled to its FLOPs."""
 
     is_amp: np.ndarray
-    share_a: np.ndarray
-    fill_a: np.ndarray
-    depth_a: np.ndarray
-    fill_b: np.ndarray
-    depth_b: np.ndarray
-    channels: np.ndarray  # dim a serial pass splits: conv output channels, matmul columns
-    is_matmul: np.ndarray  # matmuls take CostModel.matmul_efficiency on top
+    passes: tuple[tuple[ConvParams, ...], ...]  # per op; () for vector ops
 
 
-def op_features(ops: pd.DataFrame, lanes: int) -> OpFeatures:
-    """Lane fill and reduction depth of every conv / matmul from its recorded shapes.
+def _scaled(passes: list[ConvParams], flops: float) -> tuple[ConvParams, ...]:
+    """Passes whose MACs match the op's recorded FLOPs: a program rescaled to another
+    micro-batch keeps its recorded shapes, so the batch-like dimension follows the FLOPs."""
+    macs = sum(p.macs for p in passes)
+    if not passes or macs <= 0 or flops <= 0:
+        return tuple(passes)
+    ratio = flops / (2.0 * macs)
+    if abs(ratio - 1.0) < 0.01:
+        return tuple(passes)
+    out = []
+    for p in passes:
+        if p.kind == WU:
+            out.append(replace(p, in_chans=max(1, round(p.in_chans * ratio))))
+        else:
+            out.append(replace(p, batch=max(1, round(p.batch * ratio))))
+    return tuple(out)
 
-    A conv's weight is its last 4-D input [out, in / groups, kh, kw]: the forward reduces
-    over in / groups x kh x kw, filling min(1, (in / groups) / lanes) of the lanes (a stem
-    over 3 channels, a grouped conv over 4 and a depthwise conv over 1 leave most idle).
-    Its backward is half data gradient (reduces out / groups x kh x kw) and half weight
-    gradient (reduces over batch x positions: full lanes, deep). A matmul reduces over its
-    last input's first dim."""
+
+def op_features(ops: pd.DataFrame) -> OpFeatures:
+    """The convolution passes of every conv / matmul (one parse per distinct op)."""
     n = len(ops)
     cls = ops["op_class"].to_numpy(str) if n else np.zeros(0, dtype=str)
     is_amp = np.isin(cls, AMP_CLASSES)
-    share = np.ones(n)
-    fill_a, fill_b = np.ones(n), np.ones(n)
-    depth_a, depth_b = np.full(n, 1e9), np.full(n, 1e9)
-    shapes = ops["shapes"].to_numpy(str) if "shapes" in ops.columns else np.full(n, "")
-    phase = ops["phase"].to_numpy(str) if "phase" in ops.columns else np.full(n, "")
+    passes: list[tuple[ConvParams, ...]] = [()] * n
+    cols = [ops[c].astype(str).to_numpy() if c in ops.columns else np.full(n, "")
+            for c in ("op", "shapes", "out_shape")]
+    flops = ops["flops"].to_numpy(np.float64) if n else np.zeros(0)
+    seen: dict[tuple[str, str, str, str, float], tuple[ConvParams, ...]] = {}
     for i in np.flatnonzero(is_amp):
-        dims = [_dims(x) for x in str(shapes[i]).split(";") if x.strip()]
-        if cls[i] == "matmul":
-            if dims and dims[-1]:
-                k = dims[-1][0]
-                fill_a[i], depth_a[i] = min(1.0, k / lanes), k
-            continue
-        weights = [d for d in dims if len(d) == 4]
-        if not weights:
-            continue
-        w = weights[-1]
-        area = w[2] * w[3]
-        if phase[i] == "backward":
-            groups = max(1, dims[1][1] // max(w[1], 1)) if len(dims) > 1 and \
-                len(dims[1]) > 1 else 1
-            per_group = max(1, w[0] // groups)
-            share[i] = 0.5
-            fill_a[i], depth_a[i] = min(1.0, per_group / lanes), per_group * area
-        else:
-            fill_a[i], depth_a[i] = min(1.0, w[1] / lanes), w[1] * area
-    return OpFeatures(is_amp, share, fill_a, depth_a, fill_b, depth_b,
-                      _channels(ops["out_shape"], cls) if n else np.ones(0, dtype=np.int64),
-                      cls == "matmul")
-
-
-def amp_efficiency(features: OpFeatures, cost: CostModel) -> np.ndarray:
-    """Fraction of the AMP peak each op reaches: the fitted full-lane efficiency, times
-    lane fill and reduction depth / (depth + depth_half), combined over the op's halves
-    by time, times matmul_efficiency for a matmul (1 for non-AMP ops)."""
-    def half(fill: np.ndarray, depth: np.ndarray) -> np.ndarray:
-        return cost.amp_efficiency * fill * depth / (depth + cost.depth_half)
-
-    f = features
-    inv = f.share_a / half(f.fill_a, f.depth_a) + (1 - f.share_a) / half(f.fill_b, f.depth_b)
-    eff = np.where(f.is_matmul, cost.matmul_efficiency / inv, 1.0 / inv)
-    return np.where(f.is_amp, eff, 1.0)
+        key = (cols[0][i], cls[i], cols[1][i], cols[2][i], float(flops[i]))
+        if key not in seen:
+            seen[key] = _scaled(op_passes(key[0], key[1], key[2], key[3], key[4]), key[4])
+        passes[i] = seen[key]
+    return OpFeatures(is_amp, tuple(passes))
 
 
 @dataclass(frozen=True)
 class CostTerms:
-    """What an op costs before the efficiencies: everything that depends only on its shape,
-    the target, the precision, AMP and the cost model's non-efficiency constants (so a fit
-    of the efficiencies computes these once)."""
+    """What an op costs before the fitted efficiencies: everything that depends only on its
+    shape, the target, the precision and AMP (a fit computes these once)."""
 
     flops: np.ndarray
     tiles: np.ndarray  # before views are zeroed
-    amp_rate: float
     vec_rate: float
     traffic: np.ndarray  # bytes read + written at the precision
-    exchange: np.ndarray
-    passes: np.ndarray
-    temp: np.ndarray
+    plan_cycles: np.ndarray  # conv / matmul: the planned passes' cycles (0 for vector ops)
+    plan_exchange: np.ndarray
+    passes: np.ndarray  # serial slices of the slowest pass (1: none)
+    temp: np.ndarray  # per tile, the largest pass
     ignored: np.ndarray
     zero: np.ndarray
     amp: np.ndarray
+    plans: tuple[str, ...]
 
 
 def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.ndarray,
@@ -185,45 +156,45 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     tiles = np.maximum(np.ceil(written / cost.grain_bytes),
                        np.ceil(flops / cost.min_flops_per_tile))
     tiles = np.clip(tiles, 1, target.tiles_per_ipu).astype(np.int64)
-
-    is_amp = features.is_amp
-    amp_rate = target.flops_per_tile_cycle_fp16 if precision.fp16 else \
-        target.flops_per_tile_cycle_fp32
-    if precision.fp16 and not precision.half_partials:
-        amp_rate *= cost.float_partials_rate
     vec_rate = cost.vector_flops_per_tile_cycle_fp16 if precision.fp16 else \
         cost.vector_flops_per_tile_cycle_fp32
-    exchange = np.where(np.isin(cls, EXCHANGE_CLASSES),
-                        read / (tiles * target.exchange_bytes_per_tile_cycle), 0.0)
-
-    # AMP: the unconstrained plan keeps rearranged operands plus double-buffered partials
-    # per tile; a lower bound forces more serial passes (fewer temporaries, more cycles).
-    elem_rec = np.where(scale > 0, precision.compute_bytes / np.maximum(scale, 1e-12), 4.0)
-    out_elems = ops["bytes_written"].to_numpy(np.float64) / np.maximum(elem_rec, 1.0)
-    unbounded = np.where(is_amp, (read + 2.0 * out_elems * precision.partial_bytes) / tiles, 0.0)
-    max_passes = np.clip(features.channels // int(cost.channels_per_pass), 1,
-                         int(cost.max_passes))
     amp = np.asarray(amp, dtype=np.float64)
-    bound = amp * target.bytes_per_tile
-    needed = np.maximum(np.ceil(unbounded / np.maximum(bound, 1.0)), 1)
-    ignored = is_amp & (needed > max_passes)
-    passes = np.where(is_amp, np.minimum(needed, max_passes), 1).astype(np.int64)
-    temp = np.where(is_amp, unbounded / passes, 0.0)
+    n = len(ops)
+    plan_cycles, plan_exchange = np.zeros(n), np.zeros(n)
+    passes, temp = np.ones(n, dtype=np.int64), np.zeros(n)
+    ignored = np.zeros(n, dtype=bool)
+    plans = [""] * n
+    arch = tile_arch(target, precision)
+    for i in np.flatnonzero(features.is_amp):
+        chosen = [plan_conv(p, arch, round(float(amp[i]), 6)) for p in features.passes[i]]
+        if not chosen:
+            continue
+        plan_cycles[i] = sum(c.cycles for c in chosen)
+        plan_exchange[i] = sum(c.exchange_cycles for c in chosen)
+        tiles[i] = max(c.tiles for c in chosen)
+        temp[i] = max(c.temp_bytes for c in chosen)
+        passes[i] = max(c.serial[1] for c in chosen)
+        ignored[i] = any(c.ignored for c in chosen)
+        plans[i] = "; ".join(f"{p.kind}: {c.describe()}" for p, c in
+                             zip(features.passes[i], chosen, strict=True))
     zero = flops + read + written <= 0
-    return CostTerms(flops, tiles, float(amp_rate), float(vec_rate), read + written, exchange,
-                     passes, temp, ignored, zero, amp)
+    return CostTerms(flops, tiles, float(vec_rate), read + written, plan_cycles,
+                     plan_exchange, passes, temp, ignored, zero, amp, tuple(plans))
 
 
 def cost_cycles(terms: CostTerms, features: OpFeatures, target: Target, cost: CostModel
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute, memory, cycles) of each op: the efficiencies applied to its terms."""
+    """(compute, memory, cycles) of each op: a conv / matmul's planned cycles over the
+    fitted amp_efficiency; a vector op the slower of its arithmetic and its memory traffic
+    at the fitted vector efficiency."""
     t = terms
-    rate = np.where(features.is_amp, t.amp_rate * amp_efficiency(features, cost), t.vec_rate)
-    compute = t.flops / (t.tiles * rate)
-    memory = t.traffic / (t.tiles * target.memory_bytes_per_tile_cycle * cost.vector_efficiency)
-    base = np.maximum(compute, memory)
-    cycles = (base * (1.0 + cost.pass_penalty * (t.passes - 1)) + t.exchange
-              + cost.pass_fixed_cycles * (t.passes - 1) + cost.op_overhead_cycles)
+    planned = ~t.zero & features.is_amp & (t.plan_cycles > 0)
+    compute = np.where(planned, (t.plan_cycles - t.plan_exchange) / cost.amp_efficiency,
+                       t.flops / (t.tiles * t.vec_rate))
+    memory = np.where(planned, 0.0, t.traffic / (
+        t.tiles * target.memory_bytes_per_tile_cycle * cost.vector_efficiency))
+    cycles = np.where(planned, compute + t.plan_exchange, np.maximum(compute, memory)) \
+        + cost.op_overhead_cycles
     # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
     return compute, memory, np.where(t.zero, 0.0, cycles)
 
@@ -239,8 +210,7 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
     compute_cycles, memory_cycles, exchange_cycles, passes, cycles, temp_bytes (per tile),
     temp_total_bytes, amp_used, amp_ignored."""
     cost = cost or target.cost
-    lanes = cost.amp_lanes_fp16 if precision.fp16 else cost.amp_lanes_fp32
-    features = features or op_features(ops, int(lanes))
+    features = features or op_features(ops)
     t = cost_terms(ops, target, precision, amp, cost, features)
     compute, memory, cycles = cost_cycles(t, features, target, cost)
     tiles = np.where(t.zero, 0, t.tiles)
@@ -248,11 +218,12 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
         "tiles_used": tiles,
         "compute_cycles": np.ceil(compute).astype(np.int64),
         "memory_cycles": np.ceil(memory).astype(np.int64),
-        "exchange_cycles_internal": np.ceil(t.exchange).astype(np.int64),
+        "exchange_cycles_internal": np.ceil(t.plan_exchange).astype(np.int64),
         "passes": t.passes,
         "cycles": np.ceil(cycles).astype(np.int64),
         "temp_bytes": np.ceil(t.temp).astype(np.int64),
         "temp_total_bytes": np.ceil(t.temp * tiles).astype(np.int64),
         "amp_used": np.where(features.is_amp, t.amp, np.nan),
         "amp_ignored": t.ignored,
+        "plan": list(t.plans),
     }, index=ops.index)

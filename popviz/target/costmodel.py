@@ -40,19 +40,8 @@ class CostModel:
     """Modelling constants shared by every target (a target may override any of them)."""
 
     # ---- fitted (bench/fit_cost_model.py; values in calibration.json) ----
-    amp_efficiency: float = 0.45
-    depth_half: float = 64.0
+    amp_efficiency: float = 1.0
     vector_efficiency: float = 0.35
-    matmul_efficiency: float = 1.0
-    # ---- AMP units ----
-    amp_lanes_fp16: int = 16
-    amp_lanes_fp32: int = 8
-    float_partials_rate: float = 0.75
-    # ---- availableMemoryProportion plans ----
-    pass_penalty: float = 0.12
-    pass_fixed_cycles: int = 100
-    channels_per_pass: int = 8
-    max_passes: int = 64
     # ---- tiles an op spreads over, and its fixed costs ----
     grain_bytes: int = 128
     min_flops_per_tile: int = 2048
@@ -85,40 +74,15 @@ _JIA = ("Jia et al. 2019, 'Dissecting the Graphcore IPU Architecture via Microbe
 
 PROVENANCE: dict[str, Provenance] = {
     "amp_efficiency": Provenance(
-        "fitted", "fraction of the AMP peak a conv/matmul reaches with full lanes and deep "
-        "reductions; fitted to the throughput points of calibration.json"),
-    "depth_half": Provenance(
-        "fitted", "reduction depth (input channels per group x kernel area, or a matmul's "
-        "inner dimension) at which the AMP efficiency is half its full value: shallow "
-        "reductions fill and drain the accumulators more often; fitted to the throughput "
-        "points", "elements"),
+        "fitted", "fraction of the planned speed a conv / matmul reaches: each op's cycles "
+        "come from its plan (popviz/target/convplan.py: PopLibs' partition search with its "
+        "vertex estimates), divided by this one factor for what the plan's estimates leave "
+        "out (rearrangements, transforms and code PopLibs searches but popviz does not); "
+        "fitted to the throughput points of calibration.json"),
     "vector_efficiency": Provenance(
         "fitted", "fraction of on-chip memory bandwidth that vector ops (elementwise, norm, "
         "reduction, data movement) reach; fitted to the throughput points and the Mk1 "
         "read-bandwidth microbenchmark"),
-    "matmul_efficiency": Provenance(
-        "fitted", "factor on the AMP efficiency of matmuls only (convolutions: 1): with the "
-        "conv-fitted curve alone BERT-Large came out 26% too fast; fitted to the BERT-Large "
-        "Ph1 Bow Pod16 point, checked out of sample by BERT-Large on a Pod64 and ViT-B/16 "
-        "(docs/cost-model.md, section 6)"),
-    "amp_lanes_fp16": Provenance(
-        "assumed", "input channels the AMP units reduce at once in fp16: 64 fp16 FLOPs per "
-        "tile per cycle (hardware.md, derived) = 16 multiply-adds x 2 over 2 output channels; an "
-        "op with fewer channels per group leaves lanes idle (this one rule replaces the "
-        "earlier grouped / depthwise class penalties)", "channels"),
-    "amp_lanes_fp32": Provenance("assumed", "half the fp16 lanes (fp32 peak is 1/4 of "
-                                 "fp16, hardware.md)", "channels"),
-    "float_partials_rate": Provenance(
-        "assumed", "fp32 partials in fp16 compute slow the AMP pipeline; no public figure "
-        "for the ratio"),
-    "pass_penalty": Provenance(
-        "assumed", "each extra serial pass under a low availableMemoryProportion re-exchanges "
-        "operands: +12% of the op's work per pass; no public per-pass figure"),
-    "pass_fixed_cycles": Provenance("assumed", "setup of each extra serial pass", "cycles"),
-    "channels_per_pass": Provenance(
-        "assumed", "a plan does not split the output channels finer than this per pass, so "
-        "an op has at most channels / 8 passes (then AMP is ignored)", "channels"),
-    "max_passes": Provenance("assumed", "cap on serial passes of one op", "passes"),
     "grain_bytes": Provenance(
         "assumed", "smallest slice of a tensor mapped to one tile (Poplar maps in grains of "
         "a few vectors; 128 B = 64 fp16 values)", "bytes"),

@@ -1,0 +1,274 @@
+"""A convolution / matmul planner in PopLibs' manner (poplin/ConvPlan.cpp, ConvModel.cpp).
+
+For one pass of one convolution (`ConvParams`), search how to partition it over the
+tiles of an IPU: splits of the batch, of the output field (height, width), of the conv
+groups, of the input channels (each slice then holds partial sums that a reduction adds
+across tiles) and of the output channels. Every candidate is costed per tile, the busiest
+tile being the op's time (all tiles run the same vertex in one BSP compute phase):
+
+    cycles = exchange of the tile's inputs and weights
+           + zeroing its partials + the conv vertex (AMP, SLIC or HMAC: vertices.py)
+           + (input channels split) exchange of the partials + their reduction
+
+and its temporary memory per tile is what a plan adds while it runs: the exchanged input
+and weight slices, the partials, and the incoming partials of the reduction. The plan kept
+is the fastest whose temporary bytes per tile stay under availableMemoryProportion x tile
+bytes. When none does, PopLibs splits the op into serial slices (output channels first,
+then input channels) planned one after the other; when even that does not fit, the bound
+is ignored and the fastest plan taken (`ignored`). AMP's effect on cycles therefore falls
+out of the search: a lower bound rules out the faster, more replicated plans.
+
+The search tries the AMP vertex with each input-channel grouping (a small grouping packs
+several kernel rows into one weight block, which is how a 3-channel stem keeps its conv
+units busy), the operands swapped for matmul-shaped passes, and SLIC / HMAC for depthwise
+convolutions. PopLibs' further transforms (expandDims, flattening, combining groups, kernel
+splits) are left out; docs/cost-model.md says what that misses.
+Plans are cached by their parameters (a tune search re-plans the same shapes often).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from popviz.target.convparams import WU, ConvParams
+from popviz.target.vertices import (
+    TileArch,
+    amp_cycles,
+    cast_cycles,
+    ceil_div,
+    copy_cycles,
+    exchange_cycles,
+    hmac_cycles,
+    reduce_cycles,
+    slic_cycles,
+    zero_cycles,
+)
+
+SERIAL_SPLITS = (2, 4, 8, 16, 32, 64)
+_STEPS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96,
+          112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1472)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one pass is laid out over the tiles, and what it costs."""
+
+    method: str  # 'amp16', 'amp4', 'amp8-swapped', 'slic', 'hmac'
+    partition: tuple[int, int, int, int, int, int]  # batch, height, width, groups, in, out
+    serial: tuple[str, int]  # ('out', S) / ('in', S) / ('', 1)
+    tiles: int
+    compute_cycles: float  # conv vertex + zeroing
+    exchange_cycles: float  # inputs and weights in, partials between tiles
+    reduce_cycles: float
+    temp_bytes: float  # per tile, the busiest
+    ignored: bool  # no plan within the AMP bound: the bound was ignored
+
+    @property
+    def cycles(self) -> float:
+        return self.compute_cycles + self.exchange_cycles + self.reduce_cycles
+
+    def describe(self) -> str:
+        b, h, w, g, i, o = self.partition
+        serial = f", {self.serial[1]} serial {self.serial[0]}-channel slices" \
+            if self.serial[1] > 1 else ""
+        return (f"{self.method}: batch/{b} height/{h} width/{w} groups/{g} in/{i} out/{o} "
+                f"on {self.tiles} tiles{serial}")
+
+
+def _cands(size: int, limit: int) -> np.ndarray:
+    """Split counts worth trying for a dimension of `size`: small counts, round numbers
+    and the whole dimension (one element per tile)."""
+    vals = {s for s in _STEPS if s <= size and s <= limit}
+    if size <= limit:
+        vals.add(size)
+    return np.array(sorted(vals or {1}), dtype=np.int64)
+
+
+def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
+    """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
+    per weight block, costed for its busiest tile."""
+    tiles = arch.tiles
+    height = arch.weights_per_unit // in_group  # kernel rows one weight block holds
+    icb = math.ceil(p.in_chans / in_group)
+    ocb = math.ceil(p.out_chans / arch.units)
+    # the width is split last (rows stay whole for the worklists): few counts suffice
+    axes = [_cands(p.batch, tiles), _cands(p.field[0], tiles), _cands(p.field[1], 8),
+            _cands(p.groups, tiles), _cands(icb, tiles), _cands(ocb, tiles)]
+    flat = [m.reshape(-1) for m in np.meshgrid(*axes, indexing="ij")]
+    used = flat[0] * flat[1] * flat[2] * flat[3] * flat[4] * flat[5]
+    ok = used <= tiles
+    pb, ph, pw, pg, pi, po = (f[ok] for f in flat)
+    used = used[ok]
+    n_t, h_t, w_t = ceil_div(p.batch, pb), ceil_div(p.field[0], ph), ceil_div(p.field[1], pw)
+    g_t, icb_t, ocb_t = ceil_div(p.groups, pg), ceil_div(icb, pi), ceil_div(ocb, po)
+    kh, kw = p.kernel
+    positions = n_t * h_t * w_t
+    # worklist entries: one per output row; a 1 x 1 kernel at stride 1 reads its positions
+    # contiguously (PopLibs flattens them), one entry per worker
+    contiguous = kh == 1 and kw == 1 and p.stride == (1, 1)
+    rows = np.minimum(n_t * h_t, 6) if contiguous else n_t * h_t
+    kernel_blocks = math.ceil(kh / height) * kw
+    conv = amp_cycles(arch, g_t, icb_t, ocb_t, kernel_blocks, rows, positions)
+    partial_elems = positions * g_t * ocb_t * arch.units
+    one_by_one = kh == 1 and kw == 1 and height == 1  # the 1x1 vertex zeroes as it goes
+    zero = 0 if one_by_one else zero_cycles(arch, partial_elems, g_t * ocb_t)
+    ci_t = np.minimum(icb_t * in_group, p.in_chans)
+    co_t = np.minimum(ocb_t * arch.units, p.out_chans)
+    hin = (h_t - 1) * p.stride[0] + kh
+    win = (w_t - 1) * p.stride[1] + kw
+    in_bytes = n_t * g_t * ci_t * hin * win * arch.elem_bytes
+    w_bytes = g_t * ci_t * co_t * kh * kw * arch.elem_bytes
+    partial_bytes = partial_elems * arch.partial_bytes
+    # what is not already on the tile comes over the exchange: inputs are shared by the
+    # output-channel split, weights by the batch and field splits (poplin's estimate)
+    moved = in_bytes * (1 - 1 / po) + w_bytes * (1 - 1 / (pb * ph * pw))
+    exch = exchange_cycles(arch, moved)
+    # a split of the input channels leaves `pi` partials of each output on different
+    # tiles: they are exchanged and added, the outputs spread over all the tiles used
+    outputs = p.positions * p.groups * p.out_chans
+    r = ceil_div(outputs, used)
+    split = pi > 1
+    red = reduce_cycles(arch, r, pi) + exchange_cycles(arch, np.where(
+        split, r * pi * arch.partial_bytes, 0))
+    cast = np.where(arch.partial_bytes != arch.out_bytes,
+                    cast_cycles(np.where(split, r, partial_elems), arch.vector_width), 0)
+    # the weight update reads the activations transposed: a rearranging copy
+    transform = 0.0
+    if p.kind == WU:
+        share = p.batch * p.in_chans * p.groups * arch.elem_bytes / used
+        transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
+    temp = np.maximum(in_bytes + w_bytes + partial_bytes,
+                      np.where(split, r * pi * arch.partial_bytes, 0))
+    return {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
+            "compute": (conv + zero).astype(np.float64),
+            "exchange": (exch + transform).astype(np.float64),
+            "reduce": (red + cast).astype(np.float64), "temp": temp.astype(np.float64)}
+
+
+def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
+    total = grid["compute"] + grid["exchange"] + grid["reduce"]
+    if bound is not None:
+        total = np.where(grid["temp"] <= bound, total, np.inf)
+    if not len(total) or not np.isfinite(total.min()):
+        return None
+    # ties: fewer tiles, then the first in a fixed order (deterministic)
+    best = np.flatnonzero(total == total.min())
+    return int(best[np.argmin(grid["used"][best])])
+
+
+def _plan_from(grid: dict[str, np.ndarray], i: int, method: str, serial: tuple[str, int],
+               ignored: bool) -> Plan:
+    s = serial[1]
+    part = tuple(int(grid[k][i]) for k in ("pb", "ph", "pw", "pg", "pi", "po"))
+    return Plan(method, part, serial, int(grid["used"][i]),  # type: ignore[arg-type]
+                float(grid["compute"][i]) * s, float(grid["exchange"][i]) * s,
+                float(grid["reduce"][i]) * s, float(grid["temp"][i]), ignored)
+
+
+def _variants(p: ConvParams, arch: TileArch) -> list[tuple[str, ConvParams, int]]:
+    """(method, params, input-channel grouping) the search tries: the AMP vertex with each
+    grouping (a small one packs several kernel rows into a weight block: a 3-channel stem
+    uses 4 channels x 4 rows), and for a matmul-shaped pass the operands swapped (PopLibs'
+    swapOperands: rows and output channels change places)."""
+    # smaller groupings only pay where the channels would not fill the widest one
+    widest = arch.in_groups[0]
+    groupings = arch.in_groups if p.in_chans < widest else (widest,)
+    out = [(f"amp{g}", p, g) for g in groupings]
+    if p.kernel == (1, 1) and p.field == (1, 1) and p.batch != p.out_chans:
+        swapped = replace(p, batch=p.out_chans, out_chans=p.batch)
+        out += [(f"amp{g}-swapped", swapped, g) for g in groupings]
+    return out
+
+
+def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
+    """SLIC (IPU2 on, half inputs) or HMAC for one-channel groups (depthwise): a split of
+    the groups and of the output positions over the tiles, the fastest of them (no
+    input-channel split: one channel per group has nothing to split)."""
+    if p.in_chans > 2 or p.groups < 4:
+        return None
+    tiles = arch.tiles
+    pg = _cands(p.groups, tiles)
+    pp = np.maximum(1, np.minimum(tiles // pg, p.positions))
+    g_t, pos_t = ceil_div(p.groups, pg), ceil_div(p.positions, pp)
+    rows = ceil_div(pos_t, max(1, p.field[1]))
+    kh, kw = p.kernel
+    if arch.slic:
+        block = np.where(g_t >= 16, 16, np.where(g_t >= 8, 8, 4))
+        conv = slic_cycles(arch, ceil_div(g_t, block), block, kh * math.ceil(kw / 4),
+                           rows, pos_t)
+        method = "slic"
+    else:
+        conv = hmac_cycles(arch, g_t * pos_t * p.in_chans * p.out_chans * kh * kw, rows)
+        method = "hmac"
+    in_bytes = g_t * p.in_chans * (rows * p.stride[0] + kh) * \
+        (p.field[1] * p.stride[1] + kw) * arch.elem_bytes
+    w_bytes = g_t * p.in_chans * p.out_chans * kh * kw * arch.elem_bytes
+    partials = g_t * pos_t * p.out_chans
+    exch = exchange_cycles(arch, w_bytes * (1 - 1 / pp))
+    cast = cast_cycles(partials, arch.vector_width) if arch.partial_bytes != arch.out_bytes \
+        else np.zeros(len(pg))
+    total = conv + exch + cast
+    i = int(np.argmin(total))
+    return Plan(method, (1, int(pp[i]), 1, int(pg[i]), 1, 1), ("", 1), int(pg[i] * pp[i]),
+                float(conv[i]), float(exch[i]), float(cast[i]),
+                float((in_bytes + w_bytes)[i] + partials[i] * arch.partial_bytes), False)
+
+
+@lru_cache(maxsize=65536)
+def plan_conv(p: ConvParams, arch: TileArch, amp: float) -> Plan:
+    """The plan PopLibs' search would pick for `p` with availableMemoryProportion `amp`:
+    the fastest within the bound; else the fastest with serial slices (output channels,
+    then input channels) within it; else, as PopLibs, the bound doubled while under twice
+    a tile's memory; else the fastest plan, the bound ignored."""
+    variants = _variants(p, arch)
+    grids = [(m, v, g, _grid(v, arch, g)) for m, v, g in variants]
+    vec = _vector_plan(p, arch)
+    bound = max(0.0, float(amp)) * arch.bytes_per_tile
+    ignored = False
+    while True:
+        plan = _within(p, arch, grids, vec, bound, ignored)
+        if plan is not None:
+            return plan
+        if bound <= 0 or bound >= 2 * arch.bytes_per_tile:
+            break
+        bound, ignored = bound * 2, True
+    fastest = [_plan_from(grid, i, m, ("", 1), True) for m, _v, _g, grid in grids
+               if (i := _best(grid, None)) is not None]
+    if vec is not None:
+        fastest.append(replace(vec, ignored=True))
+    return min(fastest, key=_order)
+
+
+def _order(plan: Plan) -> tuple[float, int, str]:
+    return plan.cycles, plan.tiles, plan.method
+
+
+def _within(p: ConvParams, arch: TileArch, grids: list, vec: Plan | None, bound: float,
+            ignored: bool) -> Plan | None:
+    found = [replace(vec, ignored=ignored)] if vec is not None and vec.temp_bytes <= bound \
+        else []
+    for method, _v, _g, grid in grids:
+        i = _best(grid, bound)
+        if i is not None:
+            found.append(_plan_from(grid, i, method, ("", 1), ignored))
+    if found:
+        return min(found, key=_order)
+    for kind in ("out", "in"):
+        for s in SERIAL_SPLITS:
+            for method, v, g, _grid_unused in grids:
+                chans = v.out_chans if kind == "out" else v.in_chans
+                if chans < s:
+                    continue
+                sliced = replace(v, out_chans=math.ceil(chans / s)) if kind == "out" \
+                    else replace(v, in_chans=math.ceil(chans / s))
+                grid = _grid(sliced, arch, g)
+                i = _best(grid, bound)
+                if i is not None:
+                    found.append(_plan_from(grid, i, method, (kind, s), ignored))
+            if found:
+                return min(found, key=_order)
+    return None

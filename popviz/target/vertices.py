@@ -1,0 +1,156 @@
+"""Vertex cycle estimates of one tile, after PopLibs' (lib/poplin/PerformanceEstimation.hpp,
+lib/popops/PerformanceEstimation.cpp at graphcore/poplibs 7eac0f2), restated and simplified.
+
+A tile runs six worker contexts in turn: a worker issues one instruction every six tile
+cycles, so a vertex whose busiest worker needs X worker cycles takes 6 X tile cycles; a
+supervisor vertex adds its own (tile) cycles. The load / store path is 64 bits: 4 halves or
+2 floats per vector. Every function takes numpy arrays or plain numbers (the planner costs
+thousands of candidate partitions at once; the tests work single cases by hand).
+
+AMP (the accumulating matrix product units, poplin ConvPartialnx1 / ConvPartial1x1Out):
+`units` conv units each take a chain of `weights_per_unit` weights (16 halves, 8 floats);
+a weight block is `in_group` input channels x `height` kernel rows (in_group x height =
+weights_per_unit) by `units` output channels. Each output position of a worklist costs a
+worker `core` cycles per block (4 for half inputs, 8 for float): with all six workers busy
+that is units x weights_per_unit / core MACs per tile cycle, the published peak (Mk2, half
+partials: 16 x 16 / 4 = 64 MACs = 128 FLOPs per tile per cycle = 250 TFLOPS at 1.33 GHz).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WORKERS = 6  # worker contexts per tile (reference/ipu.md: 6 threads per tile)
+DATA_PATH_BYTES = 8  # 64-bit load / store path
+ArrayLike = np.ndarray | int | float
+
+
+def ceil_div(a: ArrayLike, b: ArrayLike) -> np.ndarray:
+    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class TileArch:
+    """What the planner needs of a tile, for one precision (see `tile_arch`)."""
+
+    tiles: int
+    bytes_per_tile: int
+    units: int  # conv units in use: AMP output channels per block
+    weights_per_unit: int  # 16 (half inputs), 8 (float)
+    load_elems: int  # input elements a conv unit loads per cycle: 4 half, 2 float
+    core: int  # worker cycles per output position per block: 4 half, 8 float
+    elem_bytes: int
+    partial_bytes: int
+    out_bytes: int  # the conv's output element (partials are cast to it)
+    exchange_bytes_per_cycle: float  # per tile, incoming
+    slic: bool  # the SLIC vertex (IPU2 and later, half inputs)
+
+    @property
+    def in_groups(self) -> tuple[int, ...]:
+        """AMP input-channel groupings: divisors of the chain, multiples of the load."""
+        return tuple(g for g in (16, 8, 4, 2) if g <= self.weights_per_unit
+                     and self.weights_per_unit % g == 0 and g % self.load_elems == 0)
+
+    @property
+    def vector_width(self) -> int:
+        return DATA_PATH_BYTES // self.elem_bytes
+
+    @property
+    def amp_macs_per_cycle(self) -> float:
+        return self.units * self.weights_per_unit / self.core
+
+
+def amp_worker_cycles(arch: TileArch, rows: ArrayLike, positions: ArrayLike) -> np.ndarray:
+    """The busiest worker of one AMP block: 17 set-up cycles, then per worklist entry (an
+    output row) 3 + 34 - 9 - 3 x core, and `core` per position (PopLibs'
+    getConvPartialnx1WorkerCycles for rows of 3 or more positions)."""
+    entry = 3 + (34 if arch.core == 4 else 45) - 9 - 3 * arch.core
+    return 17 + ceil_div(rows, WORKERS) * entry + ceil_div(positions, WORKERS) * arch.core
+
+
+def amp_weight_load_cycles(arch: TileArch) -> int:
+    """Loading one weight block into the conv units: units x chain x element bytes over an
+    8-byte coefficient load path, plus the inner loop's fixed 15 + 3 cycles."""
+    return arch.units * arch.weights_per_unit * arch.elem_bytes // DATA_PATH_BYTES + 18
+
+
+def amp_cycles(arch: TileArch, groups: ArrayLike, in_blocks: ArrayLike,
+               out_blocks: ArrayLike, kernel_blocks: ArrayLike, rows: ArrayLike,
+               positions: ArrayLike) -> np.ndarray:
+    """An AMP vertex on one tile: 109 fixed, 16 per group, 14 per input-channel block, 14
+    per output block, and per weight block its load, 30 of loop control and six times the
+    busiest worker (PopLibs' outer, inner and kernel loops, simplified)."""
+    blocks = (np.asarray(groups) * np.asarray(in_blocks) * np.asarray(out_blocks)
+              * np.asarray(kernel_blocks))
+    per_block = amp_weight_load_cycles(arch) + 30 + WORKERS * amp_worker_cycles(
+        arch, rows, positions)
+    loops = np.asarray(groups) * (16 + np.asarray(in_blocks) * (14 + 14 * np.asarray(
+        out_blocks)))
+    return 109 + loops + blocks * per_block
+
+
+def zero_cycles(arch: TileArch, partial_elems: ArrayLike, blocks: ArrayLike) -> np.ndarray:
+    """Zeroing the partials before an nx1 AMP vertex (the 1x1 vertex zeroes as it goes):
+    per output block, (elements per worker / 2 + 5) worker cycles (poplin
+    estimateZeroSupervisorCycles, float partials: 2 per 64 bits)."""
+    per_block = ceil_div(np.maximum(partial_elems, 0), np.maximum(blocks, 1))
+    return WORKERS * (ceil_div(ceil_div(per_block, WORKERS), 2) + 5) * np.asarray(blocks)
+
+
+def exchange_cycles(arch: TileArch, nbytes: ArrayLike) -> np.ndarray:
+    """Receiving `nbytes` on a tile (poplin's exchange estimate: bytes / bytes per cycle)."""
+    return np.ceil(np.asarray(nbytes, dtype=np.float64) / arch.exchange_bytes_per_cycle)
+
+
+def reduce_cycles(arch: TileArch, outputs: ArrayLike, depth: ArrayLike) -> np.ndarray:
+    """Adding `depth` partials of `outputs` values on one tile (poplin getReduceCycleEstimate,
+    fast path): accumulators of 4 floats (8 halves), 2 cycles per partial vector and 8 per
+    loop, 20 per worker and 33 for the supervisor; nothing when depth is 1."""
+    acc = 4 if arch.partial_bytes == 4 else 8
+    loops = ceil_div(ceil_div(outputs, acc), WORKERS)
+    d = np.asarray(depth)
+    cycles = WORKERS * (20 + (2 * (d - 1) + 8) * loops) + 33
+    return np.where(d > 1, cycles, 0)
+
+
+def cast_cycles(elements: ArrayLike, width: int) -> np.ndarray:
+    """A cast of `elements` on one tile (popops estimateCastCycles): (per worker / width + 26)
+    worker cycles."""
+    return WORKERS * (ceil_div(ceil_div(elements, WORKERS), width) + 26)
+
+
+def copy_cycles(arch: TileArch, nbytes: ArrayLike) -> np.ndarray:
+    """Rearranging `nbytes` on a tile before a pass (poplin addTransformCycleEstimate):
+    5 cycles per 4 elements' bytes."""
+    return np.ceil(np.asarray(nbytes, dtype=np.float64) * 5 / (arch.elem_bytes * 4))
+
+
+def hmac_cycles(arch: TileArch, macs: ArrayLike, rows: ArrayLike) -> np.ndarray:
+    """A horizontal-MAC vertex: vector dot products, `vector_width` MACs a worker cycle,
+    65 fixed and about 19 per row of output (getConvPartialHorizontalMacCycleEstimate)."""
+    per_worker = ceil_div(macs, WORKERS * arch.vector_width) + 19 * ceil_div(rows, WORKERS)
+    return 65 + WORKERS * (16 + per_worker)
+
+
+def slic_cycles(arch: TileArch, group_blocks: ArrayLike, block: ArrayLike,
+                windows: ArrayLike, rows: ArrayLike, positions: ArrayLike) -> np.ndarray:
+    """A SLIC vertex (half inputs; `block` = 4, 8 or 16 one-channel conv groups, a 1 x 4
+    kernel window per weight load): per window and group block a weight load (~34 + 16),
+    and per row ~10 worker cycles plus block / 8 per position (at 16 groups: 16 x 4 taps
+    in 2 worker cycles, the 32 MACs per tile cycle poplin's getMaxMACsPerCyclePerTile
+    gives SLIC) (getConvPartialSlicSupervisor*Estimate, simplified)."""
+    per_position = np.maximum(1, ceil_div(block, 8))
+    worker = ceil_div(rows, WORKERS) * 10 + ceil_div(positions, WORKERS) * per_position
+    blocks = np.asarray(group_blocks) * np.asarray(windows)
+    return 28 + 15 * np.asarray(group_blocks) + blocks * (34 + 16 + WORKERS * worker)
+
+
+def vector_cycles(elements: ArrayLike, elem_bytes: int, cycles_per_vector: float = 3.0
+                  ) -> np.ndarray:
+    """A popops elementwise vertex over `elements` on one tile: each worker a sixth, 3
+    worker cycles per 64-bit vector (ADD / SUB / MUL), 29 per worker and 11 supervisor
+    (BinaryOp1D)."""
+    vectors = ceil_div(ceil_div(elements, WORKERS), DATA_PATH_BYTES // max(1, elem_bytes))
+    return WORKERS * (29 + vectors * cycles_per_vector) + 11
