@@ -125,8 +125,12 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
     partial_bytes = partial_elems * arch.partial_bytes
     # what is not already on the tile comes over the exchange: inputs are shared by the
     # output-channel split, weights by the batch and field splits (poplin's estimate)
-    moved = in_bytes * (1 - 1 / po) + w_bytes * (1 - 1 / (pb * ph * pw))
-    exch = exchange_cycles(arch, moved)
+    # on IPU2 and later, two neighbouring tiles share an exchange bus: inputs reach both
+    # tiles of a pair at once when the output-channel split pairs them (poplin's estimate)
+    in_moved = in_bytes * (1 - 1 / po)
+    if arch.slic:
+        in_moved = np.where(po % 2 == 0, in_moved / 2, in_moved)
+    exch = exchange_cycles(arch, in_moved + w_bytes * (1 - 1 / (pb * ph * pw)))
     # a split of the input channels leaves `pi` partials of each output on different
     # tiles: they are exchanged and added, the outputs spread over all the tiles used
     outputs = p.positions * p.groups * p.out_chans

@@ -17,6 +17,7 @@ from popviz.target.machines import Target
 from popviz.target.vertices import TileArch
 
 AMP_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
+NORM_PASSES = 2.0  # passes a norm makes over its input (statistics, then normalising)
 
 ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
                  "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -178,7 +179,10 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
         plans[i] = "; ".join(f"{p.kind}: {c.describe()}" for p, c in
                              zip(features.passes[i], chosen, strict=True))
     zero = flops + read + written <= 0
-    return CostTerms(flops, tiles, float(vec_rate), read + written, plan_cycles,
+    # a norm streams its input more than once: statistics (a reduction per channel), then
+    # the normalising pass; its backward two reductions, then the elementwise gradient
+    traffic = (read + written) * np.where(cls == "norm", NORM_PASSES, 1.0)
+    return CostTerms(flops, tiles, float(vec_rate), traffic, plan_cycles,
                      plan_exchange, passes, temp, ignored, zero, amp, tuple(plans))
 
 
