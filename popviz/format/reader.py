@@ -25,7 +25,7 @@ from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
 from popviz.format.strings import decode as decode_strings
 from popviz.format.strings import read_strings
-from popviz.format.tempfiles import remove_stale
+from popviz.format.tempfiles import is_temp_name
 from popviz.vocab import MODELLED_KIND
 
 
@@ -33,17 +33,16 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
     """Every profile file under `directory` (recursively), sorted; temporary files skipped.
 
     A `.h5` path is returned as a one-item list. Files are not opened here: a broken file
-    is listed too, and `open` on it raises the reason. Temporary files of writers that
-    died (tempfiles.py) are removed on the way.
+    is listed too, and `open` on it raises the reason. Nothing is removed: a dead
+    writer's temporary file is the next writer's to clean up (tempfiles.py).
     """
     root = Path(directory)
     if root.is_file():
         return [root]
     if not root.is_dir():
         raise ProfileError(f"{root}: no such file or directory")
-    remove_stale(root.rglob(f"*{schema.TEMP_MARKER}*"))
     found = [p for p in root.rglob(f"*{schema.PROFILE_SUFFIX}")
-             if p.is_file() and schema.TEMP_MARKER not in p.name and not p.name.startswith(".")]
+             if p.is_file() and not is_temp_name(p.name) and not p.name.startswith(".")]
     return sorted(found)
 
 
