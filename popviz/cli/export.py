@@ -47,7 +47,8 @@ COMMAND = Command(
     name="export",
     help="export tables as CSV, or the trace as Chrome/Perfetto JSON",
     description="Export a profile's tables as CSV files (plus meta.json), or its execution "
-    "trace as Chrome trace-event JSON that Perfetto and chrome://tracing open.",
+    "trace as Chrome trace-event JSON that Perfetto and chrome://tracing open. Files appear "
+    "only when complete: a failed export (a full disk) leaves none, and exits 1.",
     add_arguments=_add_arguments,
     run=_run,
 )

@@ -22,9 +22,10 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from popviz.errors import write_error
 from popviz.format import schema
 
 # A temporary file younger than this is left alone even if its pid looks dead: the
@@ -124,6 +125,32 @@ def remove_stale_in(folder: Path) -> list[Path]:
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+@contextlib.contextmanager
+def replacing(finals: Sequence[Path], label: object = None) -> Iterator[list[Path]]:
+    """Temporary paths for `finals`, to be written in the block. On a clean exit each is
+    fsynced and renamed over its final name; on any error (a full disk, Ctrl-C) all of
+    them are removed, nothing is left under a final name, and an OSError is re-raised
+    naming `label` (default: the first final path) instead of a temporary file."""
+    temps = [temp_name(final) for final in finals]
+    try:
+        yield temps
+        for temp in temps:
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for temp, final in zip(temps, finals, strict=True):
+            os.replace(temp, final)
+    except BaseException as exc:
+        for temp in temps:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        if isinstance(exc, OSError):
+            raise write_error(exc, label if label is not None else finals[0]) from exc
+        raise
 
 
 @contextlib.contextmanager
