@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from popviz.cli.command import EXIT_OK, Command
-from popviz.cli.vetcache import add_no_vet_argument, check_vetted
+from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +22,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import popviz
     from popviz.cli.command import UsageError
     from popviz.format.export import export_chrome_trace, export_csv
 
-    if not args.no_vet:
-        check_vetted(args.profile)
-    with popviz.open(args.profile) as profile:
+    with open_vetted(args.profile, vet=not args.no_vet) as profile:
         if args.format == "csv":
             unknown = sorted(set(args.tables or []) - set(profile.table_names))
             if unknown:
