@@ -252,8 +252,9 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit codes: 0 done, 1 another run writes into --profile-dir, 2 bad arguments or a
-    placement the compiler refuses, 130 Ctrl-C (one line, never a traceback)."""
+    """Exit codes: 0 done, 1 another run writes into --profile-dir or a profile could not
+    be written (a full disk), 2 bad arguments or a placement the compiler refuses, 130
+    Ctrl-C (one line, never a traceback)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # at any point: imports, recording, compiling, writing
@@ -279,6 +280,11 @@ def _main(argv: Sequence[str] | None) -> int:
             return _run(args)
     except FolderInUse as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. a full disk while writing a profile: none was written
+        from popviz.errors import os_error_line
+
+        print(f"train.py: error: {os_error_line(exc)}", file=sys.stderr)
         return 1
     except ValueError as exc:  # e.g. a placement the compiler refuses
         print(f"train.py: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Any
 
 import popviz
 from popviz.errors import ProfileError
-from popviz.vet import Vetter
+from popviz.vet import Vetter, file_check
 
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 
@@ -63,6 +63,16 @@ def relative_message(text: str, root: Path, rel: str = "") -> str:
     return " ".join(text.split())
 
 
+FileKey = tuple[str, int, int, int, int, int]
+
+
+def file_key(path: Path, stat: os.stat_result) -> FileKey:
+    """A file as it is now: a file replaced by another (new inode) or changed in any way
+    (ctime, which no one can set back) is another key, so it is vetted and opened anew."""
+    return (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns,
+            stat.st_ctime_ns)
+
+
 @dataclass
 class Entry:
     """One open profile and whatever has been derived from it (built once, on demand).
@@ -74,7 +84,7 @@ class Entry:
 
     profile: Any
     rel: str
-    stamp: tuple[str, float, int] | None = None  # (real path, mtime, size) it was opened at
+    stamp: FileKey | None = None  # the file as it was opened (see file_key)
     derived: dict[Any, Any] = field(default_factory=dict)
     _key_locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -106,10 +116,10 @@ class ProfileCache:
         self.capacity = capacity
         self._open = opener or popviz.open
         self.vetter = vetter  # None: files are opened without a worker's verdict first
-        self._entries: OrderedDict[tuple[str, float, int], Entry] = OrderedDict()
+        self._entries: OrderedDict[FileKey, Entry] = OrderedDict()
         self._lock = threading.Lock()
-        self._opening: dict[tuple[str, float, int], threading.Lock] = {}
-        self._listing: dict[str, tuple[tuple[float, int], dict[str, Any]]] = {}
+        self._opening: dict[FileKey, threading.Lock] = {}
+        self._listing: dict[str, tuple[FileKey, dict[str, Any]]] = {}
         # in-memory profiles (tune plans) under names no file can have: served, never
         # written into the folder being served; bounded, oldest dropped first
         self._virtual: OrderedDict[str, Entry] = OrderedDict()
@@ -142,7 +152,7 @@ class ProfileCache:
             return entry
         path = resolve_profile(self.root, rel)
         stat = path.stat()
-        key = (str(path), stat.st_mtime, stat.st_size)
+        key = file_key(path, stat)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -169,12 +179,15 @@ class ProfileCache:
 
     def _open_vetted(self, path: Path, rel: str) -> Any:
         """Open `path` in-process only once a worker read it cleanly (popviz.vet)."""
-        if self.vetter is not None:
-            verdict = self.vetter.verdict(path)
-            if verdict is not None and not verdict.ok:
-                raise ProfileError(verdict.message(rel))
         try:
-            profile = self._open(path)
+            if self.vetter is None:
+                profile = self._open(path)
+            else:
+                stamp, verdict = self.vetter.vetted(path)
+                if verdict is not None and not verdict.ok:
+                    raise ProfileError(verdict.message(rel))
+                # what HDF5 opens must be the file vetted, not one swapped in since
+                profile = self._open(path, check_file=file_check(stamp, rel))
         except ProfileError as exc:
             raise ProfileError(relative_message(str(exc), self.root, rel)) from None
         for name in ("meta", "summary"):  # every page reads them as objects
@@ -207,7 +220,7 @@ class ProfileCache:
             rel = path.relative_to(self.root).as_posix()
             try:
                 stat = path.stat()
-                found.append((path, rel, (stat.st_mtime, stat.st_size)))
+                found.append((path, rel, file_key(path, stat)))
             except OSError as exc:
                 found.append((path, rel, exc))
         pending = {}

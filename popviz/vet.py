@@ -9,8 +9,11 @@ itself when the worker came back clean. A crash, hang or blow-up costs the worke
 
 What is vet's own: the one-line refusals (without the file's name: the caller names it
 relative to what it serves), a time limit scaled with the file's size, and `Vetter`, which
-caches one verdict per (real path, mtime, size), vets at most `workers` files at a time and
-runs one vetting per file however many threads ask for it.
+caches one verdict per file stamp (real path, device, inode, size, mtime and ctime: the
+ctime and inode are what user space cannot set back, so a file copied over a vetted one with
+its old mtime and size is a new stamp), vets at most `workers` files at a time and runs one
+vetting per file however many threads ask for it. `same_file` lets the opener check that the
+file it opened is the one that was vetted.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from popviz.errors import ProfileError
 from popviz.format.isolated import read_isolated
 
 DEFAULT_TIMEOUT_S = 20.0
@@ -49,13 +54,43 @@ class Verdict:
         return f"{label}: {self.reason}"
 
 
-Stamp = tuple[str, float, int]
+class Stamp(NamedTuple):
+    """A file as it is now. `os.utime` can set mtime back, and a copy can match the size,
+    but a replaced file has another inode and any change moves ctime, which only the
+    kernel sets: the verdict of one stamp never vouches for other bytes."""
+
+    path: str  # real path
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
 
 
 def stamp_of(path: str | os.PathLike[str]) -> Stamp:
     real = os.path.realpath(path)
-    st = os.stat(real)
-    return (real, st.st_mtime, st.st_size)
+    return _stamp(real, os.stat(real))
+
+
+def _stamp(real: str, st: os.stat_result) -> Stamp:
+    return Stamp(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def same_file(stamp: Stamp, opened: os.stat_result) -> bool:
+    """Whether `opened` (an `os.fstat` of the file actually opened) is the file `stamp`
+    was vetted as: not replaced and not changed since."""
+    return _stamp(stamp.path, opened) == stamp
+
+
+def file_check(stamp: Stamp, label: str) -> Callable[[os.stat_result], None]:
+    """For `popviz.open(..., check_file=)`: refuse a file that is not the one vetted."""
+
+    def check(opened: os.stat_result) -> None:
+        if not same_file(stamp, opened):
+            raise ProfileError(f"{label}: changed or replaced while it was being checked; "
+                               "try again")
+
+    return check
 
 
 def time_limit(base_s: float, size_bytes: int) -> float:
@@ -130,7 +165,9 @@ class Vetter:
 
     def submit(self, path: str | os.PathLike[str]) -> Future[Verdict]:
         """The verdict for `path` as a future; starts one vetting if none ran or runs."""
-        stamp = stamp_of(path)
+        return self._submit(stamp_of(path))
+
+    def _submit(self, stamp: Stamp) -> Future[Verdict]:
         with self._lock:
             known = self._verdicts.get(stamp)
             if known is not None:
@@ -147,16 +184,23 @@ class Vetter:
                 wait_s: float | None = None) -> Verdict | None:
         """Wait (at most `wait_s`, or for as long as vetting takes) for the verdict; None
         if it is not in yet."""
-        future = self.submit(path)
+        return self.vetted(path, wait_s)[1]
+
+    def vetted(self, path: str | os.PathLike[str],
+               wait_s: float | None = None) -> tuple[Stamp, Verdict | None]:
+        """`verdict`, with the stamp it holds for: open the file, then check with
+        `same_file` that what was opened is what was vetted."""
+        stamp = stamp_of(path)
+        future = self._submit(stamp)
         try:
-            return future.result(timeout=wait_s)
+            return stamp, future.result(timeout=wait_s)
         except FutureTimeout:
-            return None
+            return stamp, None
 
     def _vet(self, stamp: Stamp) -> Verdict:
         with self._lock:
             self.vettings += 1
-        verdict = vet_or_refuse(stamp[0], time_limit(self.timeout_s, stamp[2]),
+        verdict = vet_or_refuse(stamp.path, time_limit(self.timeout_s, stamp.size),
                                 self.memory_mb)
         with self._lock:
             self._verdicts[stamp] = verdict

@@ -54,10 +54,11 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _temp(folder: Path, pid: int, age_s: float, suffix: str = "-1-abcd") -> Path:
+def _temp(folder: Path, pid: int, age_s: float, suffix: str = "-1-abcd0123") -> Path:
+    """A writer's temporary file as a killed writer leaves it: an HDF5 signature first."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"profile.h5{schema.TEMP_MARKER}{pid}{suffix}"
-    path.write_bytes(b"half a profile")
+    path.write_bytes(tempfiles.HDF5_SIGNATURE + b"half a profile")
     when = time.time() - age_s
     os.utime(path, (when, when))
     return path
@@ -67,22 +68,25 @@ def test_stale_temp_files_removed_by_the_next_writer(tmp_path: Path) -> None:
     dead = _dead_pid()
     folder = tmp_path / "run"
     stale = _temp(folder, dead, 3600)
-    legacy = _temp(folder, dead, 3600, suffix="")  # the old <name>.tmp-<pid> form
+    empty = _temp(folder, dead, 3600, suffix="-3-00ff00ff")
+    empty.write_bytes(b"")  # killed before its first byte
+    os.utime(empty, (time.time() - 3600,) * 2)
     live = _temp(folder, os.getpid(), 3600)
-    fresh = _temp(folder, dead, 1, suffix="-2-ef01")  # young: kept
+    fresh = _temp(folder, dead, 1, suffix="-2-ef01ef01")  # young: kept
     write_tiny(folder)
     left = {p.name for p in folder.iterdir()}
-    assert stale.name not in left and legacy.name not in left
+    assert stale.name not in left and empty.name not in left
     assert {live.name, fresh.name, "profile.h5"} <= left
 
 
-def test_stale_temp_files_removed_by_discover(tmp_path: Path) -> None:
+def test_discover_skips_temp_files_and_removes_nothing(tmp_path: Path) -> None:
     dead = _dead_pid()
     write_tiny(tmp_path / "a" / "run")
     stale = _temp(tmp_path / "a" / "run", dead, 3600)
-    live = _temp(tmp_path / "b", os.getpid(), 3600)
+    legacy = tmp_path / "a" / "run" / f"profile.h5.tmp-{dead}-1-abcd"  # before issue 22
+    legacy.write_bytes(tempfiles.HDF5_SIGNATURE)
     assert [p.parent.name for p in popviz.discover(tmp_path)] == ["run"]
-    assert not stale.exists() and live.exists()
+    assert stale.exists() and legacy.exists()
 
 
 CHILD = textwrap.dedent("""

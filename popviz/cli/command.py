@@ -8,10 +8,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, os_error_line
 
 EXIT_OK = 0
 EXIT_BAD_PROFILE = 1
+EXIT_FAILED = 1  # could not write (a full disk, no permission)
 EXIT_USAGE = 2
 
 
@@ -51,5 +52,7 @@ def run_guarded(command: Command, args: argparse.Namespace) -> int:
         return fail(str(exc), EXIT_USAGE)
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
+    except OSError as exc:  # a full disk, a folder not writable: one line, not a traceback
+        return fail(os_error_line(exc), EXIT_FAILED)
     except KeyboardInterrupt:
         return fail("interrupted", 130)

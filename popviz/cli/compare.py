@@ -9,7 +9,7 @@ import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
-from popviz.cli.vetcache import add_no_vet_argument, check_vetted
+from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
@@ -90,8 +90,10 @@ def _run(args: argparse.Namespace) -> int:
     from popviz.api import compare
 
     if not args.no_vet:
-        check_vetted(args.a, args.b)
-    comp = compare(args.a, args.b)
+        check_vetted(args.a, args.b)  # both before either is opened
+    with open_vetted(args.a, vet=not args.no_vet) as a, \
+            open_vetted(args.b, vet=not args.no_vet) as b:
+        comp = compare(a, b)
     text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
             else render_text(comp))
     emit(text)

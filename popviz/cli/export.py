@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from popviz.cli.command import EXIT_OK, Command
-from popviz.cli.vetcache import add_no_vet_argument, check_vetted
+from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +22,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import popviz
     from popviz.cli.command import UsageError
     from popviz.format.export import export_chrome_trace, export_csv
 
-    if not args.no_vet:
-        check_vetted(args.profile)
-    with popviz.open(args.profile) as profile:
+    with open_vetted(args.profile, vet=not args.no_vet) as profile:
         if args.format == "csv":
             unknown = sorted(set(args.tables or []) - set(profile.table_names))
             if unknown:
@@ -47,7 +44,8 @@ COMMAND = Command(
     name="export",
     help="export tables as CSV, or the trace as Chrome/Perfetto JSON",
     description="Export a profile's tables as CSV files (plus meta.json), or its execution "
-    "trace as Chrome trace-event JSON that Perfetto and chrome://tracing open.",
+    "trace as Chrome trace-event JSON that Perfetto and chrome://tracing open. Files appear "
+    "only when complete: a failed export (a full disk) leaves none, and exits 1.",
     add_arguments=_add_arguments,
     run=_run,
 )

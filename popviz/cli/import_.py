@@ -7,7 +7,7 @@ import argparse
 import shlex
 import sys
 
-from popviz.cli.command import EXIT_OK, EXIT_USAGE, Command, fail
+from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, EXIT_USAGE, Command, fail
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,13 +25,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parse the ranks in N worker processes (0: one per CPU); "
                         "faster on idle cores, more memory in all (default 1: in this "
                         "process)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the profile already at --to (default: refuse)")
 
 
 def _run(args: argparse.Namespace) -> int:
+    from popviz.format.writer import profile_path
     from popviz.measure.importer import import_trace
 
     if args.workers < 0:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)
+    target = profile_path(args.to)
+    if not args.force and (target.exists() or target.is_symlink()):
+        return fail(f"{target}: a profile is already there; pass --force to replace it, "
+                    "or choose another --to", EXIT_BAD_PROFILE)
     path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                         command_line=shlex.join(["popviz", *sys.argv[1:]]),
                         workers=args.workers,
@@ -50,7 +57,8 @@ COMMAND = Command(
     "ns): the trace with compute / exchange / host_io / sync / idle, stages, passes and "
     "micro-batches from torch.distributed.pipelining's PP: annotations, the ops table with "
     "each op's GPU time, transfers and liveness. A missing or unreadable file, a repeated "
-    "or missing rank is a one-line error. See docs/import.md.",
+    "or missing rank is a one-line error. An existing profile at --to is kept unless "
+    "--force is given. See docs/import.md.",
     add_arguments=_add_arguments,
     run=_run,
 )

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from popviz.cli.command import EXIT_OK, Command
+from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,13 +16,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. the --profile-dir of `python -m popviz.measure`)")
     parser.add_argument("--out", "-o", required=True, metavar="PATH",
                         help="merged profile: a .h5 path, or a directory to hold profile.h5")
+    add_no_vet_argument(parser)
 
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.measure.merge import merge_profiles
 
     path = merge_profiles(args.inputs, args.out,
-                          command_line=shlex.join(["popviz", *sys.argv[1:]]))
+                          command_line=shlex.join(["popviz", *sys.argv[1:]]),
+                          opener=lambda f: open_vetted(f, vet=not args.no_vet))
     print(f"merged into {path}")
     return EXIT_OK
 
@@ -32,7 +35,8 @@ COMMAND = Command(
     description="Merge the per-rank profiles written by `python -m popviz.measure` (one "
     "per rank, kind measured) into one profile whose trace has one row per rank (ipu = "
     "rank). Refuses modelled profiles, profiles of different runs, a missing or repeated "
-    "rank, with a one-line error.",
+    "rank, with a one-line error. Each rank file is first read in a worker process, as "
+    "summary does (--no-vet: skip), so a damaged one is refused, never crashes popviz.",
     add_arguments=_add_arguments,
     run=_run,
 )

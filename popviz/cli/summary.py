@@ -6,7 +6,7 @@ import argparse
 import json
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
-from popviz.cli.vetcache import add_no_vet_argument, check_vetted
+from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, naming_of
 
@@ -121,10 +121,10 @@ def _run(args: argparse.Namespace) -> int:
     if not paths:
         return fail(f"{args.profile}: no profile (.h5) here", EXIT_BAD_PROFILE)
     if not args.no_vet:
-        check_vetted(*paths)
+        check_vetted(*paths)  # every file before any output
     all_facts = []
     for path in paths:
-        with popviz.open(path) as profile:
+        with open_vetted(path, vet=not args.no_vet) as profile:
             try:
                 all_facts.append({**profile_facts(profile), **insight_facts(profile)})
             except (ProfileError, KeyboardInterrupt):

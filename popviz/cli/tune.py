@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -49,6 +50,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the same facts as one JSON object")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr")
+    add_no_vet_argument(parser)
 
 
 def _mcycles(values: list[int]) -> str:
@@ -151,14 +153,13 @@ def _write(program: Program, options: Options, where: str | None, line: str) -> 
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.advise.tune import load_program, tune
-    from popviz.format.reader import open as open_profile
 
-    profile = open_profile(args.profile)
-    program, options = load_program(profile)
+    with open_vetted(args.profile, vet=not args.no_vet) as profile:  # as summary does
+        program, options = load_program(profile)
+        stored = float((profile.summary or {}).get("throughput") or 0.0)
     result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
                   top=args.top, max_compiles=args.max_compiles, target=args.target,
                   progress=not args.no_progress)
-    stored = float((profile.summary or {}).get("throughput") or 0.0)
     if args.target is None and stored and abs(result.baseline.throughput - stored) > \
             SAME * stored:
         result.notes.append(f"the profile stores {stored:,.0f} samples/s but its layout "

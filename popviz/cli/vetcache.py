@@ -2,9 +2,12 @@
 
 A file that crashes libhdf5 (a segfault on a flipped byte) or makes it loop for ever would
 kill `popviz summary` itself; reading it first in a worker (`popviz.vet.vet`) turns that
-into one line and exit code 1. A verdict is kept per (real path, mtime, size, popviz
-version) under `$XDG_CACHE_HOME/popviz/` (default `~/.cache/popviz/`), so the second run on
-the same file starts no worker. A cache that cannot be read or written only costs time.
+into one line and exit code 1. A verdict is kept per file stamp (real path, device, inode,
+size, mtime and ctime: `popviz.vet.Stamp`; a file swapped in with the old mtime and size is
+a new stamp) and popviz version under `$XDG_CACHE_HOME/popviz/` (default
+`~/.cache/popviz/`), so the second run on the same file starts no worker. A cache that
+cannot be read or written only costs time. `open_vetted` opens a profile only if the file
+HDF5 opens is the one that was vetted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import popviz
 from popviz import vet as vetting
@@ -58,6 +62,23 @@ def check_vetted(*targets: str | os.PathLike[str]) -> None:
             raise ProfileError(verdict.message(str(path)))
 
 
+def open_vetted(target: str | os.PathLike[str], vet: bool = True) -> Any:
+    """`popviz.open(target)`, after vetting the file it names (unless not `vet`); the file
+    HDF5 then opens must be the one vetted (ProfileError if it was replaced or changed in
+    between: one line, nothing read from it)."""
+    path = _the_profile(Path(target)) if vet else None
+    if path is None:
+        return popviz.open(target)  # or its one-line reason why not
+    try:
+        stamp = vetting.stamp_of(path)
+    except OSError:
+        return popviz.open(path)  # gone or unreadable: popviz.open says which
+    verdict = cached_verdict(path, stamp)
+    if not verdict.ok:
+        raise ProfileError(verdict.message(str(path)))
+    return popviz.open(path, check_file=vetting.file_check(stamp, str(path)))
+
+
 def _the_profile(target: Path) -> Path | None:
     if target.is_dir() and (target / PROFILE_FILENAME).is_file():
         return target / PROFILE_FILENAME
@@ -68,17 +89,18 @@ def _the_profile(target: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def cached_verdict(path: Path) -> vetting.Verdict:
-    try:
-        stamp = vetting.stamp_of(path)
-    except OSError:
-        return vetting.Verdict(True)  # gone or unreadable: popviz.open will say so
+def cached_verdict(path: Path, stamp: vetting.Stamp | None = None) -> vetting.Verdict:
+    if stamp is None:
+        try:
+            stamp = vetting.stamp_of(path)
+        except OSError:
+            return vetting.Verdict(True)  # gone or unreadable: popviz.open will say so
     where = verdict_file(stamp)
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         data = json.loads(where.read_text())
         return vetting.Verdict(bool(data["ok"]), str(data["reason"]))
-    verdict = vetting.vet_or_refuse(stamp[0],
-                                    vetting.time_limit(vetting.DEFAULT_TIMEOUT_S, stamp[2]),
+    verdict = vetting.vet_or_refuse(stamp.path,
+                                    vetting.time_limit(vetting.DEFAULT_TIMEOUT_S, stamp.size),
                                     vetting.DEFAULT_MEMORY_MB)
     if not verdict.reason.startswith(_HANG_PREFIX):
         _store(where, verdict)

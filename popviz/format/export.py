@@ -1,6 +1,8 @@
 """Export a profile's tables to other formats: CSV files, or a Chrome / Perfetto trace.
 
 Import back is `popviz.format.writer.write_profile` over the same tables (see cli/io.py).
+Every file is written under a temporary name and renamed when complete (tempfiles.py), so a
+full disk or Ctrl-C never leaves a truncated or empty file under a final name.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.format import tempfiles
 from popviz.vocab import is_measured, naming_for
 
 # Chrome trace "ts"/"dur" are microseconds.
@@ -19,18 +22,19 @@ _US_PER_S = 1e6
 
 
 def export_csv(profile: Any, out_dir: Path, tables: list[str] | None = None) -> list[Path]:
-    """Write one CSV per table into out_dir; return the files written."""
+    """Write one CSV per table into out_dir, plus meta.json; return the files written.
+    All or none: the files appear only once every one of them is complete."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in tables or profile.table_names:
-        path = out_dir / f"{name}.csv"
-        profile.table(name).to_csv(path, index=False)
-        written.append(path)
-    meta_path = out_dir / "meta.json"
-    meta_path.write_text(json.dumps({"meta": profile.meta, "summary": profile.summary},
+    names = list(tables or profile.table_names)
+    finals = [out_dir / f"{name}.csv" for name in names] + [out_dir / "meta.json"]
+    with tempfiles.replacing(finals, out_dir) as temps:
+        for name, temp in zip(names, temps, strict=False):
+            with open(temp, "w", encoding="utf-8", newline="") as handle:
+                profile.table(name).to_csv(handle, index=False)
+        with open(temps[-1], "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"meta": profile.meta, "summary": profile.summary},
                                     indent=2, sort_keys=True))
-    written.append(meta_path)
-    return written
+    return finals
 
 
 def time_scale_us(profile: Any) -> float:
@@ -84,5 +88,7 @@ def chrome_trace(profile: Any) -> dict[str, Any]:
 
 def export_chrome_trace(profile: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(profile)))
+    text = json.dumps(chrome_trace(profile))
+    with tempfiles.replacing([path]) as (temp,), open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
     return path

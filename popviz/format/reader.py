@@ -12,7 +12,7 @@ import builtins
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
 from popviz.format.strings import decode as decode_strings
 from popviz.format.strings import read_strings
-from popviz.format.tempfiles import remove_stale
+from popviz.format.tempfiles import is_temp_name
 from popviz.vocab import MODELLED_KIND
 
 
@@ -33,23 +33,29 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
     """Every profile file under `directory` (recursively), sorted; temporary files skipped.
 
     A `.h5` path is returned as a one-item list. Files are not opened here: a broken file
-    is listed too, and `open` on it raises the reason. Temporary files of writers that
-    died (tempfiles.py) are removed on the way.
+    is listed too, and `open` on it raises the reason. Nothing is removed: a dead
+    writer's temporary file is the next writer's to clean up (tempfiles.py).
     """
     root = Path(directory)
     if root.is_file():
         return [root]
     if not root.is_dir():
         raise ProfileError(f"{root}: no such file or directory")
-    remove_stale(root.rglob(f"*{schema.TEMP_MARKER}*"))
     found = [p for p in root.rglob(f"*{schema.PROFILE_SUFFIX}")
-             if p.is_file() and schema.TEMP_MARKER not in p.name and not p.name.startswith(".")]
+             if p.is_file() and not is_temp_name(p.name) and not p.name.startswith(".")]
     return sorted(found)
 
 
-def open(path: str | os.PathLike[str]) -> Profile:
-    """Open a `.h5` profile, or a directory that holds exactly one profile."""
-    return Profile(_resolve(Path(path)))
+FileCheck = Callable[[os.stat_result], None]
+
+
+def open(path: str | os.PathLike[str], *, check_file: FileCheck | None = None) -> Profile:
+    """Open a `.h5` profile, or a directory that holds exactly one profile.
+
+    `check_file` gets `os.fstat` of the file HDF5 opened, before anything in it is read
+    past the superblock, and may raise ProfileError: a vetted file (popviz.vet) is thus
+    known to be the very file opened, not one swapped in since it was vetted."""
+    return Profile(_resolve(Path(path)), check_file=check_file)
 
 
 def _resolve(path: Path) -> Path:
@@ -78,8 +84,9 @@ class Profile:
     Every way the file can be wrong ends in `ProfileError` (one line naming the file and
     the table); declared shapes and sizes are checked at open, before any data is read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, check_file: FileCheck | None = None) -> None:
         self.path = Path(path)
+        self._check_file = check_file
         # One re-entrant lock per file for every read and lazily built value (no
         # functools.cached_property: on 3.11 its lock is shared by all instances).
         self._lock = threading.RLock()
@@ -143,6 +150,8 @@ class Profile:
                 f"{path}: HDF5 file is truncated or damaged ({_one_line(exc)})"
             ) from None
         try:
+            if self._check_file is not None:
+                self._check_file(os.fstat(h5.id.get_vfd_handle()))
             with self._guard("profile"):
                 self._check_identity(h5)
                 check_self_contained(h5, str(path))
@@ -209,6 +218,11 @@ class Profile:
 
     def __repr__(self) -> str:
         return f"<popviz.Profile {self.path} kind={self.kind} v{self.format_version}>"
+
+    def file_stat(self) -> os.stat_result:
+        """`os.fstat` of the file open here (whatever its path names by now)."""
+        with self._lock:
+            return os.fstat(self._h5.id.get_vfd_handle())
 
     def __enter__(self) -> Profile:
         return self

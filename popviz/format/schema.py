@@ -18,7 +18,9 @@ FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
 PROFILE_SUFFIX = ".h5"
-TEMP_MARKER = ".tmp-"  # writer's temporary name: <name>.h5.tmp-<pid>-<thread>-<random>
+# A writer's temporary name: <final>.popviz-tmp-<pid>-<thread>-<hex8> (format/tempfiles.py).
+TEMP_MARKER = ".popviz-tmp-"
+LEGACY_TEMP_MARKER = ".tmp-"  # before issue 22: <name>.h5.tmp-<pid>-<thread>-<hex>
 
 TABLES_GROUP = "tables"
 ARRAYS_GROUP = "arrays"

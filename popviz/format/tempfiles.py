@@ -1,9 +1,15 @@
-"""Temporary names of profiles being written, their clean-up, and Ctrl-C during a write.
+"""Temporary names of files being written, their clean-up, and Ctrl-C during a write.
 
-A writer builds `<name>.h5.tmp-<pid>-<thread>-<random>` and renames it when complete, so
-two threads of one process, or two processes, never share a temporary file. A writer that
-was killed leaves its temporary file behind; the next writer in that folder, or
-`popviz.discover`, removes those whose process is gone.
+A writer builds `<final>.popviz-tmp-<pid>-<thread>-<hex8>` next to its final name and
+renames it when complete, so two threads of one process, or two processes, never share a
+temporary file. A profile writer that was killed leaves its temporary file behind; the next
+profile writer in that folder removes it, and only it: the whole name must match
+`TEMP_NAME` (anchored), its pid must be gone, it must be over a minute old, a regular file
+(not a link), and empty or an HDF5 file (what the writer makes). Anything else, above all a
+user's file that merely looks like one (`results.tmp-20240101-final.csv`, issue 22), is left
+alone. Read-only commands (`discover`, `summary`, `serve`) never delete: they skip
+temporary names. Temporary files of other writers (exports) are removed by their own
+writer on failure and never by anyone else.
 """
 
 from __future__ import annotations
@@ -13,23 +19,48 @@ import os
 import re
 import secrets
 import signal
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from popviz.errors import write_error
 from popviz.format import schema
 
 # A temporary file younger than this is left alone even if its pid looks dead: the
 # writer may run in another pid namespace (a container) sharing the folder.
 STALE_AFTER_S = 60.0
-_PID = re.compile(re.escape(schema.TEMP_MARKER) + r"(\d+)(?:-|$)")
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at offset 0 of every file the writer makes
+TEMP_NAME = re.compile(re.escape(schema.TEMP_MARKER)
+                       + r"(?P<pid>[1-9][0-9]{0,9})-(?P<thread>[0-9]{1,20})-[0-9a-f]{8}")
+# popviz before issue 22 wrote <name>.h5.tmp-<pid>-<thread>-<hex>: skipped by discovery,
+# never removed (too close to names people give their own files)
+LEGACY_TEMP_NAME = re.compile(re.escape(schema.PROFILE_SUFFIX + schema.LEGACY_TEMP_MARKER)
+                              + r"[0-9]+(?:-[0-9]+-[0-9a-f]+)?")
 
 
 def temp_name(final: Path) -> Path:
     """A temporary path next to `final`, unique per process, thread and call."""
     return final.with_name(f"{final.name}{schema.TEMP_MARKER}{os.getpid()}-"
                            f"{threading.get_ident()}-{secrets.token_hex(4)}")
+
+
+def _temp_match(name: str) -> re.Match[str] | None:
+    """The writer's temporary-name suffix of `name`, anchored at its end, after a
+    non-empty final name."""
+    cut = name.rfind(schema.TEMP_MARKER)
+    if cut <= 0:
+        return None
+    return TEMP_NAME.fullmatch(name, cut)
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is one popviz gives a file while writing it (now or before)."""
+    if _temp_match(name) is not None:
+        return True
+    cut = name.rfind(schema.PROFILE_SUFFIX + schema.LEGACY_TEMP_MARKER)
+    return cut > 0 and LEGACY_TEMP_NAME.fullmatch(name, cut) is not None
 
 
 def pid_alive(pid: int) -> bool:
@@ -39,41 +70,87 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process
+    except (PermissionError, OverflowError):  # someone else's process; not a pid at all
         return True
     return True
 
 
-def is_stale(path: Path, now: float | None = None) -> bool:
-    """A writer's temporary file whose process is gone and which is not brand new."""
-    match = _PID.search(path.name)
-    if match is None or pid_alive(int(match.group(1))):
-        return False
+def _holds_a_profile_or_nothing(path: Path, expected: os.stat_result) -> bool:
+    """Empty, or an HDF5 file, read without following a link; still the file stat'ed."""
     try:
-        age = (now if now is not None else time.time()) - path.stat().st_mtime
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return False
-    return age >= STALE_AFTER_S
+    try:
+        now = os.fstat(fd)
+        if (now.st_ino, now.st_dev) != (expected.st_ino, expected.st_dev):
+            return False
+        return now.st_size == 0 or os.pread(fd, len(HDF5_SIGNATURE), 0) == HDF5_SIGNATURE
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
-def remove_stale(paths: Iterable[Path]) -> list[Path]:
-    """Remove the stale temporary files among `paths`; the ones removed."""
+def is_stale(path: Path, now: float | None = None) -> bool:
+    """A profile writer's temporary file whose process is gone and which is not brand new:
+    the exact name, a dead pid, over STALE_AFTER_S old, a regular file, empty or HDF5."""
+    match = _temp_match(path.name)
+    if match is None or pid_alive(int(match.group("pid"))):
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    if (now if now is not None else time.time()) - info.st_mtime < STALE_AFTER_S:
+        return False
+    return _holds_a_profile_or_nothing(path, info)
+
+
+def remove_stale_in(folder: Path) -> list[Path]:
+    """Remove dead profile writers' temporary files directly in `folder` (only a writer
+    into `folder` calls this); the ones removed."""
     removed = []
-    for path in paths:
-        if schema.TEMP_MARKER in path.name and is_stale(path):
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:
+        return []
+    for name in names:
+        path = folder / name
+        if is_stale(path):
             with contextlib.suppress(OSError):  # a read-only folder, or gone already
                 path.unlink()
                 removed.append(path)
     return removed
 
 
-def remove_stale_in(folder: Path) -> list[Path]:
-    """Remove dead writers' temporary files directly in `folder`."""
+@contextlib.contextmanager
+def replacing(finals: Sequence[Path], label: object = None) -> Iterator[list[Path]]:
+    """Temporary paths for `finals`, to be written in the block. On a clean exit each is
+    fsynced and renamed over its final name; on any error (a full disk, Ctrl-C) all of
+    them are removed, nothing is left under a final name, and an OSError is re-raised
+    naming `label` (default: the first final path) instead of a temporary file."""
+    temps = [temp_name(final) for final in finals]
     try:
-        candidates = list(folder.glob(f"*{schema.TEMP_MARKER}*"))
-    except OSError:
-        return []
-    return remove_stale(candidates)
+        yield temps
+        for temp in temps:
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for temp, final in zip(temps, finals, strict=True):
+            os.replace(temp, final)
+    except BaseException as exc:
+        for temp in temps:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        if isinstance(exc, OSError):
+            raise write_error(exc, label if label is not None else finals[0]) from exc
+        raise
 
 
 @contextlib.contextmanager

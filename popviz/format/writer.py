@@ -3,7 +3,8 @@
 The file is built under a temporary name in the destination folder (unique per process,
 thread and call) and renamed only when complete, so a crash or Ctrl-C never leaves a
 valid-looking half profile behind; Ctrl-C during a write removes the temporary file and
-raises KeyboardInterrupt (tempfiles.py).
+raises KeyboardInterrupt (tempfiles.py); a write that fails (a full disk) removes it and
+raises an OSError naming the profile.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from popviz._version import __version__
+from popviz.errors import write_error
 from popviz.format import schema, tempfiles
 from popviz.format.chunks import ChunkJobs
 from popviz.format.lowlevel import create_chunked, fixed_text_attr
@@ -107,9 +109,11 @@ def write_profile(
                 os.fsync(handle.fileno())
             check_interrupt()  # the last moment a Ctrl-C still means "no profile"
             os.replace(temp, final)
-    except BaseException:  # Ctrl-C included: no half file stays behind; re-raised
+    except BaseException as exc:  # Ctrl-C included: no half file stays behind; re-raised
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+        if isinstance(exc, OSError):  # a full disk: name the profile, not the temp file
+            raise write_error(exc, final) from exc
         raise
     finally:
         for job in jobs.values():

@@ -10,6 +10,7 @@ recomputed over all ranks.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +99,21 @@ def merged_meta(profiles: list[Any]) -> dict[str, Any]:
 
 
 def merge_profiles(inputs: list[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-                   command_line: str | None = None) -> Path:
-    """Merge the rank profiles found in `inputs` (files or directories) into `out`."""
+                   command_line: str | None = None,
+                   opener: Callable[[Path], Any] | None = None) -> Path:
+    """Merge the rank profiles found in `inputs` (files or directories) into `out`.
+    `opener` opens each rank file (default `popviz.open`; the CLI's vets it first)."""
     from popviz.format.reader import open as open_profile
     from popviz.format.writer import profile_path, write_profile
 
+    opening = opener or open_profile
     files, in_dirs = rank_files(inputs)
     target = profile_path(out).resolve()
-    profiles = [open_profile(f) for f in files if f != target]
+    profiles: list[Any] = []
     try:
+        for f in files:  # inside the try: a refused file closes those opened before it
+            if f != target:
+                profiles.append(opening(f))
         # a directory may also hold an earlier merge of the same run: not an input
         keep = [p for p in profiles if p.path.resolve() not in in_dirs
                 or "ranks" not in p.meta.get("measure", {})]
