@@ -42,7 +42,7 @@ def _needs(point: dict) -> None:
 
 @pytest.fixture(scope="module")
 def evaluator() -> Evaluator:
-    for point in FIT_POINTS:  # BERT-Large (it sets matmul_efficiency) needs transformers
+    for point in FIT_POINTS:  # BERT-Large needs transformers
         _needs(point)
     return Evaluator(FIT_POINTS)
 
@@ -97,8 +97,7 @@ def test_fast_prediction_equals_compile(evaluator: Evaluator) -> None:
 
 
 def test_cached_terms_give_the_same_cycles_as_a_full_costing(evaluator: Evaluator) -> None:
-    other = DEFAULT_COST.with_values(amp_efficiency=0.6, depth_half=300.0,
-                                     vector_efficiency=0.3)
+    other = DEFAULT_COST.with_values(amp_efficiency=0.6, vector_efficiency=0.3)
     for prepared in evaluator.prepared.values():
         full = op_costs(prepared.ops, prepared.target, prepared.precision, prepared.amp,
                         other, prepared.features)["cycles"].to_numpy(np.float64)
@@ -142,8 +141,8 @@ def test_every_constant_has_a_provenance_and_the_doc_is_current() -> None:
 
 def test_cost_constants_override_per_target() -> None:
     slow = make_target({"base": "mk2", "name": "mk2-slow-sync", "sync_cycles": 6000,
-                        "cost": {"depth_half": 10}})
-    assert slow.sync_cycles == 6000 and slow.cost.depth_half == 10
+                        "cost": {"vector_efficiency": 0.1}})
+    assert slow.sync_cycles == 6000 and slow.cost.vector_efficiency == 0.1
     assert slow.cost.amp_efficiency == get_target("mk2").cost.amp_efficiency
     with pytest.raises(ValueError, match="unknown cost model constant"):
         make_target({"base": "mk2", "name": "x", "cost": {"warp_speed": 1}})

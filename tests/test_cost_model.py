@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from popviz.compiler import compile
 from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 from popviz.target import get_target, register_target
-from popviz.target.cost import Precision, op_costs, op_features
+from popviz.target.cost import Precision, op_costs
 from popviz.target.costmodel import KINDS, PROVENANCE, CostModel
 
 MK2 = get_target("mk2")
@@ -22,42 +21,9 @@ def test_every_constant_has_a_known_kind_and_a_reason() -> None:
     for name, p in PROVENANCE.items():
         assert p.kind in KINDS and len(p.note) > 20, name
     fitted = {n for n, p in PROVENANCE.items() if p.kind == "fitted"}
-    assert fitted == {"amp_efficiency", "depth_half", "vector_efficiency", "matmul_efficiency"}
+    assert fitted == {"amp_efficiency", "vector_efficiency"}
     for t in ("mk1", "mk2", "bow"):
         assert get_target(t).cost == get_target("mk2").cost
-
-
-def test_efficiency_grows_with_reduction_depth_and_lane_fill() -> None:
-    def conv(cin: int, k: int) -> dict:
-        return {"op_class": "conv", "phase": "forward", "flops": 1, "bytes_read": 1,
-                "bytes_written": 1, "shapes": f"[1,{cin},8,8];[64,{cin},{k},{k}]",
-                "out_shape": "[1,64,8,8]", "dtype": "float16"}
-
-    ops = pd.DataFrame([conv(4, 1), conv(16, 1), conv(16, 3), conv(256, 3)])
-    f = op_features(ops, 16)
-    assert f.fill_a.tolist() == [0.25, 1.0, 1.0, 1.0]
-    assert f.depth_a.tolist() == [4, 16, 144, 2304]
-    from popviz.target.cost import amp_efficiency
-    eff = amp_efficiency(f, MK2.cost)
-    assert np.all(np.diff(eff) > 0) and eff[-1] <= MK2.cost.amp_efficiency
-
-
-def test_matmul_efficiency_applies_to_matmuls_only() -> None:
-    from popviz.target.cost import amp_efficiency
-
-    ops = pd.DataFrame([
-        {"op_class": "conv", "phase": "forward", "flops": 1, "bytes_read": 1,
-         "bytes_written": 1, "shapes": "[1,1024,8,8];[64,1024,1,1]",
-         "out_shape": "[1,64,8,8]", "dtype": "float16"},
-        {"op_class": "matmul", "phase": "forward", "flops": 1, "bytes_read": 1,
-         "bytes_written": 1, "shapes": "[64,1024];[1024,64]", "out_shape": "[64,64]",
-         "dtype": "float16"}])
-    f = op_features(ops, 16)
-    assert f.depth_a.tolist() == [1024, 1024] and f.is_matmul.tolist() == [False, True]
-    one = amp_efficiency(f, CostModel(matmul_efficiency=1.0))
-    assert one[0] == pytest.approx(one[1])  # the same reduction: the same curve
-    half = amp_efficiency(f, CostModel(matmul_efficiency=0.5))
-    assert half[0] == one[0] and half[1] == pytest.approx(0.5 * one[1])
 
 
 def test_host_call_cost_sets_a_floor_under_small_batch_latency() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from popviz.target import get_target
 from popviz.target.cost import Precision, op_costs
@@ -32,17 +31,16 @@ def test_precision_parsing() -> None:
     assert HALF.partial_bytes == 2 and Precision.parse("16.16", False).partial_bytes == 4
 
 
-def test_a_three_channel_stem_conv_fills_few_amp_lanes() -> None:
+def test_a_three_channel_stem_conv_is_less_efficient_per_flop() -> None:
     c = op_costs(ops(conv(3), conv(64)), MK2, HALF, np.array([0.6, 0.6]))
     f = ops(conv(3), conv(64))["flops"].to_numpy()
     per_flop = c["compute_cycles"].to_numpy() / f
-    # 3 of 16 lanes, and a reduction of 3 x 9 instead of 64 x 9 (depth / (depth + half))
-    half = MK2.cost.depth_half
-    depth = (27 / (27 + half)) / (576 / (576 + half))
-    assert per_flop[0] == pytest.approx(per_flop[1] * 16 / 3 / depth, rel=0.05)
+    # 3 channels fill 3 of the 4 lanes of the narrowest AMP grouping: slower per FLOP
+    assert per_flop[0] > 1.2 * per_flop[1]
+    assert c["plan"].str.contains("amp4").iloc[0] and c["plan"].str.contains("amp16").iloc[1]
 
 
-def test_grouped_convs_are_slower_per_flop_only_through_lanes_and_depth() -> None:
+def test_grouped_convs_are_slower_per_flop() -> None:
     def grouped(groups: int) -> dict:
         row = conv(128, 128)
         row["flops"] //= groups
@@ -52,9 +50,8 @@ def test_grouped_convs_are_slower_per_flop_only_through_lanes_and_depth() -> Non
     c = op_costs(ops(grouped(1), grouped(32)), MK2, HALF, np.array([0.6, 0.6]))
     f = ops(grouped(1), grouped(32))["flops"].to_numpy()
     per_flop = c["compute_cycles"].to_numpy() / f
-    half = MK2.cost.depth_half
-    depth = (36 / (36 + half)) / (1152 / (1152 + half))
-    assert per_flop[1] == pytest.approx(per_flop[0] * 16 / 4 / depth, rel=0.05)
+    # 4 channels per group: 4-channel AMP blocks whose 16 output lanes hold 4 channels
+    assert per_flop[1] > 3 * per_flop[0]
 
 
 def test_views_cost_nothing_and_take_no_tiles() -> None:
@@ -79,16 +76,19 @@ def test_amp_is_monotone_over_random_convs() -> None:
             for _ in range(40)]
     table = ops(*rows)
     prev = None
+    changed = 0
     for amp in (0.9, 0.6, 0.3, 0.15, 0.05, 0.01, 0.001):
         c = op_costs(table, MK2, HALF, np.full(len(rows), amp))
         bounded = ~c["amp_ignored"]
         assert (c.loc[bounded, "temp_bytes"] <= amp * MK2.bytes_per_tile + 1).all()
         if prev is not None:
-            assert (c["cycles"] >= prev["cycles"]).all()
-            assert (c["temp_bytes"] <= prev["temp_bytes"]).all()
+            both = bounded & ~prev["amp_ignored"]
+            assert (c.loc[both, "cycles"] >= prev.loc[both, "cycles"]).all()
+            assert (c.loc[both, "temp_bytes"] <= prev.loc[both, "temp_bytes"]).all()
             assert (c["amp_ignored"] >= prev["amp_ignored"]).all()
+            changed += int((c["cycles"] != prev["cycles"]).sum())
         prev = c
-    assert prev["amp_ignored"].any()
+    assert prev["amp_ignored"].any() and changed > 0
 
 
 def test_fp32_compute_is_slower_and_mk1_slower_than_mk2() -> None:

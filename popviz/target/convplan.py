@@ -13,9 +13,10 @@ tile being the op's time (all tiles run the same vertex in one BSP compute phase
 and its temporary memory per tile is what a plan adds while it runs: the exchanged input
 and weight slices, the partials, and the incoming partials of the reduction. The plan kept
 is the fastest whose temporary bytes per tile stay under availableMemoryProportion x tile
-bytes. When none does, PopLibs splits the op into serial slices (output channels first,
-then input channels) planned one after the other; when even that does not fit, the bound
-is ignored and the fastest plan taken (`ignored`). AMP's effect on cycles therefore falls
+bytes, serial slices of the output or input channels (planned one after the other: less
+memory, more cycles) searched with the parallel splits, as PopLibs does; when nothing fits,
+the bound is doubled while under twice a tile's memory, then ignored and the fastest plan
+taken (`ignored`). AMP's effect on cycles therefore falls
 out of the search: a lower bound rules out the faster, more replicated plans.
 
 The search tries the AMP vertex with each input-channel grouping (a small grouping packs
@@ -49,8 +50,9 @@ from popviz.target.vertices import (
 )
 
 SERIAL_SPLITS = (2, 4, 8, 16, 32, 64)
-_STEPS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96,
-          112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1472)
+_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+          1472)
+MIN_TILE_SHARE = 8  # partitions using under 1/8 of the tiles are not searched
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def _cands(size: int, limit: int) -> np.ndarray:
     return np.array(sorted(vals or {1}), dtype=np.int64)
 
 
+@lru_cache(maxsize=4096)
 def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
     per weight block, costed for its busiest tile."""
@@ -100,7 +103,10 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
             _cands(p.groups, tiles), _cands(icb, tiles), _cands(ocb, tiles)]
     flat = [m.reshape(-1) for m in np.meshgrid(*axes, indexing="ij")]
     used = flat[0] * flat[1] * flat[2] * flat[3] * flat[4] * flat[5]
-    ok = used <= tiles
+    # a partition on few tiles is never the fastest, and never the leanest per tile;
+    # small ops (fewer partitions than tiles / 8) keep all of theirs
+    floor = min(tiles // MIN_TILE_SHARE, int(used.max()))
+    ok = (used <= tiles) & (used >= floor)
     pb, ph, pw, pg, pi, po = (f[ok] for f in flat)
     used = used[ok]
     n_t, h_t, w_t = ceil_div(p.batch, pb), ceil_div(p.field[0], ph), ceil_div(p.field[1], pw)
@@ -225,9 +231,8 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
 @lru_cache(maxsize=65536)
 def plan_conv(p: ConvParams, arch: TileArch, amp: float) -> Plan:
     """The plan PopLibs' search would pick for `p` with availableMemoryProportion `amp`:
-    the fastest within the bound; else the fastest with serial slices (output channels,
-    then input channels) within it; else, as PopLibs, the bound doubled while under twice
-    a tile's memory; else the fastest plan, the bound ignored."""
+    the fastest within the bound, serial slices included; else, as PopLibs, the bound
+    doubled while under twice a tile's memory; else the fastest plan, the bound ignored."""
     variants = _variants(p, arch)
     grids = [(m, v, g, _grid(v, arch, g)) for m, v, g in variants]
     vec = _vector_plan(p, arch)
@@ -259,20 +264,27 @@ def _within(p: ConvParams, arch: TileArch, grids: list, vec: Plan | None, bound:
         i = _best(grid, bound)
         if i is not None:
             found.append(_plan_from(grid, i, method, ("", 1), ignored))
-    if found:
-        return min(found, key=_order)
-    for kind in ("out", "in"):
-        for s in SERIAL_SPLITS:
-            for method, v, g, _grid_unused in grids:
-                chans = v.out_chans if kind == "out" else v.in_chans
-                if chans < s:
-                    continue
-                sliced = replace(v, out_chans=math.ceil(chans / s)) if kind == "out" \
-                    else replace(v, in_chans=math.ceil(chans / s))
-                grid = _grid(sliced, arch, g)
-                i = _best(grid, bound)
-                if i is not None:
-                    found.append(_plan_from(grid, i, method, (kind, s), ignored))
-            if found:
-                return min(found, key=_order)
-    return None
+    # PopLibs searches serial splits with the parallel ones (a lower bound must never
+    # find a faster plan than a higher one): every count, of either kind
+    found += _serial(arch, grids, bound, ignored, "out", SERIAL_SPLITS)
+    found += _serial(arch, grids, bound, ignored, "in", SERIAL_SPLITS)
+    return min(found, key=_order) if found else None
+
+
+def _serial(arch: TileArch, grids: list, bound: float, ignored: bool, kind: str,
+            splits: tuple[int, ...]) -> list[Plan]:
+    """The best plan within `bound` of each variant cut into `s` serial slices of its
+    output (or input) channels, for each s of `splits`."""
+    found = []
+    for s in splits:
+        for method, v, g, _grid_unused in grids:
+            chans = v.out_chans if kind == "out" else v.in_chans
+            if chans < s:
+                continue
+            sliced = replace(v, out_chans=math.ceil(chans / s)) if kind == "out" \
+                else replace(v, in_chans=math.ceil(chans / s))
+            grid = _grid(sliced, arch, g)
+            i = _best(grid, bound)
+            if i is not None:
+                found.append(_plan_from(grid, i, method, (kind, s), ignored))
+    return found
