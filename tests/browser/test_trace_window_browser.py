@@ -101,5 +101,24 @@ def test_whole_run_and_a_wide_selection_through_waitress(browser_context: Any, b
         assert _kind_times(page) == want_kinds
     page.screenshot(path=str(SCREENSHOTS / "trace_whole_run_selected.png"), full_page=True)
     assert page.locator("#callback-error .message").count() == 0
+    assert page.locator("#request-error").is_hidden()
     assert failed == [] and errors == [], (failed, errors)
+    page.close()
+
+
+def test_a_refused_update_is_said_on_the_page(browser_context: Any, base_url: str,
+                                              served: Path) -> None:
+    """A callback request waitress refuses (over 1 MiB: 413) gets a visible line, not
+    silence. The request is a real one to the real server, only made too big."""
+    rel = _profile_with_most(served, lambda p: len(p.trace))
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    assert page.locator("#request-error").is_hidden()
+    status = page.evaluate("""() => fetch('/_dash-update-component', {method: 'POST',
+        headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify({pad: 'x'.repeat(2 * 1024 * 1024)})}).then(r => r.status)""")
+    assert status == 413
+    line = page.locator("#request-error")
+    line.wait_for(state="visible", timeout=5_000)
+    assert "refused an update (HTTP 413, request too large)" in line.inner_text()
+    assert [e for e in errors if "413" not in e] == []  # the 413 itself is expected here
     page.close()
