@@ -76,6 +76,7 @@ INDEX_STRING = """<!DOCTYPE html>
         box.textContent = "The server refused an update (HTTP " + reply.status +
           (reply.status === 413 ? ", request too large" : "") + "): what is shown may " +
           "be out of date. Reload the page; if it happens again, please report it.";
+        box.className = "message error";  // counted as an error only once shown
         box.hidden = false;
       }
       return reply;
@@ -85,7 +86,7 @@ INDEX_STRING = """<!DOCTYPE html>
 </script>
 </head>
 <body>
-<div id="request-error" class="message error" hidden></div>
+<div id="request-error" hidden></div>
 {%app_entry%}
 <footer>{%config%}{%scripts%}{%renderer%}</footer>
 </body>
