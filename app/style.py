@@ -62,8 +62,31 @@ INDEX_STRING = """<!DOCTYPE html>
 {%favicon%}
 {%css%}
 <style>""" + CSS + """</style>
+<script>
+// A callback request the server itself refuses (waitress' 413, a 500 from outside Dash)
+// leaves the page as it was without a word; exceptions inside callbacks have their own line
+// (#callback-error). This one lives outside React, so the renderer never redraws it.
+(function () {
+  const fetch0 = window.fetch;
+  window.fetch = function (input, init) {
+    return fetch0.apply(this, arguments).then(function (reply) {
+      const url = typeof input === "string" ? input : (input && input.url) || "";
+      const box = document.getElementById("request-error");
+      if (reply.status >= 400 && url.indexOf("_dash-update-component") >= 0 && box) {
+        box.textContent = "The server refused an update (HTTP " + reply.status +
+          (reply.status === 413 ? ", request too large" : "") + "): what is shown may " +
+          "be out of date. Reload the page; if it happens again, please report it.";
+        box.className = "message error";  // counted as an error only once shown
+        box.hidden = false;
+      }
+      return reply;
+    });
+  };
+})();
+</script>
 </head>
 <body>
+<div id="request-error" hidden></div>
 {%app_entry%}
 <footer>{%config%}{%scripts%}{%renderer%}</footer>
 </body>

@@ -25,7 +25,7 @@ def app() -> Any:
 
 def test_selected_range_statistics(app: Any) -> None:
     stats = app.popviz_callbacks["trace.stats"]
-    panel = stats({"range": {"x": [1e6, 3e6]}}, None, f"?profile={REL}")
+    panel = stats([1e6, 3e6], None, f"?profile={REL}")
     text = " ".join(component_text(c) for c in panel)
     assert "Selected range: 1,000,000 to 3,000,000 cycles (2,000,000 cycles)" in text
     assert "Compute by op class" in text and "Top ops" in text

@@ -141,10 +141,16 @@ def test_summary_says_what_does_not_fit(app: Any) -> None:
 def test_trace_zoom_callback_switches_level_of_detail(app: Any) -> None:
     zoom = app.popviz_callbacks["trace.zoom"]
     search = f"?profile={GOOD}"
-    fig, status = zoom({"xaxis.range[0]": 0, "xaxis.range[1]": 2000}, search)
+    fig, status, window = zoom({"xaxis.range[0]": 0, "xaxis.range[1]": 2000}, search)
     assert fig.layout.meta["mode"] == "events" and "every event drawn" in status
-    fig, status = zoom({"xaxis.autorange": True}, search)
+    assert window == {"range": [0, 2000], "how": "Shown window"}
+    fig, status, window = zoom({"xaxis.autorange": True}, search)
     assert fig.layout.meta["mode"] == "buckets"
+    # the statistics follow the window the zoom wrote (a few bytes, never the figure)
+    lo, hi = fig.layout.meta["range"]
+    assert window["range"] == [lo, hi] and hi - lo > 2000
+    head = _text(app.popviz_callbacks["trace.stats"](None, window, search)[0])
+    assert head.startswith(f"Shown window: {lo:,.0f} to {hi:,.0f} cycles")
     with pytest.raises(PreventUpdate):
         zoom({"autosize": True}, search)
     with pytest.raises(PathRefused):

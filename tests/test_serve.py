@@ -19,6 +19,7 @@ from popviz_app import access, create_app
 from popviz.format import write_report
 from popviz.synthetic import synthetic_report
 from tests.dash_http import find, payload
+from tests.serve_util import start_serve, stop
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = "run/profile.h5"
@@ -84,12 +85,6 @@ def test_token_guards_pages_callbacks_and_downloads(root: Path) -> None:
     assert client.get(csv_url).status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, **headers: str) -> tuple[int, str, dict[str, str]]:
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -99,35 +94,8 @@ def _get(url: str, **headers: str) -> tuple[int, str, dict[str, str]]:
         return exc.code, exc.read().decode(), dict(exc.headers)
 
 
-def _serve(root: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "popviz.cli.main", "serve", str(root),
-                             "--port", str(port), *extra], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError(f"server did not start: {proc.communicate()[1][-2000:]}")
-
-
-def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    proc.terminate()
-    try:
-        return proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate()
-
-
 def test_serve_runs_on_waitress_with_limits(root: Path) -> None:
-    proc, port = _serve(root)
+    proc, port = start_serve(root)
     try:
         status, _, headers = _get(f"http://127.0.0.1:{port}/")
         assert status == 200 and headers.get("Server") == "popviz"  # waitress' ident
@@ -139,17 +107,17 @@ def test_serve_runs_on_waitress_with_limits(root: Path) -> None:
         assert head.startswith("HTTP/1.1 413")  # request body over the limit, refused
         assert _get(f"http://127.0.0.1:{port}/", Host="evil.example")[0] == 400
     finally:
-        out, _ = _stop(proc)
+        out, _ = stop(proc)
     assert f"http://127.0.0.1:{port}/ " in out and "token" not in out
 
 
 def test_serve_off_loopback_warns_and_requires_a_generated_token(root: Path) -> None:
-    proc, port = _serve(root, "--host", "0.0.0.0")
+    proc, port = start_serve(root, "--host", "0.0.0.0")
     try:
         time.sleep(0.5)
         assert _get(f"http://127.0.0.1:{port}/")[0] == 401
     finally:
-        out, err = _stop(proc)
+        out, err = stop(proc)
     assert "warning: listening on 0.0.0.0, not loopback" in err
     token = out.split("?token=")[1].split()[0]
     assert len(token) >= 24

@@ -14,7 +14,8 @@ from popviz.analysis.range_stats import range_statistics
 from popviz.analysis.trace_detail import op_events, pass_ops, readable_window
 from popviz.figures.lod import TraceIndex
 from popviz.figures.naming import MEASURED
-from popviz.figures.trace_lanes import trace_lanes_figure
+from popviz.figures.trace import PIXELS
+from popviz.figures.trace_lanes import LANE_PIXELS, OVERVIEW_BUCKETS, trace_lanes_figure
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 RECOMPUTE = ROOT / "rn50_recompute"
@@ -90,6 +91,24 @@ def test_a_long_run_opens_on_ramp_up_and_a_few_steps() -> None:
     steady = inside[inside["schedule_phase"] == "main"]["superstep"].nunique()
     assert 3 <= steady <= 5
     assert readable_window(trace.head(100)) is None  # a short trace is shown whole
+
+
+def test_zoomed_out_lanes_draw_the_buckets_the_title_and_docs_name(
+        recompute: popviz.Profile) -> None:
+    whole = trace_lanes_figure(TraceIndex(recompute.trace), templates=pass_ops(recompute.ops),
+                               max_events=10)  # zoomed out: buckets
+    assert whole.layout.meta["mode"] == "buckets"
+    assert f"in {LANE_PIXELS} buckets per lane" in whole.layout.title.text
+    strip = next(d for d in whole.data if d.name == "compute: forward")
+    # each filled polygon: the bucket edges out and back, then a gap
+    lanes = int(np.isnan(np.asarray(strip.x, dtype=float)).sum())
+    assert len(strip.x) == lanes * (2 * 2 * LANE_PIXELS + 1)
+    overview = next(d for d in whole.data if d.type == "heatmap")
+    assert np.asarray(overview.z).shape[1] == OVERVIEW_BUCKETS
+    docs = " ".join((Path(__file__).parents[1] / "docs" / "app.md").read_text().split())
+    assert f"cut into {LANE_PIXELS} buckets" in docs  # issue 21: the docs said 600
+    assert f"has {OVERVIEW_BUCKETS} buckets per device" in docs
+    assert f"cuts each row into {PIXELS}" in docs
 
 
 def test_lane_figure_draws_ops_with_true_durations(recompute: popviz.Profile) -> None:

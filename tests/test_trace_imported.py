@@ -107,12 +107,12 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
     search = f"?profile={_rel(root, name)}"
     with popviz.open(root / _rel(root, name)) as p:
         lo, hi = _busy_window(p.trace)
-    fig, status = app.popviz_callbacks["trace.zoom"](
+    fig, status, _ = app.popviz_callbacks["trace.zoom"](
         {"xaxis.range[0]": lo, "xaxis.range[1]": hi}, search)
     assert fig.layout.meta["mode"] == "events"
     assert "ops" not in status and "modelled" not in status  # no op layout to promise
     assert not any(lane.endswith(" ops") for lane in fig.layout.meta["lanes"])
-    panel = app.popviz_callbacks["trace.stats"]({"range": {"x": [lo, hi]}}, None, search)
+    panel = app.popviz_callbacks["trace.stats"]([lo, hi], None, search)
     text = " ".join(component_text(c) for c in panel)
     assert "Top kernels (measured GPU time)" in text and "modelled" not in text
     assert "Compute by op class (measured GPU time)" in text
@@ -168,7 +168,7 @@ def test_trace_page_of_a_cpu_import_speaks_host_time(app: Any, root: Path) -> No
         comp = trace[trace["kind"] == "compute"]
         assert (comp["host_op"] == comp["op"]).all()  # a CPU rank's compute rows are ops
         lo, hi = float(trace["start"].min()), float(trace["end"].max())
-    panel = app.popviz_callbacks["trace.stats"]({"range": {"x": [lo, hi]}}, None, search)
+    panel = app.popviz_callbacks["trace.stats"]([lo, hi], None, search)
     text = " ".join(component_text(c) for c in panel)
     assert "Top ops (measured host time)" in text
     assert "Compute by op class (measured host time)" in text

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 
 import dash
 import pandas as pd
-from dash import Input, Output, State, html
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.range_stats import RangeStats, range_statistics
@@ -211,6 +211,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                className="hint"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),
+        dcc.Store(id="trace-window", data=_window(lo, hi, "Shown window")),
+        dcc.Store(id="trace-selection"),
         graph("trace-graph", fig),
         html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
         downloads(entry.rel, ["trace"], list(FIGURES)),
@@ -222,11 +224,31 @@ def _param(search: str | None, name: str) -> str:
     return values[0] if values else ""
 
 
+# [lo, hi] of a box selection's x range; null when the selection is cleared
+SELECTION_RANGE = """function(selected) {
+    const x = selected && selected.range && selected.range.x;
+    return x && x.length === 2 ? [Math.min(x[0], x[1]), Math.max(x[0], x[1])] : null;
+}"""
+
+
+def _window(lo: float, hi: float, how: str) -> dict[str, Any]:
+    """What the statistics callback needs of a redraw: the shown range and its heading (a
+    few bytes; the figure itself never goes back to the server: 3 MB of a zoomed-out
+    long run is past `popviz serve`'s request limit, issue 21)."""
+    return {"range": [lo, hi], "how": how}
+
+
+def _drawn(fig: Any, how: str) -> dict[str, Any]:
+    lo, hi = (float(v) for v in fig.layout.meta["range"])
+    return _window(lo, hi, how)
+
+
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
+                  Output("trace-window", "data"),
                   Input("trace-graph", "relayoutData"), State("url", "search"),
                   prevent_initial_call=True)
-    def zoom(relayout: dict | None, search: str) -> tuple[Any, str]:
+    def zoom(relayout: dict | None, search: str) -> tuple[Any, str, dict[str, Any]]:
         wanted = x_range(relayout)
         if wanted is None:
             raise PreventUpdate
@@ -234,14 +256,14 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         module = _param(search, "module")
         fig = (trace(ctx, entry, module=module) if wanted == "auto"
                else trace(ctx, entry, *wanted, module=module))
-        return fig, _status(fig, naming(entry).unit)
+        return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
-                  Output("trace-stats", "children", allow_duplicate=True),
+                  Output("trace-window", "data", allow_duplicate=True),
                   Input("trace-init", "children"), State("url", "search"),
                   prevent_initial_call="initial_duplicate")
-    def focus(_init: Any, search: str) -> tuple[Any, str, list[Any]]:
+    def focus(_init: Any, search: str) -> tuple[Any, str, dict[str, Any]]:
         """With `&module=PATH`: open on that module's first pass, its ops outlined."""
         module = _param(search, "module")
         if not module:  # the layout already drew the opening window
@@ -249,25 +271,27 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         entry = ctx.cache.get(profile_of(search))
         window = module_window(entry, module) or opening_window(entry) or (None, None)
         fig = trace(ctx, entry, *window, module=module)
-        lo, hi = (float(v) for v in fig.layout.meta["range"])
         return (fig, _status(fig, naming(entry).unit),
-                stats_panel(entry, lo, hi, f"First pass running {module}"))
+                _drawn(fig, f"First pass running {module}"))
 
-    @app.callback(Output("trace-stats", "children"), Input("trace-graph", "selectedData"),
-                  Input("trace-graph", "figure"), State("url", "search"),
+    # selectedData holds every selected bar with its hover data (220 KB for 2,000 ops):
+    # the browser keeps only the box's x range for the server
+    app.clientside_callback(SELECTION_RANGE, Output("trace-selection", "data"),
+                            Input("trace-graph", "selectedData"), prevent_initial_call=True)
+
+    @app.callback(Output("trace-stats", "children"), Input("trace-selection", "data"),
+                  Input("trace-window", "data"), State("url", "search"),
                   prevent_initial_call=True)
-    def stats(selected: dict | None, figure: dict | None, search: str) -> list[Any]:
+    def stats(box: list | None, window: dict | None, search: str) -> list[Any]:
+        """The statistics of the box just selected, else of the shown window."""
         entry = ctx.cache.get(profile_of(search))
-        box = ((selected or {}).get("range") or {}).get("x")
         if box and len(box) == 2 and _selected_last():
             return stats_panel(entry, float(min(box)), float(max(box)), "Selected range")
-        if hasattr(figure, "to_plotly_json"):  # a go.Figure (tests call this directly)
-            figure = figure.to_plotly_json()
-        meta = ((figure or {}).get("layout") or {}).get("meta") or {}
-        if "range" not in meta:
+        shown = (window or {}).get("range")
+        if not shown or len(shown) != 2:
             raise PreventUpdate
-        lo, hi = meta["range"]
-        return stats_panel(entry, float(lo), float(hi), "Shown window")
+        return stats_panel(entry, float(shown[0]), float(shown[1]),
+                           str((window or {}).get("how") or "Shown window"))
 
     return {"zoom": zoom, "focus": focus, "stats": stats}
 
@@ -278,4 +302,4 @@ def _selected_last() -> bool:
         props = dash.ctx.triggered_prop_ids
     except Exception:  # called directly by a test
         return True
-    return any(k.endswith(".selectedData") for k in props)
+    return any(k.startswith("trace-selection.") for k in props)

@@ -22,7 +22,8 @@ from popviz.figures.trace import MAX_EVENTS, _stack
 from popviz.vocab import Naming
 
 MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
-LANE_PIXELS = 400  # buckets per lane when zoomed out
+LANE_PIXELS = 400  # buckets per lane when zoomed out (docs/app.md says so too)
+OVERVIEW_BUCKETS = 240  # buckets per device in the whole-run strip
 LANE_HEIGHT = 0.8
 LANE_PX = 26
 OVERVIEW_PX = 70
@@ -182,7 +183,8 @@ def _bucket_strips(index: TraceIndex, lo: float, hi: float, pixels: int, naming:
     return out
 
 
-def _overview(index: TraceIndex, naming: Naming, buckets: int = 240) -> go.Heatmap:
+def _overview(index: TraceIndex, naming: Naming,
+              buckets: int = OVERVIEW_BUCKETS) -> go.Heatmap:
     """The whole run as one thin heat strip per device: the share of each bucket spent
     computing (a few hundred numbers however long the run)."""
     edges = np.linspace(index.start, index.end, buckets + 1)

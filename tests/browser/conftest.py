@@ -1,14 +1,15 @@
-"""A live popviz app on a free loopback port, and Debian's Chromium driven by Playwright."""
+"""A live `popviz serve` on a free loopback port, and Debian's Chromium driven by Playwright."""
 
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.serve_util import start_serve, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -47,18 +48,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def base_url(served: Path) -> Iterator[str]:
-    from popviz_app import create_app
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, create_app(served).server, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
+def base_url(served: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`popviz serve` itself (waitress with its 1 MiB body limit, vetting workers), not an
+    in-process werkzeug server that accepts any request: a callback whose request is too
+    big must fail here as it does for users (issue 21)."""
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log_path.open("w") as log:
+        proc, port = start_serve(served, log=log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop(proc)
 
 
 @pytest.fixture(scope="session")

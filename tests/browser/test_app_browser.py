@@ -57,6 +57,10 @@ def _open(context: Any, url: str) -> tuple[Any, list[str]]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # a request the server refuses (413 from waitress, a 500) is an error even when the
+    # page looks fine: Dash then keeps the old outputs without a word
+    page.on("response", lambda r: errors.append(f"HTTP {r.status} {r.request.method} {r.url}")
+            if r.status >= 400 else None)
     page.goto(url)
     page.wait_for_selector("nav.nav", timeout=30_000)
     page.wait_for_function(_SETTLED, timeout=30_000)
