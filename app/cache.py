@@ -17,7 +17,7 @@ from typing import Any
 
 import popviz
 from popviz.errors import ProfileError
-from popviz.vet import Vetter, file_check
+from popviz.vet import Stamp, Vetter, file_check, stamp_from
 
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 
@@ -63,16 +63,6 @@ def relative_message(text: str, root: Path, rel: str = "") -> str:
     return " ".join(text.split())
 
 
-FileKey = tuple[str, int, int, int, int, int]
-
-
-def file_key(path: Path, stat: os.stat_result) -> FileKey:
-    """A file as it is now: a file replaced by another (new inode) or changed in any way
-    (ctime, which no one can set back) is another key, so it is vetted and opened anew."""
-    return (str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns,
-            stat.st_ctime_ns)
-
-
 @dataclass
 class Entry:
     """One open profile and whatever has been derived from it (built once, on demand).
@@ -84,7 +74,9 @@ class Entry:
 
     profile: Any
     rel: str
-    stamp: FileKey | None = None  # the file as it was opened (see file_key)
+    # the file as it was opened: a file replaced (new inode) or changed in any way (ctime,
+    # which no one can set back) is another stamp, so it is vetted and opened anew
+    stamp: Stamp | None = None
     derived: dict[Any, Any] = field(default_factory=dict)
     _key_locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -116,10 +108,10 @@ class ProfileCache:
         self.capacity = capacity
         self._open = opener or popviz.open
         self.vetter = vetter  # None: files are opened without a worker's verdict first
-        self._entries: OrderedDict[FileKey, Entry] = OrderedDict()
+        self._entries: OrderedDict[Stamp, Entry] = OrderedDict()
         self._lock = threading.Lock()
-        self._opening: dict[FileKey, threading.Lock] = {}
-        self._listing: dict[str, tuple[FileKey, dict[str, Any]]] = {}
+        self._opening: dict[Stamp, threading.Lock] = {}
+        self._listing: dict[str, tuple[Stamp, dict[str, Any]]] = {}
         # in-memory profiles (tune plans) under names no file can have: served, never
         # written into the folder being served; bounded, oldest dropped first
         self._virtual: OrderedDict[str, Entry] = OrderedDict()
@@ -152,7 +144,7 @@ class ProfileCache:
             return entry
         path = resolve_profile(self.root, rel)
         stat = path.stat()
-        key = file_key(path, stat)
+        key = stamp_from(path, stat)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -220,7 +212,7 @@ class ProfileCache:
             rel = path.relative_to(self.root).as_posix()
             try:
                 stat = path.stat()
-                found.append((path, rel, file_key(path, stat)))
+                found.append((path, rel, stamp_from(path, stat)))
             except OSError as exc:
                 found.append((path, rel, exc))
         pending = {}

@@ -10,17 +10,21 @@ class ProfileError(Exception):
     """
 
 
+def _reason(exc: OSError) -> str:
+    """The reason of an OSError on one line (h5py's messages run over several lines)."""
+    return " ".join((exc.strerror or str(exc) or type(exc).__name__).split())[:300]
+
+
 def os_error_line(exc: OSError) -> str:
-    """`PATH: reason` on one line (h5py's OSError messages run over several lines)."""
-    reason = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())[:300]
+    """`PATH: reason` on one line."""
+    reason = _reason(exc)
     return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 def write_error(exc: OSError, target: object) -> OSError:
     """`exc` (a full disk, no permission, ...) as an OSError naming what was being written
     rather than its temporary file; same errno, so the same OSError subclass."""
-    reason = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())[:300]
-    error = OSError(exc.errno, f"cannot write ({reason}); nothing was written there",
+    error = OSError(exc.errno, f"cannot write ({_reason(exc)}); nothing was written there",
                     str(target))
     error.__cause__ = exc
     return error

@@ -69,17 +69,18 @@ class Stamp(NamedTuple):
 
 def stamp_of(path: str | os.PathLike[str]) -> Stamp:
     real = os.path.realpath(path)
-    return _stamp(real, os.stat(real))
+    return stamp_from(real, os.stat(real))
 
 
-def _stamp(real: str, st: os.stat_result) -> Stamp:
-    return Stamp(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def stamp_from(path: str | os.PathLike[str], st: os.stat_result) -> Stamp:
+    """The stamp of `path` from a stat already taken (no second system call)."""
+    return Stamp(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def same_file(stamp: Stamp, opened: os.stat_result) -> bool:
     """Whether `opened` (an `os.fstat` of the file actually opened) is the file `stamp`
     was vetted as: not replaced and not changed since."""
-    return _stamp(stamp.path, opened) == stamp
+    return stamp_from(stamp.path, opened) == stamp
 
 
 def file_check(stamp: Stamp, label: str) -> Callable[[os.stat_result], None]:

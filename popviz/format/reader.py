@@ -219,11 +219,6 @@ class Profile:
     def __repr__(self) -> str:
         return f"<popviz.Profile {self.path} kind={self.kind} v{self.format_version}>"
 
-    def file_stat(self) -> os.stat_result:
-        """`os.fstat` of the file open here (whatever its path names by now)."""
-        with self._lock:
-            return os.fstat(self._h5.id.get_vfd_handle())
-
     def __enter__(self) -> Profile:
         return self
 

@@ -53,9 +53,6 @@ class ConvParams:
         return tuple((f - 1) * s + k for f, s, k in  # type: ignore[return-value]
                      zip(self.field, self.stride, self.kernel, strict=True))
 
-    def with_out_chans(self, out_chans: int) -> ConvParams:
-        return ConvParams(self.batch, self.groups, self.in_chans, out_chans, self.field,
-                          self.kernel, self.stride, self.kind)
 
 
 def dims_of(shapes: str) -> list[list[int]]:

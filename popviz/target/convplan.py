@@ -130,9 +130,9 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
     w_bytes = g_t * ci_t * co_t * kh * kw * arch.elem_bytes
     partial_bytes = partial_elems * arch.partial_bytes
     # what is not already on the tile comes over the exchange: inputs are shared by the
-    # output-channel split, weights by the batch and field splits (poplin's estimate)
-    # on IPU2 and later, two neighbouring tiles share an exchange bus: inputs reach both
-    # tiles of a pair at once when the output-channel split pairs them (poplin's estimate)
+    # output-channel split, weights by the batch and field splits; on IPU2 and later two
+    # neighbouring tiles share an exchange bus, so inputs reach both of a pair at once when
+    # the output-channel split pairs them (poplin's estimate)
     in_moved = in_bytes * (1 - 1 / po)
     if arch.slic:
         in_moved = np.where(po % 2 == 0, in_moved / 2, in_moved)

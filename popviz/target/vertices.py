@@ -145,12 +145,3 @@ def slic_cycles(arch: TileArch, group_blocks: ArrayLike, block: ArrayLike,
     worker = ceil_div(rows, WORKERS) * 10 + ceil_div(positions, WORKERS) * per_position
     blocks = np.asarray(group_blocks) * np.asarray(windows)
     return 28 + 15 * np.asarray(group_blocks) + blocks * (34 + 16 + WORKERS * worker)
-
-
-def vector_cycles(elements: ArrayLike, elem_bytes: int, cycles_per_vector: float = 3.0
-                  ) -> np.ndarray:
-    """A popops elementwise vertex over `elements` on one tile: each worker a sixth, 3
-    worker cycles per 64-bit vector (ADD / SUB / MUL), 29 per worker and 11 supervisor
-    (BinaryOp1D)."""
-    vectors = ceil_div(ceil_div(elements, WORKERS), DATA_PATH_BYTES // max(1, elem_bytes))
-    return WORKERS * (29 + vectors * cycles_per_vector) + 11
