@@ -204,7 +204,10 @@ def test_fp32_costs_more_than_fp16(program) -> None:
     assert full.summary["step_cycles"] > half.summary["step_cycles"]
     h, f = half.tables["ops"], full.tables["ops"]
     conv = h["op_class"] == "conv"
-    assert (f.loc[conv, "cycles"] > h.loc[conv, "cycles"]).all()
+    # each conv is planned anew: a tiny, overhead-bound one may find an fp32 partition a
+    # hair quicker (wider output blocks); together the convs cost clearly more
+    assert (f.loc[conv, "cycles"] >= 0.95 * h.loc[conv, "cycles"]).all()
+    assert f.loc[conv, "cycles"].sum() > 1.2 * h.loc[conv, "cycles"].sum()
     assert full.summary["peak_liveness_bytes"]["0"] > half.summary["peak_liveness_bytes"]["0"]
 
 

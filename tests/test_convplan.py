@@ -142,10 +142,13 @@ def test_a_tight_bound_forces_serial_slices_and_costs_cycles() -> None:
 
 
 def test_an_op_that_cannot_fit_ignores_the_bound() -> None:
-    # a single huge weight slice per tile: no partition gets under a tiny bound
-    huge = ConvParams(1, 1, 4096, 4096, (1, 1), (1, 1), (1, 1), FWD)
-    plan = plan_conv(huge, ARCH, 0.0005)
-    assert plan.ignored
+    # 3.3 G outputs: megabytes of partials on every tile, whatever the partition
+    huge = ConvParams(64, 1, 16, 4096, (112, 112), (1, 1), (1, 1), FWD)
+    plan = plan_conv(huge, ARCH, 0.05)
+    assert plan.ignored and plan.temp_bytes > 0.05 * ARCH.bytes_per_tile
+    # the leanest plan is taken: half partials take less room than float ones
+    floats = plan_conv(huge, tile_arch(MK2, FLOAT_PARTIALS), 0.05)
+    assert floats.ignored and plan.temp_bytes < floats.temp_bytes
 
 
 def test_depthwise_convolutions_use_slic_on_mk2_and_hmac_on_mk1() -> None:

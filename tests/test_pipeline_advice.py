@@ -200,7 +200,11 @@ def test_bundled_profiles_segment_costs_equal_the_stage_table() -> None:
     assert stage_costs(segs, bounds) == pytest.approx(expected.tolist(), rel=1e-6)
     texts = [a.text for a in analysis.insights(p)["advice"]]
     moves = [t for t in texts if _is_move(t)]
-    assert len(moves) >= 2  # the whole pipeline, not only stage 0's neighbour
+    # IPU model v3 plans Graphcore's published layout balanced (tune finds 1.02x at best,
+    # bench/bench_expert_plans.py): no split is moved, and AMP is named where it changes
+    # something
+    assert moves == []
+    assert any("fewer serial passes" in t for t in texts)
 
 
 def test_bundled_single_block_stage_is_not_told_to_move_its_split() -> None:

@@ -123,6 +123,10 @@ def test_tied_weights_across_stages_copy_and_exchange(tmp_path) -> None:
     copy = recording.report.tables["tensors"]
     copy = copy[copy["name"] == "transformer.wte.weight (copy on IPU1)"]
     assert copy["ipu"].tolist() == [1] and copy["category"].tolist() == ["parameter"]
+    # the copy is spread over tiles like any weight, not piled onto the tile of the
+    # program's last op (no op reads the copy by id: only its last_use names one)
+    on_ipu1 = prof.tile_memory[prof.tile_memory["ipu"] == 1]
+    assert on_ipu1["always_live"].max() < 64 * 32 * 2
     from popviz.analysis.advice import advise
 
     texts = [a.text for a in advise(prof.meta, prof.stages, prof.tile_memory, prof.ops)]

@@ -90,7 +90,11 @@ def test_discover_skips_temp_files_and_removes_nothing(tmp_path: Path) -> None:
 
 
 CHILD = textwrap.dedent("""
+    import signal
     import sys
+    # Ctrl-C as a user at a terminal has it, even when this suite runs with SIGINT
+    # ignored (in the background, under nohup), which a child would inherit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {root!r})
     import numpy as np
     from popviz.format.writer import write_profile
@@ -126,14 +130,19 @@ def test_interrupt_is_deferred_to_a_safe_point() -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers need the main thread")
     reached = []
-    with pytest.raises(KeyboardInterrupt), tempfiles.deferred_interrupt() as check:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # the handler has run: without deferral KeyboardInterrupt is here
-        reached.append("after the signal")
-        check()
-        reached.append("never")
-    assert reached == ["after the signal"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a terminal user's Ctrl-C, even when the suite itself runs with SIGINT ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), tempfiles.deferred_interrupt() as check:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler ran: without deferral KeyboardInterrupt is here
+            reached.append("after the signal")
+            check()
+            reached.append("never")
+        assert reached == ["after the signal"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 HOLDER = textwrap.dedent("""

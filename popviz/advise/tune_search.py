@@ -139,8 +139,8 @@ class Search:
         """The layout with each IPU at the highest AMP rung that fits (fit is taken to be
         monotone in AMP and independent between IPUs, so all IPUs search at once). Per
         IPU: the top rung, the next, then the lowest (does any fit?), then bisection.
-        An IPU whose fullest tile does not shrink when its AMP is lowered stops there
-        (temporaries are not what overflows, so lower rungs would not help)."""
+        An IPU whose fullest tile is no smaller at the lowest rung than higher up stops
+        there (temporaries are not what overflows, so lower rungs would not help)."""
         key = (tuple(splits), rc, schedule)
         if key in self.fitted:
             return self.fitted[key]
@@ -158,8 +158,10 @@ class Search:
                 fill[i][r] = c.max_tile_fill[i]
                 if i in oom:
                     bad[i] = max(bad[i], r)
-                    lower_fill = [f for q, f in fill[i].items() if q < r]
-                    if lower_fill and c.max_tile_fill[i] >= min(lower_fill):
+                    # judged at the lowest rung: a plan may not change between two
+                    # neighbouring rungs and still shrink further down
+                    higher_fill = [f for q, f in fill[i].items() if q < r]
+                    if r == last and higher_fill and c.max_tile_fill[i] >= min(higher_fill):
                         stuck.add(i)
                 else:
                     ok[i] = r if ok[i] is None else min(ok[i], r)

@@ -52,19 +52,21 @@ def _parse_ids(texts: list[str]) -> pd.DataFrame:
 
 def consumers(ops: pd.DataFrame, tensors: pd.DataFrame, prod_row: pd.Series
                ) -> pd.DataFrame:
-    """(row, tensor_id) pairs: which program row reads which tensor. From the recorded
-    `inputs` column when there is one, plus every tensor's `last_use` op."""
+    """(row, tensor_id, dataflow) rows: which program row reads which tensor. From the
+    recorded `inputs` column when there is one (dataflow), plus every tensor's `last_use`
+    op for the tensors it does not cover (not dataflow: a stand-in for liveness only)."""
     parts = []
     read: set[int] = set()
     if "inputs" in ops.columns:
-        parts.append(_parse_ids(ops["inputs"].astype(str).tolist()))
+        parts.append(_parse_ids(ops["inputs"].astype(str).tolist()).assign(dataflow=True))
         read = set(parts[0]["tensor_id"].tolist())
     # last_use only for tensors the dataflow does not cover (it is the program's last op
     # for tensors still referenced at the end, which says nothing about where they are read)
     lu = prod_row.reindex(tensors["last_use"].to_numpy()).to_numpy()
     ok = ~np.isnan(lu) & ~tensors["tensor_id"].isin(read).to_numpy()
     parts.append(pd.DataFrame({"row": lu[ok].astype(np.int64),
-                               "tensor_id": tensors["tensor_id"].to_numpy(np.int64)[ok]}))
+                               "tensor_id": tensors["tensor_id"].to_numpy(np.int64)[ok],
+                               "dataflow": False}))
     pairs = pd.concat(parts, ignore_index=True).drop_duplicates()
     return pairs[pairs["tensor_id"].isin(tensors["tensor_id"])].reset_index(drop=True)
 
@@ -127,8 +129,9 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
     op_start = start_tiles(op_nt, op_key, tiles_per_ipu)
     home_op = np.where(has_p, pi, -1)
-    if len(pairs):
-        first = pairs.groupby("t")["row"].min()
+    read = pairs[pairs["dataflow"]]  # a last_use stand-in says nothing about where it is read
+    if len(read):
+        first = read.groupby("t")["row"].min()
         idx = first.index.to_numpy(np.int64)
         home_op[idx] = np.where(has_p[idx], home_op[idx], first.to_numpy(np.int64))
     hop = np.maximum(home_op, 0)

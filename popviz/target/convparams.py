@@ -182,6 +182,19 @@ def _from_flops(flops: float) -> list[ConvParams]:
 
 def op_passes(op: str, op_class: str, shapes: str, out_shape: str, flops: float
               ) -> list[ConvParams]:
-    if op_class == "matmul":
-        return matmul_passes(op, shapes, flops)
-    return conv_passes(op, shapes, out_shape, flops)
+    """The passes of a recorded conv / matmul; an op whose input shapes were not recorded
+    is one pass read off its output shape and FLOPs (its reduction = FLOPs / 2 / outputs)."""
+    passes = matmul_passes(op, shapes, flops) if op_class == "matmul" and shapes.strip() \
+        else conv_passes(op, shapes, out_shape, flops) if shapes.strip() else []
+    return passes or _from_output(op_class, out_shape, flops)
+
+
+def _from_output(op_class: str, out_shape: str, flops: float) -> list[ConvParams]:
+    out = dims_of(out_shape)[0] if out_shape else []
+    if len(out) < 2 or min(out) <= 0 or flops <= 0:
+        return _from_flops(flops)
+    outputs = math.prod(out)
+    reduction = max(1, round(flops / (2 * outputs)))
+    if op_class == "matmul" or len(out) < 3:  # [..., N]: rows x N
+        return [ConvParams(outputs // out[-1], 1, reduction, out[-1], (1, 1), (1, 1))]
+    return [ConvParams(out[0], 1, reduction, out[1], _spatial(out), (1, 1))]

@@ -15,9 +15,8 @@ and weight slices, the partials, and the incoming partials of the reduction. The
 is the fastest whose temporary bytes per tile stay under availableMemoryProportion x tile
 bytes, serial slices of the output or input channels (planned one after the other: less
 memory, more cycles) searched with the parallel splits, as PopLibs does; when nothing fits,
-the bound is doubled while under twice a tile's memory, then ignored and the fastest plan
-taken (`ignored`). AMP's effect on cycles therefore falls
-out of the search: a lower bound rules out the faster, more replicated plans.
+the plan with the least temporary memory is taken and flagged (`ignored`). AMP's effect on
+cycles therefore falls out of the search: a lower bound rules out the faster, more replicated plans.
 
 The search tries the AMP vertex with each input-channel grouping (a small grouping packs
 several kernel rows into one weight block, which is how a 3-channel stem keeps its conv
@@ -49,7 +48,7 @@ from popviz.target.vertices import (
     zero_cycles,
 )
 
-SERIAL_SPLITS = (2, 4, 8, 16, 32, 64)
+SERIAL_SPLITS = (2, 4, 8, 16)
 _STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
           1472)
 MIN_TILE_SHARE = 8  # partitions using under 1/8 of the tiles are not searched
@@ -90,7 +89,7 @@ def _cands(size: int, limit: int) -> np.ndarray:
     return np.array(sorted(vals or {1}), dtype=np.int64)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
     per weight block, costed for its busiest tile."""
@@ -133,10 +132,11 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
     # output-channel split, weights by the batch and field splits; on IPU2 and later two
     # neighbouring tiles share an exchange bus, so inputs reach both of a pair at once when
     # the output-channel split pairs them (poplin's estimate)
-    in_moved = in_bytes * (1 - 1 / po)
+    copies = in_bytes * (1 - 1 / po) + w_bytes * (1 - 1 / (pb * ph * pw))
+    in_time = in_bytes * (1 - 1 / po)
     if arch.slic:
-        in_moved = np.where(po % 2 == 0, in_moved / 2, in_moved)
-    exch = exchange_cycles(arch, in_moved + w_bytes * (1 - 1 / (pb * ph * pw)))
+        in_time = np.where(po % 2 == 0, in_time / 2, in_time)
+    exch = exchange_cycles(arch, in_time + w_bytes * (1 - 1 / (pb * ph * pw)))
     # a split of the input channels leaves `pi` partials of each output on different
     # tiles: they are exchanged and added, the outputs spread over all the tiles used
     outputs = p.positions * p.groups * p.out_chans
@@ -151,12 +151,28 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
     if p.kind == WU:
         share = p.batch * p.in_chans * p.groups * arch.elem_bytes / used
         transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
-    temp = np.maximum(in_bytes + w_bytes + partial_bytes,
-                      np.where(split, r * pi * arch.partial_bytes, 0))
-    return {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
+    # temporary memory: what the plan adds to a tile, the bytes AMP bounds. The input slice
+    # already on a tile is no copy (the conv lays out its own input, as PopLibs' createInput
+    # does); the copies that come over the exchange are, with the partials, or the incoming
+    # partials of the reduction. (PopLibs' estimate counts every input and weight.)
+    temp = np.maximum(copies + partial_bytes, np.where(split, r * pi * arch.partial_bytes, 0))
+    grid = {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
             "compute": (conv + zero).astype(np.float64),
             "exchange": (exch + transform).astype(np.float64),
             "reduce": (red + cast).astype(np.float64), "temp": temp.astype(np.float64)}
+    return _frontier(grid)
+
+
+def _frontier(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Only the partitions no other beats on both cycles and temporary memory: the
+    fastest within any bound, and the leanest, are among them; a few dozen rows of the
+    thousands searched, so a cached grid costs kilobytes."""
+    total = grid["compute"] + grid["exchange"] + grid["reduce"]
+    order = np.argsort(grid["temp"], kind="stable")  # leanest first
+    ranked = total[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], ranked[:-1])))
+    keep = order[ranked < best_before]
+    return {k: v[keep] for k, v in grid.items()}
 
 
 def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
@@ -214,8 +230,6 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
     else:
         conv = hmac_cycles(arch, g_t * pos_t * p.in_chans * p.out_chans * kh * kw, rows)
         method = "hmac"
-    in_bytes = g_t * p.in_chans * (rows * p.stride[0] + kh) * \
-        (p.field[1] * p.stride[1] + kw) * arch.elem_bytes
     w_bytes = g_t * p.in_chans * p.out_chans * kh * kw * arch.elem_bytes
     partials = g_t * pos_t * p.out_chans
     exch = exchange_cycles(arch, w_bytes * (1 - 1 / pp))
@@ -225,66 +239,67 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
     i = int(np.argmin(total))
     return Plan(method, (1, int(pp[i]), 1, int(pg[i]), 1, 1), ("", 1), int(pg[i] * pp[i]),
                 float(conv[i]), float(exch[i]), float(cast[i]),
-                float((in_bytes + w_bytes)[i] + partials[i] * arch.partial_bytes), False)
+                float((w_bytes * (1 - 1 / pp))[i] + partials[i] * arch.partial_bytes),
+                False)
 
 
 @lru_cache(maxsize=65536)
 def plan_conv(p: ConvParams, arch: TileArch, amp: float) -> Plan:
     """The plan PopLibs' search would pick for `p` with availableMemoryProportion `amp`:
-    the fastest within the bound, serial slices included; else, as PopLibs, the bound
-    doubled while under twice a tile's memory; else the fastest plan, the bound ignored."""
+    the fastest within the bound, serial slices included; when nothing fits, the plan
+    with the least temporary memory (PopLibs' "optimising for minimum memory"), flagged
+    `ignored`. That keeps AMP monotone: a lower AMP never plans faster nor fatter
+    (PopLibs' own fallback relaxes the bound in steps from the AMP given, which can make
+    a lower AMP plan faster)."""
     variants = _variants(p, arch)
     grids = [(m, v, g, _grid(v, arch, g)) for m, v, g in variants]
+    options = [(m, g, grid, ("", 1)) for m, _v, g, grid in grids]
+    options += _serial_grids(arch, grids, SERIAL_SPLITS)
     vec = _vector_plan(p, arch)
     bound = max(0.0, float(amp)) * arch.bytes_per_tile
-    ignored = False
-    while True:
-        plan = _within(p, arch, grids, vec, bound, ignored)
-        if plan is not None:
-            return plan
-        if bound <= 0 or bound >= 2 * arch.bytes_per_tile:
-            break
-        bound, ignored = bound * 2, True
-    fastest = [_plan_from(grid, i, m, ("", 1), True) for m, _v, _g, grid in grids
-               if (i := _best(grid, None)) is not None]
-    if vec is not None:
-        fastest.append(replace(vec, ignored=True))
-    return min(fastest, key=_order)
+    plan = _within(options, vec, bound)
+    return plan if plan is not None else _leanest(options, vec)
 
 
 def _order(plan: Plan) -> tuple[float, int, str]:
     return plan.cycles, plan.tiles, plan.method
 
 
-def _within(p: ConvParams, arch: TileArch, grids: list, vec: Plan | None, bound: float,
-            ignored: bool) -> Plan | None:
-    found = [replace(vec, ignored=ignored)] if vec is not None and vec.temp_bytes <= bound \
-        else []
-    for method, _v, _g, grid in grids:
+def _within(options: list, vec: Plan | None, bound: float) -> Plan | None:
+    """The fastest plan within `bound`; PopLibs searches serial splits with the parallel
+    ones, so a lower bound never finds a faster plan than a higher one."""
+    found = [vec] if vec is not None and vec.temp_bytes <= bound else []
+    for method, _g, grid, serial in options:
         i = _best(grid, bound)
         if i is not None:
-            found.append(_plan_from(grid, i, method, ("", 1), ignored))
-    # PopLibs searches serial splits with the parallel ones (a lower bound must never
-    # find a faster plan than a higher one): every count, of either kind
-    found += _serial(arch, grids, bound, ignored, "out", SERIAL_SPLITS)
-    found += _serial(arch, grids, bound, ignored, "in", SERIAL_SPLITS)
+            found.append(_plan_from(grid, i, method, serial, False))
     return min(found, key=_order) if found else None
 
 
-def _serial(arch: TileArch, grids: list, bound: float, ignored: bool, kind: str,
-            splits: tuple[int, ...]) -> list[Plan]:
-    """The best plan within `bound` of each variant cut into `s` serial slices of its
-    output (or input) channels, for each s of `splits`."""
-    found = []
-    for s in splits:
-        for method, v, g, _grid_unused in grids:
-            chans = v.out_chans if kind == "out" else v.in_chans
-            if chans < s:
-                continue
-            sliced = replace(v, out_chans=math.ceil(chans / s)) if kind == "out" \
-                else replace(v, in_chans=math.ceil(chans / s))
-            grid = _grid(sliced, arch, g)
-            i = _best(grid, bound)
-            if i is not None:
-                found.append(_plan_from(grid, i, method, (kind, s), ignored))
-    return found
+def _leanest(options: list, vec: Plan | None) -> Plan:
+    """The plan with the least temporary memory per tile, serial slices included (ties:
+    the fastest), flagged `ignored`."""
+    found = [replace(vec, ignored=True)] if vec is not None else []
+    for method, _g, grid, serial in options:
+        if len(grid["temp"]):
+            total = grid["compute"] + grid["exchange"] + grid["reduce"]
+            i = int(np.lexsort((total, grid["temp"]))[0])
+            found.append(_plan_from(grid, i, method, serial, True))
+    return min(found, key=lambda c: (c.temp_bytes, c.cycles, c.tiles, c.method))
+
+
+def _serial_grids(arch: TileArch, grids: list, splits: tuple[int, ...]
+                  ) -> list[tuple[str, int, dict[str, np.ndarray], tuple[str, int]]]:
+    """(method, grouping, grid, serial) of each variant cut into `s` serial slices of its
+    output or input channels, for each s of `splits` the channels allow."""
+    out = []
+    for kind in ("out", "in"):
+        for s in splits:
+            for method, v, g, _grid_unused in grids:
+                chans = v.out_chans if kind == "out" else v.in_chans
+                if chans < s:
+                    continue
+                sliced = replace(v, out_chans=math.ceil(chans / s)) if kind == "out" \
+                    else replace(v, in_chans=math.ceil(chans / s))
+                out.append((method, g, _grid(sliced, arch, g), (kind, s)))
+    return out

@@ -5,6 +5,7 @@ See docs/cost-model.md for the formulas, the constants and the calibration table
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -70,17 +71,24 @@ def tile_arch(target: Target, precision: Precision) -> TileArch:
     - float inputs: a chain of 8, 8 cycles a position: units = peak fp32 MACs x 8 / 8.
     SLIC is an IPU2 vertex: only where 16 half-partial units exist."""
     if precision.fp16:
-        units16 = max(1, round(target.flops_per_tile_cycle_fp16 / 2 * 4 / 16))
+        units16 = _units(target.flops_per_tile_cycle_fp16 / 2 * 4 / 16)
         units = units16 if precision.half_partials else min(units16, 8)
         wpu, load, core, slic = 16, 4, 4, units16 >= 16
     else:
-        units = max(1, round(target.flops_per_tile_cycle_fp32 / 2 * 8 / 8))
+        units = _units(target.flops_per_tile_cycle_fp32 / 2 * 8 / 8)
         wpu, load, core, slic = 8, 2, 8, False
     return TileArch(tiles=target.tiles_per_ipu, bytes_per_tile=target.bytes_per_tile,
                     units=units, weights_per_unit=wpu, load_elems=load, core=core,
                     elem_bytes=precision.compute_bytes, partial_bytes=precision.partial_bytes,
                     out_bytes=precision.compute_bytes,
                     exchange_bytes_per_cycle=target.exchange_bytes_per_tile_cycle, slic=slic)
+
+
+def _units(derived: float) -> int:
+    """Conv units a tile has: a power of two, at most 16 (the IPU's vertices come in 8- and
+    16-unit forms), nearest the published peak's figure. A user target that changes the
+    tile count but keeps an IPU's peak would otherwise get hundreds of units per tile."""
+    return int(min(16, 2 ** max(0, round(math.log2(max(derived, 1.0))))))
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,7 @@ class CostTerms:
     plan_cycles: np.ndarray  # conv / matmul: the planned passes' cycles (0 for vector ops)
     plan_exchange: np.ndarray
     passes: np.ndarray  # serial slices of the slowest pass (1: none)
-    temp: np.ndarray  # per tile, the largest pass
+    temp: np.ndarray  # per tile, the largest pass: what its plan adds to a tile
     ignored: np.ndarray
     zero: np.ndarray
     amp: np.ndarray
