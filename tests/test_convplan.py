@@ -11,7 +11,15 @@ import pandas as pd
 import pytest
 
 from popviz.target import get_target
-from popviz.target.convparams import BWD, FWD, WU, ConvParams, conv_passes, matmul_passes
+from popviz.target.convparams import (
+    BWD,
+    FWD,
+    WU,
+    ConvParams,
+    conv_passes,
+    matmul_passes,
+    op_passes,
+)
 from popviz.target.convplan import plan_conv
 from popviz.target.cost import Precision, op_costs, tile_arch
 from popviz.target.vertices import (
@@ -191,3 +199,44 @@ def test_weight_update_passes_reduce_over_the_batch() -> None:
     assert wu.kind == WU and wu.macs == fwd.macs
     plan = plan_conv(wu, ARCH, 0.6)
     assert plan.cycles >= wu.macs / (ARCH.tiles * ARCH.amp_macs_per_cycle)
+
+
+def _parsed_flops(program) -> int:
+    ops = program.ops[program.ops["op_class"].isin(["conv", "matmul"])]
+    return sum(2 * sum(p.macs for p in op_passes(r.op, r.op_class, r.shapes, r.out_shape,
+                                                 r.flops)) for r in ops.itertuples())
+
+
+def test_passes_read_from_shapes_match_torch_flop_counter() -> None:
+    """The planner's passes, read from the recorded shapes alone (not from the recorder's
+    FLOPs), hold the MACs torch.utils.flop_counter counts for the same step: a ResNet and
+    a HuggingFace GPT-2 called with keyword arguments (strided convs, bmm, addmm)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from popviz.models import build
+    from popviz.models.training import train_step
+    from popviz.recorder import record_program
+
+    torch.manual_seed(0)
+    net = build("resnet", 18, num_classes=10, image_size=32)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    with FlopCounterMode(display=False) as counter:
+        train_step(net, opt, x, y)
+    program = record_program(train_step, net, opt, x, y, model=net, progress=False)
+    assert _parsed_flops(program) == counter.get_total_flops()
+
+    transformers = pytest.importorskip("transformers")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=32))
+    ids = torch.randint(0, 500, (2, 32))
+
+    def step(model, tokens):
+        model(input_ids=tokens, labels=tokens).loss.backward()
+
+    with FlopCounterMode(display=False) as counter:
+        step(gpt2, ids)
+    gpt2.zero_grad()
+    program = record_program(step, gpt2, ids, model=gpt2, progress=False)
+    assert _parsed_flops(program) == counter.get_total_flops()

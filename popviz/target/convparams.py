@@ -8,7 +8,8 @@ channels and N output channels (poplin/MatMul.cpp); a batched matmul adds groups
 Three passes of a training step are planned separately (poplin/ConvUtil.cpp):
 - FWD: the recorded convolution;
 - BWD (gradient of the input): a convolution of the output gradient with the flipped
-  weights, input and output channels swapped, over the input field;
+  weights, input and output channels swapped, over the output field (a stride dilates the
+  result afterwards, as PopLibs does: the MACs are FWD's);
 - WU (gradient of the weights): the activations convolved with the output gradient; the
   batch and output positions are its reduction, its "output field" is the kernel. PopLibs
   folds the reduction into input channels (its expandDims / swap transforms), which we
@@ -49,9 +50,6 @@ class ConvParams:
         return (self.positions * self.groups * self.in_chans * self.out_chans
                 * self.kernel[0] * self.kernel[1])
 
-    def in_field(self) -> tuple[int, int]:
-        return tuple((f - 1) * s + k for f, s, k in  # type: ignore[return-value]
-                     zip(self.field, self.stride, self.kernel, strict=True))
 
 
 
@@ -92,7 +90,7 @@ def conv_passes(op: str, shapes: str, out_shape: str, flops: float) -> list[Conv
             return []
         one = 2 * fwd.macs
         count = max(1, min(2, round(flops / one))) if one > 0 else 2
-        passes = [backward_data(fwd, _spatial(x)), weight_update(fwd)]
+        passes = [backward_data(fwd), weight_update(fwd)]
         if count == 2:
             return passes
         # one gradient only: the stem (input needs none) computes only WU
@@ -123,15 +121,12 @@ def _forward(x: list[int], w: list[int], out: list[int]) -> ConvParams | None:
                       stride=_stride(field_in, field_out, kernel), kind=FWD)
 
 
-def backward_data(fwd: ConvParams, field_in: tuple[int, int] | None = None) -> ConvParams:
-    """Gradient of the input: same MACs as FWD, channels swapped, over the input field
-    (`field_in`: the recorded input's, padding included; a strided FWD becomes a stride-1
-    conv whose kernel taps hit 1 / stride^2 of it)."""
-    field_in = field_in or fwd.in_field()
-    kernel = tuple(max(1, math.ceil(k / s)) for k, s in  # type: ignore[misc]
-                   zip(fwd.kernel, fwd.stride, strict=True))
-    return ConvParams(fwd.batch, fwd.groups, fwd.out_chans, fwd.in_chans, field_in,
-                      kernel, (1, 1), BWD)
+def backward_data(fwd: ConvParams) -> ConvParams:
+    """Gradient of the input: channels swapped, the same taps over the output gradient's
+    field; a stride becomes a dilation of the result, which PopLibs applies after the conv
+    (its dilatePostConv), so the MACs are FWD's."""
+    return ConvParams(fwd.batch, fwd.groups, fwd.out_chans, fwd.in_chans, fwd.field,
+                      fwd.kernel, (1, 1), BWD)
 
 
 def weight_update(fwd: ConvParams) -> ConvParams:
