@@ -17,6 +17,7 @@ from typing import Any
 
 import popviz
 from popviz.errors import ProfileError
+from popviz.format.reader import profile_file
 from popviz.vet import Stamp, Vetter, file_check, stamp_from
 
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
@@ -142,7 +143,10 @@ class ProfileCache:
                 raise ProfileError(f"{rel}: this in-memory plan is gone (the server "
                                    "restarted or dropped it); run tune again")
             return entry
-        path = resolve_profile(self.root, rel)
+        try:  # the file itself: a folder's stamp would never match the file HDF5 opens
+            path = profile_file(resolve_profile(self.root, rel))
+        except ProfileError as exc:
+            raise ProfileError(relative_message(str(exc), self.root, str(rel))) from None
         stat = path.stat()
         key = stamp_from(path, stat)
         with self._lock:

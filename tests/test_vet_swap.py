@@ -109,6 +109,19 @@ def test_the_app_vets_a_swapped_file_again_and_checks_what_it_opens(tmp_path: Pa
     finally:
         vetter.close()
 
+    # a folder named in the URL (as the CLI takes it) is its profile file, vetted as such:
+    # a folder's stamp never matches the file HDF5 opens ("changed or replaced" forever)
+    vetter = Vetter()
+    try:
+        _good(good)
+        assert ProfileCache(root, vetter=vetter).get("run").profile.meta
+        _good(root / "two" / "a.h5")
+        _good(root / "two" / "b.h5", seed=4)
+        with pytest.raises(ProfileError, match="two: holds 2 profiles"):
+            ProfileCache(root, vetter=vetter).get("two")
+    finally:
+        vetter.close()
+
     class SwapsAfterVetting:
         def vetted(self, path: Path, wait_s: float | None = None) -> tuple[Any, Verdict]:
             stamp = stamp_of(path)

@@ -55,10 +55,11 @@ def open(path: str | os.PathLike[str], *, check_file: FileCheck | None = None) -
     `check_file` gets `os.fstat` of the file HDF5 opened, before anything in it is read
     past the superblock, and may raise ProfileError: a vetted file (popviz.vet) is thus
     known to be the very file opened, not one swapped in since it was vetted."""
-    return Profile(_resolve(Path(path)), check_file=check_file)
+    return Profile(profile_file(Path(path)), check_file=check_file)
 
 
-def _resolve(path: Path) -> Path:
+def profile_file(path: Path) -> Path:
+    """The profile file `path` names: itself, or the one profile in a directory."""
     if path.is_dir():
         direct = path / schema.PROFILE_FILENAME
         if direct.is_file():
