@@ -335,3 +335,15 @@ def test_minimal_contract_profiles(tmp_path: Path) -> None:
     assert v["winner"] is None and v["headline"].startswith("Neither fits.")
     assert "Throughput is not known for both profiles." in v["reasons"]
     json.dumps(comp.to_dict(), allow_nan=False)  # NaN becomes null
+
+
+def test_a_layout_reads_the_same_however_its_options_named_it() -> None:
+    """The tutorial pipeline names blocks per stage (options.splits is empty, AMP unset);
+    compare describes the layout as compiled: split points and the AMP each IPU ran with."""
+    from popviz.analysis.compare_sides import load_side
+
+    prof = popviz.open("profiles/tutorial_pipelined/training")
+    assert prof.meta["options"]["splits"] == []
+    facts = load_side(prof, "A").facts
+    assert facts["splits"] == " ".join(prof.stages["first_layer"].iloc[1:]) == "B2 B3 B4"
+    assert facts["amp"] == "IPU0: 0.6, IPU1: 0.6, IPU2: 0.6, IPU3: 0.6"

@@ -84,6 +84,23 @@ def _options_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _layout_splits(stages: pd.DataFrame, options: dict[str, Any]) -> str:
+    """The split points as compiled (each later stage's first layer): the same layout reads
+    the same whether its options named splits or blocks per stage."""
+    if "first_layer" in stages.columns and len(stages) > 1:
+        return " ".join(map(str, stages.sort_values("stage")["first_layer"].iloc[1:]))
+    return _options_text(options.get("splits") or [])
+
+
+def _layout_amp(stages: pd.DataFrame, options: dict[str, Any]) -> str:
+    """The AMP each IPU ran with (defaults filled in), else the options as given."""
+    if "amp" in stages.columns and len(stages):
+        per_ipu = stages.drop_duplicates("ipu").sort_values("ipu")
+        return ", ".join(f"IPU{int(i)}: {float(a):g}" for i, a in
+                         zip(per_ipu["ipu"], per_ipu["amp"], strict=True))
+    return _options_text(options.get("available_memory_proportion") or {})
+
+
 def load_side(profile: Any, label: str) -> Side:
     """Read what a comparison needs from one profile (Profile or ReportProfile)."""
     meta, summary = profile.meta or {}, dict(profile.summary or {})
@@ -237,8 +254,8 @@ def load_side(profile: Any, label: str) -> Side:
         "strategy": _options_text(options.get("strategy")),
         "schedule": _options_text(options.get("schedule")),
         "recomputation": bool(options.get("recomputation", False)),
-        "amp": _options_text(options.get("available_memory_proportion") or {}),
-        "splits": _options_text(options.get("splits") or []),
+        "amp": _layout_amp(stages, options),
+        "splits": _layout_splits(stages, options),
         "precision": _options_text(options.get("precision")),
         "micro_batch_size": micro_batch, "gradient_accumulation": accumulation,
     }
