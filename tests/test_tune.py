@@ -13,7 +13,8 @@ import torch
 
 import popviz
 from popviz.advise.tune import AMP_LADDER, load_program, tune
-from popviz.advise.tune_layers import Segments, balanced_bounds, split_positions
+from popviz.advise.tune_layers import Segments, balanced_bounds, segments, split_positions
+from popviz.analysis import pipeline_plan
 from popviz.cli.main import main
 from popviz.compiler import compile
 from popviz.errors import ProfileError
@@ -86,7 +87,8 @@ def test_balanced_bounds_minimise_the_largest_stage_exactly():
     for trial in range(30):
         n = int(rng.integers(3, 9))
         f, b = rng.uniform(0, 10, n), rng.uniform(0, 20, n)
-        segs = Segments([f"s{i}" for i in range(1, n)], f, b, np.zeros(n), rng.uniform(0, 1, n))
+        segs = Segments([f"s{i}" for i in range(1, n)], [[f"l{i}"] for i in range(n)], f, b,
+                        np.zeros(n), rng.uniform(0, 1, n))
         stages = int(rng.integers(2, n + 1))
         rc = bool(trial % 2)
 
@@ -100,6 +102,27 @@ def test_balanced_bounds_minimise_the_largest_stage_exactly():
         got = balanced_bounds(segs, stages, rc)
         assert len(got) == stages - 1 and got == sorted(set(got))
         assert worst(tuple(got)) == pytest.approx(brute)
+
+
+def test_the_advice_and_tune_cost_a_layout_with_one_planner(program, options, recorded):
+    """The summary's advice reads a stored profile, tune a fresh compile: both go through
+    analysis.pipeline_plan, so the same layout gets the same segment and stage costs, and
+    those equal the compiled stage table (recompute copies added by the planner's rule)."""
+    path, report = recorded
+    p = popviz.open(path)
+    from_profile = pipeline_plan.segments(p.ops, p.meta)
+    from_program = segments(program, report.tables["ops"], options.gradient_accumulation)
+    assert from_profile is not None and from_profile.names == from_program.names
+    for part in ("forward", "backward", "recompute", "update"):
+        np.testing.assert_allclose(getattr(from_profile, part), getattr(from_program, part))
+    bounds = from_profile.bounds(SPLITS)
+    assert bounds is not None
+    st = p.stages.sort_values("stage")
+    compiled = (st["forward_cycles_per_microbatch"] + st["recompute_cycles_per_microbatch"]
+                + st["backward_cycles_per_microbatch"]
+                + st["optimiser_cycles"] / options.gradient_accumulation)
+    assert pipeline_plan.stage_costs(from_profile, bounds, True) == pytest.approx(
+        compiled.tolist(), rel=1e-6)
 
 
 def test_recommended_split_balances_better_than_a_bad_one(program, options):

@@ -20,6 +20,7 @@ from popviz.analysis.pipeline_plan import (
     frozen_stages,
     host_io_by_ipu,
     plan_moves,
+    profile_recomputes,
     segments,
     stage_costs,
 )
@@ -141,10 +142,12 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
     if current is None:
         return []
     frozen = frozen_stages(ordered, tile_use)
+    recompute = profile_recomputes(meta) and len(ordered) > 1
     if proposed_splits is not None:
         proposed, source = segs.bounds(proposed_splits), "the tune search's best plan"
     else:
-        proposed = balanced_bounds(segs, len(ordered), current, frozen)
+        proposed = balanced_bounds(segs, len(ordered), current, frozen,
+                                   recompute=recompute)
         source = "a balanced split of the stored per-layer costs"
     if proposed is None or len(proposed) != len(current):
         return []
@@ -159,7 +162,7 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
                        f"the model at finer points, or raise the stage count.{keep}")]
     # the moves are one plan: lead with what it does as a whole, then word each move as a
     # part of it (alone, a move can load the bottleneck further before a later one relieves it)
-    was, now = stage_costs(segs, current), stage_costs(segs, proposed)
+    was, now = stage_costs(segs, current, recompute), stage_costs(segs, proposed, recompute)
     before, after = max(was), max(now)
     n = len(moves)
     out = []
