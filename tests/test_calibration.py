@@ -75,9 +75,9 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3 as landed: 17.7% in sample (issue 20's target is 10% leave-one-out);
-    # a change that makes it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.18
+    # IPU model v3 with popops vector costs: 12.1% in sample (17.7% with the fitted
+    # vector bandwidth before); a change that makes it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.125
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -90,7 +90,8 @@ def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) ->
 def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     loo = leave_one_out(evaluator, FIT_POINTS, CostModel())  # as the fit itself starts
     inside = np.abs(evaluator.errors(DEFAULT_COST))
-    assert np.mean(np.abs(loo)) <= 0.26  # 25.1% as landed; issue 20's target is 10%
+    assert np.mean(np.abs(loo)) <= 0.145  # 14.0% now (25.1% before popops vector
+    # costs); issue 20's target is 10%
     assert np.mean(np.abs(loo)) >= np.mean(inside) - 1e-9  # out of sample is never better
 
 

@@ -201,7 +201,8 @@ def bandwidth(point: dict[str, Any], cost: CostModel) -> float:
     cfg = point["config"]
     target = get_target(cfg["target"])
     nbytes = float(cfg["bytes"])
-    op = pd.DataFrame([{"op_class": "elementwise", "phase": "forward", "flops": nbytes / 4,
+    op = pd.DataFrame([{"op": "aten.sum.default", "op_class": "reduction",
+                        "phase": "forward", "flops": nbytes / 4,
                         "bytes_read": nbytes, "bytes_written": 4 * target.tiles_per_ipu,
                         "shapes": "", "out_shape": f"[{target.tiles_per_ipu}]",
                         "dtype": "float32"}])

@@ -15,6 +15,7 @@ from popviz.target.convparams import WU, ConvParams, op_passes
 from popviz.target.convplan import plan_conv
 from popviz.target.costmodel import CostModel
 from popviz.target.machines import Target
+from popviz.target.popops import kind_of, vector_cycles
 from popviz.target.vertices import TileArch
 
 AMP_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
@@ -59,6 +60,13 @@ def dtype_scale(dtypes: pd.Series, target_bytes: int) -> np.ndarray:
     ok = is_float & (rec > 0)
     scale[ok] = target_bytes / rec[ok]
     return scale
+
+
+def element_bytes(dtypes: pd.Series) -> np.ndarray:
+    """Bytes of one recorded element per op (1 where the dtype is unknown)."""
+    codes, uniques = pd.factorize(dtypes, use_na_sentinel=False)
+    size = [ELEMENT_BYTES.get(str(d).replace("torch.", ""), 1) for d in uniques]
+    return np.maximum(np.array(size, dtype=np.float64)[codes], 1.0)
 
 
 def tile_arch(target: Target, precision: Precision) -> TileArch:
@@ -143,8 +151,8 @@ class CostTerms:
 
     flops: np.ndarray
     tiles: np.ndarray  # before views are zeroed
-    vec_rate: float
     traffic: np.ndarray  # bytes read + written at the precision
+    vector: np.ndarray  # vector ops: popops vertex cycles on the busiest tile (popops.py)
     plan_cycles: np.ndarray  # conv / matmul: the planned passes' cycles (0 for vector ops)
     plan_exchange: np.ndarray
     passes: np.ndarray  # serial slices of the slowest pass (1: none)
@@ -165,8 +173,6 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     tiles = np.maximum(np.ceil(written / cost.grain_bytes),
                        np.ceil(flops / cost.min_flops_per_tile))
     tiles = np.clip(tiles, 1, target.tiles_per_ipu).astype(np.int64)
-    vec_rate = cost.vector_flops_per_tile_cycle_fp16 if precision.fp16 else \
-        cost.vector_flops_per_tile_cycle_fp32
     amp = np.asarray(amp, dtype=np.float64)
     n = len(ops)
     plan_cycles, plan_exchange = np.zeros(n), np.zeros(n)
@@ -190,23 +196,33 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     # a norm streams its input more than once: statistics (a reduction per channel), then
     # the normalising pass; its backward two reductions, then the elementwise gradient
     traffic = (read + written) * np.where(cls == "norm", NORM_PASSES, 1.0)
-    return CostTerms(flops, tiles, float(vec_rate), traffic, plan_cycles,
+    vector = np.zeros(n)
+    rest = np.flatnonzero(~features.is_amp & ~zero)
+    if len(rest):
+        names = ops["op"].astype(str).to_numpy() if "op" in ops.columns else np.full(n, "")
+        recorded = element_bytes(ops["dtype"].iloc[rest])
+        vector[rest] = vector_cycles(
+            [kind_of(names[i], cls[i]) for i in rest],
+            ops["bytes_read"].to_numpy(np.float64)[rest] / recorded,
+            ops["bytes_written"].to_numpy(np.float64)[rest] / recorded,
+            written[rest], tiles[rest], precision.fp16)
+    return CostTerms(flops, tiles, traffic, vector, plan_cycles,
                      plan_exchange, passes, temp, ignored, zero, amp, tuple(plans))
 
 
 def cost_cycles(terms: CostTerms, features: OpFeatures, target: Target, cost: CostModel
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(compute, memory, cycles) of each op: a conv / matmul's planned cycles over the
-    fitted amp_efficiency; a vector op the slower of its arithmetic and its memory traffic
-    at the fitted vector efficiency."""
+    fitted amp_efficiency; a vector op its popops vertex cycles over the fitted
+    vector_efficiency (memory: the time its traffic alone would take at the tile's
+    memory bandwidth, for the ops table; the vertex loops are already load/store bound)."""
     t = terms
     planned = ~t.zero & features.is_amp & (t.plan_cycles > 0)
     compute = np.where(planned, (t.plan_cycles - t.plan_exchange) / cost.amp_efficiency,
-                       t.flops / (t.tiles * t.vec_rate))
+                       t.vector / cost.vector_efficiency)
     memory = np.where(planned, 0.0, t.traffic / (
-        t.tiles * target.memory_bytes_per_tile_cycle * cost.vector_efficiency))
-    cycles = np.where(planned, compute + t.plan_exchange, np.maximum(compute, memory)) \
-        + cost.op_overhead_cycles
+        t.tiles * target.memory_bytes_per_tile_cycle))
+    cycles = np.where(planned, compute + t.plan_exchange, compute) + cost.op_overhead_cycles
     # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
     return compute, memory, np.where(t.zero, 0.0, cycles)
 

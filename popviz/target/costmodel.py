@@ -48,9 +48,6 @@ class CostModel:
     op_overhead_cycles: int = 200
     sync_cycles: int = 600
     host_call_s: float = 20e-6
-    # ---- vector (non-AMP) rates ----
-    vector_flops_per_tile_cycle_fp16: float = 4.0
-    vector_flops_per_tile_cycle_fp32: float = 2.0
     # ---- memory a program needs besides its tensors ----
     code_bytes_per_op_per_tile: int = 96
     exchange_code_bytes_per_op_per_tile: int = 64
@@ -74,15 +71,17 @@ _JIA = ("Jia et al. 2019, 'Dissecting the Graphcore IPU Architecture via Microbe
 
 PROVENANCE: dict[str, Provenance] = {
     "amp_efficiency": Provenance(
-        "fitted", "fraction of the planned speed a conv / matmul reaches: each op's cycles "
+        "fitted", "the planned speed a conv / matmul reaches, as a factor: each op's cycles "
         "come from its plan (popviz/target/convplan.py: PopLibs' partition search with its "
-        "vertex estimates), divided by this one factor for what the plan's estimates leave "
-        "out (rearrangements, transforms and code PopLibs searches but popviz does not); "
-        "fitted to the throughput points of calibration.json"),
+        "vertex estimates), divided by this one factor; above 1 when PopLibs finds faster "
+        "plans than popviz's simpler search (its transforms: expandDims, flatten, group "
+        "combining); fitted to the throughput points of calibration.json"),
     "vector_efficiency": Provenance(
-        "fitted", "fraction of on-chip memory bandwidth that vector ops (elementwise, norm, "
-        "reduction, data movement) reach; fitted to the throughput points and the Mk1 "
-        "read-bandwidth microbenchmark"),
+        "fitted", "fraction of their popops vertex estimate (popviz/target/popops.py: a "
+        "64-bit path, six workers, PopLibs' cycles per op) that vector ops (elementwise, "
+        "norm, reduction, cast, copy) reach: what the vertex figures leave out (rearranging "
+        "copies between layouts, a reduction's cross-tile stage, compute-set syncs); fitted "
+        "to the throughput points and the Mk1 read-bandwidth microbenchmark"),
     "grain_bytes": Provenance(
         "assumed", "smallest slice of a tensor mapped to one tile (Poplar maps in grains of "
         "a few vectors; 128 B = 64 fp16 values)", "bytes"),
@@ -98,10 +97,6 @@ PROVENANCE: dict[str, Provenance] = {
         "assumed", "fixed cost of one host call (stream setup, program start, link "
         "round trip) on top of the transfer itself; keeps small-batch inference latency "
         "from coming out too low (settle with a published batch-1 inference latency)", "s"),
-    "vector_flops_per_tile_cycle_fp16": Provenance(
-        "assumed", "non-AMP arithmetic: a 64-bit SIMD datapath, 4 fp16 lanes", "FLOPs"),
-    "vector_flops_per_tile_cycle_fp32": Provenance("assumed", "2 fp32 lanes of the same "
-                                                   "datapath", "FLOPs"),
     "code_bytes_per_op_per_tile": Provenance(
         "assumed", "vertex code per op on every tile it runs on (PopVision's 'vertex code' "
         "category): codelet bodies are shared by the ops of a kind, so an op adds little; "

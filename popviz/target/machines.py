@@ -62,14 +62,6 @@ class Target:
         return int(self.cost.tile_overhead_bytes)
 
     @property
-    def vector_flops_per_tile_cycle_fp16(self) -> float:
-        return float(self.cost.vector_flops_per_tile_cycle_fp16)
-
-    @property
-    def vector_flops_per_tile_cycle_fp32(self) -> float:
-        return float(self.cost.vector_flops_per_tile_cycle_fp32)
-
-    @property
     def host_call_cycles(self) -> float:
         return float(self.cost.host_call_s) * self.clock_hz
 

@@ -1,0 +1,111 @@
+"""Vector work as popops vertices cost it (popviz/target/popops.py), worked by hand from
+the published PopLibs figures: a 64-bit data path (4 halves or 2 floats a loop step), six
+workers, ~20 cycles to start a worker and ~11 for the supervisor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from popviz.compiler.calibration import bandwidth
+from popviz.target import get_target
+from popviz.target.cost import Precision, op_costs
+from popviz.target.costmodel import CostModel
+from popviz.target.popops import (
+    CAST,
+    COPY,
+    EXP,
+    FAST_BINARY,
+    GELU_BACKWARD,
+    NORM,
+    NORM_BACKWARD,
+    OTHER,
+    REDUCE,
+    RELU,
+    SOFTMAX,
+    base_name,
+    kind_of,
+    vector_cycles,
+)
+
+MK2 = get_target("mk2")
+
+
+def one(op: str, op_class: str, elements: int, dtype: str = "float16",
+        read_elements: int | None = None) -> pd.DataFrame:
+    size = 2 if dtype == "float16" else 4
+    return pd.DataFrame([{"op": op, "op_class": op_class, "phase": "forward",
+                          "flops": elements, "dtype": dtype, "shapes": "", "out_shape": "",
+                          "bytes_read": size * (read_elements or 2 * elements),
+                          "bytes_written": size * elements}])
+
+
+@pytest.mark.parametrize(("op", "op_class", "kind"), [
+    ("aten.add.Tensor", "elementwise", FAST_BINARY),
+    ("aten.add_.Tensor", "elementwise", FAST_BINARY),
+    ("aten._foreach_mul_.Scalar", "elementwise", FAST_BINARY),
+    ("aten::relu", "elementwise", RELU),
+    ("aten.exp.default", "elementwise", EXP),
+    ("aten.native_batch_norm.default", "norm", NORM),
+    ("aten.native_layer_norm_backward.default", "norm", NORM_BACKWARD),
+    ("aten.gelu_backward.default", "elementwise", GELU_BACKWARD),
+    ("aten._softmax.default", "elementwise", SOFTMAX),
+    ("aten._to_copy.default", "data_movement", CAST),
+    ("aten.clone.default", "data_movement", COPY),
+    ("aten.sum.dim_IntList", "reduction", REDUCE),
+    ("aten.some_new_norm.default", "norm", NORM),
+    ("aten.frobnicate.default", "elementwise", OTHER),
+])
+def test_ops_map_to_their_popops_kind(op: str, op_class: str, kind: object) -> None:
+    assert kind_of(op, op_class) is kind
+
+
+def test_base_names() -> None:
+    assert base_name("aten.native_batch_norm_backward.default") == "batch_norm_backward"
+    assert base_name("aten._foreach_addcmul_.Scalar") == "addcmul"
+    assert base_name("aten::add_") == "add"
+
+
+def test_a_half_add_by_hand() -> None:
+    # 1,000,000 halves over 1,000 tiles: 1,000 a tile, 167 a worker = 42 vectors of 4
+    # at 1 + 2 cycles; six workers interleave, so the tile takes 6 x (20 + 42 x 3) + 11.
+    got = vector_cycles([FAST_BINARY], np.array([2e6]), np.array([1e6]), np.array([2e6]),
+                        np.array([1000]), fp16=True)
+    worker = 20 + math.ceil(math.ceil(1000 / 6) / 4) * 3
+    assert got[0] == pytest.approx(6 * worker + 11, rel=0.01)
+
+
+def test_float_work_takes_twice_the_steps_and_exp_more() -> None:
+    n = np.array([1e6])
+    tiles = np.array([1000])
+
+    def cost(kind: object, fp16: bool) -> float:
+        return float(vector_cycles([kind], n, n, 2 * n, tiles, fp16)[0])
+    base = 6 * 20 + 11
+    assert (cost(FAST_BINARY, False) - base) == pytest.approx(2 * (cost(FAST_BINARY, True)
+                                                                   - base))
+    # f16v2exp: 4 cycles per 4 halves; float exp: 6 per 2
+    assert (cost(EXP, True) - base) == pytest.approx(1000 * 4 / 4)
+    assert (cost(EXP, False) - base) == pytest.approx(1000 * 6 / 2)
+
+
+def test_a_norm_is_several_passes_over_its_input() -> None:
+    half = Precision.parse("16.16", True)
+    norm = op_costs(one("aten.native_batch_norm.default", "norm", 10**7, read_elements=10**7),
+                    MK2, half,
+                    np.array([0.6]))
+    add = op_costs(one("aten.add.Tensor", "elementwise", 10**7), MK2, half, np.array([0.6]))
+    # statistics (square, two sums) and normalising (scale, shift) against one add
+    assert 3.5 < norm["cycles"].iloc[0] / add["cycles"].iloc[0] < 5
+
+
+def test_the_read_bandwidth_point_by_hand() -> None:
+    # a sum over fp32: one vector of 2 floats a worker step -> 8 bytes per tile cycle at
+    # vector_efficiency 1; Mk1 1,216 tiles at 1.6 GHz -> about 15.6 TB/s
+    point = {"config": {"target": "mk1", "bytes": 1216 * 200_000}}
+    got = bandwidth(point, CostModel(vector_efficiency=1.0, op_overhead_cycles=0))
+    mk1 = get_target("mk1")
+    assert got == pytest.approx(mk1.tiles_per_ipu * 8 * mk1.clock_hz, rel=0.02)
