@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_fuzz.py [--mutants 5000] [--profiles profiles] [--seed 0]
 
-Sources: every profile under --profiles as it is (format 1.0 today) and rewritten by this
+Sources: every profile under --profiles as it is (format 1.1) and rewritten by this
 popviz (format 1.1). Each mutant (byte flips aimed mostly at HDF5 metadata, 4-byte flips,
 zeroed / swapped blocks, truncation, attribute tampering) is read in a forked worker with
 a time limit and an address-space limit (popviz.format.isolated): popviz.open, every
@@ -145,7 +145,7 @@ def report(campaign: Campaign, seconds: float, mutants: int) -> None:
         print(f"  {outcome:14} {campaign.outcomes[outcome]:6,}")
     print(f"  worker peak RSS {campaign.max_rss_bytes / 2**20:,.0f} MiB")
     print("by source format:")
-    for label, pattern in (("1.0 (bundled)", "profiles"), ("1.1 (rewritten)", "v11_")):
+    for label, pattern in (("bundled", "profiles"), ("rewritten", "v11_")):
         total: Counter[str] = Counter()
         for source, counts in campaign.by_source.items():
             if pattern in source:

@@ -131,14 +131,17 @@ def test_plain_h5py_reads_without_popviz(tmp_path: Path) -> None:
     assert out.stdout.strip() == "['compute', 'exchange', 'idle']"
 
 
-def test_format_1_0_files_still_read(tmp_path: Path) -> None:
-    """A 1.0 profile (vlen string table, no checksums) reads back the same tables."""
-    new = popviz.open(write_tiny(tmp_path / "new.h5"))
-    old = popviz.open(to_format_1_0(write_tiny(tmp_path / "old.h5")))
-    assert old.format_version == "1.0.0" and new.format_version == schema.FORMAT_VERSION
-    for name in new.table_names:
-        pd.testing.assert_frame_equal(old.table(name), new.table(name))
-
+def test_format_1_0_files_are_refused_with_a_regenerate_line(tmp_path: Path) -> None:
+    """A 1.0 profile (vlen string table, no checksums) is refused before its strings are
+    read, in one line that says what to do; a 1.1 file of the same tables opens."""
+    assert popviz.open(write_tiny(tmp_path / "new.h5")).format_version == \
+        schema.FORMAT_VERSION
+    old = to_format_1_0(write_tiny(tmp_path / "old.h5"))
+    with pytest.raises(popviz.ProfileError) as info:
+        popviz.open(old)
+    message = str(info.value)
+    assert "\n" not in message and "1.0.0" in message and "regenerate" in message
+    assert str(old) in message
 
 def test_damaged_chunk_is_detected_by_its_checksum(tmp_path: Path) -> None:
     """Flip one byte inside a column's stored chunk: Fletcher-32 refuses it on read."""

@@ -179,6 +179,11 @@ class Profile:
                 f"{path}: profile format {version} is {newer} than this popviz reads "
                 f"({schema.FORMAT_VERSION}); use a matching popviz"
             )
+        if schema.version_tuple(version) < schema.OLDEST_READ:
+            raise ProfileError(
+                f"{path}: profile format {version} (a string table without checksums) is "
+                f"no longer read; regenerate it with this popviz (train.py --profile, "
+                f"popviz.record or popviz import)")
 
     def _check_tables(self) -> None:
         label = str(self.path)

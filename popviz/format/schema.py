@@ -12,7 +12,8 @@ from popviz import vocab
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
 # 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
-# The reader still opens 1.0 files (vlen `/strings`, no checksums).
+# 1.0 files (vlen `/strings`, no checksums; written for two days) are refused with a
+# one-line "regenerate" message.
 FORMAT_VERSION = "1.1.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
@@ -25,7 +26,7 @@ LEGACY_TEMP_MARKER = ".tmp-"  # before issue 22: <name>.h5.tmp-<pid>-<thread>-<h
 TABLES_GROUP = "tables"
 ARRAYS_GROUP = "arrays"
 INDEX_GROUP = "index"
-STRINGS_DATASET = "strings"  # 1.1: a group of `bytes` + `offsets`; 1.0: a vlen dataset
+STRINGS_DATASET = "strings"  # a group of `bytes` + `offsets`
 
 # Column encodings (attribute `encoding` on each column dataset).
 ENC_NUMERIC = "numeric"
@@ -98,6 +99,18 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "variables": ("ipu", "name", "category", "bytes", "first_step", "last_step"),
     "oom": ("ipu", "tile", "bytes_over", "variables"),
 }
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a semver string, missing or unreadable parts as 0."""
+    parts = []
+    for part in str(version).split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits and len(digits) < 10 else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+OLDEST_READ = (1, 1, 0)
 
 
 def major_of(version: str) -> int:

@@ -3,8 +3,8 @@
 Format 1.1 stores it as `/strings/bytes` (uint8, the UTF-8 texts one after another) and
 `/strings/offsets` (int64, one longer: text k is bytes[offsets[k]:offsets[k+1]]), chunked
 with Fletcher-32 checksums, so damage is detected when read. Format 1.0 stored one
-variable-length string dataset `/strings`; the reader still opens it, but a damaged vlen
-heap can make HDF5 loop for ever, which is why 1.1 does not use one.
+variable-length string dataset `/strings` (a damaged vlen heap can make HDF5 loop for
+ever); the reader refuses 1.0 files before reading anything (reader.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.format import schema
 from popviz.format.validate import check_storage, declared_bytes
-from popviz.format.vlen_raw import read_vlen_strings
 
 BYTES = "bytes"
 OFFSETS = "offsets"
@@ -65,8 +64,6 @@ def read_strings(h5: h5py.File, label: str) -> np.ndarray:
     node = h5.get(schema.STRINGS_DATASET)
     if isinstance(node, h5py.Group):
         return _read_blob(node, label)
-    if isinstance(node, h5py.Dataset):
-        return _read_vlen(node, label)
     raise ProfileError(f"{label}: damaged profile (no string table)")
 
 
@@ -92,24 +89,6 @@ def _read_blob(group: h5py.Group, label: str) -> np.ndarray:
         for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(),
                                        strict=True)):
             texts[k] = blob[a:b].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"{label}: damaged string table (string {k} is not UTF-8: "
-                           f"{exc.reason})") from None
-    return texts
-
-
-def _read_vlen(dataset: h5py.Dataset, label: str) -> np.ndarray:
-    if dataset.ndim != 1 or h5py.check_string_dtype(dataset.dtype) is None:
-        raise ProfileError(f"{label}: damaged string table (not a 1-D string dataset)")
-    _check_budget(dataset.shape[0] * 64, label)
-    parsed = read_vlen_strings(dataset, label)  # not through libhdf5: see vlen_raw.py
-    if parsed is not None:
-        return parsed
-    raw = dataset[()]
-    texts = np.empty(len(raw), dtype=object)
-    try:
-        for k, s in enumerate(raw):
-            texts[k] = s.decode("utf-8") if isinstance(s, bytes) else str(s)
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{label}: damaged string table (string {k} is not UTF-8: "
                            f"{exc.reason})") from None
