@@ -21,7 +21,8 @@ THREADS = 8
 CONNECTION_LIMIT = 200
 MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
 MAX_HEADER_BYTES = 64 * 1024
-CHANNEL_TIMEOUT_S = 120  # an idle or stalled connection is closed after this
+CHANNEL_TIMEOUT_S = 120  # a connection without a byte either way is closed after this
+CLEANUP_INTERVAL_S = 1  # how often deadlines are checked (popviz.cli.serve_guard)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +73,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads} is outside 1..64")
     if args.vet_timeout <= 0 or args.vet_memory_mb < 256:
         raise UsageError("--vet-timeout must be positive and --vet-memory-mb at least 256")
-    import waitress  # Dash and waitress are imported only when serving
-    from popviz_app import access, create_app
+    from popviz_app import access, create_app  # Dash and waitress only when serving
 
+    from popviz.cli import serve_guard
     from popviz.vet import Vetter
 
     token = args.token
@@ -94,11 +95,13 @@ def _run(args: argparse.Namespace) -> int:
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"popviz: serving {root.resolve()} at {url} (Ctrl-C to stop)", flush=True)
-    waitress.serve(app.server, host=args.host, port=args.port, threads=args.threads,
-                   connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
-                   max_request_body_size=MAX_BODY_BYTES,
-                   max_request_header_size=MAX_HEADER_BYTES, ident="popviz",
-                   expose_tracebacks=False, _quiet=True)
+    # waitress, with header / body deadlines and per-address caps in front (serve_guard)
+    server = serve_guard.create_server(
+        app.server, host=args.host, port=args.port, threads=args.threads,
+        connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
+        cleanup_interval=CLEANUP_INTERVAL_S, max_request_body_size=MAX_BODY_BYTES,
+        max_request_header_size=MAX_HEADER_BYTES, ident="popviz", expose_tracebacks=False)
+    server.run()
     return EXIT_OK
 
 
