@@ -17,7 +17,7 @@ from dash import Input, Output, dcc, html
 from popviz.errors import ProfileError
 from popviz.vet import Vetter
 
-from . import downloads
+from . import bodies, downloads
 from .cache import PathRefused, ProfileCache, resolve_profile
 from .common import AppContext, error_text, message, profile_of, profile_query
 from .pages import PAGES
@@ -110,4 +110,5 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
         views.update(page.FIGURES)
     app.popviz_callbacks = callbacks  # the plain functions, so tests can call them
     downloads.register(app.server, ctx, views)
+    bodies.install(app)
     return app
