@@ -23,6 +23,7 @@ MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
 MAX_HEADER_BYTES = 64 * 1024
 CHANNEL_TIMEOUT_S = 120  # a connection without a byte either way is closed after this
 CLEANUP_INTERVAL_S = 1  # how often deadlines are checked (popviz.cli.serve_guard)
+VET_WAIT_S = 2.0  # a request waits this long for a file's vetting, then says "retry"
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +86,8 @@ def _run(args: argparse.Namespace) -> int:
               "reach this port and has the token can read every profile under "
               f"{root.resolve()}", file=sys.stderr, flush=True)
     app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
-                                         memory_mb=args.vet_memory_mb))
+                                         memory_mb=args.vet_memory_mb),
+                     vet_wait_s=VET_WAIT_S)
     access.install(app.server, args.host, token, [*args.allow_host, *_own_names(args.host)])
     # waitress warns on every queued request past its threads: under load that is one
     # line per request; overload shows in latency, not in a flooded log
