@@ -1,7 +1,8 @@
 """`popviz serve DIR [--host 127.0.0.1] [--port 8050]`: the Dash app over every profile
 under DIR, on waitress (a production WSGI server) with a bounded thread pool. Loopback by
 default and never in debug mode (debug would run arbitrary code for anyone who can reach
-the port); any other address warns and requires an access token (docs/app.md)."""
+the port); any other address warns and requires an access token (docs/app.md). waitress
+runs with the deadlines and caps of `serve_guard` against slow clients."""
 
 from __future__ import annotations
 
@@ -113,7 +114,10 @@ COMMAND = Command(
     description="Serve every profile under DIR (recursively) in a Dash app: summary, trace, "
     "liveness, memory, stages, exchange and operations pages. Each file is first read by a "
     "short-lived worker process under time and memory limits, so a damaged file is refused, "
-    "never crashes or freezes the server.",
+    "never crashes or freezes the server; a page whose file is still being checked says so "
+    "after 2 s and reloads itself. Slow clients cannot lock others out: a request's headers "
+    "must arrive within 10 s and its body within 30 s, and past 64 connections from one "
+    "address the longest-waiting one is closed (limits: docs/limits.md).",
     add_arguments=_add_arguments,
     run=_run,
 )
