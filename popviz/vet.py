@@ -39,9 +39,11 @@ DEFAULT_WORKERS = 2
 SECONDS_PER_GB = 60  # added to the time limit per GB of file
 MAX_VERDICTS = 10_000  # remembered stamps; older ones are vetted again if asked for
 # Test hook only: "crash:NAME,hang:NAME,memory:NAME" makes the worker misbehave for files
-# whose path contains NAME, so the tests exercise a real crash, hang and memory blow-up.
+# whose path contains NAME, so the tests exercise a real crash, hang and memory blow-up;
+# "slow:NAME" makes it take SLOW_S more seconds, then pass (a page must poll for it).
 SIMULATE_ENV = "POPVIZ_VET_SIMULATE"
 _SIMULATE_PROBE = "popviz.vet:_simulate_probe"
+SLOW_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ def _simulate_probe(profile: Any) -> None:
         elif what == "hang":
             while True:
                 time.sleep(3600)
+        elif what == "slow":
+            time.sleep(SLOW_S)
         elif what == "memory":
             import resource
 
