@@ -18,7 +18,7 @@ from typing import Any
 import popviz
 from popviz.errors import ProfileError
 from popviz.format.reader import profile_file
-from popviz.vet import Stamp, Vetter, file_check, stamp_from
+from popviz.vet import Stamp, Verdict, Vetter, file_check, stamp_from
 
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 VET_WAITERS = 4  # threads waiting on vetting at once; more answer "being checked" at once
@@ -164,6 +164,10 @@ class ProfileCache:
                 self._entries.move_to_end(key)
                 return entry
             opening = self._opening.setdefault(key, threading.Lock())
+        if self.vetter is not None and self.vet_wait_s is not None:
+            # waited for here, not under `opening`: requests for one cold file would
+            # otherwise queue on that lock, each then waiting its own deadline in turn
+            self._checked(path, str(rel))
         # One thread opens a cold file while the others for the same file wait on its
         # lock (not on the cache's): opening may take a moment and must not block the
         # cache for every other profile.
@@ -188,11 +192,7 @@ class ProfileCache:
             if self.vetter is None:
                 profile = self._open(path)
             else:
-                with self._wait_budget(self.vet_wait_s) as wait_s:
-                    stamp, verdict = self.vetter.vetted(path, wait_s)
-                if verdict is None:
-                    raise StillChecking(f"{rel}: being checked in a separate process "
-                                        "before it is opened; retry in a few seconds")
+                stamp, verdict = self._checked(path, rel)
                 if not verdict.ok:
                     raise ProfileError(verdict.message(rel))
                 # what HDF5 opens must be the file vetted, not one swapped in since
@@ -210,6 +210,16 @@ class ProfileCache:
                 raise ProfileError(f"{rel}: damaged profile ({name} is "
                                    f"{type(value).__name__} JSON, not an object)")
         return profile
+
+    def _checked(self, path: Path, rel: str) -> tuple[Stamp, Verdict]:
+        """The vetter's verdict on `path`, waiting at most `vet_wait_s` (StillChecking)."""
+        assert self.vetter is not None
+        with self._wait_budget(self.vet_wait_s) as wait_s:
+            stamp, verdict = self.vetter.vetted(path, wait_s)
+        if verdict is None:
+            raise StillChecking(f"{rel}: being checked in a separate process before it "
+                                "is opened; retry in a few seconds")
+        return stamp, verdict
 
     @contextmanager
     def _wait_budget(self, wait_s: float | None) -> Iterator[float | None]:
@@ -242,7 +252,8 @@ class ProfileCache:
         still being vetted after `wait_s` (all together; default LISTING_WAIT_S, or
         `vet_wait_s` if shorter) are listed as being checked."""
         if wait_s is None:
-            wait_s = min(LISTING_WAIT_S, self.vet_wait_s or LISTING_WAIT_S)
+            wait_s = LISTING_WAIT_S if self.vet_wait_s is None else min(LISTING_WAIT_S,
+                                                                        self.vet_wait_s)
         found = []
         for path in popviz.discover(self.root):
             rel = path.relative_to(self.root).as_posix()

@@ -100,6 +100,27 @@ def test_a_page_waits_a_bounded_time_and_so_do_threads_together(
     assert sum(t < 0.5 for t in took) >= len(rels) - VET_WAITERS
 
 
+def test_many_requests_for_one_cold_file_each_wait_their_own_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_vetting(monkeypatch, slow_s=30.0)
+    _folder(tmp_path, slow=1, wanted=0)
+    vetter = Vetter(workers=1)
+    cache = ProfileCache(tmp_path, vetter=vetter, vet_wait_s=1.0)
+
+    def ask(_: int) -> float:
+        began = time.monotonic()
+        with pytest.raises(StillChecking):
+            cache.get("a-slow-00/profile.h5")
+        return time.monotonic() - began
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            took = list(pool.map(ask, range(8)))
+    finally:
+        vetter.close()
+    assert max(took) < 2.5, took  # side by side, not one after another (8 s)
+
+
 def stop_with_workers(proc: subprocess.Popen[str]) -> str:
     """Stop the server, then SIGKILL its vet workers still hanging (they would sleep for
     an hour): the processes whose parent it was. Its output."""
