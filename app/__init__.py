@@ -17,16 +17,19 @@ from dash import Input, Output, dcc, html
 from popviz.errors import ProfileError
 from popviz.vet import Vetter
 
-from . import downloads
-from .cache import PathRefused, ProfileCache, resolve_profile
+from . import bodies, downloads
+from .cache import PathRefused, ProfileCache, StillChecking, resolve_profile
 from .common import AppContext, error_text, message, profile_of, profile_query
 from .pages import PAGES
 from .style import INDEX_STRING
 
 log = logging.getLogger("popviz.app")
 ERROR_ID = "callback-error"  # a callback that fails shows its one-line error here
+POLL_ID = "checking-poll"  # re-renders a page whose file is still being vetted
+POLL_MS = 2000
 
-__all__ = ["PathRefused", "ProfileCache", "create_app", "render", "resolve_profile"]
+__all__ = ["PathRefused", "ProfileCache", "StillChecking", "create_app", "render",
+           "render_page", "resolve_profile"]
 
 
 def _nav(path: str, rel: str) -> html.Nav:
@@ -44,22 +47,30 @@ def _nav(path: str, rel: str) -> html.Nav:
 def render(ctx: AppContext, path: str | None, search: str | None) -> list[Any]:
     """Navigation plus the page for a URL (a refused or broken profile, or anything that
     goes wrong building the page, becomes a one-line message, never an exception)."""
+    return render_page(ctx, path, search)[0]
+
+
+def render_page(ctx: AppContext, path: str | None,
+                search: str | None) -> tuple[list[Any], bool]:
+    """`render`, and whether the profile is still being vetted (the page then polls)."""
     path = path or "/"
     rel = profile_of(search)
     page = next((p for p in PAGES if path == p.PATH), None)
     if page is None:
         return [_nav(path, ""), message(f"No page {path[:80]}. Pages: "
-                                        + ", ".join(p.PATH for p in PAGES))]
+                                        + ", ".join(p.PATH for p in PAGES))], False
     try:
         if not page.NEEDS_PROFILE:
-            return [_nav(path, rel), page.layout(ctx, None)]
+            return [_nav(path, rel), page.layout(ctx, None)], False
         entry = ctx.cache.get(rel)
-        return [_nav(path, rel), page.layout(ctx, entry)]
+        return [_nav(path, rel), page.layout(ctx, entry)], False
+    except StillChecking as exc:  # the page polls (POLL_ID) until the verdict is in
+        return [_nav(path, rel), message(error_text(ctx, exc, rel), tone="info")], True
     except Exception as exc:  # the page of one bad file must not be a blank 500
         if not isinstance(exc, PathRefused | ProfileError):
             log.exception("building %s for %r", path, rel)
         return [_nav(path, ""), message(error_text(ctx, exc, rel)),
-                dcc.Link("Back to the list of profiles", href="/")]
+                dcc.Link("Back to the list of profiles", href="/")], False
 
 
 def callback_failed(ctx: AppContext, exc: Exception) -> None:
@@ -75,17 +86,21 @@ def callback_failed(ctx: AppContext, exc: Exception) -> None:
 
 
 def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
-               vetter: Vetter | bool | None = True) -> dash.Dash:
+               vetter: Vetter | bool | None = True,
+               vet_wait_s: float | None = None) -> dash.Dash:
     """The Dash app serving every profile under `profile_dir` (and nothing outside it).
 
     `vetter`: True (a default `popviz.vet.Vetter`), a Vetter, or False/None to open files
-    in-process without a worker's verdict first (only for files you trust)."""
+    in-process without a worker's verdict first (only for files you trust).
+    `vet_wait_s`: how long a request waits for a file's verdict before its page says
+    "being checked" and polls (None: as long as vetting takes; `popviz serve` sets it)."""
     root = Path(profile_dir)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory")
     if vetter is True:
         vetter = Vetter()
-    cache = ProfileCache(root.resolve(), cache_size, vetter=vetter or None)
+    cache = ProfileCache(root.resolve(), cache_size, vetter=vetter or None,
+                         vet_wait_s=vet_wait_s)
     cache.prewarm()
     ctx = AppContext(root=root.resolve(), cache=cache)
     app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
@@ -93,14 +108,18 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
                     on_error=lambda exc: callback_failed(ctx, exc))
     app.index_string = INDEX_STRING
     app.layout = html.Div([dcc.Location(id="url", refresh=False),
+                           dcc.Interval(id=POLL_ID, interval=POLL_MS, disabled=True),
                            html.Div(id=ERROR_ID, className="callback-error"),
                            html.Div(id="page", className="page")])
     app.popviz_context = ctx  # tests call page builders with it
 
     @app.callback(Output("page", "children"), Output(ERROR_ID, "children"),
-                  Input("url", "pathname"), Input("url", "search"))
-    def route(path: str | None, search: str | None) -> tuple[list[Any], None]:
-        return render(ctx, path, search), None  # a new page clears an old callback error
+                  Output(POLL_ID, "disabled"), Input("url", "pathname"),
+                  Input("url", "search"), Input(POLL_ID, "n_intervals"))
+    def route(path: str | None, search: str | None,
+              _polls: int | None) -> tuple[list[Any], None, bool]:
+        children, checking = render_page(ctx, path, search)
+        return children, None, not checking  # a new page clears an old callback error
 
     views: dict[str, Any] = {}
     callbacks: dict[str, Any] = {}
@@ -110,4 +129,5 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
         views.update(page.FIGURES)
     app.popviz_callbacks = callbacks  # the plain functions, so tests can call them
     downloads.register(app.server, ctx, views)
+    bodies.install(app)
     return app

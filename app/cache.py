@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import wait
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,18 @@ from typing import Any
 import popviz
 from popviz.errors import ProfileError
 from popviz.format.reader import profile_file
-from popviz.vet import Stamp, Vetter, file_check, stamp_from
+from popviz.vet import Stamp, Verdict, Vetter, file_check, stamp_from
 
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
+VET_WAITERS = 4  # threads waiting on vetting at once; more answer "being checked" at once
 
 
 class PathRefused(Exception):
     """A profile path the app will not serve (one-line reason)."""
+
+
+class StillChecking(ProfileError):
+    """The file's vetting did not finish within the request's wait: retry soon."""
 
 
 MAX_PATH_CHARS = 1024
@@ -104,11 +109,15 @@ class ProfileCache:
 
     def __init__(self, root: Path, capacity: int = 6,
                  opener: Callable[[Path], Any] | None = None,
-                 vetter: Vetter | None = None) -> None:
+                 vetter: Vetter | None = None, vet_wait_s: float | None = None) -> None:
         self.root = Path(root)
         self.capacity = capacity
         self._open = opener or popviz.open
         self.vetter = vetter  # None: files are opened without a worker's verdict first
+        # None: wait for a file's vetting however long it takes (scripts, tests); a
+        # number: then raise StillChecking (a server must not park its threads on it)
+        self.vet_wait_s = vet_wait_s
+        self._waiters = threading.BoundedSemaphore(VET_WAITERS)
         self._entries: OrderedDict[Stamp, Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._opening: dict[Stamp, threading.Lock] = {}
@@ -155,6 +164,10 @@ class ProfileCache:
                 self._entries.move_to_end(key)
                 return entry
             opening = self._opening.setdefault(key, threading.Lock())
+        if self.vetter is not None and self.vet_wait_s is not None:
+            # waited for here, not under `opening`: requests for one cold file would
+            # otherwise queue on that lock, each then waiting its own deadline in turn
+            self._checked(path, str(rel))
         # One thread opens a cold file while the others for the same file wait on its
         # lock (not on the cache's): opening may take a moment and must not block the
         # cache for every other profile.
@@ -179,11 +192,13 @@ class ProfileCache:
             if self.vetter is None:
                 profile = self._open(path)
             else:
-                stamp, verdict = self.vetter.vetted(path)
-                if verdict is not None and not verdict.ok:
+                stamp, verdict = self._checked(path, rel)
+                if not verdict.ok:
                     raise ProfileError(verdict.message(rel))
                 # what HDF5 opens must be the file vetted, not one swapped in since
                 profile = self._open(path, check_file=file_check(stamp, rel))
+        except StillChecking:
+            raise  # names `rel` already
         except ProfileError as exc:
             raise ProfileError(relative_message(str(exc), self.root, rel)) from None
         for name in ("meta", "summary"):  # every page reads them as objects
@@ -196,6 +211,30 @@ class ProfileCache:
                                    f"{type(value).__name__} JSON, not an object)")
         return profile
 
+    def _checked(self, path: Path, rel: str) -> tuple[Stamp, Verdict]:
+        """The vetter's verdict on `path`, waiting at most `vet_wait_s` (StillChecking)."""
+        assert self.vetter is not None
+        with self._wait_budget(self.vet_wait_s) as wait_s:
+            stamp, verdict = self.vetter.vetted(path, wait_s)
+        if verdict is None:
+            raise StillChecking(f"{rel}: being checked in a separate process before it "
+                                "is opened; retry in a few seconds")
+        return stamp, verdict
+
+    @contextmanager
+    def _wait_budget(self, wait_s: float | None) -> Iterator[float | None]:
+        """`wait_s`, or 0 when VET_WAITERS threads wait already: however many requests
+        ask for files being vetted, threads stay free for the others."""
+        if wait_s is None:
+            yield None
+        elif self._waiters.acquire(blocking=False):
+            try:
+                yield wait_s
+            finally:
+                self._waiters.release()
+        else:
+            yield 0.0
+
     def prewarm(self) -> None:
         """Start vetting every file now, off the request path (the first listing and
         the first page of each profile then find the verdict in)."""
@@ -207,10 +246,14 @@ class ProfileCache:
         except (OSError, ProfileError):
             pass
 
-    def listing(self, wait_s: float = LISTING_WAIT_S) -> list[dict[str, Any]]:
+    def listing(self, wait_s: float | None = None) -> list[dict[str, Any]]:
         """Every profile file under the root with its headline facts, or its error.
         Rescanned on each call; facts are reused while a file's stamp is unchanged. Files
-        still being vetted after `wait_s` (all together) are listed as being checked."""
+        still being vetted after `wait_s` (all together; default LISTING_WAIT_S, or
+        `vet_wait_s` if shorter) are listed as being checked."""
+        if wait_s is None:
+            wait_s = LISTING_WAIT_S if self.vet_wait_s is None else min(LISTING_WAIT_S,
+                                                                        self.vet_wait_s)
         found = []
         for path in popviz.discover(self.root):
             rel = path.relative_to(self.root).as_posix()
@@ -226,7 +269,8 @@ class ProfileCache:
                 if isinstance(stamp, tuple) and (cached is None or cached[0] != stamp):
                     with suppress(OSError):  # gone since discover: listed below
                         pending[rel] = self.vetter.submit(path)
-            wait(list(pending.values()), timeout=wait_s)
+            with self._wait_budget(wait_s) as budget:
+                wait(list(pending.values()), timeout=budget)
         rows = []
         for _path, rel, stamp in found:
             if isinstance(stamp, OSError):
@@ -237,8 +281,11 @@ class ProfileCache:
                 if rel in pending and not pending[rel].done():
                     rows.append({"profile": rel, "error": "", "checking": True})
                     continue
-                cached = (stamp, self._facts(rel))
-                self._listing[rel] = cached
+                facts = self._facts(rel)
+                if facts.get("checking"):  # changed since it was stamped: not kept
+                    rows.append(facts)
+                    continue
+                cached = self._listing[rel] = (stamp, facts)
             rows.append(cached[1])
         return rows
 
@@ -247,6 +294,8 @@ class ProfileCache:
         many files does not push out the profiles being looked at."""
         try:
             profile = self._open_vetted(resolve_profile(self.root, rel), rel)
+        except StillChecking:
+            return {"profile": rel, "error": "", "checking": True}
         except (ProfileError, PathRefused) as exc:  # shown relative: no server paths leak
             return {"profile": rel, "error": relative_message(str(exc), self.root, rel)}
         except Exception as exc:  # a file we cannot read must not break the listing

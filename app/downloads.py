@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from popviz.errors import ProfileError
 
-from .cache import PathRefused
+from .cache import PathRefused, StillChecking
 from .common import AppContext, error_text
 
 log = logging.getLogger("popviz.app")
@@ -32,7 +32,8 @@ def _text(body: str, status: int) -> flask.Response:
 
 def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> None:
     """`views` maps a view name to its builder (ctx, entry) -> Figure. A refused or broken
-    profile is a 404 and a download that fails to build a 422, each with one line."""
+    profile is a 404, one still being vetted a 503 (Retry-After: 2) and a download that
+    fails to build a 422, each with one line."""
 
     def guarded(handler: Callable[..., flask.Response]) -> Callable[..., flask.Response]:
         @functools.wraps(handler)
@@ -40,6 +41,10 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
             rel = flask.request.args.get("profile", "")
             try:
                 return handler(ctx.cache.get(rel), rel, **kwargs)
+            except StillChecking as exc:  # its vetting is under way: come back soon
+                reply = _text(error_text(ctx, exc, rel), 503)
+                reply.headers["Retry-After"] = "2"
+                return reply
             except (PathRefused, ProfileError) as exc:
                 return _text(error_text(ctx, exc, rel), 404)
             except Exception as exc:  # one bad file: a line, not a blank 500

@@ -11,8 +11,9 @@ What is vet's own: the one-line refusals (without the file's name: the caller na
 relative to what it serves), a time limit scaled with the file's size, and `Vetter`, which
 caches one verdict per file stamp (real path, device, inode, size, mtime and ctime: the
 ctime and inode are what user space cannot set back, so a file copied over a vetted one with
-its old mtime and size is a new stamp), vets at most `workers` files at a time and runs one
-vetting per file however many threads ask for it. `same_file` lets the opener check that the
+its old mtime and size is a new stamp), vets at most `workers` queued files at a time (and
+one more a request waits on, ahead of the queue) and runs one vetting per file however many
+threads ask for it. `same_file` lets the opener check that the
 file it opened is the one that was vetted.
 """
 
@@ -22,9 +23,9 @@ import os
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -38,9 +39,11 @@ DEFAULT_WORKERS = 2
 SECONDS_PER_GB = 60  # added to the time limit per GB of file
 MAX_VERDICTS = 10_000  # remembered stamps; older ones are vetted again if asked for
 # Test hook only: "crash:NAME,hang:NAME,memory:NAME" makes the worker misbehave for files
-# whose path contains NAME, so the tests exercise a real crash, hang and memory blow-up.
+# whose path contains NAME, so the tests exercise a real crash, hang and memory blow-up;
+# "slow:NAME" makes it take SLOW_S more seconds, then pass (a page must poll for it).
 SIMULATE_ENV = "POPVIZ_VET_SIMULATE"
 _SIMULATE_PROBE = "popviz.vet:_simulate_probe"
+SLOW_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ def _simulate_probe(profile: Any) -> None:
         elif what == "hang":
             while True:
                 time.sleep(3600)
+        elif what == "slow":
+            time.sleep(SLOW_S)
         elif what == "memory":
             import resource
 
@@ -153,22 +158,33 @@ def _simulate_probe(profile: Any) -> None:
 
 
 class Vetter:
-    """One verdict per file stamp, from at most `workers` worker processes at a time."""
+    """One verdict per file stamp, from at most `workers` worker processes at a time for
+    the queue, plus one kept for files a request waits on.
+
+    Two lanes: `submit` (start-up, listings) queues a file behind the others; `vetted` /
+    `verdict` (a request waits on it) puts it in the urgent lane, ahead of the whole
+    queue, and moves it there if it was queued already. The urgent lane has a worker of
+    its own, so a requested file starts at once even while the queue's workers are busy
+    (say, each on a file that hangs until its time limit)."""
 
     def __init__(self, workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
                  memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="popviz-vet")
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._verdicts: OrderedDict[Stamp, Verdict] = OrderedDict()
-        self._running: dict[Stamp, Future[Verdict]] = {}
+        self._running: dict[Stamp, Future[Verdict]] = {}  # queued or being vetted
+        self._lanes: dict[bool, deque[Stamp]] = {True: deque(), False: deque()}
+        self._closed = False
+        self._workers = workers
+        self._started = False  # the threads start with the first file
         self.vettings = 0  # worker processes started (tests check single flight with it)
 
-    def submit(self, path: str | os.PathLike[str]) -> Future[Verdict]:
-        """The verdict for `path` as a future; starts one vetting if none ran or runs."""
-        return self._submit(stamp_of(path))
+    def submit(self, path: str | os.PathLike[str], urgent: bool = False) -> Future[Verdict]:
+        """The verdict for `path` as a future; queues one vetting if none ran or runs."""
+        return self._submit(stamp_of(path), urgent)
 
-    def _submit(self, stamp: Stamp) -> Future[Verdict]:
+    def _submit(self, stamp: Stamp, urgent: bool = False) -> Future[Verdict]:
         with self._lock:
             known = self._verdicts.get(stamp)
             if known is not None:
@@ -177,14 +193,20 @@ class Vetter:
                 return done
             running = self._running.get(stamp)
             if running is None:
-                running = self._pool.submit(self._vet, stamp)
-                self._running[stamp] = running
+                self._start()
+                running = self._running[stamp] = Future()
+                self._lanes[urgent].append(stamp)
+                self._wake.notify_all()
+            elif urgent and stamp in self._lanes[False]:  # queued: jump the queue
+                self._lanes[False].remove(stamp)
+                self._lanes[True].append(stamp)
+                self._wake.notify_all()
             return running
 
     def verdict(self, path: str | os.PathLike[str],
                 wait_s: float | None = None) -> Verdict | None:
         """Wait (at most `wait_s`, or for as long as vetting takes) for the verdict; None
-        if it is not in yet."""
+        if it is not in yet. The file jumps the queue."""
         return self.vetted(path, wait_s)[1]
 
     def vetted(self, path: str | os.PathLike[str],
@@ -192,26 +214,53 @@ class Vetter:
         """`verdict`, with the stamp it holds for: open the file, then check with
         `same_file` that what was opened is what was vetted."""
         stamp = stamp_of(path)
-        future = self._submit(stamp)
+        future = self._submit(stamp, urgent=True)
         try:
             return stamp, future.result(timeout=wait_s)
         except FutureTimeout:
             return stamp, None
 
-    def _vet(self, stamp: Stamp) -> Verdict:
-        with self._lock:
-            self.vettings += 1
-        verdict = vet_or_refuse(stamp.path, time_limit(self.timeout_s, stamp.size),
-                                self.memory_mb)
-        with self._lock:
-            self._verdicts[stamp] = verdict
-            while len(self._verdicts) > MAX_VERDICTS:
-                self._verdicts.popitem(last=False)
-            self._running.pop(stamp, None)
-        return verdict
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            for n in range(self._workers + 1):  # the last one takes urgent files only
+                threading.Thread(target=self._work, args=(n == self._workers,),
+                                 daemon=True, name=f"popviz-vet-{n}").start()
+
+    def _work(self, urgent_only: bool) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not (
+                        self._lanes[True] or (self._lanes[False] and not urgent_only)):
+                    self._wake.wait()
+                if self._closed:
+                    return
+                lane = self._lanes[True] if self._lanes[True] else self._lanes[False]
+                stamp = lane.popleft()
+                future = self._running[stamp]
+                self.vettings += 1
+            try:
+                verdict = vet_or_refuse(stamp.path, time_limit(self.timeout_s, stamp.size),
+                                        self.memory_mb)
+            except BaseException as exc:  # never leave a waiter without an answer
+                verdict = Verdict(False, f"unreadable ({type(exc).__name__})")
+            with self._lock:
+                self._verdicts[stamp] = verdict
+                while len(self._verdicts) > MAX_VERDICTS:
+                    self._verdicts.popitem(last=False)
+                self._running.pop(stamp, None)
+            future.set_result(verdict)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop after the vettings under way; queued ones are cancelled."""
+        with self._lock:
+            self._closed = True
+            queued = [self._running.pop(s) for lane in self._lanes.values() for s in lane]
+            for lane in self._lanes.values():
+                lane.clear()
+            self._wake.notify_all()
+        for future in queued:
+            future.cancel()
 
 
 def vet_or_refuse(path: str, timeout_s: float, memory_mb: int) -> Verdict:

@@ -121,3 +121,50 @@ def test_serve_off_loopback_warns_and_requires_a_generated_token(root: Path) -> 
     assert "warning: listening on 0.0.0.0, not loopback" in err
     token = out.split("?token=")[1].split()[0]
     assert len(token) >= 24
+
+
+def _post(port: int, body: bytes, kind: str = "application/json") -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/_dash-update-component",
+                                     data=body, headers={"Content-Type": kind})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_malformed_callback_bodies_get_a_400_with_one_line(root: Path) -> None:
+    proc, port = start_serve(root)
+    try:
+        deps = json.loads(_get(f"http://127.0.0.1:{port}/_dash-dependencies")[1])
+        good = payload(find(deps, "page.children"), {"url.pathname": "/", "url.search": ""})
+        cases: list[tuple[bytes, str, str]] = [
+            (b"{not json", "application/json", "not JSON (JSONDecodeError)"),
+            (b"\xff\xfe{", "application/json", "not JSON (UnicodeDecodeError)"),
+            (b"[" * 100_000 + b"]" * 100_000, "application/json", "not JSON (RecursionError)"),
+            (b'{"output": "page.children"}', "text/plain", "Content-Type: application/json"),
+            (b"[]", "application/json", "a JSON object, not array"),
+            (b"null", "application/json", "a JSON object, not null"),
+            (b"{}", "application/json", "names its 'output'"),
+            (json.dumps({**good, "output": "nope.children"}).encode(), "application/json",
+             "no callback outputs 'nope.children'"),
+            (json.dumps({**good, "outputs": "x"}).encode(), "application/json",
+             "'outputs' must be a list of"),
+            (json.dumps({**good, "inputs": good["inputs"][:1]}).encode(), "application/json",
+             "'inputs' must be a list of"),
+            (json.dumps({**good, "inputs": [1] * len(good["inputs"])}).encode(),
+             "application/json", "inputs[0]: number, not an object"),
+            (json.dumps({**good, "state": "x"}).encode(), "application/json",
+             "'state' must be a list of 0"),
+            (json.dumps({**good, "changedPropIds": 5}).encode(), "application/json",
+             "'changedPropIds' must be a list of strings"),
+        ]
+        for body, kind, expected in cases:
+            status, text = _post(port, body, kind)
+            assert status == 400 and expected in text, (body[:60], status, text[:200])
+            assert text.startswith("popviz: ") and len(text.strip().splitlines()) == 1
+        status, text = _post(port, json.dumps(good).encode())  # the real one still works
+        assert status == 200 and "profile-table" in text
+    finally:
+        out, err = stop(proc)
+    assert "Traceback" not in out + err

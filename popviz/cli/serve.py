@@ -1,7 +1,8 @@
 """`popviz serve DIR [--host 127.0.0.1] [--port 8050]`: the Dash app over every profile
 under DIR, on waitress (a production WSGI server) with a bounded thread pool. Loopback by
 default and never in debug mode (debug would run arbitrary code for anyone who can reach
-the port); any other address warns and requires an access token (docs/app.md)."""
+the port); any other address warns and requires an access token (docs/app.md). waitress
+runs with the deadlines and caps of `serve_guard` against slow clients."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ THREADS = 8
 CONNECTION_LIMIT = 200
 MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
 MAX_HEADER_BYTES = 64 * 1024
-CHANNEL_TIMEOUT_S = 120  # an idle or stalled connection is closed after this
+CHANNEL_TIMEOUT_S = 120  # a connection without a byte either way is closed after this
+CLEANUP_INTERVAL_S = 1  # how often deadlines are checked (popviz.cli.serve_guard)
+VET_WAIT_S = 2.0  # a request waits this long for a file's vetting, then says "retry"
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +75,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads} is outside 1..64")
     if args.vet_timeout <= 0 or args.vet_memory_mb < 256:
         raise UsageError("--vet-timeout must be positive and --vet-memory-mb at least 256")
-    import waitress  # Dash and waitress are imported only when serving
-    from popviz_app import access, create_app
+    from popviz_app import access, create_app  # Dash and waitress only when serving
 
+    from popviz.cli import serve_guard
     from popviz.vet import Vetter
 
     token = args.token
@@ -84,7 +87,8 @@ def _run(args: argparse.Namespace) -> int:
               "reach this port and has the token can read every profile under "
               f"{root.resolve()}", file=sys.stderr, flush=True)
     app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
-                                         memory_mb=args.vet_memory_mb))
+                                         memory_mb=args.vet_memory_mb),
+                     vet_wait_s=VET_WAIT_S)
     access.install(app.server, args.host, token, [*args.allow_host, *_own_names(args.host)])
     # waitress warns on every queued request past its threads: under load that is one
     # line per request; overload shows in latency, not in a flooded log
@@ -94,11 +98,13 @@ def _run(args: argparse.Namespace) -> int:
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"popviz: serving {root.resolve()} at {url} (Ctrl-C to stop)", flush=True)
-    waitress.serve(app.server, host=args.host, port=args.port, threads=args.threads,
-                   connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
-                   max_request_body_size=MAX_BODY_BYTES,
-                   max_request_header_size=MAX_HEADER_BYTES, ident="popviz",
-                   expose_tracebacks=False, _quiet=True)
+    # waitress, with header / body deadlines and per-address caps in front (serve_guard)
+    server = serve_guard.create_server(
+        app.server, host=args.host, port=args.port, threads=args.threads,
+        connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
+        cleanup_interval=CLEANUP_INTERVAL_S, max_request_body_size=MAX_BODY_BYTES,
+        max_request_header_size=MAX_HEADER_BYTES, ident="popviz", expose_tracebacks=False)
+    server.run()
     return EXIT_OK
 
 
@@ -108,7 +114,10 @@ COMMAND = Command(
     description="Serve every profile under DIR (recursively) in a Dash app: summary, trace, "
     "liveness, memory, stages, exchange and operations pages. Each file is first read by a "
     "short-lived worker process under time and memory limits, so a damaged file is refused, "
-    "never crashes or freezes the server.",
+    "never crashes or freezes the server; a page whose file is still being checked says so "
+    "after 2 s and reloads itself. Slow clients cannot lock others out: a request's headers "
+    "must arrive within 10 s and its body within 30 s, and past 64 connections from one "
+    "address the longest-waiting one is closed (limits: docs/limits.md).",
     add_arguments=_add_arguments,
     run=_run,
 )
