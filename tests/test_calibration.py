@@ -53,7 +53,16 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
         assert p["source"] and p["figure"] and p["config"], p["id"]
         assert p["kind"] in ("throughput", "bandwidth", "fits")
         assert p["use"] in ("fit", "check", "holdout"), p["id"]
-    assert len([p for p in POINTS if p["kind"] != "fits"]) >= 12  # published figures
+    published = [p for p in POINTS if p["kind"] != "fits"]
+    assert len(published) >= 28  # issue 20: at least 25 published throughput figures
+    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit
+    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 9, 7)
+    assert len(CHECKS) >= 18
+    throughput = [p for p in published if p["kind"] == "throughput"]
+    assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput}
+    for model in ("resnet", "bert"):  # convolutional and transformer, on Mk2 and Bow
+        assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput
+                                  if p["config"]["model"] == model}, model
     targets = {p["config"]["target"] for p in POINTS}
     models = {p["config"].get("model") for p in POINTS} - {None}
     assert {"mk1", "mk2", "bow"} <= targets
@@ -75,9 +84,9 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3 as landed: 17.7% in sample (issue 20's target is 10% leave-one-out);
-    # a change that makes it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.18
+    # IPU model v3 with issue 20's evidence (12 fitted points): 18.3% in sample (the
+    # target is 10% leave-one-out); a change that makes it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.19
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -90,8 +99,10 @@ def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) ->
 def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     loo = leave_one_out(evaluator, FIT_POINTS, CostModel())  # as the fit itself starts
     inside = np.abs(evaluator.errors(DEFAULT_COST))
-    assert np.mean(np.abs(loo)) <= 0.26  # 25.1% as landed; issue 20's target is 10%
-    assert np.mean(np.abs(loo)) >= np.mean(inside) - 1e-9  # out of sample is never better
+    assert np.mean(np.abs(loo)) <= 0.19  # 18.0% with issue 20's evidence; the target is 10%
+    # the fit minimises weighted squared log error, not mean |error|: out of sample may read
+    # a fraction of a percent better, never much better (that would mean a leak)
+    assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01
 
 
 def test_fast_prediction_equals_compile(evaluator: Evaluator) -> None:
