@@ -54,10 +54,10 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
         assert p["kind"] in ("throughput", "bandwidth", "fits")
         assert p["use"] in ("fit", "check", "holdout"), p["id"]
     published = [p for p in POINTS if p["kind"] != "fits"]
-    assert len(published) >= 28  # issue 20: at least 25 published throughput figures
+    assert len(published) >= 29  # issue 20: at least 25 published throughput figures
     # the roles as committed (issue 20's evidence): a change of role is a deliberate edit
-    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 9, 7)
-    assert len(CHECKS) >= 18
+    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 10, 7)
+    assert len(CHECKS) >= 19
     throughput = [p for p in published if p["kind"] == "throughput"]
     assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput}
     for model in ("resnet", "bert"):  # convolutional and transformer, on Mk2 and Bow
@@ -177,6 +177,8 @@ def test_a_transformer_without_transformers_is_one_clear_error(monkeypatch) -> N
         build_transformer("bert", "large", 1)
     with pytest.raises(ValueError, match="unknown transformer 'bert' size 'huge'"):
         build_transformer("bert", "huge", 1)
+    with pytest.raises(ValueError, match="unknown vit task 'squad'; valid: pretraining"):
+        build_transformer("vit", "base-16", 1, task="squad")
 
 
 def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
@@ -191,3 +193,16 @@ def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
     head = ops[(ops["module"] == "cls.predictions.decoder") & (ops["phase"] == "forward")
                & (ops["op_class"] == "matmul")]
     assert head["out_shape"].tolist() == ["[160,30400]"]
+
+
+def test_bert_squad_is_the_encoder_and_a_span_head() -> None:
+    point = next(p for p in POINTS if p["config"].get("variant", {}).get("task") == "squad")
+    _needs(point)
+    program = point_program(point)
+    ops = program.ops
+    assert 330e6 < program.model["parameters"] < 340e6  # BERT-Large without pooler and MLM
+    assert not ops["module"].astype(str).str.startswith(("cls.", "bert.pooler")).any()
+    head = ops[(ops["module"] == "qa_outputs") & (ops["phase"] == "forward")
+               & (ops["op_class"] == "matmul")]
+    # start and end logits of every token: micro-batch 4 x 384 positions
+    assert head["out_shape"].tolist() == ["[1536,2]"]
