@@ -53,7 +53,16 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
         assert p["source"] and p["figure"] and p["config"], p["id"]
         assert p["kind"] in ("throughput", "bandwidth", "fits")
         assert p["use"] in ("fit", "check", "holdout"), p["id"]
-    assert len([p for p in POINTS if p["kind"] != "fits"]) >= 12  # published figures
+    published = [p for p in POINTS if p["kind"] != "fits"]
+    assert len(published) >= 29  # issue 20: at least 25 published throughput figures
+    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit
+    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 10, 7)
+    assert len(CHECKS) >= 19
+    throughput = [p for p in published if p["kind"] == "throughput"]
+    assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput}
+    for model in ("resnet", "bert"):  # convolutional and transformer, on Mk2 and Bow
+        assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput
+                                  if p["config"]["model"] == model}, model
     targets = {p["config"]["target"] for p in POINTS}
     models = {p["config"].get("model") for p in POINTS} - {None}
     assert {"mk1", "mk2", "bow"} <= targets
@@ -75,9 +84,10 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3 with popops vector costs: 12.1% in sample (17.7% with the fitted
-    # vector bandwidth before); a change that makes it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.125
+    # IPU model v3 with popops vector costs and issue 20's evidence (12 fitted points):
+    # 9.8% in sample (18.3% with the fitted vector bandwidth before); a change that makes
+    # it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.105
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -90,9 +100,11 @@ def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) ->
 def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     loo = leave_one_out(evaluator, FIT_POINTS, CostModel())  # as the fit itself starts
     inside = np.abs(evaluator.errors(DEFAULT_COST))
-    assert np.mean(np.abs(loo)) <= 0.145  # 14.0% now (25.1% before popops vector
-    # costs); issue 20's target is 10%
-    assert np.mean(np.abs(loo)) >= np.mean(inside) - 1e-9  # out of sample is never better
+    assert np.mean(np.abs(loo)) <= 0.12  # 11.4% (18.0% before popops vector costs); the
+    # target is 10%
+    # the fit minimises weighted squared log error, not mean |error|: out of sample may read
+    # a fraction of a percent better, never much better (that would mean a leak)
+    assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01
 
 
 def test_fast_prediction_equals_compile(evaluator: Evaluator) -> None:
@@ -167,6 +179,8 @@ def test_a_transformer_without_transformers_is_one_clear_error(monkeypatch) -> N
         build_transformer("bert", "large", 1)
     with pytest.raises(ValueError, match="unknown transformer 'bert' size 'huge'"):
         build_transformer("bert", "huge", 1)
+    with pytest.raises(ValueError, match="unknown vit task 'squad'; valid: pretraining"):
+        build_transformer("vit", "base-16", 1, task="squad")
 
 
 def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
@@ -181,3 +195,16 @@ def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
     head = ops[(ops["module"] == "cls.predictions.decoder") & (ops["phase"] == "forward")
                & (ops["op_class"] == "matmul")]
     assert head["out_shape"].tolist() == ["[160,30400]"]
+
+
+def test_bert_squad_is_the_encoder_and_a_span_head() -> None:
+    point = next(p for p in POINTS if p["config"].get("variant", {}).get("task") == "squad")
+    _needs(point)
+    program = point_program(point)
+    ops = program.ops
+    assert 330e6 < program.model["parameters"] < 340e6  # BERT-Large without pooler and MLM
+    assert not ops["module"].astype(str).str.startswith(("cls.", "bert.pooler")).any()
+    head = ops[(ops["module"] == "qa_outputs") & (ops["phase"] == "forward")
+               & (ops["op_class"] == "matmul")]
+    # start and end logits of every token: micro-batch 4 x 384 positions
+    assert head["out_shape"].tolist() == ["[1536,2]"]

@@ -1,5 +1,6 @@
 """Transformer workloads built with HuggingFace `transformers`, as Graphcore's published
-BERT and ViT pre-training runs use them (calibration points; see docs/cost-model.md).
+BERT (pre-training, SQuAD fine-tuning) and ViT pre-training runs use them (calibration
+points; see docs/cost-model.md).
 
 `transformers` is NOT a runtime dependency of popviz (it is in the `test` and `bench`
 extras): it is imported only when one of these models is built, and a missing package is
@@ -25,6 +26,8 @@ SIZES: dict[str, dict[str, tuple[int, int, int, int]]] = {
     "bert": {"base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096)},
     "vit": {"base-16": (768, 12, 12, 3072), "large-16": (1024, 24, 16, 4096)},
 }
+
+TASKS: dict[str, tuple[str, ...]] = {"bert": ("pretraining", "squad")}
 
 
 def _transformers() -> Any:
@@ -63,6 +66,28 @@ class BertPretraining(nn.Module):
                 + F.cross_entropy(relationship, next_sentence_label))
 
 
+class BertSquad(nn.Module):
+    """BERT fine-tuned on SQuAD as Graphcore's PopART application runs it: the encoder
+    without its pooler and a 2-way span head on every token (start and end logits), the
+    loss the mean of the start and end cross-entropies."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers.models.bert.modeling_bert import BertModel
+
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, start_positions: torch.Tensor,
+                end_positions: torch.Tensor) -> torch.Tensor:
+        sequence = self.bert(input_ids=input_ids, token_type_ids=token_type_ids,
+                             attention_mask=attention_mask)[0]
+        start, end = self.qa_outputs(sequence).unbind(-1)
+        return (F.cross_entropy(start, start_positions)
+                + F.cross_entropy(end, end_positions)) / 2
+
+
 class VitClassifier(nn.Module):
     """ViT image classification (`ViTForImageClassification`); the loss is the output."""
 
@@ -77,19 +102,23 @@ class VitClassifier(nn.Module):
 def build_transformer(name: str, size: str, batch: int, *, sequence_length: int = 128,
                       mask_tokens: int = 20, vocab_size: int = 30522, image_size: int = 224,
                       num_classes: int = 1000, hidden_dropout: float = 0.1,
-                      attention_dropout: float = 0.0, init_weights: bool = True
-                      ) -> tuple[nn.Module, dict[str, Any]]:
+                      attention_dropout: float = 0.0, task: str = "pretraining",
+                      init_weights: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     """A freshly initialised model and one micro-batch of inputs for it (keyword arguments
     of its forward, which returns the loss). Eager attention: the matmuls and softmax the
     IPU applications run, not a fused kernel. `init_weights=False` skips HF's weight
     initialisation (plan mode: fake tensors have no values, and ViT's truncated normal
-    init reads them)."""
+    init reads them). BERT's `task` is "pretraining" (masked LM + next sentence) or
+    "squad" (span fine-tuning)."""
     if name not in SIZES or size not in SIZES[name]:
         valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
         raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
+    if task not in TASKS.get(name, ("pretraining",)):
+        raise ValueError(f"unknown {name} task {task!r}; valid: "
+                         f"{', '.join(TASKS.get(name, ('pretraining',)))}")
     with contextlib.nullcontext() if init_weights else _no_init_weights():
         return _build(name, size, batch, sequence_length, mask_tokens, vocab_size, image_size,
-                      num_classes, hidden_dropout, attention_dropout)
+                      num_classes, hidden_dropout, attention_dropout, task)
 
 
 def _no_init_weights() -> Any:
@@ -103,12 +132,19 @@ def _no_init_weights() -> Any:
 
 def _build(name: str, size: str, batch: int, sequence_length: int, mask_tokens: int,
            vocab_size: int, image_size: int, num_classes: int, hidden_dropout: float,
-           attention_dropout: float) -> tuple[nn.Module, dict[str, Any]]:
+           attention_dropout: float, task: str) -> tuple[nn.Module, dict[str, Any]]:
     hidden, layers, heads, inner = SIZES[name][size]
     tf = _transformers()
     common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                   intermediate_size=inner, hidden_dropout_prob=hidden_dropout,
                   attention_probs_dropout_prob=attention_dropout, attn_implementation="eager")
+    if name == "bert" and task == "squad":
+        squad = BertSquad(tf.BertConfig(vocab_size=vocab_size, **common))
+        ids = torch.randint(0, vocab_size, (batch, sequence_length))
+        return squad, {"input_ids": ids, "token_type_ids": torch.zeros_like(ids),
+                       "attention_mask": torch.ones_like(ids),
+                       "start_positions": torch.randint(0, sequence_length, (batch,)),
+                       "end_positions": torch.randint(0, sequence_length, (batch,))}
     if name == "bert":
         model: nn.Module = BertPretraining(tf.BertConfig(vocab_size=vocab_size, **common))
         ids = torch.randint(0, vocab_size, (batch, sequence_length))
