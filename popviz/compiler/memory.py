@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.compiler.oom import oom_table
+from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
@@ -84,10 +85,7 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     section output (a checkpoint, or read by a later section's forward)."""
     t = tensors.reset_index(drop=True)
     cat = t["category"].to_numpy(str)
-    weight = np.isin(cat, WEIGHT_CATEGORIES)
-    scale = np.where(weight, dtype_scale(t["dtype"], precision.weight_bytes),
-                     dtype_scale(t["dtype"], precision.compute_bytes))
-    nbytes = np.ceil(t["bytes"].to_numpy(np.float64) * scale).astype(np.int64)
+    nbytes = stored_bytes(t, precision, options)
     tiles_per_ipu = int(ops.attrs["tiles_per_ipu"])
 
     real = ops["source_op"].to_numpy() < 0
@@ -195,15 +193,34 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     iv = pd.concat([iv, *extra], ignore_index=True)
     grad = (iv["category"] == "gradient").to_numpy()
     iv.loc[grad, "s1"] = ipu_last.reindex(iv.loc[grad, "ipu"]).fillna(0).to_numpy(np.int64)
-    off = (cat == "optimiser_state") & options.optimiser_offload
+    # offloaded optimiser state keeps its own interval: streamed in for its weight's update
+    # (its first reader) and out after it (its last), not all of it for the whole update;
+    # state no update step reads comes in for one step at the start of the update
+    off = (cat == "optimiser_state") & options.optimiser_offload & ~read & ~lone
     if off.any():
-        iv = iv[~iv["name"].isin(base.loc[off, "name"]) | (iv["category"] != "optimiser_state")]
         iv = pd.concat([iv, base[off].assign(
             s0=wu_first.reindex(ipu[off]).fillna(0).to_numpy(np.int64),
-            s1=ipu_last.reindex(ipu[off]).fillna(0).to_numpy(np.int64))], ignore_index=True)
+            s1=wu_first.reindex(ipu[off]).fillna(0).to_numpy(np.int64))], ignore_index=True)
     iv["s0"] = iv["s0"].astype(np.int64)
     iv["s1"] = np.maximum(iv["s1"].astype(np.int64), iv["s0"])
     return t, al, iv.reset_index(drop=True)
+
+
+def stored_bytes(t: pd.DataFrame, precision: Precision, options: Options) -> np.ndarray:
+    """Bytes of each tensor as PopART / PopTorch / TensorFlow store it: weights (the master
+    copy), gradient accumulators and optimiser state in the weight-update precision (16.16:
+    fp16; 16.32 and 32.32: fp32), every other float in the compute precision (the recorded
+    dtype's bytes scaled; integers and bools as recorded). With replicated tensor sharding
+    each replica holds 1 / replication_factor of the optimiser state (rounded up)."""
+    cat = t["category"].to_numpy(str)
+    weight = np.isin(cat, WEIGHT_CATEGORIES)
+    scale = np.where(weight, dtype_scale(t["dtype"], precision.weight_bytes),
+                     dtype_scale(t["dtype"], precision.compute_bytes))
+    nbytes = t["bytes"].to_numpy(np.float64) * scale
+    if options.replicated_tensor_sharding and options.replication_factor > 1:
+        state = cat == "optimiser_state"
+        nbytes[state] = nbytes[state] / options.replication_factor
+    return np.ceil(nbytes).astype(np.int64)
 
 
 def _module_stage(module: str, table: dict[str, int]) -> int:
@@ -273,25 +290,11 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     rows = np.maximum((steps + width - 1) // width, 1)
     R = int(rows.max()) if num_ipus else 0
     tile_live = np.empty((num_ipus, R, T), dtype=np.uint32)  # every row written below
-    code = np.zeros((num_ipus, T))
-    state = np.zeros((num_ipus, T))
-    exch = np.zeros((num_ipus, T))
     alive_tiles = np.zeros((num_ipus, T))
     nal_step = np.zeros((num_ipus, R))
     nal_ipu = nal["ipu"].to_numpy(np.int64)
     grain = int(target.cost.grain_bytes)
-    op_ipu = ops["ipu"].to_numpy(np.int64)
-    op_nt = ops["tiles_used"].to_numpy(np.int64)
-    op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
-    op_t0 = start_tiles(op_nt, op_key, T)
-    # recompute ops reuse their forward op's code (outlined), so they add none
-    op_code = np.where(ops["source_op"].to_numpy() >= 0, 0, target.code_bytes_per_op_per_tile)
-    op_xcode = np.where(ops["source_op"].to_numpy() >= 0, 0,
-                        target.exchange_code_bytes_per_op_per_tile)
-    # vertex instance state on every tile an op runs (recompute copies are outlined calls
-    # of their forward's compute sets: no state of their own)
-    op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
-                        float(target.cost.vertex_state_bytes_per_op_per_tile))
+    code, exch, state = tile_code(ops, target, options, num_ipus)
     # per IPU: tile liveness of each run of equal steps (runs x tiles), first step of each
     runs: list[tuple[np.ndarray, np.ndarray]] = []
     for i in range(num_ipus):
@@ -313,11 +316,6 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
         nal_step[i] = np.cumsum(diff)[:R]
-        om = op_ipu == i
-        code[i] = target.tile_overhead_bytes + per_tile_sum(
-            T, op_t0[om], op_t0[om] + op_nt[om], op_code[om])
-        exch[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_xcode[om])
-        state[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_state[om])
         a = al[al["ipu"].to_numpy() == i]
         zero = np.zeros(len(a), dtype=np.int64)
         t0s, t1s, per_tile, _, _ = _grains(a, grain, zero, zero)

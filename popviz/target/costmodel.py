@@ -52,7 +52,8 @@ class CostModel:
     vector_flops_per_tile_cycle_fp16: float = 4.0
     vector_flops_per_tile_cycle_fp32: float = 2.0
     # ---- memory a program needs besides its tensors ----
-    code_bytes_per_op_per_tile: int = 96
+    vertex_code_bytes_per_type: int = 1024
+    control_code_bytes_per_op_per_tile: int = 32
     exchange_code_bytes_per_op_per_tile: int = 64
     vertex_state_bytes_per_op_per_tile: int = 64
     exchange_buffer_fraction: float = 0.25
@@ -102,13 +103,16 @@ PROVENANCE: dict[str, Provenance] = {
         "assumed", "non-AMP arithmetic: a 64-bit SIMD datapath, 4 fp16 lanes", "FLOPs"),
     "vector_flops_per_tile_cycle_fp32": Provenance("assumed", "2 fp32 lanes of the same "
                                                    "datapath", "FLOPs"),
-    "code_bytes_per_op_per_tile": Provenance(
-        "assumed", "vertex code per op on every tile it runs on (PopVision's 'vertex code' "
-        "category): codelet bodies are shared by the ops of a kind, so an op adds little; "
-        "bounded by the fits checks of calibration.json (320 put ResNeXt-101 inference on "
-        "Mk1 at 109-118% of a tile, 160 left ResNet-50 batch-90 inference on Mk2 just over; "
-        "with IPU model v3's plan temporaries 128 left ResNeXt-101 micro-batch 6 on Mk1 3% "
-        "over and 96 puts it at 99%; settle with a PopVision memory report)", "bytes"),
+    "vertex_code_bytes_per_type": Provenance(
+        "assumed", "machine code of one vertex type (a PopLibs codelet: a few hundred "
+        "instructions), loaded once on every tile that runs a vertex of that type however "
+        "many ops use it (popviz/compiler/tilecode.py: conv / matmul plans name their "
+        "vertex per pass, vector ops one type per op and dtype); settle with the 'vertex "
+        "code' of a PopVision memory report", "bytes"),
+    "control_code_bytes_per_op_per_tile": Provenance(
+        "assumed", "control code of one compute set on each tile it uses (the supervisor's "
+        "call, sync and exchange set-up: a few instructions); with outlining, once per "
+        "outlined op", "bytes"),
     "exchange_code_bytes_per_op_per_tile": Provenance(
         "assumed", "internal exchange code per op per tile used", "bytes"),
     "vertex_state_bytes_per_op_per_tile": Provenance(
