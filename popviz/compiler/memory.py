@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.accounting import random_masks, stored_bytes
 from popviz.compiler.oom import oom_table
 from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
@@ -19,7 +20,6 @@ from popviz.target.machines import Target
 from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start_tiles, tiles_for
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
-WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
 
 
 @dataclass
@@ -166,6 +166,9 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     pairs["ipu"] = o_ipu[c_row]
     pairs["step"] = o_step[c_row]
     pairs["rstage"] = o_stage[c_row]
+    # a dropout mask is drawn again from its seed for each backward reader (one step there)
+    regen = random_masks(ops, t["tensor_id"].to_numpy())[c_t] & (o_pass[c_row] == "B")
+    drawn, pairs = pairs[regen], pairs[~regen]
     span = pairs.groupby(["t", "copy", "ipu"]).agg(
         min=("step", "min"), max=("step", "max"), rstage=("rstage", "min")).reset_index()
 
@@ -189,7 +192,11 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     read = np.zeros(len(t), dtype=bool)
     read[tt[home]] = True
     lone = nal & ~read & has_p
-    extra = [base[lone].assign(s0=o_step[pi[lone]], s1=o_step[pi[lone]])]
+    extra = [base[lone].assign(s0=o_step[pi[lone]], s1=o_step[pi[lone]]),
+             base.iloc[drawn["t"].to_numpy()].assign(
+                 ipu=drawn["ipu"].to_numpy(), s0=drawn["step"].to_numpy(),
+                 s1=drawn["step"].to_numpy(), stage=drawn["rstage"].to_numpy(),
+                 name=base["name"].to_numpy()[drawn["t"].to_numpy()] + " (drawn again)")]
     iv = pd.concat([iv, *extra], ignore_index=True)
     grad = (iv["category"] == "gradient").to_numpy()
     iv.loc[grad, "s1"] = ipu_last.reindex(iv.loc[grad, "ipu"]).fillna(0).to_numpy(np.int64)
@@ -204,23 +211,6 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     iv["s0"] = iv["s0"].astype(np.int64)
     iv["s1"] = np.maximum(iv["s1"].astype(np.int64), iv["s0"])
     return t, al, iv.reset_index(drop=True)
-
-
-def stored_bytes(t: pd.DataFrame, precision: Precision, options: Options) -> np.ndarray:
-    """Bytes of each tensor as PopART / PopTorch / TensorFlow store it: weights (the master
-    copy), gradient accumulators and optimiser state in the weight-update precision (16.16:
-    fp16; 16.32 and 32.32: fp32), every other float in the compute precision (the recorded
-    dtype's bytes scaled; integers and bools as recorded). With replicated tensor sharding
-    each replica holds 1 / replication_factor of the optimiser state (rounded up)."""
-    cat = t["category"].to_numpy(str)
-    weight = np.isin(cat, WEIGHT_CATEGORIES)
-    scale = np.where(weight, dtype_scale(t["dtype"], precision.weight_bytes),
-                     dtype_scale(t["dtype"], precision.compute_bytes))
-    nbytes = t["bytes"].to_numpy(np.float64) * scale
-    if options.replicated_tensor_sharding and options.replication_factor > 1:
-        state = cat == "optimiser_state"
-        nbytes[state] = nbytes[state] / options.replication_factor
-    return np.ceil(nbytes).astype(np.int64)
 
 
 def _module_stage(module: str, table: dict[str, int]) -> int:
