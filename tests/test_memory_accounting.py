@@ -163,3 +163,16 @@ def test_a_dropout_mask_is_drawn_again_in_the_backward_not_kept() -> None:
     assert len(kept) == 1 and int(kept["last_step"].iloc[0]) < first_b
     assert len(drawn) == 1 and (drawn["first_step"] == drawn["last_step"]).all()
     assert int(drawn["first_step"].iloc[0]) >= first_b
+
+
+def test_a_planned_conv_runs_its_plans_vertices_and_a_reduction() -> None:
+    from popviz.compiler.tilecode import vertex_types
+
+    ops = pd.DataFrame({"op": ["aten.convolution.default", "aten.relu.default"],
+                        "dtype": ["float32", "float32"],
+                        "plan": ["fwd: amp16: batch/1 height/2 width/1 groups/1 in/1 out/4 on "
+                                 "8 tiles; bwd: slic: batch/1 height/1 width/1 groups/1 in/2 "
+                                 "out/4 on 8 tiles; wu: amp16: batch/2 height/1 width/1 groups/1 "
+                                 "in/1 out/4 on 8 tiles", ""]})
+    assert vertex_types(ops) == [("conv:amp16", "conv:reduce", "conv:slic"),
+                                 ("aten.relu.default:float32",)]
