@@ -95,7 +95,11 @@ def build_parser() -> _Parser:
                    help="compute.weight-update precision (default 32.32 tutorial, 16.16 CNN)")
     g.add_argument("--enable-half-partials", action="store_true")
     g.add_argument("--offload-optimiser", action="store_true",
-                   help="optimiser state in host memory")
+                   help="optimiser state in host memory, streamed in for each update")
+    g.add_argument("--replicated-tensor-sharding", action="store_true",
+                   help="shard the optimiser state over the replicas")
+    g.add_argument("--outlining", action="store_true",
+                   help="repeated layers share their code (PopART / PopTorch outlining)")
 
     g = p.add_argument_group("profiling")
     g.add_argument("--profile", action="store_true", help="record one step after a warm-up")
@@ -233,6 +237,8 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         precision=args.precision,
         half_partials=args.enable_half_partials,
         optimiser_offload=args.offload_optimiser,
+        replicated_tensor_sharding=args.replicated_tensor_sharding,
+        outlining=args.outlining,
         training=training,
     )
     options.set_available_memory_proportion(amp_setting(args))

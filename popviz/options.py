@@ -100,6 +100,8 @@ class Options:
     num_ipus: int | None = None
     optimiser_offload: bool = False
     training: bool = True
+    replicated_tensor_sharding: bool = False
+    outlining: bool = False
 
     # ---- PopTorch-like setters (each returns self so calls chain) ----
     def set_available_memory_proportion(self, value: Any) -> Options:
@@ -167,7 +169,22 @@ class Options:
         return self
 
     def set_optimiser_offload(self, enabled: bool = True) -> Options:
+        """Optimiser state off chip (PopART's optimizerStateTensorLocation OffChip): each
+        weight's state is streamed in for its update and out after it."""
         self.optimiser_offload = bool(enabled)
+        return self
+
+    def set_replicated_tensor_sharding(self, enabled: bool = True) -> Options:
+        """Shard the optimiser state (on or off chip) over the replicas: each replica holds
+        and updates 1 / replication_factor of it (PopART's ReplicatedTensorSharding.On)."""
+        self.replicated_tensor_sharding = bool(enabled)
+        return self
+
+    def set_outlining(self, enabled: bool = True) -> Options:
+        """Identical ops of repeated layers share one copy of their code, vertex state and
+        exchange code (PopART / PopTorch outlining, on by default there; TensorFlow's CNN
+        applications do not outline)."""
+        self.outlining = bool(enabled)
         return self
 
     # ---- queries ----

@@ -32,8 +32,8 @@ TINY_RESNET = ["--model", "resnet", "--model-size", "18", "--image-size", "32",
 
 def test_tutorial_profile_writes_training_and_inference(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
-    assert main([*TINY_TUTORIAL, "--offload-optimiser", "--profile", "--profile-dir",
-                 str(tmp_path)]) == 0
+    assert main([*TINY_TUTORIAL, "--offload-optimiser", "--replicated-tensor-sharding",
+                 "--outlining", "--profile", "--profile-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "tutorial training" in out and "tutorial inference" in out
     training = popviz.open(tmp_path / "training")
@@ -42,6 +42,7 @@ def test_tutorial_profile_writes_training_and_inference(tmp_path: Path,
     assert opts["strategy"] == "pipelined"
     assert opts["gradient_accumulation"] == 2 and opts["device_iterations"] == 2
     assert opts["micro_batch_size"] == 4 and opts["optimiser_offload"] is True
+    assert opts["replicated_tensor_sharding"] is True and opts["outlining"] is True
     # blocks B1-B4 on IPUs 0-3, one stage each
     assert training.stages["ipu"].tolist() == [0, 1, 2, 3]
     assert set(training.ops["phase"]) >= {"forward", "backward", "optimiser"}

@@ -18,7 +18,13 @@ from popviz.compiler.memory import Memory, analyse_memory, consumers
 from popviz.compiler.order import program_order
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import Schedule, build_schedule
-from popviz.compiler.shared import add_copies, find_shared, gradient_exchange, summary_rows
+from popviz.compiler.shared import (
+    add_copies,
+    drop_copies,
+    find_shared,
+    gradient_exchange,
+    summary_rows,
+)
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import fits, idle_fraction, oom_tiles, peak_liveness, stage_columns, stage_time
@@ -37,6 +43,11 @@ def compile(program: Program, options: Options | None = None) -> Report:
     options = (options or Options()).copy()
     target = get_target(options.target)
     precision = Precision.parse(options.precision, options.half_partials)
+    # a program rebuilt from a profile (tune) holds the tied-weight copies compile made:
+    # drop them so that they are made (and counted) once, as when it was recorded
+    tensors = drop_copies(program.tensors)
+    if tensors is not program.tensors:
+        program = Program(program.ops, tensors, program.model, program.mode)
     program, micro_batch, plan, ops, _ = costed_plan(program, options, target, precision)
 
     n_stages = len(plan.stages)
@@ -170,7 +181,9 @@ def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: 
     grad_bytes = np.bincount(tensor_stage[grad], weights=nbytes[grad] * wscale[grad],
                              minlength=n)[:n]
     state = (t["category"] == "optimiser_state").to_numpy() & options.optimiser_offload
-    offload = np.bincount(tensor_stage[state], weights=nbytes[state] * wscale[state],
+    # with replicated tensor sharding each replica streams its shard only
+    shards = options.replication_factor if options.replicated_tensor_sharding else 1
+    offload = np.bincount(tensor_stage[state], weights=nbytes[state] * wscale[state] / shards,
                           minlength=n)[:n]
     inp = (t["category"] == "input").to_numpy() & (t["last_use"] >= 0).to_numpy()
     last_fwd = fwd[fwd["stage"] == n - 1]

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.accounting import random_masks, stored_bytes
 from popviz.compiler.oom import oom_table
+from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
 from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start_tiles, tiles_for
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
-WEIGHT_CATEGORIES = ("parameter", "optimiser_state", "gradient")
 
 
 @dataclass
@@ -84,10 +85,7 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     section output (a checkpoint, or read by a later section's forward)."""
     t = tensors.reset_index(drop=True)
     cat = t["category"].to_numpy(str)
-    weight = np.isin(cat, WEIGHT_CATEGORIES)
-    scale = np.where(weight, dtype_scale(t["dtype"], precision.weight_bytes),
-                     dtype_scale(t["dtype"], precision.compute_bytes))
-    nbytes = np.ceil(t["bytes"].to_numpy(np.float64) * scale).astype(np.int64)
+    nbytes = stored_bytes(t, precision, options)
     tiles_per_ipu = int(ops.attrs["tiles_per_ipu"])
 
     real = ops["source_op"].to_numpy() < 0
@@ -168,6 +166,9 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     pairs["ipu"] = o_ipu[c_row]
     pairs["step"] = o_step[c_row]
     pairs["rstage"] = o_stage[c_row]
+    # a dropout mask is drawn again from its seed for each backward reader (one step there)
+    regen = random_masks(ops, t["tensor_id"].to_numpy())[c_t] & (o_pass[c_row] == "B")
+    drawn, pairs = pairs[regen], pairs[~regen]
     span = pairs.groupby(["t", "copy", "ipu"]).agg(
         min=("step", "min"), max=("step", "max"), rstage=("rstage", "min")).reset_index()
 
@@ -191,16 +192,22 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     read = np.zeros(len(t), dtype=bool)
     read[tt[home]] = True
     lone = nal & ~read & has_p
-    extra = [base[lone].assign(s0=o_step[pi[lone]], s1=o_step[pi[lone]])]
+    extra = [base[lone].assign(s0=o_step[pi[lone]], s1=o_step[pi[lone]]),
+             base.iloc[drawn["t"].to_numpy()].assign(
+                 ipu=drawn["ipu"].to_numpy(), s0=drawn["step"].to_numpy(),
+                 s1=drawn["step"].to_numpy(), stage=drawn["rstage"].to_numpy(),
+                 name=base["name"].to_numpy()[drawn["t"].to_numpy()] + " (drawn again)")]
     iv = pd.concat([iv, *extra], ignore_index=True)
     grad = (iv["category"] == "gradient").to_numpy()
     iv.loc[grad, "s1"] = ipu_last.reindex(iv.loc[grad, "ipu"]).fillna(0).to_numpy(np.int64)
-    off = (cat == "optimiser_state") & options.optimiser_offload
+    # offloaded optimiser state keeps its own interval: streamed in for its weight's update
+    # (its first reader) and out after it (its last), not all of it for the whole update;
+    # state no update step reads comes in for one step at the start of the update
+    off = (cat == "optimiser_state") & options.optimiser_offload & ~read & ~lone
     if off.any():
-        iv = iv[~iv["name"].isin(base.loc[off, "name"]) | (iv["category"] != "optimiser_state")]
         iv = pd.concat([iv, base[off].assign(
             s0=wu_first.reindex(ipu[off]).fillna(0).to_numpy(np.int64),
-            s1=ipu_last.reindex(ipu[off]).fillna(0).to_numpy(np.int64))], ignore_index=True)
+            s1=wu_first.reindex(ipu[off]).fillna(0).to_numpy(np.int64))], ignore_index=True)
     iv["s0"] = iv["s0"].astype(np.int64)
     iv["s1"] = np.maximum(iv["s1"].astype(np.int64), iv["s0"])
     return t, al, iv.reset_index(drop=True)
@@ -273,25 +280,11 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     rows = np.maximum((steps + width - 1) // width, 1)
     R = int(rows.max()) if num_ipus else 0
     tile_live = np.empty((num_ipus, R, T), dtype=np.uint32)  # every row written below
-    code = np.zeros((num_ipus, T))
-    state = np.zeros((num_ipus, T))
-    exch = np.zeros((num_ipus, T))
     alive_tiles = np.zeros((num_ipus, T))
     nal_step = np.zeros((num_ipus, R))
     nal_ipu = nal["ipu"].to_numpy(np.int64)
     grain = int(target.cost.grain_bytes)
-    op_ipu = ops["ipu"].to_numpy(np.int64)
-    op_nt = ops["tiles_used"].to_numpy(np.int64)
-    op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
-    op_t0 = start_tiles(op_nt, op_key, T)
-    # recompute ops reuse their forward op's code (outlined), so they add none
-    op_code = np.where(ops["source_op"].to_numpy() >= 0, 0, target.code_bytes_per_op_per_tile)
-    op_xcode = np.where(ops["source_op"].to_numpy() >= 0, 0,
-                        target.exchange_code_bytes_per_op_per_tile)
-    # vertex instance state on every tile an op runs (recompute copies are outlined calls
-    # of their forward's compute sets: no state of their own)
-    op_state = np.where(ops["source_op"].to_numpy() >= 0, 0.0,
-                        float(target.cost.vertex_state_bytes_per_op_per_tile))
+    code, exch, state = tile_code(ops, target, options, num_ipus)
     # per IPU: tile liveness of each run of equal steps (runs x tiles), first step of each
     runs: list[tuple[np.ndarray, np.ndarray]] = []
     for i in range(num_ipus):
@@ -313,11 +306,6 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         np.add.at(diff, r0, sub["bytes"].to_numpy(np.float64))
         np.add.at(diff, r1 + 1, -sub["bytes"].to_numpy(np.float64))
         nal_step[i] = np.cumsum(diff)[:R]
-        om = op_ipu == i
-        code[i] = target.tile_overhead_bytes + per_tile_sum(
-            T, op_t0[om], op_t0[om] + op_nt[om], op_code[om])
-        exch[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_xcode[om])
-        state[i] = per_tile_sum(T, op_t0[om], op_t0[om] + op_nt[om], op_state[om])
         a = al[al["ipu"].to_numpy() == i]
         zero = np.zeros(len(a), dtype=np.int64)
         t0s, t1s, per_tile, _, _ = _grains(a, grain, zero, zero)

@@ -19,6 +19,7 @@ from popviz.target.cost import dtype_scale
 from popviz.target.machines import Target
 
 SHARED_KIND = "shared_gradient"
+COPY_NAME = r"^(.*) \(copy on IPU\d+\)$"
 
 
 def _home_stage(module: str, table: dict[str, int]) -> int:
@@ -54,6 +55,21 @@ def find_shared(ops: pd.DataFrame, tensors: pd.DataFrame, plan: StagePlan) -> pd
                 out.append([int(tid), str(p["name"]), int(p["bytes"]), str(p["dtype"]), home,
                             home_stage, int(ipu), str(readers["module"].iloc[0])])
     return pd.DataFrame(out, columns=cols)
+
+
+def drop_copies(tensors: pd.DataFrame) -> pd.DataFrame:
+    """The tensors without the copies `add_copies` made: a compiled profile's tensors table
+    holds them, and a program rebuilt from it (`popviz tune`) must not count them twice
+    (compile adds them again). A copy is a parameter no op makes, named after another
+    parameter as '<name> (copy on IPU<n>)'."""
+    names = tensors["name"].astype(str)
+    found = names.str.extract(COPY_NAME, expand=True)[0]
+    if found.isna().all():
+        return tensors
+    params = set(names[tensors["category"] == "parameter"])
+    copy = found.notna() & found.isin(params) & (tensors["category"] == "parameter") \
+        & (tensors["producer"] < 0)
+    return tensors[~copy.to_numpy()].reset_index(drop=True)
 
 
 def add_copies(tensors: pd.DataFrame, shared: pd.DataFrame) -> pd.DataFrame:

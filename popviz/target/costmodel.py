@@ -49,7 +49,8 @@ class CostModel:
     sync_cycles: int = 600
     host_call_s: float = 20e-6
     # ---- memory a program needs besides its tensors ----
-    code_bytes_per_op_per_tile: int = 96
+    vertex_code_bytes_per_type: int = 1024
+    control_code_bytes_per_op_per_tile: int = 32
     exchange_code_bytes_per_op_per_tile: int = 64
     vertex_state_bytes_per_op_per_tile: int = 64
     exchange_buffer_fraction: float = 0.25
@@ -97,13 +98,16 @@ PROVENANCE: dict[str, Provenance] = {
         "assumed", "fixed cost of one host call (stream setup, program start, link "
         "round trip) on top of the transfer itself; keeps small-batch inference latency "
         "from coming out too low (settle with a published batch-1 inference latency)", "s"),
-    "code_bytes_per_op_per_tile": Provenance(
-        "assumed", "vertex code per op on every tile it runs on (PopVision's 'vertex code' "
-        "category): codelet bodies are shared by the ops of a kind, so an op adds little; "
-        "bounded by the fits checks of calibration.json (320 put ResNeXt-101 inference on "
-        "Mk1 at 109-118% of a tile, 160 left ResNet-50 batch-90 inference on Mk2 just over; "
-        "with IPU model v3's plan temporaries 128 left ResNeXt-101 micro-batch 6 on Mk1 3% "
-        "over and 96 puts it at 99%; settle with a PopVision memory report)", "bytes"),
+    "vertex_code_bytes_per_type": Provenance(
+        "assumed", "machine code of one vertex type (a PopLibs codelet: a few hundred "
+        "instructions), loaded once on every tile that runs a vertex of that type however "
+        "many ops use it (popviz/compiler/tilecode.py: conv / matmul plans name their "
+        "vertex per pass, vector ops one type per op and dtype); settle with the 'vertex "
+        "code' of a PopVision memory report", "bytes"),
+    "control_code_bytes_per_op_per_tile": Provenance(
+        "assumed", "control code of one compute set on each tile it uses (the supervisor's "
+        "call, sync and exchange set-up: a few instructions); with outlining, once per "
+        "outlined op", "bytes"),
     "exchange_code_bytes_per_op_per_tile": Provenance(
         "assumed", "internal exchange code per op per tile used", "bytes"),
     "vertex_state_bytes_per_op_per_tile": Provenance(

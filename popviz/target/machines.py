@@ -50,10 +50,6 @@ class Target:
         return int(self.cost.op_overhead_cycles)
 
     @property
-    def code_bytes_per_op_per_tile(self) -> int:
-        return int(self.cost.code_bytes_per_op_per_tile)
-
-    @property
     def exchange_code_bytes_per_op_per_tile(self) -> int:
         return int(self.cost.exchange_code_bytes_per_op_per_tile)
 
