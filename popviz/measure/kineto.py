@@ -309,9 +309,10 @@ def _times(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     within MAX_TIME_NS (a negative dur counts as 0, as the vectorised reader reads it)."""
     with np.errstate(over="ignore", invalid="ignore"):  # 1e308 x 1000: inf, dropped
         t = _float(ts) * 1000.0
-        d = np.maximum(_float(dur) * 1000.0, 0.0)  # NaN stays NaN
+        d = _float(dur) * 1000.0
     ok = np.isfinite(t) & np.isfinite(d) & (np.abs(t) <= limits.MAX_TIME_NS) \
         & (d <= limits.MAX_TIME_NS)
+    d = np.maximum(d, 0.0)
     start = np.rint(np.where(ok, t, 0.0)).astype(np.int64)
     return start, start + np.rint(np.where(ok, d, 0.0)).astype(np.int64), ok
 
