@@ -61,9 +61,11 @@ COMMAND = Command(
     "optionally torch.cuda.memory._snapshot() pickles, into one measured profile (ranks, "
     "ns): the trace with compute / exchange / host_io / sync / idle, stages, passes and "
     "micro-batches from torch.distributed.pipelining's PP: annotations, the ops table with "
-    "each op's GPU time, transfers and liveness. A missing or unreadable file, a repeated "
-    "or missing rank is a one-line error. An existing profile at --to is kept unless "
-    "--force is given. See docs/import.md.",
+    "each op's GPU time, transfers and liveness. A file popviz cannot use (missing, "
+    "unreadable, damaged, past the bounds of docs/import.md), a repeated or missing rank "
+    "is a one-line error naming it (exit 1); events whose times are not finite numbers "
+    "in range are dropped with a counted warning. An existing profile at --to is kept "
+    "unless --force is given. See docs/import.md.",
     add_arguments=_add_arguments,
     run=_run,
 )

@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -235,8 +236,10 @@ def _child(args: list[str], out: Path, memory_bytes: int, err_fd: int, read_end:
         os.close(read_end)
         os.dup2(err_fd, 2)
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        # the caller's sys.stderr may be a capture (pytest): write to the fds
-        sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+        # the caller's sys.stderr may be a capture (pytest): write to the fds, as Python
+        # sets them up for a command (backslashreplace: a lone surrogate prints)
+        sys.stderr = open(2, "w", closefd=False, buffering=1,  # noqa: SIM115
+                          errors="backslashreplace")
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         faulthandler.disable()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -316,11 +319,12 @@ class Campaign:
 
 def run_campaign(traces: list[Path], snapshots: list[Path], mutants: int, seed: int = 0,
                  workers: int = 2, timeout_s: float = 20.0, memory_bytes: int = 3 << 30,
-                 snapshot_share: float = 0.25, batch: int = 50,
+                 snapshot_share: float = 0.25, batch: int = 50, keep: Path | None = None,
                  progress: Callable[[int, Campaign], None] | None = None) -> Campaign:
     """Import `mutants` seeded mutants of the traces (and, `snapshot_share` of them, of
     the snapshots beside an intact trace), each in a forked worker. Mutants are made in
-    this thread a batch at a time before any worker forks (no inherited lock)."""
+    this thread a batch at a time before any worker forks (no inherited lock). `keep`:
+    copy the inputs of runs that were not ok or a one-line error there, to replay them."""
     _warm()
     rng = random.Random(seed)
     texts = [p.read_bytes() for p in traces]
@@ -336,8 +340,14 @@ def run_campaign(traces: list[Path], snapshots: list[Path], mutants: int, seed: 
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 results = list(pool.map(lambda job: import_isolated(
                     job[1], job[2], job[3], timeout_s, memory_bytes), jobs))
-            for (kind, _args, _names, _out), result in zip(jobs, results, strict=True):
+            for (kind, args, _names, _out), result in zip(jobs, results, strict=True):
                 campaign.add(kind, result)
+                if keep is not None and (result.outcome not in ("ok", "error")
+                                         or result.leftovers):
+                    keep.mkdir(parents=True, exist_ok=True)
+                    for arg in args:
+                        if arg.startswith(scratch):
+                            shutil.copyfile(arg, keep / Path(arg).name)
             for path in Path(scratch).iterdir():
                 _remove(path)
             done += len(jobs)
