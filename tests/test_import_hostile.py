@@ -198,3 +198,10 @@ def test_merge_bounds_the_world_a_rank_profile_declares() -> None:
     with pytest.raises(popviz.ProfileError, match=r"rank\(s\) 2, 3, 4, 5, 6, 7, 8, 9, 10, "
                        r"11, \.\.\. \(998 in all\) of 1000 missing"):
         _check([rank(0, 1000), rank(1, 1000)])
+
+
+def test_fields_after_the_events_with_many_lists_still_read(tmp_path: Path) -> None:
+    doc = synthetic(50)
+    doc["otherData"] = {"lists": [[i] for i in range(200)]}  # 200 `]` after the array
+    trace = kineto.read_trace(write(tmp_path / "after.json", doc))
+    assert len(trace.spans) == 50 and len(trace.meta["otherData"]["lists"]) == 200

@@ -15,6 +15,7 @@ import_limits.MAX_TIME_NS is dropped with a counted warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -222,8 +223,9 @@ def _frame(parts: list[dict[str, list]], columns: list[str]) -> dict[str, list]:
 
 def array_end(data: bytes, begin: int, path: Path) -> tuple[int, dict[str, Any]]:
     """Position of the `]` closing traceEvents (the array starts at `begin`) and the
-    top-level fields: the last `]` whose remainder makes the document whole (at most 64
-    tries, each over the bytes outside the array only)."""
+    top-level fields: the last `]` whose remainder makes the document whole (64 tries,
+    each over the bytes outside the array only), else the bracket a scan of the array's
+    strings and brackets finds closing it (fields with many lists after the array)."""
     end = len(data)
     for _ in range(64):
         end = data.rfind(b"]", begin, end)
@@ -233,6 +235,13 @@ def array_end(data: bytes, begin: int, path: Path) -> tuple[int, dict[str, Any]]
             return end, _top_level(data, begin + 1, end, path)
         except ProfileError:
             continue
+    close: list[int] = []
+    with contextlib.suppress(scan.NotKineto, limits.LimitError):
+        for _ in scan.blocks(np.frombuffer(data, dtype=np.uint8), begin, len(data),
+                             close=close):
+            pass
+    if close and data[close[0]] == ord("]"):
+        return close[0], _top_level(data, begin + 1, close[0], path)
     raise ProfileError(f"{path}: not valid JSON outside traceEvents (cut short or corrupt)")
 
 

@@ -45,14 +45,15 @@ def words(arr: np.ndarray) -> np.ndarray:
     return np.ndarray((len(arr) - 7,), dtype="<u8", buffer=arr, strides=(1,))
 
 
-def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK
-           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK,
+           close: list[int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(unescaped quotes, events' opening braces) of successive blocks of (begin, end), the
     array's inside, in one pass over its bytes: brackets outside strings must balance and
     never close more than opened, and the array must hold objects only (else the file is
     cut short, or the `]` taken for its end is not: NotKineto, at the latest once the last
     block is out). A string longer than MAX_STRING_BYTES or nesting deeper than MAX_DEPTH
-    raises LimitError (import_limits.py) as soon as its block is read."""
+    raises LimitError (import_limits.py) as soon as its block is read. With `close` (a
+    list), the scan stops at the bracket that closes the array, appending its position."""
     parity = depth = 0
     braces = 0  # `{` minus `}` outside strings
     carry = 0  # backslashes ending the previous block
@@ -80,7 +81,10 @@ def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK
         now = np.cumsum(step) + depth
         if len(now):
             if now.min() < 0:
-                raise NotKineto
+                if close is None:
+                    raise NotKineto
+                close.append(int(pos[br[int(np.argmax(now < 0))]]))
+                return
             if now.max() > limits.MAX_DEPTH:
                 raise limits.LimitError(f"traceEvents nests more than {limits.MAX_DEPTH} "
                                         "brackets deep; refused")
