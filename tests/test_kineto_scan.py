@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from popviz.measure import import_limits as limits
 from popviz.measure import kineto, kineto_fast
 from popviz.measure import kineto_scan as scan
 
@@ -89,3 +92,30 @@ def test_a_cut_or_unbalanced_array_is_not_read_by_the_vectorised_reader() -> Non
         arr = np.frombuffer(bad + b" " * scan.PAD, np.uint8)
         with pytest.raises(scan.NotKineto):
             list(scan.blocks(arr, bad.index(b"["), bad.rindex(b"]")))
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, scan.BLOCK])
+def test_escaped_quotes_are_found_across_any_block_cut(block: int) -> None:
+    rng = random.Random(block)
+    names = ["".join(rng.choice('\\"a{}[],') for _ in range(rng.randint(0, 12)))
+             for _ in range(40)]
+    data = json.dumps({"traceEvents": [{"ph": "X", "name": n} for n in names]}).encode()
+    arr = np.frombuffer(data + b" " * scan.PAD, np.uint8)
+    found = list(scan.blocks(arr, data.index(b"["), data.rindex(b"]"), block=block))
+    quotes = np.concatenate([q for q, _ in found])
+    assert len(np.concatenate([o for _, o in found])) == len(names)
+    # every string's two quotes, none escaped: the strings between them are the names
+    texts = [json.loads(data[a:b + 1]) for a, b in zip(quotes[0::2], quotes[1::2])]
+    assert texts == [t for n in names for t in ("ph", "X", "name", n)]
+
+
+def test_a_long_backslash_run_is_scanned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "MAX_STRING_BYTES", 64 << 20)
+    for run in (10 << 20, (10 << 20) + 1):  # even: the quote ends it; odd: escaped
+        body = b'"' + b"\\" * run + b'"' + (b'"' if run % 2 else b"")
+        data = b'{"traceEvents": [{"name": ' + body + b"}]}"
+        arr = np.frombuffer(data + b" " * scan.PAD, np.uint8)
+        began = time.monotonic()
+        found = list(scan.blocks(arr, data.index(b"["), data.rindex(b"]")))
+        assert time.monotonic() - began < 5  # was one numpy step per backslash: minutes
+        assert len(np.concatenate([q for q, _ in found])) == 4

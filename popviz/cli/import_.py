@@ -31,6 +31,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.format.writer import profile_path
+    from popviz.measure.import_rank import DATA_ERRORS, data_error
     from popviz.measure.importer import import_trace
 
     if args.workers < 0:
@@ -39,10 +40,14 @@ def _run(args: argparse.Namespace) -> int:
     if not args.force and (target.exists() or target.is_symlink()):
         return fail(f"{target}: a profile is already there; pass --force to replace it, "
                     "or choose another --to", EXIT_BAD_PROFILE)
-    path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
-                        command_line=shlex.join(["popviz", *sys.argv[1:]]),
-                        workers=args.workers,
-                        on_warning=lambda w: print(f"popviz: warning: {w}", file=sys.stderr))
+    try:
+        path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
+                            command_line=shlex.join(["popviz", *sys.argv[1:]]),
+                            workers=args.workers,
+                            on_warning=lambda w: print(f"popviz: warning: {w}",
+                                                       file=sys.stderr))
+    except DATA_ERRORS as exc:  # a data error the importer did not name: still one line
+        return fail(str(data_error(" ".join(args.traces[:4]), exc)), EXIT_BAD_PROFILE)
     print(f"imported {len(args.traces)} trace(s) into {path}")
     return EXIT_OK
 
@@ -56,9 +61,11 @@ COMMAND = Command(
     "optionally torch.cuda.memory._snapshot() pickles, into one measured profile (ranks, "
     "ns): the trace with compute / exchange / host_io / sync / idle, stages, passes and "
     "micro-batches from torch.distributed.pipelining's PP: annotations, the ops table with "
-    "each op's GPU time, transfers and liveness. A missing or unreadable file, a repeated "
-    "or missing rank is a one-line error. An existing profile at --to is kept unless "
-    "--force is given. See docs/import.md.",
+    "each op's GPU time, transfers and liveness. A file popviz cannot use (missing, "
+    "unreadable, damaged, past the bounds of docs/import.md), a repeated or missing rank "
+    "is a one-line error naming it (exit 1); events whose times are not finite numbers "
+    "in range are dropped with a counted warning. An existing profile at --to is kept "
+    "unless --force is given. See docs/import.md.",
     add_arguments=_add_arguments,
     run=_run,
 )

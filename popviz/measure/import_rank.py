@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
 from popviz.measure import memsnap
+from popviz.measure.import_limits import MAX_MEMORY_BYTES
 from popviz.measure.kineto import read_trace
 from popviz.measure.kineto_ops import op_classes, ops_table
 
@@ -75,6 +77,13 @@ def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.D
 def use_snapshot(part: RankPart, snapshot: Path) -> None:
     """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's; a
     snapshot whose events fall outside the trace's window is kept with a warning."""
+    try:
+        _use_snapshot(part, snapshot)
+    except DATA_ERRORS as exc:
+        raise data_error(str(snapshot), exc) from None
+
+
+def _use_snapshot(part: RankPart, snapshot: Path) -> None:
     time, allocated, device = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
                                                       snapshot)
     time = time - part.base_ns  # snapshot: epoch ns
@@ -85,13 +94,35 @@ def use_snapshot(part: RankPart, snapshot: Path) -> None:
         part.warnings.append(warning)
 
 
+# what hostile data can make pandas, numpy or the parse raise: each becomes one line
+DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+               ZeroDivisionError, RecursionError, MemoryError, UnicodeError)
+
+
+def data_error(where: str, exc: BaseException) -> ProfileError:
+    """A one-line ProfileError for an exception raised by a file's data."""
+    if isinstance(exc, MemoryError):
+        return ProfileError(f"{where}: too large to import in the memory available")
+    text = " ".join(str(exc).split())[:160]
+    return ProfileError(f"{where}: cannot import it ({type(exc).__name__}: {text})")
+
+
 def rank_part(path: PathLike) -> RankPart:
-    """Parse one rank's trace and build its tables (rank clock)."""
+    """Parse one rank's trace and build its tables (rank clock); whatever its data makes
+    go wrong is a ProfileError naming it."""
+    try:
+        return _rank_part(path)
+    except DATA_ERRORS as exc:
+        raise data_error(str(path), exc) from None
+
+
+def _rank_part(path: PathLike) -> RankPart:
     t = read_trace(path)
     spans = t.spans
     part = RankPart(path=t.path, meta=t.meta, rank=t.rank, world_size=t.world_size,
                     backend=t.backend, base_ns=t.base_ns,
-                    first_ns=int(spans["start"].min()) if len(spans) else None)
+                    first_ns=int(spans["start"].min()) if len(spans) else None,
+                    warnings=list(t.warnings))
     if spans.empty:
         return part
     lab = part.labeller = kev.Labeller(spans, t.rank)
@@ -122,8 +153,9 @@ def device_memory(meta: dict[str, Any], device_id: int | None) -> int | None:
     sizes: dict[int, int] = {}
     for props in meta.get("deviceProperties") or []:
         try:
-            sizes[int(props.get("id", -1))] = int(props["totalGlobalMem"])
-        except (AttributeError, KeyError, TypeError, ValueError):
+            size = int(props["totalGlobalMem"])
+            sizes[int(props.get("id", -1))] = size if size <= MAX_MEMORY_BYTES else 0
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
             continue
     if device_id in sizes:
         return sizes[device_id] if sizes[device_id] > 0 else None

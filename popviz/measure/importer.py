@@ -22,7 +22,8 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
 from popviz.measure import tables as tbl
-from popviz.measure.import_rank import RankPart, rank_parts, use_snapshot
+from popviz.measure.import_checks import check_tables, clean_text
+from popviz.measure.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
 from popviz.measure.import_schedule import micro_batch_size, schedule_name
 
 PathLike = str | os.PathLike[str]
@@ -48,11 +49,12 @@ def read_ranks(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
         if t.rank in seen:
             raise ProfileError(f"rank {t.rank} given twice: {seen[t.rank]} and {t.path}")
         seen[t.rank] = t.path
-    world = max(t.world_size for t in parts)
-    missing = sorted(set(range(world)) - set(seen))
-    if len(parts) > 1 and missing:
-        raise ProfileError(f"rank(s) {', '.join(map(str, missing))} of {world} missing: "
-                           "give every rank's trace")
+    world = max(t.world_size for t in parts)  # at most import_limits.MAX_WORLD
+    missing = [r for r in range(world) if r not in seen] if len(parts) > 1 else []
+    if missing:
+        named = ", ".join(map(str, missing[:10])) + (f", ... ({len(missing):,} in all)"
+                                                      if len(missing) > 10 else "")
+        raise ProfileError(f"rank(s) {named} of {world} missing: give every rank's trace")
     return sorted(parts, key=lambda t: t.rank)
 
 
@@ -232,7 +234,10 @@ def run_name(paths: list[Path]) -> str:
 def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
                 snapshots: list[Path | None], trace: pd.DataFrame) -> dict[str, Any]:
     first = traces[0]
-    device = (first.meta.get("deviceProperties") or [{}])[0].get("name")
+    props = first.meta.get("deviceProperties")
+    device = props[0].get("name") if isinstance(props, list) and props \
+        and isinstance(props[0], dict) else None
+    device = device[:200] if isinstance(device, str) and device else None
     backend = first.backend or ("cuda" if device else "cpu")
     name = device or ("cpu" if backend == "cpu" else f"cpu-{backend}")
     ranks = [t.rank for t in traces]
@@ -285,13 +290,20 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
         for t, snap in zip(traces, snapshots):  # in rank order
             if snap is not None:
                 use_snapshot(t, snap)
-        origin = align(traces)
-        result, info = import_tables(traces)
+        label = ", ".join(str(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
+        try:  # across the ranks: what the data makes go wrong names every input
+            origin = align(traces)
+            result, info = import_tables(traces)
+            meta = import_meta(traces, info, origin, snapshots, result["trace"])
+            clean_text(result)  # before the summary, which quotes op names
+            summary = tbl.summary(result, meta)
+        except DATA_ERRORS as exc:
+            raise data_error(label, exc) from None
     finally:
         if collecting:
             gc.enable()
-    meta = import_meta(traces, info, origin, snapshots, result["trace"])
+    check_tables(result, meta, label)
     for warning in meta["warnings"] if on_warning else []:
         on_warning(warning)
-    return write_profile(to, meta=meta, tables=result, summary=tbl.summary(result, meta),
+    return write_profile(to, meta=meta, tables=result, summary=summary,
                          kind="measured", command_line=command_line or " ".join(sys.argv))

@@ -2,18 +2,22 @@
 columns, fast and without holding every event as a Python object at once.
 
 torch.profiler's own layout goes through the vectorised reader (kineto_fast.py). Anything
-else goes through `read_general`: the `traceEvents` array is cut into slices of about
-CHUNK_BYTES at event boundaries and each slice is decoded on its own (orjson when
-installed, else json); only the fields popviz uses are kept, as numpy columns. A cut is only
-a guess (`}` `,` `{` may sit inside an event), but a wrong cut leaves unbalanced brackets,
-which the decoder refuses, so the next candidate is tried: the result never depends on the
-guess. Times are ns since the file's `baseTimeNanoseconds` (see docs/import.md).
+else goes through `read_general`: one linear pass over the bytes (kineto_scan.blocks: the
+strings, the brackets outside them, every event's opening brace) finds where each event
+of the `traceEvents` array begins; slices of about CHUNK_BYTES of whole events are then
+decoded on their own (orjson when installed, else json), once each, so a decoding error is
+the file's, named with its byte offset, and the time stays linear whatever the input.
+Only the fields popviz uses are kept, as numpy columns. Sizes are bounded before anything
+is allocated (import_limits.py). Times are ns since the file's `baseTimeNanoseconds` (see
+docs/import.md); an event whose ts or dur is not a finite number of µs within
+import_limits.MAX_TIME_NS is dropped with a counted warning.
 """
 
 from __future__ import annotations
 
-import gzip
+import contextlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +27,19 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
+from popviz.measure import import_limits as limits
+from popviz.measure import kineto_scan as scan
 
 try:  # optional: 3-4x faster than json on large traces
     import orjson
 
     _loads = orjson.loads
-    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
 except ImportError:  # pragma: no cover - json is always there
     _loads = json.loads
-    _DecodeError = (ValueError,)
 
 CHUNK_BYTES = 4 << 20
+MAX_TOP_BYTES = 64 << 20  # the document outside traceEvents (metadata: a few KB)
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BETWEEN = re.compile(rb"\}\s*,\s*\{")
-_LAST = re.compile(rb"\}\s*\]")
 _EMPTY: dict[str, Any] = {}
 
 # categories of complete ('X') events that popviz reads; the rest (python_function, Trace,
@@ -63,75 +66,78 @@ class KinetoTrace:
     world_size: int = 1
     backend: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON text; a missing, unreadable or cut-short file is a ProfileError."""
-    try:
-        raw = path.read_bytes()
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such trace file") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise ProfileError(f"{path}: cannot read: {exc}") from None
+    """The file's JSON text; a missing, unreadable, cut-short or too large file is a
+    ProfileError."""
+    return limits.read_input(path, "trace file")
 
 
-def _decode(text: bytes | bytearray | memoryview) -> Any:
-    return _loads(bytes(text))
-
-
-def iter_events(data: bytes, path: Path) -> Any:
-    """Yield (top-level fields or None, list of event dicts), one slice at a time; the
-    top-level fields come with the last slice."""
-    key = _KEY.search(data)
-    if key is None:
-        raise ProfileError(f"{path}: not a Chrome / Kineto trace (no traceEvents array)")
-    begin = pos = key.end()
-    view = memoryview(data)
-    size = len(data)
-    while True:
-        while pos < size and data[pos] in b" \t\r\n":
-            pos += 1
-        if pos >= size:
-            raise ProfileError(f"{path}: cut short inside traceEvents")
-        if data[pos] == ord("]"):  # empty array, or a trailing comma-free end
-            yield _top_level(data, begin, pos, path), []
-            return
-        events, pos, last = _next_slice(data, view, pos, path)
-        if last:
-            yield _top_level(data, begin, pos, path), events
-            return
-        yield None, events
-
-
-def _next_slice(data: bytes, view: memoryview, pos: int,
-                path: Path) -> tuple[list[dict], int, bool]:
-    """Decode the events from `pos` to a cut near pos + CHUNK_BYTES; returns them, the next
-    position and whether the array ended (then the position is at its ']')."""
-    for match in _BETWEEN.finditer(data, pos + CHUNK_BYTES):
-        try:
-            events = _decode(b"[" + view[pos:match.start() + 1] + b"]")
-        except _DecodeError:
-            continue  # the cut fell inside an event: try the next one
-        return events, match.end() - 1, False
-    for match in _LAST.finditer(data, pos):
-        try:
-            events = _decode(b"[" + view[pos:match.start() + 1] + b"]")
-        except _DecodeError:
-            continue
-        return events, match.end() - 1, True
-    raise ProfileError(f"{path}: not valid JSON in traceEvents (cut short or corrupt)")
+def _decode_error(exc: Exception) -> str:
+    """A decoder's complaint in one short line (without json's line and column inside
+    the slice it was given, or its advice on int digits)."""
+    text = str(getattr(exc, "msg", exc)).split("; use sys.")[0]
+    return " ".join(text.split())[:160]
 
 
 def _top_level(data: bytes, begin: int, end: int, path: Path) -> dict[str, Any]:
+    if begin + len(data) - end > MAX_TOP_BYTES:
+        raise ProfileError(f"{path}: more than {MAX_TOP_BYTES:,} bytes outside traceEvents; "
+                           "refused")
     try:
-        top = _decode(data[:begin] + b"]" + data[end + 1:])
-    except _DecodeError:
+        top = _loads(data[:begin] + b"]" + data[end + 1:])
+    except (ValueError, RecursionError):  # orjson's and json's errors are ValueErrors
         raise ProfileError(f"{path}: not valid JSON outside traceEvents") from None
     if not isinstance(top, dict):
         raise ProfileError(f"{path}: not a Chrome / Kineto trace (top level is not an object)")
     top.pop("traceEvents", None)
     return top
+
+
+def event_starts(data: bytes, begin: int, end: int, path: Path) -> np.ndarray:
+    """Where each event of the array between `begin` (its `[`) and `end` (its `]`) opens:
+    one pass over the bytes, strings and brackets checked (kineto_scan.blocks), at most
+    MAX_EVENTS of them; ProfileError naming the file otherwise."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    opens: list[np.ndarray] = []
+    count = 0
+    try:
+        for _, o in scan.blocks(arr, begin, end):
+            count += len(o)
+            if count > limits.MAX_EVENTS:
+                raise limits.LimitError(f"more than {limits.MAX_EVENTS:,} events "
+                                        "(POPVIZ_IMPORT_MAX_EVENTS); refused")
+            opens.append(o)
+    except scan.NotKineto:
+        raise ProfileError(f"{path}: not valid JSON in traceEvents (unbalanced brackets or "
+                           "quotes, or an element that is not an object)") from None
+    except limits.LimitError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    return np.concatenate(opens) if opens else np.zeros(0, dtype=np.int64)
+
+
+def iter_events(data: bytes, begin: int, end: int, path: Path) -> Any:
+    """Lists of event dicts, about CHUNK_BYTES of whole events at a time; each slice is
+    decoded once (a decoding error is the file's: ProfileError with its byte offset)."""
+    opens = event_starts(data, begin, end, path)
+    view = memoryview(data)
+    i = 0
+    while i < len(opens):
+        j = max(i + 1, int(np.searchsorted(opens, opens[i] + CHUNK_BYTES)))
+        first = int(opens[i])
+        stop = int(opens[j]) if j < len(opens) else end
+        text = bytes(view[first:stop]).rstrip(b" \t\r\n,")
+        try:
+            events = _loads(b"[" + text + b"]")
+        except (ValueError, RecursionError) as exc:
+            at = getattr(exc, "pos", None)
+            where = f" near byte {first + at - 1:,}" if isinstance(at, int) else ""
+            raise ProfileError(f"{path}: not valid JSON in traceEvents{where}: "
+                               f"{_decode_error(exc)}") from None
+        yield events
+        i = j
 
 
 def _span_columns(evs: list[dict]) -> dict[str, list]:
@@ -175,18 +181,40 @@ def _memory_columns(evs: list[dict]) -> dict[str, list]:
 
 
 def _int(values: list, default: int = -1) -> np.ndarray:
-    """int64 column from JSON values that may be strings or missing."""
+    """int64 column from JSON values that may be strings, missing, or out of range
+    (`default` for anything that is not a whole number within +-2**62)."""
     try:
-        return np.asarray(values, dtype=np.int64)
-    except (TypeError, ValueError):
-        return np.asarray([_as_int(v, default) for v in values], dtype=np.int64)
+        out = np.asarray(values, dtype=np.int64)
+        if not len(out) or np.abs(out).max() < limits.MAX_INT:
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return np.asarray([_as_int(v, default) for v in values], dtype=np.int64)
 
 
 def _as_int(value: Any, default: int) -> int:
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if -limits.MAX_INT < number < limits.MAX_INT else default
+
+
+def _float(values: list) -> np.ndarray:
+    """float64 column (NaN for what is not a number: such events are dropped)."""
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray([_as_float(v) for v in values], dtype=np.float64)
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
 
 
 def _frame(parts: list[dict[str, list]], columns: list[str]) -> dict[str, list]:
@@ -195,23 +223,33 @@ def _frame(parts: list[dict[str, list]], columns: list[str]) -> dict[str, list]:
 
 def array_end(data: bytes, begin: int, path: Path) -> tuple[int, dict[str, Any]]:
     """Position of the `]` closing traceEvents (the array starts at `begin`) and the
-    top-level fields: the last `]` whose remainder makes the document whole."""
+    top-level fields: the last `]` whose remainder makes the document whole (64 tries,
+    each over the bytes outside the array only), else the bracket a scan of the array's
+    strings and brackets finds closing it (fields with many lists after the array)."""
     end = len(data)
     for _ in range(64):
         end = data.rfind(b"]", begin, end)
-        if end < 0:
+        if end < 0 or begin + len(data) - end > MAX_TOP_BYTES:
             break
         try:
             return end, _top_level(data, begin + 1, end, path)
         except ProfileError:
             continue
+    close: list[int] = []
+    with contextlib.suppress(scan.NotKineto, limits.LimitError):
+        for _ in scan.blocks(np.frombuffer(data, dtype=np.uint8), begin, len(data),
+                             close=close):
+            pass
+    if close and data[close[0]] == ord("]"):
+        return close[0], _top_level(data, begin + 1, close[0], path)
     raise ProfileError(f"{path}: not valid JSON outside traceEvents (cut short or corrupt)")
 
 
 def read_trace(path: str | Path) -> KinetoTrace:
     """Parse one trace file into a KinetoTrace; ProfileError (one line) if it is not one.
     The vectorised reader (kineto_fast) takes the layout torch.profiler writes; anything
-    else goes through the general chunked decoder."""
+    else goes through the general chunked decoder. Declared ranks, world size and base
+    time are checked against import_limits."""
     from popviz.measure import kineto_fast
 
     path = Path(path)
@@ -219,52 +257,128 @@ def read_trace(path: str | Path) -> KinetoTrace:
     key = _KEY.search(data)
     if key is None:
         raise ProfileError(f"{path}: not a Chrome / Kineto trace (no traceEvents array)")
+    end, top = array_end(data, key.end() - 1, path)
+    warnings: list[str] = []
     try:
-        end, top = array_end(data, key.end() - 1, path)
         spans, memory = kineto_fast.fast_frames(data, key.end() - 1, end)
-    except (kineto_fast.NotKineto, ProfileError):
-        spans, memory, top = read_general(data, path)
+    except limits.LimitError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    except kineto_fast.NotKineto:
+        spans, memory, _ = read_general(data, path, warnings, (key.end() - 1, end, top))
     del data
+    spans, memory = kept_values(spans, memory, path, warnings)
+    trace = KinetoTrace(path=path, meta=top, spans=spans, memory=memory, warnings=warnings)
+    declared(trace)
+    return trace
+
+
+def declared(trace: KinetoTrace) -> None:
+    """Rank, world size, backend and base time from the top-level fields, each checked:
+    ProfileError naming the file when out of range (a rank of -1, a world of 10**12)."""
+    top, path = trace.meta, trace.path
     dist = top.get("distributedInfo") or {}
-    return KinetoTrace(path=path, meta=top, spans=spans, memory=memory,
-                       base_ns=_as_int(top.get("baseTimeNanoseconds", 0), 0),
-                       rank=_as_int(dist.get("rank", 0), 0),
-                       world_size=max(1, _as_int(dist.get("world_size", 1), 1)),
-                       backend=str(dist.get("backend", "")))
+    if not isinstance(dist, dict):
+        raise ProfileError(f"{path}: distributedInfo is not an object")
+    world = _as_int(dist.get("world_size", 1), -1)
+    rank = _as_int(dist.get("rank", 0), -1)
+    if not 1 <= world <= limits.MAX_WORLD:
+        raise ProfileError(f"{path}: distributedInfo.world_size "
+                           f"{str(dist.get('world_size'))[:40]} is not a count of ranks in "
+                           f"1..{limits.MAX_WORLD:,}")
+    if not 0 <= rank < world:
+        raise ProfileError(f"{path}: distributedInfo.rank {str(dist.get('rank'))[:40]} is "
+                           f"not a rank of its world of {world:,}")
+    base = _as_int(top.get("baseTimeNanoseconds", 0), -1)
+    if not 0 <= base <= limits.MAX_BASE_NS:
+        raise ProfileError(f"{path}: baseTimeNanoseconds "
+                           f"{str(top.get('baseTimeNanoseconds'))[:40]} is not a time in ns "
+                           "since the epoch")
+    trace.rank, trace.world_size, trace.base_ns = rank, world, base
+    trace.backend = str(dist.get("backend", ""))[:100]
 
 
-def read_general(data: bytes, path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Any Chrome trace JSON: decoded in slices of CHUNK_BYTES (see the module doc)."""
+def kept_values(spans: pd.DataFrame, memory: pd.DataFrame, path: Path,
+                warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Sizes clipped into the format's range (bytes, elements, FLOPs >= 0); [memory]
+    events whose allocated bytes are negative or beyond MAX_MEMORY_BYTES dropped with a
+    counted warning (their liveness would be refused by the reader)."""
+    for col in ("bytes", "nelems", "flops"):
+        spans[col] = np.clip(spans[col].to_numpy(np.int64), 0, limits.MAX_MEMORY_BYTES)
+    alloc = memory["allocated"].to_numpy(np.int64)
+    bad = (alloc < 0) | (alloc > limits.MAX_MEMORY_BYTES)
+    if bad.any():
+        warnings.append(f"{path.name}: {int(bad.sum()):,} [memory] event(s) with allocated "
+                        "bytes below 0 or above 1 PiB dropped")
+        memory = memory[~bad].reset_index(drop=True)
+    return spans, memory
+
+
+def _times(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start ns, end ns, kept) from ts and dur in µs: kept where both are finite and
+    within MAX_TIME_NS (a negative dur counts as 0, as the vectorised reader reads it)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e308 x 1000: inf, dropped
+        t = _float(ts) * 1000.0
+        d = _float(dur) * 1000.0
+    ok = np.isfinite(t) & np.isfinite(d) & (np.abs(t) <= limits.MAX_TIME_NS) \
+        & (d <= limits.MAX_TIME_NS)
+    d = np.maximum(d, 0.0)
+    start = np.rint(np.where(ok, t, 0.0)).astype(np.int64)
+    return start, start + np.rint(np.where(ok, d, 0.0)).astype(np.int64), ok
+
+
+def read_general(data: bytes, path: Path, warnings: list[str] | None = None,
+                 array: tuple[int, int, dict[str, Any]] | None = None,
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Any Chrome trace JSON: decoded in slices of CHUNK_BYTES (see the module doc).
+    `array`: (its `[`, its `]`, the top-level fields) when already found. Events with a
+    time that is not a finite number in range are dropped; `warnings` gets their count."""
+    if array is None:
+        key = _KEY.search(data)
+        if key is None:
+            raise ProfileError(f"{path}: not a Chrome / Kineto trace (no traceEvents array)")
+        array = (key.end() - 1, *array_end(data, key.end() - 1, path))
+    begin, end, top = array
     spans_parts: list[dict[str, list]] = []
     mem_parts: list[dict[str, list]] = []
-    top: dict[str, Any] = {}
     try:
-        for head, events in iter_events(data, path):
+        for events in iter_events(data, begin, end, path):
             spans_parts.append(_span_columns(events))
             mem_parts.append(_memory_columns(events))
-            if head is not None:
-                top = head
-    except (AttributeError, TypeError, KeyError) as exc:
-        raise ProfileError(f"{path}: events of an unexpected shape ({exc})") from None
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:
+        raise ProfileError(f"{path}: events of an unexpected shape "
+                           f"({_decode_error(exc)})") from None
     s = _frame(spans_parts, SPAN_COLUMNS)
     del spans_parts
-    ts = np.asarray(s["ts"], dtype=np.float64)
-    dur = np.asarray(s["dur"], dtype=np.float64)
-    start = np.rint(ts * 1000.0).astype(np.int64)
-    spans = pd.DataFrame({
-        "cat": pd.Categorical(s["cat"]), "name": pd.Categorical(s["name"]),
-        "tid": pd.Categorical(s["tid"]), "start": start,
-        "end": start + np.rint(np.maximum(dur, 0.0) * 1000.0).astype(np.int64),
-        "ext": _int(s["ext"]), "corr": _int(s["corr"]), "stream": _int(s["stream"]),
-        "bytes": _int(s["bytes"], 0), "flops": _int(s["flops"], 0),
-        "dims": s["dims"], "types": s["types"], "concrete": s["concrete"],
-        "collective": pd.Categorical(s["collective"]), "nelems": _int(s["nelems"], 0),
-        "dtype": s["dtype"], "src_rank": _int(s["src_rank"]),
-        "dst_rank": _int(s["dst_rank"]),
-    })
+    start, end_ns, ok = _times(s["ts"], s["dur"])
     m = _frame(mem_parts, ["ts", "allocated", "device_type", "device_id"])
+    m_start, _, m_ok = _times(m["ts"], [0] * len(m["ts"]))
+    dropped = int((~ok).sum()) + int((~m_ok).sum())
+    if dropped and warnings is not None:
+        warnings.append(f"{path.name}: {dropped:,} event(s) whose ts or dur is not a "
+                        f"finite number of µs within {limits.MAX_TIME_NS // 1000:,} "
+                        "dropped")
+    try:
+        spans = pd.DataFrame({
+            "cat": pd.Categorical(s["cat"]), "name": pd.Categorical(_texts(s["name"])),
+            "tid": pd.Categorical(s["tid"]), "start": start, "end": end_ns,
+            "ext": _int(s["ext"]), "corr": _int(s["corr"]), "stream": _int(s["stream"]),
+            "bytes": _int(s["bytes"], 0), "flops": _int(s["flops"], 0),
+            "dims": s["dims"], "types": s["types"], "concrete": s["concrete"],
+            "collective": pd.Categorical(_texts(s["collective"])),
+            "nelems": _int(s["nelems"], 0), "dtype": _texts(s["dtype"]),
+            "src_rank": _int(s["src_rank"]), "dst_rank": _int(s["dst_rank"]),
+        })[ok].reset_index(drop=True)
+    except TypeError as exc:  # an unhashable name (a list, an object)
+        raise ProfileError(f"{path}: events of an unexpected shape "
+                           f"({_decode_error(exc)})") from None
     memory = pd.DataFrame({
-        "time": np.rint(np.asarray(m["ts"], dtype=np.float64) * 1000.0).astype(np.int64),
-        "allocated": _int(m["allocated"], 0), "device_type": _int(m["device_type"], 0),
-        "device_id": _int(m["device_id"])})
+        "time": m_start, "allocated": _int(m["allocated"], 0),
+        "device_type": _int(m["device_type"], 0),
+        "device_id": _int(m["device_id"])})[m_ok].reset_index(drop=True)
     return spans, memory, top
+
+
+def _texts(values: list) -> list[str]:
+    """Text of names and similar fields (a number or list where a string belongs: its
+    JSON-ish text, as the vectorised reader reads it)."""
+    return [v if isinstance(v, str) else str(v) for v in values]

@@ -10,12 +10,16 @@ annotations around the time an event was launched on the host. See docs/import.m
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
+from popviz.measure.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+
+MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
 PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"
                        r"|RECV_B|OVERLAP_F_B)(\d*)$")
 SINGLE_STAGE = re.compile(r"^(Forward|Backward) (\d+)$")  # ScheduleGPipe's annotations
@@ -165,9 +169,10 @@ def tensor_bytes(dims: object, types: object) -> int:
     for d, ty in zip(dims, types):
         shapes = d if d and isinstance(d[0], list) else [d]
         for shape in shapes:
-            if isinstance(shape, list) and all(isinstance(x, int) for x in shape):
-                total += int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES.get(str(ty), 4)
-    return total
+            if isinstance(shape, list) and all(isinstance(x, int) and 0 <= x < MAX_DIM
+                                               for x in shape):
+                total += math.prod(shape) * DTYPE_BYTES.get(str(ty), 4)
+    return min(total, MAX_MEMORY_BYTES)  # a shape a tensor cannot have: capped, not wrapped
 
 
 def launching_ops(spans: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
@@ -241,8 +246,8 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     peers = []
     for i in idx:  # c10d::send / recv_(tensors, group, peer, tag): the peer is input 2
         conc = calls["concrete"].iloc[i] if i >= 0 else None
-        peers.append(int(conc[2]) if isinstance(conc, list) and len(conc) > 2
-                     and str(conc[2]).lstrip("-").isdigit() else -1)
+        peer = str(conc[2])[:12] if isinstance(conc, list) and len(conc) > 2 else ""
+        peers.append(int(peer) if peer.isdigit() and int(peer) < MAX_WORLD else -1)
     # posted when the c10d call began: gloo opens its annotation only when that call
     # returns, and a first send may block in it until the peer connects
     post = np.where(idx >= 0, calls["start"].to_numpy()[np.clip(idx, 0, None)],

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.measure import import_limits as limits
 from popviz.measure import kineto_scan as scan
 from popviz.measure.kineto_scan import NotKineto
 
@@ -104,7 +105,12 @@ def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     quotes: list[np.ndarray] = []
     opens: list[np.ndarray] = []
     n = 0
+    seen = 0
     for q, o in scan.blocks(arr, begin, end):
+        seen += len(o)
+        if seen > limits.MAX_EVENTS:
+            raise limits.LimitError(f"more than {limits.MAX_EVENTS:,} events "
+                                    "(POPVIZ_IMPORT_MAX_EVENTS); refused")
         quotes.append(q)
         opens.append(o)
         brace = np.concatenate(opens)

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
+from popviz.measure import import_limits as limits
+
 BLOCK = 4 << 20
 ONES = np.uint64(0x0101010101010101)
 HIGH = np.uint64(0x8080808080808080)
@@ -31,6 +33,7 @@ POW10 = 10 ** np.arange(19, dtype=np.int64)
 NUMBER_END = np.zeros(256, dtype=bool)  # what may follow a number in JSON
 NUMBER_END[[44, 125, 93, 32, 10, 13, 9]] = True
 PAD = 40  # bytes past the last value that 8-byte loads may touch
+LONG_STRING = 4096  # longer strings are told apart as Python bytes (factorize)
 
 
 class NotKineto(Exception):
@@ -42,25 +45,34 @@ def words(arr: np.ndarray) -> np.ndarray:
     return np.ndarray((len(arr) - 7,), dtype="<u8", buffer=arr, strides=(1,))
 
 
-def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK
-           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK,
+           close: list[int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(unescaped quotes, events' opening braces) of successive blocks of (begin, end), the
     array's inside, in one pass over its bytes: brackets outside strings must balance and
     never close more than opened, and the array must hold objects only (else the file is
     cut short, or the `]` taken for its end is not: NotKineto, at the latest once the last
-    block is out)."""
+    block is out). A string longer than MAX_STRING_BYTES or nesting deeper than MAX_DEPTH
+    raises LimitError (import_limits.py) as soon as its block is read. With `close` (a
+    list), the scan stops at the bracket that closes the array, appending its position."""
     parity = depth = 0
     braces = 0  # `{` minus `}` outside strings
+    carry = 0  # backslashes ending the previous block
+    open_at = -1  # where the string still open at the end of the previous block began
     for at in range(begin + 1, end, block):
-        part = arr[at:min(end, at + block)]
+        stop = min(end, at + block)
+        part = arr[at:stop]
         hit = part == 34
         hit |= (part | 32) == 123  # `{` and `[`
         hit |= (part | 32) == 125  # `}` and `]`
         pos = np.flatnonzero(hit) + at
         byte = arr[pos]
         quote = byte == 34
-        if (part == 92).any():
-            quote &= ~_escaped(arr, pos, quote)
+        if carry or (part == 92).any():
+            escaped, carry = _escaped(arr, at, stop, pos, quote, carry)
+            quote &= ~escaped
+        else:
+            carry = 0
+        open_at = _check_strings(pos[quote], parity, open_at, stop)
         seen = np.cumsum(quote) + parity  # quotes so far: odd inside a string
         parity = int(seen[-1] & 1) if len(seen) else parity
         br = np.flatnonzero(((seen & 1) == 0) & (byte != 34))
@@ -69,7 +81,13 @@ def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK
         now = np.cumsum(step) + depth
         if len(now):
             if now.min() < 0:
-                raise NotKineto
+                if close is None:
+                    raise NotKineto
+                close.append(int(pos[br[int(np.argmax(now < 0))]]))
+                return
+            if now.max() > limits.MAX_DEPTH:
+                raise limits.LimitError(f"traceEvents nests more than {limits.MAX_DEPTH} "
+                                        "brackets deep; refused")
             depth = int(now[-1])
         braces += int(np.count_nonzero(bb == 123)) - int(np.count_nonzero(bb == 125))
         opens = pos[br[now - step == 0]]  # opened at the array's own level: events
@@ -80,20 +98,42 @@ def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK
         raise NotKineto
 
 
-def _escaped(arr: np.ndarray, pos: np.ndarray, quote: np.ndarray) -> np.ndarray:
-    """Quotes after an odd run of backslashes (escaped inside a string)."""
+def _check_strings(quotes: np.ndarray, parity: int, open_at: int, stop: int) -> int:
+    """LimitError if a string between these quotes (the first closing the one opened at
+    `open_at` when `parity` is odd) or the one left open at `stop` is too long; returns
+    where the string left open began (-1: none)."""
+    both = np.r_[open_at, quotes] if parity else quotes
+    n = len(both) // 2 * 2
+    longest = int((both[1:n:2] - both[0:n:2]).max()) if n else 0
+    left = int(both[-1]) if len(both) % 2 else -1
+    if left >= 0:
+        longest = max(longest, stop - left)
+    if longest > limits.MAX_STRING_BYTES:
+        raise limits.LimitError(f"a string in traceEvents is longer than "
+                                f"{limits.MAX_STRING_BYTES:,} bytes; refused")
+    return left
+
+
+def _escaped(arr: np.ndarray, lo: int, hi: int, pos: np.ndarray, quote: np.ndarray,
+             carry: int) -> tuple[np.ndarray, int]:
+    """Quotes after an odd run of backslashes (escaped inside a string) among `pos` in the
+    block [lo, hi), and how many backslashes end the block; `carry`: how many ended the
+    block before. Linear in the block: each backslash run is measured once, however long."""
     out = np.zeros(len(pos), dtype=bool)
+    slash = np.flatnonzero(arr[lo:hi] == 92) + lo
+    first = np.diff(slash, prepend=-2) != 1  # each run's first backslash
+    run_start = slash[first][np.cumsum(first) - 1]  # per backslash: where its run began
+    run_len = slash - run_start + 1 + np.where(run_start == lo, carry, 0)
     cand = np.flatnonzero(quote & (arr[np.maximum(pos - 1, 0)] == 92))
-    run = np.zeros(len(cand), dtype=np.int64)
-    live = np.ones(len(cand), dtype=bool)
-    k = 1
-    while live.any():
-        at = pos[cand] - k
-        live &= (at >= 0) & (arr[np.maximum(at, 0)] == 92)
-        run += live
-        k += 1
-    out[cand[run % 2 == 1]] = True
-    return out
+    if len(cand):
+        edge = pos[cand] == lo  # a quote opening the block: the run is all in `carry`
+        if edge.any():
+            out[cand[edge]] = carry % 2 == 1
+            cand = cand[~edge]
+        before = np.searchsorted(slash, pos[cand] - 1)  # the backslash just before
+        out[cand[run_len[before] % 2 == 1]] = True
+    tail = int(run_len[-1]) if len(slash) and slash[-1] == hi - 1 else 0
+    return out, tail
 
 
 def _digits(x: np.ndarray) -> np.ndarray:
@@ -173,6 +213,8 @@ def factorize(data: bytes, w: np.ndarray, start: np.ndarray,
     if n == 0:
         return np.zeros(0, dtype=np.int64), []
     length = (stop - start).astype(np.int64)
+    if int(length.max()) > LONG_STRING:  # one numpy pass per 8 bytes of the longest
+        return _factorize_bytes(data, start, stop)
     order = np.argsort(-length, kind="stable")
     ln, st = length[order], start[order].astype(np.int64)
     fp = ln.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)

@@ -9,7 +9,6 @@ bin's highest point, so peaks survive.
 
 from __future__ import annotations
 
-import gzip
 import io
 import pickle
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
+from popviz.measure import import_limits as limits
 
 MAX_POINTS = 20_000
 PHASE = {"F": "forward", "B": "backward", "WU": "optimiser", "": "other"}
@@ -34,17 +34,20 @@ class _DataOnly(pickle.Unpickler):
 
 
 def read_snapshot(path: str | Path) -> dict[str, Any]:
+    """The snapshot's dict; ProfileError naming the file for anything else (a missing,
+    too large or damaged file, a pickle naming a class, a structure not a snapshot's)."""
     path = Path(path)
+    raw = limits.read_input(path, "memory snapshot")
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
         snap = _DataOnly(io.BytesIO(raw)).load()
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such memory snapshot") from None
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, gzip.BadGzipFile) as exc:
-        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle ({exc})") \
+    except MemoryError:
+        raise ProfileError(f"{path}: the memory snapshot does not fit in memory") from None
+    except Exception as exc:  # any unpickling failure: the file is damaged
+        # (no code runs: find_class refuses every class, so this is data only)
+        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle "
+                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})") \
             from None
+    del raw
     if not isinstance(snap, dict) or "device_traces" not in snap or "segments" not in snap:
         raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle "
                            "(no segments / device_traces)")
@@ -54,21 +57,59 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
 def snapshot_series(snap: dict[str, Any], path: Path) -> tuple[np.ndarray, np.ndarray, int]:
     """(time ns since the epoch, allocated bytes after each event, device) for the device
     with the most recorded events. The allocated level before the first event follows
-    from the segments' allocated bytes at snapshot time minus the recorded net change."""
-    traces = snap["device_traces"]
+    from the segments' allocated bytes at snapshot time minus the recorded net change.
+    Every value is checked (sizes in 0..MAX_MEMORY_BYTES, times in range, allocated bytes
+    never below 0): ProfileError naming the file otherwise."""
+    try:
+        return _series(snap, path)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError,
+            IndexError) as exc:
+        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle (an entry of "
+                           f"an unexpected shape: {type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:100]})") from None
+
+
+def _series(snap: dict[str, Any], path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    traces, segments = snap["device_traces"], snap["segments"]
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces) \
+            or not isinstance(segments, list):
+        raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle "
+                           "(device_traces / segments are not lists)")
     device = int(np.argmax([len(t) for t in traces])) if traces else 0
     events = traces[device] if traces else []
+    if len(events) > limits.MAX_SNAPSHOT_EVENTS:
+        raise ProfileError(f"{path}: more than {limits.MAX_SNAPSHOT_EVENTS:,} events "
+                           "(POPVIZ_IMPORT_MAX_EVENTS); refused")
     sign = {"alloc": 1, "free_completed": -1}
-    kept = [e for e in events if e.get("action") in sign]
+    kept = [e for e in events if isinstance(e, dict) and e.get("action") in sign]
     if not kept:
         raise ProfileError(f"{path}: the snapshot has no alloc / free events (was "
                            "torch.cuda.memory._record_memory_history on?)")
-    delta = np.array([sign[e["action"]] * int(e["size"]) for e in kept], dtype=np.int64)
-    time_ns = np.array([int(e.get("time_us", 0)) * 1000 for e in kept], dtype=np.int64)
-    final = sum(int(s.get("allocated_size", 0)) for s in snap["segments"]
-                if int(s.get("device", 0)) == device)
-    allocated = final - int(delta.sum()) + np.cumsum(delta)
-    return time_ns, allocated, device
+    size = np.array([_whole(e["size"]) for e in kept], dtype=np.int64)
+    time_us = np.array([_whole(e.get("time_us", 0)) for e in kept], dtype=np.int64)
+    final = np.array([_whole(s.get("allocated_size", 0)) for s in segments
+                      if _whole(s.get("device", 0)) == device], dtype=np.int64)
+    if (size < 0).any() or (size > limits.MAX_MEMORY_BYTES).any() or (final < 0).any() \
+            or (final > limits.MAX_MEMORY_BYTES).any():
+        raise ProfileError(f"{path}: a size in the snapshot is below 0 or above 1 PiB")
+    if (time_us < 0).any() or (time_us > limits.MAX_BASE_NS // 1000).any():  # epoch µs
+        raise ProfileError(f"{path}: an event time (time_us) in the snapshot is out of range")
+    delta = np.array([sign[e["action"]] for e in kept], dtype=np.int64) * size
+    allocated = int(final.sum()) - int(delta.sum()) + np.cumsum(delta)
+    if allocated.min() < 0:
+        raise ProfileError(f"{path}: the snapshot's alloc / free events do not add up "
+                           "(allocated bytes fall below 0)")
+    return time_us * 1000, allocated, device
+
+
+def _whole(value: Any) -> int:
+    """A whole number within int64's safe range (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{str(value)[:40]!r} is not a number")
+    number = int(value)  # OverflowError / ValueError for inf / NaN
+    if abs(number) >= limits.MAX_INT:
+        raise ValueError(f"{number} is out of range")
+    return number
 
 
 def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int) -> str | None:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.measure import tables as tbl
+from popviz.measure.import_limits import MAX_WORLD
 from popviz.vocab import MEASURED_KIND, is_measured, rank_label
 
 CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory",
@@ -55,16 +56,31 @@ def _check(profiles: list[Any]) -> list[Any]:
         if m.get("run_id") != first.get("run_id"):
             raise ProfileError(f"{p.path}: from another run than {profiles[0].path} "
                                f"(run {m.get('run_id')} vs {first.get('run_id')})")
-    ranks = [int(p.meta["measure"]["rank"]) for p in profiles]
-    dup = sorted({r for r in ranks if ranks.count(r) > 1})
-    if dup:
-        raise ProfileError(f"{rank_label(dup[0])} given twice")
-    world = int(first.get("world_size", len(profiles)))
-    missing = sorted(set(range(world)) - set(ranks))
+    world = _count(first.get("world_size", len(profiles)), profiles[0].path, "world_size",
+                   1, MAX_WORLD)
+    ranks = [_count(p.meta["measure"]["rank"], p.path, "rank", 0, world - 1)
+             for p in profiles]
+    seen: set[int] = set()
+    dup = next((r for r in ranks if r in seen or seen.add(r)), None)
+    if dup is not None:
+        raise ProfileError(f"{rank_label(dup)} given twice")
+    missing = [r for r in range(world) if r not in seen]  # world: at most MAX_WORLD
     if missing:
-        raise ProfileError(f"rank(s) {', '.join(map(str, missing))} of {world} missing; "
-                           "merge needs every rank's profile")
+        named = ", ".join(map(str, missing[:10])) + (f", ... ({len(missing):,} in all)"
+                                                      if len(missing) > 10 else "")
+        raise ProfileError(f"rank(s) {named} of {world} missing; merge needs every rank's "
+                           "profile")
     return [p for _, p in sorted(zip(ranks, profiles), key=lambda rp: rp[0])]
+
+
+def _count(value: Any, path: Path, key: str, low: int, high: int) -> int:
+    """A whole number in low..high from a rank profile's meta.measure, else ProfileError
+    naming the file (a `world_size` of 10**12 must not become a set of 10**12 ranks)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not ok:
+        raise ProfileError(f"{path}: meta.measure.{key} {str(value)[:40]} is not a whole "
+                           f"number in {low}..{high:,}")
+    return int(value)
 
 
 def merged_tables(profiles: list[Any]) -> dict[str, pd.DataFrame]:

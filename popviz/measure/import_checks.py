@@ -1,0 +1,74 @@
+"""The last step of `popviz import` before anything is written: the tables and meta checked
+against what the profile reader accepts (popviz/format/validate.py), so an import never
+exits 0 leaving a profile that `popviz.open` then calls damaged. The readers upstream
+already drop or refuse what is out of range (docs/import.md, "Hostile input"); this is
+the guard that names the inputs if anything still slips through."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from popviz.errors import ProfileError
+from popviz.format import schema, validate
+
+
+def clean_text(tables: dict[str, pd.DataFrame]) -> None:
+    """Text the HDF5 string table cannot hold (lone surrogates from a `\\ud800` escape)
+    becomes its UTF-8 replacement, in place; each distinct value is checked once."""
+    for frame in tables.values():
+        for column in frame.columns:
+            values = frame[column]
+            if values.dtype.kind in "iufbmM":  # numbers; text is object, str or category
+                continue
+            uniques = values.cat.categories if isinstance(values.dtype, pd.CategoricalDtype) \
+                else pd.unique(values.to_numpy(dtype=object))
+            bad = {u: _encodable(u) for u in uniques if isinstance(u, str) and not _utf8(u)}
+            if bad:  # as objects: a replacement may equal another value
+                kind = "category" if isinstance(values.dtype, pd.CategoricalDtype) \
+                    else values.dtype
+                frame[column] = pd.Series(values.to_numpy(dtype=object), index=frame.index
+                                          ).replace(bad).astype(kind)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def check_tables(tables: dict[str, pd.DataFrame], meta: dict[str, Any], label: str) -> None:
+    """ProfileError naming `label` (the inputs) if a table or meta would be refused."""
+    try:
+        for name, frame in tables.items():
+            for column in schema.NON_NEGATIVE.get(name, ()):
+                if column not in frame.columns:
+                    continue
+                values = frame[column].to_numpy()
+                if values.dtype.kind not in "iuf":
+                    raise ProfileError(f"{label}: table '{name}' column '{column}' holds "
+                                       f"{values.dtype}, not numbers")
+                validate.check_values(name, column, values, label)
+        for name in ("trace", "ops"):
+            frame = tables.get(name)
+            if frame is not None and len(frame) and "end" in frame and "start" in frame \
+                    and (frame["end"].to_numpy() < frame["start"].to_numpy()).any():
+                raise ProfileError(f"{label}: table '{name}' has a row ending before it "
+                                   "starts")
+        text = json.dumps(meta, default=str)
+        if len(text) > schema.MAX_JSON_CHARS:
+            raise ProfileError(f"{label}: meta is {len(text):,} characters, more than "
+                               f"{schema.MAX_JSON_CHARS:,}")
+        validate.check_meta(meta, label)
+    except ProfileError as exc:
+        raise ProfileError(f"{exc} (the import would write a profile the reader refuses; "
+                           "nothing written)") from None
+
