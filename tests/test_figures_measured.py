@@ -110,8 +110,17 @@ def test_liveness_of_a_measured_profile_has_rank_panels(measured: Any) -> None:
     assert [a.text for a in fig.layout.annotations][:2] == ["rank 0", "rank 1"]
     assert set(fig.layout.meta["points"]) == {"rank 0", "rank 1"}
     assert "IPU" not in _words(fig)
+    assert fig.layout.xaxis2.title.text == "compute action on the rank"
 
 
+def test_an_imports_liveness_steps_are_allocator_events(measured: Any) -> None:
+    # an import's liveness carries each sample's time: one step is an allocation or free
+    # (issue 21: it said "compute action" while counting a snapshot's allocator events)
+    live = measured.liveness.assign(time=measured.liveness["step"] * 1000)
+    fig = figures.liveness_figure(live, naming=MEASURED)
+    assert fig.layout.xaxis2.title.text == "memory event on the rank (an allocation or free)"
+    modelled = figures.liveness_figure(live.drop(columns="time"), naming=MODELLED)
+    assert modelled.layout.xaxis2.title.text == "program step"
 
 
 def _find(component: Any, kind: str) -> list[Any]:

@@ -244,7 +244,7 @@ def _snapshot_with_times(tmp_path: Path, times_us: np.ndarray) -> Path:
     return path
 
 
-def test_a_snapshot_of_another_run_is_kept_with_a_warning(
+def test_a_snapshot_of_another_run_is_not_used_with_a_warning(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["import", str(RESNET), "--memory-snapshot", str(SNAPSHOT),
                  "--to", str(tmp_path / "p")]) == 0
@@ -252,6 +252,16 @@ def test_a_snapshot_of_another_run_is_kept_with_a_warning(
     warnings = out.err.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith(
         "popviz: warning: memory snapshot memsnap_resnet50_b32.pickle.gz (rank 0): none of")
+    assert warnings[0].endswith("It is not used: the trace's own memory events are shown")
+    # the run's memory is the trace's own (issue 21: the batch-32 snapshot's 2.9 GiB used
+    # to headline this batch-64 run): the same liveness as an import without the snapshot
+    assert main(["import", str(RESNET), "--to", str(tmp_path / "alone")]) == 0
+    capsys.readouterr()
+    with popviz.open(tmp_path / "p") as with_snap, popviz.open(tmp_path / "alone") as alone:
+        pd.testing.assert_frame_equal(with_snap.liveness, alone.liveness)
+        peak = with_snap.liveness["not_always_live_bytes"].max() \
+            + with_snap.liveness["always_live_bytes"].max()
+        assert peak > 5 * 2**30  # the trace's 5.6 GiB, not the snapshot's 2.9 GiB
     # how far after the trace, from the raw files: the trace's last end, the first event
     trace = trace_json(RESNET)
     base_us = trace["baseTimeNanoseconds"] / 1e3

@@ -15,6 +15,17 @@ from popviz.vocab import MODELLED, Naming
 PIXELS = 1000
 
 
+def step_axis_title(liveness: pd.DataFrame, naming: Naming) -> str:
+    """What one step of a liveness table is: a program step (modelled), a compute action
+    (a measured run's per-action memory) or one allocator event (an import: trace memory
+    events or a CUDA snapshot, which carry their `time`)."""
+    if not naming.measured:
+        return "program step"
+    if "time" in liveness.columns:
+        return "memory event on the rank (an allocation or free)"
+    return "compute action on the rank"
+
+
 def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
                     capacity_bytes: float | None = None, start: float | None = None,
                     end: float | None = None, pixels: int = PIXELS,
@@ -22,7 +33,8 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
     """One panel per IPU (shared step axis). Each line keeps the min and max of every pixel
     bucket of the visible step range, so no bump disappears. `layout.meta["points"]` is the
     number of points drawn per IPU (keyed by its label, e.g. 'IPU0' or 'rank 0'). A
-    measured profile's step is a compute action of the rank."""
+    measured profile's step is a compute action of the rank, an import's an allocator
+    event (`step_axis_title`)."""
     if liveness.empty:
         return empty_figure("This profile has no liveness report.", title)
     ipus = sorted(int(i) for i in liveness["ipu"].unique())
@@ -90,8 +102,7 @@ def liveness_figure(liveness: pd.DataFrame, bumps: pd.DataFrame | None = None,
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{naming.device} capacity "
                                  f"({capacity_bytes / MiB:,.0f} MiB)",
                                  line={"color": CAPACITY_COLOUR, "dash": "dash"}))
-    fig.update_xaxes(title_text="compute action on the rank" if naming.measured
-                     else "program step", row=len(ipus), col=1)
+    fig.update_xaxes(title_text=step_axis_title(liveness, naming), row=len(ipus), col=1)
     if start is not None and end is not None:
         fig.update_xaxes(range=[start, end])
     fig.update_layout(uirevision="liveness", hovermode="closest",

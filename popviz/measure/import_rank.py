@@ -75,8 +75,10 @@ def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.D
 
 
 def use_snapshot(part: RankPart, snapshot: Path) -> None:
-    """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's; a
-    snapshot whose events fall outside the trace's window is kept with a warning."""
+    """Replace the rank's liveness (before `shift`) with a CUDA memory snapshot's. A
+    snapshot none of whose events falls inside the trace's window was taken in another run:
+    when the trace has memory events of its own they stay (and headline the run), with a
+    warning; without them the snapshot's curve is kept, with a warning."""
     try:
         _use_snapshot(part, snapshot)
     except DATA_ERRORS as exc:
@@ -87,11 +89,15 @@ def _use_snapshot(part: RankPart, snapshot: Path) -> None:
     time, allocated, device = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
                                                       snapshot)
     time = time - part.base_ns  # snapshot: epoch ns
-    part.liveness = liveness_of(part, time, allocated)
-    part.device_memory = device_memory(part.meta, device)
-    warning = memsnap.mismatch(snapshot, time, part.window, part.rank)
+    own = part.liveness is not None and len(part.liveness) > 0
+    keep_own = own and memsnap.disjoint(time, part.window)
+    warning = memsnap.mismatch(snapshot, time, part.window, part.rank, used=not keep_own)
     if warning:
         part.warnings.append(warning)
+    if keep_own:  # another run's memory must not stand for this one's
+        return
+    part.liveness = liveness_of(part, time, allocated)
+    part.device_memory = device_memory(part.meta, device)
 
 
 # what hostile data can make pandas, numpy or the parse raise: each becomes one line

@@ -112,10 +112,21 @@ def _whole(value: Any) -> int:
     return number
 
 
-def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int) -> str | None:
+def disjoint(time: np.ndarray, window: tuple[int, int]) -> bool:
+    """Whether a snapshot's timed events all fall outside the trace's window (taken in
+    another run); False when it has no usable times."""
+    lo, hi = window
+    if len(time) == 0 or hi <= lo or not time.any() or (time == time[0]).all():
+        return False
+    return not bool(((time >= lo) & (time <= hi)).any())
+
+
+def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int,
+             used: bool = True) -> str | None:
     """Why a snapshot's events may not belong to the trace they are paired with: times
     missing, or mostly outside the trace's [first start, last end] (same clock), as when
-    the snapshot was taken in another run; None when at least half fall inside."""
+    the snapshot was taken in another run; None when at least half fall inside. `used`:
+    whether its curve replaces the trace's own memory events (the warning says which)."""
     lo, hi = window
     if len(time) == 0 or hi <= lo:
         return None
@@ -135,7 +146,9 @@ def mismatch(path: Path, time: np.ndarray, window: tuple[int, int], rank: int) -
             where = "falls in no part of the trace's span"
         return (f"memory snapshot {name} (rank {rank}): none of its {len(time):,} alloc / "
                 f"free events is inside the trace's {_seconds(hi - lo)} span (it {where}): "
-                "taken in another run? Its curve is kept without phases")
+                "taken in another run? " + ("Its curve is kept without phases" if used else
+                                            "It is not used: the trace's own memory events "
+                                            "are shown"))
     return (f"memory snapshot {name} (rank {rank}): only {inside:.0%} of its "
             f"{len(time):,} alloc / free events are inside the trace's span: those outside "
             "it have no phase")
