@@ -45,6 +45,13 @@ class LimitError(ProfileError):
     """A bound of this module exceeded; the message does not name the file yet."""
 
 
+def check_event_count(count: int) -> None:
+    """LimitError once a file's events pass MAX_EVENTS (the readers count as they scan)."""
+    if count > MAX_EVENTS:
+        raise LimitError(f"more than {MAX_EVENTS:,} events (POPVIZ_IMPORT_MAX_EVENTS); "
+                         "refused")
+
+
 def check_size(size: int, path: Path, what: str) -> None:
     if size > MAX_INPUT_BYTES:
         raise ProfileError(f"{path}: {what} holds more than {MAX_INPUT_BYTES:,} bytes "

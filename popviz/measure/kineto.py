@@ -106,9 +106,7 @@ def event_starts(data: bytes, begin: int, end: int, path: Path) -> np.ndarray:
     try:
         for _, o in scan.blocks(arr, begin, end):
             count += len(o)
-            if count > limits.MAX_EVENTS:
-                raise limits.LimitError(f"more than {limits.MAX_EVENTS:,} events "
-                                        "(POPVIZ_IMPORT_MAX_EVENTS); refused")
+            limits.check_event_count(count)
             opens.append(o)
     except scan.NotKineto:
         raise ProfileError(f"{path}: not valid JSON in traceEvents (unbalanced brackets or "

@@ -108,9 +108,7 @@ def fast_columns(data: bytes, begin: int, end: int) -> dict[str, Any]:
     seen = 0
     for q, o in scan.blocks(arr, begin, end):
         seen += len(o)
-        if seen > limits.MAX_EVENTS:
-            raise limits.LimitError(f"more than {limits.MAX_EVENTS:,} events "
-                                    "(POPVIZ_IMPORT_MAX_EVENTS); refused")
+        limits.check_event_count(seen)
         quotes.append(q)
         opens.append(o)
         brace = np.concatenate(opens)
