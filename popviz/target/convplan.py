@@ -80,36 +80,65 @@ class Plan:
                 f"on {self.tiles} tiles{serial}")
 
 
-def _cands(size: int, limit: int) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def _steps(size: int, limit: int) -> tuple[int, ...]:
     """Split counts worth trying for a dimension of `size`: small counts, round numbers
     and the whole dimension (one element per tile)."""
     vals = {s for s in _STEPS if s <= size and s <= limit}
     if size <= limit:
         vals.add(size)
-    return np.array(sorted(vals or {1}), dtype=np.int64)
+    return tuple(sorted(vals or {1}))
+
+
+def _cands(size: int, limit: int) -> np.ndarray:
+    return np.array(_steps(size, limit), dtype=np.int64)
+
+
+@lru_cache(maxsize=4096)
+def _partitions(axes: tuple[tuple[int, ...], ...], tiles: int) -> tuple[np.ndarray, ...]:
+    """The partitions searched over `axes` (each a sorted tuple of split counts): indices
+    into each axis and the tiles used, in the order a full meshgrid lists them (the first
+    axis slowest), of those with floor <= used <= tiles. Products are pruned axis by axis
+    (every count is >= 1, so a prefix over the bounds stays over), never building the whole
+    grid; the floor is tiles / 8, or the largest product for a small op (its partitions
+    under tiles / 8 are all it has). Shapes repeat across passes: cached per target."""
+    tops = [a[-1] for a in axes]
+    floor = min(tiles // MIN_TILE_SHARE, math.prod(tops))
+    rest = [math.prod(tops[k:]) for k in range(1, len(axes) + 1)]  # largest of the axes after k
+    used = np.ones(1, dtype=np.int64)
+    index: list[np.ndarray] = []
+    for k, axis in enumerate(axes):
+        grown = used[:, None] * np.asarray(axis, dtype=np.int64)[None, :]
+        rows, cols = np.nonzero((grown <= tiles) & (grown * rest[k] >= floor))
+        index = [i[rows] for i in index] + [cols]
+        used = grown[rows, cols]
+    out = (*index, used)
+    for a in out:
+        a.flags.writeable = False  # shared by every cached grid
+    return out
 
 
 @lru_cache(maxsize=16384)
 def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
-    per weight block, costed for its busiest tile."""
+    per weight block, costed for its busiest tile. Per-tile sizes are computed once per
+    split count of each axis and gathered (tests/convplan_reference.py is the plain
+    meshgrid version it must match bit for bit)."""
     tiles = arch.tiles
     height = arch.weights_per_unit // in_group  # kernel rows one weight block holds
     icb = math.ceil(p.in_chans / in_group)
     ocb = math.ceil(p.out_chans / arch.units)
     # the width is split last (rows stay whole for the worklists): few counts suffice
-    axes = [_cands(p.batch, tiles), _cands(p.field[0], tiles), _cands(p.field[1], 8),
-            _cands(p.groups, tiles), _cands(icb, tiles), _cands(ocb, tiles)]
-    flat = [m.reshape(-1) for m in np.meshgrid(*axes, indexing="ij")]
-    used = flat[0] * flat[1] * flat[2] * flat[3] * flat[4] * flat[5]
+    sizes = (p.batch, p.field[0], p.field[1], p.groups, icb, ocb)
+    steps = (_steps(p.batch, tiles), _steps(p.field[0], tiles), _steps(p.field[1], 8),
+             _steps(p.groups, tiles), _steps(icb, tiles), _steps(ocb, tiles))
+    axes = [np.array(s, dtype=np.int64) for s in steps]
     # a partition on few tiles is never the fastest, and never the leanest per tile;
     # small ops (fewer partitions than tiles / 8) keep all of theirs
-    floor = min(tiles // MIN_TILE_SHARE, int(used.max()))
-    ok = (used <= tiles) & (used >= floor)
-    pb, ph, pw, pg, pi, po = (f[ok] for f in flat)
-    used = used[ok]
-    n_t, h_t, w_t = ceil_div(p.batch, pb), ceil_div(p.field[0], ph), ceil_div(p.field[1], pw)
-    g_t, icb_t, ocb_t = ceil_div(p.groups, pg), ceil_div(icb, pi), ceil_div(ocb, po)
+    *index, used = _partitions(steps, tiles)
+    pb, ph, pw, pg, pi, po = (a[i] for a, i in zip(axes, index, strict=True))
+    n_t, h_t, w_t, g_t, icb_t, ocb_t = (ceil_div(s, a)[i] for s, a, i in
+                                        zip(sizes, axes, index, strict=True))
     kh, kw = p.kernel
     positions = n_t * h_t * w_t
     # worklist entries: one per output row; a 1 x 1 kernel at stride 1 reads its positions
@@ -166,13 +195,25 @@ def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]
 def _frontier(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Only the partitions no other beats on both cycles and temporary memory: the
     fastest within any bound, and the leanest, are among them; a few dozen rows of the
-    thousands searched, so a cached grid costs kilobytes."""
+    thousands searched, so a cached grid costs kilobytes.
+
+    In (temp, index) order a row is kept when it is faster than every row before it. The
+    fastest row (ties: the first in that order) is the last kept; the rest are the
+    frontier of the rows before it. So the frontier is peeled from its fast end, one
+    row per pass over the shrinking candidates: no sort of the whole grid."""
     total = grid["compute"] + grid["exchange"] + grid["reduce"]
-    order = np.argsort(grid["temp"], kind="stable")  # leanest first
-    ranked = total[order]
-    best_before = np.minimum.accumulate(np.concatenate(([np.inf], ranked[:-1])))
-    keep = order[ranked < best_before]
-    return {k: v[keep] for k, v in grid.items()}
+    temp = grid["temp"]
+    cand = np.arange(len(total))
+    keep: list[int] = []
+    while cand.size:
+        t = total[cand]
+        ties = cand[t == t.min()]
+        k = int(ties[np.argmin(temp[ties])])  # argmin: the first of equal temps
+        keep.append(k)
+        c_temp = temp[cand]
+        cand = cand[(c_temp < temp[k]) | ((c_temp == temp[k]) & (cand < k))]
+    rows = np.array(keep[::-1], dtype=np.int64)
+    return {k: v[rows] for k, v in grid.items()}
 
 
 def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
