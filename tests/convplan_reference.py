@@ -1,5 +1,5 @@
 """The planner's partition grid written plainly (a full meshgrid, then filtered): the
-reference popviz/target/convplan.py's pruned, gathered `_grid` must match bit for bit
+reference popviz/target/convgrid.py's pruned, tabled `grid` must match bit for bit
 (tests/test_convplan_fast.py). Kept as the pre-optimisation code was, formulas unchanged."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 
 import numpy as np
 
+from popviz.target.convgrid import MIN_TILE_SHARE
+from popviz.target.convgrid import cands as _cands
 from popviz.target.convparams import WU, ConvParams
-from popviz.target.convplan import MIN_TILE_SHARE, _cands
 from popviz.target.vertices import (
     TileArch,
     amp_cycles,

@@ -34,24 +34,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from popviz.target.convparams import WU, ConvParams
+from popviz.target.convgrid import cands as _cands
+from popviz.target.convgrid import grid as _grid
+from popviz.target.convparams import ConvParams
 from popviz.target.vertices import (
     TileArch,
-    amp_cycles,
     cast_cycles,
     ceil_div,
-    copy_cycles,
     exchange_cycles,
     hmac_cycles,
-    reduce_cycles,
     slic_cycles,
-    zero_cycles,
 )
 
 SERIAL_SPLITS = (2, 4, 8, 16)
-_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-          1472)
-MIN_TILE_SHARE = 8  # partitions using under 1/8 of the tiles are not searched
 
 
 @dataclass(frozen=True)
@@ -78,142 +73,6 @@ class Plan:
             if self.serial[1] > 1 else ""
         return (f"{self.method}: batch/{b} height/{h} width/{w} groups/{g} in/{i} out/{o} "
                 f"on {self.tiles} tiles{serial}")
-
-
-@lru_cache(maxsize=4096)
-def _steps(size: int, limit: int) -> tuple[int, ...]:
-    """Split counts worth trying for a dimension of `size`: small counts, round numbers
-    and the whole dimension (one element per tile)."""
-    vals = {s for s in _STEPS if s <= size and s <= limit}
-    if size <= limit:
-        vals.add(size)
-    return tuple(sorted(vals or {1}))
-
-
-def _cands(size: int, limit: int) -> np.ndarray:
-    return np.array(_steps(size, limit), dtype=np.int64)
-
-
-@lru_cache(maxsize=4096)
-def _partitions(axes: tuple[tuple[int, ...], ...], tiles: int) -> tuple[np.ndarray, ...]:
-    """The partitions searched over `axes` (each a sorted tuple of split counts): indices
-    into each axis and the tiles used, in the order a full meshgrid lists them (the first
-    axis slowest), of those with floor <= used <= tiles. Products are pruned axis by axis
-    (every count is >= 1, so a prefix over the bounds stays over), never building the whole
-    grid; the floor is tiles / 8, or the largest product for a small op (its partitions
-    under tiles / 8 are all it has). Shapes repeat across passes: cached per target."""
-    tops = [a[-1] for a in axes]
-    floor = min(tiles // MIN_TILE_SHARE, math.prod(tops))
-    rest = [math.prod(tops[k:]) for k in range(1, len(axes) + 1)]  # largest of the axes after k
-    used = np.ones(1, dtype=np.int64)
-    index: list[np.ndarray] = []
-    for k, axis in enumerate(axes):
-        grown = used[:, None] * np.asarray(axis, dtype=np.int64)[None, :]
-        rows, cols = np.nonzero((grown <= tiles) & (grown * rest[k] >= floor))
-        index = [i[rows] for i in index] + [cols]
-        used = grown[rows, cols]
-    out = (*index, used)
-    for a in out:
-        a.flags.writeable = False  # shared by every cached grid
-    return out
-
-
-@lru_cache(maxsize=16384)
-def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
-    """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
-    per weight block, costed for its busiest tile. Per-tile sizes are computed once per
-    split count of each axis and gathered (tests/convplan_reference.py is the plain
-    meshgrid version it must match bit for bit)."""
-    tiles = arch.tiles
-    height = arch.weights_per_unit // in_group  # kernel rows one weight block holds
-    icb = math.ceil(p.in_chans / in_group)
-    ocb = math.ceil(p.out_chans / arch.units)
-    # the width is split last (rows stay whole for the worklists): few counts suffice
-    sizes = (p.batch, p.field[0], p.field[1], p.groups, icb, ocb)
-    steps = (_steps(p.batch, tiles), _steps(p.field[0], tiles), _steps(p.field[1], 8),
-             _steps(p.groups, tiles), _steps(icb, tiles), _steps(ocb, tiles))
-    axes = [np.array(s, dtype=np.int64) for s in steps]
-    # a partition on few tiles is never the fastest, and never the leanest per tile;
-    # small ops (fewer partitions than tiles / 8) keep all of theirs
-    *index, used = _partitions(steps, tiles)
-    pb, ph, pw, pg, pi, po = (a[i] for a, i in zip(axes, index, strict=True))
-    n_t, h_t, w_t, g_t, icb_t, ocb_t = (ceil_div(s, a)[i] for s, a, i in
-                                        zip(sizes, axes, index, strict=True))
-    kh, kw = p.kernel
-    positions = n_t * h_t * w_t
-    # worklist entries: one per output row; a 1 x 1 kernel at stride 1 reads its positions
-    # contiguously (PopLibs flattens them), one entry per worker
-    contiguous = kh == 1 and kw == 1 and p.stride == (1, 1)
-    rows = np.minimum(n_t * h_t, 6) if contiguous else n_t * h_t
-    kernel_blocks = math.ceil(kh / height) * kw
-    conv = amp_cycles(arch, g_t, icb_t, ocb_t, kernel_blocks, rows, positions)
-    partial_elems = positions * g_t * ocb_t * arch.units
-    one_by_one = kh == 1 and kw == 1 and height == 1  # the 1x1 vertex zeroes as it goes
-    zero = 0 if one_by_one else zero_cycles(arch, partial_elems, g_t * ocb_t)
-    ci_t = np.minimum(icb_t * in_group, p.in_chans)
-    co_t = np.minimum(ocb_t * arch.units, p.out_chans)
-    hin = (h_t - 1) * p.stride[0] + kh
-    win = (w_t - 1) * p.stride[1] + kw
-    in_bytes = n_t * g_t * ci_t * hin * win * arch.elem_bytes
-    w_bytes = g_t * ci_t * co_t * kh * kw * arch.elem_bytes
-    partial_bytes = partial_elems * arch.partial_bytes
-    # what is not already on the tile comes over the exchange: inputs are shared by the
-    # output-channel split, weights by the batch and field splits; on IPU2 and later two
-    # neighbouring tiles share an exchange bus, so inputs reach both of a pair at once when
-    # the output-channel split pairs them (poplin's estimate)
-    copies = in_bytes * (1 - 1 / po) + w_bytes * (1 - 1 / (pb * ph * pw))
-    in_time = in_bytes * (1 - 1 / po)
-    if arch.slic:
-        in_time = np.where(po % 2 == 0, in_time / 2, in_time)
-    exch = exchange_cycles(arch, in_time + w_bytes * (1 - 1 / (pb * ph * pw)))
-    # a split of the input channels leaves `pi` partials of each output on different
-    # tiles: they are exchanged and added, the outputs spread over all the tiles used
-    outputs = p.positions * p.groups * p.out_chans
-    r = ceil_div(outputs, used)
-    split = pi > 1
-    red = reduce_cycles(arch, r, pi) + exchange_cycles(arch, np.where(
-        split, r * pi * arch.partial_bytes, 0))
-    cast = np.where(arch.partial_bytes != arch.out_bytes,
-                    cast_cycles(np.where(split, r, partial_elems), arch.vector_width), 0)
-    # the weight update reads the activations transposed: a rearranging copy
-    transform = 0.0
-    if p.kind == WU:
-        share = p.batch * p.in_chans * p.groups * arch.elem_bytes / used
-        transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
-    # temporary memory: what the plan adds to a tile, the bytes AMP bounds. The input slice
-    # already on a tile is no copy (the conv lays out its own input, as PopLibs' createInput
-    # does); the copies that come over the exchange are, with the partials, or the incoming
-    # partials of the reduction. (PopLibs' estimate counts every input and weight.)
-    temp = np.maximum(copies + partial_bytes, np.where(split, r * pi * arch.partial_bytes, 0))
-    grid = {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
-            "compute": (conv + zero).astype(np.float64),
-            "exchange": (exch + transform).astype(np.float64),
-            "reduce": (red + cast).astype(np.float64), "temp": temp.astype(np.float64)}
-    return _frontier(grid)
-
-
-def _frontier(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Only the partitions no other beats on both cycles and temporary memory: the
-    fastest within any bound, and the leanest, are among them; a few dozen rows of the
-    thousands searched, so a cached grid costs kilobytes.
-
-    In (temp, index) order a row is kept when it is faster than every row before it. The
-    fastest row (ties: the first in that order) is the last kept; the rest are the
-    frontier of the rows before it. So the frontier is peeled from its fast end, one
-    row per pass over the shrinking candidates: no sort of the whole grid."""
-    total = grid["compute"] + grid["exchange"] + grid["reduce"]
-    temp = grid["temp"]
-    cand = np.arange(len(total))
-    keep: list[int] = []
-    while cand.size:
-        t = total[cand]
-        ties = cand[t == t.min()]
-        k = int(ties[np.argmin(temp[ties])])  # argmin: the first of equal temps
-        keep.append(k)
-        c_temp = temp[cand]
-        cand = cand[(c_temp < temp[k]) | ((c_temp == temp[k]) & (cand < k))]
-    rows = np.array(keep[::-1], dtype=np.int64)
-    return {k: v[rows] for k, v in grid.items()}
 
 
 def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
