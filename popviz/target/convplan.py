@@ -203,3 +203,13 @@ def _serial_grids(arch: TileArch, grids: list, splits: tuple[int, ...]
                     else replace(v, in_chans=math.ceil(chans / s))
                 out.append((method, g, _grid(sliced, arch, g), (kind, s)))
     return out
+
+
+def clear_caches() -> None:
+    """Forget every cached plan, grid and table (a cold start: bench/bench_compile.py)."""
+    from popviz.target import convgrid
+
+    plan_conv.cache_clear()
+    for f in (convgrid.grid, convgrid._partitions, convgrid._field_tables,
+              convgrid._chan_tables, convgrid._used_tables, convgrid._steps):
+        f.cache_clear()
