@@ -79,11 +79,15 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
     return out.reset_index(drop=True)
 
 
+MIN_GAIN = 0.005  # a higher AMP is worth naming when it saves at least 0.5% of the cycles
+
+
 def amp_effect(steps: pd.DataFrame | None, ipu: int, lower: bool) -> tuple[float, float,
                                                                           float] | None:
-    """The nearest AMP below (`lower`) or above the one in force on `ipu` that changes its
-    conv / matmul plans: (amp, cycles ratio to now, temporary-bytes ratio to now); None
-    when no step that way changes anything (or nothing is known)."""
+    """The nearest AMP below (`lower`: one that changes a plan) or above (one that saves at
+    least MIN_GAIN of the cycles) the one in force on `ipu`: (amp, cycles ratio to now,
+    temporary-bytes ratio to now) of its conv / matmul ops; None when no step that way
+    does (or nothing is known)."""
     if steps is None or steps.empty:
         return None
     mine = steps[steps["ipu"] == ipu]
@@ -94,7 +98,22 @@ def amp_effect(steps: pd.DataFrame | None, ipu: int, lower: bool) -> tuple[float
     side = mine[mine["amp"] < base["amp"]].iloc[::-1] if lower else \
         mine[mine["amp"] > base["amp"]]
     for row in side.itertuples():
-        if row.cycles != base["cycles"] or row.temp_bytes != base["temp_bytes"]:
+        changed = row.cycles <= (1 - MIN_GAIN) * base["cycles"] if not lower else \
+            row.cycles != base["cycles"] or row.temp_bytes != base["temp_bytes"]
+        if changed:
             return (float(row.amp), row.cycles / max(1, base["cycles"]),
                     row.temp_bytes / max(1, base["temp_bytes"]))
     return None
+
+
+def knows(steps: pd.DataFrame | None, ipu: int) -> bool:
+    """Whether `steps` re-planned the conv / matmul ops of `ipu` (else advice cannot tell)."""
+    return steps is not None and bool((steps["ipu"] == ipu).any())
+
+
+def effect_words(now: float, effect: tuple[float, float, float]) -> str:
+    """'from 0.15 to 0.1 (its convolutions and matmuls: temporary per tile 61% of now,
+    cycles +5.6%)'."""
+    amp, cycles, temp = effect
+    return (f"from {now:g} to {amp:g} (its convolutions and matmuls: largest temporary per "
+            f"tile {temp:.0%} of now, cycles {cycles - 1:+.1%})")
