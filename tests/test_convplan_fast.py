@@ -73,3 +73,24 @@ def test_plans_match_the_reference_at_every_amp(reference_planner) -> None:
         for amp in (0.05, 0.1, 0.3, 0.6):
             assert reference_planner(p, arch, amp, fast) == \
                 reference_planner(p, arch, amp, reference_grid), (p, amp)
+
+
+def test_repeated_shapes_are_planned_once() -> None:
+    """ResNet-50 repeats its conv shapes: a compile plans each distinct pass once per AMP
+    (plan_conv's cache), and costing the same ops again plans nothing."""
+    import popviz
+    from popviz.target.cost import op_costs, op_features
+
+    ops = popviz.open("profiles/rn50_pipeline").ops
+    features = op_features(ops)
+    distinct = {p for passes in features.passes for p in passes}
+    total = sum(len(passes) for passes in features.passes)
+    assert total > 2 * len(distinct)  # the repeats a cache saves
+    mk2, precision = get_target("mk2"), Precision.parse("16.32", True)
+    convplan.clear_caches()
+    amp = np.full(len(ops), 0.15)
+    first = op_costs(ops, mk2, precision, amp, features=features)
+    assert convplan.plan_conv.cache_info().misses == len(distinct)
+    again = op_costs(ops, mk2, precision, amp, features=features)
+    assert convplan.plan_conv.cache_info().misses == len(distinct)
+    assert first.equals(again)  # deterministic
