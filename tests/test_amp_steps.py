@@ -119,3 +119,15 @@ def test_amp_steps_table_and_edges(rn50) -> None:
     assert amp_steps(ops[ops["op_class"] == "elementwise"], {"options": {}}) is None
     assert amp_steps(ops, {"options": {"target": "no-such-ipu"}}) is None
     assert amp_steps(pd.DataFrame(), {}) is None
+
+
+def test_amp_steps_figure_merges_steps_that_change_nothing(rn50) -> None:
+    from popviz.figures.tune import amp_steps_figure
+
+    steps, _ = rn50
+    fig = amp_steps_figure(steps)
+    assert [t.name for t in fig.data] == ["IPU0", "IPU1", "IPU2", "IPU3"]
+    ipu0 = fig.data[0]
+    assert list(ipu0.text) == ["0.1", "0.15-0.6"]  # nothing changes above 0.15 on IPU0
+    assert list(ipu0.marker.symbol) == ["circle", "star"]  # 0.15 is in force
+    assert len(amp_steps_figure(None).data) == 0
