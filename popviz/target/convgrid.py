@@ -9,7 +9,9 @@ the search is written for speed, and must match the plain version
 (tests/convplan_reference.py: a meshgrid of every partition, then the formulas row by row)
 bit for bit:
 
-- partitions outside the tile bounds are pruned axis by axis, never enumerated (`_partitions`);
+- the partitions within the tile bounds are read off the outer product of the (batch,
+  height, width) and (groups, in, out) splits' tile counts (`_partitions`), never from a
+  six-axis meshgrid;
 - every term is a product of a factor of the (batch, height, width) split, one of the
   (groups, in, out) split and one of the tiles used: each factor is tabled over the few
   hundred combinations of its side (cached per shape and target: the serial slices of a
@@ -65,28 +67,26 @@ def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 @lru_cache(maxsize=4096)
+def _products(axes: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Tiles used by each combination of three axes' split counts, in meshgrid order."""
+    a, b, c = (np.array(x, dtype=np.int64) for x in axes)
+    return _frozen((a[:, None, None] * b[None, :, None] * c[None, None, :]).reshape(-1))[0]
+
+
+@lru_cache(maxsize=4096)
 def _partitions(axes: tuple[tuple[int, ...], ...], tiles: int) -> tuple[np.ndarray, ...]:
     """The partitions searched over `axes` (each a sorted tuple of split counts), of those
     with floor <= used <= tiles, in the order a full meshgrid lists them (the first axis
-    slowest): the index into each axis, the tiles used, and the flat indices of each row's
-    (batch, height, width) and (groups, in, out) counts. Products are pruned axis by axis
-    (every count is >= 1, so a prefix over the bounds stays over); the floor is tiles / 8,
+    slowest): the tiles used, and the flat indices of each row's (batch, height, width)
+    and (groups, in, out) counts. The grid is the outer product of those two sides (a few
+    hundred combinations each), so it is never built six axes wide; the floor is tiles / 8,
     or the largest product for a small op (its partitions under tiles / 8 are all it has):
     a partition on few tiles is never the fastest, and never the leanest per tile."""
-    tops = [a[-1] for a in axes]
-    floor = min(tiles // MIN_TILE_SHARE, math.prod(tops))
-    rest = [math.prod(tops[k:]) for k in range(1, len(axes) + 1)]  # largest of the axes after k
-    used = np.ones(1, dtype=np.int64)
-    index: list[np.ndarray] = []
-    for k, axis in enumerate(axes):
-        grown = used[:, None] * np.asarray(axis, dtype=np.int64)[None, :]
-        rows, cols = np.nonzero((grown <= tiles) & (grown * rest[k] >= floor))
-        index = [i[rows] for i in index] + [cols]
-        used = grown[rows, cols]
-    n = [len(a) for a in axes]
-    field = (index[0] * n[1] + index[1]) * n[2] + index[2]
-    chans = (index[3] * n[4] + index[4]) * n[5] + index[5]
-    return _frozen(*index, used, field, chans)
+    field, chans = _products(axes[:3]), _products(axes[3:])
+    floor = min(tiles // MIN_TILE_SHARE, math.prod(a[-1] for a in axes))
+    used = field[:, None] * chans[None, :]
+    fi, ci = np.nonzero((used <= tiles) & (used >= floor))  # row-major: meshgrid order
+    return _frozen(used[fi, ci], fi, ci)
 
 
 def _outer(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[np.ndarray]:
@@ -182,7 +182,7 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     steps = (_steps(p.batch, tiles), _steps(p.field[0], tiles),
              _steps(p.field[1], WIDTH_LIMIT), _steps(p.groups, tiles), _steps(icb, tiles),
              _steps(ocb, tiles))
-    *index, used, fi, ci = _partitions(steps, tiles)
+    used, fi, ci = _partitions(steps, tiles)
     per_block, zero_per_block, positions, in_field, w_share = _field_tables(
         p.batch, p.field, p.kernel, p.stride, arch, arch.weights_per_unit // in_group)
     loops, blocks, out_blocks, in_bytes_c, w_bytes, in_share, in_rate, split, incoming, \
@@ -220,8 +220,10 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
              "reduce": red.astype(np.float64), "temp": temp.astype(np.float64)}
     rows = _frontier(costs)
     front = {k: v[rows] for k, v in costs.items()}
+    index = (*np.unravel_index(fi[rows], [len(a) for a in steps[:3]]),
+             *np.unravel_index(ci[rows], [len(a) for a in steps[3:]]))
     for name, s, i in zip(("pb", "ph", "pw", "pg", "pi", "po"), steps, index, strict=True):
-        front[name] = np.array(s, dtype=np.int64)[i[rows]]
+        front[name] = np.array(s, dtype=np.int64)[i]
     front["used"] = used[rows]
     return front
 

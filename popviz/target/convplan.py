@@ -210,6 +210,6 @@ def clear_caches() -> None:
     from popviz.target import convgrid
 
     plan_conv.cache_clear()
-    for f in (convgrid.grid, convgrid._partitions, convgrid._field_tables,
+    for f in (convgrid.grid, convgrid._partitions, convgrid._products, convgrid._field_tables,
               convgrid._chan_tables, convgrid._used_tables, convgrid._steps):
         f.cache_clear()
