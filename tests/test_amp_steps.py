@@ -131,3 +131,19 @@ def test_amp_steps_figure_merges_steps_that_change_nothing(rn50) -> None:
     assert list(ipu0.text) == ["0.1", "0.15-0.6"]  # nothing changes above 0.15 on IPU0
     assert list(ipu0.marker.symbol) == ["circle", "star"]  # 0.15 is in force
     assert len(amp_steps_figure(None).data) == 0
+
+
+def test_tune_cli_prints_the_amp_steps(capsys) -> None:
+    from popviz.cli.main import main
+
+    assert main(["tune", RN50, "--max-compiles", "2", "--no-progress",
+                 "--amp-steps", "0.1", "0.3"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("What each AMP step trades"):].splitlines()
+    assert table[1].split() == ["AMP", "0.1", "0.15", "0.3"]  # 0.15: in force
+    assert table[2].split()[0] == "IPU0" and table[2].count("*") == 1
+    assert main(["tune", RN50, "--max-compiles", "2", "--no-progress", "--json"]) == 0
+    import json
+
+    steps = json.loads(capsys.readouterr().out)["amp_steps"]
+    assert len(steps) == 4 * 6 and {s["ipu"] for s in steps} == {0, 1, 2, 3}
