@@ -22,8 +22,10 @@ The search tries the AMP vertex with each input-channel grouping (a small groupi
 several kernel rows into one weight block, which is how a 3-channel stem keeps its conv
 units busy), the operands swapped for matmul-shaped passes, and SLIC / HMAC for depthwise
 convolutions. PopLibs' further transforms (expandDims, flattening, combining groups, kernel
-splits) are left out; docs/cost-model.md says what that misses.
-Plans are cached by their parameters (a tune search re-plans the same shapes often).
+splits) are left out; docs/cost-model.md says what that misses. The grid of partitions of
+one variant, costed, and its frontier are convgrid.py's; this module picks among them.
+Plans and grids are cached by their parameters (ResNet repeats its conv shapes, and a tune
+search re-plans the same shapes often); `clear_caches` empties them.
 """
 
 from __future__ import annotations
