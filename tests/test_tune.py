@@ -210,6 +210,7 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     (["--ipus", "99"], 2, "needs 98 split points"),
     (["--ipus", "0"], 2, "--ipus must be >= 1"),
     (["--amp-ladder", "0.5", "1.5"], 2, "AMP ladder values must be in (0, 1]"),
+    (["--amp-steps", "0.2", "0"], 2, "--amp-steps: every value must be in (0, 1]"),
 ])
 def test_cli_usage_errors(recorded, capsys, args, code, message):
     path, _ = recorded

@@ -30,9 +30,11 @@ TITLE = "Operations"
 NEEDS_PROFILE = True
 PAGE_SIZE = 25
 FIGURES: dict[str, Any] = {}
-# what a user sorts and filters on first: which op, where it ran, what it cost
+# what a user sorts and filters on first: which op, where it ran, what it cost, and for a
+# conv / matmul its plan at the AMP in force (partition, serial slices, cycles and
+# temporary bytes of each pass)
 FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "cycles",
-         "flops", "temp_bytes", "bytes_read", "bytes_written")
+         "flops", "temp_bytes", "amp_used", "passes", "plan", "bytes_read", "bytes_written")
 
 
 def ordered(ops: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +89,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             style_cell={"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
                         "textAlign": "left",
                         "maxWidth": 320, "overflow": "hidden", "textOverflow": "ellipsis"},
-            style_header={"fontWeight": 600, "backgroundColor": "#f3f5f8"}),
+            style_header={"fontWeight": 600, "backgroundColor": "#f3f5f8"},
+            # a plan names every pass: wrapped, not cut off
+            style_cell_conditional=[{"if": {"column_id": "plan"}, "whiteSpace": "normal",
+                                     "minWidth": 380, "maxWidth": 620}]),
         downloads(entry.rel, ["ops"], []),
     ])
 

@@ -1,6 +1,7 @@
 """`/tune`: run `popviz tune` on the open profile in the background (app.tune_jobs; the
 page polls the job), rank its plans, draw throughput against peak memory (Pareto), and
-compare any plan with the current profile on /compare. The plan is compiled in memory and
+compare any plan with the current profile on /compare; below, what each AMP step trades
+on each IPU (popviz.analysis.amp, shown at once). The plan is compiled in memory and
 served under a virtual name (`@tune/...`): nothing is written into the served folder."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.advise.plans import compile_plan, plans_table, run_tune
+from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
-from popviz.figures.tune import tune_figure
+from popviz.figures.tune import amp_steps_figure, tune_figure
 from popviz.synthetic import ReportProfile
 
 from ..cache import VIRTUAL_PREFIX, Entry
@@ -89,6 +91,31 @@ def poll(ctx: AppContext, entry: Entry, budget: int) -> tuple[list[Any], bool]:
     return results(ctx, entry, budget, job.result), True
 
 
+def amp_section(entry: Entry) -> html.Div:
+    """What each AMP step trades on each IPU: the profile's conv / matmul ops re-planned
+    at every step (instant: no compile), as a figure and a table."""
+    steps = entry.get("amp_steps", lambda: amp_steps(entry.profile.ops, entry.profile.meta))
+    head = [html.H3("What each AMP step trades"), html.P(
+        "The current layout's convolutions and matmuls re-planned at each "
+        "availableMemoryProportion, per IPU: a lower AMP bounds the temporary memory a "
+        "plan adds to a tile, so it rules out the fast, replicated partitions. Cycles of "
+        "one micro-batch; the temporary memory is the largest any of the IPU's ops adds to "
+        "a tile; 'changes' says whether the step differs from the next lower one.",
+        className="hint")]
+    if steps is None:
+        return html.Div([*head, message("No convolution or matmul to re-plan here.", "info")],
+                        id="tune-amp")
+    shown = steps.assign(amp=steps["amp"].map(lambda a: f"{a:g}"),
+                         Mcycles=(steps["cycles"] / 1e6).round(3),
+                         temp_KiB=(steps["temp_bytes"] / 1024).round(1),
+                         in_force=steps["in_force"].map({True: "in force", False: ""}),
+                         changes=steps["changes"].map({True: "yes", False: ""}))
+    shown = shown[["ipu", "amp", "in_force", "Mcycles", "temp_KiB", "serial_ops",
+                   "over_amp_ops", "ops", "changes"]]
+    return html.Div([*head, graph("tune-amp-graph", amp_steps_figure(steps)),
+                     table("tune-amp-table", shown, page_size=len(shown))], id="tune-amp")
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.kind != "modelled":
         return html.Div([html.H2(title_of(entry)), message(
@@ -111,6 +138,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                  className="row", style={"alignItems": "center"}),
         dcc.Interval(id="tune-poll", interval=POLL_MS, disabled=done),
         html.Div(shown, id="tune-results"),
+        amp_section(entry),
     ])
 
 

@@ -7,11 +7,13 @@ cards and figures."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from popviz.analysis.amp import amp_effect, amp_steps, effect_words, knows
 from popviz.analysis.balance import imbalance, stage_balance, stages_take_turns
 from popviz.analysis.memory import ipu_totals, oom_tiles
 from popviz.analysis.pipeline_plan import (
@@ -75,7 +77,8 @@ def _split_after(stages: pd.DataFrame, splits: list[str], stage: int) -> str | N
 
 
 def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame,
-                splits: list[str], recomputation: bool) -> list[Advice]:
+                splits: list[str], recomputation: bool, steps: Callable[[], Any]
+                ) -> list[Advice]:
     out: list[Advice] = []
     over = oom_tiles(tile_memory)
     if over.empty:
@@ -90,7 +93,12 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
         alive = float(tiles.get("always_live", pd.Series([0.0])).sum())
         if nal >= alive:
             amp = amp_for(meta, ipu)
-            if amp > MIN_AMP:
+            effect = amp_effect(steps(), ipu, lower=True)
+            if effect is not None:  # the nearest lower AMP that changes a plan
+                out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
+                                  f"dominate there: lower availableMemoryProportion on "
+                                  f"{ipu_label(ipu)} {effect_words(amp, effect)}."))
+            elif amp > MIN_AMP and not knows(steps(), ipu):  # cannot re-plan: say roughly
                 new = max(MIN_AMP, round(amp / 2, 2))
                 out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
                                   f"dominate there: lower availableMemoryProportion on "
@@ -269,7 +277,7 @@ def _multi_pass_ops(ops: pd.DataFrame) -> pd.Series | None:
 
 
 def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
-                     ops: pd.DataFrame) -> list[Advice]:
+                     ops: pd.DataFrame, steps: Callable[[], Any]) -> list[Advice]:
     if tile_memory.empty or not oom_tiles(tile_memory).empty:
         return []
     multi_pass = _multi_pass_ops(ops)
@@ -284,6 +292,15 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
                               "more layers or a higher availableMemoryProportion there will "
                               "not fit; lower the AMP or move layers off it first."))
         if row.max_tile_utilisation >= NEARLY_FULL or amp >= DEFAULT_AMP:
+            continue
+        if knows(steps(), int(row.ipu)):
+            # re-planned: name the nearest higher AMP that changes a plan, if any does
+            effect = amp_effect(steps(), int(row.ipu), lower=False)
+            if effect is not None:
+                out.append(Advice("info", "amp", int(row.ipu),
+                                  f"{ipu_label(row.ipu)}: the fullest tile is only "
+                                  f"{row.max_tile_utilisation:.0%} used; raise "
+                                  f"availableMemoryProportion {effect_words(amp, effect)}."))
             continue
         if multi_pass is None:
             why = "may save cycles."
@@ -345,12 +362,19 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     options = meta.get("options") or {}
     splits = [str(s) for s in (options.get("splits") or [])]
     recomputation = bool(options.get("recomputation", False))
-    out = _oom_advice(meta, stages, tile_memory, splits, recomputation)
     ops = ops if ops is not None else pd.DataFrame()
+    known: dict[str, Any] = {}
+
+    def steps() -> Any:  # re-planned at each AMP step only when an AMP advice needs it
+        if "steps" not in known:
+            known["steps"] = amp_steps(ops, meta)
+        return known["steps"]
+
+    out = _oom_advice(meta, stages, tile_memory, splits, recomputation, steps)
     out += _balance_advice(meta, stages, tile_memory, ops, exchange, measured, proposed_splits)
     out += _bubble_advice(meta, stages)
     out += _one_device_advice(stages, measured)
-    out += _headroom_advice(meta, tile_memory, ops)
+    out += _headroom_advice(meta, tile_memory, ops, steps)
     out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)
     if not out:

@@ -15,6 +15,8 @@ from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import pandas as pd
+
     from popviz.advise.tune import Candidate, TuneResult
     from popviz.options import Options
     from popviz.recorder.program import Program
@@ -25,6 +27,7 @@ SAME = 0.005  # ratios within 0.5% of 1 are 'about the same'
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     from popviz.advise.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
+    from popviz.analysis.amp import AMP_STEPS
 
     parser.add_argument("profile", help="a modelled profile (.h5 file or its directory)")
     parser.add_argument("--ipus", type=int, default=None, metavar="N",
@@ -33,6 +36,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amp-ladder", type=float, nargs="+", default=list(AMP_LADDER),
                         metavar="P", help="AMP values tried per IPU, highest that fits wins "
                         f"(default: {' '.join(f'{a:g}' for a in AMP_LADDER)})")
+    parser.add_argument("--amp-steps", type=float, nargs="+", default=list(AMP_STEPS),
+                        metavar="P", help="AMP values whose conv / matmul cycles and "
+                        "temporary memory are listed per IPU for the current layout "
+                        f"(default: {' '.join(f'{a:g}' for a in AMP_STEPS)})")
     parser.add_argument("--top", type=int, default=5, metavar="K",
                         help="candidates to list (default 5)")
     parser.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="M",
@@ -142,6 +149,23 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
     return "\n".join(out)
 
 
+def render_amp_steps(steps: pd.DataFrame | None) -> list[str]:
+    """Per IPU (rows) and AMP (columns): Mcycles | KiB of its conv / matmul ops."""
+    if steps is None or steps.empty:
+        return []
+    amps = sorted(steps["amp"].unique().tolist())
+    cells = {(int(r.ipu), float(r.amp)): f"{r.cycles / 1e6:.2f} | {r.temp_bytes / 1024:.0f}"
+             + ("*" if r.in_force else "") for r in steps.itertuples()}
+    table = [["AMP", *(f"{a:g}" for a in amps)]]
+    for ipu in sorted(steps["ipu"].unique().tolist()):
+        table.append([f"IPU{ipu}", *(cells.get((int(ipu), a), "") for a in amps)])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["", "What each AMP step trades (the current layout's conv / matmul ops, one "
+            "micro-batch): Mcycles | temporary KiB on the fullest tile; * = in force"] + \
+        ["  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                          enumerate(zip(row, widths, strict=True))) for row in table]
+
+
 def _write(program: Program, options: Options, where: str | None, line: str) -> Path | None:
     if not where:
         return None
@@ -153,10 +177,14 @@ def _write(program: Program, options: Options, where: str | None, line: str) -> 
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.advise.tune import load_program, tune
+    from popviz.analysis.amp import amp_steps
 
+    if any(not 0 < a <= 1 for a in args.amp_steps):
+        raise ValueError("--amp-steps: every value must be in (0, 1]")
     with open_vetted(args.profile, vet=not args.no_vet) as profile:  # as summary does
         program, options = load_program(profile)
         stored = float((profile.summary or {}).get("throughput") or 0.0)
+        steps = amp_steps(profile.ops, profile.meta, tuple(args.amp_steps))
     result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
                   top=args.top, max_compiles=args.max_compiles, target=args.target,
                   progress=not args.no_progress)
@@ -178,9 +206,11 @@ def _run(args: argparse.Namespace) -> int:
         data["profile"] = str(args.profile)
         data["written"] = str(written) if written else None
         data["written_now"] = str(written_now) if written_now else None
+        data["amp_steps"] = [] if steps is None else steps.to_dict("records")
         text = json.dumps(data, indent=2, sort_keys=True)
     else:
-        text = render_text(result, name, options.strategy)
+        text = "\n".join([render_text(result, name, options.strategy),
+                          *render_amp_steps(steps)])
         if written:
             text += f"\nwrote the best layout's profile: {written}"
         if written_now:
@@ -196,7 +226,9 @@ COMMAND = Command(
     "IPUs: balanced split points, the highest AMP per IPU that fits, with and without "
     "recomputation, Grouped and Interleaved schedules. Every candidate is compiled; the "
     "list shows fit, throughput (total and per IPU), the ratio to the current layout, "
-    "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile. "
+    "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile; "
+    "then, per IPU, what each AMP step (--amp-steps) trades: the conv / matmul cycles and "
+    "temporary memory of the current layout re-planned at that AMP. "
     "--write DIR writes the best layout's profile, --write-now DIR the current one recompiled.",
     add_arguments=_add_arguments,
     run=_run,

@@ -44,16 +44,23 @@ def find_shared(ops: pd.DataFrame, tensors: pd.DataFrame, plan: StagePlan) -> pd
     pairs["ipu"] = ops["ipu"].to_numpy(np.int64)[pairs["row"].to_numpy(np.int64)]
     pairs["module"] = ops["module"].astype(str).to_numpy()[pairs["row"].to_numpy(np.int64)]
     stage_ipu = plan.stages["ipu"].to_numpy(np.int64)
+    # the first forward reader (lowest row) of each parameter on each IPU, in
+    # (tensor, ipu) order; then each parameter's home once (a handful of dict look-ups)
+    first = pairs.sort_values(["tensor_id", "ipu", "row"], kind="stable").drop_duplicates(
+        ["tensor_id", "ipu"])
+    by_id = params.drop_duplicates("tensor_id").set_index("tensor_id")
     out = []
-    by_id = params.set_index("tensor_id")
-    for tid, group in pairs.sort_values("row").groupby("tensor_id", sort=True):
-        p = by_id.loc[tid]
-        home_stage = _home_stage(str(p["module"]), plan.module_stage)
-        home = int(stage_ipu[min(home_stage, len(stage_ipu) - 1)])
-        for ipu, readers in group.groupby("ipu", sort=True):
-            if int(ipu) != home:
-                out.append([int(tid), str(p["name"]), int(p["bytes"]), str(p["dtype"]), home,
-                            home_stage, int(ipu), str(readers["module"].iloc[0])])
+    homes: dict[int, tuple[int, int]] = {}
+    for tid, ipu, module in zip(first["tensor_id"].to_numpy(np.int64).tolist(),
+                                first["ipu"].to_numpy(np.int64).tolist(),
+                                first["module"].tolist(), strict=True):
+        if tid not in homes:
+            stage = _home_stage(str(by_id.at[tid, "module"]), plan.module_stage)
+            homes[tid] = (int(stage_ipu[min(stage, len(stage_ipu) - 1)]), stage)
+        home, home_stage = homes[tid]
+        if ipu != home:
+            out.append([tid, str(by_id.at[tid, "name"]), int(by_id.at[tid, "bytes"]),
+                        str(by_id.at[tid, "dtype"]), home, home_stage, ipu, str(module)])
     return pd.DataFrame(out, columns=cols)
 
 

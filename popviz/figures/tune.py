@@ -1,5 +1,6 @@
 """The plans of `popviz tune`: throughput against peak memory, the Pareto front drawn, the
-current layout starred, plans that do not fit crossed out, the IPU's memory as a line."""
+current layout starred, plans that do not fit crossed out, the IPU's memory as a line; and
+what each AMP step trades per IPU (conv / matmul cycles against temporary memory)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.figures.style import CAPACITY_COLOUR, MiB, base_layout, empty_figure
+from popviz.figures.style import CAPACITY_COLOUR, KiB, MiB, base_layout, empty_figure
 
 FITS = "#3f9142"
 NO_FIT = "#9aa5b1"
@@ -69,3 +70,44 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
     fig.update_xaxes(title_text=x_title, rangemode="tozero")
     fig.update_yaxes(title_text="samples/s", rangemode="tozero")
     return base_layout(fig, title, height=460)
+
+
+def amp_steps_figure(steps: pd.DataFrame | None,
+                     title: str = "What each AMP step trades, per IPU") -> go.Figure:
+    """One line per IPU through its AMP steps (popviz.analysis.amp.amp_steps): temporary
+    memory of the fullest tile (x) against conv / matmul cycles of one micro-batch (y),
+    each point labelled with its AMP, the one in force as a star."""
+    if steps is None or steps.empty:
+        return empty_figure("No convolution or matmul to re-plan.", title)
+    fig = go.Figure()
+    for ipu, g in steps.groupby("ipu", sort=True):
+        g = _merged(g.sort_values("amp"))
+        custom = np.stack([g["label"].to_numpy(), g["serial_ops"].to_numpy(),
+                           g["over_amp_ops"].to_numpy()], axis=1)
+        fig.add_trace(go.Scatter(
+            x=g["temp_bytes"] / KiB, y=g["cycles"] / 1e6, mode="lines+markers+text",
+            name=f"IPU{ipu}", text=g["label"], textposition="top center",
+            marker={"size": [16 if f else 8 for f in g["in_force"]],
+                    "symbol": ["star" if f else "circle" for f in g["in_force"]]},
+            customdata=custom,
+            hovertemplate=(f"<b>IPU{ipu}</b> · AMP %{{customdata[0]}}<br>%{{y:.3f}} Mcycles "
+                           "· %{x:,.0f} KiB temporary on the fullest tile<br>"
+                           "%{customdata[1]} op(s) in serial slices · %{customdata[2]} "
+                           "over the bound<extra></extra>")))
+    fig.update_xaxes(title_text="temporary memory of the fullest tile (KiB)")
+    fig.update_yaxes(title_text="conv / matmul Mcycles per micro-batch")
+    return base_layout(fig, title + " (the star: in force)", height=420)
+
+
+def _merged(steps: pd.DataFrame) -> pd.DataFrame:
+    """Consecutive AMP steps with the same cycles and temporary memory as one point,
+    labelled with their range ('0.3-0.6'): the plans did not change between them."""
+    key = steps[["cycles", "temp_bytes"]].ne(steps[["cycles", "temp_bytes"]].shift()).any(
+        axis=1).cumsum()
+    rows = []
+    for _, g in steps.groupby(key, sort=False):
+        lo, hi = float(g["amp"].iloc[0]), float(g["amp"].iloc[-1])
+        rows.append(g.iloc[0].to_dict() | {
+            "label": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}",
+            "in_force": bool(g["in_force"].any())})
+    return pd.DataFrame(rows)

@@ -22,8 +22,10 @@ The search tries the AMP vertex with each input-channel grouping (a small groupi
 several kernel rows into one weight block, which is how a 3-channel stem keeps its conv
 units busy), the operands swapped for matmul-shaped passes, and SLIC / HMAC for depthwise
 convolutions. PopLibs' further transforms (expandDims, flattening, combining groups, kernel
-splits) are left out; docs/cost-model.md says what that misses.
-Plans are cached by their parameters (a tune search re-plans the same shapes often).
+splits) are left out; docs/cost-model.md says what that misses. The grid of partitions of
+one variant, costed, and its frontier are convgrid.py's; this module picks among them.
+Plans and grids are cached by their parameters (ResNet repeats its conv shapes, and a tune
+search re-plans the same shapes often); `clear_caches` empties them.
 """
 
 from __future__ import annotations
@@ -34,24 +36,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from popviz.target.convparams import WU, ConvParams
+from popviz.target.convgrid import cands as _cands
+from popviz.target.convgrid import grid as _grid
+from popviz.target.convparams import ConvParams
 from popviz.target.vertices import (
     TileArch,
-    amp_cycles,
     cast_cycles,
     ceil_div,
-    copy_cycles,
     exchange_cycles,
     hmac_cycles,
-    reduce_cycles,
     slic_cycles,
-    zero_cycles,
 )
 
 SERIAL_SPLITS = (2, 4, 8, 16)
-_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-          1472)
-MIN_TILE_SHARE = 8  # partitions using under 1/8 of the tiles are not searched
 
 
 @dataclass(frozen=True)
@@ -78,101 +75,6 @@ class Plan:
             if self.serial[1] > 1 else ""
         return (f"{self.method}: batch/{b} height/{h} width/{w} groups/{g} in/{i} out/{o} "
                 f"on {self.tiles} tiles{serial}")
-
-
-def _cands(size: int, limit: int) -> np.ndarray:
-    """Split counts worth trying for a dimension of `size`: small counts, round numbers
-    and the whole dimension (one element per tile)."""
-    vals = {s for s in _STEPS if s <= size and s <= limit}
-    if size <= limit:
-        vals.add(size)
-    return np.array(sorted(vals or {1}), dtype=np.int64)
-
-
-@lru_cache(maxsize=16384)
-def _grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
-    """Every candidate partition of `p` for the AMP vertex with `in_group` input channels
-    per weight block, costed for its busiest tile."""
-    tiles = arch.tiles
-    height = arch.weights_per_unit // in_group  # kernel rows one weight block holds
-    icb = math.ceil(p.in_chans / in_group)
-    ocb = math.ceil(p.out_chans / arch.units)
-    # the width is split last (rows stay whole for the worklists): few counts suffice
-    axes = [_cands(p.batch, tiles), _cands(p.field[0], tiles), _cands(p.field[1], 8),
-            _cands(p.groups, tiles), _cands(icb, tiles), _cands(ocb, tiles)]
-    flat = [m.reshape(-1) for m in np.meshgrid(*axes, indexing="ij")]
-    used = flat[0] * flat[1] * flat[2] * flat[3] * flat[4] * flat[5]
-    # a partition on few tiles is never the fastest, and never the leanest per tile;
-    # small ops (fewer partitions than tiles / 8) keep all of theirs
-    floor = min(tiles // MIN_TILE_SHARE, int(used.max()))
-    ok = (used <= tiles) & (used >= floor)
-    pb, ph, pw, pg, pi, po = (f[ok] for f in flat)
-    used = used[ok]
-    n_t, h_t, w_t = ceil_div(p.batch, pb), ceil_div(p.field[0], ph), ceil_div(p.field[1], pw)
-    g_t, icb_t, ocb_t = ceil_div(p.groups, pg), ceil_div(icb, pi), ceil_div(ocb, po)
-    kh, kw = p.kernel
-    positions = n_t * h_t * w_t
-    # worklist entries: one per output row; a 1 x 1 kernel at stride 1 reads its positions
-    # contiguously (PopLibs flattens them), one entry per worker
-    contiguous = kh == 1 and kw == 1 and p.stride == (1, 1)
-    rows = np.minimum(n_t * h_t, 6) if contiguous else n_t * h_t
-    kernel_blocks = math.ceil(kh / height) * kw
-    conv = amp_cycles(arch, g_t, icb_t, ocb_t, kernel_blocks, rows, positions)
-    partial_elems = positions * g_t * ocb_t * arch.units
-    one_by_one = kh == 1 and kw == 1 and height == 1  # the 1x1 vertex zeroes as it goes
-    zero = 0 if one_by_one else zero_cycles(arch, partial_elems, g_t * ocb_t)
-    ci_t = np.minimum(icb_t * in_group, p.in_chans)
-    co_t = np.minimum(ocb_t * arch.units, p.out_chans)
-    hin = (h_t - 1) * p.stride[0] + kh
-    win = (w_t - 1) * p.stride[1] + kw
-    in_bytes = n_t * g_t * ci_t * hin * win * arch.elem_bytes
-    w_bytes = g_t * ci_t * co_t * kh * kw * arch.elem_bytes
-    partial_bytes = partial_elems * arch.partial_bytes
-    # what is not already on the tile comes over the exchange: inputs are shared by the
-    # output-channel split, weights by the batch and field splits; on IPU2 and later two
-    # neighbouring tiles share an exchange bus, so inputs reach both of a pair at once when
-    # the output-channel split pairs them (poplin's estimate)
-    copies = in_bytes * (1 - 1 / po) + w_bytes * (1 - 1 / (pb * ph * pw))
-    in_time = in_bytes * (1 - 1 / po)
-    if arch.slic:
-        in_time = np.where(po % 2 == 0, in_time / 2, in_time)
-    exch = exchange_cycles(arch, in_time + w_bytes * (1 - 1 / (pb * ph * pw)))
-    # a split of the input channels leaves `pi` partials of each output on different
-    # tiles: they are exchanged and added, the outputs spread over all the tiles used
-    outputs = p.positions * p.groups * p.out_chans
-    r = ceil_div(outputs, used)
-    split = pi > 1
-    red = reduce_cycles(arch, r, pi) + exchange_cycles(arch, np.where(
-        split, r * pi * arch.partial_bytes, 0))
-    cast = np.where(arch.partial_bytes != arch.out_bytes,
-                    cast_cycles(np.where(split, r, partial_elems), arch.vector_width), 0)
-    # the weight update reads the activations transposed: a rearranging copy
-    transform = 0.0
-    if p.kind == WU:
-        share = p.batch * p.in_chans * p.groups * arch.elem_bytes / used
-        transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
-    # temporary memory: what the plan adds to a tile, the bytes AMP bounds. The input slice
-    # already on a tile is no copy (the conv lays out its own input, as PopLibs' createInput
-    # does); the copies that come over the exchange are, with the partials, or the incoming
-    # partials of the reduction. (PopLibs' estimate counts every input and weight.)
-    temp = np.maximum(copies + partial_bytes, np.where(split, r * pi * arch.partial_bytes, 0))
-    grid = {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
-            "compute": (conv + zero).astype(np.float64),
-            "exchange": (exch + transform).astype(np.float64),
-            "reduce": (red + cast).astype(np.float64), "temp": temp.astype(np.float64)}
-    return _frontier(grid)
-
-
-def _frontier(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Only the partitions no other beats on both cycles and temporary memory: the
-    fastest within any bound, and the leanest, are among them; a few dozen rows of the
-    thousands searched, so a cached grid costs kilobytes."""
-    total = grid["compute"] + grid["exchange"] + grid["reduce"]
-    order = np.argsort(grid["temp"], kind="stable")  # leanest first
-    ranked = total[order]
-    best_before = np.minimum.accumulate(np.concatenate(([np.inf], ranked[:-1])))
-    keep = order[ranked < best_before]
-    return {k: v[keep] for k, v in grid.items()}
 
 
 def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
@@ -303,3 +205,13 @@ def _serial_grids(arch: TileArch, grids: list, splits: tuple[int, ...]
                     else replace(v, in_chans=math.ceil(chans / s))
                 out.append((method, g, _grid(sliced, arch, g), (kind, s)))
     return out
+
+
+def clear_caches() -> None:
+    """Forget every cached plan, grid and table (a cold start: bench/bench_compile.py)."""
+    from popviz.target import convgrid
+
+    plan_conv.cache_clear()
+    for f in (convgrid.grid, convgrid._partitions, convgrid._products, convgrid._field_tables,
+              convgrid._chan_tables, convgrid._used_tables, convgrid._steps):
+        f.cache_clear()

@@ -190,8 +190,10 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
         temp[i] = max(c.temp_bytes for c in chosen)
         passes[i] = max(c.serial[1] for c in chosen)
         ignored[i] = any(c.ignored for c in chosen)
-        plans[i] = "; ".join(f"{p.kind}: {c.describe()}" for p, c in
-                             zip(features.passes[i], chosen, strict=True))
+        plans[i] = "; ".join(f"{p.kind}: {c.describe()}, {c.cycles:,.0f} cycles planned, "
+                             f"{c.temp_bytes:,.0f} B temporary per tile"
+                             + (" (over the AMP bound: the leanest plan)" if c.ignored else "")
+                             for p, c in zip(features.passes[i], chosen, strict=True))
     zero = flops + read + written <= 0
     # a norm streams its input more than once: statistics (a reduction per channel), then
     # the normalising pass; its backward two reductions, then the elementwise gradient
