@@ -214,17 +214,20 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
 
 def cost_cycles(terms: CostTerms, features: OpFeatures, target: Target, cost: CostModel
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute, memory, cycles) of each op: a conv / matmul's planned cycles over the
-    fitted amp_efficiency; a vector op its popops vertex cycles over the fitted
-    vector_efficiency (memory: the time its traffic alone would take at the tile's
-    memory bandwidth, for the ops table; the vertex loops are already load/store bound)."""
+    """(compute, memory, cycles) of each op: a conv / matmul's planned cycles (exchange
+    included) over the fitted amp_efficiency; a vector op its popops vertex cycles over
+    the fitted vector_efficiency (memory: the time its traffic alone would take at the
+    tile's memory bandwidth, for the ops table; the vertex loops are already load/store
+    bound). One factor over the whole plan keeps the planner's choice (fastest plan within
+    the AMP bound) the fastest after scaling, so a lower AMP never models faster."""
     t = terms
     planned = ~t.zero & features.is_amp & (t.plan_cycles > 0)
     compute = np.where(planned, (t.plan_cycles - t.plan_exchange) / cost.amp_efficiency,
                        t.vector / cost.vector_efficiency)
     memory = np.where(planned, 0.0, t.traffic / (
         t.tiles * target.memory_bytes_per_tile_cycle))
-    cycles = np.where(planned, compute + t.plan_exchange, compute) + cost.op_overhead_cycles
+    cycles = np.where(planned, t.plan_cycles / cost.amp_efficiency, compute) \
+        + cost.op_overhead_cycles
     # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
     return compute, memory, np.where(t.zero, 0.0, cycles)
 
@@ -248,7 +251,8 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
         "tiles_used": tiles,
         "compute_cycles": np.ceil(compute).astype(np.int64),
         "memory_cycles": np.ceil(memory).astype(np.int64),
-        "exchange_cycles_internal": np.ceil(t.plan_exchange).astype(np.int64),
+        "exchange_cycles_internal": np.ceil(t.plan_exchange / cost.amp_efficiency
+                                            ).astype(np.int64),
         "passes": t.passes,
         "cycles": np.ceil(cycles).astype(np.int64),
         "temp_bytes": np.ceil(t.temp).astype(np.int64),
