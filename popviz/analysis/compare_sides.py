@@ -245,6 +245,7 @@ def load_side(profile: Any, label: str) -> Side:
         # an imported trace records no model: its name is the trace file's
         "model_from_file": bool((meta.get("measure") or {}).get("imported")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
+        "family": str(target.get("family") or "ipu"),
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity,
         "capacity_name": "device memory" if gpu_memory else "IPU capacity", "fits": fits,
