@@ -105,6 +105,16 @@ class Naming:
         return self.device + "s"
 
     @property
+    def gpu_plan(self) -> bool:
+        """A modelled GPU target: ns and no tiles as a real run, but times modelled."""
+        return self.measured and self.device == "GPU"
+
+    @property
+    def timed(self) -> str:
+        """How the times were got: 'measured', or 'modelled' (IPUs, GPU targets)."""
+        return "measured" if self.measured and not self.gpu_plan else "modelled"
+
+    @property
     def prefix(self) -> str:
         """What comes before a device's number: 'IPU' (IPU0) or 'rank ' (rank 0)."""
         return self.device + (" " if self.measured else "")

@@ -63,7 +63,9 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
     program, micro_batch = _rescale(program, options)
     if not options.training:
         program = _forward_only(program)
-    plan = plan_stages(program, options)
+    looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
+        (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
+    plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
     if options.schedule == "Interleaved1F1B" and len(plan.stages) > 1:
         gpus = options.num_ipus or max(1, len(plan.stages) // 2)
         ipus = np.arange(len(plan.stages)) % gpus

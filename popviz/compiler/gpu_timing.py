@@ -92,7 +92,7 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
                       max((e[2] for e in events), default=0.0)))
     executed = a.assign(gpu=gpu, start=np.round(start).astype(np.int64),
                         end=np.round(end).astype(np.int64))
-    trace = _trace(events, num_gpus, total, schedule, n)
+    trace = _trace(events, num_gpus, total, schedule, n, costs.ipu)
     exchange = pd.DataFrame(xfers, columns=["src", "dst", "bytes", "start", "end", "kind",
                                             "stage", "microbatch"])
     exchange = exchange.astype({"bytes": np.int64, "stage": np.int64, "microbatch": np.int64})
@@ -119,23 +119,25 @@ def _arrive(sent: float, src: int, dst: int, nbytes: int, target: GpuTarget, nvl
     return arrive
 
 
-def _trace(events: list, num_gpus: int, total: float, schedule: Schedule, n: int
-           ) -> pd.DataFrame:
+def _trace(events: list, num_gpus: int, total: float, schedule: Schedule, n: int,
+           stage_gpu: np.ndarray) -> pd.DataFrame:
     ev = pd.DataFrame(events, columns=["ipu", "start", "end", "kind", "stage", "microbatch",
                                        "pass", "op", "superstep"])
     ev["start"] = np.round(ev["start"].to_numpy(np.float64)).astype(np.int64)
     ev["end"] = np.round(ev["end"].to_numpy(np.float64)).astype(np.int64)
     idle = []
-    for g in range(num_gpus):  # gaps where the GPU runs nothing: idle
+    first_stage = {int(g): s for s, g in reversed(list(enumerate(stage_gpu.tolist())))}
+    for g in range(num_gpus):  # gaps where the GPU runs nothing: idle (its first stage's)
+        st = first_stage.get(g, -1)
         mine = ev[ev["ipu"] == g].sort_values("start")
         t = 0
         k = 0
         for s0, e0, kk in zip(mine["start"], mine["end"], mine["superstep"], strict=True):
             if s0 > t:
-                idle.append((g, t, int(s0), "idle", -1, -1, "", "idle", int(kk)))
+                idle.append((g, t, int(s0), "idle", st, -1, "", "idle", int(kk)))
             t, k = max(t, int(e0)), int(kk)
         if total > t:
-            idle.append((g, t, round(total), "idle", -1, -1, "", "idle", k))
+            idle.append((g, t, round(total), "idle", st, -1, "", "idle", k))
     trace = pd.concat([ev, pd.DataFrame(idle, columns=ev.columns)], ignore_index=True)
     trace = trace[trace["end"] > trace["start"]]
     phase = schedule_phases(schedule, n)
