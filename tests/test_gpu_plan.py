@@ -124,7 +124,8 @@ def test_gpt2_small_plan_compiles_under_a_second() -> None:
 
 
 IPU_WORDS = re.compile(r"\b(IPUs?|tiles?|cycles|rank|availableMemoryProportion|AMP)\b")
-ALLOWED = ("A GPU has no tiles", "availableMemoryProportion is an IPU compiler option: a GPU has none.")
+ALLOWED = ("A GPU has no tiles",
+           "availableMemoryProportion is an IPU compiler option: a GPU has none.")
 
 
 @pytest.fixture(scope="module")
