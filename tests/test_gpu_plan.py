@@ -180,3 +180,17 @@ def test_compare_modelled_gpu_with_an_imported_trace(served: Path, resnet: Any) 
     assert np.isfinite(metrics.loc["step_ms", "a"]) and np.isfinite(metrics.loc["step_ms", "b"])
     # per op class side by side: the modelled GPU's classes against the trace's
     assert {"conv", "elementwise"} <= set(comp.op_classes["op_class"])
+
+
+def test_tune_for_gpus(served: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from popviz.cli.main import main
+
+    assert main(["tune", str(served / "mlp_h100"), "--gpus", "2", "--no-progress",
+                 "--max-compiles", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "on h100, planning for 2 GPU(s)" in out and "ms/stage/mb" in out
+    assert 'popviz.Options().set_target("h100")' in out
+    # the candidates try pipelining's schedules (the profile's own, "now", may differ)
+    schedules = set(re.findall(r"set_schedule\(\"(\w+)\"\)", out))
+    assert {"GPipe", "1F1B"} & schedules and "Interleaved" not in schedules
+    assert "IPU" not in out
