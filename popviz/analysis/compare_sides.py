@@ -257,7 +257,9 @@ def load_side(profile: Any, label: str) -> Side:
         "recomputation": bool(options.get("recomputation", False)),
         "amp": _layout_amp(stages, options),
         "splits": _layout_splits(stages, options),
-        "precision": _options_text(options.get("precision")),
+        # a GPU plan runs the dtypes as recorded: the IPU precision option does not apply
+        "precision": "as recorded" if target.get("family") == "gpu"
+        else _options_text(options.get("precision")),
         "micro_batch_size": micro_batch, "gradient_accumulation": accumulation,
     }
     return Side(label=label, facts=facts, metrics={k: v for k, v in metrics.items()
