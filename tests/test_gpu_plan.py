@@ -194,3 +194,12 @@ def test_tune_for_gpus(served: Path, capsys: pytest.CaptureFixture[str]) -> None
     schedules = set(re.findall(r"set_schedule\(\"(\w+)\"\)", out))
     assert {"GPipe", "1F1B"} & schedules and "Interleaved" not in schedules
     assert "IPU" not in out
+
+
+def test_inference_frees_activations_after_the_forward(mlp: Any) -> None:
+    train = compile(mlp, Options(target="h100"))
+    infer = compile(mlp, Options(target="h100", training=False))
+    params = int(mlp.tensors.query("category == 'parameter'")["bytes"].sum())
+    a_train, a_infer = (int(r.summary["max_memory_allocated"]["0"]) for r in (train, infer))
+    assert params <= a_infer < a_train
+    assert infer.summary["latency_ms"] > 0 and not infer.tables["ops"]["pass"].eq("B").any()

@@ -98,6 +98,20 @@ def _accumulation_ns(ops: pd.DataFrame, program: Program, options: Options,
                    * (ops["source_op"].to_numpy() < 0)).astype(np.int64)
 
 
+def _lifetimes(program: Program, options: Options) -> pd.DataFrame:
+    """The tensors as the replay reads them. Inference (no_grad) frees an activation after
+    its last forward reader: the recorded `last_use` of one the backward read was cut to
+    the forward's last op, which would hold it to the end, so it is dropped and the
+    dataflow decides."""
+    t = program.tensors
+    if options.training or not len(program.ops):
+        return t
+    last = int(program.ops["op_id"].max())
+    cut = (t["last_use"].to_numpy() >= last) & \
+        t["category"].isin(["activation", "temporary", "input"]).to_numpy()
+    return t.assign(last_use=np.where(cut, -1, t["last_use"].to_numpy()))
+
+
 def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report:
     precision = recorded_precision(program)
     program, micro_batch, plan, ops = costed_gpu_plan(program, options, target)
@@ -117,8 +131,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
-    memory = replay_memory(ops, program.tensors, t_stage, timing.actions, stage_gpu,
-                           plan.num_ipus)
+    memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
+                           stage_gpu, plan.num_ipus)
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
