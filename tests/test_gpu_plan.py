@@ -203,3 +203,25 @@ def test_inference_frees_activations_after_the_forward(mlp: Any) -> None:
     a_train, a_infer = (int(r.summary["max_memory_allocated"]["0"]) for r in (train, infer))
     assert params <= a_infer < a_train
     assert infer.summary["latency_ms"] > 0 and not infer.tables["ops"]["pass"].eq("B").any()
+
+
+def test_app_callbacks_on_a_gpu_plan(served: Path) -> None:
+    from popviz_app import create_app
+
+    from tests.dash_util import component_text
+
+    cb = create_app(served).popviz_callbacks
+    search = "?profile=mlp_h100/profile.h5"
+    _fig, status, window = cb["trace.zoom"]({"xaxis.autorange": True}, search)
+    assert "ns" in status and "cycles" not in status
+    head = component_text(cb["trace.stats"](None, window, search)[0])
+    assert head.startswith("Shown window") and " ns" in head and "cycles" not in head
+    with popviz.open(served / "mlp_h100") as p:
+        live = p.liveness
+    peak = live.loc[live["not_always_live_bytes"].idxmax()]
+    step, gpu = int(peak["step"]), int(peak["ipu"])
+    head, _box = cb["liveness.click"]({"points": [{"x": step, "customdata": ["", "", 0, gpu]}]},
+                                     search)
+    assert head.startswith(f"GPU {gpu}, step {step}:")
+    rows, _, _note = cb["operations.refresh"](0, 10, [], "{op_class} contains matmul", search)
+    assert rows and all(r["op_class"] == "matmul" for r in rows)
