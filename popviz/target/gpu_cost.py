@@ -1,12 +1,13 @@
 """Per-op time on a GPU: a roofline per op class and shape plus a fixed cost per kernel.
 
     time = kernels * kernel_ns + max(compute, memory)
-    compute = flops / (peak(dtype) * efficiency(op class) * flops / (flops + half_flops))
+    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns
     memory = bytes moved / (HBM bandwidth * memory_efficiency)
 
-Tensor-core ops (conv, matmul, fused attention) are compute-bound when large; the
-efficiency curve makes a small GEMM pay a fixed `half_flops / (peak * efficiency)` on top
-of its throughput term (it fills few SMs). Elementwise, norm, reduction and copies are
+Tensor-core ops (conv, matmul, fused attention) are compute-bound when large; a GEMM also
+pays a fixed `ramp_ns` (filling and draining the SMs, prologue and epilogue: a time, the
+same whatever its rate), so its achieved rate rises with its size towards `efficiency` of
+the peak: the efficiency curve. Elementwise, norm, reduction and copies are
 memory-bound. Views and aliases launch nothing. The optimiser's per-parameter ops, recorded
 one by one on the CPU, run fused on CUDA (PyTorch's foreach default: multi_tensor_apply),
 so each costs a share of a kernel. The constants and their fit: `GpuCost`
@@ -81,8 +82,7 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
                       tensor_peak * cost.conv_efficiency, matmul_peak,
                       tensor_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
-    ramp = np.where(tensor, flops / np.maximum(flops + cost.half_flops, 1.0), 1.0)
-    compute = np.where(tensor, flops / (peak * np.maximum(ramp, 1e-12)) * 1e9, 0.0)
+    compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
     moved = np.where(cls == "norm", cost.norm_reads * read + written, read + written)
     memory = np.where(kernels > 0, moved / (target.hbm_bytes_per_s * cost.memory_efficiency)
                       * 1e9, 0.0)
