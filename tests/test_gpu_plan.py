@@ -154,7 +154,7 @@ def test_every_page_in_gpu_words(served: Path) -> None:
 
     app = create_app(served)
     for page in PAGES:
-        if not page.NEEDS_PROFILE or page.PATH in ("/tune", "/operations"):
+        if not page.NEEDS_PROFILE:
             continue
         _, body = render(app.popviz_context, page.PATH, "?profile=mlp_h100/profile.h5")
         text = component_text(body)

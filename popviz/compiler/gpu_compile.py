@@ -78,7 +78,7 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
     ops.loc[first | (ops["phase"] == "host_io"), ["cycles", "kernels"]] = 0
     if options.training and options.gradient_accumulation > 1:
         ops["cycles"] = ops["cycles"] + _accumulation_ns(ops, program, options, target)
-    for col in ("amp_used", "amp_ignored", "temp_bytes", "tiles_used"):
+    for col in ("amp_used", "amp_ignored", "temp_bytes"):  # contract columns; no AMP
         ops[col] = False if col == "amp_ignored" else 0
     return program, micro_batch, plan, program_order(ops)
 
