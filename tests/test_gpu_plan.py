@@ -225,3 +225,13 @@ def test_app_callbacks_on_a_gpu_plan(served: Path) -> None:
     assert head.startswith(f"GPU {gpu}, step {step}:")
     rows, _, _note = cb["operations.refresh"](0, 10, [], "{op_class} contains matmul", search)
     assert rows and all(r["op_class"] == "matmul" for r in rows)
+
+
+def test_transfers_leave_nvlink_beyond_its_domain(mlp: Any) -> None:
+    """Two H100 PCIe cards share an NVLink bridge; four talk over PCIe."""
+    two = compile(mlp, Options(target="h100-pcie", replication_factor=2))
+    four = compile(mlp, Options(target="h100-pcie", replication_factor=4))
+    assert two.meta["gpu"]["link"] == "nvlink" and four.meta["gpu"]["link"] == "pcie"
+    ar = [r.tables["exchange"].query("kind == 'allreduce'") for r in (two, four)]
+    t2, t4 = ((a["end"] - a["start"]).iloc[0] for a in ar)
+    assert t4 > 2 * t2  # 3/4 vs 1/2 of the bytes, at 64 instead of 300 GB/s

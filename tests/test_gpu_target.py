@@ -22,7 +22,7 @@ from popviz.target.gpu_cost import gpu_op_costs
 MIB = 1 << 20
 FIGURES = ("memory_bytes", "hbm_bytes_per_s", "fp32_flops", "tf32_flops", "bf16_flops",
            "fp8_flops", "nvlink_bytes_per_s", "pcie_bytes_per_s", "p2p_latency_s",
-           "host_latency_s", "sms")
+           "host_latency_s", "sms", "nvlink_gpus")
 
 
 def test_gpu_targets_by_name_and_alias() -> None:

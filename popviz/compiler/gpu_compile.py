@@ -125,8 +125,10 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     has_wu = options.training and bool((ops["pass"] == "WU").any())
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
                               options.replication_factor, has_wu, costs.recompute > 0)
+    # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
+    nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
-                               options.replication_factor)
+                               options.replication_factor, nvlink)
     real = ops[ops["source_op"] < 0]
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
@@ -141,7 +143,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
             "gpu": {"max_memory_allocated": memory.peak_allocated.tolist(),
                     "max_memory_reserved": memory.peak_reserved.tolist(),
                     "device_memory_bytes": target.memory_bytes,
-                    "usable_bytes": target.usable_bytes}}
+                    "usable_bytes": target.usable_bytes,
+                    "link": "nvlink" if nvlink else "pcie"}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,

@@ -70,6 +70,7 @@ class GpuTarget:
     fp8_flops: float  # 0 where the GPU has none
     nvlink_bytes_per_s: float  # per direction, one GPU to its peers
     pcie_bytes_per_s: float  # per direction, to the host (and peers without NVLink)
+    nvlink_gpus: int = 8  # GPUs one NVLink domain joins (an HGX board); more: PCIe
     p2p_latency_s: float = 5e-6  # assumed
     host_latency_s: float = 10e-6  # assumed
     sms: int = 132
@@ -159,13 +160,15 @@ H100_SXM = GpuTarget(
         "nvlink_bytes_per_s": _DS_H100 + "NVLink 900 GB/s (both directions); 450 GB/s each",
         "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
         "sms": "published: 132 SMs (numSms of the fixture's deviceProperties)",
+        "nvlink_gpus": "published: 8 GPUs per HGX H100 board, all joined by NVLink / NVSwitch "
+                       "(NVIDIA HGX H100 product page)",
         **_ASSUMED})
 
 H100_PCIE = GpuTarget(
     name="h100-pcie", description="NVIDIA H100 PCIe 80GB (HBM2e)",
     memory_bytes=85_017_493_504, hbm_bytes_per_s=2.0 * TB,
     fp32_flops=51e12, tf32_flops=378e12, bf16_flops=756e12, fp8_flops=1513e12,
-    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114,
+    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114, nvlink_gpus=2,
     sources={
         "memory_bytes": "derived: 80 GB as the SXM part (its totalGlobalMem, see h100)",
         "hbm_bytes_per_s": _DS_H100 + "H100 PCIe GPU memory bandwidth 2 TB/s",
@@ -177,6 +180,8 @@ H100_PCIE = GpuTarget(
         "nvlink_bytes_per_s": _DS_H100 + "NVLink bridge 600 GB/s (both directions); 300 each",
         "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
         "sms": "published: 114 SMs (NVIDIA Hopper architecture whitepaper)",
+        "nvlink_gpus": "published: the NVLink bridge joins two H100 PCIe cards " + "(" +
+                       _DS_H100.strip(": ") + ")",
         **_ASSUMED})
 
 A100_80GB = GpuTarget(
@@ -195,6 +200,8 @@ A100_80GB = GpuTarget(
         "nvlink_bytes_per_s": _DS_A100 + "NVLink 600 GB/s (both directions); 300 GB/s each",
         "pcie_bytes_per_s": _DS_A100 + "PCIe Gen4 64 GB/s (both directions); 32 GB/s each",
         "sms": "published: 108 SMs (NVIDIA A100 Tensor Core GPU architecture whitepaper)",
+        "nvlink_gpus": "published: 8 GPUs per HGX A100 board joined by NVSwitch (NVIDIA "
+                       "HGX A100 product page)",
         **_ASSUMED})
 
 GPU_TARGETS: dict[str, GpuTarget] = {t.name: t for t in (H100_SXM, H100_PCIE, A100_80GB)}
