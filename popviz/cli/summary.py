@@ -88,7 +88,8 @@ def render_text(facts: dict) -> str:
         lines.append(f"  {words.label(ipu)} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
         cols = ("forward", "backward", "recompute", "exchange", "idle")
-        lines.append(f"  stage {words.column('ipu'):>3} " + " ".join(f"{c:>14}" for c in cols)
+        device = "gpu" if words.gpu_plan else "ipu"
+        lines.append(f"  stage {device} " + " ".join(f"{c:>14}" for c in cols)
                      + f"  ({words.unit})")
         for s in facts["stages"]:
             lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(
