@@ -235,3 +235,19 @@ def test_transfers_leave_nvlink_beyond_its_domain(mlp: Any) -> None:
     ar = [r.tables["exchange"].query("kind == 'allreduce'") for r in (two, four)]
     t2, t4 = ((a["end"] - a["start"]).iloc[0] for a in ar)
     assert t4 > 2 * t2  # 3/4 vs 1/2 of the bytes, at 64 instead of 300 GB/s
+
+
+def test_bf16_runs_on_tensor_cores_in_half_the_bytes(mlp: Any) -> None:
+    half = gpu_program("mlp", 512, 64, "adamw", dtype="bfloat16")
+    fp32, bf16 = (compile(p, Options(target="h100")) for p in (mlp, half))
+    mm = [r.tables["ops"].query("op_class == 'matmul'")["compute_ns"].sum()
+          for r in (fp32, bf16)]
+    assert mm[1] < mm[0]  # bf16 tensor cores against fp32 CUDA cores (the ramp is shared)
+    acts = [int(p.tensors.query("category == 'activation'")["bytes"].sum())
+            for p in (mlp, half)]
+    assert acts[1] * 2 == acts[0]
+    # the precision option (an IPU notion) does not rescale what a GPU runs
+    again = compile(half, Options(target="h100", precision="32.32"))
+    assert again.summary["max_memory_allocated"] == bf16.summary["max_memory_allocated"]
+    with pytest.raises(ValueError, match="dtype"):
+        gpu_program("mlp", 64, 8, dtype="int8")

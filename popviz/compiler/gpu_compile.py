@@ -46,13 +46,15 @@ TILE_COLUMNS = ("ipu", "tile", "capacity_bytes", "total_bytes", "code", "always_
                 "not_always_live_peak", "exchange", "vertex_state")
 
 
-def recorded_precision(program: Program) -> Precision:
-    """Bytes as recorded: a GPU runs the dtypes the step ran with (fp32 unless the user
-    recorded under autocast / bf16), so the IPU precision option does not rescale them."""
-    floats = program.tensors.loc[program.tensors["category"].isin(["activation", "input"]),
-                                 "dtype"].astype(str)
-    half = floats.isin(["float16", "bfloat16"]).mean() > 0.5 if len(floats) else False
-    return Precision(2 if half else 4, 4, False)
+AS_RECORDED = Precision(4, 4, False)  # with dtypes hidden below: every byte as recorded
+
+
+def as_recorded(program: Program) -> Program:
+    """The program as the shared per-stage costs should read it on a GPU: the dtypes run as
+    recorded (fp32, or bf16 / fp16 where the user recorded under autocast), so the IPU
+    `precision` option must not rescale them: `dtype_scale` leaves a non-float label at 1."""
+    return Program(program.ops, program.tensors.assign(dtype="as-recorded"), program.model,
+                   program.mode)
 
 
 def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
@@ -113,10 +115,9 @@ def _lifetimes(program: Program, options: Options) -> pd.DataFrame:
 
 
 def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report:
-    precision = recorded_precision(program)
     program, micro_batch, plan, ops = costed_gpu_plan(program, options, target)
     n = len(plan.stages)
-    costs = _stage_costs(ops, program, plan, options, precision, n)
+    costs = _stage_costs(ops, as_recorded(program), plan, options, AS_RECORDED, n)
     kind = "Sequential" if options.strategy == "sharded" else options.schedule
     microbatches = options.gradient_accumulation
     iterations = options.device_iterations

@@ -28,18 +28,34 @@ def _optimiser(params: Any, name: str) -> Any:
 
 @lru_cache(maxsize=16)
 def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
-                sequence_length: int = 128, image: int = 224) -> Program:
+                sequence_length: int = 128, image: int = 224, dtype: str = "float32"
+                ) -> Program:
     """One training step of `model` at `batch`, recorded in plan mode. `size`: ResNet depth
-    (50), GPT-2 small / medium / tiny, BERT base, ViT base-16, or the MLP's width."""
+    (50), GPT-2 small / medium / tiny, BERT base, ViT base-16, or the MLP's width. `dtype`
+    bfloat16 / float16: weights and float inputs in that dtype (pure half training)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from popviz.recorder import record_program
 
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))  # weights and float inputs made in it
+    try:
+        return _record(model, size, batch, optimiser, sequence_length, image)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: int,
+            image: int) -> Program:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from popviz.recorder import record_program
+
     with FakeTensorMode():
         torch.manual_seed(0)
         if model == "resnet":
