@@ -23,7 +23,7 @@ from typing import Any
 import popviz.models as models
 from popviz.options import SCHEDULES
 
-TARGETS = ("mk1", "mk2", "bow")
+TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "a100")  # IPUs, then GPUs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,7 +75,10 @@ def build_parser() -> _Parser:
                    help="CNN inference benchmark: forward only, modelled latency/throughput")
 
     g = p.add_argument_group("placement (modelled IPUs)")
-    g.add_argument("--target", choices=TARGETS, default="mk2")
+    g.add_argument("--target", choices=TARGETS, default="mk2",
+                   help="IPU (mk1, mk2, bow) or GPU (h100, h100-pcie, a100: kernels on "
+                   "streams, PyTorch's caching allocator, times in ns; --shards are GPUs; "
+                   "docs/cost-model.md, GPU targets)")
     g.add_argument("--strategy", choices=("pipelined", "sharded"), default="pipelined",
                    help="tutorial execution strategy")
     g.add_argument("--replicas", "--num-ipus", dest="replicas", type=int, default=1,

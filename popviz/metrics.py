@@ -292,11 +292,19 @@ def fits_or_stored(tile_memory: pd.DataFrame, summary: dict) -> bool | None:
 
 def device_capacities(meta: dict) -> dict[int, int]:
     """Device memory per rank of a measured profile (`meta.measure.device_memory_bytes`,
-    written by `popviz import` from the trace's deviceProperties); {} when unknown. The
+    written by `popviz import` from the trace's deviceProperties), or per GPU of a modelled
+    GPU target (`meta.target.usable_bytes`); {} when unknown. The
     meta comes from an untrusted file: anything but a positive whole number of bytes (no
     bool, no infinity) under an integer rank is dropped."""
     measure = meta.get("measure") if isinstance(meta, dict) else None
     stored = measure.get("device_memory_bytes") if isinstance(measure, dict) else None
+    target = meta.get("target") if isinstance(meta, dict) else None
+    if stored is None and isinstance(target, dict) and target.get("family") == "gpu":
+        # a modelled GPU: each GPU's memory less the CUDA context (what PyTorch may hold)
+        count = target.get("num_ipus")
+        usable = target.get("usable_bytes")
+        if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 1 << 16:
+            stored = {str(i): usable for i in range(count)}
     if not isinstance(stored, dict):
         return {}
     out = {}

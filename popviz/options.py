@@ -13,7 +13,8 @@ from popviz.vocab import ipu_label
 
 DEFAULT_AMP = 0.6
 STRATEGIES = ("pipelined", "sharded")
-SCHEDULES = ("Grouped", "Interleaved", "Sequential")
+# PopART's names, then torch.distributed.pipelining's (GPU plans; IPU plans read them too)
+SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B")
 PRECISIONS = ("16.16", "16.32", "32.32")
 
 # One AMP value for both convolutions and matmuls, or (conv, matmul).

@@ -245,7 +245,9 @@ def _title(args: argparse.Namespace) -> str:
 def _modelled(summary: dict[str, Any]) -> str:
     """The modelled facts of a compiled summary, for the summary line."""
     parts = [f"fits {summary.get('fits')}"]
-    if summary.get("total_ipus") is not None:
+    if summary.get("total_gpus") is not None:  # a GPU target's plan
+        parts.append(f"{summary['total_gpus']} GPU(s)")
+    elif summary.get("total_ipus") is not None:
         parts.append(f"{summary['total_ipus']} IPUs")
     if summary.get("latency_ms") is not None:
         parts.append(f"latency {summary['latency_ms']:.3f} ms")

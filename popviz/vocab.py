@@ -105,13 +105,26 @@ class Naming:
         return self.device + "s"
 
     @property
+    def gpu_plan(self) -> bool:
+        """A modelled GPU target: ns and no tiles as a real run, but times modelled."""
+        return self.measured and self.device == "GPU"
+
+    @property
+    def timed(self) -> str:
+        """How the times were got: 'measured', or 'modelled' (IPUs, GPU targets)."""
+        return "measured" if self.measured and not self.gpu_plan else "modelled"
+
+    @property
     def prefix(self) -> str:
         """What comes before a device's number: 'IPU' (IPU0) or 'rank ' (rank 0)."""
         return self.device + (" " if self.measured else "")
 
     def label(self, index: Any) -> str:
-        """'IPU0' for a modelled profile, 'rank 0' for a measured one."""
-        return rank_label(index) if self.measured else ipu_label(index)
+        """'IPU0' for a modelled IPU profile, 'rank 0' for a measured one, 'GPU 0' for a
+        modelled GPU."""
+        if not self.measured:
+            return ipu_label(index)
+        return rank_label(index) if self.device == "rank" else f"{self.device} {int(index)}"
 
     def relabel(self, name: Any) -> str:
         """An analysis label such as 'IPU1' (exchange matrix) in this profile's words."""
@@ -128,7 +141,7 @@ class Naming:
         numbers are ns; underscores as spaces."""
         if self.measured:
             if name == "ipu":
-                name = "rank"
+                name = self.device.lower()
             if name in ("start", "end"):  # ops: times on the common clock
                 name += "_ns"
             name = re.sub(r"(^|_)cycles(_|$)", r"\1ns\2", name)
@@ -137,15 +150,34 @@ class Naming:
 
 MODELLED = Naming()
 MEASURED = Naming(device="rank", unit="ns", measured=True)
+# a modelled GPU target: devices are GPUs, times ns, no tiles (`measured` here means "ns and
+# no tiles", the words a real run has)
+MODELLED_GPU = Naming(device="GPU", unit="ns", measured=True)
+GPU_FAMILY = "gpu"
+
+
+def is_gpu_target(meta: Mapping[str, Any] | None) -> bool:
+    """True when a profile's meta (or facts) names a modelled GPU target (family gpu)."""
+    if not isinstance(meta, Mapping):
+        return False
+    target = meta.get("target")
+    if isinstance(target, Mapping):
+        return target.get("family") == GPU_FAMILY
+    return meta.get("family") == GPU_FAMILY  # facts that keep the family beside the name
 
 
 def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming:
     """The naming of a profile from its kind and meta (meta.kind and meta.target are used
-    when the kind is not given): measured -> ranks and ns, anything else IPUs and cycles."""
+    when the kind is not given; a facts or meta dict may stand for both): measured -> ranks
+    and ns, a GPU target -> GPUs and ns, anything else IPUs and cycles."""
+    if isinstance(kind, Mapping):
+        kind, meta = kind.get("kind"), kind
     meta = meta or {}
     kind = str(kind or meta.get("kind") or "")
     if kind == MEASURED_KIND:
         return MEASURED
+    if is_gpu_target(meta):
+        return MODELLED_GPU
     target = meta.get("target") or {}
     if not kind and target.get("name") == "cpu-gloo":  # measure's target, kind missing
         return MEASURED

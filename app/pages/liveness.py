@@ -115,6 +115,14 @@ def _box(entry: Entry, live: pd.DataFrame) -> Any:
     return table("live-vars", live, words=naming(entry)) if len(live.columns) else []
 
 
+GPU_LIVENESS = ("A GPU plan: bytes PyTorch's caching allocator holds after each op, "
+                "replayed in the order the schedule runs them. Always-live: parameters and "
+                "optimiser state; not-always-live: the rest of max_memory_allocated "
+                "(activations, gradients, temporaries); the liveness table's "
+                "reserved_bytes is max_memory_reserved. Click the curve to list live "
+                "tensors.")
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.liveness.empty:
         return html.Div([html.H2(title_of(entry)), message(
@@ -132,7 +140,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                                                      for i in ipus],
                              value=ipus[0], clearable=False, className="picker"),
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
-    hint = ("Always-live: the rank's parameters, gradients and optimiser state; "
+    hint = (GPU_LIVENESS if naming(entry).gpu_plan else
+            "Always-live: the rank's parameters, gradients and optimiser state; "
             "not-always-live: the activations it stashes for the backward pass, per compute "
             "action. Black triangles mark bumps. " + (
                 "Click the curve to list the stashed micro-batches."

@@ -22,6 +22,7 @@ from ..common import (
     graph,
     insights,
     message,
+    naming,
     profile_of,
     title_of,
     triggered,
@@ -71,11 +72,17 @@ def _first_tile(entry: Entry, ipu: int) -> int:
     return int(on.loc[on["total_bytes"].idxmax(), "tile"]) if len(on) else 0
 
 
+NO_TILES_GPU = ("A GPU has no tiles: its memory is the Liveness page's curve (the caching "
+                "allocator's allocated bytes per op) and the Summary's fit against device "
+                "memory.")
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     tm = entry.profile.tile_memory
     if tm.empty:
         return html.Div([html.H2(title_of(entry)),
-                         message("This profile has no per-tile memory (measured runs do not "
+                         message(NO_TILES_GPU if naming(entry).gpu_plan else
+                                 "This profile has no per-tile memory (measured runs do not "
                                  "record it).", "info")])
     ipus = sorted(int(i) for i in tm["ipu"].unique())
     fit = insights(entry)["fit"]

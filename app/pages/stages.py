@@ -8,7 +8,7 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
-from popviz.figures.stages import AMP_NOT_MEASURED
+from popviz.figures.stages import amp_note
 
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, message, naming, table, title_of
@@ -47,7 +47,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
     words = naming(entry)
     # a measured run has no AMP: a note, not a chart of the compiler's default
-    amp_box = (html.Div(message(AMP_NOT_MEASURED, "info"), id="stages-amp-note",
+    amp_box = (html.Div(message(amp_note(words), "info"), id="stages-amp-note",
                         className="half") if words.measured
                else graph("stages-amp", amp(ctx, entry)))
     return html.Div([
@@ -56,7 +56,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                   graph("stages-load", load(ctx, entry))], className="row two"),
         html.Div([graph("stages-stash", stash(ctx, entry)),
                   amp_box], className="row two"),
-        html.H3("Stages" + (" (times: ns per recorded step, mean)" if words.measured else "")),
+        html.H3("Stages" + (" (times: modelled ns per step)" if words.gpu_plan else
+                            " (times: ns per recorded step, mean)" if words.measured else "")),
         table("stages-table", shown, words=words),
         downloads(entry.rel, ["stages"],
                   [v for v in FIGURES if not (words.measured and v == "amp")]),

@@ -144,7 +144,7 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
     linked, on_gpu = entry.get("compute_link", lambda: _compute_link(entry))
     kernels_title = "Top kernels (measured GPU time)" if on_gpu else \
-        "Top compute events (measured time)"
+        f"Top compute events ({naming(entry).timed} time)"
     if stats.measured and not stats.by_class.empty:  # compute linked to its host ops
         top_ops = stats.top_ops if on_gpu else \
             stats.top_ops.rename(columns={"kernels": "runs"})  # a CPU rank's ops ran there
@@ -199,7 +199,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     window = opening_window(entry)
     fig = trace(ctx, entry, *(window or (None, None)))
     words = naming(entry)
-    rows = ("Lanes per rank (process); times in ns from the first recorded step. "
+    rows = ("Lanes per GPU; modelled times in ns. " if words.gpu_plan else
+            "Lanes per rank (process); times in ns from the first recorded step. "
             if words.measured else "Lanes per IPU; times in cycles. ")
     opening = ("Opened on the ramp-up and the first steady-state steps; the strip at the "
                "bottom is the whole run (double-click the trace for all of it). "
@@ -207,7 +208,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     lo, hi = (float(v) for v in fig.layout.meta["range"])
     return html.Div([
         html.H2(title_of(entry)),
-        html.P(rows + opening + ZOOM_HINT[words.measured],
+        html.P(rows + opening + ZOOM_HINT[words.measured and not words.gpu_plan],
                className="hint"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),

@@ -93,7 +93,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     words = naming(entry)
     ops = entry.profile.ops
     # an import's op cost is its kernels' GPU time; a measured run's, its host time
-    cost = ("modelled cycles" if not words.measured else
+    cost = ("modelled cycles" if not words.measured else "modelled ns" if words.gpu_plan else
             "measured GPU time (ns) of each op's kernels" if "gpu_ns" in ops.columns else
             "host time (ns) of each op")
     return html.Div([

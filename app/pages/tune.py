@@ -20,7 +20,16 @@ from popviz.figures.tune import amp_steps_figure, tune_figure
 from popviz.synthetic import ReportProfile
 
 from ..cache import VIRTUAL_PREFIX, Entry
-from ..common import AppContext, capacity_per_ipu, graph, message, profile_of, table, title_of
+from ..common import (
+    AppContext,
+    capacity_per_ipu,
+    graph,
+    message,
+    naming,
+    profile_of,
+    table,
+    title_of,
+)
 
 PATH = "/tune"
 TITLE = "Tune"
@@ -127,7 +136,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     shown, done = poll(ctx, entry, DEFAULT_BUDGET)
     return html.Div([
         html.H2(title_of(entry)),
-        html.P("Re-plans the recorded program with other split points, AMP per IPU, "
+        html.P("Re-plans the recorded program with other split points, "
+               + ("" if naming(entry).gpu_plan else "AMP per IPU, ") +
                "recomputation and schedule (popviz tune): every plan is compiled with the "
                "cost model, nothing is run. Each run compiles up to the budget below, in "
                "the background; one search per profile at a time.", className="hint"),

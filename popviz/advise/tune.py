@@ -36,6 +36,8 @@ from popviz.format.reader import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
 from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+from popviz.target.gpu import GpuTarget
+from popviz.target.machines import get_target
 from popviz.vocab import MODELLED_KIND
 
 __all__ = ["AMP_LADDER", "DEFAULT_MAX_COMPILES", "Candidate", "TuneResult", "candidate_options",
@@ -123,6 +125,8 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
         raise ValueError(f"--max-compiles must be >= 2 (baseline and one candidate), "
                          f"got {max_compiles}")
     target = str(target or options.target)
+    if isinstance(get_target(target), GpuTarget):  # AMP is an IPU option: one rung is enough
+        ladder = ladder[:1]
     usable = len(split_positions(program)[0])
     if num_ipus is not None:
         _check_ipus(program, int(num_ipus), usable)
@@ -196,7 +200,10 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
         return list(search.fitted.values()), notes
 
     pipelined = options.strategy == "pipelined" and options.training
-    first = options.schedule if options.schedule in ("Grouped", "Interleaved") else "Grouped"
+    # torch.distributed.pipelining's names on a GPU target, PopART's on an IPU
+    pair = ("1F1B", "GPipe") if isinstance(get_target(search.target), GpuTarget) else \
+        ("Grouped", "Interleaved")
+    first = options.schedule if options.schedule in pair else pair[0]
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
         segs.bounds(list(options.splits)) is not None else None
@@ -211,7 +218,7 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
     for rc in order:
         local_search(search, min(seeds[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
-        other = "Interleaved" if schedule == "Grouped" else "Grouped"
+        other = pair[1] if schedule == pair[0] else pair[0]
         layouts = []
         for c in _rank(list(search.fitted.values()), baseline):
             if (c.splits, c.recomputation) not in layouts:

@@ -37,6 +37,7 @@ from popviz.vocab import (
     NEARLY_FULL,
     TILE_AMBER,
     ipu_label,
+    is_gpu_target,
     is_measured,
     naming_of,
 )
@@ -161,7 +162,9 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         return []
     moves = plan_moves(segs, current, proposed)
     ipu_of = dict(zip(ordered["stage"].astype(int), ordered["ipu"].astype(int)))
-    held = [ipu_label(ipu_of.get(s, s)) for s in sorted(frozen)]
+    gpu = is_gpu_target(meta)  # a GPU plan: GPUs and ns, no tiles
+    label, unit = (naming_of(meta).label, "ns") if gpu else (ipu_label, "cycles")
+    held = [label(ipu_of.get(s, s)) for s in sorted(frozen)]
     keep = (f" {', '.join(held)} take no layers: fullest tile at or past "
             f"{TILE_AMBER:.0%}." if held else "")
     if not moves:
@@ -179,7 +182,7 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         out.append(Advice("info", "split", None, (
             f"One plan ({source}): splits {[segs.names[b - 1] for b in proposed]}, "
             f"{n} split move{'s' if n > 1 else ''} at once ({parts}). The slowest stage "
-            f"drops from {before:,.0f} to {after:,.0f} cycles per micro-batch, about "
+            f"drops from {before:,.0f} to {after:,.0f} {unit} per micro-batch, about "
             f"{before / after:.2f}x on the steady state.{keep}")))
     for i, m in enumerate(moves, 1):
         gives, takes = (m.index, m.index + 1) if m.earlier else (m.index + 1, m.index)
@@ -189,10 +192,11 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         part = f"Part {i} of {n} of the plan" if n > 1 else "The plan"
         out.append(Advice("warning", "split", where, (
             f"{part}: move split '{m.old}' {'earlier' if m.earlier else 'later'} to "
-            f"'{m.new}': stage {takes} ({ipu_label(where)}, fullest tile "
-            f"{tile_use.get(where, 0.0):.0%} used) takes {shown} from stage {gives}; with "
+            f"'{m.new}': stage {takes} ({label(where)}"
+            + ("" if gpu else f", fullest tile {tile_use.get(where, 0.0):.0%} used")
+            + f") takes {shown} from stage {gives}; with "
             f"the whole plan stage {takes} goes from {was[takes]:,.0f} to "
-            f"{now[takes]:,.0f} cycles per micro-batch.")))
+            f"{now[takes]:,.0f} {unit} per micro-batch.")))
     return out
 
 
@@ -209,13 +213,15 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
         return []
     row = bal[bal["stage"] == top].iloc[0]
     ipu = int(row["ipu"])
-    # a measured run is ranks and ns, a modelled one IPUs and cycles
-    words = naming_of(MEASURED_KIND if measured else MODELLED_KIND)
+    # a measured run is ranks and ns, a modelled one IPUs and cycles (a GPU plan: GPUs, ns)
+    gpu = is_gpu_target(meta)
+    words = naming_of(meta) if gpu else naming_of(MEASURED_KIND if measured else MODELLED_KIND)
     where, others = words.label(ipu), words.devices
-    busy_time = "busy time" if measured else "busy cycles"
+    busy_time = "busy time" if measured or gpu else "busy cycles"
+    wait = "wait for its activations and gradients" if gpu else "wait at every sync"
     kind, shares = bound_by(row, host_io_by_ipu(exchange).get(ipu, 0.0))
     head = (f"Stage {top} on {where} is the bottleneck: {load:.2f}x the mean {busy_time} "
-            f"of all stages, so the other {others} wait at every sync. It is {kind}-bound "
+            f"of all stages, so the other {others} {wait}. It is {kind}-bound "
             f"({_pct(shares)}).")
     if kind == "host I/O":
         return [Advice("warning", "host_io", ipu, head + " Moving splits does not shorten "

@@ -152,7 +152,7 @@ def compare(a: Any, b: Any) -> Comparison:
 def device_units(sa: Side, sb: Side) -> dict[str, str]:
     """Units that name the device, in each side's words (naming_of: IPU, or rank for a
     measured profile), e.g. 'samples/s per IPU (A) / rank (B)' when they differ."""
-    words = [naming_of(s.facts.get("kind")) for s in (sa, sb)]
+    words = [naming_of(s.facts) for s in (sa, sb)]
 
     def both(make: Callable[[Naming], str]) -> str:
         a, b = (make(w) for w in words)

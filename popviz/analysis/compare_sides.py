@@ -245,6 +245,7 @@ def load_side(profile: Any, label: str) -> Side:
         # an imported trace records no model: its name is the trace file's
         "model_from_file": bool((meta.get("measure") or {}).get("imported")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
+        "family": str(target.get("family") or "ipu"),
         "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity,
         "capacity_name": "device memory" if gpu_memory else "IPU capacity", "fits": fits,
@@ -256,7 +257,9 @@ def load_side(profile: Any, label: str) -> Side:
         "recomputation": bool(options.get("recomputation", False)),
         "amp": _layout_amp(stages, options),
         "splits": _layout_splits(stages, options),
-        "precision": _options_text(options.get("precision")),
+        # a GPU plan runs the dtypes as recorded: the IPU precision option does not apply
+        "precision": "as recorded" if target.get("family") == "gpu"
+        else _options_text(options.get("precision")),
         "micro_batch_size": micro_batch, "gradient_accumulation": accumulation,
     }
     return Side(label=label, facts=facts, metrics={k: v for k, v in metrics.items()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from popviz.analysis.compare_sides import Side
 from popviz.analysis.compare_terms import on_equal_terms, shown
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import ipu_label, is_measured, rank_label
+from popviz.vocab import ipu_label, is_measured, naming_of, rank_label
 
 if TYPE_CHECKING:
     from popviz.analysis.compare import Comparison
@@ -45,9 +45,10 @@ def _measured(side: Side) -> bool:
 
 
 def _dev(*sides: Side) -> str:
-    """What the sides run on: 'IPU' (modelled), 'rank' (measured), or 'device' (one each)."""
-    kinds = {_measured(s) for s in sides}
-    return "device" if len(kinds) > 1 else ("rank" if kinds == {True} else "IPU")
+    """What the sides run on: 'IPU' (modelled), 'GPU' (a modelled GPU), 'rank' (measured),
+    or 'device' (they differ)."""
+    words = {naming_of(s.facts).device for s in sides}
+    return words.pop() if len(words) == 1 else "device"
 
 
 def _capacity_words(side: Side) -> str:

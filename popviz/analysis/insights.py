@@ -17,7 +17,7 @@ from popviz.metrics import (
     fits_or_stored,
     stage_idle_fraction,
 )
-from popviz.vocab import MODELLED_KIND, is_measured
+from popviz.vocab import MODELLED_KIND, is_gpu_target, is_measured
 
 
 class ProfileLike(Protocol):
@@ -44,8 +44,9 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
     live, capacity = profile.table("liveness"), device_capacities(meta)
-    devices = device_fit(live, capacity) if not fit["known"] and measured else pd.DataFrame()
-    if len(devices):  # an imported GPU: its peak against its device memory
+    gpu = measured or is_gpu_target(meta)  # an imported GPU or a GPU target's plan
+    devices = device_fit(live, capacity) if not fit["known"] and gpu else pd.DataFrame()
+    if len(devices):  # a GPU: its peak against its device memory
         fit = {**fit, "known": True, "basis": "device", "fits": device_fits(live, capacity),
                "max_utilisation": float(devices["utilisation"].max()),
                "devices": devices.to_dict(orient="records")}

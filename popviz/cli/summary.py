@@ -8,7 +8,7 @@ import json
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import ipu_label, naming_of
+from popviz.vocab import ipu_label, is_gpu_target, naming_of
 
 _FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
@@ -30,14 +30,14 @@ def _duration(ms: float) -> str:
 
 def _fit_line(facts: dict) -> str:
     devices = facts.get("device_memory") or []
-    if devices and facts.get("fits") is not None:  # an imported GPU: its device memory
-        words = naming_of(facts["kind"])
+    if devices and facts.get("fits") is not None:  # a GPU (imported or modelled): its memory
+        words = naming_of(facts)
         return f"  fits: {_FIT_WORD[bool(facts['fits'])]}  (" + "; ".join(
             f"{words.label(d['ipu'])} peak {_fmt_bytes(d['peak_bytes'])} of "
             f"{_fmt_bytes(d['capacity_bytes'])} device memory, {d['utilisation']:.1%}"
             for d in devices) + ")"
     if facts.get("fit_known") is False or facts.get("fits") is None:
-        if naming_of(facts["kind"]).measured:  # a CPU run: no tiles, no device memory
+        if naming_of(facts).measured:  # a CPU run: no tiles, no device memory
             return "  fits: unknown (no tiles, no device memory recorded)"
         return f"  fits: {_FIT_WORD[None]}"
     return (f"  fits: {_FIT_WORD[bool(facts['fits'])]}"
@@ -47,7 +47,7 @@ def _fit_line(facts: dict) -> str:
 
 
 def _insight_lines(facts: dict) -> list[str]:
-    words = naming_of(facts["kind"])
+    words = naming_of(facts)
     lines = []
     tile = facts.get("fullest_tile")
     if tile:
@@ -68,7 +68,7 @@ def _insight_lines(facts: dict) -> list[str]:
 
 def render_text(facts: dict) -> str:
     target = facts.get("target") or {}
-    words = naming_of(facts["kind"])
+    words = naming_of(facts)
     lines = [
         f"{facts['name']}  ({facts['kind']}, {facts.get('model') or 'model ?'} on "
         f"{target.get('name', '?')} x{facts['num_ipus']})",
@@ -79,11 +79,17 @@ def render_text(facts: dict) -> str:
     latency = facts.get("latency_ms")
     if latency:  # absent or 0 (a training step has no single-batch latency): left out
         lines.append(f"  latency: {_duration(float(latency))}")
+    reserved = facts.get("max_memory_reserved") if is_gpu_target(facts) else None
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
+        if isinstance(reserved, dict) and str(ipu) in reserved:  # a GPU plan: the allocator
+            lines.append(f"  {words.label(ipu)} max_memory_allocated {_fmt_bytes(peak)}, "
+                         f"max_memory_reserved {_fmt_bytes(reserved[str(ipu)])}")
+            continue
         lines.append(f"  {words.label(ipu)} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
         cols = ("forward", "backward", "recompute", "exchange", "idle")
-        lines.append("  stage ipu " + " ".join(f"{c:>14}" for c in cols)
+        device = "gpu" if words.gpu_plan else "ipu"
+        lines.append(f"  stage {device} " + " ".join(f"{c:>14}" for c in cols)
                      + f"  ({words.unit})")
         for s in facts["stages"]:
             lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(

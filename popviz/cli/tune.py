@@ -30,9 +30,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     from popviz.analysis.amp import AMP_STEPS
 
     parser.add_argument("profile", help="a modelled profile (.h5 file or its directory)")
-    parser.add_argument("--ipus", type=int, default=None, metavar="N",
-                        help="IPUs per replica to plan for (default: the profile's); "
-                        "1 = recomputation checkpoints on one IPU")
+    parser.add_argument("--ipus", "--gpus", dest="ipus", type=int, default=None, metavar="N",
+                        help="IPUs (or GPUs, on a GPU target) per replica to plan for "
+                        "(default: the profile's); 1 = recomputation checkpoints on one")
     parser.add_argument("--amp-ladder", type=float, nargs="+", default=list(AMP_LADDER),
                         metavar="P", help="AMP values tried per IPU, highest that fits wins "
                         f"(default: {' '.join(f'{a:g}' for a in AMP_LADDER)})")
@@ -45,8 +45,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="M",
                         help=f"compile budget of the search (default {DEFAULT_MAX_COMPILES})")
     parser.add_argument("--target", default=None,
-                        help="plan for another target (mk1, mk2, bow, ...; default: the "
-                        "profile's)")
+                        help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
+                        "h100-pcie, a100, whose schedules are GPipe and 1F1B and which have "
+                        "no AMP; default: the profile's)")
     parser.add_argument("--write", default=None, metavar="DIR",
                         help="write the best candidate's profile to DIR (for popviz compare "
                         "and the app)")
@@ -112,7 +113,29 @@ HEAD = ["", "splits", "AMP", "recomp", "schedule", "fits", "samples/s", "per IPU
         "vs now", "step ms", "idle", "Mcycles/stage/mb", "peak MiB/IPU", "fullest tile"]
 
 
+def _gpu_words(text: str) -> str:
+    """A GPU target's table and lines: GPUs, ms (Mcycles of ns), no tiles."""
+    for ipu, gpu in (("Mcycles/stage/mb", "ms/stage/mb"), ("peak MiB/IPU", "peak MiB/GPU"),
+                     ("per IPU", "per GPU"), ("IPU(s)", "GPU(s)"), ("IPUs", "GPUs")):
+        text = text.replace(ipu, gpu)
+    return text
+
+
 def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
+    from popviz.target import get_target
+    from popviz.target.gpu import GpuTarget
+
+    text = _render_text(r, name, base_strategy)
+    if isinstance(get_target(r.target), GpuTarget):
+        lines = _gpu_words(text).splitlines()
+        lines = [ln.replace("options = popviz.Options()",
+                            f'options = popviz.Options().set_target("{r.target}")')
+                 for ln in lines]
+        return "\n".join(lines)
+    return text
+
+
+def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
     rows = [_row("now", r.baseline)]
     rows += [_row(f"#{i}", c) for i, c in enumerate(r.candidates, 1)]
     widths = [max(len(x) for x in col) for col in zip(HEAD, *rows, strict=True)]

@@ -31,6 +31,7 @@ from popviz.metrics import fits, idle_fraction, oom_tiles, peak_liveness, stage_
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.target.cost import Precision, dtype_scale, op_costs
+from popviz.target.gpu import GpuTarget
 from popviz.target.machines import Target, get_target
 from popviz.vocab import MODELLED_KIND
 
@@ -42,6 +43,10 @@ def compile(program: Program, options: Options | None = None) -> Report:
     """Model `program` on `options.target` with `options`' stages, schedule and AMP."""
     options = (options or Options()).copy()
     target = get_target(options.target)
+    if isinstance(target, GpuTarget):  # the GPU family: kernels on streams, no tiles
+        from popviz.compiler.gpu_compile import compile_gpu
+
+        return compile_gpu(program, options, target)
     precision = Precision.parse(options.precision, options.half_partials)
     # a program rebuilt from a profile (tune) holds the tied-weight copies compile made:
     # drop them so that they are made (and counted) once, as when it was recorded

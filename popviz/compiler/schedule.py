@@ -88,6 +88,16 @@ def _interleaved(n: int, m: int, training: bool) -> list[tuple[int, int, int, st
     return rows
 
 
+def _gpipe(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
+    """GPipe (torch.distributed.pipelining's ScheduleGPipe): every micro-batch's forward
+    through the pipeline, then every backward, the last stage first: the most stash."""
+    rows = [(b + s, s, b, "F") for b in range(m) for s in range(n)]
+    if training:
+        k0 = m + n - 1
+        rows += [(k0 + b + (n - 1 - s), s, b, "B") for b in range(m) for s in range(n)]
+    return rows
+
+
 def _sequential(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
     """One stage at a time (sharded execution): F through the stages, then B back."""
     rows: list[tuple[int, int, int, str]] = []
@@ -126,9 +136,12 @@ def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
 def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
                    training: bool, kind: str, replicas: int, has_wu: bool,
                    recompute: np.ndarray | None = None) -> Schedule:
-    """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution);
-    `recompute[s]` says whether stage s recomputes before its backward."""
-    makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential}
+    """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution),
+    or torch.distributed.pipelining's names: 'GPipe', '1F1B' (= Interleaved) and
+    'Interleaved1F1B' (1F1B over stages looped round the devices: the compiler places
+    them); `recompute[s]` says whether stage s recomputes before its backward."""
+    makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential,
+              "GPipe": _gpipe, "1F1B": _interleaved, "Interleaved1F1B": _interleaved}
     rows = makers[kind](num_stages, microbatches, training)
     one = pd.DataFrame(rows, columns=["superstep", "stage", "microbatch", "pass"])
     one["superstep"] += 1  # superstep 0 streams the first micro-batch in

@@ -92,6 +92,12 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
 
 AMP_NOT_MEASURED = ("availableMemoryProportion is an IPU compiler option: a measured run has "
                     "none.")
+AMP_NOT_GPU = "availableMemoryProportion is an IPU compiler option: a GPU has none."
+
+
+def amp_note(naming: Naming) -> str:
+    """Why a profile without AMP shows none, in its words."""
+    return AMP_NOT_GPU if naming.gpu_plan else AMP_NOT_MEASURED
 
 
 def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryProportion",
@@ -99,7 +105,7 @@ def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryPr
     """AMP per stage (the stage table's `amp`, else the options in meta); a measured
     profile has no AMP, so it gets a note instead of the default."""
     if naming.measured:
-        return empty_figure(AMP_NOT_MEASURED, title)
+        return empty_figure(amp_note(naming), title)
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     s = stages.sort_values("stage")

@@ -9,7 +9,8 @@ from popviz.measure import runner
 from popviz.measure.runner import MeasureConfig
 
 # train.py's schedule names (TF CNN app) -> the torch schedule with the same idea
-TRAIN_SCHEDULES = {None: "1F1B", "Grouped": "GPipe", "Interleaved": "1F1B"}
+TRAIN_SCHEDULES = {None: "1F1B", "Grouped": "GPipe", "Interleaved": "1F1B",
+                   "GPipe": "GPipe", "1F1B": "1F1B"}  # and torch's own names
 
 
 def config_from_train_args(args: Any) -> MeasureConfig:
@@ -20,8 +21,8 @@ def config_from_train_args(args: Any) -> MeasureConfig:
         raise ValueError("--measure needs --shards N >= 2 (one process per pipeline stage)")
     if args.pipeline_schedule not in TRAIN_SCHEDULES:
         raise ValueError(f"--pipeline-schedule {args.pipeline_schedule} has no "
-                         "torch.distributed.pipelining schedule; use Grouped (GPipe) or "
-                         "Interleaved (1F1B)")
+                         "torch.distributed.pipelining schedule here (one stage per "
+                         "process); use GPipe (Grouped) or 1F1B (Interleaved)")
     return MeasureConfig(
         model=args.name, model_size=args.model_size, ranks=ranks,
         microbatches=args.gradient_accumulation, micro_batch_size=args.batch_size[0],

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from popviz.target.costmodel import DEFAULT_COST, CostModel
+from popviz.target.gpu import GPU_ALIASES, GPU_TARGETS, IPU_FAMILY, GpuTarget
 
 KIB = 1024
 
@@ -38,6 +39,8 @@ class Target:
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     cost: CostModel = DEFAULT_COST  # modelling constants, each with its provenance
+
+    family = IPU_FAMILY  # the other family is popviz.target.gpu's GpuTarget
 
     # ---- modelling constants, read from the cost model (kept as attributes so that
     # compile code and target files keep their names) ----
@@ -203,16 +206,23 @@ POSITIVE = (*REQUIRED[1:], "memory_bytes_per_s", "exchange_bytes_per_s", "ipu_li
             "host_bytes_per_s")
 
 
-def target_names() -> list[str]:
-    return sorted(_REGISTRY)
+def target_names(family: str | None = None) -> list[str]:
+    """Every target's name (IPUs, registered ones, GPUs), or one family's."""
+    ipus = [] if family == "gpu" else list(_REGISTRY)
+    gpus = [] if family == "ipu" else list(GPU_TARGETS)
+    return sorted(ipus + gpus)
 
 
-def get_target(name: str | Target) -> Target:
-    """A target by name (case-insensitive; aliases gc2, gc200, bow2000)."""
-    if isinstance(name, Target):
+def get_target(name: str | Target | GpuTarget) -> Target | GpuTarget:
+    """A target by name (case-insensitive; aliases gc2, gc200, bow2000, h100-sxm, ...):
+    an IPU `Target`, or a `GpuTarget` (popviz.target.gpu) for h100, h100-pcie, a100."""
+    if isinstance(name, (Target, GpuTarget)):
         return name
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
+    gpu = GPU_TARGETS.get(GPU_ALIASES.get(key, key))
+    if gpu is not None and key not in _REGISTRY:
+        return gpu
     if key not in _REGISTRY:
         raise ValueError(f"unknown target {name!r}; valid targets: {', '.join(target_names())}")
     return _REGISTRY[key]
@@ -231,6 +241,9 @@ def make_target(spec: dict[str, Any]) -> Target:
         raise ValueError(f"unknown target fields {unknown}; valid: {', '.join(sorted(_FIELDS))}")
     if base_name is not None:
         base = get_target(base_name)
+        if not isinstance(base, Target):
+            raise ValueError(f"base {base_name!r} is a GPU: a custom target must be based on "
+                             "an IPU (mk1, mk2, bow)")
         values = {f: getattr(base, f) for f in _FIELDS if f not in ("sources", "cost")}
         values["sources"] = {}
         values["cost"] = base.cost

@@ -1,0 +1,234 @@
+"""compile for a GPU target: the recorded program placed on GPUs -> Report (times in ns).
+
+Shared with the IPU targets: rescaling to the micro-batch, inference's forward-only
+program, stages and recomputation (`plan_stages`), program order, per-stage costs and
+boundary bytes (`_stage_costs`) and the schedule IR (`build_schedule`). GPU-specific: per-op
+time (`popviz.target.gpu_cost`), asynchronous timing with NCCL transfers (`gpu_timing`)
+and the caching allocator's memory (`gpu_memory`). No tiles: `tile_memory` and `oom` are
+empty and fit is the peak reserved memory against the device's (`popviz.metrics`'
+device_fit over the `liveness` table, whose `reserved_bytes` column it reads).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from popviz.compiler.compiler import (
+    _forward_only,
+    _rescale,
+    _stage_costs,
+    plan_tensor_stage,
+)
+from popviz.compiler.gpu_memory import GpuMemory, replay_memory
+from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
+from popviz.compiler.order import program_order
+from popviz.compiler.report import Report
+from popviz.compiler.schedule import build_schedule
+from popviz.compiler.stages import StagePlan, plan_stages
+from popviz.jsonsafe import jsonable as _py
+from popviz.metrics import device_fits, idle_fraction, stage_columns, stage_time
+from popviz.options import Options
+from popviz.recorder.program import Program
+from popviz.target.cost import Precision
+from popviz.target.gpu import GPU_FAMILY, GpuTarget
+from popviz.target.gpu_cost import gpu_op_costs
+from popviz.vocab import MODELLED_KIND
+
+# optimiser ops that only run in the first step (state made) or on the host (a 0-dim step
+# count's `.item()`): no GPU time in a steady-state step
+FIRST_STEP_OPS = ("aten.zeros_like", "aten.clone", "aten._local_scalar_dense",
+                  "aten.lift_fresh", "aten.empty", "aten.copy_")
+OOM_COLUMNS = ("ipu", "tile", "bytes_over", "variables")
+TILE_COLUMNS = ("ipu", "tile", "capacity_bytes", "total_bytes", "code", "always_live",
+                "not_always_live_peak", "exchange", "vertex_state")
+
+
+AS_RECORDED = Precision(4, 4, False)  # with dtypes hidden below: every byte as recorded
+
+
+def as_recorded(program: Program) -> Program:
+    """The program as the shared per-stage costs should read it on a GPU: the dtypes run as
+    recorded (fp32, or bf16 / fp16 where the user recorded under autocast), so the IPU
+    `precision` option must not rescale them: `dtype_scale` leaves a non-float label at 1."""
+    return Program(program.ops, program.tensors.assign(dtype="as-recorded"), program.model,
+                   program.mode)
+
+
+def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
+                    ) -> tuple[Program, int, StagePlan, pd.DataFrame]:
+    """The front half of `compile_gpu` (the fit's too): the program at the micro-batch,
+    its stages (looped round the GPUs for Interleaved1F1B) and each op's ns, in program
+    order."""
+    program, micro_batch = _rescale(program, options)
+    if not options.training:
+        program = _forward_only(program)
+    looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
+        (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
+    plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
+    if options.schedule == "Interleaved1F1B" and len(plan.stages) > 1:
+        gpus = options.num_ipus or max(1, len(plan.stages) // 2)
+        ipus = np.arange(len(plan.stages)) % gpus
+        plan.stages["ipu"] = ipus
+        plan.ops["ipu"] = ipus[plan.ops["stage"].to_numpy(np.int64)]
+        plan.num_ipus = gpus
+    ops = plan.ops
+    ops = pd.concat([ops, gpu_op_costs(ops, target)], axis=1)
+    first = (ops["phase"] == "optimiser") & ops["op"].astype(str).str.startswith(FIRST_STEP_OPS)
+    ops.loc[first | (ops["phase"] == "host_io"), ["cycles", "kernels"]] = 0
+    if options.training and options.gradient_accumulation > 1:
+        ops["cycles"] = ops["cycles"] + _accumulation_ns(ops, program, options, target)
+    for col in ("amp_used", "amp_ignored", "temp_bytes"):  # contract columns; no AMP
+        ops[col] = False if col == "amp_ignored" else 0
+    return program, micro_batch, plan, program_order(ops)
+
+
+def _accumulation_ns(ops: pd.DataFrame, program: Program, options: Options,
+                     target: GpuTarget) -> np.ndarray:
+    """Gradient accumulation: after the first micro-batch, autograd adds each new weight
+    gradient into `.grad` (one add kernel: read both, write one). Spread as a mean per
+    micro-batch over the ops that make the gradients."""
+    t = program.tensors
+    grad = t[(t["category"] == "gradient") & (t["producer"] >= 0)]
+    share = (options.gradient_accumulation - 1) / options.gradient_accumulation
+    per = (target.cost.kernel_ns + 3 * grad["bytes"].to_numpy(np.float64)
+           / (target.hbm_bytes_per_s * target.cost.memory_efficiency) * 1e9) * share
+    extra = pd.Series(per).groupby(grad["producer"].to_numpy()).sum()
+    return np.ceil(extra.reindex(ops["op_id"].to_numpy()).fillna(0.0).to_numpy()
+                   * (ops["source_op"].to_numpy() < 0)).astype(np.int64)
+
+
+def _lifetimes(program: Program, options: Options) -> pd.DataFrame:
+    """The tensors as the replay reads them. Inference (no_grad) frees an activation after
+    its last forward reader: the recorded `last_use` of one the backward read was cut to
+    the forward's last op, which would hold it to the end, so it is dropped and the
+    dataflow decides."""
+    t = program.tensors
+    if options.training or not len(program.ops):
+        return t
+    last = int(program.ops["op_id"].max())
+    cut = (t["last_use"].to_numpy() >= last) & \
+        t["category"].isin(["activation", "temporary", "input"]).to_numpy()
+    return t.assign(last_use=np.where(cut, -1, t["last_use"].to_numpy()))
+
+
+def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report:
+    program, micro_batch, plan, ops = costed_gpu_plan(program, options, target)
+    n = len(plan.stages)
+    costs = _stage_costs(ops, as_recorded(program), plan, options, AS_RECORDED, n)
+    kind = "Sequential" if options.strategy == "sharded" else options.schedule
+    microbatches = options.gradient_accumulation
+    iterations = options.device_iterations
+    if not options.training:
+        microbatches, iterations = microbatches * iterations, 1
+    has_wu = options.training and bool((ops["pass"] == "WU").any())
+    schedule = build_schedule(n, microbatches, iterations, options.training, kind,
+                              options.replication_factor, has_wu, costs.recompute > 0)
+    # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
+    nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
+    timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
+                               options.replication_factor, nvlink)
+    real = ops[ops["source_op"] < 0]
+    op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
+    t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
+    stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
+    memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
+                           stage_gpu, plan.num_ipus)
+    stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
+    tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
+    out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
+    meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
+            "model": dict(program.model), "kind": MODELLED_KIND,
+            "gpu": {"max_memory_allocated": memory.peak_allocated.tolist(),
+                    "max_memory_reserved": memory.peak_reserved.tolist(),
+                    "device_memory_bytes": target.memory_bytes,
+                    "usable_bytes": target.usable_bytes,
+                    "link": "nvlink" if nvlink else "pcie"}}
+    summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
+                       microbatches * iterations, schedule.name, schedule.stash_depth)
+    tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
+              "tile_memory": _empty(TILE_COLUMNS), "exchange": timing.exchange,
+              "ops": out_ops, "tensors": tensors, "variables": memory.variables,
+              "oom": _empty(OOM_COLUMNS)}
+    return Report(meta=meta, tables=tables, arrays={}, summary=summary)
+
+
+def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object if c == "variables" else np.int64)
+                         for c in columns})
+
+
+def _stages_table(plan: StagePlan, ops: pd.DataFrame, timing: GpuTiming, memory: GpuMemory,
+                  costs: Any, depth: np.ndarray, n: int) -> pd.DataFrame:
+    times = stage_columns(stage_time(timing.trace, n)).round().astype(np.int64)
+    gpu = plan.stages["ipu"].to_numpy(np.int64)
+    out = plan.stages[["stage", "ipu"]].copy()
+    for col in ("forward_cycles", "backward_cycles", "recompute_cycles", "exchange_cycles",
+                "idle_cycles"):
+        out[col] = times[col].to_numpy()
+    out["stash_bytes"] = memory.stash_per_microbatch * depth
+    out["peak_bytes"] = memory.peak_allocated[gpu]
+    out["peak_reserved_bytes"] = memory.peak_reserved[gpu]
+    out["optimiser_cycles"] = times["optimiser_cycles"].to_numpy()
+    out["first_layer"] = plan.stages["first_layer"].astype(str)
+    out["last_layer"] = plan.stages["last_layer"].astype(str)
+    out["num_ops"] = np.bincount(ops["stage"].to_numpy(np.int64), minlength=n)[:n]
+    out["kernels"] = np.bincount(ops["stage"].to_numpy(np.int64),
+                                 weights=ops["kernels"].to_numpy(np.float64), minlength=n)[:n]
+    out["sync_cycles"] = times["sync_cycles"].to_numpy()
+    out["forward_cycles_per_microbatch"] = costs.forward
+    out["recompute_cycles_per_microbatch"] = costs.recompute
+    out["backward_cycles_per_microbatch"] = costs.backward
+    out["stash_depth"] = depth
+    out["stash_bytes_per_microbatch"] = memory.stash_per_microbatch
+    out["boundary_bytes"] = costs.boundary_bytes
+    return out
+
+
+def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.DataFrame,
+             options: Options, target: GpuTarget, micro_batch: int, microbatches: int,
+             schedule: str, depth: np.ndarray) -> dict[str, Any]:
+    ns = timing.total_ns
+    seconds = ns / 1e9
+    replicas = options.replication_factor
+    samples = micro_batch * microbatches * replicas
+    total = plan.num_ipus * replicas
+    throughput = samples / seconds if seconds else 0.0
+    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
+              + stages["backward_cycles_per_microbatch"])
+    reserved = memory.peak_reserved
+    # fit as the metrics core judges it from the tables (allocated peak against the GPU's
+    # usable memory); `reserved_fits` adds the allocator's cached segments
+    fits = device_fits(memory.liveness, {g: target.usable_bytes for g in range(plan.num_ipus)})
+    summary = {
+        "family": GPU_FAMILY, "fits": fits, "oom_tiles": 0,
+        "reserved_fits": bool((reserved <= target.usable_bytes).all()),
+        "oom_ipus": [int(i) for i in np.flatnonzero(reserved > target.usable_bytes)],
+        "num_ipus": plan.num_ipus, "num_gpus": plan.num_ipus, "replicas": replicas,
+        "total_ipus": total, "total_gpus": total,
+        "step_cycles": ns, "step_seconds": seconds, "step_ms": seconds * 1e3,
+        "samples_per_step": samples, "throughput": throughput,
+        "throughput_per_ipu": throughput / total if total else 0.0,
+        "latency_ms": timing.latency_ns / 1e6 if not options.training else None,
+        "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
+        "idle_fraction": idle_fraction(timing.trace, plan.num_ipus),
+        **{f"{phase}_cycles": v for phase, v in timing.phase_ns.items()},
+        "peak_liveness_bytes": {str(i): int(memory.peak_allocated[i])
+                                for i in range(plan.num_ipus)},
+        "max_memory_allocated": {str(i): int(v) for i, v in enumerate(memory.peak_allocated)},
+        "max_memory_reserved": {str(i): int(v) for i, v in enumerate(reserved)},
+        "device_memory_bytes": target.memory_bytes,
+        "amp_ignored": 0, "amp_ignored_ops": [],
+        "schedule": schedule, "strategy": options.strategy,
+        "micro_batch_size": micro_batch, "microbatches": microbatches,
+        "training": options.training, "stage_mode": plan.split_mode,
+        "stash_depth": depth.tolist(),
+        "liveness_steps": memory.liveness.groupby("ipu")["step"].max().add(1).tolist(),
+        "max_tile_bytes": 0,
+        "stages": stages.drop(columns=["first_layer", "last_layer"]).to_dict("records"),
+    }
+    for row, (_, s) in zip(summary["stages"], stages.iterrows(), strict=True):
+        row["first_layer"], row["last_layer"] = str(s["first_layer"]), str(s["last_layer"])
+    return _py(summary)

@@ -1,0 +1,222 @@
+"""GPU targets: NVIDIA H100 SXM, H100 PCIe, A100 80GB (kernels on streams, no tiles).
+
+The second target family beside the IPUs of `machines.py`. A GPU runs each recorded op as
+one or more kernels on one stream; its time is a roofline of the op's FLOPs (tensor cores by
+dtype) and bytes (HBM) plus a fixed cost per kernel (`popviz/target/gpu_cost.py`); its
+memory is what PyTorch's caching allocator holds (`popviz/compiler/gpu_alloc.py`). Every
+figure names its source in `sources` (published datasheet figures are listed with their
+documents in docs/hardware.md, "GPU targets"); the modelling constants live in `GpuCost`
+with their provenance. Times in a GPU profile are ns (`clock_hz` = 1e9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+GPU_FAMILY = "gpu"
+IPU_FAMILY = "ipu"
+GB = 1e9
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """Modelling constants of the GPU roofline. `fitted` ones are set by
+    bench/fit_gpu_cost.py to the ResNet-50 batch-64 H100 fixture's kernel times per op
+    class (tests/fixtures/kineto_resnet50_b64.json.gz); the pipelining fixture stays out of
+    the fit as a check. The others are assumed (docs/cost-model.md, "GPU targets")."""
+
+    kernel_ns: float = 1456.0  # fitted: fixed GPU time per kernel (launch, ramp, tail)
+    matmul_efficiency: float = 0.62  # assumed: share of dense bf16 a large cuBLAS GEMM gets
+    conv_efficiency: float = 0.312  # fitted: the same for cuDNN convolutions (fp32: TF32)
+    conv_backward_efficiency: float = 0.216  # fitted: cuDNN dgrad + wgrad
+    ramp_ns: float = 18950.0  # fitted: a GEMM's fixed time (SM fill / drain) on top of its rate
+    memory_efficiency: float = 0.840  # fitted: share of HBM bandwidth an elementwise op gets
+    norm_reads: float = 3.31  # fitted: times a norm reads its input (statistics, normalising)
+    attention_efficiency: float = 0.45  # assumed: fused (flash) attention, FA2 on H100
+    vector_efficiency: float = 0.60  # assumed: share of the non-tensor FP32 rate
+    conv_forward_kernels: float = 3.0  # measured: fixture, 156 kernels / 53 convs (NCHW)
+    conv_backward_kernels: float = 6.0  # measured: fixture, 318 kernels / 53 backward convs
+    foreach_tensors: float = 48.0  # assumed: tensors per multi_tensor_apply launch
+    context_bytes: int = 512 * 2**20  # assumed: CUDA context + cuBLAS / cuDNN workspace
+
+    def to_dict(self) -> dict[str, float]:
+        return {f"gpu_{k}": float(v) for k, v in asdict(self).items()}
+
+    def with_values(self, **values: float) -> GpuCost:
+        names = {f.name for f in fields(GpuCost)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown GPU cost constants {unknown}; valid: "
+                             f"{', '.join(sorted(names))}")
+        return replace(self, **values)
+
+
+DEFAULT_GPU_COST = GpuCost()
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """One GPU model. Rates are dense (no structured sparsity), per GPU."""
+
+    name: str
+    description: str
+    memory_bytes: int  # device memory the CUDA runtime reports (totalGlobalMem)
+    hbm_bytes_per_s: float
+    fp32_flops: float  # CUDA cores, no tensor cores
+    tf32_flops: float  # tensor cores, dense
+    bf16_flops: float  # = fp16, dense
+    fp8_flops: float  # 0 where the GPU has none
+    nvlink_bytes_per_s: float  # per direction, one GPU to its peers
+    pcie_bytes_per_s: float  # per direction, to the host (and peers without NVLink)
+    nvlink_gpus: int = 8  # GPUs one NVLink domain joins (an HGX board); more: PCIe
+    p2p_latency_s: float = 5e-6  # assumed
+    host_latency_s: float = 10e-6  # assumed
+    sms: int = 132
+    clock_hz: float = 1e9  # times are ns: one "cycle" is one ns
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    cost: GpuCost = DEFAULT_GPU_COST
+
+    family = GPU_FAMILY
+
+    # IPU words some shared code reads: a GPU has no tiles
+    tiles_per_ipu = 0
+    bytes_per_tile = 0
+
+    def peak_flops(self, dtype: str, tensor_cores: bool = True) -> float:
+        """Dense FLOP/s for an op in `dtype`: bf16 / fp16 on tensor cores; fp32 on TF32
+        tensor cores when `tensor_cores` (PyTorch's cuDNN default), else on CUDA cores."""
+        d = str(dtype)
+        if d in ("float16", "bfloat16", "half"):
+            return self.bf16_flops
+        if "float8" in d:
+            return self.fp8_flops or self.bf16_flops
+        return self.tf32_flops if tensor_cores else self.fp32_flops
+
+    def link_bytes_per_s(self, nvlink: bool = True) -> float:
+        return self.nvlink_bytes_per_s if nvlink and self.nvlink_bytes_per_s else \
+            self.pcie_bytes_per_s
+
+    def p2p_ns(self, nbytes: float, nvlink: bool = True) -> float:
+        """One NCCL send / recv of `nbytes` between two GPUs (alpha-beta)."""
+        if nbytes <= 0:
+            return 0.0
+        return (self.p2p_latency_s + nbytes / self.link_bytes_per_s(nvlink)) * 1e9
+
+    def allreduce_ns(self, nbytes: float, gpus: int, nvlink: bool = True) -> float:
+        """A ring all-reduce of `nbytes` over `gpus` GPUs: 2(n-1) steps of n-th chunks."""
+        if nbytes <= 0 or gpus <= 1:
+            return 0.0
+        steps = 2 * (gpus - 1)
+        return (steps * self.p2p_latency_s
+                + steps / gpus * nbytes / self.link_bytes_per_s(nvlink)) * 1e9
+
+    def host_ns(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return (self.host_latency_s + nbytes / self.pcie_bytes_per_s) * 1e9
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the caching allocator may reserve: the device memory less the context."""
+        return int(self.memory_bytes - self.cost.context_bytes)
+
+    def to_meta(self, num_gpus: int) -> dict[str, Any]:
+        """The `target` dict of the profile (JSON-safe): the contract's IPU keys with GPU
+        meanings (num_ipus = GPUs, no tiles, clock 1 GHz = ns) plus the GPU figures."""
+        meta: dict[str, Any] = {k: v for k, v in asdict(self).items()
+                                if k not in ("sources", "cost")}
+        meta.update(self.cost.to_dict())
+        meta.update({"family": GPU_FAMILY, "num_ipus": int(num_gpus), "num_gpus": int(num_gpus),
+                     "tiles_per_ipu": 0, "bytes_per_tile": 0,
+                     "usable_bytes": self.usable_bytes})
+        return meta
+
+
+_DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com, 2023): "
+_DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021): "
+_FIXTURE = ("measured: totalGlobalMem of 'NVIDIA H100 80GB HBM3' in the deviceProperties of "
+            "tests/fixtures/kineto_resnet50_b64.json.gz (85,017,493,504 B)")
+_ASSUMED = {
+    "p2p_latency_s": "assumed: 5 us per NCCL send/recv (nccl-tests small-message latency "
+                     "order; no datasheet figure)",
+    "host_latency_s": "assumed: 10 us per host <-> device copy",
+}
+
+H100_SXM = GpuTarget(
+    name="h100", description="NVIDIA H100 SXM5 80GB (HBM3)",
+    memory_bytes=85_017_493_504, hbm_bytes_per_s=3.35 * TB,
+    fp32_flops=67e12, tf32_flops=494.5e12, bf16_flops=989.5e12, fp8_flops=1979e12,
+    nvlink_bytes_per_s=450 * GB, pcie_bytes_per_s=64 * GB, sms=132,
+    sources={
+        "memory_bytes": _FIXTURE + "; datasheet: 80 GB",
+        "hbm_bytes_per_s": _DS_H100 + "H100 SXM GPU memory bandwidth 3.35 TB/s",
+        "fp32_flops": _DS_H100 + "FP32 67 teraFLOPS",
+        "tf32_flops": _DS_H100 + "TF32 Tensor Core 989 TFLOPS with sparsity; dense = half",
+        "bf16_flops": _DS_H100 + "BF16 / FP16 Tensor Core 1,979 TFLOPS with sparsity; "
+                                 "dense = half",
+        "fp8_flops": _DS_H100 + "FP8 Tensor Core 3,958 TFLOPS with sparsity; dense = half",
+        "nvlink_bytes_per_s": _DS_H100 + "NVLink 900 GB/s (both directions); 450 GB/s each",
+        "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
+        "sms": "published: 132 SMs (numSms of the fixture's deviceProperties)",
+        "nvlink_gpus": "published: 8 GPUs per HGX H100 board, all joined by NVLink / NVSwitch "
+                       "(NVIDIA HGX H100 product page)",
+        **_ASSUMED})
+
+H100_PCIE = GpuTarget(
+    name="h100-pcie", description="NVIDIA H100 PCIe 80GB (HBM2e)",
+    memory_bytes=85_017_493_504, hbm_bytes_per_s=2.0 * TB,
+    fp32_flops=51e12, tf32_flops=378e12, bf16_flops=756e12, fp8_flops=1513e12,
+    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114, nvlink_gpus=2,
+    sources={
+        "memory_bytes": "derived: 80 GB as the SXM part (its totalGlobalMem, see h100)",
+        "hbm_bytes_per_s": _DS_H100 + "H100 PCIe GPU memory bandwidth 2 TB/s",
+        "fp32_flops": _DS_H100 + "FP32 51 teraFLOPS",
+        "tf32_flops": _DS_H100 + "TF32 Tensor Core 756 TFLOPS with sparsity; dense = half",
+        "bf16_flops": _DS_H100 + "BF16 / FP16 Tensor Core 1,513 TFLOPS with sparsity; "
+                                 "dense = half",
+        "fp8_flops": _DS_H100 + "FP8 Tensor Core 3,026 TFLOPS with sparsity; dense = half",
+        "nvlink_bytes_per_s": _DS_H100 + "NVLink bridge 600 GB/s (both directions); 300 each",
+        "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
+        "sms": "published: 114 SMs (NVIDIA Hopper architecture whitepaper)",
+        "nvlink_gpus": "published: the NVLink bridge joins two H100 PCIe cards " + "(" +
+                       _DS_H100.strip(": ") + ")",
+        **_ASSUMED})
+
+A100_80GB = GpuTarget(
+    name="a100", description="NVIDIA A100 SXM4 80GB (HBM2e)",
+    memory_bytes=85_198_045_184, hbm_bytes_per_s=2.039 * TB,
+    fp32_flops=19.5e12, tf32_flops=156e12, bf16_flops=312e12, fp8_flops=0.0,
+    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=32 * GB, sms=108,
+    sources={
+        "memory_bytes": "derived: 80 GiB less the driver's reservation, as CUDA reports an "
+                        "A100-SXM4-80GB (85,198,045,184 B)",
+        "hbm_bytes_per_s": _DS_A100 + "A100 80GB SXM GPU memory bandwidth 2,039 GB/s",
+        "fp32_flops": _DS_A100 + "FP32 19.5 TFLOPS",
+        "tf32_flops": _DS_A100 + "Tensor Float 32 156 TFLOPS (312 with sparsity)",
+        "bf16_flops": _DS_A100 + "BFLOAT16 / FP16 Tensor Core 312 TFLOPS (624 with sparsity)",
+        "fp8_flops": "published: none (Ampere has no FP8 tensor cores)",
+        "nvlink_bytes_per_s": _DS_A100 + "NVLink 600 GB/s (both directions); 300 GB/s each",
+        "pcie_bytes_per_s": _DS_A100 + "PCIe Gen4 64 GB/s (both directions); 32 GB/s each",
+        "sms": "published: 108 SMs (NVIDIA A100 Tensor Core GPU architecture whitepaper)",
+        "nvlink_gpus": "published: 8 GPUs per HGX A100 board joined by NVSwitch (NVIDIA "
+                       "HGX A100 product page)",
+        **_ASSUMED})
+
+GPU_TARGETS: dict[str, GpuTarget] = {t.name: t for t in (H100_SXM, H100_PCIE, A100_80GB)}
+GPU_ALIASES = {"h100-sxm": "h100", "h100_sxm": "h100", "h100_pcie": "h100-pcie",
+               "a100-80gb": "a100", "a100_80gb": "a100", "a100-sxm": "a100"}
+
+
+def family_of(target: Any) -> str:
+    """'gpu' for a GpuTarget, a target meta dict naming that family, else 'ipu'."""
+    if isinstance(target, GpuTarget):
+        return GPU_FAMILY
+    if isinstance(target, dict):
+        return str(target.get("family") or IPU_FAMILY)
+    return str(getattr(target, "family", IPU_FAMILY))
+
+
+def is_gpu(target: Any) -> bool:
+    return family_of(target) == GPU_FAMILY

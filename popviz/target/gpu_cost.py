@@ -1,0 +1,94 @@
+"""Per-op time on a GPU: a roofline per op class and shape plus a fixed cost per kernel.
+
+    time = kernels * kernel_ns + max(compute, memory)
+    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns
+    memory = bytes moved / (HBM bandwidth * memory_efficiency)
+
+Tensor-core ops (conv, matmul, fused attention) are compute-bound when large; a GEMM also
+pays a fixed `ramp_ns` (filling and draining the SMs, prologue and epilogue: a time, the
+same whatever its rate), so its achieved rate rises with its size towards `efficiency` of
+the peak: the efficiency curve. Elementwise, norm, reduction and copies are
+memory-bound. Views and aliases launch nothing. The optimiser's per-parameter ops, recorded
+one by one on the CPU, run fused on CUDA (PyTorch's foreach default: multi_tensor_apply),
+so each costs a share of a kernel. The constants and their fit: `GpuCost`
+(popviz/target/gpu.py) and bench/fit_gpu_cost.py; docs/cost-model.md, "GPU targets".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from popviz.target.gpu import GpuCost, GpuTarget
+
+TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
+ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention",
+                   "cudnn_attention")
+FREE_OPS = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+            "aten.lift_fresh", "aten.detach", "aten._to_copy.default#noop")
+OUT_COLUMNS = ("cycles", "kernels", "compute_ns", "memory_ns", "launch_ns")
+
+
+def kernel_counts(ops: pd.DataFrame, cost: GpuCost) -> np.ndarray:
+    """Kernels each op launches on CUDA (fractional for fused optimiser ops)."""
+    name = ops["op"].astype(str)
+    cls = ops["op_class"].to_numpy(str)
+    moves = (ops["bytes_written"].to_numpy(np.int64) > 0) | \
+        (ops["flops"].to_numpy(np.int64) > 0)
+    free = name.str.startswith(FREE_OPS).to_numpy()
+    kernels = np.where(moves & ~free, 1.0, 0.0)
+    conv = np.isin(cls, TENSOR_CLASSES[:3])
+    backward = name.str.contains("backward").to_numpy()
+    kernels = np.where(conv & ~backward, cost.conv_forward_kernels, kernels)
+    kernels = np.where(conv & backward, cost.conv_backward_kernels, kernels)
+    update = (ops["phase"].to_numpy(str) == "optimiser") & (kernels > 0)
+    foreach = name.str.contains("_foreach_").to_numpy()
+    # per-parameter update ops (a CPU recording) run fused on CUDA: a share of a kernel;
+    # a recorded foreach op launches one kernel per `foreach_tensors` tensors of its lists
+    n_tensors = ops["shapes"].astype(str).str.count(r"\[").to_numpy(np.float64)
+    kernels = np.where(update & ~foreach, 1.0 / cost.foreach_tensors, kernels)
+    kernels = np.where(foreach, np.maximum(1.0, np.ceil(n_tensors / cost.foreach_tensors)),
+                       kernels)
+    return kernels
+
+
+def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = None
+                 ) -> pd.DataFrame:
+    """ns per op (column `cycles`: one cycle is one ns on a GPU target) and its terms,
+    indexed like `ops`. Deterministic and vectorised."""
+    cost = cost or target.cost
+    n = len(ops)
+    if not n:
+        return pd.DataFrame({c: pd.Series(dtype=np.float64) for c in OUT_COLUMNS})
+    cls = ops["op_class"].to_numpy(str)
+    flops = ops["flops"].to_numpy(np.float64)
+    read = ops["bytes_read"].to_numpy(np.float64)
+    written = ops["bytes_written"].to_numpy(np.float64)
+    dtype = ops["dtype"].astype(str)
+    name = ops["op"].astype(str)
+    kernels = kernel_counts(ops, cost)
+
+    half = dtype.isin(["float16", "bfloat16"]).to_numpy()
+    attention = name.str.contains("|".join(ATTENTION_MARKS)).to_numpy()
+    conv = np.isin(cls, TENSOR_CLASSES[:3])
+    matmul = (cls == "matmul") & ~attention
+    # PyTorch's defaults: cuDNN convolutions may use TF32, fp32 matmuls may not
+    tensor_peak = np.where(half, target.bf16_flops, target.tf32_flops)
+    fp32 = target.fp32_flops * cost.vector_efficiency  # CUDA cores (non-tensor fp32)
+    matmul_peak = np.where(half, target.bf16_flops * cost.matmul_efficiency, fp32)
+    backward = name.str.contains("backward").to_numpy()
+    peak = np.select([conv & backward, conv, matmul, attention],
+                     [tensor_peak * cost.conv_backward_efficiency,
+                      tensor_peak * cost.conv_efficiency, matmul_peak,
+                      tensor_peak * cost.attention_efficiency], fp32)
+    tensor = conv | matmul | attention
+    compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
+    moved = np.where(cls == "norm", cost.norm_reads * read + written, read + written)
+    memory = np.where(kernels > 0, moved / (target.hbm_bytes_per_s * cost.memory_efficiency)
+                      * 1e9, 0.0)
+    launch = kernels * cost.kernel_ns
+    total = np.where(kernels > 0, launch + np.maximum(compute, memory), 0.0)
+    out = pd.DataFrame({"cycles": np.ceil(total).astype(np.int64), "kernels": kernels,
+                        "compute_ns": compute, "memory_ns": memory, "launch_ns": launch},
+                       index=ops.index)
+    return out

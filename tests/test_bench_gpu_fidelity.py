@@ -1,0 +1,58 @@
+"""bench/bench_gpu_fidelity.py: its prediction half on a tiny model (no GPU needed), and its
+measured half, which skips visibly without CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu_fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_gpu_fidelity", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_predictions_without_a_gpu(bench: Any, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--models", "mlp", "--batches", "8", "64", "--target", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "target a100" in out and "needs a GPU" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("mlp ")]
+    assert [int(r[1]) for r in rows] == [8, 64]
+    step = [float(r[2]) for r in rows]
+    alloc = [float(r[7]) for r in rows]  # "needs a GPU" is three words, then "-"
+    assert 0 < step[0] < step[1] and 0 < alloc[0] <= alloc[1]
+    assert re.search(r"largest batch mlp: predicted (at least )?\d+, found needs a GPU", out)
+
+
+def test_predict_one_row(bench: Any) -> None:
+    small = bench.predict("mlp", 8, "h100")
+    assert small.fits and small.allocated <= small.reserved
+
+
+def test_bad_model_is_one_line(bench: Any) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "nope"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: the measured half of bench_gpu_fidelity.py")
+def test_measured_half_on_a_gpu(bench: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--models", "mlp", "--batches", "64", "--no-largest"]) == 0
+    out = capsys.readouterr().out
+    assert "needs a GPU" not in out and "mean |error|" in out
