@@ -205,16 +205,22 @@ def test_bundled_profiles_segment_costs_equal_the_stage_table() -> None:
         expected.tolist(), rel=1e-6)
     assert stage_costs(segs, bounds) != pytest.approx(expected.tolist(), rel=1e-6)
     texts = [a.text for a in analysis.insights(p)["advice"]]
-    moves = [t for t in texts if _is_move(t)]
-    # IPU model v3 plans Graphcore's published layout balanced (tune finds 1.02x at best,
-    # bench/bench_expert_plans.py): no split is moved, and AMP is named where it changes
-    # something
-    assert moves == []
+    # with popops vector costs the published layout's first stage is the heaviest
+    # (Graphcore kept it for memory; the model's tiles still have room, issue 20): the plan
+    # the advice gives is the planner's balanced split, quoted with its own stage costs
+    recompute = profile_recomputes(p.meta)
+    proposed = balanced_bounds(segs, len(st), bounds, recompute=recompute)
+    assert proposed is not None
+    plan = next(t for t in texts if t.startswith("One plan"))
+    assert f"splits {segs.splits(proposed)}" in plan
+    was = max(stage_costs(segs, bounds, recompute))
+    now = max(stage_costs(segs, proposed, recompute))
+    assert f"drops from {was:,.0f} to {now:,.0f} cycles per micro-batch" in plan
+    assert sum(_is_move(t) for t in texts) == sum(a != b for a, b in zip(bounds, proposed))
     amp = {a.ipu: a.text for a in analysis.insights(p)["advice"] if a.topic == "amp"}
-    # re-planned per AMP step (analysis.amp): IPU2 and IPU3 save cycles at 0.2; nothing
-    # above 0.15 changes IPU0's plans, and IPU1's by under 0.5%: not named
-    assert sorted(amp) == [2, 3], amp
-    assert all("raise availableMemoryProportion from 0.15 to 0.2" in t for t in amp.values())
+    # re-planned per AMP step (analysis.amp): only IPUs whose plans change are named
+    assert amp and all("raise availableMemoryProportion from 0.15 to" in t
+                       for t in amp.values())
 
 
 def test_bundled_single_block_stage_is_not_told_to_move_its_split() -> None:
