@@ -79,7 +79,7 @@ def test_merge_vets_its_rank_files(hostile: Path, tmp_path: Path,
     assert not out.exists()
 
 
-def test_merge_of_a_file_that_crashes_libhdf5_is_one_line(tmp_path: Path) -> None:
+def test_merge_of_a_1_0_file_that_crashed_libhdf5_is_one_line(tmp_path: Path) -> None:
     flipped = tmp_path / "rank0" / "profile.h5"
     flipped.parent.mkdir()
     shutil.copy(FLIPPED, flipped)
@@ -88,4 +88,6 @@ def test_merge_of_a_file_that_crashes_libhdf5_is_one_line(tmp_path: Path) -> Non
                            "--out", str(tmp_path / "m.h5")], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip() == f"popviz: error: {flipped}: {CRASHED}"
+    line = proc.stderr.strip()
+    assert "\n" not in line and line.startswith(f"popviz: error: {flipped}: profile format "
+                                                "1.0.0") and "regenerate" in line
