@@ -60,6 +60,34 @@ def test_pages_of_an_imported_profile_load_and_speak_ranks(pipeline: Any, resnet
     assert "bubbles" not in pp and "bottleneck" not in pp
 
 
+def test_exchange_page_of_an_import_lists_the_traces_exchange_time(resnet: Any,
+                                                                  tmp_path: Path) -> None:
+    """The trace counts the H100's memsets as exchange: /exchange lists them with the same
+    time as the stage table's exchange, not 'no exchange' (issue 21)."""
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from popviz.analysis.balance import profile_stages
+    from tests.dash_util import component_text
+
+    (tmp_path / "rn").mkdir()
+    shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    body = render(ctx, "/exchange", "?profile=rn/profile.h5")[1]
+    assert "No transfers between ranks" in component_text(body)
+    todo, rows = [body], None
+    while todo:
+        node = todo.pop()
+        if getattr(node, "id", None) == "exchange-trace":
+            rows = node.data
+        kids = getattr(node, "children", None)
+        todo += kids if isinstance(kids, list) else [kids] if kids is not None and \
+            not isinstance(kids, (str, int, float)) else []
+    assert rows and any("Memset" in r["op"] for r in rows)
+    assert sum(r["ns"] for r in rows) == pytest.approx(
+        float(profile_stages(resnet)["exchange_cycles"].sum()))
+
+
 def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
     from popviz.figures.compare import liveness_compare_figure
     modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"

@@ -13,6 +13,7 @@ from dash.exceptions import PreventUpdate
 from popviz import analysis, figures
 from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
 from popviz.analysis.memory import always_live_from_liveness, always_live_text
+from popviz.analysis.stash import stash_line, stash_variable_name
 from popviz.figures.liveness_sections import liveness_sections_figure
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
@@ -107,7 +108,8 @@ def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame
     live = analysis.variables_live_at(p.variables, ipu, step)
     head = (f"{where}: {len(live)} not-always-live variables, "
             f"{fmt_bytes(live['bytes'].sum()) if len(live) else '0 B'}")
-    live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[LIVE_COLUMNS]
+    live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]],
+                       name=[stash_variable_name(n) for n in live["name"]])[LIVE_COLUMNS]
     return head, live
 
 
@@ -148,11 +150,14 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "y-axis fits the data; the IPU's memory is drawn when on scale, named when not. "
             "Click the curve to list live variables.")
     always = always_live_from_liveness(entry.profile.liveness)
+    stashed = "" if naming(entry).measured else stash_line(entry.profile.stages,
+                                                           naming(entry).label)
     return html.Div([
         html.H2(title_of(entry)),
         html.P(hint, className="hint"),
         *([html.P(always_live_text(always, naming(entry).label), id="always-live",
                   className="hint")] if always and not naming(entry).measured else []),
+        *([html.P(stashed, id="live-stash", className="hint")] if stashed else []),
         graph("live-graph", liveness(ctx, entry)),
         html.H3(head, id="live-vars-head"),
         html.Div(_box(entry, live), id="live-vars-box"),

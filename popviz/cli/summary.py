@@ -59,6 +59,8 @@ def _insight_lines(facts: dict) -> list[str]:
     if neck and len(facts.get("stages") or []) > 1:
         lines.append(f"  bottleneck: stage {neck['stage']} on {words.label(neck['ipu'])}, "
                      f"{neck['relative_load']:.2f}x the mean stage load")
+    if int(facts.get("num_ipus") or 0) > 1 and facts.get("bubble_fraction") is not None:
+        lines.append(f"  pipeline bubbles: {facts['bubble_fraction']:.0%} idle")
     advice = facts.get("advice") or []
     if advice:
         lines.append("  advice:")
@@ -108,6 +110,8 @@ def insight_facts(profile: object) -> dict:
             k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
                                 "largest_category") if k in top},
         "bottleneck": found["bottleneck"],
+        # the summary page's "pipeline bubbles": idle over rank-time of every device
+        "bubble_fraction": found["bubble_fraction"],
         "advice": [a.text for a in found["advice"]],
     })
 
