@@ -1,0 +1,103 @@
+"""Issue 21's interactions through `popviz serve` (waitress): the ops table's filters
+(a cell it cannot read is named and skipped; the CSV is what is shown), its grouped view,
+the program tree in program order, /memory's clicked tile, /liveness's IPU-linked heat
+map. Screenshots go to test-artifacts/screenshots/views_*.png."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from .conftest import SCREENSHOTS
+from .test_analyser_browser import _modelled_with_ops
+from .test_app_browser import _open
+
+pytestmark = pytest.mark.browser
+
+
+def _shot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"views_{name}.png"), full_page=True)
+
+
+def _filter(page: Any, column: str, typed: str) -> str:
+    """Type `typed` in `column`'s filter cell; the note once the table has answered."""
+    before = page.inner_text("#ops-note")
+    cell = page.locator(f'th.dash-filter[data-dash-column="{column}"] input').first
+    cell.click()
+    cell.fill(typed)
+    cell.press("Enter")
+    page.wait_for_function("b => document.querySelector('#ops-note').innerText != b",
+                           arg=before, timeout=20_000)
+    return page.inner_text("#ops-note")
+
+
+def _cycles(page: Any) -> list[float]:
+    shown = page.locator('#ops-table td[data-dash-column="cycles"]').all_inner_texts()
+    return [float(s.replace(",", "")) for s in shown]
+
+
+def _count(note: str) -> int:
+    found = re.match(r"^([\d,]+) of ([\d,]+) ops", note)
+    assert found, note
+    return int(found[1].replace(",", ""))
+
+
+def test_ops_filters_survive_a_cell_they_cannot_read(browser_context: Any, base_url: str,
+                                                     served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    # two bounds in one cell are understood
+    note = _filter(page, "cycles", ">1e5 and <2e5")
+    assert "not understood" not in note, note
+    values = _cycles(page)
+    assert values and all(1e5 < v < 2e5 for v in values), values[:5]
+    # syntax it cannot read: one line naming it, the rows stay (no cycles filter)
+    note = _filter(page, "cycles", ">1e5 or <2e5")
+    assert "not understood" in note and "or <2e5" in note, note
+    everything = _count(note)
+    assert everything > 0 and len(_cycles(page)) > 0
+    _shot(page, "ops_bad_filter")
+    # a later filter in another column still applies
+    note = _filter(page, "op", "conv")
+    assert "not understood" in note and 0 < _count(note) < everything, note
+    ops = page.locator('#ops-table td[data-dash-column="op"]').all_inner_texts()
+    assert ops and all("conv" in o.lower() for o in ops), ops[:5]
+    # the CSV is the filtered rows, sorted as shown
+    page.locator('#ops-table th.dash-header[data-dash-column="cycles"] .column-header--sort')\
+        .first.click()
+    page.wait_for_function("() => decodeURIComponent(document.querySelector('#ops-csv')"
+                           ".href).includes('sort=')", timeout=20_000)
+    href = page.get_attribute("#ops-csv", "href")
+    got = page.request.get(base_url + href)
+    assert got.status == 200
+    rows = list(csv.DictReader(io.StringIO(got.text())))
+    assert len(rows) == _count(page.inner_text("#ops-note"))
+    assert all("conv" in r["op"].lower() for r in rows)
+    cycles = [float(r["cycles"]) for r in rows]
+    assert cycles == sorted(cycles) or cycles == sorted(cycles, reverse=True)
+    assert errors == []
+    page.close()
+
+
+def test_ops_grouped_by_op_class(browser_context: Any, base_url: str, served: Path) -> None:
+    rel = _modelled_with_ops(served)
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet")
+    page.click("#ops-group-by")
+    page.locator("[role=option]", has_text="class").first.click()  # a portal
+    page.wait_for_selector("#ops-groups-table .dash-spreadsheet", timeout=20_000)
+    shares = page.locator('#ops-groups-table td[data-dash-column="share"]').all_inner_texts()
+    counts = page.locator('#ops-groups-table td[data-dash-column="count"]').all_inner_texts()
+    assert shares and all(s.endswith("%") for s in shares)
+    assert sum(int(c.replace(",", "")) for c in counts) == _count(page.inner_text("#ops-note"))
+    _shot(page, "ops_grouped")
+    assert errors == []
+    page.close()
