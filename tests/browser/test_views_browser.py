@@ -101,3 +101,34 @@ def test_ops_grouped_by_op_class(browser_context: Any, base_url: str, served: Pa
     _shot(page, "ops_grouped")
     assert errors == []
     page.close()
+
+
+def test_program_tree_in_program_order_with_split_names(browser_context: Any, base_url: str,
+                                                        served: Path) -> None:
+    rel = "effnet_b4_pipeline/profile.h5"
+    if not (served / rel).exists():
+        pytest.skip("bundled profile missing")
+    page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
+    page.wait_for_selector("#tree-graph g.slice")
+    boxes = page.evaluate("""() => [...document.querySelectorAll('#tree-graph g.slice')]
+        .map(s => { const t = s.querySelector('text'); const r = s.getBoundingClientRect();
+                    return [t ? (t.querySelector('tspan') || t).textContent : '', r.y]; })""")
+    where = {label: y for label, y in boxes}
+    numbered = sorted((int(label.split(" ")[0]), y) for label, y in boxes
+                      if re.match(r"^\d+ · block", label))
+    assert len(numbered) >= 12, boxes[:20]
+    ys = [y for _, y in numbered]
+    assert ys == sorted(ys), numbered  # 0, 1, 2, ... 10 down the page, not 0, 1, 10, 11
+    assert "3 · block2b" in where
+    heads = [y for label, y in boxes if label.startswith("head")]
+    blocks = [y for label, y in boxes if label.startswith("blocks")]
+    assert heads and blocks and heads[0] > blocks[0]  # the head after the blocks
+    slice_ = page.locator("#tree-graph g.slice", has_text="3 · block2b").first
+    slice_.hover()
+    page.wait_for_selector("#tree-graph .hovertext", timeout=10_000)
+    hover = page.eval_on_selector("#tree-graph .hovertext", "e => e.textContent")
+    assert "of the step's compute (40 micro-batches" in hover, hover
+    assert "split names block2b" in hover and "stage 0 starts at" in hover, hover
+    _shot(page, "tree_program_order")
+    assert errors == []
+    page.close()
