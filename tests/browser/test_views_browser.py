@@ -132,3 +132,33 @@ def test_program_tree_in_program_order_with_split_names(browser_context: Any, ba
     _shot(page, "tree_program_order")
     assert errors == []
     page.close()
+
+
+def test_clicking_any_tile_lists_what_is_on_it(browser_context: Any, base_url: str,
+                                               served: Path) -> None:
+    rel = "rn50_pipeline/profile.h5"
+    if not (served / rel).exists():
+        pytest.skip("bundled profile missing")
+    page, errors = _open(browser_context, f"{base_url}/memory?profile={quote(rel)}")
+    ticks = page.eval_on_selector_all("#mem-map .ytick text", "e => e.map(t => t.textContent)")
+    title = page.eval_on_selector("#mem-map .g-ytitle", "e => e.textContent")
+    assert "first tile of the row" in title and ticks[:2] == ["0", str(int(ticks[1]))]
+    assert int(ticks[1]) % 64 == 0  # tile numbers, as the title says
+    assert "colours from" in page.eval_on_selector("#mem-map .gtitle", "e => e.textContent")
+    before = page.inner_text("#mem-tile-head")
+    area = page.locator("#mem-map .nsewdrag").first
+    area.scroll_into_view_if_needed()
+    box = area.bounding_box()
+    spot = {"x": box["width"] * 0.3, "y": box["height"] * 0.6}
+    area.hover(position=spot)
+    area.click(position=spot)
+    page.wait_for_function("b => document.querySelector('#mem-tile-head').innerText != b",
+                           arg=before, timeout=20_000)
+    head = page.inner_text("#mem-tile-head")
+    assert re.match(r"IPU0 tile \d+: not-always-live peak [\d.,]+ \w+ at step \d+", head), head
+    assert "What is on it" in page.inner_text("#mem-breakdown")
+    names = page.locator("#mem-tile-vars td[data-dash-column='name']").all_inner_texts()
+    assert names, "no variables listed for a tile that fits"
+    _shot(page, "memory_tile")
+    assert errors == []
+    page.close()
