@@ -160,10 +160,18 @@ def test_trace_zoom_callback_switches_level_of_detail(app: Any) -> None:
 def test_liveness_callbacks(app: Any) -> None:
     cb = app.popviz_callbacks
     search = f"?profile={OOM}"
-    fig = cb["liveness.zoom"]({"xaxis2.range": [50, 80]}, search)
-    assert list(fig.layout.xaxis.range) == [50, 80]
-    xs = [x for d in fig.data if d.name == "always-live" for x in d.x]
+    # each IPU's panel has its own x-axis: a zoom on the second (IPU1) moves only it
+    fig, held = cb["liveness.zoom_to"]({"xaxis2.range": [50, 80]}, search)
+    assert list(fig.layout.xaxis2.range) == [50, 80] and held == {"1": [50, 80]}
+    assert list(fig.layout.xaxis.range) != [50, 80]
+    xs = [x for d in fig.data if d.name == "always-live" and d.xaxis == "x2" for x in d.x]
     assert min(xs) >= 49 and max(xs) <= 81
+    # the heat map follows the panel's steps and the clicked IPU
+    heat = cb["liveness.heat"](1, None, search, held)
+    assert "IPU1" in heat.layout.title.text
+    *_, picked = cb["liveness.click_at"](
+        {"points": [{"x": 60, "customdata": ["op", "f", 1, 1]}]}, search)
+    assert picked == 1
     head, box = cb["liveness.click"]({"points": [{"x": 100, "customdata": ["op", "f", 1, 1]}]},
                                      search)
     assert head.startswith("IPU1, step 100:")

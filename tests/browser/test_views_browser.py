@@ -162,3 +162,54 @@ def test_clicking_any_tile_lists_what_is_on_it(browser_context: Any, base_url: s
     _shot(page, "memory_tile")
     assert errors == []
     page.close()
+
+
+def test_liveness_per_ipu_axes_and_a_heat_map_that_follows(browser_context: Any,
+                                                           base_url: str, served: Path) -> None:
+    rel = "rn50_pipeline/profile.h5"
+    if not (served / rel).exists():
+        pytest.skip("bundled profile missing")
+    page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
+    graph = "#live-graph .js-plotly-plot"
+    # the fold note is drawn inside the figure
+    inside = page.evaluate(f"""() => {{ const g = document.querySelector('{graph}');
+        const n = [...g.querySelectorAll('.annotation')].find(a =>
+            a.textContent.includes('folded'));
+        if (!n) return null; const r = n.getBoundingClientRect(),
+            f = g.getBoundingClientRect(); return r.bottom <= f.bottom && r.top >= f.top; }}""")
+    assert inside is True
+    axes = page.evaluate(f"() => Object.keys(document.querySelector('{graph}')._fullLayout)"
+                         ".filter(k => /^xaxis\\d*$/.test(k)).length")
+    assert axes >= 4  # one x-axis per IPU
+    assert page.evaluate(f"() => document.querySelector('{graph}').data"
+                         ".filter(d => d.name === 'peak').length") >= 4
+    text = page.inner_text("#live-stash")
+    assert "IPU0 7 micro-batches x" in text
+    # click IPU2's curve: its variables, and the heat map switches to IPU2
+    before = page.text_content("#tile-live-graph .gtitle")
+    # a real click on IPU2's peak star (its pixel from the axes)
+    spot = page.evaluate(f"""() => {{ const g = document.querySelector('{graph}');
+        const i = g.data.findIndex(d => d.name === 'peak' && d.xaxis === 'x3');
+        const p = g.calcdata[i][0], L = g._fullLayout, b = g.getBoundingClientRect();
+        return [b.left + L.xaxis3._offset + L.xaxis3.l2p(p.x),
+                b.top + L.yaxis3._offset + L.yaxis3.l2p(p.y)]; }}""")
+    head = page.inner_text("#live-vars-head")
+    page.mouse.move(spot[0], spot[1])
+    page.mouse.click(spot[0], spot[1])
+    page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
+                           arg=head, timeout=20_000)
+    page.wait_for_function("b => document.querySelector('#tile-live-graph .gtitle')"
+                           ".textContent != b", arg=before, timeout=20_000)
+    assert page.text_content("#tile-live-graph .gtitle").endswith("IPU2")
+    assert page.inner_text("#live-vars-head").startswith("IPU2, step")
+    names = page.locator("#live-vars-box td[data-dash-column='name']").all_inner_texts()
+    assert len(names) == len(set(names)), "duplicate rows in the variables list"
+    # zoom IPU2's panel: the heat map's steps follow
+    page.evaluate(f"""() => Plotly.relayout(document.querySelector('{graph}'),
+        {{'xaxis3.range[0]': 40, 'xaxis3.range[1]': 90}})""")
+    page.wait_for_function("""() => { const g = document.querySelector(
+        '#tile-live-graph .js-plotly-plot'); const r = g && g._fullLayout.yaxis.range;
+        return r && Math.min(...r) >= 35 && Math.max(...r) <= 95; }""", timeout=20_000)
+    _shot(page, "liveness_ipu2")
+    assert errors == []
+    page.close()
