@@ -143,3 +143,28 @@ def test_one_device_is_not_told_its_stages_are_balanced() -> None:
     assert "balanced" not in text and "one device" in text.lower()
     two = pd.concat([one, one.assign(stage=1, ipu=1)], ignore_index=True)
     assert "balanced within" in " ".join(a.text for a in advise({}, two, tiles))
+
+
+def test_summary_of_a_project_folder_skips_venvs_and_foreign_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`popviz summary .` does not walk into .venv (or a venv by any name) and names a
+    foreign .h5 on stderr, then goes on (issue 21)."""
+    from tests.test_format import write_tiny
+
+    write_tiny(tmp_path / "runs" / "a")
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "h5py_test.h5").write_bytes(b"not ours")
+    (tmp_path / "env2" / "pyvenv.cfg").parent.mkdir()
+    (tmp_path / "env2" / "pyvenv.cfg").write_text("home = /usr\n")
+    (tmp_path / "env2" / "x.h5").write_bytes(b"not ours")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "foreign.h5").write_bytes(b"not hdf5 at all")
+    found = popviz.discover(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == \
+        ["data/foreign.h5", "runs/a/profile.h5"]
+    assert main(["summary", str(tmp_path), "--json", "--no-vet"]) == 0
+    out = capsys.readouterr()
+    assert [f["name"] for f in json.loads(out.out)] == ["a"]
+    assert "skipped" in out.err and "foreign.h5" in out.err and len(out.err.splitlines()) == 1
+    # nothing readable at all: an error, exit 1
+    assert main(["summary", str(tmp_path / "data"), "--no-vet"]) == 1

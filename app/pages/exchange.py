@@ -56,9 +56,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         traffic.insert(list(traffic.columns).index("bytes"), "size",
                        [fmt_bytes(b) for b in traffic["bytes"]])
         return html.Div([html.H2(title_of(entry)), message(
-            f"No transfers between {words.devices} or with the host in this profile; the "
-            f"exchange time on the trace is the {words.device}'s own memory operations "
-            "below (memsets, device copies).", "info"),
+            f"No transfers between {words.devices} or with the host are recorded in this "
+            "profile; the exchange time on the trace is the events below (on a GPU: its "
+            "own memsets and device copies).", "info"),
             html.H3("Exchange events in the trace"),
             table("exchange-trace", traffic, words=words)])
     return html.Div([

@@ -150,7 +150,11 @@ def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go
                              textposition="top center", showlegend=False, hoverinfo="skip"))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="MiB")
-    return base_layout(fig, title, height=380)
+    base_layout(fig, title, height=380)
+    # six categories and the capacity do not fit beside the title: list them on the right
+    fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left",
+                              "yanchor": "top"}, margin={"r": 170})
+    return fig
 
 
 def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histogram"
