@@ -348,3 +348,22 @@ def test_warnings_of_an_untrusted_file_are_plain_text() -> None:
     assert profile_warnings(meta) == ["red  [31mtext ", "c" * 500]
     assert profile_warnings({"warnings": "not a list"}) == []
     assert profile_warnings({"warnings": ["w"] * 50}, limit=3) == ["w"] * 3
+
+
+def test_grouped_ops_of_an_import_have_self_and_inclusive_time(resnet: Any,
+                                                               tmp_path: Path) -> None:
+    """/operations grouped by class on the H100 import: host and GPU time, each self and
+    inclusive; GPU self adds up to the kernels' time in the ops table (issue 21)."""
+    from popviz_app import create_app
+
+    (tmp_path / "rn").mkdir()
+    shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
+    app: Any = create_app(tmp_path)
+    table = app.popviz_callbacks["operations.grouped"]("op_class", "", "?profile=rn/profile.h5")
+    names = [c["name"] for c in table.columns]
+    assert {"host self ns", "host inclusive ns", "GPU self ns", "GPU inclusive ns",
+            "share"} <= set(names), names
+    rows = table.data
+    assert sum(r["GPU self ns"] for r in rows) == pytest.approx(float(resnet.ops["cycles"].sum()))
+    assert all(r["host self ns"] <= r["host inclusive ns"] for r in rows)
+    assert all(r["GPU self ns"] <= r["GPU inclusive ns"] + 1e-6 for r in rows)
