@@ -188,11 +188,14 @@ def test_liveness_per_ipu_axes_and_a_heat_map_that_follows(browser_context: Any,
     # click IPU2's curve: its variables, and the heat map switches to IPU2
     before = page.text_content("#tile-live-graph .gtitle")
     # a real click on IPU2's peak star (its pixel from the axes)
-    spot = page.evaluate(f"""() => {{ const g = document.querySelector('{graph}');
+    star = f"""() => {{ const g = document.querySelector('{graph}');
         const i = g.data.findIndex(d => d.name === 'peak' && d.xaxis === 'x3');
         const p = g.calcdata[i][0], L = g._fullLayout, b = g.getBoundingClientRect();
         return [b.left + L.xaxis3._offset + L.xaxis3.l2p(p.x),
-                b.top + L.yaxis3._offset + L.yaxis3.l2p(p.y)]; }}""")
+                b.top + L.yaxis3._offset + L.yaxis3.l2p(p.y)]; }}"""
+    page.evaluate(f"() => window.scrollBy(0, ({star})()[1] - 450)")  # in the viewport
+    page.wait_for_timeout(300)
+    spot = page.evaluate(star)
     head = page.inner_text("#live-vars-head")
     page.mouse.move(spot[0], spot[1])
     page.mouse.click(spot[0], spot[1])
