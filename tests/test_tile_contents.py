@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -85,3 +86,17 @@ def test_memory_page_lists_what_is_on_a_tile_that_fits(tmp_path: Path) -> None:
         None, {"points": [{"x": 5, "y": 3}]}, 1, "?profile=p%2Fprofile.h5")
     text = " ".join(component_text(c) for c in out)
     assert "IPU1 tile 197: not-always-live peak" in text and "What is on it" in text
+
+
+@pytest.mark.skipif(not PROFILE.exists(), reason="bundled profile missing")
+def test_peaks_read_in_blocks_are_the_whole_arrays(tmp_path: Path, monkeypatch: Any) -> None:
+    from popviz_app import create_app
+    from popviz_app.pages import memory
+
+    shutil.copytree(PROFILE, tmp_path / "p")
+    monkeypatch.setattr(memory, "PEAK_BLOCK", 7)  # many blocks, a ragged last one
+    entry = create_app(tmp_path).popviz_context.cache.get("p/profile.h5")
+    peak, row = memory._peaks(entry, 1)
+    with popviz.open(PROFILE) as p:
+        whole = tile_peaks(p.tile_liveness(1))
+    assert peak.tolist() == whole[0].tolist() and row.tolist() == whole[1].tolist()

@@ -41,6 +41,7 @@ from ..common import (
 PATH = "/memory"
 TITLE = "Memory"
 NEEDS_PROFILE = True
+PEAK_BLOCK = 2048  # steps of tile liveness read at a time for the per-tile peaks
 
 
 def _peaks(entry: Entry, ipu: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +50,14 @@ def _peaks(entry: Entry, ipu: int) -> tuple[np.ndarray, np.ndarray]:
         shape = entry.profile.array_shape("tile_liveness")
         if len(shape) != 3 or not 0 <= ipu < shape[0]:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return tile_peaks(entry.profile.tile_liveness(ipu))
+        # in blocks of steps: a long program's whole IPU is 100+ MB
+        peak = np.full(shape[2], -1, dtype=np.int64)
+        row = np.zeros(shape[2], dtype=np.int64)
+        for a in range(0, shape[1], PEAK_BLOCK):
+            top, at = tile_peaks(entry.profile.tile_liveness(ipu, a, a + PEAK_BLOCK))
+            better = top > peak  # the first step of the peak wins a tie
+            peak[better], row[better] = top[better], at[better] + a
+        return np.maximum(peak, 0), row
     return entry.get(("tile_peaks", ipu), build)
 
 
