@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException
 
+from popviz.analysis.table import filter_table, sort_table
 from popviz.errors import ProfileError
 
 from .cache import PathRefused, StillChecking
@@ -28,6 +30,19 @@ def _name(rel: str, what: str, suffix: str) -> str:
 
 def _text(body: str, status: int) -> flask.Response:
     return flask.Response(body + "\n", status, mimetype="text/plain")
+
+
+def _as_shown(frame: Any, args: Any) -> Any:
+    """The table as the page shows it: `filter` (DataTable's filter query; cells it cannot
+    read are skipped, as on the page) and `sort` (its sort_by, JSON) from the link."""
+    rows = filter_table(frame, args.get("filter", ""), errors=[])
+    try:
+        sort_by = json.loads(args.get("sort", "") or "[]")
+    except ValueError:
+        sort_by = []
+    if not isinstance(sort_by, list):
+        sort_by = []
+    return sort_table(rows, [s for s in sort_by if isinstance(s, dict)])
 
 
 def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> None:
@@ -59,6 +74,7 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
             frame = entry.profile.table(table)
         except KeyError:
             return _text(f"no table {table[:80]!r}", 404)
+        frame = _as_shown(frame, flask.request.args)
         return flask.Response(
             frame.to_csv(index=False), mimetype="text/csv",
             headers={"Content-Disposition":

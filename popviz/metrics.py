@@ -31,7 +31,7 @@ __all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "device_capacities", "
            "device_fits", "fit_verdict", "fits", "fits_or_stored", "idle_fraction",
            "idle_fractions", "oom_tiles", "peak_liveness", "peak_rows", "rank_time",
            "retime_stages", "stage_columns", "stage_idle_fraction", "stage_table_times",
-           "stage_time", "step_time", "sweep"]
+           "stage_time", "stash", "stash_per_ipu", "step_time", "sweep"]
 
 # stage-table time columns and the timeline categories each one sums (compute a measured
 # run could not attribute to a pass, and time no event covers, are other_cycles)
@@ -245,6 +245,43 @@ def peak_rows(liveness: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype="int64", index=pd.Index([], name="ipu"))
     total = liveness["always_live_bytes"] + liveness["not_always_live_bytes"]
     out = total.groupby(liveness["ipu"].astype(int)).idxmax()
+    out.index.name = "ipu"
+    return out
+
+
+# --- stash ----------------------------------------------------------------------------
+
+STASH_COLUMNS = ["stage", "ipu", "depth", "per_microbatch_bytes", "stash_bytes"]
+
+
+def stash(stages: pd.DataFrame) -> pd.DataFrame:
+    """The activation stash per stage, the one definition every view uses: `depth`
+    micro-batches held between their forward and backward (the one being computed
+    included) x `per_microbatch_bytes` each = `stash_bytes`. /liveness lists the stash
+    beyond the current micro-batch (depth - 1 copies) as its own variable; the total is
+    this. A stage table without depth columns (an older file) keeps its stash_bytes."""
+    if stages.empty or "stash_bytes" not in stages.columns:
+        return pd.DataFrame(columns=STASH_COLUMNS)
+    total = pd.to_numeric(stages["stash_bytes"], errors="coerce").fillna(0).astype(np.int64)
+    if "stash_depth" in stages.columns and "stash_bytes_per_microbatch" in stages.columns:
+        depth = pd.to_numeric(stages["stash_depth"], errors="coerce").fillna(0).astype(np.int64)
+        per = pd.to_numeric(stages["stash_bytes_per_microbatch"],
+                            errors="coerce").fillna(0).astype(np.int64)
+        total = (depth * per).where(depth > 0, 0)
+        per = per.where(depth > 0, 0)  # no stash: nothing held per micro-batch either
+    else:
+        depth = pd.Series(-1, index=stages.index, dtype=np.int64)  # unknown
+        per = pd.Series(0, index=stages.index, dtype=np.int64)
+    return pd.DataFrame({"stage": stages["stage"].astype(int).to_numpy(),
+                         "ipu": stages["ipu"].astype(int).to_numpy(),
+                         "depth": depth.to_numpy(), "per_microbatch_bytes": per.to_numpy(),
+                         "stash_bytes": total.to_numpy()})
+
+
+def stash_per_ipu(stages: pd.DataFrame) -> pd.Series:
+    """Stash bytes per device (index ipu, sorted): the sum of its stages' `stash`."""
+    table = stash(stages)
+    out = table.groupby("ipu", sort=True)["stash_bytes"].sum().astype(np.int64)
     out.index.name = "ipu"
     return out
 

@@ -160,10 +160,18 @@ def test_trace_zoom_callback_switches_level_of_detail(app: Any) -> None:
 def test_liveness_callbacks(app: Any) -> None:
     cb = app.popviz_callbacks
     search = f"?profile={OOM}"
-    fig = cb["liveness.zoom"]({"xaxis2.range": [50, 80]}, search)
-    assert list(fig.layout.xaxis.range) == [50, 80]
-    xs = [x for d in fig.data if d.name == "always-live" for x in d.x]
+    # each IPU's panel has its own x-axis: a zoom on the second (IPU1) moves only it
+    fig, held = cb["liveness.zoom_to"]({"xaxis2.range": [50, 80]}, search)
+    assert list(fig.layout.xaxis2.range) == [50, 80] and held == {"1": [50, 80]}
+    assert list(fig.layout.xaxis.range) != [50, 80]
+    xs = [x for d in fig.data if d.name == "always-live" and d.xaxis == "x2" for x in d.x]
     assert min(xs) >= 49 and max(xs) <= 81
+    # the heat map follows the panel's steps and the clicked IPU
+    heat = cb["liveness.heat"](1, None, search, held)
+    assert "IPU1" in heat.layout.title.text
+    *_, picked = cb["liveness.click_at"](
+        {"points": [{"x": 60, "customdata": ["op", "f", 1, 1]}]}, search)
+    assert picked == 1
     head, box = cb["liveness.click"]({"points": [{"x": 100, "customdata": ["op", "f", 1, 1]}]},
                                      search)
     assert head.startswith("IPU1, step 100:")
@@ -197,7 +205,8 @@ def test_operations_callback_filters_sorts_and_pages(app: Any) -> None:
     total = int(note.split(" of ")[0].replace(",", ""))
     assert pages == -(-total // 10)
     rows, pages, note = refresh(0, 10, [], "{nope} = 3", search)
-    assert rows == [] and "Filter not understood" in note
+    # a cell it cannot read is named and skipped: the rows stay (issue 21)
+    assert len(rows) == 10 and "filter not understood, ignored: no column 'nope'" in note
 
 
 def test_downloads(app: Any) -> None:
@@ -239,7 +248,9 @@ def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
     texts = {p.PATH: _text(render(ctx, p.PATH, "?profile=m.h5")[1]) for p in PAGES}
     assert "no per-tile memory" in texts["/memory"]
     assert "no liveness report" in texts["/liveness"]
-    assert "No exchange" in texts["/exchange"]
+    # no transfers, but the trace's exchange events are listed, not denied (issue 21)
+    assert "No transfers between ranks" in texts["/exchange"]
+    assert "Exchange events in the trace" in texts["/exchange"]
     assert "unknown (a measured run records no per-tile memory)" in texts["/summary"]
     assert "fullest tiles" not in texts["/summary"]
     trace = _find(render(ctx, "/trace", "?profile=m.h5")[1], "Graph")[0].figure

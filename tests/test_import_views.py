@@ -60,6 +60,34 @@ def test_pages_of_an_imported_profile_load_and_speak_ranks(pipeline: Any, resnet
     assert "bubbles" not in pp and "bottleneck" not in pp
 
 
+def test_exchange_page_of_an_import_lists_the_traces_exchange_time(resnet: Any,
+                                                                  tmp_path: Path) -> None:
+    """The trace counts the H100's memsets as exchange: /exchange lists them with the same
+    time as the stage table's exchange, not 'no exchange' (issue 21)."""
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from popviz.analysis.balance import profile_stages
+    from tests.dash_util import component_text
+
+    (tmp_path / "rn").mkdir()
+    shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    body = render(ctx, "/exchange", "?profile=rn/profile.h5")[1]
+    assert "No transfers between ranks" in component_text(body)
+    todo, rows = [body], None
+    while todo:
+        node = todo.pop()
+        if getattr(node, "id", None) == "exchange-trace":
+            rows = node.data
+        kids = getattr(node, "children", None)
+        todo += kids if isinstance(kids, list) else [kids] if kids is not None and \
+            not isinstance(kids, (str, int, float)) else []
+    assert rows and any("Memset" in r["op"] for r in rows)
+    assert sum(r["ns"] for r in rows) == pytest.approx(
+        float(profile_stages(resnet)["exchange_cycles"].sum()))
+
+
 def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
     from popviz.figures.compare import liveness_compare_figure
     modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
@@ -330,3 +358,22 @@ def test_warnings_of_an_untrusted_file_are_plain_text() -> None:
     assert profile_warnings(meta) == ["red  [31mtext ", "c" * 500]
     assert profile_warnings({"warnings": "not a list"}) == []
     assert profile_warnings({"warnings": ["w"] * 50}, limit=3) == ["w"] * 3
+
+
+def test_grouped_ops_of_an_import_have_self_and_inclusive_time(resnet: Any,
+                                                               tmp_path: Path) -> None:
+    """/operations grouped by class on the H100 import: host and GPU time, each self and
+    inclusive; GPU self adds up to the kernels' time in the ops table (issue 21)."""
+    from popviz_app import create_app
+
+    (tmp_path / "rn").mkdir()
+    shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
+    app: Any = create_app(tmp_path)
+    table = app.popviz_callbacks["operations.grouped"]("op_class", "", "?profile=rn/profile.h5")
+    names = [c["name"] for c in table.columns]
+    assert {"host self ns", "host inclusive ns", "GPU self ns", "GPU inclusive ns",
+            "share"} <= set(names), names
+    rows = table.data
+    assert sum(r["GPU self ns"] for r in rows) == pytest.approx(float(resnet.ops["cycles"].sum()))
+    assert all(r["host self ns"] <= r["host inclusive ns"] for r in rows)
+    assert all(r["GPU self ns"] <= r["GPU inclusive ns"] + 1e-6 for r in rows)

@@ -130,3 +130,44 @@ def test_narrow_bands_share_labels_that_do_not_overlap() -> None:
     px = 1000 / 299  # the figure lays labels out for ~1000 px
     for (x0, t0), (x1, t1) in itertools.pairwise(labels):
         assert (x1 - x0) * px >= 3.5 * (len(t0) + len(t1)), (t0, t1)
+
+
+def test_each_ipu_has_its_own_axis_a_peak_star_and_full_hovers() -> None:
+    """Issue 21: IPUs count their own steps (own x-axes, own opening range); each IPU's
+    peak is starred; a hover never shows empty ' ·  · ' fields; the fold note sits inside
+    the figure however many IPUs it has."""
+    one = _two_training_steps(40)
+    short = _two_training_steps(40).iloc[:60].assign(ipu=1, label="")
+    live = pd.concat([one, short], ignore_index=True)
+    layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
+    fig = liveness_sections_figure(layers, bands, section_bumps(layers, bands))
+    assert fig.layout.xaxis.matches is None and fig.layout.xaxis2.matches is None
+    assert list(fig.layout.xaxis.range) == [-0.5, 57.0]
+    assert fig.layout.xaxis2.range[1] <= 59  # IPU1's own program ends at step 59
+    stars = [d for d in fig.data if d.name == "peak"]
+    assert len(stars) == 2
+    for star, ipu in zip(stars, (0, 1), strict=True):
+        g = live[live["ipu"] == ipu]
+        total = g["always_live_bytes"] + g["not_always_live_bytes"]
+        assert star.x[0] == g["step"].iloc[int(total.to_numpy().argmax())]
+    heads = [c[0] for d in fig.data if d.customdata is not None for c in d.customdata]
+    assert heads and not any(" ·  · " in h or h.endswith(" · ") for h in heads)
+    note = next(a for a in fig.layout.annotations if a.name == "fold-note")
+    plot_h = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert -note.y * plot_h <= fig.layout.margin.b  # within the bottom margin, not past it
+    assert "IPU0 steps 58–95" in note.text
+    zoomed = liveness_sections_figure(layers, bands, section_bumps(layers, bands),
+                                      ranges={1: (10.0, 20.0)})
+    assert list(zoomed.layout.xaxis2.range) == [10, 20]
+    assert list(zoomed.layout.xaxis.range) == [-0.5, 57.0]
+
+
+def test_identical_live_variables_are_one_row() -> None:
+    from popviz.analysis.liveness import merged_variables
+
+    live = pd.DataFrame({"ipu": 0, "name": ["bn#3", "bn#3", "conv#1"],
+                         "category": "activation", "bytes": [512, 512, 100],
+                         "first_step": [3, 3, 1], "last_step": [9, 9, 4]})
+    out = merged_variables(live)
+    assert out["name"].tolist() == ["bn#3 (2 tensors)", "conv#1"]
+    assert out["bytes"].tolist() == [1024, 100]

@@ -67,3 +67,47 @@ def test_icicle_sizes_boxes_by_cycles_and_colours_by_stage() -> None:
     assert colours["enc.0"] == stage_colour("0") != colours["enc"] == stage_colour("0-1")
     empty = program_tree_figure(program_tree(_ops().assign(cycles=0)))
     assert "no program tree" in empty.layout.annotations[0].text
+
+
+EFFNET = Path(__file__).resolve().parents[1] / "profiles" / "effnet_b4_pipeline"
+
+
+def test_tree_is_in_program_order_with_split_names_and_per_step_sums() -> None:
+    """blocks.2 before blocks.10, the head after the blocks; each node names its split
+    names (blocks.3 runs block2b); with the step's weights the model is the stage
+    table's compute (issue 21)."""
+    if not EFFNET.exists():
+        pytest.skip("profiles/ not built")
+    from popviz.analysis.program_tree import step_weights
+
+    with popviz.open(EFFNET) as p:
+        weights = step_weights(p.meta, p.summary, False)
+        tree = program_tree(p.ops, weights)
+        compute = p.stages[["forward_cycles", "backward_cycles", "recompute_cycles",
+                            "optimiser_cycles"]].to_numpy().sum()
+        first_of = p.ops.reset_index(drop=True).groupby("module").apply(
+            lambda g: g.index.min(), include_groups=False)
+    top = tree[tree["parent"] == "model"]["id"].tolist()
+    assert top.index("stem") < top.index("blocks") < top.index("head")
+    blocks = tree[tree["parent"] == "blocks"]["id"].tolist()
+    assert blocks == sorted(blocks, key=lambda b: int(b.split(".")[1]))
+    # every sibling list follows the first op each holds (independently computed)
+    for _, siblings in tree[tree["kind"] == "module"].groupby("parent", sort=False):
+        firsts = [min(first_of[m] for m in first_of.index
+                      if m == node or m.startswith(node + ".")) for node in siblings["id"]]
+        assert firsts == sorted(firsts)
+    by_id = tree.set_index("id")
+    assert by_id.loc["blocks.3", "layers"] == "block2b"
+    assert by_id.loc["model", "cycles"] == pytest.approx(compute)
+    assert weights == {"F": p.summary["microbatches"], "B": p.summary["microbatches"],
+                       "R": p.summary["microbatches"], "WU": 1.0}
+    fig = program_tree_figure(tree, per_step="40 micro-batches and 1 weight update per step",
+                              stage_starts={0: "stem", 1: "block2c"})
+    icicle = fig.data[0]
+    labels = dict(zip(icicle.ids, icicle.labels, strict=True))
+    assert labels["blocks.3"] == "3 · block2b" and labels["head"] == "head · top"
+    assert "of the step's compute (40 micro-batches" in icicle.hovertemplate
+    unweighted = program_tree_figure(program_tree(p.ops))
+    assert "of one micro-batch's compute" in unweighted.data[0].hovertemplate
+    starts = dict(zip(icicle.ids, [c[9] for c in icicle.customdata], strict=True))
+    assert starts["blocks.4"] == "stage 1 starts at block2c"

@@ -76,3 +76,19 @@ def test_filters_agree_with_pandas_on_a_profile() -> None:
 def test_bad_filters_say_why(query: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         analysis.filter_table(OPS, query)
+
+
+def test_two_bounds_in_one_cell_and_a_cell_it_cannot_read() -> None:
+    """`>1e5 and <2e5` is both bounds; syntax it cannot read (`or`) is named in `errors`
+    and skipped, so the other cells still filter (issue 21)."""
+    ops = pd.DataFrame({"cycles": [5e4, 1.5e5, 3e5, 1.2e5], "op": ["a", "conv", "conv", "b"]})
+    for query in ("{cycles} > \"1e5 and <2e5\"", "{cycles} contains >1e5 and <2e5",
+                  "{cycles} s> 1e5 and < 2e5"):
+        assert analysis.filter_table(ops, query)["cycles"].tolist() == [1.5e5, 1.2e5], query
+    errors: list[str] = []
+    got = analysis.filter_table(ops, "{cycles} s> \"1e5 or <2e5\" && {op} contains conv",
+                                errors=errors)
+    assert got["op"].tolist() == ["conv", "conv"]
+    assert len(errors) == 1 and "'1e5 or <2e5' is not one" in errors[0]
+    with pytest.raises(ValueError):  # without `errors`, as before: it raises
+        analysis.filter_table(ops, "{cycles} s> \"1e5 or <2e5\"")

@@ -8,6 +8,7 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.analysis.exchange import trace_traffic
 from popviz.units import fmt_bytes
 
 from ..cache import Entry
@@ -44,9 +45,22 @@ def _by_kind(entry: Entry) -> Any:
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.profile.exchange.empty:
+        words = naming(entry)
+        traffic = trace_traffic(entry.profile.trace)
+        if traffic.empty:
+            return html.Div([html.H2(title_of(entry)), message(
+                f"No exchange between {words.devices} or with the host in this profile.",
+                "info")])
+        # the trace's exchange time is real even without transfers: say what it is
+        traffic = traffic.rename(columns={"time": words.unit})
+        traffic.insert(list(traffic.columns).index("bytes"), "size",
+                       [fmt_bytes(b) for b in traffic["bytes"]])
         return html.Div([html.H2(title_of(entry)), message(
-            f"No exchange between {naming(entry).devices} or with the host in this profile.",
-            "info")])
+            f"No transfers between {words.devices} or with the host are recorded in this "
+            "profile; the exchange time on the trace is the events below (on a GPU: its "
+            "own memsets and device copies).", "info"),
+            html.H3("Exchange events in the trace"),
+            table("exchange-trace", traffic, words=words)])
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),

@@ -11,8 +11,10 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
+from popviz.analysis.liveness import merged_variables
 from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
 from popviz.analysis.memory import always_live_from_liveness, always_live_text
+from popviz.analysis.stash import stash_line, stash_variable_name
 from popviz.figures.liveness_sections import liveness_sections_figure
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
@@ -51,12 +53,46 @@ def sections(entry: Entry) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 
 def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
-             hi: float | None = None) -> Any:
+             hi: float | None = None, ranges: dict[int, tuple[float, float]] | None = None
+             ) -> Any:
     layers, bands, found = sections(entry)
     click = None if len(entry.profile.variables) else \
         "click a step for its not-always-live memory (no per-variable data)"
     return liveness_sections_figure(layers, bands, found, capacity_per_ipu(entry), lo, hi,
-                                    naming=naming(entry), **({"click": click} if click else {}))
+                                    naming=naming(entry), ranges=ranges,
+                                    **({"click": click} if click else {}))
+
+
+def _ipus(entry: Entry) -> list[int]:
+    live = entry.profile.liveness
+    return sorted(int(i) for i in live["ipu"].unique()) if len(live) else []
+
+
+def panel_ranges(relayout: dict | None, ipus: list[int],
+                 held: dict[str, list[float]] | None) -> dict[str, list[float]] | None:
+    """The steps each IPU's panel shows after a zoom, pan or reset: `held` (the last
+    ones, a small store) updated from the axes the event touched (xaxis -> the first
+    IPU, xaxis2 -> the second, ...); None when it touched no x-axis."""
+    out = dict(held or {})
+    touched = False
+    for key, value in (relayout or {}).items():
+        name, _, rest = key.partition(".")
+        if not name.startswith("xaxis"):
+            continue
+        index = int(name[5:] or 1) - 1
+        if not 0 <= index < len(ipus):
+            continue
+        ipu = str(ipus[index])
+        if rest == "autorange" and value is True:
+            out.pop(ipu, None)
+            touched = True
+        elif rest == "range" and isinstance(value, list) and len(value) == 2:
+            out[ipu] = sorted([float(value[0]), float(value[1])])
+            touched = True
+        elif rest == "range[0]" and f"{name}.range[1]" in relayout:
+            out[ipu] = sorted([float(value), float(relayout[f"{name}.range[1]"])])
+            touched = True
+    return out if touched else None
 
 
 def _steps(entry: Entry) -> int:
@@ -104,10 +140,11 @@ def live_variables(entry: Entry, ipu: int, step: int) -> tuple[str, pd.DataFrame
                 f"{analysis.liveness_source(p.meta, ipu)}; this profile has no "
                 "per-variable data, so there is no variable list")
         return head, pd.DataFrame()  # no columns: no table is drawn
-    live = analysis.variables_live_at(p.variables, ipu, step)
+    live = merged_variables(analysis.variables_live_at(p.variables, ipu, step))
     head = (f"{where}: {len(live)} not-always-live variables, "
             f"{fmt_bytes(live['bytes'].sum()) if len(live) else '0 B'}")
-    live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]])[LIVE_COLUMNS]
+    live = live.assign(size=[fmt_bytes(b) for b in live["bytes"]],
+                       name=[stash_variable_name(n) for n in live["name"]])[LIVE_COLUMNS]
     return head, live
 
 
@@ -157,12 +194,16 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "y-axis fits the data; the IPU's memory is drawn when on scale, named when not. "
             "Click the curve to list live variables.")
     always = always_live_from_liveness(entry.profile.liveness)
+    stashed = "" if naming(entry).measured else stash_line(entry.profile.stages,
+                                                           naming(entry).label)
     return html.Div([
         html.H2(title_of(entry)),
         html.P(hint, className="hint"),
         *([html.P(always_live_text(always, naming(entry).label), id="always-live",
                   className="hint")] if always and not naming(entry).measured else []),
+        *([html.P(stashed, id="live-stash", className="hint")] if stashed else []),
         graph("live-graph", liveness(ctx, entry)),
+        dcc.Store(id="live-ranges", data={}),
         html.H3(head, id="live-vars-head"),
         html.Div(_box(entry, live), id="live-vars-box"),
         *heat,
@@ -172,31 +213,51 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
-    @app.callback(Output("live-graph", "figure"), Input("live-graph", "relayoutData"),
-                  State("url", "search"), prevent_initial_call=True)
-    def zoom(relayout: dict | None, search: str) -> Any:
-        wanted = axis_range(relayout, "x")
-        if wanted is None:
-            raise PreventUpdate
+    def zoom_to(relayout: dict | None, search: str,
+                held: dict | None = None) -> tuple[Any, dict]:
+        """Each IPU's panel zooms on its own steps (each IPU counts its own); the steps
+        shown per IPU go to a small store the heat map follows (never the figure)."""
         entry = ctx.cache.get(profile_of(search))
-        return liveness(ctx, entry) if wanted == "auto" else liveness(ctx, entry, *wanted)
+        ranges = panel_ranges(relayout, _ipus(entry), held)
+        if ranges is None:
+            raise PreventUpdate
+        return liveness(ctx, entry, ranges={int(k): (v[0], v[1]) for k, v in
+                                            ranges.items()}), ranges
 
-    @app.callback(Output("live-vars-head", "children"), Output("live-vars-box", "children"),
-                  Input("live-graph", "clickData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def click(click: dict | None, search: str) -> tuple[str, Any]:
+    @app.callback(Output("live-graph", "figure"), Output("live-ranges", "data"),
+                  Input("live-graph", "relayoutData"), State("live-ranges", "data"),
+                  State("url", "search"), prevent_initial_call=True)
+    def zoom_cb(relayout: dict | None, held: dict | None, search: str) -> tuple[Any, dict]:
+        return zoom_to(relayout, search, held)
+
+    def zoom(relayout: dict | None, search: str, held: dict | None = None) -> Any:
+        return zoom_to(relayout, search, held)[0]
+
+    def click_at(click: dict | None, search: str) -> tuple[str, Any, Any]:
         point = (click or {}).get("points", [{}])[0]
         custom = point.get("customdata")
         if "x" not in point or not isinstance(custom, list) or len(custom) < 4:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
-        head, live = live_variables(entry, int(custom[3]), round(float(point["x"])))
-        return head, _box(entry, live)
+        ipu = int(custom[3])
+        head, live = live_variables(entry, ipu, round(float(point["x"])))
+        # the heat map below follows the clicked IPU (when the profile has one)
+        shape = entry.profile.array_shape("tile_liveness")
+        has_heat = len(shape) == 3 and ipu < shape[0]
+        return head, _box(entry, live), ipu if has_heat else dash.no_update
 
-    @app.callback(Output("tile-live-graph", "figure"), Input("live-ipu", "value"),
-                  Input("tile-live-graph", "relayoutData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def heat(ipu: int, relayout: dict | None, search: str) -> Any:
+    @app.callback(Output("live-vars-head", "children"), Output("live-vars-box", "children"),
+                  Output("live-ipu", "value"), Input("live-graph", "clickData"),
+                  State("url", "search"), prevent_initial_call=True)
+    def click_cb(click: dict | None, search: str) -> tuple[str, Any, Any]:
+        return click_at(click, search)
+
+    def click(click: dict | None, search: str) -> tuple[str, Any]:
+        return click_at(click, search)[:2]
+
+    def heat(ipu: int, relayout: dict | None, search: str, held: dict | None = None) -> Any:
+        """The heat map of the picked IPU over the steps its liveness panel shows; its own
+        zoom (steps on y) refines that."""
         entry = ctx.cache.get(profile_of(search))
         source = triggered()  # None when called directly (tests, bench): use the relayout
         from_zoom = source == "tile-live-graph" or (source is None and relayout is not None)
@@ -204,7 +265,17 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         if wanted is None:
             raise PreventUpdate
         if wanted == "auto":
+            span = (held or {}).get(str(int(ipu)))
+            if span:
+                return tiles(ctx, entry, int(ipu), max(0.0, span[0]), span[1])
             return tiles(ctx, entry, int(ipu))
         return tiles(ctx, entry, int(ipu), *wanted)
 
-    return {"zoom": zoom, "click": click, "heat": heat}
+    @app.callback(Output("tile-live-graph", "figure"), Input("live-ipu", "value"),
+                  Input("tile-live-graph", "relayoutData"), Input("live-ranges", "data"),
+                  State("url", "search"), prevent_initial_call=True)
+    def heat_cb(ipu: int, relayout: dict | None, held: dict | None, search: str) -> Any:
+        return heat(ipu, relayout, search, held)
+
+    return {"zoom": zoom, "click": click, "heat": heat, "zoom_to": zoom_to,
+            "click_at": click_at}

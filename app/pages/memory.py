@@ -6,11 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 import dash
+import numpy as np
+import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
 from popviz.analysis.memory import always_live_by_ipu, always_live_text
+from popviz.analysis.stash import stash_variable_name
+from popviz.analysis.tile_contents import (
+    flat_per_ipu,
+    live_on_tile,
+    row_to_step,
+    tile_peaks,
+    with_tile_peaks,
+)
 from popviz.figures.memory import TILE_MAP_COLUMNS
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
@@ -24,6 +34,7 @@ from ..common import (
     message,
     naming,
     profile_of,
+    table,
     title_of,
     triggered,
 )
@@ -31,14 +42,41 @@ from ..common import (
 PATH = "/memory"
 TITLE = "Memory"
 NEEDS_PROFILE = True
+PEAK_BLOCK = 2048  # steps of tile liveness read at a time for the per-tile peaks
+
+
+def _peaks(entry: Entry, ipu: int) -> tuple[np.ndarray, np.ndarray]:
+    """(peak bytes, peak row) per tile of one IPU from the tile liveness, read once."""
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        shape = entry.profile.array_shape("tile_liveness")
+        if len(shape) != 3 or not 0 <= ipu < shape[0]:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        # in blocks of steps: a long program's whole IPU is 100+ MB
+        peak = np.full(shape[2], -1, dtype=np.int64)
+        row = np.zeros(shape[2], dtype=np.int64)
+        for a in range(0, shape[1], PEAK_BLOCK):
+            top, at = tile_peaks(entry.profile.tile_liveness(ipu, a, a + PEAK_BLOCK))
+            better = top > peak  # the first step of the peak wins a tie
+            peak[better], row[better] = top[better], at[better] + a
+        return np.maximum(peak, 0), row
+    return entry.get(("tile_peaks", ipu), build)
+
+
+def tile_table(entry: Entry, ipu: int) -> pd.DataFrame:
+    """The tile memory as drawn: an IPU whose stored not-always-live peak is one flat
+    value takes each tile's own peak from the tile liveness."""
+    tm = entry.profile.tile_memory
+    if not flat_per_ipu(tm, ipu):
+        return tm
+    return entry.get(("tile_table", ipu), lambda: with_tile_peaks(tm, ipu, _peaks(entry, ipu)[0]))
 
 
 def tiles(ctx: AppContext, entry: Entry, ipu: int = 0) -> Any:
-    return figures.tile_memory_figure(entry.profile.tile_memory, ipu)
+    return figures.tile_memory_figure(tile_table(entry, ipu), ipu)
 
 
 def tile_map(ctx: AppContext, entry: Entry, ipu: int = 0) -> Any:
-    return figures.tile_map_figure(entry.profile.tile_memory, ipu)
+    return figures.tile_map_figure(tile_table(entry, ipu), ipu)
 
 
 def totals(ctx: AppContext, entry: Entry) -> Any:
@@ -48,8 +86,34 @@ def totals(ctx: AppContext, entry: Entry) -> Any:
 FIGURES = {"tile_memory": tiles, "tile_map": tile_map, "ipu_totals": totals}
 
 
+def contents(entry: Entry, ipu: int, tile: int) -> list[Any]:
+    """What is on the tile (any tile, not only an overflowing one): its not-always-live
+    peak and the step of it, and the variables there."""
+    p = entry.profile
+    peak, row = _peaks(entry, ipu)
+    step, head = -1, f"{ipu_label(ipu)} tile {tile}"
+    if 0 <= tile < peak.size:
+        step = row_to_step(int(row[tile]), int(p.array_shape("tile_liveness")[1]),
+                           p.liveness, ipu)
+        head += (f": not-always-live peak {fmt_bytes(int(peak[tile]))} at step {step}")
+    found = live_on_tile(p.variables, p.oom, ipu, tile, step)
+    if found.empty:
+        return [html.H4(head, id="mem-tile-head"), html.P(
+            "No per-variable data in this profile, so nothing to list.", className="hint")]
+    source = str(found["source"].iloc[0])
+    note = (f"What is on it ({source}; a profile records no per-tile placement of every "
+            "variable, so these are the largest candidates, each spread over its op's "
+            "tiles):" if source.startswith("live") else f"What is on it ({source}):")
+    shown = found.drop(columns=["source"]).assign(
+        size=[fmt_bytes(b) if b == b else "" for b in found["bytes"]])
+    shown["name"] = [stash_variable_name(n) for n in shown["name"]]
+    return [html.H4(head, id="mem-tile-head"), html.P(note, className="hint"),
+            table("mem-tile-vars", shown[["name", "category", "size", "bytes"]].dropna(
+                axis=1, how="all"), page_size=12)]
+
+
 def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:
-    tm = entry.profile.tile_memory
+    tm = tile_table(entry, ipu)
     try:
         parts = analysis.tile_breakdown(tm, ipu, tile)
     except ValueError as exc:
@@ -63,11 +127,11 @@ def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:
         for row in hit.itertuples():
             out.append(message(f"Out of memory by {fmt_bytes(row.bytes_over)}; largest "
                                f"variables: {row.variables}", "oom"))
-    return out
+    return out + contents(entry, ipu, tile)
 
 
 def _first_tile(entry: Entry, ipu: int) -> int:
-    tm = entry.profile.tile_memory
+    tm = tile_table(entry, ipu)
     on = tm[tm["ipu"] == ipu]
     return int(on.loc[on["total_bytes"].idxmax(), "tile"]) if len(on) else 0
 

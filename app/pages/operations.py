@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import dash
 import pandas as pd
-from dash import Input, Output, State, dash_table, html
+from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
+from popviz.analysis.op_groups import GROUP_KEYS, group_ops
 from popviz.vocab import Naming
 
 from ..cache import Entry
 from ..common import (
     AppContext,
-    downloads,
     message,
     naming,
     profile_of,
+    table,
     table_columns,
     title_of,
 )
@@ -47,15 +49,50 @@ def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
          number: int, size: int = PAGE_SIZE) -> tuple[list[dict], int, str]:
     """(rows of the page, page count, a message: '' or why the filter failed)."""
     ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
-    try:
-        texts = entry.get("ops_texts", dict)  # lower-cased text columns, built once each
-        rows, total = analysis.query_table(ops, filter_query, sort_by, number, size,
-                                           texts=texts)
-        note = f"{total:,} of {len(ops):,} ops"
-    except ValueError as exc:
-        rows, total = ops.iloc[0:0], 0
-        note = f"Filter not understood: {_in_words(str(exc), ops, naming(entry))}"
+    texts = entry.get("ops_texts", dict)  # lower-cased text columns, built once each
+    errors: list[str] = []  # a cell it cannot read is skipped and named, never blanks
+    rows, total = analysis.query_table(ops, filter_query, sort_by, number, size,
+                                       texts=texts, errors=errors)
+    note = f"{total:,} of {len(ops):,} ops"
+    if errors:
+        note += " · filter not understood, ignored: " + "; ".join(
+            _in_words(e, ops, naming(entry)) for e in errors)
     return records(rows), max(1, -(-total // size)), note
+
+
+def filtered(entry: Entry, filter_query: str | None) -> pd.DataFrame:
+    """Every op the filter row keeps (the cells it understands), for the groups."""
+    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
+    return analysis.filter_table(ops, filter_query, entry.get("ops_texts", dict), errors=[])
+
+
+def groups(entry: Entry, by: str | None, filter_query: str | None = "") -> Any:
+    """The grouped view of the filtered ops: a table, or nothing when not grouping."""
+    if not by:
+        return []
+    words = naming(entry)
+    out = group_ops(filtered(entry, filter_query), by, measured=words.measured)
+    unit = words.unit
+    out = out.rename(columns={"cycles": unit, "mean_cycles": f"mean {unit}",
+                              "host_self": f"host self {unit}",
+                              "host_inclusive": f"host inclusive {unit}",
+                              "gpu_self": f"GPU self {unit}",
+                              "gpu_inclusive": f"GPU inclusive {unit}"})
+    if f"mean {unit}" in out:
+        out[f"mean {unit}"] = out[f"mean {unit}"].round(0)
+    out["share"] = [f"{x:.1%}" for x in out["share"]]
+    return table("ops-groups-table", out, page_size=15, words=words)
+
+
+def csv_href(rel: str, filter_query: str | None, sort_by: list[dict] | None) -> str:
+    """The ops CSV as shown: the filters and sort of the table ride in the link."""
+    args = {"profile": rel}
+    if filter_query:
+        args["filter"] = filter_query
+    if sort_by:
+        args["sort"] = json.dumps([{k: s[k] for k in ("column_id", "direction") if k in s}
+                                   for s in sort_by])
+    return "/download/csv/ops?" + urlencode(args)
 
 
 def _in_words(text: str, ops: pd.DataFrame, words: Naming) -> str:
@@ -78,6 +115,12 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.P("Type in the row under the headers to filter: text (conv), or in a number "
                "column > 1000, <= 5e6, != 0, 1000..20000 (a range), > 1.5M; click a header "
                "to sort, shift-click to sort by more columns.", className="hint"),
+        html.Div([html.Span("Group by ", className="label"), dcc.Dropdown(
+            id="ops-group-by", options=[{"label": "(no grouping)", "value": ""}] + [
+                {"label": naming(entry).column(k), "value": k} for k in GROUP_KEYS
+                if k in ops.columns], value="", clearable=False, className="picker")],
+            className="row"),
+        html.Div(id="ops-groups"),
         html.Div(note, id="ops-note", className="status"),
         html.Div(id="ops-init", style={"display": "none"}),
         dash_table.DataTable(
@@ -93,7 +136,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             # a plan names every pass: wrapped, not cut off
             style_cell_conditional=[{"if": {"column_id": "plan"}, "whiteSpace": "normal",
                                      "minWidth": 380, "maxWidth": 620}]),
-        downloads(entry.rel, ["ops"], []),
+        html.Div([html.Strong("Download: "), html.A(
+            "ops.csv", id="ops-csv", href=csv_href(entry.rel, "", []), className="download",
+            title="the rows the filters keep, in the order shown")], className="downloads"),
     ])
 
 
@@ -108,6 +153,18 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
                     size or PAGE_SIZE)
 
+    @app.callback(Output("ops-csv", "href"), Input("ops-table", "filter_query"),
+                  Input("ops-table", "sort_by"), State("url", "search"),
+                  prevent_initial_call=True)
+    def csv_link(filter_query: str, sort_by: list[dict], search: str) -> str:
+        return csv_href(profile_of(search), filter_query, sort_by)
+
+    @app.callback(Output("ops-groups", "children"), Input("ops-group-by", "value"),
+                  Input("ops-table", "filter_query"), State("url", "search"),
+                  prevent_initial_call=True)
+    def grouped(by: str, filter_query: str, search: str) -> Any:
+        return groups(ctx.cache.get(profile_of(search)), by, filter_query)
+
     @app.callback(Output("ops-table", "filter_query"), Input("ops-init", "children"),
                   State("url", "search"))
     def from_url(_init: Any, search: str) -> str:
@@ -117,7 +174,8 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         return module_filter(module)
 
-    return {"refresh": refresh, "from_url": from_url}
+    return {"refresh": refresh, "from_url": from_url, "csv_link": csv_link,
+            "grouped": grouped}
 
 
 def module_filter(module: str) -> str:

@@ -8,6 +8,7 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.analysis.stash import stash_column
 from popviz.figures.stages import amp_note
 
 from ..cache import Entry
@@ -45,6 +46,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                          message("This profile has no stage table.", "info")])
     bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
+    if "stash_bytes" in shown.columns:  # in words, as /liveness and /compare say it
+        shown.insert(list(shown.columns).index("stash_bytes"), "stash", stash_column(shown))
     words = naming(entry)
     # a measured run has no AMP: a note, not a chart of the compiler's default
     amp_box = (html.Div(message(amp_note(words), "info"), id="stages-amp-note",

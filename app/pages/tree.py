@@ -12,8 +12,8 @@ import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from popviz.analysis.program_tree import ROOT, node_ops, program_tree
-from popviz.figures.tree import program_tree_figure, stage_colour
+from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
+from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
 
 from ..cache import Entry
@@ -26,12 +26,36 @@ OP_COLUMNS = ["op_id", "op", "module", "pass", "stage", "cycles", "flops", "temp
               "bytes_written"]
 
 
+def _weights(entry: Entry) -> dict[str, float] | None:
+    p = entry.profile
+    return step_weights(p.meta or {}, p.summary or {}, naming(entry).measured)
+
+
+def per_step(entry: Entry) -> str:
+    """What the tree's widths add up to: '1,024 micro-batches and 1 weight update'."""
+    w = _weights(entry)
+    if not w:
+        return ""
+    m, u = w["F"], w["WU"]
+    return (f"{m:,.0f} micro-batch{'es' if m != 1 else ''} and {u:,.0f} weight "
+            f"update{'s' if u != 1 else ''} per step")
+
+
 def tree_of(entry: Entry) -> pd.DataFrame:
-    return entry.get("program_tree", lambda: program_tree(entry.profile.ops))
+    return entry.get("program_tree", lambda: program_tree(entry.profile.ops, _weights(entry)))
+
+
+def stage_starts(entry: Entry) -> dict[int, str]:
+    """Stage -> the split name it starts at (the stage table's first_layer)."""
+    st = entry.profile.stages
+    if st.empty or "first_layer" not in st.columns:
+        return {}
+    return {int(s): str(f) for s, f in zip(st["stage"], st["first_layer"], strict=True) if f}
 
 
 def tree(ctx: AppContext, entry: Entry) -> Any:
-    return program_tree_figure(tree_of(entry), naming=naming(entry))
+    return program_tree_figure(tree_of(entry), naming=naming(entry), per_step=per_step(entry),
+                               stage_starts=stage_starts(entry))
 
 
 FIGURES = {"tree": tree}
@@ -61,10 +85,14 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
     words = naming(entry)
     ops = node_ops(entry.profile.ops, node)
     cols = [c for c in OP_COLUMNS if c in ops.columns]
-    head = (f"{node}: {r['cycles']:,.0f} {words.unit} over {int(r['ops']):,} ops, "
+    step = " per step" if per_step(entry) else ""
+    head = (f"{node}: {r['cycles']:,.0f} {words.unit}{step} over {int(r['ops']):,} ops, "
             f"{known_or(r['flops'], lambda v: f'{v:,.0f}')} FLOPs, "
             f"{known_or(r['bytes_written'], fmt_bytes)} written, largest temporary "
-            f"{known_or(r['temp_bytes'], fmt_bytes)}; stage {r['stages'] or '-'}.")
+            f"{known_or(r['temp_bytes'], fmt_bytes)}; stage {r['stages'] or '-'}"
+            + (f"; split names {r['layers']}" if r.get("layers") else "")
+            + (f"; {starts}" if (starts := starts_text(r["stages"], stage_starts(entry)))
+               else "") + ".")
     return [html.Div(head, id="tree-node-head", className="status"), _links(entry, node),
             table("tree-node-ops", ops[cols].head(25), words=words)]
 

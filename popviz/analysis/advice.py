@@ -385,7 +385,12 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     out += _shared_parameter_advice(meta)
     if not out:
         # a measured run has no tile data: whether it fits is unknown, not "fits"
-        fit = "Fits, and the stages" if fits(tile_memory) else "The stages"
-        out.append(Advice("info", "ok", None, f"{fit} are balanced within "
-                          f"{IMBALANCE_LIMIT - 1:.0%}: nothing to change."))
+        fitting = fits(tile_memory)
+        if stages.empty or stages["ipu"].nunique() < 2:  # one device: no balance to judge
+            text = ("Fits on one device" if fitting else "One device") + \
+                ": no stages to balance, nothing to change."
+        else:
+            fit = "Fits, and the stages" if fitting else "The stages"
+            text = f"{fit} are balanced within {IMBALANCE_LIMIT - 1:.0%}: nothing to change."
+        out.append(Advice("info", "ok", None, text))
     return out

@@ -89,10 +89,11 @@ def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:
     if bal.empty or bal["busy_cycles"].max() <= 0:
         return None
     row = bal.loc[bal["busy_cycles"].idxmax()]
+    # its own idle share: not the pipeline's bubble fraction (metrics.stage_idle_fraction)
     return {"stage": int(row["stage"]), "ipu": int(row["ipu"]),
             "busy_cycles": float(row["busy_cycles"]),
             "relative_load": float(row["relative_load"]),
-            "bubble_fraction": float(row["bubble_fraction"])}
+            "idle_fraction": float(row["bubble_fraction"])}
 
 
 def time_by_kind(trace: pd.DataFrame) -> pd.DataFrame:

@@ -22,6 +22,8 @@ from popviz.metrics import (
     oom_tiles,
     peak_liveness,
     rank_time,
+    stash,
+    stash_per_ipu,
 )
 from popviz.vocab import ipu_label, is_measured
 
@@ -171,15 +173,17 @@ def load_side(profile: Any, label: str) -> Side:
     over = oom_tiles(tile_memory) if len(tile_memory) else tile_memory
     ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
                          if len(tile_memory) else np.nan)
-    ipus["stash_bytes"] = (_col(stages, "stash_bytes").groupby(stages["ipu"].astype(int)).sum()
-                           .reindex(ipus.index).fillna(0.0) if len(stages) else np.nan)
+    ipus["stash_bytes"] = (stash_per_ipu(stages).astype(float).reindex(ipus.index)
+                           .fillna(0.0) if len(stages) else np.nan)
 
     st = pd.DataFrame(index=pd.Index(stages["stage"].astype(int).to_numpy() if len(stages)
                                      else [], name="stage"))
     for col in ("forward", "backward", "recompute", "exchange", "idle"):
         st[f"{col}_ms"] = _col(stages, f"{col}_cycles").to_numpy() * ms
-    for col in ("stash_bytes", "peak_bytes"):
-        st[col] = _col(stages, col).to_numpy()
+    st["stash_bytes"] = (stash(stages)["stash_bytes"].to_numpy(float)
+                         if "stash_bytes" in stages.columns
+                         else _col(stages, "stash_bytes").to_numpy())
+    st["peak_bytes"] = _col(stages, "peak_bytes").to_numpy()
 
     ops = profile.ops
     op_classes = pd.Series(dtype=float)
@@ -232,7 +236,7 @@ def load_side(profile: Any, label: str) -> Side:
         "fullest_tile_utilisation": float(tiles["utilisation"].max()) if len(tiles) else None,
         "oom_tiles": n_oom, "exchange_bytes": inter + ex_host, "inter_ipu_bytes": inter,
         "host_bytes": ex_host,
-        "stash_bytes": float(_col(stages, "stash_bytes").sum()) if len(stages) else None,
+        "stash_bytes": float(stash_per_ipu(stages).sum()) if len(stages) else None,
     }
     name = str(getattr(profile, "name", "") or label)
     if name in ("training", "inference") and getattr(profile, "path", ""):

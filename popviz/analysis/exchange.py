@@ -70,3 +70,25 @@ def exchange_by_kind(exchange: pd.DataFrame) -> pd.DataFrame:
                                                 bytes=("bytes", "sum"),
                                                 time=("time", "sum"))
     return out.reset_index()
+
+
+def trace_traffic(trace: pd.DataFrame) -> pd.DataFrame:
+    """The trace's exchange and host I/O events (what /trace and the time split count as
+    exchange) per kind and name, with the time each takes: for an import without
+    transfers between ranks these are the device's own memory operations (memsets,
+    device copies). Columns: kind, op, events, bytes, time (the profile's unit)."""
+    cols = ["kind", "op", "events", "bytes", "time"]
+    if trace.empty or "kind" not in trace.columns:
+        return pd.DataFrame(columns=cols)
+    moved = trace[trace["kind"].astype(str).isin(["exchange", "host_io"])]
+    if moved.empty:
+        return pd.DataFrame(columns=cols)
+    frame = pd.DataFrame({
+        "kind": moved["kind"].astype(str).to_numpy(),
+        "op": moved["op"].astype(str).to_numpy() if "op" in moved.columns else "",
+        "bytes": pd.to_numeric(moved["bytes"], errors="coerce").fillna(0).astype("int64")
+        .to_numpy() if "bytes" in moved.columns else 0,
+        "time": (moved["end"] - moved["start"]).to_numpy()})
+    out = frame.groupby(["kind", "op"], sort=True).agg(
+        events=("time", "size"), bytes=("bytes", "sum"), time=("time", "sum")).reset_index()
+    return out.sort_values("time", ascending=False, kind="stable").reset_index(drop=True)[cols]

@@ -127,3 +127,18 @@ def liveness_source(meta: dict | None, ipu: int) -> str:
     if 0 <= ipu < len(snaps) and snaps[ipu]:
         return "the CUDA memory snapshot's allocations"
     return "the trace's memory events"
+
+
+def merged_variables(live: pd.DataFrame) -> pd.DataFrame:
+    """Rows of `variables_live_at` that read the same (one op's several outputs of the
+    same name and lifetime: a norm's mean and rstd) as one row with their bytes summed
+    and the count in the name ('x (2 tensors)'), largest first."""
+    keys = [c for c in ("ipu", "name", "category", "first_step", "last_step") if c in live]
+    if live.empty or "bytes" not in live or not keys:
+        return live
+    g = live.groupby(keys, sort=False, dropna=False)
+    out = g["bytes"].sum().reset_index()
+    count = g.size().to_numpy()
+    out["name"] = [n if c == 1 else f"{n} ({c} tensors)" for n, c in
+                   zip(out["name"].astype(str), count, strict=True)]
+    return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)

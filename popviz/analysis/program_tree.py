@@ -4,7 +4,14 @@ Modules come from each op's dotted module path (`layer1.0.conv1`), so the tree i
 model's own `nn.Module` hierarchy. A module's figures are the sum over every op recorded
 inside it or its children, in every pass (forward, backward, recompute, optimiser); leaves
 group a module's ops by name and pass ("convolution (F)"). A measured profile has no
-modelled cycles: its `cycles` column holds each action's time in ns. Pure pandas."""
+modelled cycles: its `cycles` column holds each action's time in ns. Pure pandas.
+
+Siblings are in program order (the first op each holds), not alphabetical: `blocks.2`
+before `blocks.10`, `head` after the layers. Each node carries the split names (the
+ops' `layer`, what `splits` and the stage table's first_layer name) it runs, so
+`blocks.3` reads as `block2b`. With `weights` (per pass, from `step_weights`) the sums
+are per step: an op's recorded cost is one micro-batch's (the optimiser's, one weight
+update's)."""
 
 from __future__ import annotations
 
@@ -15,7 +22,25 @@ ROOT = "model"
 PASS_NAMES = {"F": "forward", "B": "backward", "R": "recompute", "WU": "optimiser"}
 COLUMNS = ["id", "parent", "name", "depth", "kind", "module", "cycles", "flops",
            "bytes_written", "temp_bytes", "ops", "stages", "ipus", "forward_cycles",
-           "backward_cycles", "recompute_cycles", "optimiser_cycles"]
+           "backward_cycles", "recompute_cycles", "optimiser_cycles", "first", "layers"]
+
+
+def step_weights(meta: dict, summary: dict, measured: bool) -> dict[str, float] | None:
+    """How many times each pass's recorded op runs in one compiled step: forward,
+    backward and recompute once per micro-batch (the summary's `microbatches`), the
+    optimiser once per weight update (device_iterations). None for a measured run (its
+    ops are one recorded step already) or when the profile does not say."""
+    if measured:
+        return None
+    micro = (summary or {}).get("microbatches")
+    updates = ((meta or {}).get("options") or {}).get("device_iterations", 1)
+    try:
+        micro, updates = float(micro), float(updates or 1)
+    except (TypeError, ValueError):
+        return None
+    if not (micro > 0 and updates > 0):
+        return None
+    return {"F": micro, "B": micro, "R": micro, "WU": updates}
 
 
 def _short(op: str) -> str:
@@ -33,6 +58,15 @@ def _stages(values: pd.Series) -> str:
     return ", ".join(str(g) for g in got)
 
 
+def _layers(values: pd.Series) -> str:
+    """'block2b', or 'block2a…block2d' for the first and last split names a node runs
+    (in program order: values arrive in op order)."""
+    got = [v for v in dict.fromkeys(values.astype(str)) if v]
+    if not got:
+        return ""
+    return got[0] if len(got) == 1 else f"{got[0]}…{got[-1]}"
+
+
 def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     """Totals per value of `key` in one group-by (no loop over nodes)."""
     g = frame.groupby(key, sort=False)
@@ -40,7 +74,8 @@ def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
         "cycles": g["cycles"].sum(), "flops": g["flops"].sum(min_count=1),
         "bytes_written": g["bytes_written"].sum(min_count=1),
         "temp_bytes": g["temp_bytes"].max(),
-        "ops": g.size(), "stages": g["stage"].agg(_stages), "ipus": g["ipu"].agg(_stages)})
+        "ops": g.size(), "stages": g["stage"].agg(_stages), "ipus": g["ipu"].agg(_stages),
+        "first": g["pos"].min(), "layers": g["layer"].agg(_layers)})
     for code, name in PASS_NAMES.items():
         out[f"{name}_cycles"] = frame["cycles"].where(frame["pass"] == code, 0.0).groupby(
             frame[key], sort=False).sum()
@@ -68,17 +103,25 @@ def _normalised(ops: pd.DataFrame) -> pd.DataFrame:
             out["cycles"] = (ops["end"] - ops["start"]).astype(float).clip(lower=0)
     for col in ("stage", "ipu"):
         out[col] = ops.get(col, -1)
+    out["layer"] = ops["layer"].fillna("").astype(str) if "layer" in ops else ""
+    out["pos"] = np.arange(len(ops))  # program order: ops are stored as they ran
     return out
 
 
-def program_tree(ops: pd.DataFrame) -> pd.DataFrame:
+def program_tree(ops: pd.DataFrame, weights: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per node: id (the module path, or 'model'), parent, name, depth, kind
     ('model' | 'module' | 'op'), module, cycles, flops, bytes_written, temp_bytes (largest
-    temporary of one op), ops, stages, ipus and cycles per pass. A parent's figures include
-    its children's; ops without a module hang under the model."""
+    temporary of one op), ops, stages, ipus, cycles per pass, first (the position of its
+    first op) and layers (its split names). A parent's figures include its children's;
+    ops without a module hang under the model. `weights` (pass -> runs per step) makes
+    cycles, FLOPs and bytes written per step."""
     if ops.empty:
         return pd.DataFrame(columns=COLUMNS)
     ops = _normalised(ops)
+    if weights:
+        runs = ops["pass"].map(weights).fillna(1.0).to_numpy(float)
+        for col in ("cycles", "flops", "bytes_written"):
+            ops[col] = ops[col] * runs
     # each op counted once in every module that contains it: explode into its ancestors
     ancestors = ops["module"].map(
         lambda m: [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 2)] if m
@@ -94,7 +137,7 @@ def program_tree(ops: pd.DataFrame) -> pd.DataFrame:
             id=paths, parent=paths.map(lambda p: p.rsplit(".", 1)[0] if "." in p else ROOT),
             name=paths.map(lambda p: p.rsplit(".", 1)[-1]),
             depth=paths.str.count(r"\.") + 1, kind="module", module=paths)
-        frames.append(modules.sort_values(["depth", "id"]).reset_index(drop=True))
+        frames.append(modules.sort_values(["depth", "first", "id"]).reset_index(drop=True))
     # leaves: each module's own ops by name and pass
     leaf = [f"{_short(o)} ({p})" for o, p in zip(ops["op"], ops["pass"], strict=True)]
     owner = ops["module"].where(ops["module"] != "", ROOT)
@@ -106,7 +149,7 @@ def program_tree(ops: pd.DataFrame) -> pd.DataFrame:
         id=ids, parent=parents, name=ids.str.rsplit("/", n=1).str[1],
         depth=parents.map(lambda p: 1 if p == ROOT else p.count(".") + 2), kind="op",
         module=parents.where(parents != ROOT, ""))
-    frames.append(leaves.sort_values("id").reset_index(drop=True))
+    frames.append(leaves.sort_values(["first", "id"]).reset_index(drop=True))
     return pd.concat(frames, ignore_index=True)[COLUMNS]
 
 

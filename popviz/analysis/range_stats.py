@@ -70,7 +70,8 @@ def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo:
     """Per op (op_id): time inside [lo, hi) and the number of pass runs it was part of."""
     rows = compute_rows(trace)
     if rows.empty or not templates or "pass_" not in rows:
-        return pd.DataFrame(columns=["op_id", "op", "module", "op_class", "time", "runs"])
+        return pd.DataFrame(columns=["op_id", "op", "pass", "module", "op_class", "time",
+                                     "runs"])
     rows = rows[(rows["end"] > lo) & (rows["start"] < hi)]
     whole = rows[(rows["start"] >= lo) & (rows["end"] <= hi)]
     parts = []
@@ -81,6 +82,7 @@ def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo:
         if tpl is None:
             continue
         frame = pd.DataFrame({f: v for f, v in tpl.fields.items()})
+        frame["pass"] = str(pas)  # a recompute row reads apart from its forward one
         frame["time"] = (tpl.hi - tpl.lo) * float(span)
         frame["runs"] = int(runs)
         parts.append(frame)
@@ -90,12 +92,13 @@ def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo:
         if not ops.empty:
             ops["time"] = ops["end"].clip(upper=hi) - ops["start"].clip(lower=lo)
             ops["runs"] = 1
-            parts.append(ops[[c for c in ("op_id", "op", "module", "op_class", "time", "runs")
-                              if c in ops]])
+            parts.append(ops[[c for c in ("op_id", "op", "module", "op_class", "pass",
+                                          "time", "runs") if c in ops]])
     if not parts:
-        return pd.DataFrame(columns=["op_id", "op", "module", "op_class", "time", "runs"])
+        return pd.DataFrame(columns=["op_id", "op", "pass", "module", "op_class", "time",
+                                     "runs"])
     frame = pd.concat(parts, ignore_index=True)
-    keys = [c for c in ("op_id", "op", "module", "op_class") if c in frame]
+    keys = [c for c in ("op_id", "op", "pass", "module", "op_class") if c in frame]
     return frame.groupby(keys, as_index=False, dropna=False).agg(
         time=("time", "sum"), runs=("runs", "sum"))
 
@@ -123,7 +126,7 @@ def _kernel_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
 def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     """Per host op that launched compute kernels (`host_op`, with its `op_class`): their
     GPU time inside [lo, hi) and how many of them overlap the range (`kernels`)."""
-    cols = ["op", "op_class", "time", "kernels"]
+    cols = ["op", "pass", "op_class", "time", "kernels"]
     if "host_op" not in trace or "op_class" not in trace:
         return pd.DataFrame(columns=cols)
     comp = trace[(trace["kind"] == "compute") & (trace["end"] > lo) & (trace["start"] < hi)
@@ -131,10 +134,13 @@ def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     if comp.empty:
         return pd.DataFrame(columns=cols)
     time = comp["end"].clip(upper=hi) - comp["start"].clip(lower=lo)
-    out = time.groupby([comp["host_op"].astype(str).to_numpy(),
+    passes = comp["pass"].astype(str).to_numpy() if "pass" in comp else \
+        np.full(len(comp), "", dtype=object)
+    out = time.groupby([comp["host_op"].astype(str).to_numpy(), passes,
                         comp["op_class"].astype(str).to_numpy()]).agg(["sum", "size"])
     return pd.DataFrame({"op": out.index.get_level_values(0),
-                         "op_class": out.index.get_level_values(1),
+                         "pass": out.index.get_level_values(1),
+                         "op_class": out.index.get_level_values(2),
                          "time": out["sum"].to_numpy(float),
                          "kernels": out["size"].to_numpy(int)})
 

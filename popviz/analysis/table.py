@@ -26,6 +26,7 @@ _RANGE = re.compile(rf"^(?:between\s+)?({_NUMBER})\s*(?:\.\.|to|and|–)\s*({_NU
                     re.IGNORECASE)
 # an operator typed inside a value ("> 1000" sent as `{col} contains > 1000` or `= > 1000`)
 _INNER = re.compile(r"^(<=|>=|!=|=|<|>)\s*(.+)$")
+_HINT = " (try 2e5, > 1e5, 1e5..2e5 or > 1e5 and < 2e5)"
 
 
 def _number(text: str) -> float | None:
@@ -90,6 +91,8 @@ def _clause(frame: pd.DataFrame, raw: str,
     if not match:
         raise ValueError(f"cannot read filter {raw.strip()!r}")
     col, op, text = match["col"], _normalise(match["op"]), match["val"].strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
+        text = text[1:-1].strip()  # DataTable quotes a value with spaces in it
     if col not in frame.columns:
         raise ValueError(f"no column {col!r} to filter on")
     series = frame[col]
@@ -108,7 +111,7 @@ def _clause(frame: pd.DataFrame, raw: str,
     if numeric and text and isinstance(val, str) and _number(val) is None:
         # DataTable sends a word typed in a number column as `{col} s= word`: matching it
         # as text would silently give no rows
-        raise ValueError(f"{col!r} holds numbers; {text!r} is not one")
+        raise ValueError(f"{col!r} holds numbers; {text!r} is not one{_HINT}")
     if op == "contains" and numeric and isinstance(val, float):
         op = "="  # a bare number in a numeric column means equal
     if op in ("=", "!=") and not numeric and isinstance(val, str) and "*" in val:
@@ -120,7 +123,7 @@ def _clause(frame: pd.DataFrame, raw: str,
         return lower.str.contains(needle, regex=False) if op == "contains" else \
             lower.str.startswith(needle)
     if numeric and not isinstance(val, float) and op != "=" and op != "!=":
-        raise ValueError(f"{col!r} holds numbers; {text!r} is not one")
+        raise ValueError(f"{col!r} holds numbers; {text!r} is not one{_HINT}")
     return _compare(series, op, val)
 
 
@@ -133,31 +136,65 @@ def _glob(series: pd.Series, pattern: str) -> pd.Series:
     return series.astype(str).str.fullmatch(body)
 
 
+def _clauses(frame: pd.DataFrame, raw: str,
+             texts: dict[str, pd.Series] | None) -> pd.Series:
+    """One clause, or several typed in one cell: `> 1e5 and < 2e5` on a number column is
+    both bounds (each part must start with an operator)."""
+    match = _CLAUSE.match(raw.strip())
+    if match:
+        op, text = _normalise(match["op"]), match["val"].strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
+            text = text[1:-1].strip()  # DataTable quotes a value with spaces in it
+        if op in ("<", "<=", ">", ">=", "!="):  # DataTable took the first operator out
+            text = f"{op} {text}"
+        parts = re.split(r"\s+(?:and|&&|&)\s+", text, flags=re.IGNORECASE)
+        if len(parts) > 1 and all(_INNER.match(part) for part in parts):
+            mask = pd.Series(True, index=frame.index)
+            for part in parts:
+                mask &= _clause(frame, f"{{{match['col']}}} = {part}", texts)
+            return mask
+    return _clause(frame, raw, texts)
+
+
 def filter_table(frame: pd.DataFrame, filter_query: str | None,
-                 texts: dict[str, pd.Series] | None = None) -> pd.DataFrame:
+                 texts: dict[str, pd.Series] | None = None,
+                 errors: list[str] | None = None) -> pd.DataFrame:
     """Rows matching every `{col} op value` clause joined by `&&`. Unknown columns,
-    operators or a word where a number is needed raise ValueError naming them. `texts`:
-    a dict kept with `frame` across calls, filled with lower-cased text columns."""
+    operators or a word where a number is needed raise ValueError naming them; with
+    `errors` (a list) such a clause is skipped and its message appended instead, so one
+    bad cell never blanks the table nor stops the other filters. `texts`: a dict kept
+    with `frame` across calls, filled with lower-cased text columns."""
     if not filter_query or not filter_query.strip():
         return frame
     mask = pd.Series(True, index=frame.index)
     for raw in re.split(r"\s+&&\s+", filter_query.strip()):
-        mask &= _clause(frame, raw, texts).fillna(False).astype(bool)
+        try:
+            mask &= _clauses(frame, raw, texts).fillna(False).astype(bool)
+        except ValueError as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
     return frame[mask]
+
+
+def sort_table(rows: pd.DataFrame, sort_by: list[dict[str, str]] | None) -> pd.DataFrame:
+    """Rows sorted as DataTable's `sort_by` says (columns it does not have are ignored)."""
+    cols = [s["column_id"] for s in sort_by or [] if s.get("column_id") in rows.columns]
+    if not cols:
+        return rows
+    asc = [s.get("direction", "asc") == "asc" for s in sort_by or []
+           if s.get("column_id") in rows.columns]
+    return rows.sort_values(cols, ascending=asc, kind="stable")
 
 
 def query_table(frame: pd.DataFrame, filter_query: str | None = None,
                 sort_by: list[dict[str, str]] | None = None, page: int = 0,
                 page_size: int = 50,
-                texts: dict[str, pd.Series] | None = None) -> tuple[pd.DataFrame, int]:
-    """(one page of the filtered, sorted rows, number of matching rows)."""
-    rows = filter_table(frame, filter_query, texts)
-    if sort_by:
-        cols = [s["column_id"] for s in sort_by if s.get("column_id") in rows.columns]
-        if cols:
-            asc = [s.get("direction", "asc") == "asc" for s in sort_by
-                   if s.get("column_id") in rows.columns]
-            rows = rows.sort_values(cols, ascending=asc, kind="stable")
+                texts: dict[str, pd.Series] | None = None,
+                errors: list[str] | None = None) -> tuple[pd.DataFrame, int]:
+    """(one page of the filtered, sorted rows, number of matching rows); `errors` as
+    for `filter_table`."""
+    rows = sort_table(filter_table(frame, filter_query, texts, errors), sort_by)
     total = len(rows)
     page = max(0, int(page or 0))
     return rows.iloc[page * page_size:(page + 1) * page_size], total

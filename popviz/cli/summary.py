@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
@@ -59,6 +60,8 @@ def _insight_lines(facts: dict) -> list[str]:
     if neck and len(facts.get("stages") or []) > 1:
         lines.append(f"  bottleneck: stage {neck['stage']} on {words.label(neck['ipu'])}, "
                      f"{neck['relative_load']:.2f}x the mean stage load")
+    if int(facts.get("num_ipus") or 0) > 1 and facts.get("bubble_fraction") is not None:
+        lines.append(f"  pipeline bubbles: {facts['bubble_fraction']:.0%} idle")
     advice = facts.get("advice") or []
     if advice:
         lines.append("  advice:")
@@ -114,37 +117,59 @@ def insight_facts(profile: object) -> dict:
             k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
                                 "largest_category") if k in top},
         "bottleneck": found["bottleneck"],
+        # the summary page's "pipeline bubbles": idle over rank-time of every device
+        "bubble_fraction": found["bubble_fraction"],
         "advice": [a.text for a in found["advice"]],
     })
 
 
 def _run(args: argparse.Namespace) -> int:
     import popviz
-    from popviz.analysis.facts import profile_facts
     from popviz.errors import ProfileError
 
     paths = popviz.discover(args.profile)
     if not paths:
         return fail(f"{args.profile}: no profile (.h5) here", EXIT_BAD_PROFILE)
-    if not args.no_vet:
-        check_vetted(*paths)  # every file before any output
-    all_facts = []
+    if len(paths) == 1 and not args.no_vet:
+        check_vetted(*paths)  # one file: its reason is the error
+    all_facts, skipped = [], []
     for path in paths:
-        with open_vetted(path, vet=not args.no_vet) as profile:
-            try:
-                all_facts.append({**profile_facts(profile), **insight_facts(profile)})
-            except (ProfileError, KeyboardInterrupt):
+        try:
+            all_facts.append(_facts(path, vet=not args.no_vet))
+        except ProfileError as exc:
+            if len(paths) == 1:
                 raise
-            except Exception as exc:  # the file is untrusted: one line, never a traceback
-                text = " ".join(str(exc).split())[:200]
-                raise ProfileError(f"{path}: cannot summarise ({type(exc).__name__}: "
-                                   f"{text})") from None
+            skipped.append(str(exc))  # a folder's foreign or broken .h5: said, then on
+    if not all_facts:
+        for line in skipped[:-1]:
+            fail(line, EXIT_BAD_PROFILE)
+        raise ProfileError(skipped[-1])
     if args.json:
-        payload = all_facts[0] if len(all_facts) == 1 else all_facts
+        payload = all_facts[0] if len(all_facts) == 1 and len(paths) == 1 else all_facts
         emit(json.dumps(payload, indent=2, sort_keys=True))
     else:
         emit("\n\n".join(render_text(f) for f in all_facts))
+    for line in skipped:
+        print(f"popviz: skipped: {line}", file=sys.stderr)
     return EXIT_OK
+
+
+def _facts(path: object, vet: bool) -> dict:
+    """One profile's facts; ProfileError (one line) when it is not one popviz can read."""
+    from popviz.analysis.facts import profile_facts
+    from popviz.errors import ProfileError
+
+    if vet:
+        check_vetted(path)
+    with open_vetted(path, vet=vet) as profile:
+        try:
+            return {**profile_facts(profile), **insight_facts(profile)}
+        except (ProfileError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # the file is untrusted: one line, never a traceback
+            text = " ".join(str(exc).split())[:200]
+            raise ProfileError(f"{path}: cannot summarise ({type(exc).__name__}: "
+                               f"{text})") from None
 
 
 COMMAND = Command(
@@ -154,7 +179,9 @@ COMMAND = Command(
     "directory): whether it fits (an imported GPU: its peak against its device memory; "
     "unknown for a CPU run), out-of-memory tiles, the "
     "fullest tile, per-stage cycles, the bottleneck stage, peak liveness per IPU, "
-    "throughput, latency and advice. --json prints the same facts as JSON.",
+    "throughput, latency and advice. --json prints the same facts as JSON. A directory "
+    "is searched without its hidden folders and virtual environments; a file in it that "
+    "is not a readable profile is named on stderr and skipped.",
     add_arguments=_add_arguments,
     run=_run,
 )

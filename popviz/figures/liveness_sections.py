@@ -90,33 +90,67 @@ def _visible(bands: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     return bands[(bands["last_step"] >= lo) & (bands["first_step"] <= hi)]
 
 
+def _hover_head(steps: np.ndarray, phase: np.ndarray, label: np.ndarray) -> list[str]:
+    """'step 12 · forward · conv1' with the fields a step has (no empty ' ·  · ')."""
+    return [" · ".join([f"step {int(x)}"] + [str(v) for v in (p, lab)
+                                              if str(v) and str(v) != "nan"])
+            for x, p, lab in zip(steps, phase, label, strict=True)]
+
+
+def _own_range(layers: pd.DataFrame, bands: pd.DataFrame, ipu: int
+               ) -> tuple[float, float, tuple[int, int, float] | None]:
+    """An IPU's opening view over its own steps: to its own end, its trailing optimiser
+    folded; (lo, hi, the folded steps or None)."""
+    mine = bands[bands["ipu"] == ipu] if len(bands) else bands
+    steps = layers.loc[layers["ipu"] == ipu, "step"]
+    hidden = folded_steps(mine)
+    if hidden is not None:
+        return -0.5, hidden[2], hidden
+    return float(steps.min()), float(steps.max()), None
+
+
 def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                              bumps: pd.DataFrame, capacity_bytes: float | None = None,
                              start: float | None = None, end: float | None = None,
                              pixels: int = PIXELS, naming: Naming = MODELLED,
                              title: str = "Liveness by section",
-                             click: str = "click a step to list the variables live there"
+                             click: str = "click a step to list the variables live there",
+                             ranges: dict[int, tuple[float, float]] | None = None
                              ) -> go.Figure:
-    """One panel per IPU. `layers` from liveness_layers, `bands` from phase_bands, `bumps`
-    from section_bumps. Without start/end the view opens with the optimiser folded.
-    `layout.meta`: points per IPU, range, capacity_on_scale, bands drawn."""
+    """One panel per IPU, each on its own x-axis (each IPU counts its own steps).
+    `layers` from liveness_layers, `bands` from phase_bands, `bumps` from section_bumps.
+    start/end set every panel's steps; `ranges` (IPU -> steps) single panels; a panel
+    given neither opens on its own program with its trailing optimiser folded. A star
+    marks each IPU's peak. `layout.meta`: points per IPU, range (the first panel's),
+    ranges, folded, capacity_on_scale, bands drawn."""
     if layers.empty:
         return empty_figure("This profile has no liveness report.", title)
     ipus = sorted(int(i) for i in layers["ipu"].unique())
-    folded = start is None and end is None and opening_range(bands) is not None
-    if folded:
-        start, end = opening_range(bands)
-    steps_all = layers["step"]
-    lo = float(steps_all.min()) if start is None else float(start)
-    hi = float(steps_all.max()) if end is None else float(end)
-    fig = make_subplots(rows=len(ipus), cols=1, shared_xaxes=True,
-                        vertical_spacing=min(0.08, 0.3 / len(ipus)),
+    spans: dict[int, tuple[float, float]] = {}
+    hidden_of: dict[int, tuple[int, int, float]] = {}
+    for ipu in ipus:
+        if start is not None or end is not None:
+            own = _own_range(layers, pd.DataFrame(columns=["ipu"]), ipu)
+            spans[ipu] = (own[0] if start is None else float(start),
+                          own[1] if end is None else float(end))
+        elif ranges and ipu in ranges:
+            spans[ipu] = (float(ranges[ipu][0]), float(ranges[ipu][1]))
+        else:
+            lo_i, hi_i, hidden = _own_range(layers, bands, ipu)
+            spans[ipu] = (lo_i, hi_i)
+            if hidden is not None:
+                hidden_of[ipu] = hidden
+    folded = bool(hidden_of)
+    fig = make_subplots(rows=len(ipus), cols=1, shared_xaxes=False,
+                        vertical_spacing=min(0.1, 0.36 / len(ipus)),
                         subplot_titles=[naming.label(i) for i in ipus])
     y0, y1, cap_on = fitted_range(layers, capacity_bytes)
     points: dict[str, int] = {}
     drawn_bands = 0
     for row, ipu in enumerate(ipus, start=1):
+        lo, hi = spans[ipu]
         g = layers[layers["ipu"] == ipu].sort_values("step")
+        whole = g
         steps = g["step"].to_numpy()
         a = max(0, int(np.searchsorted(steps, lo, side="left")) - 1)
         b = min(len(steps), int(np.searchsorted(steps, hi, side="right")) + 1)
@@ -127,8 +161,11 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
         points[dev] = len(keep)
         x = g["step"].to_numpy()[keep]
         custom = np.empty((len(keep), 4), dtype=object)
-        custom[:, 0] = g["label"].astype(str).to_numpy()[keep] if "label" in g else ""
-        custom[:, 1] = g["phase"].astype(str).to_numpy()[keep] if "phase" in g else ""
+        empty = np.full(len(g), "", dtype=object)
+        custom[:, 0] = _hover_head(
+            x, (g["phase"].astype(str).to_numpy() if "phase" in g else empty)[keep],
+            (g["label"].astype(str).to_numpy() if "label" in g else empty)[keep])
+        custom[:, 1] = ""
         custom[:, 2] = g["not_always_live_bytes"].to_numpy(float)[keep] / MiB
         custom[:, 3] = ipu  # a click finds its IPU
         for col, name, line, fill in LAYERS:
@@ -137,7 +174,7 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 x=x, y=y, name=name, legendgroup=col, showlegend=row == 1, mode="lines",
                 stackgroup=f"ipu{ipu}", line={"color": line, "width": 1}, fillcolor=fill,
                 customdata=custom,
-                hovertemplate=f"step %{{x}} · %{{customdata[1]}} · %{{customdata[0]}}<br>"
+                hovertemplate=f"%{{customdata[0]}}<br>"
                 f"{name}: %{{y:,.1f}} MiB<extra>{dev}</extra>"), row=row, col=1)
         mine = bands[bands["ipu"] == ipu]
         for band in _visible(mine, lo, hi).itertuples():
@@ -170,6 +207,25 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 hovertemplate="section %{customdata[0]}: activations peak at step %{x}<br>"
                 "rise %{customdata[1]:,.1f} MiB, fall %{customdata[2]:,.1f} MiB"
                 f"<extra>{dev}</extra>"), row=row, col=1)
+        if len(whole):  # the IPU's peak (always-live + not-always-live), starred
+            total_all = (whole["always_live_bytes"] + whole["not_always_live_bytes"]) \
+                .to_numpy(float)
+            at = int(np.argmax(total_all))
+            step = float(whole["step"].iloc[at])
+            if lo <= step <= hi:
+                head = _hover_head(np.array([step]), np.array(
+                    [whole["phase"].iloc[at] if "phase" in whole else ""]), np.array(
+                    [whole["label"].iloc[at] if "label" in whole else ""]))[0]
+                fig.add_trace(go.Scatter(
+                    x=[step], y=[total_all[at] / MiB], mode="markers", name="peak",
+                    legendgroup="peak", showlegend=row == 1,
+                    marker={"symbol": "star", "size": 14, "color": "#c53a32",
+                            "line": {"color": "white", "width": 1}},
+                    customdata=[[head, "", whole["not_always_live_bytes"].iloc[at] / MiB,
+                                 ipu]],
+                    hovertemplate=f"peak · %{{customdata[0]}}<br>%{{y:,.1f}} MiB in all"
+                    f"<extra>{dev}</extra>"), row=row, col=1)
+        fig.update_xaxes(range=[lo, hi], row=row, col=1)
         if capacity_bytes and cap_on:
             fig.add_hline(y=capacity_bytes / MiB, line={"color": CAPACITY_COLOUR,
                                                         "dash": "dash", "width": 1.5},
@@ -186,26 +242,37 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 " of it", xref="paper", yref="paper", x=1, y=1.0, xanchor="right",
                 yanchor="bottom", showarrow=False, font={"size": 11, "color": CAPACITY_COLOUR},
                 name="capacity-note")
-    hidden = folded_steps(bands) if folded else None
-    if hidden is not None:
-        first, last, _ = hidden
-        steps_text = f"step {first:,}" if first == last else f"steps {first:,}–{last:,}"
+    height = max(360, 130 + 210 * len(ipus))
+    if folded:
+        texts = []
+        for ipu, (first, last, _) in sorted(hidden_of.items()):
+            steps_text = f"step {first:,}" if first == last else f"steps {first:,}–{last:,}"
+            texts.append(steps_text if len(ipus) == 1 else
+                         f"{naming.label(ipu)} {steps_text}")
+        one = len(hidden_of) == 1 and next(iter(hidden_of.values()))[0] == \
+            next(iter(hidden_of.values()))[1]
+        # at the foot of the bottom margin (78 px): a fixed paper offset fell off the
+        # figure when several IPUs made it tall
         fig.add_annotation(
-            text=f"optimiser {steps_text} folded out of view (pan right or zoom out to see "
-            f"{'it' if first == last else 'them'})",
-            xref="paper", yref="paper", x=1, y=-0.09, xanchor="right", yanchor="top",
-            showarrow=False, font={"size": 11, "color": "#555"}, name="fold-note")
+            text=f"optimiser {'; '.join(texts)} folded out of view (pan right or zoom out "
+            f"to see {'it' if one else 'them'})",
+            xref="paper", yref="paper", x=1, y=-(78 - 6) / (height - 105 - 78),
+            xanchor="right",
+            yanchor="bottom", showarrow=False, font={"size": 11, "color": "#555"},
+            name="fold-note")
     fig.update_xaxes(title_text="compute action on the rank" if naming.measured
+                     else "program step (each IPU counts its own)" if len(ipus) > 1
                      else "program step", row=len(ipus), col=1)
-    fig.update_xaxes(range=[lo, hi])
+    first_span = spans[ipus[0]]
     fig.update_layout(uirevision="liveness", hovermode="closest",
-                      meta={"points": points, "range": [lo, hi], "folded": folded,
+                      meta={"points": points, "range": list(first_span),
+                            "ranges": {str(i): list(v) for i, v in spans.items()},
+                            "folded": folded,
                             "capacity_on_scale": bool(capacity_bytes and cap_on),
                             "bands": drawn_bands})
-    height = max(360, 110 + 200 * len(ipus))
     base_layout(fig, f"{title} · {click}" if click else title, height)
     # title on the first line, legend on the second, then the first panel's title
-    fig.update_layout(margin={"t": 105},
+    fig.update_layout(margin={"t": 105, "b": 78},
                       title={"y": 1 - 12 / height, "yref": "container", "yanchor": "top"},
                       legend={"y": 1 - 42 / height, "yref": "container", "yanchor": "top",
                               "x": 1, "xanchor": "right"})

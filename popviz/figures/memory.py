@@ -80,18 +80,22 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
     rows = -(-n // columns)
     z = np.full(rows * columns, np.nan)
     z[tm["tile"].to_numpy()] = tm["utilisation"].to_numpy() * 100
-    # nearly empty tiles would all be white on 0-100%: scale to the fullest, and say so
-    zmax = 100.0
+    # a profile that fits: colours span the tiles' own range (on 0-100% tiles between 30%
+    # and 60% are one flat blue); one that overflows keeps 0-100% so full reads as full
+    zmin, zmax = 0.0, 100.0
     top = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
-    if 0 < top < FAR_BELOW * 100:
-        zmax = next(v for v in (1, 2, 5, 10, 25) if v >= top)
-        title += f" (colours to {zmax:g}% used)"
+    low = float(np.nanmin(z)) if np.isfinite(z).any() else 0.0
+    if 0 < top <= 100 and top - low > 0:
+        zmin, zmax = float(np.floor(low)), float(np.ceil(top))
+        zmax = zmax if zmax > zmin else zmin + 1
+        title += f" (colours from {zmin:g}% to {zmax:g}% used)"
     tile_ids = np.arange(rows * columns).astype(float)
     tile_ids[n:] = np.nan
     fig = go.Figure(go.Heatmap(
         z=z.reshape(rows, columns), customdata=tile_ids.reshape(rows, columns),
-        colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
-        zmin=0, zmax=zmax, colorbar={"title": "% used"}, xgap=1, ygap=1,
+        colorscale=[[0, "#f7fbff"], [0.5, "#6baed6"], [1, "#08306b"]] if zmin > 0 else
+        [[0, "#f7fbff"], [0.5, "#6baed6"], [0.85, "#08306b"], [1, "#08306b"]],
+        zmin=zmin, zmax=zmax, colorbar={"title": "% used"}, xgap=1, ygap=1,
         hovertemplate="tile %{customdata:.0f}: %{z:.1f}% of capacity<extra></extra>"))
     over = tm[tm["bytes_over"] > 0]
     if len(over):
@@ -103,7 +107,9 @@ def tile_map_figure(tile_memory: pd.DataFrame, ipu: int,
                                  "<extra></extra>"))
     fig.update_xaxes(title_text=f"column (tile number = row × {columns} + column)",
                      showgrid=False)
-    fig.update_yaxes(title_text=f"row ({columns} tiles each)", range=[rows - 0.5, -0.5],
+    # the ticks name each row by its first tile, so the title says so
+    fig.update_yaxes(title_text=f"first tile of the row ({columns} a row)",
+                     range=[rows - 0.5, -0.5],
                      showgrid=False, scaleanchor="x", constrain="domain",
                      tickvals=list(range(0, rows, max(1, rows // 6))),
                      ticktext=[f"{r * columns}" for r in range(0, rows, max(1, rows // 6))])
@@ -144,7 +150,11 @@ def ipu_totals_figure(totals: pd.DataFrame, title: str = "Memory per IPU") -> go
                              textposition="top center", showlegend=False, hoverinfo="skip"))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="MiB")
-    return base_layout(fig, title, height=380)
+    base_layout(fig, title, height=380)
+    # six categories and the capacity do not fit beside the title: list them on the right
+    fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left",
+                              "yanchor": "top"}, margin={"r": 170})
+    return fig
 
 
 def memory_histogram(tile_memory: pd.DataFrame, title: str = "Tile memory histogram"

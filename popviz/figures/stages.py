@@ -8,7 +8,9 @@ import plotly.graph_objects as go
 
 from popviz.analysis.advice import amp_for
 from popviz.analysis.balance import ipu_balance, stage_balance, stages_take_turns
+from popviz.analysis.stash import stash_column
 from popviz.figures.style import CATEGORY_COLOURS, MiB, base_layout, empty_figure
+from popviz.metrics import stash
 from popviz.vocab import IMBALANCE_LIMIT, MEASURED, MODELLED, Naming
 
 _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
@@ -78,9 +80,11 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
         return empty_figure("This profile has no stash figures.", title)
     s = stages.sort_values("stage")
     labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
+    held = stash(s)  # the metrics core's definition: depth x bytes per micro-batch
     fig = go.Figure([
-        go.Bar(x=labels, y=s["stash_bytes"] / MiB, name="stash", marker={"color": "#8e6bbf"},
-               hovertemplate="%{x}: stash %{y:,.1f} MiB<extra></extra>"),
+        go.Bar(x=labels, y=held["stash_bytes"] / MiB, name="stash",
+               marker={"color": "#8e6bbf"}, customdata=stash_column(s),
+               hovertemplate="%{x}: stash %{customdata}<extra></extra>"),
         go.Bar(x=labels, y=s["peak_bytes"] / MiB, name="peak liveness",
                marker={"color": "#ef8636"},
                hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"),

@@ -32,8 +32,9 @@ LANE_OF = {"F": "compute", "B": "compute", "R": "compute", "WU": "compute",
            "compute": "compute", "sync": "sync", "idle": "sync", "exchange": "exchange",
            "host_io": "host I/O"}
 LANES = ("compute", "ops", "sync", "exchange", "host I/O")
-OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#33a02c",
-                    "elementwise": "#a6cee3", "reduction": "#b2df8a",
+# green is the weight update's (CATEGORY_COLOURS["WU"]) and the optimiser's alone
+OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#c51b8a",
+                    "elementwise": "#a6cee3", "reduction": "#dfc27d",
                     "data_movement": "#cab2d6", "pool": "#fdbf6f", "loss": "#ff7f00",
                     "optimiser": "#519e3e", "other": "#bbbbbb"}
 HIGHLIGHT = "#ffd400"
@@ -74,11 +75,28 @@ def _column(frame: pd.DataFrame, name: str, fill: object) -> np.ndarray:
     return frame[name].to_numpy() if name in frame else np.full(len(frame), fill)
 
 
+def event_where(ev: pd.DataFrame) -> np.ndarray:
+    """'stage 0 · micro-batch 3 · pass F' with only the fields an event has (an import's
+    kernel has no micro-batch: -1 is left out), and the host op that launched it."""
+    stage = _column(ev, "stage", -1)
+    micro = _column(ev, "microbatch", -1)
+    passes = _column(ev, "pass", "").astype(str)
+    host = _column(ev, "host_op", "").astype(str)
+    out = []
+    for s, m, p, h in zip(stage, micro, passes, host, strict=True):
+        parts = [f"stage {int(s)}"] if int(s) >= 0 else []
+        parts += [f"micro-batch {int(m)}"] if int(m) >= 0 else []
+        parts += [f"pass {p}"] if p and p != "nan" else []
+        parts += [f"launched by {h}"] if h and h != "nan" else []
+        out.append(" · ".join(parts))
+    return np.array(out, dtype=object)
+
+
 def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
     codes = category_codes(ev)
     unit = naming.unit
-    hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · stage "
-             "%{customdata[1]} · micro-batch %{customdata[2]} · pass %{customdata[3]}<br>"
+    hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · "
+             "%{customdata[7]}<br>"
              f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
              f"duration %{{customdata[6]:,.0f}} {unit}<extra>%{{fullData.name}}</extra>")
     bars = []
@@ -90,7 +108,8 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
         label = _column(sel, "op", "").astype(str)
         custom = _stack([label, _column(sel, "stage", -1), _column(sel, "microbatch", -1),
                          _column(sel, "pass", "").astype(str), sel["end"].to_numpy(),
-                         sel["ipu"].to_numpy(), (sel["end"] - sel["start"]).to_numpy()])
+                         sel["ipu"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
+                         event_where(sel)])
         rows = [row_of[(int(i), LANE_OF[name])] for i in sel["ipu"]]
         text = label if name in ("F", "B", "R", "WU", "compute") else np.full(n, "")
         bars.append(go.Bar(

@@ -33,12 +33,38 @@ def _flops(value: float) -> str:
     return f"{value:,.0f} FLOP"
 
 
+def starts_text(stages: str, stage_starts: dict[int, str]) -> str:
+    """'stage 1 starts at block2c' for a node's stages ('1', '0-2', '0, 3')."""
+    text = str(stages)
+    if not text or not stage_starts:
+        return ""
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-"))
+        got = list(range(lo, hi + 1))
+    else:
+        got = [int(x) for x in text.split(",") if x.strip().isdigit()]
+    named = [f"stage {s} starts at {stage_starts[s]}" for s in got if stage_starts.get(s)]
+    return "; ".join(named)
+
+
+def _label(name: str, layers: str, kind: str) -> str:
+    """A module's box: its name, with its split name when it runs exactly one that
+    differs ('3 · block2b')."""
+    if kind != "module" or not layers or "…" in layers or layers == name:
+        return name
+    return f"{name} · {layers}"
+
+
 def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
                         selected: str | None = None, max_depth: int = 4,
-                        title: str = "Program tree") -> go.Figure:
-    """Icicle of `tree` (analysis.program_tree), box width = cycles (ns when measured).
-    `selected` is a node id to open the view on; `max_depth` levels show at once (click a
-    box to go deeper)."""
+                        title: str = "Program tree", per_step: str = "",
+                        stage_starts: dict[int, str] | None = None) -> go.Figure:
+    """Icicle of `tree` (analysis.program_tree), box width = cycles (ns when measured),
+    siblings in program order. `per_step` says what the widths add up to when the tree
+    was built per step ('1,024 micro-batches and 1 weight update'); without it they are
+    the recorded ops' (one micro-batch's, and the hover says so). `stage_starts` (stage
+    -> its first split name) names where each node's stage begins. `selected` is a node
+    id to open the view on; `max_depth` levels show at once (click a box to go deeper)."""
     naming = naming or Naming()
     if tree.empty or float(tree["cycles"].max()) <= 0:
         return empty_figure("No op costs recorded in this profile, so no program tree.",
@@ -46,7 +72,7 @@ def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
     unit = naming.unit
     share = tree["cycles"] / float(tree.loc[tree["id"] == "model", "cycles"].iloc[0])
     device = "stage" if not naming.measured else "stage (rank)"
-    custom = np.empty((len(tree), 8), dtype=object)
+    custom = np.empty((len(tree), 10), dtype=object)
     custom[:, 0] = tree["kind"].to_numpy()
     custom[:, 1] = share.to_numpy()
     custom[:, 2] = [known_or(v, _flops) for v in tree["flops"]]
@@ -57,14 +83,22 @@ def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
     custom[:, 7] = [f"F {f:,.0f} · B {b:,.0f} · R {r:,.0f} · WU {w:,.0f}" for f, b, r, w in
                     zip(tree["forward_cycles"], tree["backward_cycles"],
                         tree["recompute_cycles"], tree["optimiser_cycles"], strict=True)]
-    hover = ("<b>%{id}</b> (%{customdata[0]})<br>"
-             f"%{{value:,.0f}} {unit} · %{{customdata[1]:.1%}} of the step's compute<br>"
+    layers = tree["layers"].astype(str) if "layers" in tree else pd.Series("", index=tree.index)
+    custom[:, 8] = [f"split names {v}" if v else "no split names" for v in layers]
+    custom[:, 9] = [starts_text(v, stage_starts or {}) or "-" for v in tree["stages"]]
+    whole = (f"of the step's compute ({per_step})" if per_step else
+             "of the recorded ops' compute (one step)" if naming.measured else
+             "of one micro-batch's compute (each op once, the optimiser once)")
+    hover = ("<b>%{id}</b> (%{customdata[0]}) · %{customdata[8]}<br>"
+             f"%{{value:,.0f}} {unit} · %{{customdata[1]:.1%}} {whole}<br>"
              f"by pass ({unit}): %{{customdata[7]}}<br>"
              "FLOPs %{customdata[2]} · written %{customdata[3]} · largest temporary "
              f"%{{customdata[4]}}<br>{device} %{{customdata[5]}} · %{{customdata[6]:,}} ops"
-             "<extra></extra>")
+             " · %{customdata[9]}<extra></extra>")
+    names = [_label(n, v, k) for n, v, k in zip(tree["name"], layers, tree["kind"],
+                                                strict=True)]
     fig = go.Figure(go.Icicle(
-        ids=tree["id"], labels=tree["name"], parents=tree["parent"],
+        ids=tree["id"], labels=names, parents=tree["parent"],
         values=tree["cycles"], branchvalues="total", customdata=custom,
         hovertemplate=hover, maxdepth=max_depth, level=selected or None,
         marker={"colors": [stage_colour(s) for s in tree["stages"]],

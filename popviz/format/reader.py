@@ -30,7 +30,8 @@ from popviz.vocab import MODELLED_KIND
 
 
 def discover(directory: str | os.PathLike[str]) -> list[Path]:
-    """Every profile file under `directory` (recursively), sorted; temporary files skipped.
+    """Every profile file under `directory` (recursively), sorted; temporary files, hidden
+    folders, caches and virtual environments skipped.
 
     A `.h5` path is returned as a one-item list. Files are not opened here: a broken file
     is listed too, and `open` on it raises the reason. Nothing is removed: a dead
@@ -41,9 +42,25 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise ProfileError(f"{root}: no such file or directory")
-    found = [p for p in root.rglob(f"*{schema.PROFILE_SUFFIX}")
-             if p.is_file() and not is_temp_name(p.name) and not p.name.startswith(".")]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        # not into hidden folders (.git, .venv), virtual environments or caches: `popviz
+        # summary .` in a project would otherwise read h5py's own test files
+        dirs[:] = [d for d in dirs if not _skipped_folder(Path(folder) / d)]
+        found += [Path(folder) / f for f in files if f.endswith(schema.PROFILE_SUFFIX)
+                  and not is_temp_name(f) and not f.startswith(".")
+                  and (Path(folder) / f).is_file()]
     return sorted(found)
+
+
+SKIPPED_FOLDERS = {"node_modules", "__pycache__", "site-packages", "venv"}
+
+
+def _skipped_folder(path: Path) -> bool:
+    """A folder discover does not walk into: hidden, a cache, or a virtual environment
+    (its pyvenv.cfg says so whatever it is called)."""
+    return path.name.startswith(".") or path.name in SKIPPED_FOLDERS or \
+        (path / "pyvenv.cfg").is_file()
 
 
 FileCheck = Callable[[os.stat_result], None]

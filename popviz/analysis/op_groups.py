@@ -1,0 +1,83 @@
+"""The ops table grouped (by op, op class, module, pass ...): counts, totals and shares,
+and for an import (host ops that nest, each with the GPU time of the kernels it launched)
+self vs inclusive time, as PyTorch's profiler and Perfetto report them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+GROUP_KEYS = ("op", "op_class", "module", "phase", "pass", "stage", "ipu")
+
+
+def nesting(ops: pd.DataFrame) -> np.ndarray:
+    """Each op's parent row position (-1: none): the innermost op on the same device whose
+    [start, end] holds it. Ops sorted by start, longer first, swept with a stack."""
+    parent = np.full(len(ops), -1, dtype=np.int64)
+    if ops.empty or not {"start", "end"} <= set(ops.columns):
+        return parent
+    start = ops["start"].to_numpy(np.int64)
+    end = ops["end"].to_numpy(np.int64)
+    device = ops["ipu"].to_numpy(np.int64) if "ipu" in ops.columns else np.zeros(len(ops))
+    order = np.lexsort((-end, start, device))
+    stack: list[int] = []
+    last_device = None
+    for i in order:
+        if device[i] != last_device:
+            stack, last_device = [], device[i]
+        while stack and end[stack[-1]] < end[i]:  # ended before this one does: closed
+            stack.pop()
+        if stack and start[stack[-1]] <= start[i]:
+            parent[i] = stack[-1]
+        stack.append(int(i))
+    return parent
+
+
+def self_and_inclusive(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per op: host_inclusive (its own span), host_self (minus its children's spans),
+    gpu_self (its kernels' time, the `cycles` of an import) and gpu_inclusive (with its
+    descendants'). In the profile's time unit (ns)."""
+    parent = nesting(ops)
+    span = (ops["end"] - ops["start"]).to_numpy(np.int64)
+    gpu = pd.to_numeric(ops["cycles"], errors="coerce").fillna(0).to_numpy(np.float64) \
+        if "cycles" in ops.columns else np.zeros(len(ops))
+    has = parent >= 0
+    children = np.bincount(parent[has], weights=span[has], minlength=len(ops))
+    # inclusive GPU: add each op's own time to every ancestor (deepest first is not needed:
+    # walk each op up its chain; chains are short, a few levels of aten calls)
+    inclusive = gpu.copy()
+    for i in np.flatnonzero(gpu > 0):
+        p = parent[i]
+        while p >= 0:
+            inclusive[p] += gpu[i]
+            p = parent[p]
+    return pd.DataFrame({"host_inclusive": span, "host_self": span - children.astype(np.int64),
+                         "gpu_self": gpu, "gpu_inclusive": inclusive}, index=ops.index)
+
+
+def group_ops(ops: pd.DataFrame, by: str, measured: bool = False) -> pd.DataFrame:
+    """One row per value of `by`: count, total and share of the time column, the mean,
+    largest first. Modelled: `cycles`. Measured (an import whose ops nest): host and GPU
+    time, each self and inclusive; the shares are of the GPU self time (each kernel
+    counted once) or, without GPU time, of the host self time."""
+    if by not in ops.columns:
+        raise ValueError(f"no column {by!r} to group by")
+    key = ops[by].astype(str)
+    if measured and {"start", "end"} <= set(ops.columns):
+        times = self_and_inclusive(ops)
+        grouped = times.groupby(key.to_numpy(), sort=False)
+        out = grouped.sum()
+        out.insert(0, "count", grouped.size())
+        basis = "gpu_self" if out["gpu_self"].sum() > 0 else "host_self"
+        out = out[["count", "host_self", "host_inclusive", "gpu_self", "gpu_inclusive"]]
+    else:
+        cycles = pd.to_numeric(ops["cycles"], errors="coerce").fillna(0) \
+            if "cycles" in ops.columns else pd.Series(0.0, index=ops.index)
+        grouped = cycles.groupby(key.to_numpy(), sort=False)
+        out = pd.DataFrame({"count": grouped.size(), "cycles": grouped.sum()})
+        out["mean_cycles"] = out["cycles"] / out["count"]
+        basis = "cycles"
+    total = float(out[basis].sum())
+    out["share"] = out[basis] / total if total else 0.0
+    out.index.name = by
+    return out.sort_values([basis, "count"], ascending=False, kind="stable").reset_index()
