@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1] / "profiles"
 # its hover data, a table's rows, an uploaded file
 BIG_PROPS = {"figure", "selectedData", "data", "derived_virtual_data",
              "derived_viewport_data", "contents", "extendData", "prependData"}
-SMALL_STORES = {"trace-window", "trace-selection"}  # dcc.Store of a range, a few bytes
+SMALL_STORES = {"trace-window", "trace-selection",  # dcc.Store of a range, a few bytes
+                "trace-bsp-pick"}  # a clicked bar's IPU and end time
 
 
 def _server_side(root: Path) -> list[dict[str, Any]]:
