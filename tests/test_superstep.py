@@ -23,7 +23,7 @@ from popviz.analysis.superstep import (
     superstep_view,
 )
 from popviz.analysis.trace_detail import pass_ops
-from popviz.figures.superstep import superstep_figure
+from popviz.figures.superstep import COLS, ROWS, superstep_figure
 from popviz.format import reader
 from tests.dash_util import component_text
 
@@ -142,6 +142,12 @@ def test_figure_is_quick_and_says_what_it_drew(profile: Any) -> None:
     for kind in KINDS:
         assert meta["share"][kind] == pytest.approx(totals[kind], abs=2e-3)
     assert len(fig.to_json()) < 1_000_000  # sent to the browser on every pick
+
+
+def test_docs_say_the_buckets() -> None:
+    docs = " ".join((Path(__file__).parents[1] / "docs" / "app.md").read_text().split())
+    assert f"are {ROWS} rows of {-(-1472 // ROWS)})" in docs
+    assert f"cycles across ({COLS} buckets)" in docs
 
 
 def test_superstep_at_and_bad_requests(profile: Any) -> None:

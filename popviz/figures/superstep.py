@@ -13,7 +13,7 @@ from popviz.figures.style import CATEGORY_COLOURS, base_layout
 from popviz.figures.trace_lanes import OP_CLASS_COLOURS, _short
 
 ROWS = 64  # tile rows (1472 tiles: 64 rows of 23)
-COLS = 240  # time buckets (hover text is most of the bytes: 240 keep it under 0.8 MB)
+COLS = 200  # time buckets (the hover text is most of the bytes: 200 keep it under ~0.9 MB)
 KIND_COLOURS = {"compute": CATEGORY_COLOURS["compute"], "exchange": CATEGORY_COLOURS["exchange"],
                 "sync": CATEGORY_COLOURS["sync"], "idle": CATEGORY_COLOURS["idle"]}
 
@@ -76,7 +76,9 @@ def superstep_figure(view: Superstep, rows: int = ROWS, cols: int = COLS,
         words = words + sep + part
     ops = np.array([_short(o) for o in grid.op], dtype=object)
     text = words + np.where(ops != "", "<br>op: " + ops, "")[None, :]
-    hover = "tiles %{y:,.0f}+ · %{x:,.0f} cycles<br>%{text}<extra></extra>"
+    # %{y} and %{x} are the cell's centre (the axes are the cells' edges)
+    hover = (f"the {grid.tiles_per_row} tiles around tile %{{y:,.0f}} · around %{{x:,.0f}} "
+             "cycles<br>%{text}<extra></extra>")
     tile_edges = np.append(grid.row_tiles, view.tiles)
     heat = go.Heatmap(z=code, x=np.round(grid.edges), y=tile_edges, text=text,
                       zmin=-0.5, zmax=len(KINDS) - 0.5, colorscale=_scale(),

@@ -4,6 +4,7 @@ callback request carries more than a few numbers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -97,6 +98,17 @@ def test_click_a_compute_bar_for_its_superstep(browser_context: Any, base_url: s
         status = page.inner_text("#trace-bsp-status")
         assert status.startswith(f"IPU {bar['ipu']}, superstep {k}: ")
         assert page.input_value("#trace-bsp-step") == str(k)
+        # hover a cell a third of the way across: its tiles, time, shares and op
+        page.locator("#trace-bsp-graph").scroll_into_view_if_needed()
+        strip = page.locator("#trace-bsp-graph .xy .nsewdrag").first.bounding_box()
+        page.mouse.move(strip["x"] + strip["width"] / 3, strip["y"] + strip["height"] / 2)
+        tip = page.locator("#trace-bsp-graph .hoverlayer .hovertext").first
+        tip.wait_for(timeout=10_000)
+        text = tip.text_content() or ""  # SVG: no inner_text
+        assert re.search(r"the \d+ tiles around tile [\d,]+ · around [\d,]+ cycles", text), \
+            text
+        assert re.search(r"(compute|exchange|sync|idle) \d+%", text), text
+        assert "op: " in text, text  # a third of the way in, an op is running
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.locator("#trace-bsp").screenshot(path=str(SCREENSHOTS / "trace_bsp_click.png"))
         # another superstep typed in (Enter: the input is debounced)
