@@ -166,6 +166,40 @@ def test_superstep_at_and_bad_requests(profile: Any) -> None:
     assert not has_tiles(pd.DataFrame(), measured=False)
 
 
+def test_the_click_reads_the_bars_it_is_given(profile: Any) -> None:
+    """app/trace_bsp.PICK reads a pass bar's IPU and end at customdata[5] and [4] (7
+    fields) and an op bar's at [5] and [6] (9 fields): a change to the trace's bars must
+    change it too."""
+    from popviz.figures.lod import TraceIndex
+    from popviz.figures.trace_lanes import trace_lanes_figure
+
+    tr = profile.trace
+    first = tr[tr["kind"] == "compute"].iloc[0]
+    fig = trace_lanes_figure(TraceIndex(tr), float(first["start"]), float(first["end"]),
+                             templates=pass_ops(profile.ops))
+    seen = set()
+    for bar in fig.data:
+        if bar.type != "bar" or bar.customdata is None:
+            continue
+        custom = np.asarray(bar.customdata, dtype=object)
+        ends = np.asarray(bar.base, dtype=float) + np.asarray(bar.x, dtype=float)
+        if bar.name.startswith("compute"):
+            assert custom.shape[1] == 7
+            np.testing.assert_allclose(custom[:, 4].astype(float), ends)
+            seen.add("pass")
+        elif bar.name.startswith("op: "):
+            assert custom.shape[1] == 9
+            np.testing.assert_allclose(custom[:, 6].astype(float), ends)
+            seen.add("op")
+        else:
+            continue
+        assert set(custom[:, 5].astype(int)) <= set(tr["ipu"].astype(int))
+    assert seen == {"pass", "op"}
+    from popviz_app.trace_bsp import PICK
+
+    assert "c.length === 7 ? 4 : (c.length === 9 ? 6 : -1)" in PICK and "c[5]" in PICK
+
+
 def test_trace_page_wiring(profile: Any) -> None:
     app = create_app(ROOT, vetter=False)
     cb = app.popviz_callbacks
