@@ -15,7 +15,6 @@ from dash.exceptions import PreventUpdate
 
 from popviz.analysis.superstep import SuperstepError, has_tiles, superstep_at, superstep_view
 from popviz.analysis.trace_detail import PassOps, pass_ops
-from popviz.figures.style import empty_figure
 from popviz.figures.superstep import superstep_figure
 
 from .cache import Entry
@@ -66,11 +65,12 @@ def section(entry: Entry) -> html.Div:
                else "this profile's ops do not say which tiles they use")
         return html.Div([
             html.H3("BSP view of a superstep"), pick,
-            html.Div(f"The BSP view (tiles x cycles of one superstep) needs a modelled "
+            # a measured page speaks of ranks and ns: no "IPU" or "cycles" here
+            html.Div(f"The BSP view (tiles x time of one superstep) needs a modelled "
                      f"profile: {why}.", id="trace-bsp-status", className="message info"),
             dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
             dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN),
-        ], id="trace-bsp")  # no graph: the view's callback can never fire here
+        ], id="trace-bsp")  # no view: its callback can never fire here
     trace = entry.profile.trace
     ipus = sorted(int(i) for i in trace["ipu"].unique())
     last = int(trace["superstep"].max())
@@ -90,8 +90,8 @@ def section(entry: Entry) -> html.Div:
                             debounce=True, style={"width": "90px"})],
                  className="controls"),
         html.Div(id="trace-bsp-status", className="status"),
-        graph("trace-bsp-graph", empty_figure("Click a compute bar in the trace above.",
-                                               "BSP view")),
+        # no graph until a superstep is picked: every graph on a page has data
+        html.Div(id="trace-bsp-view"),
     ], id="trace-bsp")
 
 
@@ -115,7 +115,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         except (SuperstepError, TypeError, ValueError):
             raise PreventUpdate from None
 
-    @app.callback(Output("trace-bsp-graph", "figure"), Output("trace-bsp-status", "children"),
+    @app.callback(Output("trace-bsp-view", "children"), Output("trace-bsp-status", "children"),
                   Input("trace-bsp-ipu", "value"), Input("trace-bsp-step", "value"),
                   State("url", "search"), prevent_initial_call=True)
     def bsp_show(ipu: Any, step: Any, search: str) -> tuple[Any, str]:
@@ -138,6 +138,6 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         status = (f"IPU {ipu_i}, superstep {step_i}: {view.start:,.0f} to {view.end:,.0f} "
                   f"cycles ({view.length:,.0f}), {len(view.ops):,} ops; tiles x cycles: "
                   + ", ".join(f"{k} {v:.0%}" for k, v in share.items()) + ".")
-        return fig, status
+        return graph("trace-bsp-graph", fig), status
 
     return {"bsp_pick": bsp_pick, "bsp_show": bsp_show}

@@ -208,7 +208,8 @@ def test_trace_page_wiring(profile: Any) -> None:
     search = f"?profile={REL}"
     ipu, step = cb["trace.bsp_pick"]({"ipu": int(comp["ipu"]), "t": float(comp["end"])}, search)
     assert (ipu, step) == (int(comp["ipu"]), int(comp["superstep"]))
-    fig, status = cb["trace.bsp_show"](ipu, step, search)
+    view, status = cb["trace.bsp_show"](ipu, step, search)
+    fig = view.figure
     assert fig.layout.meta["superstep"] == step and fig.layout.meta["ipu"] == ipu
     assert status.startswith(f"IPU {ipu}, superstep {step}: ")
     _, status = cb["trace.bsp_show"](ipu, int(tr["superstep"].max()) + 3, search)

@@ -133,5 +133,6 @@ def test_measured_profile_says_it_has_no_tiles(browser_context: Any, base_url: s
     text = page.inner_text("#trace-bsp-status")
     assert "needs a modelled profile: a measured or imported profile has no tiles" in text
     assert page.locator("#trace-bsp-graph").count() == 0
+    assert "IPU" not in text and "cycles" not in text  # ranks and ns on a measured page
     assert errors == [], errors
     page.close()
