@@ -61,13 +61,14 @@ def section(entry: Entry) -> html.Div:
     """The BSP view's controls and (empty until asked) figure, below the trace."""
     pick = dcc.Store(id="trace-bsp-pick")
     if not available(entry):
-        why = ("a measured or imported profile has no tiles" if naming(entry).measured
-               else "this profile's ops do not say which tiles they use")
+        why = ("needs a modelled profile: a measured or imported profile has no tiles"
+               if naming(entry).measured else "needs each op's tiles and the trace's "
+               "supersteps, which this profile does not have")
         return html.Div([
             html.H3("BSP view of a superstep"), pick,
             # a measured page speaks of ranks and ns: no "IPU" or "cycles" here
-            html.Div(f"The BSP view (tiles x time of one superstep) needs a modelled "
-                     f"profile: {why}.", id="trace-bsp-status", className="message info"),
+            html.Div(f"The BSP view (tiles x time of one superstep) {why}.",
+                     id="trace-bsp-status", className="message info"),
             dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
             dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN),
         ], id="trace-bsp")  # no view: its callback can never fire here

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from dash.exceptions import PreventUpdate
 from popviz_app import create_app
 
 from popviz.analysis.superstep import (
@@ -220,3 +221,22 @@ def test_trace_page_wiring(profile: Any) -> None:
         entry = app.popviz_context.cache.get(MEASURED)
         text = component_text(page.layout(app.popviz_context, entry))
         assert "needs a modelled profile: a measured or imported profile has no tiles" in text
+
+
+def test_a_modelled_profile_without_tiles_says_so(tmp_path: Path) -> None:
+    """A synthetic profile (no tiles_used, no supersteps): the page says why, no view."""
+    from popviz_app.pages import trace as page
+
+    from popviz.format import write_report
+    from popviz.synthetic import synthetic_report
+
+    write_report(synthetic_report(events=300, steps=30, model="small"), tmp_path / "s.h5")
+    app = create_app(tmp_path, vetter=False)
+    entry = app.popviz_context.cache.get("s.h5")
+    text = component_text(page.layout(app.popviz_context, entry))
+    assert "needs each op's tiles and the trace's supersteps, which this profile does not " \
+        "have" in text
+    with pytest.raises(PreventUpdate):
+        app.popviz_callbacks["trace.bsp_show"](0, 1, "?profile=s.h5")
+    with pytest.raises(PreventUpdate):
+        app.popviz_callbacks["trace.bsp_pick"]({"ipu": 0, "t": 10.0}, "?profile=s.h5")
