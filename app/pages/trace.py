@@ -17,6 +17,7 @@ from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, pass_ops, readable_window
 from popviz.figures.trace_lanes import trace_lanes_figure
 
+from .. import trace_bsp
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -216,6 +217,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         dcc.Store(id="trace-selection"),
         graph("trace-graph", fig),
         html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
+        trace_bsp.section(entry),
         downloads(entry.rel, ["trace"], list(FIGURES)),
     ])
 
@@ -294,7 +296,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return stats_panel(entry, float(shown[0]), float(shown[1]),
                            str((window or {}).get("how") or "Shown window"))
 
-    return {"zoom": zoom, "focus": focus, "stats": stats}
+    return {"zoom": zoom, "focus": focus, "stats": stats, **trace_bsp.register(app, ctx)}
 
 
 def _selected_last() -> bool:
