@@ -129,7 +129,7 @@ def test_per_sample_when_the_steps_differ() -> None:
 
 def test_bad_choices_are_one_line_errors() -> None:
     for kwargs in ({"by": "layer"}, {"per": "minute"}, {"by": "module", "depth": 0}):
-        with pytest.raises(ValueError, match="by|per|depth"):
+        with pytest.raises(ValueError, match=r"by|per|depth"):
             compare_ops(_modelled(), _measured(), _comp(), **kwargs)
 
 
