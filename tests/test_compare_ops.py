@@ -191,6 +191,13 @@ def test_bundled_per_sample_matches_the_op_class_table(bundled: Any) -> None:
     fig = ops_diff_figure(diff, top=4)
     assert len(fig.data[0].y) == min(4, len(diff.table))
     assert list(fig.data[0].y) == list(diff.table["group"].head(4))
+    scale = 1e3 if diff.per == "step" else 1e6
+    first = diff.table.iloc[0]
+    assert fig.data[0].x[0] == pytest.approx(first["delta_seconds"] * scale)
+    # the hover names both sides' figures
+    assert fig.data[0].customdata[0][0] == format(first["a_seconds"] * scale, ",.4g")
+    assert fig.data[0].customdata[0][1] == format(first["b_seconds"] * scale, ",.4g")
+    assert "A %{customdata[0]}, B %{customdata[1]}" in fig.data[0].hovertemplate
 
 
 def test_imported_h100_against_a_modelled_run(resnet: Any, bundled: Any) -> None:

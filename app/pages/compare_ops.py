@@ -24,7 +24,7 @@ from ..common import AppContext, graph, message, table
 
 TOP = 20
 DEPTHS = [1, 2, 3, 4]
-PER_LABELS = {"auto": "auto (per sample when the steps differ)", "step": "per step",
+PER_LABELS = {"auto": "auto (per sample if steps differ)", "step": "per step",
               "sample": "per sample"}
 
 
@@ -63,7 +63,7 @@ def _controls() -> html.Div:
                      options=[{"label": str(d), "value": d} for d in DEPTHS]),
         html.Span("time", className="label"),
         dcc.Dropdown(id="compare-ops-per", value="auto", clearable=False,
-                     style={"width": 300},
+                     style={"width": 360},
                      options=[{"label": v, "value": k} for k, v in PER_LABELS.items()]),
     ], className="row", style={"alignItems": "center", "flexWrap": "wrap"})
 
