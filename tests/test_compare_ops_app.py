@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
 import pytest
 
 import popviz
@@ -47,3 +49,11 @@ def test_overlay_modes_and_bad_choices(app_and_root: tuple[Any, Path]) -> None:
     box, _ = app.popviz_callbacks["compare.regroup"](
         "op", 1, "step", "?profile=nope.h5&other=rec/profile.h5")
     assert box.children == "no profile 'nope.h5' in the served directory"
+
+
+def test_a_modelled_and_a_measured_run_open_grouped_by_class() -> None:
+    from popviz_app.pages.compare_ops import default_by
+
+    sides = pd.DataFrame({"kind": ["measured", "modelled"]})
+    assert default_by(SimpleNamespace(sides=sides)) == "class"
+    assert default_by(SimpleNamespace(sides=sides.iloc[[1, 1]])) == "op"

@@ -53,10 +53,17 @@ def _table(diff: OpDiff) -> Any:
     return table("compare-ops-table", _frame(diff), page_size=15)
 
 
-def _controls() -> html.Div:
+def default_by(comp: Comparison) -> str:
+    """Op type, or op class when one side is modelled and the other measured: a kernel is
+    named by the aten op that launched it (cudnn_convolution), the model by the one
+    recorded (convolution), so only classes line up across kinds."""
+    return "op" if comp.sides["kind"].nunique() == 1 else "class"
+
+
+def _controls(by: str) -> html.Div:
     return html.Div([
         html.Span("group by", className="label"),
-        dcc.Dropdown(id="compare-ops-by", value="op", clearable=False, style={"width": 160},
+        dcc.Dropdown(id="compare-ops-by", value=by, clearable=False, style={"width": 160},
                      options=[{"label": v, "value": k} for k, v in GROUP_BY.items()]),
         html.Span("module depth", className="label"),
         dcc.Dropdown(id="compare-ops-depth", value=1, clearable=False, style={"width": 80},
@@ -70,8 +77,9 @@ def _controls() -> html.Div:
 
 def section(a: Entry, b: Entry, comp: Comparison) -> list[Any]:
     """The op-by-op table and bars (grouped by op type) and the merged liveness overlay."""
+    by = default_by(comp)
     try:
-        diff = op_diff(a, b, comp, "op", 1, "auto")
+        diff = op_diff(a, b, comp, by, 1, "auto")
     except ValueError as exc:
         return [message(str(exc))]
     overlay = liveness_overlay(comp.liveness, "device")
@@ -80,7 +88,7 @@ def section(a: Entry, b: Entry, comp: Comparison) -> list[Any]:
         html.Div("Time from each profile's own clock: a modelled op's cycles / clock x its "
                  "runs per step, a measured kernel's ns; largest difference first.",
                  className="hint"),
-        _controls(),
+        _controls(by),
         html.Div(_table(diff), id="compare-ops-box"),
         graph("compare-ops-diff", cof.ops_diff_figure(diff, TOP)),
         html.H3("Merged liveness"),
