@@ -29,7 +29,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="first profile (.h5 file or its directory)")
     parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
     parser.add_argument("--json", action="store_true",
-                        help="print the same facts as one JSON object")
+                        help="print the same facts as one JSON object (with --ops: the op "
+                        "table)")
     add_ops_arguments(parser)
     add_no_vet_argument(parser)
 
