@@ -84,7 +84,7 @@ def section(a: Entry, b: Entry, comp: Comparison) -> list[Any]:
         return [message(str(exc))]
     overlay = liveness_overlay(comp.liveness, "device")
     return [
-        html.H3("Op by op (every delta is B - A; '-' = not run on that side)"),
+        html.H3("Op by op (every delta is B - A; empty = not run on that side)"),
         html.Div("Time from each profile's own clock: a modelled op's cycles / clock x its "
                  "runs per step, a measured kernel's ns; largest difference first.",
                  className="hint"),
