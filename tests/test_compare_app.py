@@ -51,7 +51,7 @@ def test_page_shows_verdict_cards_and_figures(app_and_root: tuple[Any, Path]) ->
     text = _text(div)
     assert want["headline"] in text and "Only B (rec) fits" in text
     graphs = [n for n in nodes if isinstance(n, dcc.Graph)]
-    assert len(graphs) == 5 and all(len(g.figure.data) > 0 for g in graphs)
+    assert len(graphs) == 7 and all(len(g.figure.data) > 0 for g in graphs)  # + op by op
     pickers = {n.id: n for n in nodes if isinstance(n, dcc.Dropdown)}
     assert pickers["compare-a"].value == "pipe/profile.h5"
     assert [o["value"] for o in pickers["compare-b"].options] == ["pipe/profile.h5",

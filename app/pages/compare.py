@@ -20,6 +20,7 @@ from popviz.vocab import BUBBLE_LIMIT, naming_of
 
 from ..cache import VIRTUAL_PREFIX, Entry, PathRefused
 from ..common import AppContext, graph, message, table
+from . import compare_ops as ops_part
 
 PATH = "/compare"
 TITLE = "Compare"
@@ -159,6 +160,7 @@ def body(ctx: AppContext, a: str, b: str) -> list[Any]:
                      className="half"),
         ], className="row"),
         html.H3("Per stage"), _delta_table("compare-stages", comp.stages, ["stage", "metric"]),
+        *ops_part.section(ea, eb, comp),
     ]
 
 
@@ -178,9 +180,11 @@ def layout(ctx: AppContext, entry: Any = None) -> html.Div:
     return page(ctx, search)
 
 
-def register(app: dash.Dash, ctx: AppContext) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("url", "search"),
                   Input("compare-a", "value"), Input("compare-b", "value"),
                   prevent_initial_call=True)
     def choose(a: str | None, b: str | None) -> str:
         return pair_query(a or "", b or "")
+
+    return ops_part.register(app, ctx)  # the op-by-op table and the liveness overlay

@@ -1,4 +1,5 @@
-"""`popviz compare A B [--json]`: which of two layouts is better, why, and by how much."""
+"""`popviz compare A B [--json] [--ops]`: which of two layouts is better, why, and by how
+much; `--ops` compares them op by op (cli/compare_ops.py prints it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pandas as pd
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.cli.compare_ops import add_arguments as add_ops_arguments
+from popviz.cli.compare_ops import render_ops
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.vocab import MEASURED_KIND, MODELLED_KIND
 
@@ -26,7 +29,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="first profile (.h5 file or its directory)")
     parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
     parser.add_argument("--json", action="store_true",
-                        help="print the same facts as one JSON object")
+                        help="print the same facts as one JSON object (with --ops: the op "
+                        "table)")
+    add_ops_arguments(parser)
     add_no_vet_argument(parser)
 
 
@@ -94,8 +99,16 @@ def _run(args: argparse.Namespace) -> int:
     with open_vetted(args.a, vet=not args.no_vet) as a, \
             open_vetted(args.b, vet=not args.no_vet) as b:
         comp = compare(a, b)
-    text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
-            else render_text(comp))
+        if args.ops:
+            from popviz.analysis.compare_ops import compare_ops
+
+            diff = compare_ops(a, b, comp, by=args.by, depth=args.depth, per=args.per)
+    if args.ops:
+        text = (json.dumps(diff.to_dict(), indent=2, sort_keys=True) if args.json
+                else render_ops(diff, args.top, comp.verdict.get("terms")))
+    else:
+        text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
+                else render_text(comp))
     emit(text)
     return EXIT_OK
 
@@ -107,7 +120,9 @@ COMMAND = Command(
     "with recomputation and more replicas): throughput per IPU and in total, step time, "
     "where the IPU time per sample goes, peak memory and headroom, OOM tiles, exchange, "
     "stash, per-IPU and per-op-class differences, and a verdict. Every delta is B - A. "
-    "--json prints the same facts as JSON.",
+    "--json prints the same facts as JSON. --ops compares op by op instead (like HTA's "
+    "trace diff): time, calls and memory per op type, op class, module (--depth) or pass "
+    "(--by), per step or per sample (--per), largest difference first (--top rows).",
     add_arguments=_add_arguments,
     run=_run,
 )

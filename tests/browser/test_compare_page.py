@@ -48,10 +48,10 @@ def test_compare_page_shows_both_profiles(browser: Any, base_url: str, served: P
     page, errors = _open(browser, f"{base_url}/compare?profile={quote(a)}&other={quote(b)}")
     page.wait_for_selector("#compare-verdict", timeout=60_000)
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length "
-                           ">= 5", timeout=60_000)
+                           ">= 7", timeout=60_000)
     page.wait_for_load_state("networkidle")
     counts = _traces_with_data(page)
-    assert len(counts) == 5 and all(n > 0 for n in counts), counts
+    assert len(counts) == 7 and all(n > 0 for n in counts), counts  # + op by op, overlay
     verdict = page.inner_text("#compare-verdict")
     assert "faster per IPU" in verdict or "fits" in verdict or "about as fast" in verdict
     assert page.locator(".message.error").count() == 0
