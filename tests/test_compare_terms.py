@@ -45,7 +45,7 @@ def test_winner_only_when_per_sample_figures_decide() -> None:
 def test_model_against_measurement_is_no_race() -> None:
     a, b = ROOT / "tutorial_pipelined" / "training", ROOT / "tutorial_measured_2ranks"
     if not (a.exists() and b.exists()):
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     comp = compare(a, b)
     v = comp.verdict
     assert v["winner"] is None and "kind modelled vs measured" in v["headline"]
@@ -59,7 +59,7 @@ def test_model_against_measurement_is_no_race() -> None:
 def test_runs_with_other_accumulation_say_so_first() -> None:
     a, b = ROOT / "rn50_pipeline", ROOT / "rn50_recompute"
     if not (a.exists() and b.exists()):
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     v = compare(a, b).verdict
     assert "gradient accumulation 1024 vs 16" in v["terms"][1] or \
         any("gradient accumulation" in t for t in v["terms"])

@@ -402,7 +402,7 @@ def test_compare_an_imported_run_with_a_modelled_plan(pipeline: Any,
     modelled = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_pipelined" \
         / "training" / "profile.h5"
     if not modelled.exists():
-        pytest.skip("example profiles not in profiles/")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     with popviz.open(modelled) as plan:
         comp = popviz.compare(plan, pipeline)
         assert list(comp.sides["kind"]) == ["modelled", "measured"]

@@ -92,7 +92,7 @@ def test_compare_a_modelled_run_with_an_imported_gpu_trace(resnet: Any) -> None:
     from popviz.figures.compare import liveness_compare_figure
     modelled = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
     if not modelled.exists():
-        pytest.skip("example profiles not in profiles/")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     with popviz.open(modelled) as plan:
         comp = popviz.compare(plan, resnet)
     v = comp.verdict
@@ -130,7 +130,7 @@ def test_no_capacity_line_across_a_cpu_rank() -> None:
     from popviz.figures.compare import liveness_compare_figure
     root = Path(__file__).resolve().parents[1] / "profiles"
     if not (root / "tutorial_measured_2ranks").exists():
-        pytest.skip("example profiles not in profiles/")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     with popviz.open(root / "tutorial_pipelined" / "training" / "profile.h5") as plan, \
             popviz.open(root / "tutorial_measured_2ranks") as cpu:
         fig = liveness_compare_figure(popviz.compare(plan, cpu))

@@ -36,7 +36,7 @@ MEASURED = "tutorial_measured_2ranks/profile.h5"
 @pytest.fixture(scope="module")
 def profile() -> Any:
     if not (ROOT / REL).exists():
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     prof = reader.open(ROOT / REL)
     yield prof
     prof.close()

@@ -26,7 +26,7 @@ MEASURED_RUN = ROOT / "tutorial_measured_2ranks"
 @pytest.fixture(scope="module")
 def recompute() -> popviz.Profile:
     if not RECOMPUTE.exists():
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     return popviz.open(RECOMPUTE)
 
 
@@ -82,7 +82,7 @@ def test_range_statistics_clip_a_pass_cut_by_the_range(recompute: popviz.Profile
 
 def test_a_long_run_opens_on_ramp_up_and_a_few_steps() -> None:
     if not LONG.exists():
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     trace = popviz.open(LONG).trace
     lo, hi = readable_window(trace)
     inside = trace[(trace["start"] >= lo) & (trace["end"] <= hi)]
@@ -145,7 +145,7 @@ def test_highlighted_module_is_outlined(recompute: popviz.Profile) -> None:
 
 def test_measured_trace_has_rank_lanes_and_no_op_level() -> None:
     if not MEASURED_RUN.exists():
-        pytest.skip("profiles/ not built")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     p = popviz.open(MEASURED_RUN)
     assert pass_ops(p.ops) == {}
     fig = trace_lanes_figure(TraceIndex(p.trace), naming=MEASURED, templates={})
