@@ -16,20 +16,21 @@ from dash.exceptions import PreventUpdate
 from popviz.analysis.superstep import SuperstepError, has_tiles, superstep_at, superstep_view
 from popviz.analysis.trace_detail import PassOps, pass_ops
 from popviz.figures.superstep import superstep_figure
+from popviz.vocab import is_gpu_target
 
 from .cache import Entry
 from .common import AppContext, error_text, graph, naming, profile_of
 
 HIDDEN = {"display": "none"}
 
-# the clicked bar's IPU and end, from its customdata: a pass bar (7 fields: ..., end, ipu,
-# duration) or an op bar (9 fields: ..., ipu, end, duration, op_id); else nothing
+# the clicked bar's IPU and end, from its customdata: a pass bar (8 fields: ..., end, ipu,
+# duration, where) or an op bar (9 fields: ..., ipu, end, duration, op_id); else nothing
 PICK = """function(click) {
     const p = click && click.points && click.points[0];
     const c = p && p.customdata;
     const none = window.dash_clientside.no_update;
     if (!Array.isArray(c)) { return none; }
-    const at = c.length === 7 ? 4 : (c.length === 9 ? 6 : -1);
+    const at = c.length === 8 ? 4 : (c.length === 9 ? 6 : -1);
     if (at < 0) { return none; }
     const ipu = Number(c[5]), t = Number(c[at]);
     return Number.isFinite(ipu) && Number.isFinite(t) ? {ipu: ipu, t: t} : none;
@@ -60,6 +61,11 @@ def _templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
 def section(entry: Entry) -> html.Div:
     """The BSP view's controls and (empty until asked) figure, below the trace."""
     pick = dcc.Store(id="trace-bsp-pick")
+    if is_gpu_target(entry.profile.meta):  # a GPU runs kernels, not BSP supersteps on tiles
+        return html.Div([pick, html.Div(id="trace-bsp-status"),
+                         dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
+                         dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN)],
+                        id="trace-bsp", style=HIDDEN)
     if not available(entry):
         why = ("needs a modelled profile: a measured or imported profile has no tiles"
                if naming(entry).measured else "needs each op's tiles and the trace's "

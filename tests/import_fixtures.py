@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import popviz
@@ -28,6 +30,28 @@ def trace_json(path: Path) -> dict[str, Any]:
 
 def trace_events(path: Path) -> list[dict[str, Any]]:
     return trace_json(path)["traceEvents"]
+
+
+def snapshot_with_times(to: Path, times_us: np.ndarray) -> Path:
+    """The ResNet-50 snapshot with its device events' times replaced (in order)."""
+    snap = pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))
+    for event, t in zip(snap["device_traces"][0], times_us):
+        event["time_us"] = int(t)
+    path = to / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    return path
+
+
+def snapshot_inside_trace(to: Path) -> Path:
+    """The snapshot's events spread over the ResNet-50 trace's span, as if taken in the
+    same run (the fixtures are of two runs: batch 32 and 64)."""
+    trace = trace_json(RESNET)
+    base_us = trace["baseTimeNanoseconds"] / 1e3
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+             if e.get("ph") == "X" and isinstance(e.get("pid"), int)]
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    count = len(pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))["device_traces"][0])
+    return snapshot_with_times(to, base_us + np.linspace(lo + 1, hi - 1, count))
 
 
 def imported_profile(paths: list[Path], to: Path, **kwargs: Any) -> Iterator[Any]:

@@ -15,7 +15,7 @@ from popviz.compiler.gpu_fit import compare_classes, kernel_ns_total
 from popviz.compiler.gpu_programs import gpu_program
 from popviz.metrics import peak_liveness
 from popviz.options import Options
-from tests.import_fixtures import RESNET, SNAPSHOT, imported_profile
+from tests.import_fixtures import RESNET, imported_profile, snapshot_inside_trace
 
 pytest.importorskip("transformers")  # gpu_programs' transformer models share its import
 
@@ -51,7 +51,8 @@ def test_resnet50_peak_memory_against_the_trace(resnet: Any, rn50_plan: Any) -> 
 
 def test_resnet50_b32_peak_against_the_memory_snapshot(tmp_path: Any) -> None:
     plan = compile(gpu_program("resnet", 50, 32, "sgd"), Options(target="h100"))
-    for profile in imported_profile([RESNET], tmp_path / "snap", memory_snapshot=[SNAPSHOT]):
+    snap = snapshot_inside_trace(tmp_path)  # the b32 snapshot's own curve, as imported
+    for profile in imported_profile([RESNET], tmp_path / "snap", memory_snapshot=[snap]):
         measured = int(peak_liveness(profile.liveness).max())
     predicted = int(plan.summary["max_memory_allocated"]["0"])
     assert abs(predicted / measured - 1) <= 0.03, (predicted, measured)

@@ -22,6 +22,8 @@ from tests.import_fixtures import (
     PIPELINE,
     RESNET,
     SNAPSHOT,
+    snapshot_inside_trace,
+    snapshot_with_times,
     trace_events,
     trace_json,
 )
@@ -263,15 +265,6 @@ def test_ranks_on_gpus_of_different_memory_keep_their_own(tmp_path: Path) -> Non
 
 
 # ---- a memory snapshot that does not belong to the trace ----
-def _snapshot_with_times(tmp_path: Path, times_us: np.ndarray) -> Path:
-    snap = pickle.loads(gzip.decompress(SNAPSHOT.read_bytes()))
-    for event, t in zip(snap["device_traces"][0], times_us):
-        event["time_us"] = int(t)
-    path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(snap))
-    return path
-
-
 def test_a_snapshot_of_another_run_is_not_used_with_a_warning(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["import", str(RESNET), "--memory-snapshot", str(SNAPSHOT),
@@ -317,17 +310,12 @@ def test_a_snapshot_of_another_run_is_not_used_with_a_warning(
 
 
 def test_a_snapshot_inside_the_trace_or_without_times(tmp_path: Path) -> None:
-    trace = trace_json(RESNET)
-    base_us = trace["baseTimeNanoseconds"] / 1e3
-    spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
-             if e.get("ph") == "X" and isinstance(e.get("pid"), int)]
-    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
-    inside = _snapshot_with_times(tmp_path, base_us + np.linspace(lo + 1, hi - 1, 2025))
+    inside = snapshot_inside_trace(tmp_path)
     with popviz.open(popviz.import_trace([RESNET], tmp_path / "in",
                                          memory_snapshot=inside)) as p:
         assert p.meta["warnings"] == []
         assert (p.liveness["phase"] != "other").any()  # placed on the trace: phases
-    untimed = _snapshot_with_times(tmp_path, np.zeros(2025))
+    untimed = snapshot_with_times(tmp_path, np.zeros(2025))
     with popviz.open(popviz.import_trace([RESNET], tmp_path / "zero",
                                          memory_snapshot=untimed)) as p:
         assert p.meta["warnings"] == ["memory snapshot snap.pickle (rank 0) records no event "

@@ -168,7 +168,7 @@ def test_superstep_at_and_bad_requests(profile: Any) -> None:
 
 
 def test_the_click_reads_the_bars_it_is_given(profile: Any) -> None:
-    """app/trace_bsp.PICK reads a pass bar's IPU and end at customdata[5] and [4] (7
+    """app/trace_bsp.PICK reads a pass bar's IPU and end at customdata[5] and [4] (8
     fields) and an op bar's at [5] and [6] (9 fields): a change to the trace's bars must
     change it too."""
     from popviz.figures.lod import TraceIndex
@@ -185,7 +185,7 @@ def test_the_click_reads_the_bars_it_is_given(profile: Any) -> None:
         custom = np.asarray(bar.customdata, dtype=object)
         ends = np.asarray(bar.base, dtype=float) + np.asarray(bar.x, dtype=float)
         if bar.name.startswith("compute"):
-            assert custom.shape[1] == 7
+            assert custom.shape[1] == 8
             np.testing.assert_allclose(custom[:, 4].astype(float), ends)
             seen.add("pass")
         elif bar.name.startswith("op: "):
@@ -198,7 +198,7 @@ def test_the_click_reads_the_bars_it_is_given(profile: Any) -> None:
     assert seen == {"pass", "op"}
     from popviz_app.trace_bsp import PICK
 
-    assert "c.length === 7 ? 4 : (c.length === 9 ? 6 : -1)" in PICK and "c[5]" in PICK
+    assert "c.length === 8 ? 4 : (c.length === 9 ? 6 : -1)" in PICK and "c[5]" in PICK
 
 
 def test_trace_page_wiring(profile: Any) -> None:

@@ -18,6 +18,7 @@ from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
 from popviz.synthetic import ReportProfile
+from popviz.vocab import is_gpu_target
 
 from ..cache import VIRTUAL_PREFIX, Entry
 from ..common import (
@@ -102,7 +103,10 @@ def poll(ctx: AppContext, entry: Entry, budget: int) -> tuple[list[Any], bool]:
 
 def amp_section(entry: Entry) -> html.Div:
     """What each AMP step trades on each IPU: the profile's conv / matmul ops re-planned
-    at every step (instant: no compile), as a figure and a table."""
+    at every step (instant: no compile), as a figure and a table. None on a GPU plan:
+    AMP is an IPU option."""
+    if is_gpu_target(entry.profile.meta):
+        return html.Div(id="tune-amp")
     steps = entry.get("amp_steps", lambda: amp_steps(entry.profile.ops, entry.profile.meta))
     head = [html.H3("What each AMP step trades"), html.P(
         "The current layout's convolutions and matmuls re-planned at each "

@@ -19,6 +19,7 @@ import pandas as pd
 from popviz.options import Options
 from popviz.target.cost import AMP_CLASSES, Precision, op_costs, op_features
 from popviz.target.machines import get_target
+from popviz.vocab import is_gpu_target
 
 AMP_STEPS = (0.1, 0.15, 0.2, 0.3, 0.4, 0.6)
 COLUMNS = ["ipu", "amp", "in_force", "ops", "cycles", "temp_bytes", "serial_ops",
@@ -36,8 +37,9 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
     serial slices; over_amp_ops: ops with no plan within the bound (the leanest kept);
     changes: whether cycles or temp_bytes differ from the next lower AMP of that IPU.
     None when the profile cannot be re-costed (no conv / matmul op, a measured profile,
-    an unknown target, missing columns)."""
-    if ops is None or ops.empty or any(c not in ops.columns for c in _NEEDED):
+    a GPU target (AMP is an IPU option), an unknown target, missing columns)."""
+    if ops is None or ops.empty or any(c not in ops.columns for c in _NEEDED) \
+            or is_gpu_target(meta):
         return None
     sel = ops[ops["op_class"].isin(AMP_CLASSES)]
     if sel.empty:

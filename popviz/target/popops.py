@@ -21,8 +21,10 @@ code:
 - a copy between tiles moves 4 bytes a cycle per tile (the exchange).
 
 A norm is several of these passes (statistics, then normalising: PopNN's batch / group /
-layer norm), and a softmax likewise. What this leaves out (rearranging copies between
-layouts, the second, cross-tile stage of a reduction) is what the fitted
+layer norm), and a softmax likewise; both are counted over the elements they write (the
+activation, as large as their input: the per-channel weights and statistics they also
+read must not thin a small tensor's slice per tile). What this leaves out (rearranging
+copies between layouts, the second, cross-tile stage of a reduction) is what the fitted
 `vector_efficiency` absorbs.
 """
 
@@ -78,17 +80,17 @@ REDUCE = VectorKind("reduction", _per(1, 2), _per(1, 2), basis="in")
 # softmax: max, subtract and exp, sum, scale by the reciprocal
 SOFTMAX = VectorKind("softmax", 2 * REDUCE.half + FAST_BINARY.half + EXP.half
                      + FAST_BINARY.half, 2 * REDUCE.float + FAST_BINARY.float + EXP.float
-                     + FAST_BINARY.float, basis="in", passes=4)
+                     + FAST_BINARY.float, passes=4)
 SOFTMAX_BACKWARD = VectorKind("softmax backward", REDUCE.half + 3 * FAST_BINARY.half,
-                              REDUCE.float + 3 * FAST_BINARY.float, basis="in", passes=3)
+                              REDUCE.float + 3 * FAST_BINARY.float, passes=3)
 # a norm: statistics (square, then sums of x and x^2) and normalising (scale, shift)
 NORM = VectorKind("norm", FAST_BINARY.half + 2 * REDUCE.half + 2 * FAST_BINARY.half,
-                  FAST_BINARY.float + 2 * REDUCE.float + 2 * FAST_BINARY.float,
-                  basis="in", passes=3)
-# its gradient: two products, two sums, then three elementwise terms
-NORM_BACKWARD = VectorKind("norm backward", 2 * FAST_BINARY.half + 2 * REDUCE.half
-                           + 3 * FAST_BINARY.half, 2 * FAST_BINARY.float + 2 * REDUCE.float
-                           + 3 * FAST_BINARY.float, basis="in", passes=3)
+                  FAST_BINARY.float + 2 * REDUCE.float + 2 * FAST_BINARY.float, passes=3)
+# its gradient: the normalised input again (subtract, scale), its product with the
+# incoming gradient, two sums (of dy and of dy x x-hat), then dx = gamma x invstd x (dy -
+# mean dy - x-hat x mean(dy x x-hat)): four more elementwise terms
+NORM_BACKWARD = VectorKind("norm backward", 7 * FAST_BINARY.half + 2 * REDUCE.half,
+                           7 * FAST_BINARY.float + 2 * REDUCE.float, passes=4)
 COPY = VectorKind("copy (exchange, per byte)", 0.25, 0.25, basis="byte")
 OTHER = BINARY
 
