@@ -4,6 +4,9 @@ problem; a good file is ok and a bad one is the reader's ProfileError."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -24,6 +27,21 @@ def test_good_file_is_ok(good: Path, start: str) -> None:
                             probe="popviz.analysis.facts:profile_facts")
     assert verdict.outcome == "ok" and verdict.ok, verdict
     assert 10 << 20 < verdict.max_rss_bytes < 1 << 30
+
+
+def test_a_forked_reader_reports_its_own_peak_not_its_parents(good: Path) -> None:
+    # a fork is resident in its parent's pages from the start: a parent holding 1.2 GB
+    # (a long test session, a fuzzer) made every reader 'over 1 GiB' in CI
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from popviz.format.isolated import read_isolated
+        held = np.ones(150_000_000)  # 1.2 GB, touched
+        verdict = read_isolated({str(good)!r}, timeout_s=60, start="fork")
+        print(verdict.outcome, verdict.max_rss_bytes)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[0] == "ok" and 0 < int(out[1]) < 300 << 20, out
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from popviz.format.isolated import _limit_memory, _peak_rss, _wait
+from popviz.format.isolated import _limit_memory, _peak_rss, _wait, resident_now
 from popviz.measure.import_limits import read_input
 from popviz.measure.kineto import _KEY, array_end, event_starts
 
@@ -243,7 +243,7 @@ def _child(args: list[str], out: Path, memory_bytes: int, err_fd: int, read_end:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         faulthandler.disable()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        report = _work(args, out, memory_bytes)
+        report = _work(args, out, memory_bytes, resident_now())
     finally:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
@@ -251,7 +251,7 @@ def _child(args: list[str], out: Path, memory_bytes: int, err_fd: int, read_end:
         os._exit(0)
 
 
-def _work(args: list[str], out: Path, memory_bytes: int) -> dict[str, Any]:
+def _work(args: list[str], out: Path, memory_bytes: int, base_rss: int) -> dict[str, Any]:
     from popviz.cli.main import main
     from popviz.format import reader
     from popviz.format.isolated import read_everything
@@ -269,7 +269,9 @@ def _work(args: list[str], out: Path, memory_bytes: int) -> dict[str, Any]:
                 read_everything(profile)
         except Exception as exc:  # the reader refused what the import wrote
             unreadable = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-    return {"rc": rc, "peak": _peak_rss(), "unreadable": unreadable}
+    # forked: the parent's pages are resident in the worker from the start; its own peak
+    # is what the import took above them
+    return {"rc": rc, "peak": _peak_rss(base_rss), "unreadable": unreadable}
 
 
 def _leftovers(out: Path) -> list[str]:

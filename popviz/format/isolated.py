@@ -115,8 +115,10 @@ def _limit_memory(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _work(path: str, memory_bytes: int, probe: str | None) -> dict[str, Any]:
-    """The worker's side: open, read everything, run the probe; never raises."""
+def _work(path: str, memory_bytes: int, probe: str | None, base_rss: int = 0
+          ) -> dict[str, Any]:
+    """The worker's side: open, read everything, run the probe; never raises. `base_rss`:
+    what a forked worker held when forked (its peak is reported above it)."""
     try:
         from popviz.format import reader  # imported before the memory limit applies
 
@@ -129,20 +131,31 @@ def _work(path: str, memory_bytes: int, probe: str | None) -> dict[str, Any]:
         outcome, message = "ok", ""
     except BaseException as exc:  # the worker reports everything, KeyboardInterrupt too
         outcome, message = _classify(exc)
-    return {"outcome": outcome, "message": message, "peak_rss": _peak_rss()}
+    return {"outcome": outcome, "message": message, "peak_rss": _peak_rss(base_rss)}
 
 
-def _peak_rss() -> int:
-    """Peak resident memory of this process image (VmHWM). Unlike ru_maxrss it does not
-    carry over, through exec, the peak of the process that spawned the worker."""
+def _status_bytes(field: str) -> int:
     try:
         with open("/proc/self/status") as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def resident_now() -> int:
+    """Resident memory of this process now (VmRSS; 0 where /proc is not there)."""
+    return _status_bytes("VmRSS:")
+
+
+def _peak_rss(base: int = 0) -> int:
+    """Peak resident memory of this process image (VmHWM) above `base`. Unlike ru_maxrss
+    it does not carry over, through exec, the peak of the process that spawned the
+    worker; a forked worker passes what it held when forked (the parent's pages, resident
+    in it from the start), so its figure is what the reading itself took."""
+    return max(0, _status_bytes("VmHWM:") - base)
 
 
 def _wait(pid: int, timeout_s: float) -> tuple[int, Any, bool]:
@@ -175,8 +188,9 @@ def _verdict(report: bytes, status: int, usage: Any, timed_out: bool, seconds: f
     lines = report.decode("utf-8", "replace").strip().splitlines()
     try:
         data = json.loads(lines[-1])
+        peak = data.get("peak_rss")
         return Verdict(str(data["outcome"]), str(data["message"]), seconds,
-                       int(data.get("peak_rss") or rss))
+                       peak if isinstance(peak, int) and peak >= 0 else rss)
     except (IndexError, ValueError, KeyError, TypeError):
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
         return Verdict("crash", f"worker exited {code} without a verdict", seconds, rss)
@@ -202,7 +216,7 @@ def read_isolated(path: str | os.PathLike[str], timeout_s: float = 10.0,
                 os.dup2(devnull, 2)
                 faulthandler.disable()  # a crash is the verdict, not a traceback to print
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                result = _work(path, memory_bytes, probe)
+                result = _work(path, memory_bytes, probe, base_rss=resident_now())
                 os.write(write_end, (json.dumps(result) + "\n").encode())
             finally:
                 os._exit(0)
