@@ -8,6 +8,7 @@ docs/cost-model.md.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -254,30 +255,49 @@ def _stages_table(plan: StagePlan, ops: pd.DataFrame, schedule: Schedule, timing
     return out
 
 
+@dataclass(frozen=True)
+class StepRates:
+    """What a step's time and size give, the same on every target."""
+
+    samples: int  # per step, all replicas
+    devices: int  # IPUs (GPUs) per replica x replicas
+    throughput: float  # samples/s
+    per_device: float
+    bottleneck_stage: int  # busiest stage by forward + recompute + backward per micro-batch
+
+
+def step_rates(seconds: float, micro_batch: int, microbatches: int, replicas: int,
+               devices_per_replica: int, stages: pd.DataFrame) -> StepRates:
+    samples = micro_batch * microbatches * replicas
+    devices = devices_per_replica * replicas
+    throughput = samples / seconds if seconds else 0.0
+    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
+              + stages["backward_cycles_per_microbatch"])
+    return StepRates(samples, devices, throughput, throughput / devices if devices else 0.0,
+                     int(per_mb.idxmax()) if len(per_mb) else 0)
+
+
 def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory,
              stages: pd.DataFrame, ops: pd.DataFrame, options: Options, target: Target,
              micro_batch: int, microbatches_per_replica: int) -> dict[str, Any]:
     step_cycles = timing.total_cycles
     seconds = step_cycles / target.clock_hz if step_cycles else 0.0
     replicas = options.replication_factor
-    samples = micro_batch * microbatches_per_replica * replicas
-    total_ipus = plan.num_ipus * replicas
-    throughput = samples / seconds if seconds else 0.0
-    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
-              + stages["backward_cycles_per_microbatch"])
+    rates = step_rates(seconds, micro_batch, microbatches_per_replica, replicas, plan.num_ipus,
+                       stages)
     ignored = ops[ops["amp_ignored"]]
     over = oom_tiles(memory.tile_memory)
     peaks = peak_liveness(memory.liveness)
     summary = {
         "fits": fits(memory.tile_memory), "oom_tiles": len(over),
         "oom_ipus": sorted({int(i) for i in over["ipu"]}),
-        "num_ipus": plan.num_ipus, "replicas": replicas, "total_ipus": total_ipus,
+        "num_ipus": plan.num_ipus, "replicas": replicas, "total_ipus": rates.devices,
         "step_cycles": step_cycles, "step_seconds": seconds, "step_ms": seconds * 1e3,
-        "samples_per_step": samples, "throughput": throughput,
-        "throughput_per_ipu": throughput / total_ipus if total_ipus else 0.0,
+        "samples_per_step": rates.samples, "throughput": rates.throughput,
+        "throughput_per_ipu": rates.per_device,
         "latency_ms": (timing.latency_cycles / target.clock_hz * 1e3
                        if not options.training else None),
-        "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
+        "bottleneck_stage": rates.bottleneck_stage,
         "idle_fraction": idle_fraction(timing.trace, plan.num_ipus),
         **{f"{phase}_cycles": cycles for phase, cycles in timing.phase_cycles.items()},
         "peak_liveness_bytes": {str(i): int(peaks.get(i, 0)) for i in range(plan.num_ipus)},

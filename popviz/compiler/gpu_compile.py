@@ -21,6 +21,7 @@ from popviz.compiler.compiler import (
     _rescale,
     _stage_costs,
     plan_tensor_stage,
+    step_rates,
 )
 from popviz.compiler.gpu_memory import GpuMemory, replay_memory
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
@@ -193,11 +194,8 @@ def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.D
     ns = timing.total_ns
     seconds = ns / 1e9
     replicas = options.replication_factor
-    samples = micro_batch * microbatches * replicas
-    total = plan.num_ipus * replicas
-    throughput = samples / seconds if seconds else 0.0
-    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
-              + stages["backward_cycles_per_microbatch"])
+    rates = step_rates(seconds, micro_batch, microbatches, replicas, plan.num_ipus, stages)
+    total = rates.devices
     reserved = memory.peak_reserved
     # fit as the metrics core judges it from the tables (allocated peak against the GPU's
     # usable memory); `reserved_fits` adds the allocator's cached segments
@@ -209,10 +207,10 @@ def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.D
         "num_ipus": plan.num_ipus, "num_gpus": plan.num_ipus, "replicas": replicas,
         "total_ipus": total, "total_gpus": total,
         "step_cycles": ns, "step_seconds": seconds, "step_ms": seconds * 1e3,
-        "samples_per_step": samples, "throughput": throughput,
-        "throughput_per_ipu": throughput / total if total else 0.0,
+        "samples_per_step": rates.samples, "throughput": rates.throughput,
+        "throughput_per_ipu": rates.per_device,
         "latency_ms": timing.latency_ns / 1e6 if not options.training else None,
-        "bottleneck_stage": int(per_mb.idxmax()) if len(per_mb) else 0,
+        "bottleneck_stage": rates.bottleneck_stage,
         "idle_fraction": idle_fraction(timing.trace, plan.num_ipus),
         **{f"{phase}_cycles": v for phase, v in timing.phase_ns.items()},
         "peak_liveness_bytes": {str(i): int(memory.peak_allocated[i])
