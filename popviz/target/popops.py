@@ -30,6 +30,7 @@ copies between layouts, the second, cross-tile stage of a reduction) is what the
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -142,6 +143,7 @@ def base_name(op: str) -> str:
     return _PREFIX.sub("", core).rstrip("_")
 
 
+@functools.lru_cache(maxsize=4096)  # a program has a few hundred distinct ops
 def kind_of(op: str, op_class: str) -> VectorKind:
     """The popops kind of work an op does (by its aten name; norms by class)."""
     kind = _BY_NAME.get(base_name(op))
