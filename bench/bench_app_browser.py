@@ -1,0 +1,175 @@
+"""Time each page of the app drawn in Chromium through `popviz serve` on a 1M-event profile.
+
+    .venv/bin/python bench/bench_app_browser.py [--events 1000000] [--steps 20000]
+
+`bench/bench_app.py` times the server's side (layouts and callbacks called directly); this
+one times what a user waits for: from navigation until every figure on the page has been
+drawn by Plotly and no callback is still running, in Debian's Chromium (headless, software
+rendering) driven by Playwright against the real server (waitress, vetting). A large
+synthetic profile (1,000,000 trace events, 1472 tiles x 20,000 liveness steps on IPU0) and
+a small one (2,000 events) are written side by side; each page is opened once to warm the
+server's caches (reported as the first visit) and then 3 times (median). Also timed: the
+trace zoomed out to the whole run by a double-click, the interaction that sends the most.
+The target (issue 21) is every page's figures drawn in under 2 s on the large profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from popviz.format import write_report
+from popviz.synthetic import synthetic_report
+from tests.serve_util import start_serve, stop
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+PAGES = ["/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations",
+         "/tree"]
+TARGET_S = 2.0
+
+# drawn: a heading or message, every dcc.Graph has a computed Plotly plot, no callback
+# running, and no "being checked" page waiting for the vetting worker
+_SETTLED = """() => {
+    const graphs = document.querySelectorAll('.dash-graph');
+    const plots = [...document.querySelectorAll('.js-plotly-plot')];
+    return !!document.querySelector('#page h2, #page .message')
+        && !document.querySelector('#page').innerText.includes('being checked')
+        && graphs.length === plots.length && plots.every(p => p.calcdata)
+        && !document.querySelector('[data-dash-is-loading="true"]');
+}"""
+
+
+def open_drawn(context: Any, url: str, timeout_s: float = 120) -> tuple[Any, float]:
+    """A new tab at `url`, and the seconds until the page is drawn."""
+    page = context.new_page()
+    t = time.perf_counter()
+    page.goto(url)
+    page.wait_for_function(_SETTLED, timeout=timeout_s * 1e3, polling=20)
+    return page, time.perf_counter() - t
+
+
+def navigate_drawn(page: Any, url: str, timeout_s: float = 120) -> float:
+    """Go to `url` inside the running app as a link does (history.pushState and Dash's own
+    event: no reload, the script bundles stay loaded) and the seconds until drawn: the
+    moment the page's nav marks `url` and the page has stayed settled for 150 ms (React
+    patches the old page's nodes in place, so a marker on them would not tell)."""
+    page.evaluate("""u => { window.__navStart = performance.now(); window.__settledAt = null;
+                            window.history.pushState({}, '', u);
+                            window.dispatchEvent(new CustomEvent('_dashprivate_pushstate')); }""",
+                  url)
+    page.wait_for_function(
+        """([u, settled]) => {
+            const active = document.querySelector('nav a.nav-link.active');
+            const now = performance.now();
+            if (!active || active.getAttribute('href') !== u || !eval(settled)()) {
+                window.__settledAt = null; return false; }
+            if (window.__settledAt === null) window.__settledAt = now;
+            return now - window.__settledAt >= 150;
+        }""", arg=[url, _SETTLED], timeout=timeout_s * 1e3, polling=10)
+    return page.evaluate("() => (window.__settledAt - window.__navStart) / 1e3")
+
+
+def zoom_out_drawn(page: Any, timeout_s: float = 120) -> float:
+    """Double-click the trace (autorange: the whole run) and the seconds until it is redrawn
+    with the whole run's statistics."""
+    box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+    t = time.perf_counter()
+    page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(
+        "() => (document.querySelector('#trace-status') || {}).innerText"
+        ".includes('zoom in for single events')", timeout=timeout_s * 1e3, polling=20)
+    page.wait_for_function(_SETTLED, timeout=timeout_s * 1e3, polling=20)
+    return time.perf_counter() - t
+
+
+def time_pages(context: Any, base: str, rel: str, repeat: int) -> dict[str, list[float]]:
+    """Per page [first visit in a new tab, median warm visit in a new tab (bundles loaded
+    again), median warm visit through the app's own navigation] in seconds."""
+    out: dict[str, list[float]] = {}
+    for path in PAGES:
+        url = f"{base}{path}?profile={rel}"
+        page, first = open_drawn(context, url)
+        page.close()
+        tabs = []
+        for _ in range(repeat):
+            page, seconds = open_drawn(context, url)
+            tabs.append(seconds)
+            if path == "/trace" and len(tabs) == 1:
+                zoom = zoom_out_drawn(page)
+                out["/trace zoom out (dblclick)"] = [zoom, zoom, zoom]
+            page.close()
+        out[path] = [first, statistics.median(tabs), 0.0]
+    page, _ = open_drawn(context, f"{base}/stages?profile={rel}")
+    for path in PAGES:
+        runs = []
+        away = "/stages" if path == "/summary" else "/summary"  # come from another page
+        for _ in range(repeat):
+            navigate_drawn(page, f"{away}?profile={rel}")
+            runs.append(navigate_drawn(page, f"{path}?profile={rel}"))
+        out[path][2] = statistics.median(runs)
+    page.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} is not installed (apt-get install -y chromium)", file=sys.stderr)
+        return 1
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        t = time.perf_counter()
+        write_report(synthetic_report(events=args.events, steps=args.steps, microbatches=16,
+                                      tile_liveness_ipus=1, num_ops=20_000, model="large"),
+                     root / "large.h5")
+        write_report(synthetic_report(events=2_000, steps=200, tile_liveness_ipus=1,
+                                      model="small"), root / "small.h5")
+        print(f"wrote profiles in {time.perf_counter() - t:.1f} s "
+              f"(large.h5 {(root / 'large.h5').stat().st_size / 2**20:.0f} MiB, "
+              f"{args.events:,} trace events)", flush=True)
+        log = (root / "serve.log").open("w")
+        proc, port = start_serve(root, log=log)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                context = browser.new_context(viewport={"width": 1400, "height": 900})
+                results = {rel: time_pages(context, base, rel, args.repeat)
+                           for rel in ("small.h5", "large.h5")}
+                browser.close()
+        finally:
+            stop(proc)
+            log.close()
+    print("\nseconds until every figure is drawn (Chromium, headless, software rendering)")
+    print(f"{'page':30} {'small':>7} {'large':>7} {'large':>7} {'large':>9}")
+    print(f"{'':30} {'in-app':>7} {'in-app':>7} {'new tab':>7} {'1st visit':>9}")
+    worst = 0.0
+    for name, (_, _, small) in results["small.h5"].items():
+        first, tab, large = results["large.h5"][name]
+        worst = max(worst, large)
+        print(f"{name:30} {small:7.2f} {large:7.2f} {tab:7.2f} {first:9.2f}"
+              + (f"  > {TARGET_S:g} s" if large > TARGET_S else ""))
+    print(f"\nslowest page drawn on the large profile through the app's navigation: "
+          f"{worst:.2f} s (target < {TARGET_S:g} s); 'new tab' adds loading the app's "
+          f"scripts (Plotly, Dash) again")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
