@@ -1,0 +1,43 @@
+"""The gradient all-reduce: a ring over IPU-Links in a rack, hierarchical across racks
+(GW-Links), hand-worked from the published link figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from popviz.target.machines import BOW, MK1, MK2
+
+
+def test_one_rack_is_a_ring_over_ipu_links() -> None:
+    # Pod64, 51.2 MB of fp16 gradients: 2 x 63/64 of them over 320 GB/s, plus one
+    # transfer latency and 2 x 63 ring-step latencies of 1 us
+    g = 51.2e6
+    seconds = 2 * 63 / 64 * g / 320e9 + 1e-6 + 126 * 1e-6
+    assert BOW.allreduce_cycles(g, 64) == pytest.approx(seconds * 1.85e9, rel=1e-9)
+    assert BOW.racks(64) == 1 and MK2.racks(16) == 1
+
+
+def test_two_racks_add_a_gateway_stage_on_each_ipus_shard() -> None:
+    # Pod128 = two Pod64 racks: in-rack ring over the 64 replicas of a rack, then each
+    # IPU's 1/64 shard (0.8 MB) is all-reduced across the 2 racks (2 x 1/2 of it) over
+    # its IPU-Machine's GW-Links (25 GB/s shared by 4 IPUs = 6.25 GB/s an IPU): 128 us,
+    # plus 2 ring-step latencies
+    g = 51.2e6
+    in_rack = (2 * 63 / 64 * g / 320e9 + 1e-6 + 126e-6) * 1.33e9
+    across = (0.8e6 / 6.25e9 + 2e-6) * 1.33e9
+    assert MK2.racks(128) == 2
+    assert MK2.allreduce_cycles(g, 128) == pytest.approx(in_rack + across, rel=1e-9)
+    assert across / 1.33e9 == pytest.approx(130e-6)
+
+
+def test_replicas_of_several_ipus_count_every_ipu() -> None:
+    # EfficientNet-B4 on a Pod256: 128 replicas x 2 IPUs = 256 IPUs = 4 racks of 32
+    # replicas; the cross-rack ring moves 2 x 3/4 of each 1/32 shard
+    g = 10e6
+    in_rack = (2 * 31 / 32 * g / 320e9 + 1e-6 + 62e-6) * 1.85e9
+    across = (1.5 * g / 32 / 6.25e9 + 6e-6) * 1.85e9
+    assert BOW.racks(256) == 4
+    assert BOW.allreduce_cycles(g, 128, 2) == pytest.approx(in_rack + across, rel=1e-9)
+    # without gateway links (Mk1 C2 cards) replicas never span racks
+    assert MK1.racks(256) == 1
+    assert BOW.allreduce_cycles(g, 1) == 0.0
