@@ -41,3 +41,20 @@ def test_replicas_of_several_ipus_count_every_ipu() -> None:
     # without gateway links (Mk1 C2 cards) replicas never span racks
     assert MK1.racks(256) == 1
     assert BOW.allreduce_cycles(g, 1) == 0.0
+
+
+def test_the_mk1_bandwidth_microbenchmark_is_a_32_bit_loop_on_the_model_figures() -> None:
+    # Jia et al. 2019: 31.1 TB/s theoretical aggregate read on Mk1 (16 bytes a cycle a
+    # tile), compiler-generated loops reach about a quarter: one 32-bit word a cycle a tile
+    from popviz.compiler.calibration import bandwidth
+    from popviz.target.costmodel import DEFAULT_COST, load_calibration
+
+    point = next(p for p in load_calibration()["points"]
+                 if p["id"] == "mk1-vector-read-bandwidth")
+    assert 16 * MK1.tiles_per_ipu * MK1.clock_hz == pytest.approx(31.1e12, rel=0.01)
+    assert 4 * MK1.tiles_per_ipu * MK1.clock_hz == pytest.approx(point["value"], rel=0.01)
+    # the model costs a popops reduction instead: a 64-bit path (8 bytes a cycle a tile,
+    # less vertex overheads) scaled by the fitted vector_efficiency of whole models
+    peak = bandwidth(point, DEFAULT_COST.with_values(vector_efficiency=1.0))
+    assert peak == pytest.approx(8 * MK1.tiles_per_ipu * MK1.clock_hz, rel=0.03)
+    assert point["use"] == "check" and point["known_miss"]

@@ -54,10 +54,14 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
         assert p["kind"] in ("throughput", "bandwidth", "fits")
         assert p["use"] in ("fit", "check", "holdout"), p["id"]
     published = [p for p in POINTS if p["kind"] != "fits"]
-    assert len(published) >= 29  # issue 20: at least 25 published throughput figures
-    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit
-    # (EfficientNet-B4 on a Pod256 held out since popops vector costs: no longer a miss)
-    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 11, 6)
+    assert len(published) >= 37
+    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit.
+    # Issue 20 counts leave-one-out over >= 25 published throughput / latency figures: the
+    # fit holds 25 of them; 5 are held out (ViT, the MLPerf v2.0 BERT Pod64, and the three
+    # multi-rack points within tolerance), 6 multi-rack ResNet-50 figures are documented
+    # misses, and the Mk1 bandwidth microbenchmark is checked, not fitted (another program)
+    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (25, 5, 6)
+    assert all(p["kind"] == "throughput" for p in FIT_POINTS)
     assert len(CHECKS) >= 19
     throughput = [p for p in published if p["kind"] == "throughput"]
     assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput}
