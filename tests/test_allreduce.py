@@ -58,3 +58,20 @@ def test_the_mk1_bandwidth_microbenchmark_is_a_32_bit_loop_on_the_model_figures(
     peak = bandwidth(point, DEFAULT_COST.with_values(vector_efficiency=1.0))
     assert peak == pytest.approx(8 * MK1.tiles_per_ipu * MK1.clock_hz, rel=0.03)
     assert point["use"] == "check" and point["known_miss"]
+
+
+def test_a_compile_spanning_two_racks_pays_the_gateway_stage() -> None:
+    from popviz.compiler import compile
+    from popviz.compiler.synthetic import synthetic_program
+    from popviz.options import Options
+
+    program = synthetic_program(layers=8, batch=4)
+    runs = {r: compile(program, Options(target="bow", gradient_accumulation=2,
+                                        replication_factor=r)) for r in (64, 128)}
+    ar = {r: rep.tables["exchange"].query("kind == 'allreduce'") for r, rep in runs.items()}
+    g = float(ar[64]["bytes"].iloc[0]) * 64 / (2 * 63)  # the ring bytes give the gradient
+    # same in-rack ring (64 replicas a rack); the Pod128 adds the shard's GW-Link ring
+    extra = (g / 64 / 6.25e9 + 2e-6) * BOW.clock_hz
+    cycles = {r: float((a["end"] - a["start"]).iloc[0]) for r, a in ar.items()}
+    assert cycles[128] - cycles[64] == pytest.approx(extra, abs=2)
+    assert runs[128].summary["step_cycles"] > runs[64].summary["step_cycles"]
