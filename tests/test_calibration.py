@@ -89,10 +89,9 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3 with popops vector costs and issue 20's evidence (12 fitted points):
-    # 10.9% in sample (18.3% with the fitted vector bandwidth before); a change that makes
-    # it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.115
+    # IPU model v3.1 over issue 20's 25 fitted throughput points: 8.2% in sample (10.9%
+    # over the 12 points fitted before); a change that makes it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.09
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -105,8 +104,9 @@ def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) ->
 def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     loo = leave_one_out(evaluator, FIT_POINTS, CostModel())  # as the fit itself starts
     inside = np.abs(evaluator.errors(DEFAULT_COST))
-    assert np.mean(np.abs(loo)) <= 0.13  # 12.7% (18.0% before popops vector costs); the
-    # target is 10%
+    # issue 20's target: <= 10% over >= 25 published throughput / latency figures
+    assert len(FIT_POINTS) >= 25
+    assert np.mean(np.abs(loo)) <= 0.095  # 8.8% (12.7% over the 12 points fitted before)
     # the fit minimises weighted squared log error, not mean |error|: out of sample may read
     # a fraction of a percent better, never much better (that would mean a leak)
     assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01
