@@ -54,10 +54,14 @@ def test_the_calibration_set_is_documented_and_broad() -> None:
         assert p["kind"] in ("throughput", "bandwidth", "fits")
         assert p["use"] in ("fit", "check", "holdout"), p["id"]
     published = [p for p in POINTS if p["kind"] != "fits"]
-    assert len(published) >= 29  # issue 20: at least 25 published throughput figures
-    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit
-    # (EfficientNet-B4 on a Pod256 held out since popops vector costs: no longer a miss)
-    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (12, 11, 6)
+    assert len(published) >= 37
+    # the roles as committed (issue 20's evidence): a change of role is a deliberate edit.
+    # Issue 20 counts leave-one-out over >= 25 published throughput / latency figures: the
+    # fit holds 25 of them; 5 are held out (ViT, the MLPerf v2.0 BERT Pod64, and the three
+    # multi-rack points within tolerance), 6 multi-rack ResNet-50 figures are documented
+    # misses, and the Mk1 bandwidth microbenchmark is checked, not fitted (another program)
+    assert (len(FIT_POINTS), len(HELD_OUT), len(MISSED)) == (25, 5, 6)
+    assert all(p["kind"] == "throughput" for p in FIT_POINTS)
     assert len(CHECKS) >= 19
     throughput = [p for p in published if p["kind"] == "throughput"]
     assert {"mk2", "bow"} <= {p["config"]["target"] for p in throughput}
@@ -85,10 +89,9 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3 with popops vector costs and issue 20's evidence (12 fitted points):
-    # 10.9% in sample (18.3% with the fitted vector bandwidth before); a change that makes
-    # it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.115
+    # IPU model v3.1 over issue 20's 25 fitted throughput points: 8.2% in sample (10.9%
+    # over the 12 points fitted before); a change that makes it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.09
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -101,8 +104,9 @@ def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) ->
 def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     loo = leave_one_out(evaluator, FIT_POINTS, CostModel())  # as the fit itself starts
     inside = np.abs(evaluator.errors(DEFAULT_COST))
-    assert np.mean(np.abs(loo)) <= 0.13  # 12.7% (18.0% before popops vector costs); the
-    # target is 10%
+    # issue 20's target: <= 10% over >= 25 published throughput / latency figures
+    assert len(FIT_POINTS) >= 25
+    assert np.mean(np.abs(loo)) <= 0.095  # 8.8% (12.7% over the 12 points fitted before)
     # the fit minimises weighted squared log error, not mean |error|: out of sample may read
     # a fraction of a percent better, never much better (that would mean a leak)
     assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01

@@ -95,7 +95,10 @@ def _transfers(schedule: Schedule, costs: StageCosts, target: Target,
     cyc = np.where(host, [target.host_cycles(b) for b in nbytes],
                    [target.link_cycles(b) for b in nbytes])
     ar = (out["kind"] == "allreduce").to_numpy()
-    cyc[ar] += 2 * (replicas - 1) * target.ipu_link_latency_s * target.clock_hz
+    if ar.any():  # the ring in a rack, and across racks over GW-Links where replicas span them
+        per_replica = len(np.unique(ipu))
+        grads = costs.grad_bytes[out.loc[ar, "stage"].to_numpy(np.int64)]
+        cyc[ar] = [target.allreduce_cycles(float(g), replicas, per_replica) for g in grads]
     out["cycles"] = np.ceil(cyc).astype(np.int64)
     return out
 

@@ -82,7 +82,8 @@ PROVENANCE: dict[str, Provenance] = {
         "64-bit path, six workers, PopLibs' cycles per op) that vector ops (elementwise, "
         "norm, reduction, cast, copy) reach: what the vertex figures leave out (rearranging "
         "copies between layouts, a reduction's cross-tile stage, compute-set syncs); fitted "
-        "to the throughput points and the Mk1 read-bandwidth microbenchmark"),
+        "to the throughput points (the Mk1 read-bandwidth microbenchmark is checked, not "
+        "fitted: a compiler-generated C++ loop, not a popops vertex)"),
     "grain_bytes": Provenance(
         "assumed", "smallest slice of a tensor mapped to one tile (Poplar maps in grains of "
         "a few vectors; 128 B = 64 fp16 values)", "bytes"),

@@ -36,6 +36,11 @@ class Target:
     ipu_link_latency_s: float = 1.0e-6  # assumed
     host_bytes_per_s: float = 32.0e9
     host_latency_s: float = 2.0e-6  # assumed
+    # Multi-rack Pods: IPU-Links join the IPUs of one rack (a Pod64); racks are joined by
+    # the GW-Links of each IPU-Machine's IPU-Gateway. 0 = no gateway links (one rack at most).
+    gw_link_bytes_per_s: float = 0.0  # one IPU-Machine's GW-Links, each direction
+    ipus_per_machine: int = 4
+    ipus_per_rack: int = 64
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     cost: CostModel = DEFAULT_COST  # modelling constants, each with its provenance
@@ -94,6 +99,34 @@ class Target:
             return 0.0
         return (self.ipu_link_latency_s + nbytes / self.ipu_link_bytes_per_s) * self.clock_hz
 
+    def racks(self, ipus: int) -> int:
+        """Racks (IPU-Link domains) that `ipus` IPUs span: one unless gateway links exist."""
+        if self.gw_link_bytes_per_s <= 0 or ipus <= self.ipus_per_rack:
+            return 1
+        return math.ceil(ipus / self.ipus_per_rack)
+
+    def allreduce_cycles(self, nbytes: float, replicas: int, ipus_per_replica: int = 1) -> float:
+        """Cycles of one gradient all-reduce of `nbytes` per replica over `replicas`.
+
+        Within a rack a ring over IPU-Links (2(r-1)/r of the bytes, 2(r-1) transfers).
+        When the replicas span R racks the reduction is hierarchical: reduce-scatter in
+        each rack, an all-reduce of each IPU's 1/r shard across the racks over the
+        GW-Links (a ring: 2(R-1)/R of the shard, 2(R-1) transfers; the IPUs of one
+        IPU-Machine share its gateway), then an all-gather in the rack."""
+        if replicas <= 1 or nbytes <= 0:
+            return 0.0
+        racks = self.racks(replicas * ipus_per_replica)
+        r = max(1, replicas // racks)  # replicas in one rack
+        lat = self.ipu_link_latency_s
+        cycles = (self.link_cycles(2.0 * (r - 1) / r * nbytes)
+                  + 2 * (r - 1) * lat * self.clock_hz) if r > 1 else 0.0
+        if racks > 1:
+            shard = nbytes / r
+            per_ipu = self.gw_link_bytes_per_s / self.ipus_per_machine
+            cycles += (2.0 * (racks - 1) / racks * shard / per_ipu
+                       + 2 * (racks - 1) * lat) * self.clock_hz
+        return cycles
+
     def host_cycles(self, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
@@ -110,6 +143,14 @@ class Target:
 _REF = "docs/hardware.md"
 _EENEWS = ("eeNews Europe, 'Graphcore slashes power in first Dell server' (C2 card: 192 GB/s "
            "of IPU-Link bandwidth between its two IPUs; exchange 62.5 Tbit/s)")
+_GW = ("published: Graphcore, 'Switched GW-Links in large scale Pod systems' "
+       "(docs.graphcore.ai/projects/switched-gwlinks): each IPU-Machine has two GW-Link "
+       "ports (east, west) with 100 Gbps interfaces, forming the horizontal loop of a 3D "
+       "torus with the IPU-Links; 2 x 100 Gbit/s = 25 GB/s each direction")
+_M2000 = "published: an IPU-M2000 / Bow-2000 holds 4 IPUs (" + "docs/hardware.md)"
+_POD64 = ("published: Graphcore IPU-POD128 datasheet (docs.graphcore.ai/projects/"
+          "ipu-pod128-datasheet): an IPU-POD128 is two IPU-POD64 logical racks joined by "
+          "GW-Link cables; IPU-Links stay inside a rack")
 _COMMON = {
     "ipu_link_latency_s": "assumed: 1 us per IPU-Link transfer (no public figure read; Jia et "
                           "al. 2019 measure it, see docs/cost-model.md)",
@@ -128,6 +169,7 @@ MK1 = Target(
     exchange_bytes_per_s=8e12,
     ipu_link_bytes_per_s=192e9,
     host_bytes_per_s=32e9,
+    ipus_per_machine=2,
     sources={
         "tiles_per_ipu": f"published: {_REF} (1216 tiles)",
         "bytes_per_tile": f"published: {_REF} (256 KiB)",
@@ -138,6 +180,10 @@ MK1 = Target(
         "exchange_bytes_per_s": f"published: {_REF} (~8 TB/s); {_EENEWS}",
         "ipu_link_bytes_per_s": f"published: {_EENEWS}",
         "host_bytes_per_s": "derived: PCIe Gen3 x16, half of the Gen4 ~64 GB/s in " + _REF,
+        "gw_link_bytes_per_s": "published: Mk1 C2 cards sit in host servers (PCIe); there is "
+                               "no IPU-Gateway, so no multi-rack all-reduce (0)",
+        "ipus_per_machine": f"published: {_REF} (C2 card: 2 IPUs; unused without GW-Links)",
+        "ipus_per_rack": "assumed: unused without GW-Links",
         **_COMMON},
 )
 
@@ -153,6 +199,7 @@ MK2 = Target(
     exchange_bytes_per_s=8e12,
     ipu_link_bytes_per_s=320e9,
     host_bytes_per_s=64e9,
+    gw_link_bytes_per_s=25e9,
     sources={
         "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
         "bytes_per_tile": f"published: {_REF} (624 KiB)",
@@ -167,6 +214,9 @@ MK2 = Target(
                                 "bandwidth): 4 bytes per tile per cycle, as on Mk1",
         "ipu_link_bytes_per_s": f"published: {_REF} (10 IPU-Links, 320 GB/s in all)",
         "host_bytes_per_s": f"published: {_REF} (PCIe Gen4 x16, ~64 GB/s)",
+        "gw_link_bytes_per_s": _GW,
+        "ipus_per_machine": _M2000,
+        "ipus_per_rack": _POD64,
         **_COMMON},
 )
 
@@ -183,6 +233,7 @@ BOW = Target(
     exchange_bytes_per_s=8e12 * MK2_CLOCK_RATIO,
     ipu_link_bytes_per_s=320e9,
     host_bytes_per_s=64e9,
+    gw_link_bytes_per_s=25e9,
     sources={
         "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
         "bytes_per_tile": f"published: {_REF} (624 KiB)",
@@ -193,6 +244,9 @@ BOW = Target(
         "exchange_bytes_per_s": "derived: Mk2's 8 TB/s at Bow's clock (same tile)",
         "ipu_link_bytes_per_s": "assumed: Mk2's 320 GB/s (same IPU-Links)",
         "host_bytes_per_s": "assumed: Mk2's 64 GB/s (same PCIe Gen4 host link)",
+        "gw_link_bytes_per_s": _GW,
+        "ipus_per_machine": _M2000,
+        "ipus_per_rack": _POD64,
         **_COMMON},
 )
 
