@@ -340,7 +340,7 @@ def test_minimal_contract_profiles(tmp_path: Path) -> None:
 def test_a_layout_reads_the_same_however_its_options_named_it() -> None:
     """The tutorial pipeline names blocks per stage (options.splits is empty, AMP unset);
     compare describes the layout as compiled: split points and the AMP each IPU ran with."""
-    from popviz.analysis.compare_sides import load_side
+    from popviz.analysis.compare.sides import load_side
 
     prof = popviz.open("profiles/tutorial_pipelined/training")
     assert prof.meta["options"]["splits"] == []

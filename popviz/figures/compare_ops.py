@@ -1,5 +1,5 @@
-"""Figures of the op-by-op comparison (analysis.compare_ops) and of the merged liveness
-overlay (analysis.compare_overlay). Colours are Okabe-Ito (colour-blind safe): A blues,
+"""Figures of the op-by-op comparison (analysis.compare.ops) and of the merged liveness
+overlay (analysis.compare.overlay). Colours are Okabe-Ito (colour-blind safe): A blues,
 solid; B oranges, dashed. Plain Plotly, no Dash."""
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ ANCHORS: dict[str, tuple[str, ...]] = {"backward": ("backward", "recompute"),
 class Side:
     label: str                    # "A" or "B"
     facts: dict[str, Any]         # descriptive: name, kind, target, options, fits, ...
-    metrics: dict[str, float]     # headline numbers (compare.METRICS)
+    metrics: dict[str, float]     # headline numbers (build.METRICS)
     time_per_sample: pd.Series    # category -> IPU-us per sample
     op_classes: pd.Series         # (op_class, phase) -> us per sample
     ipus: pd.DataFrame            # index ipu: compute_ms, exchange_ms, idle_ms, peak_bytes, ...
