@@ -121,9 +121,9 @@ def hand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small real pair from the compiler: a 4-IPU pipeline vs 1 IPU x 4 replicas."""
     from popviz.compiler.compiler import compile as compile_program
-    from popviz.compiler.synthetic import synthetic_program
     from popviz.format.writer import write_report
     from popviz.options import Options
+    from popviz.testing.programs import synthetic_program
 
     prog = synthetic_program(layers=8, batch=4)
     d = tmp_path_factory.mktemp("compiled")

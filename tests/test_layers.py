@@ -115,3 +115,12 @@ def test_compare_package_has_no_import_circle() -> None:
             done.add(mod)
     for mod in sorted(graph):
         visit(mod, ())
+
+
+def test_no_runtime_module_imports_the_testing_package() -> None:
+    """Test data and tools (popviz/testing/) stay out of what `popviz` runs."""
+    comps = components()
+    users = [f"{path.relative_to(ROOT)}:{line}" for name, files in comps.items()
+             if name != "testing" for path in files
+             for line, target in imported(path, set(comps)) if target == "testing"]
+    assert "testing" in comps and not users, users
