@@ -77,7 +77,7 @@ def liveness_overlay_figure(overlay: pd.DataFrame, sides: pd.DataFrame,
     div, unit = byte_unit(float(overlay["total_bytes"].max()))
     fig = go.Figure()
     for side in ("A", "B"):
-        words = naming_of(info.loc[side, "kind"] if side in info.index else None)
+        words = naming_of(info.loc[side].to_dict() if side in info.index else None)
         name = str(info.loc[side, "name"]) if side in info.index else side
         for k, (curve, g) in enumerate(overlay[overlay["side"] == side].groupby(
                 "curve", sort=False)):
