@@ -124,3 +124,15 @@ def test_no_runtime_module_imports_the_testing_package() -> None:
              if name != "testing" for path in files
              for line, target in imported(path, set(comps)) if target == "testing"]
     assert "testing" in comps and not users, users
+
+
+def test_the_layout_drawing_names_every_package() -> None:
+    """docs/internals.md draws the package tree: every package (and sub-package) is in it."""
+    text = (ROOT / "docs" / "internals.md").read_text()
+    drawing = text.split("<!-- layout: begin -->")[1].split("<!-- layout: end -->")[0]
+    named = set(re.findall(r"([\w.]+)/", drawing)) | set(re.findall(r"(\w+)\.py", drawing))
+    packages = {p.parent.name for p in (ROOT / "popviz").rglob("__init__.py")} - {"popviz"}
+    modules = {p.stem for p in (ROOT / "popviz").glob("*.py") if not p.stem.startswith("__")}
+    missing = sorted(packages - named) + sorted(modules - named - set(re.findall(r"\w+",
+                                                                                drawing)))
+    assert not missing, f"draw these in docs/internals.md's layout: {missing}"
