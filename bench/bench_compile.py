@@ -55,7 +55,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
 
 def synthetic(layers: int) -> tuple[object, float]:
-    from popviz.compiler.synthetic import synthetic_program
+    from popviz.testing.programs import synthetic_program
 
     program = synthetic_program(layers=layers, batch=16, channels=64, hw=56)
     n = len(program.model["layers"])

@@ -36,9 +36,9 @@ import numpy as np
 import popviz
 import popviz.analysis.facts  # loaded before forking: workers start warm
 from popviz.format import schema
-from popviz.format.fuzz import ATTRIBUTE_MUTANTS, Campaign, run_campaign
 from popviz.format.isolated import read_isolated
 from popviz.format.writer import write_profile
+from popviz.testing.fuzz import ATTRIBUTE_MUTANTS, Campaign, run_campaign
 
 PROBE = "popviz.analysis.facts:profile_facts"
 SECRET = b"root:x:0:0:SECRET-MARKER:/root:/bin/bash\n" * 64

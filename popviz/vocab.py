@@ -4,8 +4,10 @@ format, analysis, figures, the CLI and the app all say the same thing the same w
 
 Device naming: a modelled profile (record + compile) has IPUs and times in cycles; a
 measured one (popviz.measure) has ranks (one process each, no tiles) and times in ns.
-Every figure builder, card and CLI line takes a `Naming` so rows, ticks, hover text and
-axis titles say the right words."""
+Profiles of format 1.2 state these words (root attributes `device_kind`, `time_unit`);
+`words_of` says what an older file's kind and target imply. Every figure builder, card and
+CLI line takes a `Naming` made from the words, so rows, ticks, hover text and axis titles
+say the right words."""
 
 from __future__ import annotations
 
@@ -166,24 +168,60 @@ def is_gpu_target(meta: Mapping[str, Any] | None) -> bool:
     return meta.get("family") == GPU_FAMILY  # facts that keep the family beside the name
 
 
-def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming:
-    """The naming of a profile from its kind and meta (meta.kind and meta.target are used
-    when the kind is not given; a facts or meta dict may stand for both): measured -> ranks
-    and ns, a GPU target -> GPUs and ns, anything else IPUs and cycles."""
+# --- the words a profile states (format 1.2: root attributes, and meta as read) ----------
+DEVICE_KINDS = ("ipu", "gpu", "rank")  # what the `ipu` column counts
+TIME_UNITS = ("cycles", "ns")  # what `start`, `end` and the `*_cycles` columns hold
+_NAMINGS = {("ipu", "cycles"): MODELLED, ("gpu", "ns"): MODELLED_GPU, ("rank", "ns"): MEASURED}
+
+
+def words_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """(device_kind, time_unit) a profile's kind and meta imply, for one that does not
+    state them (a format 1.1 file, a Report not yet written): measured -> ranks and ns, a
+    GPU target -> GPUs and ns, anything else IPUs and cycles. Meta that states valid words
+    (as `popviz.open` gives it) keeps them."""
     if isinstance(kind, Mapping):
         kind, meta = kind.get("kind"), kind
     meta = meta or {}
+    stated = (meta.get("device_kind"), meta.get("time_unit"))
+    if stated[0] in DEVICE_KINDS and stated[1] in TIME_UNITS:
+        return str(stated[0]), str(stated[1])
     kind = str(kind or meta.get("kind") or "")
     if kind == MEASURED_KIND:
-        return MEASURED
+        return ("rank", "ns")
     if is_gpu_target(meta):
-        return MODELLED_GPU
+        return ("gpu", "ns")
     target = meta.get("target") or {}
     if not kind and target.get("name") == "cpu-gloo":  # measure's target, kind missing
-        return MEASURED
-    return MODELLED
+        return ("rank", "ns")
+    return ("ipu", "cycles")
+
+
+def naming_from_words(device_kind: str, time_unit: str) -> Naming:
+    """The Naming of stated words: ipu + cycles, gpu + ns, rank + ns (any other pair gets
+    its device's name and unit; ns means no tiles)."""
+    known = _NAMINGS.get((device_kind, time_unit))
+    if known is not None:
+        return known
+    device = "rank" if device_kind == "rank" else device_kind.upper()
+    return Naming(device=device, unit=time_unit, measured=time_unit == "ns")
+
+
+def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming:
+    """The naming of a profile from the words its meta (or facts) states, else from its
+    kind and meta (`words_of`; meta.kind and meta.target are used when the kind is not
+    given; a facts or meta dict may stand for both)."""
+    return naming_from_words(*words_of(kind, meta))
+
+
+def profile_words(profile: Any) -> tuple[str, str]:
+    """(device_kind, time_unit) of an open profile: the words it states (an older file's
+    are mapped by the reader), else what its kind and meta imply (a Report)."""
+    words = (getattr(profile, "device_kind", None), getattr(profile, "time_unit", None))
+    if words[0] in DEVICE_KINDS and words[1] in TIME_UNITS:
+        return str(words[0]), str(words[1])
+    return words_of(getattr(profile, "kind", None), getattr(profile, "meta", None))
 
 
 def naming_for(profile: Any) -> Naming:
-    """The naming of an open profile (anything with `kind` and `meta`)."""
-    return naming_of(getattr(profile, "kind", None), getattr(profile, "meta", None))
+    """The naming of an open profile, from the words it states (`profile_words`)."""
+    return naming_from_words(*profile_words(profile))

@@ -121,9 +121,9 @@ def hand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small real pair from the compiler: a 4-IPU pipeline vs 1 IPU x 4 replicas."""
     from popviz.compiler.compiler import compile as compile_program
-    from popviz.compiler.synthetic import synthetic_program
     from popviz.format.writer import write_report
     from popviz.options import Options
+    from popviz.testing.programs import synthetic_program
 
     prog = synthetic_program(layers=8, batch=4)
     d = tmp_path_factory.mktemp("compiled")
@@ -340,7 +340,7 @@ def test_minimal_contract_profiles(tmp_path: Path) -> None:
 def test_a_layout_reads_the_same_however_its_options_named_it() -> None:
     """The tutorial pipeline names blocks per stage (options.splits is empty, AMP unset);
     compare describes the layout as compiled: split points and the AMP each IPU ran with."""
-    from popviz.analysis.compare_sides import load_side
+    from popviz.analysis.compare.sides import load_side
 
     prof = popviz.open("profiles/tutorial_pipelined/training")
     assert prof.meta["options"]["splits"] == []

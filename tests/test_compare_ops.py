@@ -1,5 +1,5 @@
-"""Op-by-op comparison (analysis.compare_ops) and the merged liveness overlay
-(analysis.compare_overlay): exact figures on hand-made tables, totals on the bundled
+"""Op-by-op comparison (analysis.compare.ops) and the merged liveness overlay
+(analysis.compare.overlay): exact figures on hand-made tables, totals on the bundled
 profiles computed from their own tables, and an imported H100 trace against a modelled run."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 import popviz
 from popviz.analysis.compare import compare
-from popviz.analysis.compare_ops import compare_ops, module_at, short_op
-from popviz.analysis.compare_overlay import liveness_overlay
+from popviz.analysis.compare.ops import compare_ops, module_at, short_op
+from popviz.analysis.compare.overlay import liveness_overlay
 from popviz.figures.compare_ops import liveness_overlay_figure, ops_diff_figure
 from tests.import_fixtures import RESNET, trace_events
 

@@ -11,7 +11,7 @@ import pytest
 
 import popviz
 from popviz.analysis.compare import compare
-from popviz.analysis.compare_ops import compare_ops
+from popviz.analysis.compare.ops import compare_ops
 from tests.test_compare import pipeline_profile, recompute_profile
 
 PAIR = "?profile=pipe/profile.h5&other=rec/profile.h5"

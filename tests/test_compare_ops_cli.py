@@ -9,7 +9,7 @@ import pytest
 
 import popviz
 from popviz.analysis.compare import compare
-from popviz.analysis.compare_ops import compare_ops
+from popviz.analysis.compare.ops import compare_ops
 from popviz.cli.main import main
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

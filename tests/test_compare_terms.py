@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from popviz.analysis.compare_terms import DECISIVE, on_equal_terms, unequal_terms
+from popviz.analysis.compare.terms import DECISIVE, on_equal_terms, unequal_terms
 from popviz.api import compare
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.synthetic import synthetic_program
 from popviz.options import Options
 from popviz.target import register_target
+from popviz.testing.programs import synthetic_program
 
 AMPS = [0.6, 0.4, 0.2, 0.1, 0.05, 0.02, 0.01]
 

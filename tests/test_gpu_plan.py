@@ -167,7 +167,7 @@ def test_every_page_in_gpu_words(served: Path) -> None:
 
 def test_compare_modelled_gpu_with_an_imported_trace(served: Path, resnet: Any) -> None:
     from popviz.analysis.compare import build
-    from popviz.analysis.compare_sides import load_side
+    from popviz.analysis.compare.sides import load_side
 
     with popviz.open(served / "mlp_h100") as p:
         a = load_side(p, "A")

@@ -86,3 +86,53 @@ def test_the_contract_catches_an_arrow_against_it(tmp_path: Path) -> None:
     assert imported(bad, names) == [(2, "analysis"), (3, FACADE)]
     ranks = layer_ranks()
     assert ranks["analysis"] > ranks["metrics"] and ranks[FACADE] > ranks["analysis"]
+
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (at any depth in the file)."""
+    prefix = "popviz." + ".".join(package.relative_to(ROOT / "popviz").parts)
+    mods = {f"{prefix}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            graph[mod] |= {n for n in names if n in mods and n != mod}
+    return graph
+
+
+def test_compare_package_has_no_import_circle() -> None:
+    """analysis/compare was flat modules importing each other in a circle (issue 23)."""
+    graph = module_graph(ROOT / "popviz" / "analysis" / "compare")
+    assert len(graph) >= 6
+    done: set[str] = set()
+
+    def visit(mod: str, path: tuple[str, ...]) -> None:
+        assert mod not in path, "import circle: " + " -> ".join((*path, mod))
+        if mod not in done:
+            for dep in sorted(graph[mod]):
+                visit(dep, (*path, mod))
+            done.add(mod)
+    for mod in sorted(graph):
+        visit(mod, ())
+
+
+def test_no_runtime_module_imports_the_testing_package() -> None:
+    """Test data and tools (popviz/testing/) stay out of what `popviz` runs."""
+    comps = components()
+    users = [f"{path.relative_to(ROOT)}:{line}" for name, files in comps.items()
+             if name != "testing" for path in files
+             for line, target in imported(path, set(comps)) if target == "testing"]
+    assert "testing" in comps and not users, users
+
+
+def test_the_layout_drawing_names_every_package() -> None:
+    """docs/internals.md draws the package tree: every package (and sub-package) is in it."""
+    text = (ROOT / "docs" / "internals.md").read_text()
+    drawing = text.split("<!-- layout: begin -->")[1].split("<!-- layout: end -->")[0]
+    named = set(re.findall(r"([\w.]+)/", drawing)) | set(re.findall(r"(\w+)\.py", drawing))
+    packages = {p.parent.name for p in (ROOT / "popviz").rglob("__init__.py")} - {"popviz"}
+    modules = {p.stem for p in (ROOT / "popviz").glob("*.py") if not p.stem.startswith("__")}
+    missing = sorted(packages - named) + sorted(modules - named - set(re.findall(r"\w+",
+                                                                                drawing)))
+    assert not missing, f"draw these in docs/internals.md's layout: {missing}"

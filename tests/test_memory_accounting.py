@@ -12,11 +12,11 @@ import torch
 import popviz
 from popviz.compiler import compile
 from popviz.compiler.accounting import stored_bytes
-from popviz.compiler.synthetic import synthetic_program
 from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
 from popviz.target import get_target, register_target
 from popviz.target.cost import Precision
+from popviz.testing.programs import synthetic_program
 
 WEIGHTS = ("parameter", "gradient", "optimiser_state")
 

@@ -12,7 +12,7 @@ import pytest
 
 import popviz
 from popviz.analysis.balance import ipu_balance, profile_stages, timed_stages
-from popviz.analysis.compare_sides import load_side
+from popviz.analysis.compare.sides import load_side
 from popviz.analysis.insights import insights
 from popviz.metrics import CATEGORIES, idle_fractions, rank_time
 

@@ -55,7 +55,7 @@ def _cards(comp: Comparison, side: str) -> html.Div:
     s = comp.sides.set_index("side").loc[side]
     m = comp.metrics.set_index("metric")[side.lower()]
     win = comp.verdict.get("winner") == side
-    dev = naming_of(s.get("kind")).device  # IPU, or rank for a measured profile
+    dev = naming_of(s.to_dict()).device  # the side's words: IPU, GPU or rank
 
     def val(name: str, unit: str) -> str:
         return format_value(m.get(name), unit)
@@ -137,7 +137,8 @@ def body(ctx: AppContext, a: str, b: str) -> list[Any]:
     except (PathRefused, ProfileError, ValueError) as exc:
         return [message(str(exc))]
     tps = comp.time_per_sample
-    dev = " / ".join(dict.fromkeys(naming_of(k).device for k in comp.sides["kind"]))
+    dev = " / ".join(dict.fromkeys(naming_of(s).device
+                                   for s in comp.sides.to_dict("records")))
     return [
         _verdict(comp),
         html.Div([_cards(comp, "A"), _cards(comp, "B")], className="row"),

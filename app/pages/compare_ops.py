@@ -1,7 +1,7 @@
 """The op-by-op part of /compare: a sortable A vs B table grouped as the user picks, the
 top differences as diverging bars, and the merged liveness overlay.
 
-Wiring only: popviz.analysis.compare_ops / compare_overlay compute, popviz.figures
+Wiring only: popviz.analysis.compare.ops / .overlay compute, popviz.figures
 .compare_ops draws. Not a page of its own (compare.py places it and registers it)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pandas as pd
 from dash import Input, Output, State, dcc, html
 
 from popviz.analysis.compare import Comparison
-from popviz.analysis.compare_ops import GROUP_BY, OpDiff, compare_ops
-from popviz.analysis.compare_overlay import liveness_overlay
+from popviz.analysis.compare.ops import GROUP_BY, OpDiff, compare_ops
+from popviz.analysis.compare.overlay import liveness_overlay
 from popviz.errors import ProfileError
 from popviz.figures import compare_ops as cof
 from popviz.figures.style import empty_figure

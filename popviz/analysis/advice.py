@@ -215,7 +215,7 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     ipu = int(row["ipu"])
     # a measured run is ranks and ns, a modelled one IPUs and cycles (a GPU plan: GPUs, ns)
     gpu = is_gpu_target(meta)
-    words = naming_of(meta) if gpu else naming_of(MEASURED_KIND if measured else MODELLED_KIND)
+    words = naming_of(MEASURED_KIND if measured else MODELLED_KIND, meta)  # meta's words win
     where, others = words.label(ipu), words.devices
     busy_time = "busy time" if measured or gpu else "busy cycles"
     wait = "wait for its activations and gradients" if gpu else "wait at every sync"

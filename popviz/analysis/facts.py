@@ -11,6 +11,7 @@ from typing import Any
 
 from popviz.jsonsafe import jsonable as _plain
 from popviz.metrics import device_capacities, device_fit, fit_verdict, oom_tiles, peak_liveness
+from popviz.vocab import profile_words
 
 
 def profile_warnings(meta: dict[str, Any], limit: int = 20) -> list[str]:
@@ -36,6 +37,8 @@ def profile_facts(profile: Any) -> dict[str, Any]:
         "name": profile.name,
         "kind": profile.kind,
         "format_version": profile.format_version,
+        # the words the profile states: what `ipu` counts and what times hold
+        **dict(zip(("device_kind", "time_unit"), profile_words(profile))),
         "model": meta.get("model", {}).get("name"),
         "target": meta.get("target", {}),
         "options": meta.get("options", {}),

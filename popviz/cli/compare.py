@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
             open_vetted(args.b, vet=not args.no_vet) as b:
         comp = compare(a, b)
         if args.ops:
-            from popviz.analysis.compare_ops import compare_ops
+            from popviz.analysis.compare.ops import compare_ops
 
             diff = compare_ops(a, b, comp, by=args.by, depth=args.depth, per=args.per)
     if args.ops:

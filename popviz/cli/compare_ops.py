@@ -1,4 +1,4 @@
-"""`popviz compare A B --ops`: the op-by-op table (analysis.compare_ops) as text."""
+"""`popviz compare A B --ops`: the op-by-op table (analysis.compare.ops) as text."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from popviz.analysis.compare import format_ratio, format_value
-from popviz.analysis.compare_ops import GROUP_BY, PER, OpDiff
+from popviz.analysis.compare.ops import GROUP_BY, PER, OpDiff
 from popviz.figures.compare_ops import time_unit
 
 

@@ -18,6 +18,8 @@ SUBCOMMAND_MODULES = [
     "popviz.cli.export",
     "popviz.cli.merge",
     "popviz.cli.import_",
+    "popviz.cli.train",
+    "popviz.cli.measure",
 ]
 
 
@@ -32,8 +34,8 @@ def build_parser(commands: list[Command],
     parser = argparse.ArgumentParser(
         prog="popviz",
         description="PopVision-style profiler for pipelined and recomputed PyTorch training.",
-        epilog="Record a run with `python train.py --profile --profile-dir DIR`, then "
-        "`popviz serve DIR`.",
+        epilog="Record a run with `popviz train --profile --profile-dir DIR` (or `python "
+        "train.py ...`), then `popviz serve DIR`.",
     )
     parser.add_argument("--version", action="version", version=f"popviz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -58,6 +60,9 @@ def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     known = {c.name for c in commands}
+    wrapped = next((c for c in commands if c.passthrough and argv[:1] == [c.name]), None)
+    if wrapped is not None:  # its own parser reads the rest, --help included
+        return run_guarded(wrapped, argparse.Namespace(argv=list(argv[1:])))
     parser = build_parser(commands, only=chosen if chosen in known else None)
     args = parser.parse_args(argv)
     if getattr(args, "_command", None) is None:

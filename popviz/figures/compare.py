@@ -36,7 +36,7 @@ PIXELS = 800
 def _naming(comp: Any, side: str) -> Naming:
     """A side's words: IPUs and cycles when modelled, ranks and ns when measured."""
     row = comp.sides[comp.sides["side"] == side]
-    return naming_of(row["kind"].iloc[0] if len(row) and "kind" in row else None)
+    return naming_of(row.iloc[0].to_dict() if len(row) else None)
 
 
 def _device(comp: Any) -> str:

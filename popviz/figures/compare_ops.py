@@ -1,5 +1,5 @@
-"""Figures of the op-by-op comparison (analysis.compare_ops) and of the merged liveness
-overlay (analysis.compare_overlay). Colours are Okabe-Ito (colour-blind safe): A blues,
+"""Figures of the op-by-op comparison (analysis.compare.ops) and of the merged liveness
+overlay (analysis.compare.overlay). Colours are Okabe-Ito (colour-blind safe): A blues,
 solid; B oranges, dashed. Plain Plotly, no Dash."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def liveness_overlay_figure(overlay: pd.DataFrame, sides: pd.DataFrame,
     div, unit = byte_unit(float(overlay["total_bytes"].max()))
     fig = go.Figure()
     for side in ("A", "B"):
-        words = naming_of(info.loc[side, "kind"] if side in info.index else None)
+        words = naming_of(info.loc[side].to_dict() if side in info.index else None)
         name = str(info.loc[side, "name"]) if side in info.index else side
         for k, (curve, g) in enumerate(overlay[overlay["side"] == side].groupby(
                 "curve", sort=False)):

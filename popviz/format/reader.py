@@ -26,7 +26,7 @@ from popviz.format.containment import check_self_contained
 from popviz.format.strings import decode as decode_strings
 from popviz.format.strings import read_strings
 from popviz.format.tempfiles import is_temp_name
-from popviz.vocab import MODELLED_KIND
+from popviz.vocab import MODELLED_KIND, words_of
 
 
 def discover(directory: str | os.PathLike[str]) -> list[Path]:
@@ -126,6 +126,8 @@ class Profile:
                     validate.text_attr(attrs, "meta", label, limit=schema.MAX_JSON_CHARS),
                     "meta", label)
                 validate.check_meta(self.meta, label)
+                self.device_kind, self.time_unit = self._words(attrs, label)
+                self.meta.update(zip(schema.WORD_ATTRS, (self.device_kind, self.time_unit)))
                 self.summary: dict[str, Any] = validate.json_object(
                     validate.text_attr(attrs, "summary", label, "{}",
                                        limit=schema.MAX_JSON_CHARS), "summary", label)
@@ -177,6 +179,21 @@ class Profile:
             h5.close()
             raise
         return h5
+
+    def _words(self, attrs: Any, label: str) -> tuple[str, str]:
+        """(device_kind, time_unit) the file states (format 1.2); an older file's are what
+        its kind and target imply (the upgrade path: vocab.words_of)."""
+        stated = [validate.text_attr(attrs, key, label, "", limit=64)
+                  for key in schema.WORD_ATTRS]
+        implied = words_of(self.kind, {k: v for k, v in self.meta.items()
+                                       if k not in schema.WORD_ATTRS})
+        device_kind, time_unit = (s or i for s, i in zip(stated, implied))
+        for key, value, allowed in (("device_kind", device_kind, schema.DEVICE_KINDS),
+                                    ("time_unit", time_unit, schema.TIME_UNITS)):
+            if value not in allowed:
+                raise ProfileError(f"{label}: {key} {value[:40]!r} is not one of "
+                                   f"{', '.join(allowed)}")
+        return device_kind, time_unit
 
     def _check_identity(self, h5: h5py.File) -> None:
         path = self.path

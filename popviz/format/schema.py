@@ -1,4 +1,4 @@
-"""Profile format v1 (1.1): names and rules shared by the writer and the reader.
+"""Profile format v1 (1.2): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
@@ -14,7 +14,10 @@ FORMAT_NAME = "popviz-profile"
 # 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
 # 1.0 files (vlen `/strings`, no checksums; written for two days) are refused with a
 # one-line "regenerate" message.
-FORMAT_VERSION = "1.1.0"
+# 1.2: root attributes `device_kind` (what the `ipu` column counts: ipu, gpu, rank) and
+# `time_unit` (what start / end / *_cycles hold: cycles, ns). A 1.1 file states neither:
+# the reader maps its kind and target to them (vocab.words_of), so views never guess.
+FORMAT_VERSION = "1.2.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -79,6 +82,9 @@ TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 KINDS = vocab.KINDS
+DEVICE_KINDS = vocab.DEVICE_KINDS
+TIME_UNITS = vocab.TIME_UNITS
+WORD_ATTRS = ("device_kind", "time_unit")  # root attributes (1.2); `meta` as read has them
 
 # Contract tables (docs/internals.md) and the columns every profile must have in them.
 CONTRACT_COLUMNS: dict[str, tuple[str, ...]] = {

@@ -29,7 +29,10 @@ from popviz.format import schema, tempfiles
 from popviz.format.chunks import ChunkJobs
 from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
-from popviz.vocab import MODELLED_KIND
+from popviz.vocab import MODELLED_KIND, words_of
+
+# what a measured / imported profile states (ranks, ns): `write_profile(..., **MEASURED_WORDS)`
+MEASURED_WORDS = {"device_kind": "rank", "time_unit": "ns"}
 
 
 def profile_path(path: str | os.PathLike[str]) -> Path:
@@ -63,10 +66,16 @@ def write_profile(
     summary: Mapping[str, Any] | None = None,
     kind: str = MODELLED_KIND,
     command_line: str | None = None,
+    device_kind: str | None = None,
+    time_unit: str | None = None,
 ) -> Path:
-    """Write one profile file and return its path. See docs/profile-format.md."""
+    """Write one profile file and return its path. See docs/profile-format.md.
+
+    `device_kind` / `time_unit` (format 1.2) say what the `ipu` column counts and what the
+    times hold; not given, they are what `kind` and `meta` imply (vocab.words_of)."""
     if kind not in schema.KINDS:
         raise ValueError(f"profile kind {kind!r} is not one of {', '.join(schema.KINDS)}")
+    words = device_words(kind, meta, device_kind, time_unit)
     missing = [name for name in schema.REQUIRED_TABLES if name not in tables]
     if missing:
         raise ValueError(f"cannot write a profile without tables: {', '.join(missing)}")
@@ -88,7 +97,7 @@ def write_profile(
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
             with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
-                _write_root_attrs(h5, meta, summary or {}, kind, command_line)
+                _write_root_attrs(h5, meta, summary or {}, kind, command_line, words)
                 strings = StringTable()
                 tables_group = h5.create_group(schema.TABLES_GROUP)
                 index_group = h5.create_group(schema.INDEX_GROUP)
@@ -157,9 +166,26 @@ def _torch_version() -> str:
         return ""
 
 
+def device_words(kind: str, meta: Mapping[str, Any], device_kind: str | None = None,
+                 time_unit: str | None = None) -> tuple[str, str]:
+    """The (device_kind, time_unit) a profile states: the given ones, else what its kind
+    and meta imply; ValueError naming a word outside the schema."""
+    implied = words_of(kind, meta)
+    device_kind = device_kind or implied[0]
+    time_unit = time_unit or implied[1]
+    if device_kind not in schema.DEVICE_KINDS:
+        raise ValueError(f"device_kind {device_kind!r} is not one of "
+                         f"{', '.join(schema.DEVICE_KINDS)}")
+    if time_unit not in schema.TIME_UNITS:
+        raise ValueError(f"time_unit {time_unit!r} is not one of {', '.join(schema.TIME_UNITS)}")
+    return device_kind, time_unit
+
+
 def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[str, Any],
-                      kind: str, command_line: str | None) -> None:
+                      kind: str, command_line: str | None, words: tuple[str, str]) -> None:
     torch_version = _torch_version()
+    # the words live in root attributes only (the reader adds them to `meta`)
+    meta = {k: v for k, v in meta.items() if k not in schema.WORD_ATTRS}
     texts = {
         "format": schema.FORMAT_NAME,
         "format_version": schema.FORMAT_VERSION,
@@ -170,6 +196,7 @@ def _write_root_attrs(h5: h5py.File, meta: Mapping[str, Any], summary: Mapping[s
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "meta": to_json(dict(meta, kind=kind)),
         "summary": to_json(dict(summary)),
+        **dict(zip(schema.WORD_ATTRS, words)),
     }
     for key, text in texts.items():
         put_text(h5, key, text)

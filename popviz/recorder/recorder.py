@@ -11,12 +11,14 @@ How each column is found (docs/recording.md has the user's view):
   the step before the model runs, `popviz.host_io()` scopes and reads back to the host.
 - tensors: one row per storage, identified by its StorageImpl and watched through a
   StorageWeakRef (which neither keeps the data alive nor lets the address be reused).
+
+One class holds the recording's state; the helpers it calls are plain functions that get
+the state they need passed in (scopes.py, owners.py, overloads.py, build.py).
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -28,47 +30,36 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from popviz.annotate import STATE
 from popviz.recorder import flops as _flops
-from popviz.recorder.build import CHECKPOINT, build_program
-from popviz.recorder.owners import _META_KEY, Owners
+from popviz.recorder.build import CHECKPOINT, all_params, build_tables, model_facts
+from popviz.recorder.dispatch import OpMode, progress_bar
+from popviz.recorder.overloads import FuncInfo, func_info
+from popviz.recorder.owners import (
+    latest_owner,
+    node_info,
+    node_is_accumulate,
+    owner_of,
+    stamp_pending,
+    state_owners,
+)
 from popviz.recorder.program import Program
-from popviz.recorder.scopes import ModuleScopes
-from popviz.recorder.tensors import Storage, dummy_scalar, mutated_args, shape_str, tensors_in
+from popviz.recorder.scopes import call_shape, layer_of, name_modules, pop_scope
+from popviz.recorder.tensors import (
+    Storage,
+    dummy_scalar,
+    read_inputs,
+    shape_str,
+    tensors_in,
+    write_outputs,
+)
 
-aten = torch.ops.aten
-_SCALAR_READ = aten._local_scalar_dense.default
+_SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 _HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
-# record_function markers and tensor-metadata queries (fake tensors answer `.device`,
-# `.is_contiguous()` ... through dispatch): not work, and absent from real runs
-_NOT_WORK = {"profiler", "prim"}
-_METADATA_QUERIES = {
-    aten.is_contiguous.default, aten.is_contiguous.memory_format,
-    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
-    aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default,
-    aten.storage_offset.default, aten.sym_storage_offset.default, aten.numel.default,
-    aten.sym_numel.default, aten.dim.default, aten.sym_is_contiguous.default,
-}
 
 
-class _Mode(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # no torch._disable_dynamo wrapper around every op (~5 us each): nothing compiles
-        # inside a recorded step
-        return False
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return self.recorder._on_op(func, args, kwargs or {})
-
-
-class Recorder(ModuleScopes, Owners):
+class Recorder:
     """Context manager around one step; `.program` holds the Program after a clean exit.
 
     `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
@@ -91,16 +82,15 @@ class Recorder(ModuleScopes, Owners):
         self.before_update: Callable[[], None] | None = None
         self._active = False
 
-    # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> Recorder:
         if self._active:
             raise RuntimeError("this Recorder is already recording")
         self._ops: list[list[Any]] = []
         self._storages: dict[int, Storage] = {}
         self._rows: list[Storage] = []
-        # id(overload) -> _func_info (keyed by id: an OpOverload hashes in Python, ~0.3 us;
+        # id(overload) -> func_info (keyed by id: an OpOverload hashes in Python, ~0.3 us;
         # the tuple holds the overload, so the id stays its own)
-        self._funcs: dict[int, tuple[str, str, str, bool, tuple[int, ...], bool, Any]] = {}
+        self._funcs: dict[int, FuncInfo] = {}
         self._shape_cache: dict[torch.Size, str] = {}
         self._dtype_cache: dict[torch.dtype, str] = {}
         self._layer_cache: dict[str, str] = {}
@@ -116,8 +106,8 @@ class Recorder(ModuleScopes, Owners):
         self._from_grads = False
         self._last_module = ""
         self._input_shape: list[int] | None = None
-        self._batch_dims: list[int] = []
-        self._call_counted = True
+        self._batch_dims: list[int] = []  # dim 0 of each call of the model in the step
+        self._call_counted = True  # the current call of the model has been counted
         self._root: torch.nn.Module | None = None
         self._layer_names: dict[str, str] = {}
         self._param_names: dict[int, str] = {}
@@ -129,7 +119,7 @@ class Recorder(ModuleScopes, Owners):
         if self.model is not None:
             self._adopt_root(self.model)
         STATE.reset()
-        self._bar = self._progress_bar()
+        self._bar = progress_bar(self.mode, self.progress)
         self._hooks = [
             register_module_forward_pre_hook(self._module_pre),
             register_module_forward_hook(self._module_post, always_call=True,
@@ -142,7 +132,7 @@ class Recorder(ModuleScopes, Owners):
         # runs full collections over torch's large heap during the step
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
-        self._mode = _Mode(self)
+        self._mode = OpMode(self._on_op)
         self._mode.__enter__()
         self._active = True
         return self
@@ -161,25 +151,24 @@ class Recorder(ModuleScopes, Owners):
                 self._bar.close()
         try:
             if exc_type is None:  # an interrupted step leaves no program (nor profile)
-                self._resolve_pending()
-                self.program = build_program(self)
+                stamp_pending(self._pending)
+                self.program = self._build()
             self._pending.clear()
         finally:
             if self._gc_was_enabled:
                 gc.enable()
 
-    def _progress_bar(self) -> Any:
-        if self.progress is False:
-            return None
-        try:
-            from tqdm import tqdm
-        except ImportError:  # pragma: no cover - tqdm is a dependency
-            return None
-        # disable=None: tqdm shows itself only on a terminal unless progress=True
-        return tqdm(desc=f"popviz {self.mode}", unit=" ops", file=sys.stderr,
-                    disable=None if self.progress is None else False, mininterval=0.5)
+    def _build(self) -> Program:
+        optimisers = [opt for opt in (ref() for ref in self._optimisers) if opt is not None]
+        params = all_params(self._params, self._param_names, optimisers)
+        root = self._root
+        buffers = [b for _, b in root.named_buffers()] if root is not None else []
+        ops, tensors = build_tables(self._ops, self._storages, self._rows, params, buffers,
+                                    optimisers, self._register_existing)
+        model = model_facts(ops, params, root, self.name, self._batch_dims, self._input_shape,
+                            self.model_info)
+        return Program(ops=ops, tensors=tensors, model=model, mode=self.mode)
 
-    # ---------------------------------------------------------------- optimiser
     def _optimiser_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth += 1
         if self.before_update is not None:
@@ -189,22 +178,13 @@ class Recorder(ModuleScopes, Owners):
             self._optimisers.append(weakref.ref(opt))
         # state from an earlier step (momentum, Adam moments, step counts) belongs to its
         # parameter's module, so the updates that read only the state go with it too
-        storages = self._storages
-        for p, state in opt.state.items():
-            owner = storages.get(p.untyped_storage()._cdata) if isinstance(p, torch.Tensor) \
-                else None
-            if owner is None or not owner.module:
-                continue
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and \
-                        value.untyped_storage()._cdata not in storages:
-                    rec = self._register_existing(value)
-                    rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
+        for value, owner in state_owners(opt, self._storages):
+            rec = self._register_existing(value)
+            rec.module, rec.layer, rec.block = owner.module, owner.layer, owner.block
 
     def _optimiser_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_depth = max(0, self._opt_depth - 1)
 
-    # ---------------------------------------------------------------- checkpoints
     def _mark_checkpoint(self, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
             return
@@ -212,22 +192,10 @@ class Recorder(ModuleScopes, Owners):
         if rec is not None and rec.writer >= 0:  # an in-place result: its last writer
             self._ops[rec.writer][CHECKPOINT] = True
 
-    # ---------------------------------------------------------------- ops
-    def _resolve_pending(self) -> None:
-        """Stamp module/layer/block into the autograd nodes of recent forward outputs
-        (autograd attaches grad_fn only after the dispatch mode returns)."""
-        for ref, info in self._pending:
-            t = ref()
-            if t is not None:
-                node = t.grad_fn
-                if node is not None:
-                    node.metadata[_META_KEY] = info
-        self._pending.clear()
-
     def _on_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         info = self._funcs.get(id(func))
         if info is None:
-            info = self._func_info(func)
+            info = self._funcs[id(func)] = func_info(func)
         if info[5]:  # not work
             return func(*args, **kwargs)
         if self._timed:
@@ -243,12 +211,12 @@ class Recorder(ModuleScopes, Owners):
         if self._count_bookkeeping:
             start = time.thread_time_ns()  # CPU time: steady when other jobs share cores
             if self._pending:
-                self._resolve_pending()
+                stamp_pending(self._pending)
             self._record(func, info, args, kwargs, out, host_ns)
             self.bookkeeping_ns += time.thread_time_ns() - start
         else:
             if self._pending:
-                self._resolve_pending()
+                stamp_pending(self._pending)
             self._record(func, info, args, kwargs, out, host_ns)
         return out
 
@@ -257,11 +225,11 @@ class Recorder(ModuleScopes, Owners):
         """(phase, module, block) of the op being recorded."""
         stack = self._mod_stack
         if self._opt_depth:
-            module = self._owner_of(inputs)
+            module = owner_of(self._storages, inputs)
             return "optimiser", module, self._module_block.get(module, "")
         if torch._C._current_graph_task_id() != -1:
             self._backward_seen = True
-            info = self._node_info()
+            info = node_info(self._storages)
             # the engine re-running a forward (checkpointing): grad mode is on, or a module
             # is running (a custom Function's forward turns grad mode off)
             if stack or torch.is_grad_enabled():
@@ -278,32 +246,20 @@ class Recorder(ModuleScopes, Owners):
                 return "host_io", "", STATE.current_block()
             if self._backward_seen and any(
                     t.untyped_storage()._cdata in self._grad_cds for t in inputs):
-                module = self._owner_of(inputs)  # e.g. gradient clipping before step()
+                module = owner_of(self._storages, inputs)  # e.g. clipping before step()
                 self._from_grads = True
                 return "optimiser", module, self._module_block.get(module, "")
         if not module and not STATE.block_stack:
             # outside every module, or in the root's own code (a loss), and not placed by a
             # Block scope: with the module that wrote its input
             # (else with the op before it: labels reshaped for the loss, decoder inputs)
-            module = self._latest_owner(inputs) or self._last_module
+            module = latest_owner(self._storages, inputs) or self._last_module
         else:
             self._last_module = module
         block = STATE.current_block()
         if module not in self._module_block:
             self._module_block[module] = block
         return "forward", module, block
-
-    def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...], bool, Any]:
-        """(kind, packet name, overload name, is a view, mutated args, not work, the
-        overload), once per overload: `_on_op` looks in the cache first."""
-        if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
-            info = ("", "", "", False, (), True, func)
-        else:
-            kind = _flops.kind_of(func)
-            info = (kind, func._overloadpacket.__name__, str(func),
-                    kind == "data_movement" and func.is_view, mutated_args(func), False, func)
-        self._funcs[id(func)] = info
-        return info
 
     def _shape(self, shape: torch.Size) -> str:
         text = self._shape_cache.get(shape)
@@ -328,53 +284,24 @@ class Recorder(ModuleScopes, Owners):
         outputs = tensors_in(out if isinstance(out, (tuple, list)) else (out,))
         self._from_grads = False
         phase, module, block = self._phase_and_owner(func, name, inputs)
-        layer = self._layer_of(module)
+        layer = layer_of(module, self._layer_names, self._layer_cache)
         storages = self._storages
         in_shapes = [t.shape for t in inputs]
         out_shapes = [t.shape for t in outputs]
-        bytes_read = bytes_written = 0
-        dtype = None
-        read: list[str] = []
-        written: list[str] = []
+        owner = (module, layer, block)
         # lift_fresh turns a constant made by torch.tensor(...) into a tensor: the output
         # is new in this step (fake mode copies it, real mode aliases it)
-        for t in inputs if name != "lift_fresh" else ():
-            rec = storages.get(t.untyped_storage()._cdata)
-            if rec is None:  # exists from before the step
-                rec = self._register_existing(t)
-            rec.last = op_id
-            read.append(rec.tid_str)
-            if rec.module is None:
-                rec.module, rec.layer, rec.block = module, layer, block
-            elif rec.block is None and phase == "forward":
-                rec.block = block
-            if not is_view:
-                bytes_read += t.nbytes
-            if dtype is None and t.dtype.is_floating_point:
-                dtype = t.dtype
-        grad_owner = phase == "backward" and self._node_is_accumulate()
+        read, bytes_read, dtype = read_inputs(
+            inputs if name != "lift_fresh" else [], storages, self._register_existing, op_id,
+            owner, phase == "forward", is_view)
+        grad_owner = phase == "backward" and node_is_accumulate()
         if name == "native_batch_norm" and len(args) > 5 and args[5]:
             mutated = (3, 4)  # running stats, updated in training but not annotated so
         if mutated:  # written in place without being returned
             outputs = [*outputs, *tensors_in(args[i] for i in mutated if i < len(args))]
-        for t in outputs:
-            storage = t.untyped_storage()
-            cd = storage._cdata
-            rec = storages.get(cd)
-            if rec is None:
-                rec = Storage(len(self._rows), t, storage, op_id, module, layer, block,
-                               self._shape(t.shape))
-                storages[cd] = rec
-                self._rows.append(rec)
-            else:
-                rec.last = op_id
-                if not is_view:
-                    rec.writer = op_id
-            written.append(rec.tid_str)
-            if grad_owner or self._from_grads:
-                self._grad_cds.add(cd)
-            if not is_view:
-                bytes_written += t.nbytes
+        written, bytes_written = write_outputs(
+            outputs, storages, self._rows, op_id, owner, is_view, self._shape,
+            self._grad_cds if grad_owner or self._from_grads else None)
         if dtype is None:
             source = inputs or outputs
             dtype = source[0].dtype if source else None
@@ -395,6 +322,77 @@ class Recorder(ModuleScopes, Owners):
         # also with grad mode off: a custom Function's forward, whose output gets its node
         # (the Function's backward) once apply returns
         if outputs and phase in ("forward", "recompute"):
-            self._pending.append((weakref.ref(outputs[0]), (module, layer, block)))
+            self._pending.append((weakref.ref(outputs[0]), owner))
         if self._bar is not None and op_id % 256 == 255:
             self._bar.update(256)
+
+    def _adopt_root(self, model: torch.nn.Module) -> None:
+        self._root = model
+        self._layer_names = name_modules(model, self._paths, self._param_names, self._params)
+        # parameters, buffers and existing gradients exist before the step: rows up front
+        for t in [*model.parameters(), *model.buffers()]:
+            self._register_existing(t)
+        for p in self._params:
+            if p.grad is not None:
+                rec = self._register_existing(p.grad)
+                self._grad_cds.add(p.grad.untyped_storage()._cdata)
+                rec.module, rec.layer = None, None
+
+    def _register_existing(self, t: torch.Tensor) -> Storage:
+        """The row of a tensor that exists from before the step (made on first sight)."""
+        storage = t.untyped_storage()
+        cd = storage._cdata
+        rec = self._storages.get(cd)
+        if rec is None:
+            rec = Storage(len(self._rows), t, storage, -1, None, None, None)
+            name = self._param_names.get(cd)
+            if name is not None:
+                rec.name = name
+                rec.module = name.rpartition(".")[0]
+                rec.layer = layer_of(rec.module, self._layer_names, self._layer_cache)
+            self._storages[cd] = rec
+            self._rows.append(rec)
+        return rec
+
+    def _path_of(self, mod: torch.nn.Module) -> str:
+        path = self._paths.get(id(mod))
+        if path is None:
+            if self._root is None and not self._mod_stack:
+                self._adopt_root(mod)  # no model given: the first module called is the model
+                return ""
+            parent = self._mod_stack[-1] if self._mod_stack else ""
+            path = f"{parent}.{type(mod).__name__}" if parent else type(mod).__name__
+            self._paths[id(mod)] = path
+        return path
+
+    def _module_pre(self, mod: torch.nn.Module, args: Any) -> None:
+        path = self._path_of(mod)
+        if path == "" and mod is self._root and torch._C._current_graph_task_id() == -1:
+            STATE.begin_block = ""  # a new forward pass: BeginBlock marks start over
+            # a call of the model outside backward (so not a checkpoint's re-run): its
+            # batch is dim 0 of its first tensor argument, here or (keywords) at its end
+            self._call_counted = self._count_call(tensors_in(args))
+            self._forward_started = True
+        self._mod_stack.append(path)
+
+    def _count_call(self, tensors: Any) -> bool:
+        """Add one model call's batch to the step's micro-batch (two calls of 4 in one
+        step, gradient accumulation in the step, are 8 samples of forward and backward
+        work); the first call's input shape is kept as `input_shape`."""
+        shape = call_shape(tensors)
+        if shape is None:
+            return False
+        if self._input_shape is None:
+            self._input_shape = shape
+        self._batch_dims.append(shape[0])
+        return True
+
+    def _module_post(self, mod: torch.nn.Module, args: Any, *rest: Any) -> None:
+        # (kwargs, out) normally; (out,) when torch runs it after an exception
+        path = self._paths.get(id(mod))
+        if path == "" and not self._call_counted and len(rest) == 2 and rest[0] \
+                and mod is self._root and torch._C._current_graph_task_id() == -1:
+            # model(input_ids=..., labels=...): the batch from the keyword arguments
+            self._call_counted = self._count_call(tensors_in(rest[0].values()))
+        pop_scope(self._mod_stack, path)
+

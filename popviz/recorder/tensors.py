@@ -1,7 +1,9 @@
-"""Small helpers of the recorder: the per-storage record and argument inspection."""
+"""Small helpers of the recorder: the per-storage record, the hot path's reads and writes
+of it (state passed in by the Recorder), and argument inspection."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +31,63 @@ class Storage:
         # None = not known yet; set by the first op that reads it
         self.module, self.layer, self.block = module, layer, block
         self.name = ""
+
+
+Owner = tuple[str, str, str]  # (module, layer, block) of the op being recorded
+
+
+def read_inputs(inputs: list[torch.Tensor], storages: dict[int, Storage],
+                register: Callable[[torch.Tensor], Storage], op_id: int, owner: Owner,
+                forward: bool, is_view: bool) -> tuple[list[str], int, torch.dtype | None]:
+    """An op reads `inputs`: their rows' last use and first owner; returns the tensor ids
+    read, the bytes read (none through a view) and the first floating dtype."""
+    bytes_read = 0
+    dtype = None
+    read: list[str] = []
+    for t in inputs:
+        rec = storages.get(t.untyped_storage()._cdata)
+        if rec is None:  # exists from before the step
+            rec = register(t)
+        rec.last = op_id
+        read.append(rec.tid_str)
+        if rec.module is None:
+            rec.module, rec.layer, rec.block = owner
+        elif rec.block is None and forward:
+            rec.block = owner[2]
+        if not is_view:
+            bytes_read += t.nbytes
+        if dtype is None and t.dtype.is_floating_point:
+            dtype = t.dtype
+    return read, bytes_read, dtype
+
+
+def write_outputs(outputs: list[torch.Tensor], storages: dict[int, Storage],
+                  rows: list[Storage], op_id: int, owner: Owner, is_view: bool,
+                  shape: Callable[[torch.Size], str], grads: set[int] | None
+                  ) -> tuple[list[str], int]:
+    """An op writes `outputs`: new rows, or the last use and writer of existing ones (a view
+    writes nothing); `grads`, when given, collects their storages. Returns the tensor ids
+    written and the bytes written."""
+    bytes_written = 0
+    written: list[str] = []
+    for t in outputs:
+        storage = t.untyped_storage()
+        cd = storage._cdata
+        rec = storages.get(cd)
+        if rec is None:
+            rec = Storage(len(rows), t, storage, op_id, *owner, shape(t.shape))
+            storages[cd] = rec
+            rows.append(rec)
+        else:
+            rec.last = op_id
+            if not is_view:
+                rec.writer = op_id
+        written.append(rec.tid_str)
+        if grads is not None:
+            grads.add(cd)
+        if not is_view:
+            bytes_written += t.nbytes
+    return written, bytes_written
 
 
 def shape_str(shape: Any) -> str:

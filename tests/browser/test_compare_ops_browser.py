@@ -14,7 +14,7 @@ import pytest
 
 import popviz
 from popviz.analysis.compare import compare
-from popviz.analysis.compare_ops import GROUP_BY, compare_ops
+from popviz.analysis.compare.ops import GROUP_BY, compare_ops
 from popviz.figures.compare_ops import time_unit
 
 from .conftest import SCREENSHOTS

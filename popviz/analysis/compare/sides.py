@@ -25,7 +25,7 @@ from popviz.metrics import (
     stash,
     stash_per_ipu,
 )
-from popviz.vocab import ipu_label, is_measured
+from popviz.vocab import ipu_label, is_measured, profile_words
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
 TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
@@ -43,7 +43,7 @@ ANCHORS: dict[str, tuple[str, ...]] = {"backward": ("backward", "recompute"),
 class Side:
     label: str                    # "A" or "B"
     facts: dict[str, Any]         # descriptive: name, kind, target, options, fits, ...
-    metrics: dict[str, float]     # headline numbers (compare.METRICS)
+    metrics: dict[str, float]     # headline numbers (build.METRICS)
     time_per_sample: pd.Series    # category -> IPU-us per sample
     op_classes: pd.Series         # (op_class, phase) -> us per sample
     ipus: pd.DataFrame            # index ipu: compute_ms, exchange_ms, idle_ms, peak_bytes, ...
@@ -250,7 +250,9 @@ def load_side(profile: Any, label: str) -> Side:
         "model_from_file": bool((meta.get("measure") or {}).get("imported")),
         "target": str(target.get("name", "")), "clock_hz": _num(target.get("clock_hz")),
         "family": str(target.get("family") or "ipu"),
-        "time_unit": unit, "num_ipus": num_ipus, "replicas": replicas,
+        # the words the profile states (what `ipu` counts, what its times hold)
+        **dict(zip(("device_kind", "time_unit"), profile_words(profile))),
+        "num_ipus": num_ipus, "replicas": replicas,
         "total_ipus": total_ipus, "ipu_capacity_bytes": capacity,
         "capacity_name": "device memory" if gpu_memory else "IPU capacity", "fits": fits,
         "oom_tiles": int(n_oom),

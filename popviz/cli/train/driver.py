@@ -1,6 +1,7 @@
-"""The four kinds of train.py run: tutorial, CNN training, CNN inference benchmark, plan.
+"""The four kinds of `popviz train` (train.py) run: tutorial, CNN training, CNN inference
+benchmark, plan.
 
-train.py parses and checks the flags and builds Options; these functions train for real,
+flags.py parses and checks the flags and builds Options; these functions train for real,
 record one step with `popviz.record` and print one summary line per run.
 """
 

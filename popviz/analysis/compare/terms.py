@@ -38,7 +38,7 @@ def unequal_terms(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def on_equal_terms(verdict: dict[str, Any], a: dict[str, Any],
                    b: dict[str, Any]) -> dict[str, Any]:
-    """`verdict` (compare_verdict.verdict) with `terms` (what differs) added. When both fit
+    """`verdict` (verdict.verdict) with `terms` (what differs) added. When both fit
     and the terms differ, the headline says so first and the winner stands only if
     per-sample figures decide it (a factor of at least DECISIVE, same kind); when only
     one fits (or neither), fitting decides as before."""

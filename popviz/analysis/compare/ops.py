@@ -6,9 +6,9 @@ device trace (each kernel or action of kind compute, exchange or host I/O, in ns
 the host op that launched it where the import knows it). Rows are grouped by a key the user
 picks (op type, op class, module path cut to a depth, pass) and aligned A vs B.
 
-Normalisation reuses the comparison's own facts (compare_sides.load_side: micro-batch,
+Normalisation reuses the comparison's own facts (sides.load_side: micro-batch,
 gradient accumulation, replicas, samples per step): an op of a per-sample phase runs once
-per micro-batch, an optimiser op once per weight update (compare_sides.PER_SAMPLE_PHASES,
+per micro-batch, an optimiser op once per weight update (sides.PER_SAMPLE_PHASES,
 as `Comparison.op_classes`); "per sample" divides a replica's step by its samples.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.compare_sides import PER_SAMPLE_PHASES, seconds_per_unit
+from popviz.analysis.compare.sides import PER_SAMPLE_PHASES, seconds_per_unit
 from popviz.jsonsafe import jsonable
 from popviz.vocab import is_measured
 
@@ -90,7 +90,7 @@ def _text(frame: pd.DataFrame, name: str, default: str = "") -> pd.Series:
 
 def _side_facts(comp: Any, side: str) -> tuple[float, float, float]:
     """(samples per replica step, micro-batch, gradient accumulation) from the
-    comparison's own facts and metrics (compare_sides.load_side made them)."""
+    comparison's own facts and metrics (sides.load_side made them)."""
     facts = comp.sides.set_index("side").loc[side]
     metrics = comp.metrics.set_index("metric")[side.lower()]
     replicas = float(facts.get("replicas") or 1)

@@ -12,84 +12,21 @@ The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.compare_sides import (
+from popviz.analysis.compare.sides import (
     TIME_CATEGORIES,
     Side,
     load_side,
     normalised_liveness,
 )
-from popviz.jsonsafe import jsonable as _plain
+from popviz.analysis.compare.table import DELTA_COLUMNS, Comparison, deltas
+from popviz.analysis.compare.verdict import verdict
 from popviz.vocab import Naming, naming_of
-
-DELTA_COLUMNS = ["a", "b", "delta", "ratio"]
-TIE = 0.02  # speeds within 2% are "about the same"
-
-
-@dataclass
-class Comparison:
-    """Aligned tables of two profiles, A and B, and the verdict.
-
-    Delta frames share the columns `a, b, delta (= b - a), ratio (= b / a, NaN if a == 0)`;
-    a figure missing on one side is NaN there (and so are its delta and ratio)."""
-
-    sides: pd.DataFrame        # one row per side: name, kind, target, IPUs, options, fits
-    metrics: pd.DataFrame      # metric, unit, better ('higher'|'lower'|''), a, b, delta, ratio
-    time_per_sample: pd.DataFrame  # category, unit (us), a, b, delta, ratio, share_of_delta
-    ipus: pd.DataFrame         # ipu, metric, unit, a, b, delta, ratio
-    stages: pd.DataFrame       # stage, metric, unit, a, b, delta, ratio
-    op_classes: pd.DataFrame   # op_class, phase, unit (us per sample), a, b, delta, ratio
-    liveness: pd.DataFrame     # side, ipu, step, x (0..1 progress), phase, *_bytes
-    tiles: pd.DataFrame        # side, ipu, tile, total_bytes, capacity_bytes, utilisation
-    phase_x: dict[str, float] = field(default_factory=dict)  # anchor phase -> common x
-    verdict: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe facts (what `popviz compare --json` prints); big curves left out."""
-        def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-            clean = frame.astype(object).where(frame.notna(), None)
-            return [{k: _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
-        return {"sides": rows(self.sides), "metrics": rows(self.metrics),
-                "time_per_sample": rows(self.time_per_sample), "ipus": rows(self.ipus),
-                "stages": rows(self.stages), "op_classes": rows(self.op_classes),
-                "liveness_phase_x": _plain(self.phase_x), "verdict": _plain(self.verdict)}
-
-
-def format_value(value: Any, unit: str) -> str:
-    """A figure of a delta frame as text, in its unit ('-' when absent)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    value = float(value)
-    if unit == "bytes":
-        for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(value) >= size:
-                return f"{value / size:,.1f} {name}"
-        return f"{value:,.0f} B"
-    if unit.startswith("fraction"):
-        return f"{value:.1%}"
-    if abs(value) >= 100 or value.is_integer():
-        return f"{value:,.0f}"
-    return f"{value:,.3g}" if abs(value) < 1 else f"{value:,.2f}"
-
-
-def format_ratio(value: Any) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else f"{float(value):.2f}x"
-
-
-def deltas(a: pd.Series, b: pd.Series) -> pd.DataFrame:
-    """Outer-aligned a, b, delta = b - a and ratio = b / a (NaN where a is 0 or missing)."""
-    frame = pd.concat([a.rename("a"), b.rename("b")], axis=1).astype(float)
-    frame["delta"] = frame["b"] - frame["a"]
-    frame["ratio"] = frame["b"] / frame["a"].where(frame["a"] != 0)
-    return frame
 
 
 def _long(keys: list[str], units: dict[str, tuple[str, str]], a: pd.DataFrame,
@@ -164,7 +101,7 @@ def device_units(sa: Side, sb: Side) -> dict[str, str]:
 
 
 def build(sa: Side, sb: Side) -> Comparison:
-    """The comparison of two loaded sides (see compare_sides.load_side)."""
+    """The comparison of two loaded sides (see sides.load_side)."""
     metrics = deltas(pd.Series(sa.metrics, dtype=float), pd.Series(sb.metrics, dtype=float))
     metrics = metrics.reindex([m for m in METRICS if m in metrics.index])
     metrics = metrics.dropna(how="all", subset=["a", "b"])
@@ -205,9 +142,8 @@ def build(sa: Side, sb: Side) -> Comparison:
         stages=_long(["stage"], STAGE_METRICS, sa.stages, sb.stages),
         op_classes=ops.reset_index(drop=True), liveness=liveness, tiles=tiles,
         phase_x=phase_x)
-    from popviz.analysis.compare_verdict import verdict
     comp.verdict = verdict(comp, sa, sb)
     return comp
 
 
-__all__ = ["Comparison", "build", "compare", "deltas", "format_ratio", "format_value"]
+__all__ = ["IPU_METRICS", "METRICS", "STAGE_METRICS", "build", "compare", "device_units"]

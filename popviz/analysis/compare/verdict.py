@@ -7,15 +7,13 @@ text and the delta tables always agree.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from popviz.analysis.compare_sides import Side
-from popviz.analysis.compare_terms import on_equal_terms, shown
+from popviz.analysis.compare.sides import Side
+from popviz.analysis.compare.table import Comparison
+from popviz.analysis.compare.terms import on_equal_terms, shown
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, is_measured, naming_of, rank_label
-
-if TYPE_CHECKING:
-    from popviz.analysis.compare import Comparison
 
 TIE = 0.02  # throughputs within 2% are "about the same"
 WHY = {
