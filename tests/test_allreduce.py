@@ -62,8 +62,8 @@ def test_the_mk1_bandwidth_microbenchmark_is_a_32_bit_loop_on_the_model_figures(
 
 def test_a_compile_spanning_two_racks_pays_the_gateway_stage() -> None:
     from popviz.compiler import compile
-    from popviz.compiler.synthetic import synthetic_program
     from popviz.options import Options
+    from popviz.testing.programs import synthetic_program
 
     program = synthetic_program(layers=8, batch=4)
     runs = {r: compile(program, Options(target="bow", gradient_accumulation=2,
