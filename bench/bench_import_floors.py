@@ -56,8 +56,8 @@ def floors(files: list[Path], rounds: int) -> dict[str, float]:
 
 def phases(files: list[Path]) -> dict[str, float]:
     from popviz.format.writer import write_profile
-    from popviz.measure import import_rank, importer
-    from popviz.measure import tables as tbl
+    from popviz.ingest import import_rank, importer
+    from popviz.ingest import tables as tbl
 
     out: dict[str, float] = {"parse (kineto.read_trace)": 0.0}
     read_trace = import_rank.read_trace

@@ -17,9 +17,9 @@ import pytest
 import popviz
 from popviz.analysis.balance import profile_stages
 from popviz.cli.main import main
-from popviz.measure import kineto, kineto_fast
-from popviz.measure.import_rank import RankPart
-from popviz.measure.import_schedule import schedule_name
+from popviz.ingest import kineto, kineto_fast
+from popviz.ingest.import_rank import RankPart
+from popviz.ingest.import_schedule import schedule_name
 from popviz.metrics import rank_time
 from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, snapshot_inside_trace
 from tests.import_fixtures import trace_events as _events

@@ -12,7 +12,7 @@ import pytest
 
 import popviz
 from popviz.cli.main import main
-from popviz.measure import tables
+from popviz.ingest import tables
 from popviz.measure.runner import MeasureConfig, measure
 from popviz.measure.split import check_splits, default_splits
 

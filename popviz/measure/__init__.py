@@ -3,7 +3,6 @@
     python -m popviz.measure --model tutorial --ranks 2 --microbatches 4 \
         --schedule 1F1B --profile-dir DIR          # DIR/rank{r}/profile.h5
     popviz merge DIR --out DIR_merged              # one profile, ipu = rank
-    popviz import rank*.json.gz --to DIR           # torch.profiler traces (docs/import.md)
 
 API: `measure(MeasureConfig(...))`, `merge_profiles(inputs, out)`. Names load lazily so
 `import popviz.measure` does not import torch. See docs/measure.md.
@@ -19,7 +18,7 @@ _LAZY = {
     "measure": "popviz.measure.runner",
     "run_rank": "popviz.measure.runner",
     "merge_profiles": "popviz.measure.merge",
-    "import_trace": "popviz.measure.importer",
+    "import_trace": "popviz.ingest.importer",
     "Probe": "popviz.measure.probe",
 }
 

@@ -249,7 +249,7 @@ def _write_rank(config: MeasureConfig, rank: int, world: int, probe: Any, origin
     import torch.distributed as dist
 
     from popviz.format.writer import write_profile
-    from popviz.measure import tables
+    from popviz.ingest import tables
 
     p2p_mine = tables.to_common(probe.p2p, origin, ("post", "post_end", "wait_start", "wait_end"))
     everyone: list[Any] = [None] * world

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from popviz.measure.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
 PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import kineto_events as kev
-from popviz.measure import memsnap
-from popviz.measure.import_limits import MAX_MEMORY_BYTES
-from popviz.measure.kineto import read_trace
-from popviz.measure.kineto_ops import op_classes, ops_table
+from popviz.ingest import kineto_events as kev
+from popviz.ingest import memsnap
+from popviz.ingest.import_limits import MAX_MEMORY_BYTES
+from popviz.ingest.kineto import read_trace
+from popviz.ingest.kineto_ops import op_classes, ops_table
 
 PathLike = str | os.PathLike[str]
 

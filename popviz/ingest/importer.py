@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import kineto_events as kev
-from popviz.measure import tables as tbl
-from popviz.measure.import_checks import check_tables, clean_text
-from popviz.measure.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
-from popviz.measure.import_schedule import micro_batch_size, schedule_name
+from popviz.ingest import kineto_events as kev
+from popviz.ingest import tables as tbl
+from popviz.ingest.import_checks import check_tables, clean_text
+from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
+from popviz.ingest.import_schedule import micro_batch_size, schedule_name
 
 PathLike = str | os.PathLike[str]
 

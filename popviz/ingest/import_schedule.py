@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import re
 
-from popviz.measure.import_rank import RankPart
-from popviz.measure.kineto_events import PP_ACTION, SINGLE_STAGE
+from popviz.ingest.import_rank import RankPart
+from popviz.ingest.kineto_events import PP_ACTION, SINGLE_STAGE
 
 BATCH_SECOND = re.compile(r"^aten::embedding")  # (weight, indices, ...)
 
