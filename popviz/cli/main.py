@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = [
     "popviz.cli.export",
     "popviz.cli.merge",
     "popviz.cli.import_",
+    "popviz.cli.measure",
 ]
 
 

@@ -9,17 +9,24 @@ import sys
 
 from popviz.measure.split import SCHEDULE_NAMES
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m popviz.measure",
-        description="Train a popviz reference model for a few real steps as a pipeline on "
+DESCRIPTION = ("Train a popviz reference model for a few real steps as a pipeline on "
         "torch.distributed.pipelining (one process per stage, gloo on CPU) under "
         "torch.profiler: every rank saves its trace as PROFILE_DIR/traces/rank{r}.json and "
         "hands its tables to rank 0 over the job's process group, which writes "
         "PROFILE_DIR/profile.h5 (kind measured, times in ns). Under torchrun (one node or "
-        "several) this process is one rank.",
-        epilog="Then `popviz serve PROFILE_DIR`. Docs: docs/measure.md.")
+        "several) this process is one rank.")
+EPILOG = "Then `popviz serve PROFILE_DIR`. Docs: docs/measure.md (Slurm: srun + torchrun)."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m popviz.measure", description=DESCRIPTION,
+                                     epilog=EPILOG)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `python -m popviz.measure`, also those of `popviz measure`."""
     parser.add_argument("--model", default="tutorial",
                         choices=["tutorial", "resnet", "resnext", "efficientnet"])
     parser.add_argument("--model-size", type=int, default=None,
@@ -55,11 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "PROFILE_DIR/traces/rank{r}.json (on its own host)")
     parser.add_argument("--out", "--merge", default=None, metavar="OUT", dest="out",
                         help="write the profile at OUT instead (a .h5 or a directory)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return run(args, ["python", "-m", "popviz.measure",
+                      *(sys.argv[1:] if argv is None else argv)])
+
+
+def run(args: argparse.Namespace, command: list[str]) -> int:
+    """Measure as the parsed flags say; 2 with one line for an error a user can cause."""
     from popviz.measure.runner import MeasureConfig, measure
 
     config = MeasureConfig(
@@ -69,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup, profile_dir=args.profile_dir, image_size=args.image_size,
         num_classes=args.num_classes, seed=args.seed, learning_rate=args.learning_rate,
         backend=args.backend, threads=args.threads, out=args.out,
-        command_line=shlex.join(["python", "-m", "popviz.measure",
-                                 *(sys.argv[1:] if argv is None else argv)]))
+        command_line=shlex.join(command))
     try:
         paths = measure(config)
     except ValueError as exc:
