@@ -357,3 +357,28 @@ def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Pa
                         "--pipeline", "--pipeline-splits", "b3/0", "--pipeline-schedule",
                         "Sequential", "--measure"]) == 2
     assert "Sequential has no torch.distributed.pipelining schedule" in _one_error(capsys)
+
+
+def test_record_in_one_process_with_a_fake_clock(tmp_path: Path) -> None:
+    """Without a process group `record` times the one process: its clock is read once per
+    round (no barrier to wait at) and the profile is written from the saved trace."""
+    import torch
+
+    from popviz.measure.live import record
+
+    fake = FakeClock(10**18)
+    model = torch.nn.Linear(8, 8)
+    with record(tmp_path / "one", clock=fake, command_line="test") as rec:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            rec.step()
+    assert fake.now == 10**18 + 5 * 1_000  # five rounds of readings
+    assert rec.profile_path == tmp_path / "one" / "profile.h5"
+    assert rec.trace_path == tmp_path / "one" / "traces" / "rank0.json"
+    with popviz.open(rec.profile_path) as p:
+        assert p.meta["measure"]["ranks"] == [0] and p.meta["measure"]["live"]
+        assert p.meta["measure"]["clock_sync"] == {"offsets_ns": {"0": 0}, "spread_ns": 0,
+                                                   "rounds": 5, "one_host": True}
+        compute = p.trace[p.trace["kind"] == "compute"]
+        assert sorted(compute["step"].unique()) == [0, 1]  # one per rec.step()
+        assert p.table("p2p").empty and p.command_line == "test"
