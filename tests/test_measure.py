@@ -382,3 +382,22 @@ def test_record_in_one_process_with_a_fake_clock(tmp_path: Path) -> None:
         compute = p.trace[p.trace["kind"] == "compute"]
         assert sorted(compute["step"].unique()) == [0, 1]  # one per rec.step()
         assert p.table("p2p").empty and p.command_line == "test"
+
+
+def test_a_trace_that_cannot_be_read_is_one_error_and_no_profile(tmp_path: Path,
+                                                                 monkeypatch: Any) -> None:
+    import torch
+
+    from popviz.errors import ProfileError
+    from popviz.ingest import import_rank
+    from popviz.measure.live import record
+
+    def unreadable(path: Any) -> Any:
+        raise ProfileError(f"{path}: cannot import it (test)")
+
+    monkeypatch.setattr(import_rank, "rank_part", unreadable)
+    with pytest.raises(ProfileError, match=r"rank0\.json: cannot import it \(test\)"), \
+            record(tmp_path / "bad", clock=FakeClock(0)) as rec:
+        torch.nn.Linear(4, 4)(torch.ones(2, 4)).sum().backward()
+        rec.step()
+    assert not (tmp_path / "bad" / "profile.h5").exists()

@@ -101,14 +101,17 @@ def record(profile_dir: str | Path = "measured", *, group: Any = None, rounds: i
     there (or at `out`: a .h5 path or a directory). Each rank saves its trace as
     `profile_dir/traces/rank{r}.json` on its own host. `clock` is the wall clock
     torch.profiler stamps events with (a test passes a fake one); `adjust(tables, meta,
-    extras)` lets the caller add what it knows (rank 0)."""
+    extras)` lets the caller add what it knows (rank 0). An exception inside the block
+    leaves it on that rank without gathering: the other ranks then wait in the gather
+    until the process group's timeout, as they would in any collective."""
     dist, rank, world = _dist(group)
     rec = LiveRecording(Path(profile_dir), rank, world, out=Path(out or profile_dir))
     readings = clock_readings(dist, group, rounds, clock)
     with profiler() as prof:
         rec.prof = prof
         yield rec
-    rec.trace_path = rec.profile_dir / "traces" / f"rank{rank}.json"
+    mine = dist.get_rank() if dist is not None else 0  # the job's rank, as the trace says
+    rec.trace_path = rec.profile_dir / "traces" / f"rank{mine}.json"
     rec.trace_path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(rec.trace_path))
     rec.profile_path = hand_over(rec, readings, dist, group, adjust=adjust,
@@ -131,13 +134,21 @@ def hand_over(rec: LiveRecording, readings: list[int], dist: Any, group: Any, *,
               write: bool = True) -> Path | None:
     """Every rank's payload to rank 0 over the job's process group; rank 0 merges and
     (with `write`) writes the profile. Returns its path on rank 0, None elsewhere."""
-    payload = rank_payload(rec, readings)
+    from popviz.errors import ProfileError
+
+    try:  # a trace this rank cannot read still takes part in the gather, as its error
+        payload = rank_payload(rec, readings)
+    except ProfileError as exc:
+        payload = {"error": str(exc)}
     if dist is None:
         payloads: list[Any] | None = [payload]
     else:
         payloads = [None] * rec.world if rec.rank == 0 else None
         dist.gather_object(payload, payloads, dst=_global_rank(dist, group, 0),
                            group=group)
+    failed = [p["error"] for p in payloads or [payload] if "error" in p]
+    if failed:  # every rank that read a bad trace says so; rank 0 names the first
+        raise ProfileError(failed[0])
     if rec.rank != 0:
         return None
     assert payloads is not None
