@@ -53,6 +53,7 @@ def test_one_profile_from_every_rank_and_a_trace_per_rank(runs: dict[str, Path])
         assert p.meta["target"] == {"name": "cpu-gloo", "num_ipus": 2, "tiles_per_ipu": 1,
                                     "bytes_per_tile": 0, "clock_hz": 1e9}
         assert p.meta["options"]["schedule"] == "1F1B"
+        assert p.meta["measure"]["schedule_seen"] is None  # Schedule1F1B annotates nothing
         assert p.meta["options"]["microbatches"] == MICROBATCHES
         assert p.meta["measure"]["clock_sync"]["one_host"] is True
         assert p.tile_memory.empty  # no tiles on a CPU rank (docs/measure.md)
@@ -148,6 +149,7 @@ def test_interleaved_stages_and_liveness(runs: dict[str, Path]) -> None:
         assert stages["stage"].tolist() == [0, 1, 2, 3]
         assert stages["ipu"].tolist() == [s % 2 for s in stages["stage"]]
         assert p.meta["options"]["schedule"] == "Interleaved1F1B"
+        assert p.meta["measure"]["schedule_seen"] == "Interleaved1F1B"  # its PP: actions
         compute = p.trace[p.trace["kind"] == "compute"]
         for stage in stages["stage"]:
             on = compute[(compute["stage"] == stage) & (compute["step"] == 0)]

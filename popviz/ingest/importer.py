@@ -27,7 +27,7 @@ from popviz.ingest import waits
 from popviz.ingest.clocks import align
 from popviz.ingest.import_checks import check_tables, clean_text
 from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
-from popviz.ingest.import_schedule import micro_batch_size, schedule_name
+from popviz.ingest.import_schedule import micro_batch_size, schedule_seen
 from popviz.ingest.p2p import match_p2p
 
 PathLike = str | os.PathLike[str]
@@ -195,7 +195,7 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})
     options = {"strategy": "pipelined" if len(stages) > 1 else "single",
-               "schedule": schedule_name(traces), "gradient_accumulation": max(1, mbs),
+               "schedule": schedule_seen(traces), "gradient_accumulation": max(1, mbs),
                "device_iterations": 1, "replication_factor": 1,
                "available_memory_proportion": None, "precision": None,
                "recomputation": False, "splits": [], "microbatches": max(1, mbs),

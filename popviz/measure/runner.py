@@ -65,7 +65,7 @@ class MeasureConfig:
         """Check what can be checked before any process starts; ValueError, one line."""
         from popviz import models
 
-        self.schedule = splitting.schedule_name(self.schedule)
+        self.schedule = splitting.canonical_schedule(self.schedule)
         self.model_size = models.check(self.model, self.model_size)
         for name in ("ranks", "microbatches", "micro_batch_size", "steps", "threads"):
             value = getattr(self, name)
@@ -202,6 +202,9 @@ def _adjust(config: MeasureConfig, pipe: RankPipeline, world: int) -> Any:
     def adjust(tables: dict[str, Any], meta: dict[str, Any],
                extras: list[dict[str, Any]]) -> None:
         ours = rank_meta(config, world, pipe.mine, pipe.model)
+        # the schedule that ran, by the name it was given; what its traces show beside it
+        # (None for Schedule1F1B, which annotates nothing)
+        meta["measure"]["schedule_seen"] = meta["options"].get("schedule")
         meta["options"].update(ours["options"])
         meta["model"] = ours["model"]
         meta["target"]["name"] = ours["target"]["name"]
