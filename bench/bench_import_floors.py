@@ -56,8 +56,8 @@ def floors(files: list[Path], rounds: int) -> dict[str, float]:
 
 def phases(files: list[Path]) -> dict[str, float]:
     from popviz.format.writer import write_profile
-    from popviz.measure import import_rank, importer
-    from popviz.measure import tables as tbl
+    from popviz.ingest import clocks, import_rank, importer
+    from popviz.ingest import tables as tbl
 
     out: dict[str, float] = {"parse (kineto.read_trace)": 0.0}
     read_trace = import_rank.read_trace
@@ -76,7 +76,7 @@ def phases(files: list[Path]) -> dict[str, float]:
     finally:
         import_rank.read_trace = read_trace
     t0 = time.perf_counter()
-    origin = importer.align(parts)
+    origin = clocks.align(parts)
     result, info = importer.import_tables(parts)
     out["merged tables (trace, stages, exchange, ops)"] = time.perf_counter() - t0
     t0 = time.perf_counter()

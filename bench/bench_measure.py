@@ -1,11 +1,11 @@
-"""Benchmark: what the measure probe costs a real 2-rank gloo pipeline step.
+"""Benchmark: what live measuring (torch.profiler) costs a real 2-rank gloo pipeline step.
 
     .venv/bin/python bench/bench_measure.py [--schedule 1F1B] [--steps 5] [--rounds 3]
     .venv/bin/python bench/bench_measure.py --p2p     # plain gloo posting cost, no popviz
 
 Both ranks run blocks of `--steps` training steps of the tutorial CNN, alternately without
-the probe and with it recording (timers, P2P tagging, saved-tensor hooks, liveness
-snapshots); rank 0 times each block between barriers. Prints the median step time of each
+and under the torch.profiler that `popviz.measure.record` runs (ops, shapes, memory
+events); rank 0 times each block between barriers. Prints the median step time of each
 and their ratio (target: <= 1.15; the machine's other load moves both).
 """
 
@@ -26,34 +26,33 @@ from popviz.measure.runner import MeasureConfig, build_rank, free_port
 def _rank(rank: int, config: MeasureConfig, port: int, steps: int, rounds: int) -> None:
     import torch.distributed as dist
 
-    from popviz.measure.probe import Probe
+    from popviz.measure.live import profiler
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=config.ranks)
     pipe = build_rank(config, rank, config.ranks)
     pipe.train_step()  # warm-up: stage set-up
-    probe = Probe(rank, pipe.stages, pipe.schedule, pipe.optimiser)
     times: dict[str, list[float]] = {"plain": [], "probe": []}
     for _ in range(rounds):
         for mode in ("plain", "probe"):
-            if mode == "probe":
-                probe.install()
-                probe.recording = True
+            prof = profiler() if mode == "probe" else None
+            if prof is not None:
+                prof.start()
             dist.barrier()
             start = time.perf_counter()
             for _ in range(steps):
-                pipe.train_step(probe if mode == "probe" else None)
+                pipe.train_step()
+                if prof is not None:
+                    prof.step()
             dist.barrier()
             times[mode].append((time.perf_counter() - start) / steps)
-            if mode == "probe":
-                probe.recording = False
-                probe.remove()
+            if prof is not None:
+                prof.stop()
     if rank == 0:
         plain, probed = statistics.median(times["plain"]), statistics.median(times["probe"])
         print(f"{config.schedule}, {config.ranks} ranks, {config.microbatches} micro-batches: "
-              f"step {plain * 1e3:.2f} ms plain, {probed * 1e3:.2f} ms with the probe, "
-              f"ratio {probed / plain:.3f} ({len(probe.compute)} compute events, "
-              f"{len(probe.p2p)} P2P ops recorded)")
+              f"step {plain * 1e3:.2f} ms plain, {probed * 1e3:.2f} ms under torch.profiler, "
+              f"ratio {probed / plain:.3f}")
     dist.destroy_process_group()
 
 

@@ -33,7 +33,7 @@ _LAZY: dict[str, str] = {
     "Profile": "popviz.format.reader",
     "write_profile": "popviz.format.writer",
     "compare": "popviz.api",
-    "import_trace": "popviz.measure.importer",
+    "import_trace": "popviz.ingest.importer",
 }
 
 __all__ = ["ProfileError", "__version__", *sorted(_LAZY)]

@@ -17,9 +17,9 @@ import pytest
 import popviz
 from popviz.analysis.balance import profile_stages
 from popviz.cli.main import main
-from popviz.measure import kineto, kineto_fast
-from popviz.measure.import_rank import RankPart
-from popviz.measure.import_schedule import schedule_name
+from popviz.ingest import kineto, kineto_fast
+from popviz.ingest.import_rank import RankPart
+from popviz.ingest.import_schedule import schedule_seen
 from popviz.metrics import rank_time
 from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, snapshot_inside_trace
 from tests.import_fixtures import trace_events as _events
@@ -199,14 +199,14 @@ def test_schedule_family_from_the_order_of_actions() -> None:
                         base_ns=0, first_ns=0, stages=stages, actions=actions)
 
     gpipe = ["Forward 0", "Forward 1", "Backward 0", "Backward 1"]
-    assert schedule_name([part(gpipe, [0]), part(gpipe, [1])]) == "GPipe"
+    assert schedule_seen([part(gpipe, [0]), part(gpipe, [1])]) == "GPipe"
     last = ["PP:1F0", "PP:1B0", "PP:1F1", "PP:1B1"]
-    assert schedule_name([part(["PP:0F0", "PP:0F1", "PP:0B0", "PP:0B1"], [0]),
+    assert schedule_seen([part(["PP:0F0", "PP:0F1", "PP:0B0", "PP:0B1"], [0]),
                           part(last, [1])]) == "1F1B"
     looped = ["PP:0F0", "PP:0F1", "PP:2F0", "PP:2F1", "PP:2B0", "PP:2B1", "PP:0B0", "PP:0B1"]
-    assert schedule_name([part(looped, [0, 2])]) == "LoopedBFS"
-    assert schedule_name([part(["PP:0F0", "PP:0I0", "PP:0W0"], [0])]) is None  # split B
-    assert schedule_name([part([], [0]), part([], [1])]) is None  # Schedule1F1B
+    assert schedule_seen([part(looped, [0, 2])]) == "LoopedBFS"
+    assert schedule_seen([part(["PP:0F0", "PP:0I0", "PP:0W0"], [0])]) is None  # split B
+    assert schedule_seen([part([], [0]), part([], [1])]) is None  # Schedule1F1B
 
 
 # ---- several ranks, made here ----

@@ -20,9 +20,9 @@ import pytest
 import popviz
 from popviz.cli.main import main
 from popviz.format.isolated import read_everything
-from popviz.measure import import_limits as limits
-from popviz.measure import kineto
-from popviz.measure.import_checks import check_tables
+from popviz.ingest import import_limits as limits
+from popviz.ingest import kineto
+from popviz.ingest.import_checks import check_tables
 from popviz.measure.merge import _check
 from tests.import_fixtures import PIPELINE, SNAPSHOT
 

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from popviz.measure import import_limits as limits
-from popviz.measure import kineto, kineto_fast
-from popviz.measure import kineto_scan as scan
+from popviz.ingest import import_limits as limits
+from popviz.ingest import kineto, kineto_fast
+from popviz.ingest import kineto_scan as scan
 
 
 def _buffer(texts: list[str]) -> tuple[bytes, np.ndarray, np.ndarray]:

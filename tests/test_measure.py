@@ -1,5 +1,6 @@
 """measure: real 2-rank gloo pipelines of the tutorial CNN on torch.distributed.pipelining,
-the rank files, `popviz merge`, and the app on a merged measured profile."""
+timed by torch.profiler and read through the importer's path (popviz.ingest); the profile
+rank 0 writes equals `popviz import` of the traces the run saved; the app on it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import popviz
 from popviz.cli.main import main
-from popviz.measure import tables
+from popviz.ingest import clocks, p2p, waits
 from popviz.measure.runner import MeasureConfig, measure
 from popviz.measure.split import check_splits, default_splits
 
@@ -23,9 +25,8 @@ def _run(root: Path, schedule: str) -> Path:
     out = root / schedule
     paths = measure(MeasureConfig(model="tutorial", ranks=2, microbatches=MICROBATCHES,
                                   micro_batch_size=MICRO, schedule=schedule, steps=STEPS,
-                                  profile_dir=str(out), merge=str(out / "merged")))
-    assert [p.relative_to(out).as_posix() for p in paths] == \
-        ["rank0/profile.h5", "rank1/profile.h5"]
+                                  profile_dir=str(out)))
+    assert paths == [out / "profile.h5"]
     return out
 
 
@@ -37,60 +38,67 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def merged(runs: dict[str, Path]) -> Any:
-    with popviz.open(runs["1F1B"] / "merged") as profile:
+    with popviz.open(runs["1F1B"]) as profile:
         yield profile
 
 
-def test_rank_files_are_measured_profiles_of_one_rank(runs: dict[str, Path]) -> None:
-    for rank in (0, 1):
-        with popviz.open(runs["1F1B"] / f"rank{rank}") as p:
-            assert p.kind == "measured" and p.meta["measure"]["rank"] == rank
-            assert set(p.trace["ipu"]) == {rank}
-            assert p.meta["target"] == {"name": "cpu-gloo", "num_ipus": 2, "tiles_per_ipu": 1,
-                                        "bytes_per_tile": 0, "clock_hz": 1e9}
-            assert p.meta["options"]["schedule"] == "1F1B"
-            assert p.meta["options"]["microbatches"] == MICROBATCHES
-            assert p.tile_memory.empty  # no tiles on a CPU rank (docs/measure.md)
+def test_one_profile_from_every_rank_and_a_trace_per_rank(runs: dict[str, Path]) -> None:
+    """Rank 0 writes the one profile; each rank leaves only its torch.profiler trace."""
+    out = runs["1F1B"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == \
+        ["profile.h5", "traces/rank0.json", "traces/rank1.json"]
+    with popviz.open(out) as p:
+        assert p.kind == "measured" and p.meta["measure"]["ranks"] == [0, 1]
+        assert p.meta["measure"]["live"] is True and p.meta["measure"]["imported"] is False
+        assert p.meta["target"] == {"name": "cpu-gloo", "num_ipus": 2, "tiles_per_ipu": 1,
+                                    "bytes_per_tile": 0, "clock_hz": 1e9}
+        assert p.meta["options"]["schedule"] == "1F1B"
+        assert p.meta["measure"]["schedule_seen"] is None  # Schedule1F1B annotates nothing
+        assert p.meta["options"]["microbatches"] == MICROBATCHES
+        assert p.meta["measure"]["clock_sync"]["one_host"] is True
+        assert p.tile_memory.empty  # no tiles on a CPU rank (docs/measure.md)
 
 
-def test_merged_profile_has_every_microbatch_on_both_ranks(merged: Any) -> None:
+def test_every_microbatch_on_both_ranks_in_every_step(merged: Any) -> None:
     trace = merged.trace
-    assert merged.kind == "measured" and merged.meta["measure"]["ranks"] == [0, 1]
     assert merged.meta["ranks"] == [0, 1] and merged.meta["target"]["num_ipus"] == 2
     assert sorted(trace["ipu"].unique()) == [0, 1]
     compute = trace[trace["kind"] == "compute"]
+    assert sorted(compute["step"].unique()) == list(range(STEPS))  # ProfilerStep#N
     for rank in (0, 1):
         for step in range(STEPS):
             on = compute[(compute["ipu"] == rank) & (compute["step"] == step)]
             for pass_ in ("F", "B"):
-                assert sorted(on.loc[on["pass"] == pass_, "microbatch"].unique()) == \
-                    list(range(MICROBATCHES)), (rank, step, pass_)
+                mbs = on.loc[(on["pass"] == pass_) & (on["microbatch"] >= 0), "microbatch"]
+                assert sorted(mbs.unique()) == list(range(MICROBATCHES)), (rank, step, pass_)
             assert (on["pass"] == "WU").any()
+    assert (merged.stages["steps"] == STEPS).all()
     assert len(merged.meta["measure"]["losses"]) == 1 + STEPS  # warm-up step too
     assert all(0 < loss < 10 for loss in merged.meta["measure"]["losses"])
 
 
+def _order(events: pd.DataFrame) -> str:
+    """F / B and micro-batch of a rank's compute, each run of one action once."""
+    events = events[(events["microbatch"] >= 0) & events["pass"].isin(["F", "B"])]
+    seq = (events.sort_values("start")["pass"] + events["microbatch"].astype(str)).tolist()
+    return " ".join(a for i, a in enumerate(seq) if i == 0 or seq[i - 1] != a)
+
+
 def test_compute_follows_the_schedule_order(runs: dict[str, Path]) -> None:
-    """The timed actions come in the order torch's schedules run them."""
-    expected = {
-        "1F1B": {0: "F0 F1 B0 F2 B1 F3 B2 B3", 1: "F0 B0 F1 B1 F2 B2 F3 B3"},
-        "GPipe": {r: "F0 F1 F2 F3 B0 B1 B2 B3" for r in (0, 1)},
-    }
-    for schedule, orders in expected.items():
-        with popviz.open(runs[schedule] / "merged") as p:
-            comp = p.trace[(p.trace["kind"] == "compute") & p.trace["pass"].isin(["F", "B"])
-                           & (p.trace["op"] != "loss")]
+    """The first stage's actions come in the order torch's schedules run them; on every
+    rank a micro-batch's forward starts before its backward."""
+    expected = {"1F1B": "F0 F1 B0 F2 B1 F3 B2 B3", "GPipe": "F0 F1 F2 F3 B0 B1 B2 B3"}
+    for schedule, order in expected.items():
+        with popviz.open(runs[schedule]) as p:
+            comp = p.trace[p.trace["kind"] == "compute"]
             for (rank, _step), events in comp.groupby(["ipu", "step"]):
-                got = " ".join(f"{r.pass_}{r.microbatch}" for r in events.sort_values(
-                    "start").rename(columns={"pass": "pass_"}).itertuples())
-                assert got == orders[rank], (schedule, rank)
-
-
-def test_no_two_events_of_one_rank_overlap(merged: Any) -> None:
-    for _rank, events in merged.trace.groupby("ipu"):
-        events = events.sort_values("start")
-        assert (events["end"] >= events["start"]).all()
-        assert (events["start"].to_numpy()[1:] >= events["end"].to_numpy()[:-1]).all()
+                got = _order(events)
+                if rank == 0:  # (ops after the schedule, outside any annotation, may
+                    # take the next micro-batch 0: docs/import.md, Limits)
+                    assert got.split()[:8] == order.split(), schedule
+                words = got.split()
+                for mb in range(MICROBATCHES):
+                    assert words.index(f"F{mb}") < words.index(f"B{mb}"), (schedule, rank)
 
 
 def test_sends_on_rank0_match_recvs_on_rank1(merged: Any) -> None:
@@ -102,6 +110,7 @@ def test_sends_on_rank0_match_recvs_on_rank1(merged: Any) -> None:
     pd.testing.assert_series_equal(sent.sort_index(), got.sort_index())
     # B2's output: 20 channels of 4x4 float32 per sample
     assert set(sent) == {MICRO * 20 * 4 * 4 * 4}
+    assert merged.stages.set_index("stage").loc[0, "boundary_bytes"] == MICRO * 20 * 4 * 4 * 4
     # the exchange table holds each transfer once: activations 0->1, gradients 1->0
     table = merged.exchange
     assert len(table) == 2 * STEPS * MICROBATCHES
@@ -111,80 +120,74 @@ def test_sends_on_rank0_match_recvs_on_rank1(merged: Any) -> None:
 
 
 def test_waiting_is_separated_from_transfer(merged: Any) -> None:
-    p2p = merged.table("p2p")
-    assert p2p["matched"].all()
-    blocked = p2p["wait_end"] - p2p["wait_start"]
-    assert (p2p["waiting_ns"] + p2p["transfer_ns"] == blocked).all()
-    expected = (p2p["peer_post"] - p2p["wait_start"]).clip(lower=0).clip(upper=blocked)
-    assert (p2p["waiting_ns"] == expected).all()
+    table = merged.table("p2p")
+    assert table["matched"].all() and len(table) == 4 * STEPS * MICROBATCHES
+    blocked = table["end"] - table["post"]
+    assert (table["waiting_ns"] + table["transfer_ns"] == blocked).all()
+    expected = (table["peer_post"] - table["post"]).clip(lower=0).clip(upper=blocked)
+    assert (table["waiting_ns"] == expected).all()
     # one clock for both ranks: no data arrives before its sender posted it
-    recv = p2p[p2p["direction"] == "recv"]
-    assert (recv["wait_end"] >= recv["peer_post"]).all()
+    recv = table[table["direction"] == "recv"]
+    assert (recv["end"] >= recv["peer_post"]).all()
     # causality on one clock: rank 1 cannot receive micro-batch 0 before rank 0 has
-    # computed its forward (whether rank 1 waited depends on when the OS ran it)
-    first = p2p[(p2p["rank"] == 1) & (p2p["direction"] == "recv") & (p2p["microbatch"] == 0)
-                & (p2p["step"] == 0)]
+    # started its forward
+    first = recv[(recv["rank"] == 1) & (recv["microbatch"] == 0) & (recv["step"] == 0)]
     trace = merged.trace
-    forward0 = trace[(trace["ipu"] == 0) & (trace["kind"] == "compute")
+    forward0 = trace[(trace["ipu"] == 0) & (trace["kind"] == "compute") & (trace["step"] == 0)
                      & (trace["pass"] == "F") & (trace["microbatch"] == 0)]
     assert len(first) == 1 and len(forward0)
-    assert int(first["wait_end"].iloc[0]) >= int(forward0["end"].min())
-    idle = merged.trace[merged.trace["kind"] == "idle"]
-    assert idle["op"].str.startswith("wait: ").all() and len(idle) > 0
-    stages = merged.stages.set_index("stage")
-    per_step = idle.assign(d=idle["end"] - idle["start"]).groupby("stage")["d"].sum() / STEPS
-    per_step = per_step.reindex(stages.index, fill_value=0.0)
-    assert stages["idle_cycles"].to_dict() == pytest.approx(per_step.to_dict())
+    assert int(first["end"].iloc[0]) >= int(forward0["start"].min())
+    idle = trace[trace["kind"] == "idle"]
+    assert len(idle) > 0 and idle["op"].str.startswith("wait: ").all()
 
 
-def test_stash_follows_the_schedule(runs: dict[str, Path]) -> None:
-    """1F1B keeps (stages - stage) micro-batches in flight, GPipe all of them; interleaved
-    1F1B puts 2 stages on each rank (stage i on rank i mod 2) and keeps 4 - stage."""
-    depth = {}
-    for schedule, out in runs.items():
-        with popviz.open(out / "merged") as p:
-            stages = p.stages.sort_values("stage")
-            depth[schedule] = stages["stash_depth"].tolist()
-            assert stages["ipu"].tolist() == [s % 2 for s in stages["stage"]]
-            live = p.liveness
-            assert (live["always_live_bytes"] > 0).all()
-            if schedule != "Interleaved1F1B":  # one stage per rank: its stash is the curve
-                rank0 = live[live["ipu"] == 0]
-                assert rank0["not_always_live_bytes"].max() == stages["stash_bytes"].iloc[0]
-            compute = p.trace[p.trace["kind"] == "compute"]
-            for stage in stages["stage"]:  # every stage runs F and B for every micro-batch
-                on = compute[(compute["stage"] == stage) & (compute["step"] == 0)]
-                assert sorted(on.loc[on["pass"] == "B", "microbatch"]) == \
-                    list(range(MICROBATCHES)), (schedule, stage)
-    assert depth == {"1F1B": [2, 1], "GPipe": [MICROBATCHES, MICROBATCHES],
-                     "Interleaved1F1B": [4, 3, 2, 1]}
+def test_interleaved_stages_and_liveness(runs: dict[str, Path]) -> None:
+    """Interleaved 1F1B puts 2 stages on each rank (stage i on rank i mod 2), each running
+    F and B for every micro-batch; liveness comes from torch.profiler's memory events."""
+    with popviz.open(runs["Interleaved1F1B"]) as p:
+        stages = p.stages.sort_values("stage")
+        assert stages["stage"].tolist() == [0, 1, 2, 3]
+        assert stages["ipu"].tolist() == [s % 2 for s in stages["stage"]]
+        assert p.meta["options"]["schedule"] == "Interleaved1F1B"
+        assert p.meta["measure"]["schedule_seen"] == "Interleaved1F1B"  # its PP: actions
+        compute = p.trace[p.trace["kind"] == "compute"]
+        for stage in stages["stage"]:
+            on = compute[(compute["stage"] == stage) & (compute["step"] == 0)]
+            assert sorted(on.loc[on["pass"] == "B", "microbatch"].unique()) == \
+                list(range(MICROBATCHES)), stage
+        assert (p.liveness["not_always_live_bytes"] > 0).any()
 
 
-def test_stashes_are_the_variables_live_at_each_step(merged: Any) -> None:
-    """Clicking a liveness step lists the micro-batch stashes held there; on the first
-    stage (no loss added after its forward) they add up to the curve."""
-    from popviz.analysis.liveness import variables_live_at
+def test_live_run_equals_the_import_of_its_traces(runs: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """One measured path: `popviz import` of the traces the live run saved gives the live
+    profile's tables (the run adds only what it knows beyond them: stage layers)."""
+    for schedule in ("1F1B", "Interleaved1F1B"):
+        out = runs[schedule]
+        traces = sorted(str(t) for t in (out / "traces").glob("rank*.json"))
+        assert main(["import", *traces, "--to", str(tmp_path / schedule)]) == 0
+        with popviz.open(out) as live, popviz.open(tmp_path / schedule) as imported:
+            assert set(live.table_names) == set(imported.table_names)
+            for name in sorted(live.table_names):
+                a, b = live.table(name), imported.table(name)
+                if name == "stages":
+                    a, b = (t.drop(columns=["first_layer", "last_layer"]) for t in (a, b))
+                pd.testing.assert_frame_equal(a, b, obj=f"{schedule} {name}")
+            assert live.meta["measure"]["origin_ns"] == imported.meta["measure"]["origin_ns"]
+            assert live.stages["first_layer"].tolist()[0] == "B1"
 
-    live = merged.liveness[merged.liveness["ipu"] == 0]
-    variables = merged.variables
-    assert set(variables["category"]) == {"stash"}
-    assert len(variables[variables["ipu"] == 0]) == STEPS * MICROBATCHES
-    for row in live.itertuples(index=False):
-        held = variables_live_at(variables, 0, int(row.step))
-        assert int(held["bytes"].sum()) == int(row.not_always_live_bytes), row.label
-        assert len(held) == int(row.stashed_microbatches)
 
-
-def test_summary_cli_on_merged_profile(runs: dict[str, Path], capsys: Any) -> None:
+def test_summary_cli_on_the_profile(runs: dict[str, Path], capsys: Any) -> None:
     import json
 
-    assert main(["summary", "--json", str(runs["1F1B"] / "merged")]) == 0
+    assert main(["summary", "--json", str(runs["1F1B"])]) == 0
     facts = json.loads(capsys.readouterr().out)
     # a rank has no tiles: whether it fits is unknown, not "yes"
     assert facts["kind"] == "measured" and facts["num_ipus"] == 2 and facts["fits"] is None
     assert facts["step_ns"] > 0 and facts["throughput"] > 0
+    assert facts["samples_per_step"] == MICRO * MICROBATCHES and facts["recorded_steps"] == 2
     assert len(facts["stages"]) == 2
-    assert main(["summary", str(runs["1F1B"] / "merged")]) == 0
+    assert main(["summary", str(runs["1F1B"])]) == 0
     out = capsys.readouterr().out
     assert "cpu-gloo x2" in out and "fits: unknown" in out
 
@@ -195,54 +198,17 @@ def _one_error(capsys: Any) -> str:
     return err[0]
 
 
-def test_merge_cli_and_its_errors(runs: dict[str, Path], tmp_path: Path, capsys: Any) -> None:
-    one, other = runs["1F1B"], runs["GPipe"]
-    out = tmp_path / "m.h5"
-    assert main(["merge", str(one / "rank0"), str(one / "rank1"), "--out", str(out)]) == 0
-    capsys.readouterr()
-    with popviz.open(out) as p, popviz.open(one / "merged") as q:
-        assert len(p.trace) == len(q.trace) and p.summary["ranks"] == [0, 1]
-    # a directory holding an earlier merge of the run still merges
-    assert main(["merge", str(one), "--out", str(tmp_path / "again")]) == 0
-    capsys.readouterr()
-    cases = {
-        "missing": [str(one / "rank0")],
-        "another run": [str(one / "rank0"), str(other / "rank1")],
-        "modelled": [str(one / "rank0"), str(one / "rank1"), _modelled(tmp_path)],
-        "given twice": [str(one / "rank0"), str(one / "rank1"), _copy(one, tmp_path)],
-        "already merged": [str(one / "merged" / "profile.h5")],
-    }
-    for why, inputs in cases.items():
-        assert main(["merge", *inputs, "--out", str(tmp_path / "bad.h5")]) == 1, why
-        assert why in _one_error(capsys)
-    assert not (tmp_path / "bad.h5").exists()
-
-
-def _modelled(tmp_path: Path) -> str:
-    from popviz.format import write_report
-    from popviz.synthetic import synthetic_report
-
-    return str(write_report(synthetic_report(num_ipus=2, events=50, steps=5),
-                            tmp_path / "modelled.h5"))
-
-
-def _copy(run: Path, tmp_path: Path) -> str:
-    dup = tmp_path / "dup.h5"
-    shutil.copy(run / "rank1" / "profile.h5", dup)
-    return str(dup)
-
-
 def test_app_pages_render_the_measured_profile(runs: dict[str, Path], tmp_path: Path) -> None:
     from popviz_app import create_app, render
     from popviz_app.pages import PAGES
 
-    shutil.copy(runs["1F1B"] / "merged" / "profile.h5", tmp_path / "m.h5")
+    shutil.copy(runs["1F1B"] / "profile.h5", tmp_path / "m.h5")
     app = create_app(tmp_path)
     for page in [p for p in PAGES if p.NEEDS_PROFILE]:
         body = render(app.popviz_context, page.PATH, "?profile=m.h5")[1]
         assert "message error" not in repr(body), page.PATH
     trace = next(c for c in _walk(render(app.popviz_context, "/trace", "?profile=m.h5")[1])
-             if type(c).__name__ == "Graph").figure
+                 if type(c).__name__ == "Graph").figure
     assert trace.layout.xaxis.title.text == "time (ns)" and len(trace.data) > 0
     live = [c for c in _walk(render(app.popviz_context, "/liveness", "?profile=m.h5")[1])
             if type(c).__name__ == "Graph"]
@@ -257,23 +223,70 @@ def _walk(component: Any) -> list[Any]:
 
 
 # ---- fast, no processes ----
-def test_p2p_split_at_the_peers_post() -> None:
-    def rec(rank: int, direction: str, post: int, ws: int, we: int) -> dict[str, Any]:
-        return {"rank": rank, "peer": 1 - rank, "direction": direction, "kind": "activation",
-                "stage": rank, "microbatch": 0, "step": 0, "seq": 0, "bytes": 64,
-                "post": post, "post_end": post + 1, "wait_start": ws, "wait_end": we,
-                "batch": 1, "works": 1}
+def _calls(rank: int, direction: str, start: int, end: int, nbytes: int = 64) -> pd.DataFrame:
+    return pd.DataFrame({"rank": [rank], "direction": [direction], "peer": [1 - rank],
+                         "start": [start], "end": [end], "bytes": [nbytes], "stage": [rank],
+                         "pass": ["F"], "microbatch": [0], "seq": [0], "step": [0]})
 
-    send, recv = rec(0, "send", 500, 510, 520), rec(1, "recv", 100, 110, 600)
-    got = tables.match_p2p([recv], [send, recv]).iloc[0]
-    assert (got["waiting_ns"], got["transfer_ns"], got["peer_post"]) == (390, 100, 500)
-    got = tables.match_p2p([send], [send, recv]).iloc[0]  # receiver was already posted
-    assert (got["waiting_ns"], got["transfer_ns"]) == (0, 10)
-    lonely = tables.match_p2p([recv], [recv]).iloc[0]
-    assert not lonely["matched"] and lonely["waiting_ns"] == 0
-    trace = tables.trace_table([], tables.match_p2p([recv], [send, recv]))
-    assert trace["kind"].tolist() == ["exchange", "idle", "exchange"]  # post, wait, data
-    assert trace["end"].tolist() == [101, 500, 600]
+
+def test_p2p_split_at_the_peers_post() -> None:
+    send, recv = _calls(0, "send", 500, 520), _calls(1, "recv", 100, 600)
+    table = waits.p2p_table(p2p.match_p2p([send, recv])).set_index("rank")
+    # the recv waits until the send is posted, then the data moves
+    assert (table.loc[1, "waiting_ns"], table.loc[1, "transfer_ns"],
+            table.loc[1, "peer_post"]) == (400, 100, 500)
+    assert (table.loc[0, "waiting_ns"], table.loc[0, "transfer_ns"]) == (0, 20)
+    assert table["matched"].all()
+    lonely = waits.p2p_table(p2p.match_p2p([recv])).iloc[0]
+    assert not lonely["matched"] and lonely["waiting_ns"] == 0 and lonely["peer_post"] == -1
+    other = waits.p2p_table(p2p.match_p2p([send, _calls(1, "recv", 100, 600, 32)]))
+    assert not other["matched"].any()  # the pair disagrees on bytes
+    events = waits.p2p_events(p2p.match_p2p([send, recv]), ["ipu", "start", "end", "kind"])
+    assert sorted(map(tuple, events.to_numpy().tolist())) == \
+        [(0, 500, 520, "exchange"), (1, 100, 500, "idle"), (1, 500, 600, "exchange")]
+    assert waits.split_at(np.array([10]), np.array([20]), np.array([99])).tolist() == [20]
+
+
+class FakeClock:
+    """A host's wall clock: its own offset, advancing by `tick` ns at each reading."""
+
+    def __init__(self, offset: int, tick: int = 1_000) -> None:
+        self.now, self.tick = offset, tick
+
+    def __call__(self) -> int:
+        self.now += self.tick
+        return self.now
+
+
+class FakeRank:
+    def __init__(self, rank: int, base_ns: int, first_ns: int) -> None:
+        self.rank, self.base_ns, self.first_ns = rank, base_ns, first_ns
+        self.events = pd.DataFrame({"start": [first_ns]})
+
+    def shift(self, origin: int) -> None:
+        self.events["start"] += self.base_ns - origin
+
+
+def test_clock_offsets_from_barrier_readings_with_a_fake_clock() -> None:
+    """Two hosts whose clocks differ by 5 s (and a barrier releasing them 0-3 us apart):
+    the live path's readings give rank 1's offset, and aligning takes it off, so an
+    event both ranks stamp at the same instant lands at the same time."""
+    from popviz.measure.live import clock_readings
+
+    skew, release = 5_000_000_000, [0, 3_000, 0, 2_000, 0]
+    host0, host1 = FakeClock(10**18), FakeClock(10**18 + skew)
+    mine0 = clock_readings(None, None, 5, host0)
+    mine1 = [r + d for r, d in zip(clock_readings(None, None, 5, host1), release)]
+    offsets, info = clocks.clock_offsets([mine0, mine1], ["node-a", "node-b"])
+    assert offsets == {0: 0, 1: skew} and info["spread_ns"] == 3_000
+    assert not info["one_host"]
+    same_host, _ = clocks.clock_offsets([mine0, mine1], ["node-a", "node-a"])
+    assert same_host == {0: 0, 1: 0}  # one host, one clock: nothing to take off
+    ranks = [FakeRank(0, 10**18, 700), FakeRank(1, 10**18 + skew, 700)]
+    assert clocks.align(ranks, offsets) == 10**18 + 700  # t = 0: the first event
+    assert [r.events["start"].iloc[0] for r in ranks] == [0, 0]
+    with pytest.raises(ValueError, match="same number"):
+        clocks.clock_offsets([[1, 2], [1]], ["a", "b"])
 
 
 def test_splits_and_config_errors(capsys: Any) -> None:
@@ -306,7 +319,7 @@ def test_committed_example_is_made_by_the_makefile_line() -> None:
     assert command.startswith("python -m popviz.measure --model tutorial --ranks 2")
     makefile = (root / "Makefile").read_text()
     assert f"$(PY) -m {command.removeprefix('python -m ')} --profile-dir" in makefile
-    assert "--merge profiles/tutorial_measured_2ranks" in makefile
+    assert "--out profiles/tutorial_measured_2ranks" in makefile
 
 
 def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Path,
@@ -336,7 +349,7 @@ def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Pa
         ("resnet", 18, 2, "GPipe")
     assert (config.microbatches, config.micro_batch_size, config.steps, config.splits) == \
         (6, 3, 2, ["b3/0"])
-    assert config.merge == out and config.profile_dir == str(Path(out, "ranks"))
+    assert config.out is None and config.profile_dir == out
     assert script.main(["--measure", "--batch-size", "4", "--gradient-accumulation", "4",
                         "--profile-dir", out]) == 0
     assert seen[1].ranks == 4 and seen[1].splits == ["B2", "B3", "B4"]  # the tutorial's blocks
@@ -346,3 +359,47 @@ def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Pa
                         "--pipeline", "--pipeline-splits", "b3/0", "--pipeline-schedule",
                         "Sequential", "--measure"]) == 2
     assert "Sequential has no torch.distributed.pipelining schedule" in _one_error(capsys)
+
+
+def test_record_in_one_process_with_a_fake_clock(tmp_path: Path) -> None:
+    """Without a process group `record` times the one process: its clock is read once per
+    round (no barrier to wait at) and the profile is written from the saved trace."""
+    import torch
+
+    from popviz.measure.live import record
+
+    fake = FakeClock(10**18)
+    model = torch.nn.Linear(8, 8)
+    with record(tmp_path / "one", clock=fake, command_line="test") as rec:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            rec.step()
+    assert fake.now == 10**18 + 5 * 1_000  # five rounds of readings
+    assert rec.profile_path == tmp_path / "one" / "profile.h5"
+    assert rec.trace_path == tmp_path / "one" / "traces" / "rank0.json"
+    with popviz.open(rec.profile_path) as p:
+        assert p.meta["measure"]["ranks"] == [0] and p.meta["measure"]["live"]
+        assert p.meta["measure"]["clock_sync"] == {"offsets_ns": {"0": 0}, "spread_ns": 0,
+                                                   "rounds": 5, "one_host": True}
+        compute = p.trace[p.trace["kind"] == "compute"]
+        assert sorted(compute["step"].unique()) == [0, 1]  # one per rec.step()
+        assert p.table("p2p").empty and p.command_line == "test"
+
+
+def test_a_trace_that_cannot_be_read_is_one_error_and_no_profile(tmp_path: Path,
+                                                                 monkeypatch: Any) -> None:
+    import torch
+
+    from popviz.errors import ProfileError
+    from popviz.ingest import import_rank
+    from popviz.measure.live import record
+
+    def unreadable(path: Any) -> Any:
+        raise ProfileError(f"{path}: cannot import it (test)")
+
+    monkeypatch.setattr(import_rank, "rank_part", unreadable)
+    with pytest.raises(ProfileError, match=r"rank0\.json: cannot import it \(test\)"), \
+            record(tmp_path / "bad", clock=FakeClock(0)) as rec:
+        torch.nn.Linear(4, 4)(torch.ones(2, 4)).sum().backward()
+        rec.step()
+    assert not (tmp_path / "bad" / "profile.h5").exists()

@@ -31,8 +31,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from popviz.format.writer import profile_path
-    from popviz.measure.import_rank import DATA_ERRORS, data_error
-    from popviz.measure.importer import import_trace
+    from popviz.ingest.import_rank import DATA_ERRORS, data_error
+    from popviz.ingest.importer import import_trace
 
     if args.workers < 0:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)

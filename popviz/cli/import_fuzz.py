@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from popviz.format.isolated import _limit_memory, _peak_rss, _wait, resident_now
-from popviz.measure.import_limits import read_input
-from popviz.measure.kineto import _KEY, array_end, event_starts
+from popviz.ingest.import_limits import read_input
+from popviz.ingest.kineto import _KEY, array_end, event_starts
 
 RSS_LIMIT = 1 << 30
 OUTCOMES = ("ok", "error", "unclear", "traceback", "unreadable", "hang", "crash")
@@ -362,7 +362,7 @@ def _warm() -> None:
     """Import what a worker runs before forking any: each then starts in milliseconds."""
     from popviz.cli.main import build_parser, load_commands
     from popviz.format import reader, writer  # noqa: F401
-    from popviz.measure import import_checks, import_rank, importer  # noqa: F401
+    from popviz.ingest import import_checks, import_rank, importer  # noqa: F401
 
     build_parser(load_commands(), only="import")
 

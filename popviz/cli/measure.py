@@ -1,34 +1,37 @@
-"""`popviz measure ...` = `python -m popviz.measure ...`: run a real pipeline over ranks and
-write one profile per rank. A wrapper only: popviz/measure/__main__.py parses the arguments
-(`popviz measure --help` is its help) and runs."""
+"""`popviz measure ...`: `python -m popviz.measure` as a subcommand (docs/measure.md)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from popviz.cli.command import Command
 
 
-def _no_arguments(parser: argparse.ArgumentParser) -> None:
-    """The wrapped entry point declares the arguments (Command.passthrough)."""
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from popviz.measure.__main__ import EPILOG, add_arguments
+
+    parser.epilog = EPILOG
+    add_arguments(parser)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.measure.__main__ import main
+    from popviz.measure.__main__ import run
 
-    try:
-        return main(args.argv)
-    except SystemExit as exc:  # its argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    return run(args, ["popviz", *sys.argv[1:]])
 
 
 COMMAND = Command(
     name="measure",
-    help="run a real pipeline (torch.distributed.pipelining) and write one profile per rank",
-    description="The same as `python -m popviz.measure`: train a reference model for a few "
-    "real steps as a pipeline, one process per stage, and time every rank "
-    "(docs/measure.md). `popviz measure --help` lists its arguments.",
-    add_arguments=_no_arguments,
+    help="run a reference model as a real pipeline (ranks spawned, or one rank of a "
+    "torchrun job on any number of nodes), timed by torch.profiler, into one profile",
+    description="Train a popviz reference model for a few real steps as a pipeline on "
+    "torch.distributed.pipelining under torch.profiler. Every rank saves its trace as "
+    "PROFILE_DIR/traces/rank{r}.json and hands its tables to rank 0 over the job's "
+    "process group, which writes PROFILE_DIR/profile.h5 (kind measured, times in ns), the "
+    "same tables `popviz import` gives for those traces. Under torchrun (e.g. `torchrun "
+    "--nnodes 2 --nproc-per-node 1 ... --no-python popviz measure ...`) this process is "
+    "one rank.",
+    add_arguments=_add_arguments,
     run=_run,
-    passthrough=True,
 )

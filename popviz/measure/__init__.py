@@ -1,11 +1,12 @@
-"""measure: real multi-process pipelines on torch.distributed.pipelining, timed per rank.
+"""measure: live runs of real pipelines on torch.distributed.pipelining, timed by
+torch.profiler and read through `popviz.ingest` (the importer's own path).
 
     python -m popviz.measure --model tutorial --ranks 2 --microbatches 4 \
-        --schedule 1F1B --profile-dir DIR          # DIR/rank{r}/profile.h5
-    popviz merge DIR --out DIR_merged              # one profile, ipu = rank
-    popviz import rank*.json.gz --to DIR           # torch.profiler traces (docs/import.md)
+        --schedule 1F1B --profile-dir DIR          # DIR/profile.h5, DIR/traces/rank{r}.json
+    with popviz.measure.record("DIR") as rec:      # around your own pipelining steps,
+        ...; rec.step()                            # on every rank (torchrun, any nodes)
 
-API: `measure(MeasureConfig(...))`, `merge_profiles(inputs, out)`. Names load lazily so
+API: `record(...)`, `measure(MeasureConfig(...))`. Names load lazily so
 `import popviz.measure` does not import torch. See docs/measure.md.
 """
 
@@ -19,8 +20,8 @@ _LAZY = {
     "measure": "popviz.measure.runner",
     "run_rank": "popviz.measure.runner",
     "merge_profiles": "popviz.measure.merge",
-    "import_trace": "popviz.measure.importer",
-    "Probe": "popviz.measure.probe",
+    "record": "popviz.measure.live",
+    "LiveRecording": "popviz.measure.live",
 }
 
 __all__ = sorted(_LAZY)

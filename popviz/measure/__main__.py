@@ -1,24 +1,32 @@
-"""`python -m popviz.measure`: run a real pipeline over ranks and write one profile each."""
+"""`python -m popviz.measure` (also `popviz measure`): run a real pipeline over ranks, time
+it with torch.profiler and write one profile."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 
 from popviz.measure.split import SCHEDULE_NAMES
 
+DESCRIPTION = ("Train a popviz reference model for a few real steps as a pipeline on "
+        "torch.distributed.pipelining (one process per stage, gloo on CPU) under "
+        "torch.profiler: every rank saves its trace as PROFILE_DIR/traces/rank{r}.json and "
+        "hands its tables to rank 0 over the job's process group, which writes "
+        "PROFILE_DIR/profile.h5 (kind measured, times in ns). Under torchrun (one node or "
+        "several) this process is one rank.")
+EPILOG = "Then `popviz serve PROFILE_DIR`. Docs: docs/measure.md (Slurm: srun + torchrun)."
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m popviz.measure",
-        description="Train a popviz reference model for a few real steps as a pipeline on "
-        "torch.distributed.pipelining (one process per stage, gloo on CPU), time every "
-        "rank's forward / backward / send / recv, and write DIR/rank{r}/profile.h5 "
-        "(kind measured, times in ns). Under torchrun this process is one rank.",
-        epilog="Merge the rank files with `popviz merge DIR --out OUT` (or --merge OUT), "
-        "then `popviz serve OUT`. Docs: docs/measure.md.")
+    parser = argparse.ArgumentParser(prog="python -m popviz.measure", description=DESCRIPTION,
+                                     epilog=EPILOG)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `python -m popviz.measure`, also those of `popviz measure`."""
     parser.add_argument("--model", default="tutorial",
                         choices=["tutorial", "resnet", "resnext", "efficientnet"])
     parser.add_argument("--model-size", type=int, default=None,
@@ -50,16 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per rank (default 1: ranks share the cores)")
     parser.add_argument("--profile-dir", default="measure_profile",
-                        help="rank r writes PROFILE_DIR/rank{r}/profile.h5")
-    parser.add_argument("--merge", default=None, metavar="OUT",
-                        help="also merge the rank files into OUT (a .h5 or a directory)")
-    return parser
+                        help="rank 0 writes PROFILE_DIR/profile.h5, rank r its trace "
+                        "PROFILE_DIR/traces/rank{r}.json (on its own host)")
+    parser.add_argument("--out", "--merge", default=None, metavar="OUT", dest="out",
+                        help="write the profile at OUT instead (a .h5 or a directory)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from popviz.format.writer import profile_path
-    from popviz.measure.runner import MeasureConfig, measure, under_torchrun
+    return run(args, ["python", "-m", "popviz.measure",
+                      *(sys.argv[1:] if argv is None else argv)])
+
+
+def run(args: argparse.Namespace, command: list[str]) -> int:
+    """Measure as the parsed flags say; 2 with one line for an error a user can cause."""
+    from popviz.measure.runner import MeasureConfig, measure
 
     config = MeasureConfig(
         model=args.model, model_size=args.model_size, ranks=args.ranks,
@@ -67,19 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         schedule=args.schedule, splits=list(args.splits), steps=args.steps,
         warmup=args.warmup, profile_dir=args.profile_dir, image_size=args.image_size,
         num_classes=args.num_classes, seed=args.seed, learning_rate=args.learning_rate,
-        backend=args.backend, threads=args.threads, merge=args.merge,
-        command_line=shlex.join(["python", "-m", "popviz.measure",
-                                 *(sys.argv[1:] if argv is None else argv)]))
+        backend=args.backend, threads=args.threads, out=args.out,
+        command_line=shlex.join(command))
     try:
         paths = measure(config)
     except ValueError as exc:
         print(f"popviz.measure: error: {exc}", file=sys.stderr)
         return 2
-    if not under_torchrun() or config.merge is None:
-        for path in paths:
-            print(f"wrote {path}")
-    if config.merge and (not under_torchrun() or int(os.environ["RANK"]) == 0):
-        print(f"merged into {profile_path(config.merge)}")
+    for path in paths:  # rank 0's (the other ranks of a torchrun job print nothing)
+        print(f"wrote {path}")
     return 0
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import tables as tbl
-from popviz.measure.import_limits import MAX_WORLD
+from popviz.ingest import tables as tbl
+from popviz.ingest.import_limits import MAX_WORLD
 from popviz.vocab import MEASURED_KIND, is_measured, rank_label
 
 CONCAT_TABLES = ("trace", "p2p", "liveness", "exchange", "ops", "stages", "tile_memory",

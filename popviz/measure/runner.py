@@ -1,12 +1,13 @@
-"""Run a real pipeline on torch.distributed.pipelining and write one profile per rank.
+"""Run a popviz reference model as a real pipeline on torch.distributed.pipelining.
 
     from popviz.measure import MeasureConfig, measure
     paths = measure(MeasureConfig(model="tutorial", ranks=2, microbatches=4,
                                   schedule="1F1B", profile_dir="measured"))
 
 Ranks are spawned with torch.multiprocessing (gloo on 127.0.0.1, a free port), or, under
-`torchrun`, this process is one rank (RANK / WORLD_SIZE / MASTER_ADDR from the
-environment). Each rank writes `DIR/rank{r}/profile.h5` (kind `measured`).
+`torchrun` (one node or several), this process is one rank (RANK / WORLD_SIZE /
+MASTER_ADDR from the environment). The recorded steps run inside `live.record`: every
+rank saves its torch.profiler trace in `DIR/traces/`, rank 0 writes `DIR/profile.h5`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ class MeasureConfig:
     learning_rate: float = 0.001
     backend: str = "gloo"
     threads: int = 1  # torch intra-op threads per rank
-    merge: str | None = None  # also merge the rank files into this path
+    out: str | None = None  # the profile's path (default: profile_dir/profile.h5)
     command_line: str = ""
     timeout_s: float = 300.0
 
@@ -66,7 +65,7 @@ class MeasureConfig:
         """Check what can be checked before any process starts; ValueError, one line."""
         from popviz import models
 
-        self.schedule = splitting.schedule_name(self.schedule)
+        self.schedule = splitting.canonical_schedule(self.schedule)
         self.model_size = models.check(self.model, self.model_size)
         for name in ("ranks", "microbatches", "micro_batch_size", "steps", "threads"):
             value = getattr(self, name)
@@ -111,42 +110,6 @@ def _image_size(config: MeasureConfig) -> int:
         config.model, config.model_size))
 
 
-# ---- clock ----
-def sync_clock(rounds: int = 5) -> tuple[int, dict[str, Any]]:
-    """The local perf_counter_ns that is t = 0 on every rank, and how it was found.
-
-    Each rank notes perf_counter_ns right after each of `rounds` barriers; the readings
-    are all-gathered. t = 0 is rank 0's reading after one more barrier. On one host
-    perf_counter_ns reads the same CLOCK_MONOTONIC in every process, so the offset is 0;
-    across hosts a rank's offset is the median over rounds of (its reading - rank 0's),
-    exact up to the barrier's release skew (reported as spread_ns)."""
-    import torch.distributed as dist
-
-    from popviz.measure.probe import now
-
-    local = []
-    for _ in range(rounds):
-        dist.barrier()
-        local.append(now())
-    mine = torch.tensor(local, dtype=torch.int64)
-    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
-    hosts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
-    ref = everyone[0].tolist()
-    diffs = sorted(a - b for a, b in zip(local, ref))
-    one_host = len(set(hosts)) == 1
-    offset = 0 if one_host else diffs[len(diffs) // 2]
-    # t = 0 is one last barrier, after the gathers above, so that their time is not the
-    # first thing on the trace; one small broadcast of rank 0's reading follows it
-    dist.barrier()
-    mark = torch.tensor([now()], dtype=torch.int64)
-    dist.broadcast(mark, src=0)
-    info = {"offset_ns": int(offset), "spread_ns": int(diffs[-1] - diffs[0]),
-            "rounds": rounds, "one_host": one_host}
-    return int(mark.item() + offset), info
-
-
 # ---- one rank ----
 @dataclass
 class RankPipeline:
@@ -171,7 +134,7 @@ class RankPipeline:
     def last(self) -> bool:
         return self.cut.num_stages - 1 in self.mine
 
-    def train_step(self, probe: Any = None) -> float | None:
+    def train_step(self) -> float | None:
         """One real training step: the schedule over all micro-batches, then the update.
         Returns the mean micro-batch loss on the rank holding the last stage."""
         config = self.config
@@ -180,14 +143,8 @@ class RankPipeline:
         self.schedule.step(*((images,) if self.first else ()),
                            target=labels if self.last else None, losses=losses)
 
-        def update() -> None:
-            self.optimiser.step()
-            self.optimiser.zero_grad(set_to_none=True)
-
-        if probe is not None:
-            probe.optimiser_step(update)
-        else:
-            update()
+        self.optimiser.step()
+        self.optimiser.zero_grad(set_to_none=True)
         return float(torch.stack(losses).detach().mean()) if losses else None
 
 
@@ -217,77 +174,51 @@ def build_rank(config: MeasureConfig, rank: int, world: int) -> RankPipeline:
                         data)
 
 
-def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
-    """Everything one rank does once its process group is up; returns its profile path."""
-    import torch.distributed as dist
-
-    from popviz.measure.probe import Probe
+def run_rank(config: MeasureConfig, rank: int, world: int) -> Path | None:
+    """Everything one rank does once its process group is up: warm-up steps, then the
+    recorded ones under `live.record`; rank 0 returns the profile's path."""
+    from popviz.measure import live
 
     pipe = build_rank(config, rank, world)
-    run_id = [uuid.uuid4().hex if rank == 0 else None]
-    dist.broadcast_object_list(run_id, src=0)
-    probe = Probe(rank, pipe.stages, pipe.schedule, pipe.optimiser)
     losses: list[float] = []
-    origin, clock = 0, {}
-    with probe:
-        for step in range(config.warmup + config.steps):
-            if step == config.warmup:
-                origin, clock = sync_clock()
-                probe.recording = True
-            probe.step = step - config.warmup
-            loss = pipe.train_step(probe)
+    for _ in range(config.warmup):  # stage set-up, P2P warm-up, first touch: not recorded
+        loss = pipe.train_step()
+        if loss is not None:
+            losses.append(loss)
+    with live.record(config.profile_dir, adjust=_adjust(config, pipe, world),
+                     out=config.out, command_line=config.command_line or None) as rec:
+        for _ in range(config.steps):
+            loss = pipe.train_step()
             if loss is not None:
                 losses.append(loss)
-        probe.recording = False
-    return _write_rank(config, rank, world, probe, origin, clock, run_id[0], pipe.cut,
-                       pipe.mine, pipe.model, losses)
+            rec.step()
+        rec.extra["losses"] = losses
+    return rec.profile_path
 
 
-def _write_rank(config: MeasureConfig, rank: int, world: int, probe: Any, origin: int,
-                clock: dict[str, Any], run_id: str, cut: Any, mine: list[int],
-                model: torch.nn.Module, losses: list[float]) -> Path:
-    import torch.distributed as dist
-
-    from popviz.format.writer import write_profile
-    from popviz.measure import tables
-
-    p2p_mine = tables.to_common(probe.p2p, origin, ("post", "post_end", "wait_start", "wait_end"))
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, p2p_mine)
-    p2p = tables.match_p2p(p2p_mine, [r for part in everyone for r in part])
-    compute = tables.to_common(probe.compute, origin, ("start", "end"))
-    trace = tables.trace_table(compute, p2p)
-    liveness = pd_frame(probe.liveness, tables.LIVENESS_COLUMNS)
-    sent = p2p[(p2p["direction"] == "send") & (p2p["kind"] == "activation")]
-    info = [{"stage": s, "ipu": rank, "first_layer": cut.layers[s][0],
-             "last_layer": cut.layers[s][1], "stash_bytes": probe.peak_stash.get(s, 0),
-             "stash_depth": probe.stash_depth.get(s, 0),
-             "boundary_bytes": int(sent.loc[sent["stage"] == s, "bytes"].sum()
-                                   // max(1, config.microbatches * config.steps))}
-            for s in mine]
-    meta = rank_meta(config, rank, world, run_id, clock, mine, model, losses)
-    result = {
-        "trace": trace, "p2p": p2p, "liveness": liveness,
-        "stages": tables.stages_table(trace, liveness, info, config.steps),
-        "exchange": tables.exchange_table(p2p), "ops": tables.ops_table(trace, p2p),
-        "tile_memory": tables.empty_tile_memory(),
-        "variables": pd_frame(probe.variables, tables.VARIABLE_COLUMNS),
-    }
-    path = Path(config.profile_dir, f"rank{rank}", "profile.h5")
-    return write_profile(path, meta=meta, tables=result,
-                         summary=tables.summary(result, meta), kind=MEASURED_KIND,
-                         command_line=config.command_line or " ".join(sys.argv))
+def _adjust(config: MeasureConfig, pipe: RankPipeline, world: int) -> Any:
+    """What the run knows beyond the traces, added on rank 0: the options it ran with,
+    the model, each stage's layers, the losses."""
+    def adjust(tables: dict[str, Any], meta: dict[str, Any],
+               extras: list[dict[str, Any]]) -> None:
+        ours = rank_meta(config, world, pipe.mine, pipe.model)
+        # the schedule that ran, by the name it was given; what its traces show beside it
+        # (None for Schedule1F1B, which annotates nothing)
+        meta["measure"]["schedule_seen"] = meta["options"].get("schedule")
+        meta["options"].update(ours["options"])
+        meta["model"] = ours["model"]
+        meta["target"]["name"] = ours["target"]["name"]
+        meta["measure"].update(ours["measure"])
+        meta["measure"]["losses"] = next((e["losses"] for e in extras if e.get("losses")),
+                                         [])
+        stages = tables["stages"]
+        stages["first_layer"] = [pipe.cut.layers[s][0] for s in stages["stage"]]
+        stages["last_layer"] = [pipe.cut.layers[s][1] for s in stages["stage"]]
+    return adjust
 
 
-def pd_frame(rows: list[dict[str, Any]], columns: list[str]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(rows, columns=columns)
-
-
-def rank_meta(config: MeasureConfig, rank: int, world: int, run_id: str,
-              clock: dict[str, Any], mine: list[int], model: torch.nn.Module,
-              losses: list[float]) -> dict[str, Any]:
+def rank_meta(config: MeasureConfig, world: int, mine: list[int],
+              model: torch.nn.Module) -> dict[str, Any]:
     from popviz.options import Options
 
     options = Options(target=f"cpu-{config.backend}", strategy="pipelined",
@@ -296,6 +227,7 @@ def rank_meta(config: MeasureConfig, rank: int, world: int, run_id: str,
                       splits=list(config.splits), num_ipus=world).to_meta()
     options.update(microbatches=config.microbatches, stages_per_rank=config.stages_per_rank,
                    steps=config.steps, warmup=config.warmup)
+    del mine
     params = sum(p.numel() for p in model.parameters())
     return {
         "kind": MEASURED_KIND,
@@ -307,11 +239,9 @@ def rank_meta(config: MeasureConfig, rank: int, world: int, run_id: str,
                   "batch_size": config.micro_batch_size * config.microbatches,
                   "image_size": _image_size(config), "num_classes": config.num_classes,
                   "split_names": splitting.valid_splits(model)},
-        "measure": {"run_id": run_id, "rank": rank, "world_size": world,
-                    "backend": config.backend, "stages": mine,
-                    "num_stages": config.num_stages, "clock": clock,
-                    "losses": losses, "host": socket.gethostname(),
-                    "threads": config.threads, "config": asdict(config)},
+        "measure": {"world_size": world, "backend": config.backend,
+                    "num_stages": config.num_stages, "threads": config.threads,
+                    "config": asdict(config)},
     }
 
 
@@ -346,10 +276,12 @@ def under_torchrun() -> bool:
 
 
 def measure(config: MeasureConfig) -> list[Path]:
-    """Run the pipeline; return the rank profile paths (all of them when spawning, this
-    rank's under torchrun). With `config.merge`, also write the merged profile there."""
+    """Run the pipeline; return the profile's path (`config.out`, else the profile dir) on
+    rank 0 (or when spawning), nothing on the other ranks of a torchrun job."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
+
+    from popviz.format.writer import profile_path
 
     if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -357,25 +289,10 @@ def measure(config: MeasureConfig) -> list[Path]:
         config.validate()
         _init(config, rank, world)
         try:
-            paths = [run_rank(config, rank, world)]
-            dist.barrier()
-            if config.merge and rank == 0:
-                _merge(config, world)
+            path = run_rank(config, rank, world)
         finally:
             dist.destroy_process_group()
-        return paths
+        return [path] if path is not None else []
     config.validate()
     mp.spawn(_spawned, args=(config, free_port()), nprocs=config.ranks, join=True)
-    paths = [Path(config.profile_dir, f"rank{r}", "profile.h5") for r in range(config.ranks)]
-    if config.merge:
-        _merge(config, config.ranks)
-    return paths
-
-
-def _merge(config: MeasureConfig, world: int) -> Path:
-    from popviz.measure.merge import merge_profiles
-
-    files = [Path(config.profile_dir, f"rank{r}", "profile.h5") for r in range(world)]
-    return merge_profiles(files, str(config.merge),
-                          command_line=config.command_line or " ".join(sys.argv))
-
+    return [profile_path(config.out or config.profile_dir)]

@@ -21,7 +21,7 @@ SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
 MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS")
 
 
-def schedule_name(name: str) -> str:
+def canonical_schedule(name: str) -> str:
     """The canonical schedule name (case-insensitive); ValueError listing valid ones."""
     for known in SCHEDULE_NAMES:
         if str(name).lower() == known.lower():
@@ -37,7 +37,7 @@ def schedule_class(name: str) -> type:
         "1F1B": schedules.Schedule1F1B,
         "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
         "LoopedBFS": schedules.ScheduleLoopedBFS,
-    }[schedule_name(name)]
+    }[canonical_schedule(name)]
 
 
 def name_to_module(model: nn.Module) -> dict[str, str]:

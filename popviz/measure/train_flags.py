@@ -28,9 +28,9 @@ def config_from_train_args(args: Any) -> MeasureConfig:
         microbatches=args.gradient_accumulation, micro_batch_size=args.batch_size[0],
         schedule=TRAIN_SCHEDULES[args.pipeline_schedule],
         splits=list(args.pipeline_splits or []), steps=args.iterations,
-        profile_dir=str(Path(args.profile_dir, "ranks")), image_size=args.image_size,
+        profile_dir=str(args.profile_dir), image_size=args.image_size,
         num_classes=args.num_classes, seed=args.seed, learning_rate=args.learning_rate,
-        merge=str(args.profile_dir), command_line=args.command_line)
+        command_line=args.command_line)
 
 
 def run_from_train_args(args: Any) -> int:
@@ -40,11 +40,11 @@ def run_from_train_args(args: Any) -> int:
 
     config = config_from_train_args(args)
     runner.measure(config)
-    with open_profile(profile_path(str(config.merge))) as merged:
+    with open_profile(profile_path(str(config.profile_dir))) as merged:
         s, losses = merged.summary, merged.meta["measure"].get("losses", [])
         loss = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, " if losses else ""
         print(f"measured {config.schedule} pipeline over {config.ranks} gloo ranks: "
               f"{config.warmup + config.steps} steps, {loss}step {s['step_ms']:.2f} ms, "
               f"{s['throughput']:.1f} samples/s; profile: {merged.path} "
-              f"(ranks in {config.profile_dir})")
+              f"(torch.profiler traces in {Path(config.profile_dir, 'traces')})")
     return 0

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import kineto_events as kev
-from popviz.measure import memsnap
-from popviz.measure.import_limits import MAX_MEMORY_BYTES
-from popviz.measure.kineto import read_trace
-from popviz.measure.kineto_ops import op_classes, ops_table
+from popviz.ingest import kineto_events as kev
+from popviz.ingest import memsnap
+from popviz.ingest.import_limits import MAX_MEMORY_BYTES
+from popviz.ingest.kineto import read_trace
+from popviz.ingest.kineto_ops import op_classes, ops_table
 
 PathLike = str | os.PathLike[str]
 
@@ -52,10 +52,21 @@ class RankPart:
     window: tuple[int, int] = (0, 0)  # first start, last end (rank clock)
     warnings: list[str] = field(default_factory=list)  # said by `popviz import`, kept in meta
     device_memory: int | None = None  # the GPU's memory (bytes) when the trace says it
+    # where each of torch.profiler's steps (`ProfilerStep#N`) starts, rank clock, in order
+    step_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def step_of(self, time: Any) -> np.ndarray:
+        """The recorded step (0, 1, ... in order) holding each time; 0 without steps or
+        before the first."""
+        t = np.asarray(time, dtype=np.int64)
+        if len(self.step_starts) < 2:
+            return np.zeros(len(t), dtype=np.int64)
+        return np.maximum(np.searchsorted(self.step_starts, t, "right") - 1, 0)
 
     def shift(self, origin: int) -> None:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
         by = self.base_ns - origin
+        self.step_starts = self.step_starts + by
         for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
                             (self.ops, ("start", "end")), (self.liveness, ("time",))):
             for c in cols:
@@ -139,17 +150,27 @@ def _rank_part(path: PathLike) -> RankPart:
     # the launching op's class, as the ops table gives it: op-level range statistics
     launched = part.events["host_op"].to_numpy() != ""
     part.events["op_class"] = np.where(launched, op_classes(part.events["host_op"]), "")
-    part.calls = kev.p2p_calls(spans, t.rank, lab).assign(on_gpu=part.on_gpu)
+    part.step_starts = profiler_steps(spans)
+    part.calls = kev.p2p_calls(spans, t.rank, lab, part.step_of).assign(on_gpu=part.on_gpu)
     time, allocated, device = memsnap.trace_series(t.memory)
     part.liveness = liveness_of(part, time, allocated)
     if device is not None:  # a GPU's memory events: its capacity holds them
         part.device_memory = device_memory(t.meta, device)
     part.ops = ops_table(spans, t.rank, lab)
     part.stages = [int(s) for s in lab.stages]
+    for frame in (part.events, part.ops):
+        frame["step"] = part.step_of(frame["start"]) if len(frame) else 0
     act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]
     part.actions = act.sort_values("start", kind="stable")["label"].astype(str).tolist()
     part.first_ops = first_ops(part.ops, annotated=bool(part.actions))
     return part
+
+
+def profiler_steps(spans: pd.DataFrame) -> np.ndarray:
+    """Start times of torch.profiler's `ProfilerStep#N` annotations (one per
+    `prof.step()`), in order; empty when the run marked no steps."""
+    marks = spans[kev.name_test(spans["name"], lambda n: n.str.match(r"^ProfilerStep#\d+$"))]
+    return np.sort(marks["start"].to_numpy(np.int64))
 
 
 def device_memory(meta: dict[str, Any], device_id: int | None) -> int | None:

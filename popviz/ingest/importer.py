@@ -1,10 +1,11 @@
 """`popviz.import_trace` / `popviz import`: torch.profiler (Kineto) traces of one or many
 ranks, and optionally CUDA memory snapshots, into one measured profile.
 
-Clocks: every rank's times are ns since its `baseTimeNanoseconds` plus the event's `ts`;
-t = 0 is the earliest event over all ranks. A recv is split at its peer's send post (the
-k-th send a -> b meets the k-th recv at b from a): before it the rank waits (`idle`), after
-it the data moves (`exchange`), as popviz.measure does. See docs/import.md.
+Clocks (`clocks`): every rank's times are ns since its `baseTimeNanoseconds` plus the
+event's `ts`, less the rank's clock offset where a live run measured one; t = 0 is the
+earliest event over all ranks. Sends and recvs pair in `p2p` and split into waiting and
+transfer in `waits`. `popviz.measure` feeds its ranks through `import_parts` below. See
+docs/import.md.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import kineto_events as kev
-from popviz.measure import tables as tbl
-from popviz.measure.import_checks import check_tables, clean_text
-from popviz.measure.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
-from popviz.measure.import_schedule import micro_batch_size, schedule_name
+from popviz.ingest import kineto_events as kev
+from popviz.ingest import tables as tbl
+from popviz.ingest import waits
+from popviz.ingest.clocks import align
+from popviz.ingest.import_checks import check_tables, clean_text
+from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
+from popviz.ingest.import_schedule import micro_batch_size, schedule_seen
+from popviz.ingest.p2p import match_p2p
 
 PathLike = str | os.PathLike[str]
 
@@ -58,76 +62,10 @@ def read_ranks(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
     return sorted(parts, key=lambda t: t.rank)
 
 
-def align(parts: list[RankPart]) -> int:
-    """Move every rank's times onto one clock (ns, 0 = first event of any rank); returns
-    the origin in ns since the epoch."""
-    firsts = [t.base_ns + t.first_ns for t in parts if t.first_ns is not None]
-    origin = min(firsts) if firsts else 0
-    for t in parts:
-        t.shift(origin)
-    return origin
-
-
-def match_p2p(calls: list[pd.DataFrame]) -> pd.DataFrame:
-    """All ranks' p2p calls with the peer's post time (`peer_post`, -1 if unmatched)."""
-    frames = [c for c in calls if len(c)]
-    if not frames:
-        return pd.DataFrame(columns=[*calls[0].columns, "peer_post"]) if calls else \
-            pd.DataFrame()
-    p2p = pd.concat(frames, ignore_index=True)
-    other = p2p.rename(columns={"rank": "peer", "peer": "rank", "start": "peer_post",
-                                "end": "peer_end"})
-    other["direction"] = other["direction"].map({"send": "recv", "recv": "send"})
-    p2p = p2p.merge(other[["rank", "peer", "direction", "seq", "peer_post", "peer_end"]],
-                    on=["rank", "peer", "direction", "seq"], how="left")
-    p2p["peer_post"] = p2p["peer_post"].fillna(-1).astype(np.int64)
-    p2p["peer_end"] = p2p["peer_end"].fillna(-1).astype(np.int64)
-    # gloo reports a send done only when the sender next waits on it; the data is over
-    # once its receiver has it
-    send = (p2p["direction"] == "send") & (p2p["peer_end"] >= p2p["start"])
-    p2p.loc[send, "end"] = np.minimum(p2p.loc[send, "end"], p2p.loc[send, "peer_end"])
-    return p2p
-
-
-def p2p_events(p2p: pd.DataFrame) -> pd.DataFrame:
-    """A CPU rank's p2p calls as trace events: each waits (idle) until its peer posted the
-    matching call, then transfers (exchange); gloo sends rendezvous with the receiver, so a
-    send splits like a recv (the sweep still counts compute under it as compute)."""
-    if p2p.empty:
-        return pd.DataFrame(columns=kev.EVENT_COLUMNS)
-    recv = (p2p["direction"] == "recv").to_numpy()
-    start, end = p2p["start"].to_numpy(), p2p["end"].to_numpy()
-    post = p2p["peer_post"].to_numpy()
-    split = np.where(post >= 0, np.clip(post, start, end), start)
-    way = np.where(recv, "from", "to")
-    label = [f"{d} mb{m} {w} rank {p}" for d, m, w, p in
-             zip(p2p["direction"], p2p["microbatch"], way, p2p["peer"])]
-    common = {"ipu": p2p["rank"].to_numpy(), "stage": p2p["stage"].to_numpy(),
-              "microbatch": p2p["microbatch"].to_numpy(), "pass": p2p["pass"].to_numpy(),
-              "step": 0, "peer": p2p["peer"].to_numpy()}
-    wait = pd.DataFrame({**common, "start": start, "end": split, "kind": "idle",
-                         "op": [f"wait: {x}" for x in label], "bytes": 0})
-    move = pd.DataFrame({**common, "start": split, "end": end, "kind": "exchange",
-                         "op": label, "bytes": p2p["bytes"].to_numpy()})
-    wait["host_op"] = move["host_op"] = ""
-    return pd.concat([wait[wait["end"] > wait["start"]], move],
-                     ignore_index=True)[kev.EVENT_COLUMNS]
-
-
 def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     """Transfers: each p2p once (its recv), collectives (NCCL kernels with bytes), and
     device copies ('host' for host <-> device)."""
-    parts = []
-    if len(p2p):
-        recv = p2p[p2p["direction"] == "recv"]
-        start = np.maximum(recv["start"], recv["peer_post"])
-        parts.append(pd.DataFrame({
-            "src": recv["peer"].astype(object), "dst": recv["rank"].astype(object),
-            "bytes": recv["bytes"], "start": start, "end": np.maximum(start, recv["end"]),
-            "kind": np.where(recv["pass"] == "B", "gradient", "activation"),
-            "stage": recv["stage"], "microbatch": recv["microbatch"], "step": 0,
-            "waiting_ns": start - recv["start"],
-            "transfer_ns": np.maximum(start, recv["end"]) - start}))
+    parts = [waits.transfers(p2p)] if len(p2p) else []
     dev = trace[(trace["kind"].isin(["exchange", "host_io"]))
                 & ~trace["op"].astype(str).str.startswith(("wait:", "send ", "recv "))]
     dev = dev[dev["op"].astype(str).str.contains("nccl|Memcpy", case=False, regex=True)]
@@ -142,7 +80,7 @@ def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
             "kind": np.where(h2d | d2h, "host", np.where(op.str.contains("nccl", case=False),
                                                          "collective", "internal")),
             "stage": dev["stage"].to_numpy(), "microbatch": dev["microbatch"].to_numpy(),
-            "step": 0, "waiting_ns": 0,
+            "step": dev["step"].to_numpy(), "waiting_ns": 0,
             "transfer_ns": (dev["end"] - dev["start"]).to_numpy()}))
     if not parts:
         return pd.DataFrame({c: pd.Series([], dtype="int64" if c not in ("src", "dst", "kind")
@@ -174,6 +112,17 @@ def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
         trace.loc[rows.index, "microbatch"] = mb
 
 
+def boundary_bytes(info: list[dict[str, Any]], p2p: pd.DataFrame) -> None:
+    """Each stage's activation bytes sent per micro-batch (what a split point costs)."""
+    if p2p.empty:
+        return
+    sent = p2p[(p2p["direction"] == "send") & (p2p["pass"] == "F")]
+    for i in info:
+        mine = sent[sent["stage"] == i["stage"]]
+        count = len(mine[["step", "microbatch"]].drop_duplicates())
+        i["boundary_bytes"] = int(mine["bytes"].sum() // count) if count else 0
+
+
 def renumber(ops: pd.DataFrame) -> pd.DataFrame:
     """op_id in (rank, start) order; keeps the import's extra columns (gpu_ns, shapes...)."""
     ops = ops.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
@@ -198,7 +147,7 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
     info = [{"stage": s, "ipu": t.rank} for t in parts for s in t.stages]
     p2p = match_p2p([t.calls for t in parts])
     if len(p2p):
-        events.append(p2p_events(p2p[~p2p["on_gpu"].astype(bool)]))
+        events.append(waits.p2p_events(p2p[~p2p["on_gpu"].astype(bool)], kev.EVENT_COLUMNS))
     trace = pd.concat([e for e in events if len(e)] or events[:1], ignore_index=True)
     trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
                                               "step", "bytes", "peer")})
@@ -206,9 +155,11 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
     number_by_transfers(trace, p2p)
     liveness = pd.concat([t.liveness for t in parts], ignore_index=True)
+    steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
+    boundary_bytes(info, p2p)
     result = {
-        "trace": trace, "liveness": liveness,
-        "stages": tbl.stages_table(trace, liveness, info, 1),
+        "trace": trace, "liveness": liveness, "p2p": waits.p2p_table(p2p),
+        "stages": tbl.stages_table(trace, liveness, info, steps),
         "exchange": exchange_rows(p2p, trace),
         "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
@@ -244,13 +195,13 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})
     options = {"strategy": "pipelined" if len(stages) > 1 else "single",
-               "schedule": schedule_name(traces), "gradient_accumulation": max(1, mbs),
+               "schedule": schedule_seen(traces), "gradient_accumulation": max(1, mbs),
                "device_iterations": 1, "replication_factor": 1,
                "available_memory_proportion": None, "precision": None,
                "recomputation": False, "splits": [], "microbatches": max(1, mbs),
                "micro_batch_size": micro_batch_size(traces),
                "stages_per_rank": max(1, len(stages) // len(ranks)),
-               "steps": 1}
+               "steps": max(1, int(trace["step"].nunique())) if len(trace) else 1}
     memory = {str(t.rank): t.device_memory for t in traces if t.device_memory}
     return {
         "kind": "measured",
@@ -291,19 +242,35 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
             if snap is not None:
                 use_snapshot(t, snap)
         label = ", ".join(str(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
-        try:  # across the ranks: what the data makes go wrong names every input
-            origin = align(traces)
-            result, info = import_tables(traces)
-            meta = import_meta(traces, info, origin, snapshots, result["trace"])
-            clean_text(result)  # before the summary, which quotes op names
-            summary = tbl.summary(result, meta)
-        except DATA_ERRORS as exc:
-            raise data_error(label, exc) from None
+        result, meta, summary = import_parts(traces, label, snapshots)
     finally:
         if collecting:
             gc.enable()
-    check_tables(result, meta, label)
     for warning in meta["warnings"] if on_warning else []:
         on_warning(warning)
     return write_profile(to, meta=meta, tables=result, summary=summary,
                          kind="measured", command_line=command_line or " ".join(sys.argv))
+
+
+def import_parts(traces: list[RankPart], label: str,
+                 snapshots: list[Path | None] | None = None, *,
+                 offsets: dict[int, int] | None = None,
+                 adjust: Callable[[dict[str, pd.DataFrame], dict[str, Any]], None] | None
+                 = None) -> tuple[dict[str, pd.DataFrame], dict[str, Any], dict[str, Any]]:
+    """Every rank's parsed trace (rank order) -> tables, meta and summary, checked as the
+    reader would (a ProfileError naming `label` otherwise). `offsets`: each rank's clock
+    minus rank 0's, where a live run measured them (`clocks`). `adjust(tables, meta)` may
+    add what a live run knows beyond the traces (layers, losses) before the summary."""
+    snapshots = snapshots if snapshots is not None else [None] * len(traces)
+    try:  # across the ranks: what the data makes go wrong names every input
+        origin = align(traces, offsets)
+        result, info = import_tables(traces)
+        meta = import_meta(traces, info, origin, snapshots, result["trace"])
+        if adjust is not None:
+            adjust(result, meta)
+        clean_text(result)  # before the summary, which quotes op names
+        summary = tbl.summary(result, meta)
+    except DATA_ERRORS as exc:
+        raise data_error(label, exc) from None
+    check_tables(result, meta, label)
+    return result, meta, summary

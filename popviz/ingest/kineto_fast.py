@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.measure import import_limits as limits
-from popviz.measure import kineto_scan as scan
-from popviz.measure.kineto_scan import NotKineto
+from popviz.ingest import import_limits as limits
+from popviz.ingest import kineto_scan as scan
+from popviz.ingest.kineto_scan import NotKineto
 
 try:
     import orjson

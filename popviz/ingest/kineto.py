@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import import_limits as limits
-from popviz.measure import kineto_scan as scan
+from popviz.ingest import import_limits as limits
+from popviz.ingest import kineto_scan as scan
 
 try:  # optional: 3-4x faster than json on large traces
     import orjson
@@ -248,7 +248,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
     The vectorised reader (kineto_fast) takes the layout torch.profiler writes; anything
     else goes through the general chunked decoder. Declared ranks, world size and base
     time are checked against import_limits."""
-    from popviz.measure import kineto_fast
+    from popviz.ingest import kineto_fast
 
     path = Path(path)
     data = read_bytes(path)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import re
 
-from popviz.measure.import_rank import RankPart
-from popviz.measure.kineto_events import PP_ACTION, SINGLE_STAGE
+from popviz.ingest.import_rank import RankPart
+from popviz.ingest.kineto_events import PP_ACTION, SINGLE_STAGE
 
 BATCH_SECOND = re.compile(r"^aten::embedding")  # (weight, indices, ...)
 
@@ -42,8 +42,10 @@ def _passes(actions: list[str]) -> list[str] | None:
     return out
 
 
-def schedule_name(parts: list[RankPart]) -> str | None:
-    """GPipe, 1F1B, LoopedBFS or Interleaved1F1B from the ranks' annotated actions."""
+def schedule_seen(parts: list[RankPart]) -> str | None:
+    """GPipe, 1F1B, LoopedBFS or Interleaved1F1B as the ranks' annotated actions show it
+    (the schedule family a trace shows; `measure.split.canonical_schedule` is the name a
+    user typed, which a live run keeps in meta.options.schedule)."""
     interleaved = False
     for part in parts:
         passes = _passes(part.actions)

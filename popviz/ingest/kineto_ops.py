@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from popviz.measure import tables as tbl
-from popviz.measure.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
+from popviz.ingest import tables as tbl
+from popviz.ingest.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
 
 try:
     import orjson

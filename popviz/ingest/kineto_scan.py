@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from popviz.measure import import_limits as limits
+from popviz.ingest import import_limits as limits
 
 BLOCK = 4 << 20
 ONES = np.uint64(0x0101010101010101)

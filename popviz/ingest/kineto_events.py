@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from popviz.measure.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
 PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"
@@ -229,7 +229,8 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[EVENT_COLUMNS]
 
 
-def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
+def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller,
+              step_of: Callable[[np.ndarray], np.ndarray] | None = None) -> pd.DataFrame:
     """gloo / nccl send and recv annotations (post to completion) with their peer (from the
     c10d call that posted them) and bytes: rank, direction, peer, start, end, bytes,
     stage, pass, microbatch, seq (k-th op between this rank and that peer that way)."""
@@ -238,7 +239,7 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     calls = spans[(spans["cat"] == "cpu_op").to_numpy()
                   & name_test(spans["name"], lambda n: n.str.match(r"^c10d::(send|recv)"))]
     cols = ["rank", "direction", "peer", "start", "end", "bytes", "stage", "pass",
-            "microbatch", "seq"]
+            "microbatch", "seq", "step"]
     if ann.empty:
         return pd.DataFrame(columns=cols)
     calls = calls.sort_values("start")
@@ -258,7 +259,8 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
         "rank": rank, "direction": direction, "peer": peers,
         "start": post, "end": ann["end"].to_numpy(),
         "bytes": [tensor_bytes(d, t) for d, t in zip(ann["dims"], ann["types"])],
-        "stage": stage, "pass": ps, "microbatch": mb})
+        "stage": stage, "pass": ps, "microbatch": mb,
+        "step": step_of(post) if step_of is not None else 0})
     frame = frame.sort_values("start", kind="stable").reset_index(drop=True)
     frame["seq"] = frame.groupby(["direction", "peer"]).cumcount()
     # without pipelining's annotations (Schedule1F1B has none): stages run in rank order,
@@ -268,7 +270,9 @@ def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     down = ((frame["direction"] == "send") & (frame["peer"] < rank)) \
         | ((frame["direction"] == "recv") & (frame["peer"] > rank))
     frame.loc[bare, "pass"] = np.where(down.to_numpy()[bare], "B", "F")
-    frame.loc[bare, "microbatch"] = frame["seq"].to_numpy()[bare]
+    # (numbered afresh in each of torch.profiler's steps)
+    frame.loc[bare, "microbatch"] = frame.groupby(["direction", "peer", "step"]
+                                                  ).cumcount().to_numpy()[bare]
     return frame[cols]
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.measure import import_limits as limits
+from popviz.ingest import import_limits as limits
 
 MAX_POINTS = 20_000
 PHASE = {"F": "forward", "B": "backward", "WU": "optimiser", "": "other"}
