@@ -51,18 +51,24 @@ CONFIGS: list[dict[str, Any]] = [
      "README_Benchmarks.md (commit b30108f): the commands behind the published Mk2 CNN "
      "results (1 x IPU-POD16 command)"},
     {"name": "effnet-b4-pipeline-4ipu", "point": None,
-     "source": "/work/shared/reference/ipu.md, 'Examples from Graphcore's published "
-     "benchmark commands': EfficientNet-B4, 4-stage pipeline (--model efficientnet "
-     "--model-size 4 --batch-size 5 --shards 4 --pipeline --pipeline-split block2c block4c "
-     "block6a --gradient-accumulation-count 40 --enable-recomputation "
-     "--available-memory-proportion 0.15 --precision 16.32); as scripts/make_profiles.py "
-     "effnet_b4_pipeline (Mk2, 380x380, the model's native size)",
+     "source": "graphcore/examples applications/tensorflow/cnns/training/configs.yml "
+     "(commit b30108f): mk2_efficientnet_b4_g16_16ipus, the 4-IPU EfficientNet-B4 pipeline "
+     "behind README_Benchmarks.md's 'EfficientNet-B4 Training Modified Group Dim 16' "
+     "commands (group_dim 16, expand_ratio 4, micro-batch 5, accumulation 40, 4 replicas, "
+     "splits block2c block4c block6a, 16.32, half partials, AMP 0.15, recomputation, "
+     "Grouped; image size 380 from Models/efficientnet.py). The reference's command "
+     "(/work/shared/reference/ipu.md) is this configuration without its group_dim / "
+     "expand_ratio; the standard-B4 configuration (mk2_efficientnet_b4_g1_16ipus) is "
+     "micro-batch 3 split at block2b block4b block6c",
      "config": {"target": "mk2", "model": "efficientnet", "size": 4, "batch": 5,
                 "image": 380, "training": True,
+                "variant": {"group_dim": 16, "expand_ratio": 4},
                 "options": {"splits": ["block2c", "block4c", "block6a"],
                             "recomputation": True, "precision": "16.32",
+                            "half_partials": True,
                             "available_memory_proportion": 0.15,
-                            "gradient_accumulation": 40}}},
+                            "gradient_accumulation": 40, "replication_factor": 4,
+                            "schedule": "Grouped"}}},
     {"name": "resnext101-pipeline-2ipu", "point": "bow-resnext101-train-pod16-2stage-mb6",
      "source": "Graphcore, 'Performance Results', Bow platform training table, "
      "https://www.graphcore.cn/performance-results/ (stored copy read 2026-11-23); "
