@@ -50,7 +50,7 @@ CONFIGS: list[dict[str, Any]] = [
      "IPU-POD16); configuration: graphcore/examples applications/tensorflow/cnns/training/"
      "README_Benchmarks.md (commit b30108f): the commands behind the published Mk2 CNN "
      "results (1 x IPU-POD16 command)"},
-    {"name": "effnet-b4-pipeline-4ipu", "point": None,
+    {"name": "effnet-b4-g16-pipeline-4ipu", "point": None,
      "source": "graphcore/examples applications/tensorflow/cnns/training/configs.yml "
      "(commit b30108f): mk2_efficientnet_b4_g16_16ipus, the 4-IPU EfficientNet-B4 pipeline "
      "behind README_Benchmarks.md's 'EfficientNet-B4 Training Modified Group Dim 16' "
@@ -68,6 +68,21 @@ CONFIGS: list[dict[str, Any]] = [
                             "half_partials": True,
                             "available_memory_proportion": 0.15,
                             "gradient_accumulation": 40, "replication_factor": 4,
+                            "schedule": "Grouped"}}},
+    {"name": "effnet-b4-g1-pipeline-4ipu", "point": None,
+     "source": "graphcore/examples applications/tensorflow/cnns/training/configs.yml "
+     "(commit b30108f): mk2_efficientnet_b4_g1_16ipus, the standard EfficientNet-B4 "
+     "(group_dim 1, expand_ratio 6) 4-IPU pipeline behind README_Benchmarks.md's "
+     "'EfficientNet-B4 Training Standard Group Dim 1' commands (micro-batch 3, "
+     "accumulation 64, 4 replicas, splits block2b block4b block6c, 16.32, half partials, "
+     "AMP 0.15, recomputation, Grouped; image size 380 from Models/efficientnet.py)",
+     "config": {"target": "mk2", "model": "efficientnet", "size": 4, "batch": 3,
+                "image": 380, "training": True,
+                "options": {"splits": ["block2b", "block4b", "block6c"],
+                            "recomputation": True, "precision": "16.32",
+                            "half_partials": True,
+                            "available_memory_proportion": 0.15,
+                            "gradient_accumulation": 64, "replication_factor": 4,
                             "schedule": "Grouped"}}},
     {"name": "resnext101-pipeline-2ipu", "point": "bow-resnext101-train-pod16-2stage-mb6",
      "source": "Graphcore, 'Performance Results', Bow platform training table, "
