@@ -48,8 +48,9 @@ CONFIGS: list[dict[str, Any]] = [
     {"name": "rn50-pipeline-4ipu", "point": "mk2-rn50-train-4ipu-pipeline-x4-mb16",
      "source": "docs/hardware.md (calibration points, [MLPerf]: MLPerf v1.1 ResNet-50 on "
      "IPU-POD16); configuration: graphcore/examples applications/tensorflow/cnns/training/"
-     "README_Benchmarks.md (commit b30108f): the commands behind the published Mk2 CNN "
-     "results (1 x IPU-POD16 command)"},
+     "configs.yml (commit b30108f): mk2_resnet50_bn_16ipus (micro-batch 16, accumulation "
+     "256, 4 replicas x 4 IPUs, splits b1/2/relu b2/3/relu b3/3/relu, Grouped, "
+     "recomputation, AMP 0.15, 16.32, half partials, momentum on chip)"},
     {"name": "effnet-b4-g16-pipeline-4ipu", "point": None,
      "source": "graphcore/examples applications/tensorflow/cnns/training/configs.yml "
      "(commit b30108f): mk2_efficientnet_b4_g16_16ipus, the 4-IPU EfficientNet-B4 pipeline "
