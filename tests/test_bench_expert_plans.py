@@ -100,3 +100,23 @@ def test_an_unknown_config_name_is_a_clear_error(capsys) -> None:
         bench.main(["--only", "no-such-model"])
     assert exc.value.code == 2
     assert "invalid choice: 'no-such-model'" in capsys.readouterr().err
+
+
+def test_a_flagged_claim_is_decomposed_into_layout_and_amp(row) -> None:
+    program, options = bench.config_program(SMALL), bench.config_options(SMALL)
+    bench.decompose(row, program, options, 6)
+    assert row.layout_speedup is not None and row.amp_speedup is not None
+    # AMP's share: the published splits compiled at the ladder's top AMP, over the published
+    top = options.copy()
+    top.set_available_memory_proportion(max(bench.AMP_LADDER))
+    raised = compile(program, top).summary["throughput"]
+    now = compile(program, options).summary["throughput"]
+    assert row.amp_speedup == pytest.approx(raised / now, rel=1e-9)
+    row.best.throughput, saved = row.now.throughput * 1.2, row.best.throughput
+    try:
+        assert f"layout at the published AMP {row.layout_speedup:.2f}x" in row.flag
+        assert f"on the published splits {row.amp_speedup:.2f}x" in row.flag
+        assert json.loads(json.dumps(row.to_dict()))["amp_speedup"] == pytest.approx(
+            row.amp_speedup)
+    finally:
+        row.best.throughput = saved
