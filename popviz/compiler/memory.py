@@ -334,6 +334,9 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
     oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
+    # a stage without a stash (the last: its backward follows its forward at once) holds
+    # its activations across F -> B for the current micro-batch only: no stash per one
+    per_mb = np.where(np.asarray(depth) > 0, per_mb, 0).astype(np.int64)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 
