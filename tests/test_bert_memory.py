@@ -68,3 +68,46 @@ def test_offloaded_adam_state_comes_in_at_its_weights_update_not_at_its_creation
                           "bytes"].sum()) for s in steps]
     assert state["bytes"].sum() >= 12 * big
     assert max(live) <= 2 * 2 * big + 4 * 2 * 256 * 4
+
+
+@pytest.fixture(scope="module")
+def ph1() -> dict:
+    pytest.importorskip("transformers")
+    from popviz.compiler.calibration import point_options, point_program
+    from popviz.target.costmodel import load_calibration
+
+    point = next(p for p in load_calibration()["points"]
+                 if p["id"] == "bow-bertlarge-ph1-train-pod16-mb8-fits")
+    report = compile(point_program(point), point_options(point))
+    return {"report": report, "point": point}
+
+
+def test_bert_large_stashes_one_checkpoint_per_layer_and_heads_sit_on_ipu0(ph1) -> None:
+    r = ph1["report"]
+    st = r.tables["stages"]
+    # 5 stages: embeddings + 3 layers, 7, 7, 7 layers, then the heads back on IPU 0
+    assert st["ipu"].tolist() == [0, 1, 2, 3, 0]
+    assert st["stash_depth"].tolist() == [9, 7, 5, 3, 0]  # 2 x (stages after) + 1
+    # stage 1 (layers 3-9) per micro-batch, micro-batch 8 x 128 tokens x 1024 in fp16:
+    # its input and 6 checkpoints (layers 3-8's outputs; layer 9's goes to IPU2), the
+    # extended attention mask 8 x 128 x 128 and each checkpoint LayerNorm's mean and
+    # reciprocal std (8 x 128 each)
+    b, s, h = 8, 128, 1024
+    expected = 7 * b * s * h * 2 + b * s * s * 2 + 6 * 2 * b * s * 2
+    assert st["stash_bytes_per_microbatch"].iloc[1:4].tolist() == [expected] * 3 == [14_966_784] * 3
+    assert not r.summary.get("shared_parameters")  # the tied decoder sits with its embedding
+    assert r.summary["fits"]
+
+
+def test_bert_large_recomputes_one_layer_at_a_time(ph1) -> None:
+    r = ph1["report"]
+    v, ops = r.tables["variables"], r.tables["ops"]
+    module = dict(zip(ops["op_id"].tolist(), ops["module"].astype(str).tolist(), strict=True))
+    rec = v[(v["ipu"] == 1) & v["name"].str.endswith("(recomputed)")].copy()
+    op = rec["name"].str.extract(r"#(\d+)")[0].astype(int)
+    rec["layer"] = op.map(module).str.extract(r"layer\.(\d+)\.")[0]
+    assert set(rec["layer"]) == {str(i) for i in range(3, 10)}  # IPU1's seven layers
+    steps = range(int(rec["first_step"].min()), int(rec["last_step"].max()) + 1)
+    most = max(rec.loc[(rec["first_step"] <= t) & (rec["last_step"] >= t), "layer"].nunique()
+               for t in steps)
+    assert most == 1  # "max liveness of activations ... at most one Encoder layer"
