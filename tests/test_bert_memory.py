@@ -24,6 +24,10 @@ def test_checkpoint_layers_are_every_layer_but_each_ipus_last() -> None:
     assert checkpoint_layers(12, (4,)) == (0, 1, 2, 4, 5, 6, 8, 9, 10)  # one value: each IPU
     with pytest.raises(ValueError, match=r"layers_per_ipu \[3, 7\] does not split 24"):
         checkpoint_layers(24, (3, 7))
+    from popviz.models.hf import build_transformer
+
+    with pytest.raises(ValueError, match="modelled for bert only, not vit"):
+        build_transformer("vit", "base-16", 1, recompute_checkpoint_every_layer=True)
 
 
 def test_the_heads_may_return_to_the_first_ipu_but_no_other_order() -> None:

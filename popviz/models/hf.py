@@ -121,17 +121,17 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
     if task not in TASKS.get(name, ("pretraining",)):
         raise ValueError(f"unknown {name} task {task!r}; valid: "
                          f"{', '.join(TASKS.get(name, ('pretraining',)))}")
-    layers = SIZES[name][size][1]
-    marked = checkpoint_layers(layers, tuple(layers_per_ipu)) \
+    if recompute_checkpoint_every_layer and name != "bert":
+        raise ValueError(f"recompute_checkpoint_every_layer is modelled for bert only, "
+                         f"not {name}")
+    marked = checkpoint_layers(SIZES[name][size][1], tuple(layers_per_ipu)) \
         if recompute_checkpoint_every_layer else ()
     with contextlib.nullcontext() if init_weights else _no_init_weights():
         model, inputs = _build(name, size, batch, sequence_length, mask_tokens, vocab_size,
                                image_size, num_classes, hidden_dropout, attention_dropout,
                                task)
-    if marked:
-        encoder = model.bert.encoder.layer if name == "bert" else model.vit.vit.encoder.layer
-        for i in marked:
-            encoder[i].register_forward_hook(_checkpoint_output)
+    for i in marked:  # BertPretraining / BertSquad: model.bert is HF's BertModel
+        model.bert.encoder.layer[i].register_forward_hook(_checkpoint_output)
     return model, inputs
 
 
