@@ -5,6 +5,8 @@ configuration of graphcore/examples nlp/bert/popart (commit 09b7c672)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -115,3 +117,37 @@ def test_bert_large_recomputes_one_layer_at_a_time(ph1) -> None:
     most = max(rec.loc[(rec["first_step"] <= t) & (rec["last_step"] >= t), "layer"].nunique()
                for t in steps)
     assert most == 1  # "max liveness of activations ... at most one Encoder layer"
+
+
+def test_bert_large_ffn_matmul_plan_by_hand() -> None:
+    """The encoder's widest forward matmul, [1024 tokens x 1024] x [1024 x 4096] (micro-
+    batch 8 x sequence 128), on a Bow tile at AMP 0.25 with half partials: the plan's
+    temporary bytes per tile worked from its partition (docs/cost-model.md section 2)."""
+    from popviz.target import get_target
+    from popviz.target.convparams import matmul_passes
+    from popviz.target.convplan import plan_conv
+    from popviz.target.cost import Precision, tile_arch
+
+    arch = tile_arch(get_target("bow"), Precision.parse("16.16", half_partials=True))
+    (p,) = matmul_passes("aten.addmm.default", "[4096];[1024,1024];[1024,4096]", 0)
+    assert (p.batch, p.in_chans, p.out_chans) == (1024, 1024, 4096)
+    plan = plan_conv(p, arch, 0.25)
+    pb, ph, pw, pg, pi, po = plan.partition
+    assert (ph, pw, pg) == (1, 1, 1) and pb * pi * po == plan.tiles <= 1472
+    assert not plan.ignored and plan.serial == ("", 1)
+    # a tile's share: ceil(1024 / pb) rows, its input channels in blocks of 16 (the AMP
+    # vertex's), its output channels in blocks of 16 (the AMP units)
+    rows = math.ceil(1024 / pb)
+    cin = math.ceil(math.ceil(1024 / 16) / pi) * 16
+    cout = math.ceil(math.ceil(4096 / 16) / po) * 16
+    inputs, weights = rows * cin * 2, cin * cout * 2  # fp16
+    partials = rows * cout * 2  # half partials
+    # what comes over the exchange: the input slice unless this tile holds it (shared by
+    # the po output-channel slices), the weights unless held (shared by the pb row slices)
+    temp = inputs * (1 - 1 / po) + weights * (1 - 1 / pb) + partials
+    assert plan.temp_bytes == pytest.approx(temp, rel=1e-12)
+    assert plan.temp_bytes <= 0.25 * 638_976  # within AMP x the Bow's 624 KiB
+    # PopLibs' own estimate counts every input and weight byte: still within the cap
+    assert inputs + weights + partials <= 0.25 * 638_976
+    # the busiest tile cannot beat 64 fp16 MACs a cycle on a tile with AMP over its share
+    assert plan.cycles >= 1024 * 1024 * 4096 / (plan.tiles * 64)
