@@ -14,7 +14,13 @@ from typing import Any
 import pandas as pd
 
 from popviz.analysis.amp import amp_effect, amp_steps, effect_words, knows
-from popviz.analysis.balance import imbalance, stage_balance, stages_take_turns
+from popviz.analysis.balance import (
+    imbalance,
+    ipu_imbalance,
+    returns_to_an_ipu,
+    stage_balance,
+    stages_take_turns,
+)
 from popviz.analysis.memory import ipu_totals, oom_tiles
 from popviz.analysis.pipeline_plan import (
     balanced_bounds,
@@ -206,6 +212,8 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     bal = stage_balance(stages)
     if stages_take_turns(bal) or bal["busy_cycles"].mean() <= 0:
         return []
+    if returns_to_an_ipu(bal):
+        return _ipu_balance_advice(meta, stages, measured)
     busy = bal.set_index("stage")["busy_cycles"]
     top = int(busy.idxmax())
     load = imbalance(stages)
@@ -236,6 +244,22 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
                     for r in ipu_totals(tile_memory).itertuples()} if len(tile_memory) else {}
         out += _split_moves(meta, stages, ops, tile_use, proposed_splits, top, ipu)
     return out
+
+
+def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bool
+                        ) -> list[Advice]:
+    """The bottleneck IPU, its stages' busy cycles summed; no split plan (the split
+    search moves layers between neighbouring stages, each on its own IPU)."""
+    ipu, load = ipu_imbalance(stages)
+    if load < IMBALANCE_LIMIT:
+        return []
+    words = naming_of(meta) if is_gpu_target(meta) else \
+        naming_of(MEASURED_KIND if measured else MODELLED_KIND)
+    own = sorted(int(s) for s in stages.loc[stages["ipu"] == ipu, "stage"])
+    return [Advice("warning", "split", ipu, (
+        f"{words.label(ipu)} is the bottleneck: {load:.2f}x the mean busy load of all "
+        f"{words.devices} (its stages {own} run in turn). Move layers off it; stages that "
+        f"come back to an earlier IPU get no split plan here: try `popviz tune`."))]
 
 
 def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:

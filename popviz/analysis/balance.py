@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,21 @@ def imbalance(stages: pd.DataFrame) -> float:
     bal = stage_balance(stages)
     mean = bal["busy_cycles"].mean() if len(bal) else 0.0
     return float(bal["busy_cycles"].max() / mean) if mean else 1.0
+
+
+def returns_to_an_ipu(stages: pd.DataFrame) -> bool:
+    """Whether a later stage comes back to an earlier stage's IPU (PopART BERT's heads as
+    the last stage on IPU 0): that IPU runs both in turn, so balance is judged per IPU."""
+    ipus = stages.sort_values("stage")["ipu"].astype(int).tolist()
+    return any(b < a for a, b in itertools.pairwise(ipus))
+
+
+def ipu_imbalance(stages: pd.DataFrame) -> tuple[int, float]:
+    """(busiest IPU, its busy cycles over the mean per IPU), its stages' cycles summed."""
+    per = ipu_balance(stages).set_index("ipu")["busy_cycles"]
+    if per.empty or per.mean() <= 0:
+        return 0, 1.0
+    return int(per.idxmax()), float(per.max() / per.mean())
 
 
 def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:

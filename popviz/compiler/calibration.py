@@ -92,9 +92,11 @@ def point_options(point: dict[str, Any]) -> Options:
 
 def point_program(point: dict[str, Any]) -> Program:
     cfg = point["config"]
-    if cfg["model"] in TRANSFORMERS:
+    if cfg["model"] in TRANSFORMERS:  # list values (layers_per_ipu) as tuples: cache keys
+        variant = {k: tuple(v) if isinstance(v, list) else v
+                   for k, v in cfg.get("variant", {}).items()}
         return plan_transformer(cfg["model"], cfg["size"], int(cfg["batch"]),
-                                tuple(sorted(cfg.get("variant", {}).items())))
+                                tuple(sorted(variant.items())))
     return plan_program(cfg["model"], cfg["size"], int(cfg["batch"]), int(cfg.get("image", 224)),
                         variant=tuple(sorted(cfg.get("variant", {}).items())))
 

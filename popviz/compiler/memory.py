@@ -178,8 +178,13 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     tt, cp, si = (span["t"].to_numpy(np.int64), span["copy"].to_numpy(bool),
                   span["ipu"].to_numpy(np.int64))
     home = (si == ipu[tt]) & ~cp
+    # offloaded optimiser state is streamed in for its weight's update (its first reader),
+    # not from the op that made it: the recorded step is the first, where the optimiser
+    # creates every weight's state at the start of the update (torch's _init_group); in the
+    # steps PopART repeats it exists off chip already (optimizerStateTensorLocation OffChip)
+    made = has_p[tt] & ~(options.optimiser_offload & (cat[tt] == "optimiser_state"))
     s0 = np.where(cp, o_step[np.nan_to_num(copy_row[tt], nan=0).astype(np.int64)],
-                  np.where(home & has_p[tt], o_step[pi[tt]], span["min"].to_numpy()))
+                  np.where(home & made, o_step[pi[tt]], span["min"].to_numpy()))
     s1 = np.maximum(span["max"].to_numpy(), s0)
     keep = nal[tt]
     # a received copy belongs to the stage that reads it
@@ -334,6 +339,9 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
         "stage": nal["stage"].astype(np.int64)})
     oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
+    # a stage without a stash (the last: its backward follows its forward at once) holds
+    # its activations across F -> B for the current micro-batch only: no stash per one
+    per_mb = np.where(np.asarray(depth) > 0, per_mb, 0).astype(np.int64)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
                   peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
 

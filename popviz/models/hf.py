@@ -17,6 +17,7 @@ import contextlib
 import os
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -103,22 +104,61 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
                       mask_tokens: int = 20, vocab_size: int = 30522, image_size: int = 224,
                       num_classes: int = 1000, hidden_dropout: float = 0.1,
                       attention_dropout: float = 0.0, task: str = "pretraining",
+                      recompute_checkpoint_every_layer: bool = False,
+                      layers_per_ipu: tuple[int, ...] = (),
                       init_weights: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     """A freshly initialised model and one micro-batch of inputs for it (keyword arguments
     of its forward, which returns the loss). Eager attention: the matmuls and softmax the
     IPU applications run, not a fused kernel. `init_weights=False` skips HF's weight
     initialisation (plan mode: fake tensors have no values, and ViT's truncated normal
     init reads them). BERT's `task` is "pretraining" (masked LM + next sentence) or
-    "squad" (span fine-tuning)."""
+    "squad" (span fine-tuning). `recompute_checkpoint_every_layer` with `layers_per_ipu`
+    marks encoder layers' outputs as recomputation checkpoints as Graphcore's PopART BERT
+    does (see `checkpoint_layers`)."""
     if name not in SIZES or size not in SIZES[name]:
         valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
         raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
     if task not in TASKS.get(name, ("pretraining",)):
         raise ValueError(f"unknown {name} task {task!r}; valid: "
                          f"{', '.join(TASKS.get(name, ('pretraining',)))}")
+    if recompute_checkpoint_every_layer and name != "bert":
+        raise ValueError(f"recompute_checkpoint_every_layer is modelled for bert only, "
+                         f"not {name}")
+    marked = checkpoint_layers(SIZES[name][size][1], tuple(layers_per_ipu)) \
+        if recompute_checkpoint_every_layer else ()
     with contextlib.nullcontext() if init_weights else _no_init_weights():
-        return _build(name, size, batch, sequence_length, mask_tokens, vocab_size, image_size,
-                      num_classes, hidden_dropout, attention_dropout, task)
+        model, inputs = _build(name, size, batch, sequence_length, mask_tokens, vocab_size,
+                               image_size, num_classes, hidden_dropout, attention_dropout,
+                               task)
+    for i in marked:  # BertPretraining / BertSquad: model.bert is HF's BertModel
+        model.bert.encoder.layer[i].register_forward_hook(_checkpoint_output)
+    return model, inputs
+
+
+def checkpoint_layers(num_layers: int, layers_per_ipu: tuple[int, ...]) -> tuple[int, ...]:
+    """The encoder layers whose output is a recomputation checkpoint with PopART BERT's
+    `recompute_checkpoint_every_layer` (on by default): every layer but the last on each
+    IPU, whose output is copied to the next pipeline stage instead of stashed here
+    (graphcore/examples nlp/bert/popart/bert_model.py, commit 09b7c672, `should_checkpoint`
+    and `build_graph`: `x = self.builder.checkpointOutput([x])[0]`). With pipeline
+    recomputation (RecomputationType.Pipeline) each checkpoint is stashed and each layer is
+    recomputed from the previous one's, so at most one layer's activations are live on an
+    IPU in the backward ("keeping the max liveness of activations to be at most one
+    Encoder layer on each IPU", BertConfig's comment)."""
+    per = list(layers_per_ipu) or [num_layers]
+    if len(per) == 1:
+        per = per * max(num_layers // max(per[0], 1), 1)
+    if sum(per) != num_layers or min(per) < 1:
+        raise ValueError(f"layers_per_ipu {list(layers_per_ipu)} does not split "
+                         f"{num_layers} layers")
+    ends = set(np.cumsum(per) - 1)
+    return tuple(i for i in range(num_layers) if i not in ends)
+
+
+def _checkpoint_output(module: nn.Module, args: Any, output: Any) -> None:
+    from popviz.annotate import recomputation_checkpoint
+
+    recomputation_checkpoint(output[0] if isinstance(output, (tuple, list)) else output)
 
 
 def _no_init_weights() -> Any:
