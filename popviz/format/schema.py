@@ -1,4 +1,4 @@
-"""Profile format v1 (1.1): names and rules shared by the writer and the reader.
+"""Profile format v1 (1.2): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
@@ -12,9 +12,11 @@ from popviz import vocab
 FORMAT_NAME = "popviz-profile"
 # Semver: a reader refuses another major version; minor versions only add things.
 # 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
+# 1.2: optional tables alloc_blocks / alloc_segments / alloc_frames (a CUDA memory
+# snapshot's allocator state); 1.1 files read them back empty.
 # 1.0 files (vlen `/strings`, no checksums; written for two days) are refused with a
 # one-line "regenerate" message.
-FORMAT_VERSION = "1.1.0"
+FORMAT_VERSION = "1.2.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -69,6 +71,9 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "tile_memory": ("ipu", "tile", "capacity_bytes", "total_bytes"),
     "exchange": ("bytes", "start", "end"),
     "ops": ("op_id",),
+    "alloc_blocks": ("ipu", "block", "bytes"),
+    "alloc_segments": ("ipu", "segment", "bytes"),
+    "alloc_frames": ("ipu", "stack", "depth"),
 }
 # Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
 TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -98,6 +103,12 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "tensors": ("tensor_id", "name", "bytes", "category"),
     "variables": ("ipu", "name", "category", "bytes", "first_step", "last_step"),
     "oom": ("ipu", "tile", "bytes_over", "variables"),
+    # a CUDA memory snapshot's allocator (1.2; times on the profile's clock, ns)
+    "alloc_blocks": ("ipu", "block", "addr", "bytes", "stream", "start", "end", "from_start",
+                     "to_end", "stack"),
+    "alloc_segments": ("ipu", "segment", "addr", "bytes", "stream", "segment_type", "start",
+                       "end", "from_start", "to_end"),
+    "alloc_frames": ("ipu", "stack", "depth", "name", "filename", "line"),
 }
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
-from popviz.measure import memsnap
+from popviz.measure import memsnap, memsnap_blocks
 from popviz.measure.import_limits import MAX_MEMORY_BYTES
 from popviz.measure.kineto import read_trace
 from popviz.measure.kineto_ops import op_classes, ops_table
@@ -52,12 +52,14 @@ class RankPart:
     window: tuple[int, int] = (0, 0)  # first start, last end (rank clock)
     warnings: list[str] = field(default_factory=list)  # said by `popviz import`, kept in meta
     device_memory: int | None = None  # the GPU's memory (bytes) when the trace says it
+    allocations: dict[str, pd.DataFrame] = field(default_factory=dict)  # snapshot_allocations
 
     def shift(self, origin: int) -> None:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
         by = self.base_ns - origin
         for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
-                            (self.ops, ("start", "end")), (self.liveness, ("time",))):
+                            (self.ops, ("start", "end")), (self.liveness, ("time",)),
+                            *((f, ("start", "end")) for f in self.allocations.values())):
             for c in cols:
                 if c in frame.columns and len(frame):
                     frame[c] = frame[c].astype("int64") + by
@@ -85,9 +87,22 @@ def use_snapshot(part: RankPart, snapshot: Path) -> None:
         raise data_error(str(snapshot), exc) from None
 
 
+def snapshot_allocations(part: RankPart, snap: dict[str, Any], device: int
+                         ) -> dict[str, pd.DataFrame]:
+    """The snapshot's blocks, segments and stacks (`memsnap_blocks`) on the rank's clock:
+    kept even from another run (the allocation view is the snapshot's own story)."""
+    tables = memsnap_blocks.allocation_tables(snap, device, part.rank)
+    for name in ("alloc_blocks", "alloc_segments"):
+        for c in ("start", "end"):
+            tables[name][c] = tables[name][c] - part.base_ns
+    return tables
+
+
 def _use_snapshot(part: RankPart, snapshot: Path) -> None:
-    time, allocated, device = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
-                                                      snapshot)
+    snap = memsnap.read_snapshot(snapshot)
+    time, allocated, device = memsnap.snapshot_series(snap, snapshot)
+    part.allocations = snapshot_allocations(part, snap, device)
+    del snap
     time = time - part.base_ns  # snapshot: epoch ns
     own = part.liveness is not None and len(part.liveness) > 0
     keep_own = own and memsnap.disjoint(time, part.window)
