@@ -22,11 +22,12 @@ from .common import AppContext, graph, naming, profile_of, triggered, x_range
 
 HIDDEN = {"display": "none"}
 
-# the clicked band's block id (customdata[0]; -1 is the grey band of smaller blocks)
+# the clicked band's block id (its customdata; -1 is the grey band of smaller blocks)
 PICK = """function(click) {
     const p = click && click.points && click.points[0];
     const c = p && p.customdata;
-    const b = Array.isArray(c) ? Number(c[0]) : Number(c);
+    // a row of a numeric customdata is a typed array, not an Array
+    const b = c !== null && typeof c === 'object' ? Number(c[0]) : Number(c);
     return Number.isFinite(b) ? {block: b} : window.dash_clientside.no_update;
 }"""
 

@@ -134,7 +134,7 @@ def test_timeline_figure_carries_block_ids_and_stays_small(prof: Any) -> None:
     t = al.block_timeline(blocks, 0)
     fig = block_timeline_figure(t, al.top_frame(prof.table("alloc_frames"), 0))
     assert fig.layout.meta["blocks"] == al.MAX_BLOCKS and fig.layout.meta["hidden"] > 0
-    ids = set(int(c[0]) for c in fig.data[-1].customdata)
+    ids = set(int(c) for c in fig.data[-1].customdata)
     assert ids - {al.OTHER} == set(t.shown["block"])
     assert len(fig.to_json()) < 1_500_000
     state = allocator_state_figure(al.allocator_series(blocks, prof.table("alloc_segments"),

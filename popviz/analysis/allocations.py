@@ -21,7 +21,8 @@ HIDDEN_NAMES = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp"
                 "CUDACachingAllocator", "_start", "__libc_start_main", "__libc_init_first",
                 "Py_BytesMain", "Py_RunMain", "PyRun_", "_PyRun_", "PyEval_", "_PyEval_",
                 "PyObject_", "_PyObject_", "PyFunction_", "PyType_", "c10::intrusive_ptr",
-                "c10::TensorImpl::", "THPVariable_", "decref(")
+                "c10::TensorImpl::", "THPVariable_", "decref(", "wrap_kernel_functor",
+                "c10::Dispatcher::", "c10::OperatorHandle::", "c10::KernelFunction::")
 HIDDEN_FILES = ("??", "core/boxing", "/Register", "/Redispatch", "pythonrun.c",
                 "Modules/main.c", "Objects/call.c", "Objects/methodobject.c")
 
@@ -173,8 +174,9 @@ def frame_text(name: str, filename: str, line: int) -> str:
 
 
 def _hidden(name: str, filename: str) -> bool:
+    base = filename.rsplit("/", 1)[-1]  # the dispatcher's generated files, wherever built
     return any(h in name for h in HIDDEN_NAMES) or any(h in filename for h in HIDDEN_FILES) \
-        or not filename
+        or not filename or base.startswith(("Register", "VariableType", "ADInplaceOrView"))
 
 
 def block_stack(frames: pd.DataFrame, ipu: int, stack: int, everything: bool = False

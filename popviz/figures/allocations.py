@@ -71,7 +71,7 @@ def block_timeline_figure(timeline: Timeline, labels: dict[int, str] | None = No
                           pixels: int = PIXELS, origin: int | None = None) -> go.Figure:
     """One band per block (stacked in allocation order; those above a freed block drop),
     the blocks not drawn alone as one grey band beneath. Hover or click anywhere on a band:
-    the point under the cursor carries the block id (`customdata[0]`; -1 = the grey band).
+    the point under the cursor carries the block id (`customdata`; -1 = the grey band).
     `origin`: the time (ns) at x = 0, by default the window's start. `layout.meta` =
     {"blocks": drawn, "hidden": in the grey band, "origin_ns": origin}."""
     bands = timeline.bands
@@ -112,11 +112,14 @@ def block_timeline_figure(timeline: Timeline, labels: dict[int, str] | None = No
             f"block {b}: {fmt_bytes(int(size[b]))}<br>{labels.get(int(stack[b]), '')}"
             for b in ids]
     fig.add_trace(go.Scattergl(x=np.round(mid_t, 4), y=np.round(mid_y, 3), mode="markers",
-                               customdata=ids[:, None],
+                               # a plain list: a numpy array is sent base64-encoded, and
+                               # dcc.Graph's clickData then carries no customdata
+                               customdata=[int(b) for b in ids],
                                marker={"size": 6, "opacity": 0}, text=text,
                                hovertemplate="%{text}<extra></extra>", showlegend=False,
                                name="blocks"))
-    fig.update_xaxes(title_text="time (ms)")
+    fig.update_xaxes(title_text="time (ms)", range=list(_ms(np.array(timeline.window),
+                                                            origin)))
     fig.update_yaxes(title_text="allocated (MiB)", rangemode="tozero")
     base_layout(fig, title, height=460)
     fig.update_layout(hovermode="closest", hoverdistance=40, clickmode="event",
@@ -145,7 +148,7 @@ def allocator_state_figure(series: pd.DataFrame, origin: int | None = None,
                              fill="tonexty", fillcolor="rgba(245,133,24,0.18)",
                              customdata=frag, hovertemplate="reserved %{y:,.1f} MiB<br>"
                              "fragmentation %{customdata:,.1f} MiB<extra></extra>"))
-    fig.update_xaxes(title_text="time (ms)")
+    fig.update_xaxes(title_text="time (ms)", range=[float(x[0]), float(x[-1])])
     fig.update_yaxes(title_text="MiB", rangemode="tozero")
     base_layout(fig, title, height=320)
     fig.update_layout(hovermode="x unified", meta={"origin_ns": origin})
