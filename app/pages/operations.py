@@ -196,6 +196,18 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return groups(ctx.cache.get(profile_of(search)), by, filter_query,
                       links.window_of(search))
 
+    @app.callback(Output("ops-table", "data", allow_duplicate=True),
+                  Output("ops-table", "page_count", allow_duplicate=True),
+                  Output("ops-note", "children", allow_duplicate=True),
+                  Input("ops-init", "children"), State("url", "search"),
+                  prevent_initial_call="initial_duplicate")
+    def linked(_init: Any, search: str) -> tuple[list[dict], int, str]:
+        """With `&t0=&t1=` (a range from the trace): open on the ops that ran in it."""
+        window = links.window_of(search)
+        if window is None:  # the layout already holds the first page
+            raise PreventUpdate
+        return page(ctx.cache.get(profile_of(search)), "", [], 0, PAGE_SIZE, window)
+
     @app.callback(Output("ops-to-trace", "children"), Input("ops-table", "active_cell"),
                   State("url", "search"), prevent_initial_call=True)
     def to_trace(cell: dict | None, search: str) -> Any:
@@ -216,7 +228,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return module_filter(module)
 
     return {"refresh": refresh, "from_url": from_url, "csv_link": csv_link,
-            "grouped": grouped, "to_trace": to_trace}
+            "grouped": grouped, "to_trace": to_trace, "linked": linked}
 
 
 def op_link(entry: Entry, op_id: int) -> Any:
