@@ -130,7 +130,7 @@ def test_trace_range_drives_operations_and_liveness(cb: Any, prof: Any) -> None:
     assert set(r["op_id"] for r in rows) <= set(prof.ops["op_id"][want])
     # the page opens on them (its first page)
     first, _pages, opening = cb["operations.linked"](None, search)
-    assert opening == note and first == rows[:len(first)]
+    assert opening == note and [r["id"] for r in first] == [r["id"] for r in rows[:len(first)]]
     fig, ranges, text = cb["liveness.from_trace"](None, search)
     found = links.steps_in_range(prof.liveness, tr, float(q["t0"]), float(q["t1"]))
     assert ranges == {str(i): [lo - 0.5, hi + 0.5] for i, (lo, hi) in found.items()}
