@@ -28,6 +28,15 @@ def _passes(trace: pd.DataFrame, ipu: int, stage: int, ps: str,
     return c[keep].sort_values("start", kind="stable")
 
 
+def _by_microbatch(liveness: pd.DataFrame, ipu: int) -> bool:
+    """Whether a device's liveness steps tell micro-batches apart (a measured run's
+    actions); a modelled program is one micro-batch's, standing for every one."""
+    if "microbatch" not in liveness.columns:
+        return False
+    on = liveness.loc[liveness["ipu"].to_numpy() == ipu, "microbatch"]
+    return bool(on[on >= 0].nunique() > 1)
+
+
 def padded(span: Span, trace: pd.DataFrame, fraction: float = MIN_FRACTION) -> Span:
     """`span` widened about its centre to at least `fraction` of the trace, kept inside."""
     lo, hi = float(trace["start"].min()), float(trace["end"].max())
@@ -75,7 +84,7 @@ def step_span(liveness: pd.DataFrame, trace: pd.DataFrame, ipu: int, step: int
     if not {"stage", "pass"} <= set(on.columns):
         return None
     r = on.iloc[k]
-    mb = int(r["microbatch"]) if "microbatch" in on.columns else None
+    mb = int(r["microbatch"]) if _by_microbatch(liveness, ipu) else None
     hit = _passes(trace, ipu, int(r["stage"]), str(r["pass"]), mb)
     if hit.empty:
         return None
@@ -116,10 +125,17 @@ def steps_in_range(liveness: pd.DataFrame, trace: pd.DataFrame, t0: float, t1: f
     elif {"stage", "pass"} <= set(liveness.columns):
         c = _compute(trace)
         c = c[(c["start"].to_numpy() <= t1) & (c["end"].to_numpy() >= t0)]
-        keys = ["ipu", "stage", "pass"] + (["microbatch"] if "microbatch" in c.columns
-                                           and "microbatch" in liveness.columns else [])
-        ran = set(map(tuple, c[keys].astype(str).to_numpy()))
-        mask = [tuple(k) in ran for k in liveness[keys].astype(str).to_numpy()]
+        ran = {(int(i), int(s), str(p)) for i, s, p in zip(c["ipu"], c["stage"], c["pass"],
+                                                            strict=True)}
+        ran_mb = {(int(i), int(s), str(p), int(m)) for i, s, p, m in
+                  zip(c["ipu"], c["stage"], c["pass"], c["microbatch"], strict=True)} \
+            if "microbatch" in c.columns else set()
+        split = {int(i): _by_microbatch(liveness, int(i)) for i in liveness["ipu"].unique()}
+        mb = liveness["microbatch"] if "microbatch" in liveness.columns else \
+            pd.Series(-1, index=liveness.index)
+        mask = [(int(i), int(s), str(p), int(m)) in ran_mb if split[int(i)]
+                else (int(i), int(s), str(p)) in ran for i, s, p, m in
+                zip(liveness["ipu"], liveness["stage"], liveness["pass"], mb, strict=True)]
         inside = liveness[np.array(mask, dtype=bool)]
     else:
         return out
