@@ -171,3 +171,16 @@ def test_memory_page_shows_the_allocator_and_a_click_its_stack(served: Path) -> 
     fig, status, *_ = cb["memory.alloc_zoom"]({"xaxis.range[0]": 1.0,
                                                "xaxis.range[1]": 2.0}, 0, query)
     assert fig.layout.meta["blocks"] > 0 and "blocks drawn" in status
+
+
+def test_unreadable_blocks_leave_the_view_out_not_the_import(tmp_path: Path,
+                                                             snap: dict[str, Any]) -> None:
+    bad = pickle.loads(pickle.dumps(snap))
+    alloc = next(e for e in bad["device_traces"][0] if e["action"] == "alloc")
+    alloc["frames"][0]["line"] = "twelve"  # the liveness curve never reads frames
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(pickle.dumps(bad))
+    with popviz.open(popviz.import_trace([RESNET], tmp_path / "p",
+                                         memory_snapshot=[path])) as p:
+        assert p.table("alloc_blocks").empty and len(p.liveness)
+        assert any("its blocks cannot be read" in w for w in p.meta["warnings"])

@@ -90,8 +90,15 @@ def use_snapshot(part: RankPart, snapshot: Path) -> None:
 def snapshot_allocations(part: RankPart, snap: dict[str, Any], device: int
                          ) -> dict[str, pd.DataFrame]:
     """The snapshot's blocks, segments and stacks (`memsnap_blocks`) on the rank's clock:
-    kept even from another run (the allocation view is the snapshot's own story)."""
-    tables = memsnap_blocks.allocation_tables(snap, device, part.rank)
+    kept even from another run (the allocation view is the snapshot's own story). Blocks
+    it cannot read leave the view out, with a warning: the liveness curve still stands."""
+    try:
+        tables = memsnap_blocks.allocation_tables(snap, device, part.rank)
+    except DATA_ERRORS as exc:
+        part.warnings.append(f"memory snapshot (rank {part.rank}): its blocks cannot be "
+                             f"read ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+                             "; no allocation view")
+        return {}
     for name in ("alloc_blocks", "alloc_segments"):
         for c in ("start", "end"):
             tables[name][c] = tables[name][c] - part.base_ns
