@@ -128,6 +128,8 @@ def test_trace_selection_drives_operations_and_liveness(browser_context: Any, ba
     _shot(page, "trace_selection")
     href = page.get_attribute("#trace-to-ops", "href")
     q = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
+    live_href = page.get_attribute("#trace-to-liveness", "href")
+    assert urlparse(live_href).query == urlparse(href).query  # the same range
     t0, t1 = float(q["t0"]), float(q["t1"])
     with popviz.open(served / rel) as p:
         want = int(links.ops_in_range(p.ops, p.trace, t0, t1).sum())
@@ -137,15 +139,16 @@ def test_trace_selection_drives_operations_and_liveness(browser_context: Any, ba
                            " || '').includes('linked from the trace')", timeout=60_000)
     assert page.inner_text("#ops-note").startswith(f"{want:,} of ")
     _shot(page, "trace_to_operations")
-    page.go_back()
-    page.wait_for_selector("#trace-to-liveness", timeout=30_000)
-    page.goto(f"{base_url}/liveness?profile={quote(rel)}&t0={q['t0']}&t1={q['t1']}")
+    page.goto(f"{base_url}{live_href}")  # the liveness link of the same selection
     page.wait_for_function("() => ((document.querySelector('#live-linked') || {})"
                            ".innerText || '').includes('linked from the trace')",
                            timeout=60_000)
     ipu, (first, last) = min(steps.items())
-    shown = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
-                          "._fullLayout.xaxis.range")
+    graph = "#live-graph .js-plotly-plot"
+    page.wait_for_function(f"() => {{ const g = document.querySelector('{graph}');"
+                           " return g && g._fullLayout && g._fullLayout.xaxis; }",
+                           timeout=30_000)
+    shown = page.evaluate(f"() => document.querySelector('{graph}')._fullLayout.xaxis.range")
     if ipu == 0:
         assert shown[0] <= first and shown[1] >= last
         assert shown[1] - shown[0] <= (last - first) * 1.5 + 10
