@@ -14,9 +14,11 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis import allocations as al
+from popviz.analysis.links import padded
 from popviz.figures.allocations import allocator_state_figure, block_timeline_figure
 from popviz.units import fmt_bytes
 
+from . import links
 from .cache import Entry
 from .common import AppContext, graph, naming, profile_of, triggered, x_range
 
@@ -107,18 +109,31 @@ def detail(entry: Entry, ipu: int, block: int) -> list[Any]:
         f"freed at {(d['end'] - at) / 1e6:,.3f} ms"
     head = (f"Block {d['block']}: {fmt_bytes(d['bytes'])} at {d['addr']:#x} "
             f"(stream {d['stream']}), allocated {since}, {until}")
+    to_trace = _trace_link(entry, ipu, d["start"], d["end"])
     if not d["frames"]:
         why = ("its allocation was not recorded (live before the history began) and the "
                "snapshot keeps no stack for it" if d["stack"] < 0 else
                "every frame is the allocator's or the interpreter's own")
-        return [html.H4(head, id="alloc-block-head"),
+        return [html.H4(head, id="alloc-block-head"), *to_trace,
                 html.P(f"No stack frames: {why}.", className="hint")]
     kind = "free" if d["from_start"] and not d["to_end"] else "allocation"
     note = f"Stack of its {kind}, innermost first (filename:line name)"
     if d["hidden"]:
         note += f"; {d['hidden']} allocator and interpreter frames left out"
-    return [html.H4(head, id="alloc-block-head"), html.P(note + ":", className="hint"),
+    return [html.H4(head, id="alloc-block-head"), *to_trace,
+            html.P(note + ":", className="hint"),
             html.Pre("\n".join(d["frames"]), id="alloc-frames", className="frames")]
+
+
+def _trace_link(entry: Entry, ipu: int, start: int, end: int) -> list[Any]:
+    """A link to the trace over the block's life, when the snapshot shares the trace's
+    clock there (a snapshot of another run lies outside the trace: no link)."""
+    trace = entry.profile.trace
+    if trace.empty or end < float(trace["start"].min()) or start > float(trace["end"].max()):
+        return []
+    t0, t1 = padded((float(start), float(end)), trace)
+    return [html.Div(links.link("Open its life in the Trace", links.href(
+        "/trace", entry.rel, t0, t1, ipu), "alloc-trace-link"), className="downloads")]
 
 
 def section(entry: Entry) -> html.Div:

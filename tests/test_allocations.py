@@ -184,3 +184,17 @@ def test_unreadable_blocks_leave_the_view_out_not_the_import(tmp_path: Path,
                                          memory_snapshot=[path])) as p:
         assert p.table("alloc_blocks").empty and len(p.liveness)
         assert any("its blocks cannot be read" in w for w in p.meta["warnings"])
+
+
+def test_a_block_of_the_trace_own_run_links_to_its_life_on_the_trace(served: Path) -> None:
+    from popviz_app import create_app
+
+    cb = create_app(served, vetter=False).popviz_callbacks
+    with popviz.open(served / "rn") as p:
+        blocks, trace = p.table("alloc_blocks"), p.trace
+    inside = blocks[(blocks["start"] > trace["start"].min()) & ~blocks["to_end"]]
+    row = inside.iloc[len(inside) // 2]
+    panel = cb["memory.alloc_pick"]({"block": int(row["block"])}, 0, "?profile=rn/profile.h5")
+    link = next(c for c in panel if getattr(c, "className", "") == "downloads").children
+    q = dict(kv.split("=") for kv in link.href.split("?", 1)[1].split("&"))
+    assert float(q["t0"]) <= row["start"] and float(q["t1"]) >= row["end"] and q["ipu"] == "0"
