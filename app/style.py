@@ -16,6 +16,8 @@ h2 { font-size: 19px; margin: 10px 0 8px; }
 h3 { font-size: 15px; margin: 18px 0 6px; }
 .hint { color: #52606d; font-size: 13px; margin: 2px 0 6px; }
 .status { color: #3e4c59; font-size: 13px; margin: 2px 0 6px; }
+.frames { font-size: 12px; background: #f7f9fb; border: 1px solid #dde3ea; padding: 8px 10px;
+          white-space: pre-wrap; word-break: break-all; max-height: 320px; overflow-y: auto; }
 .graph { background: #fff; border: 1px solid #e1e5ea; border-radius: 6px; margin: 8px 0;
          min-width: 0; }
 .row { display: flex; gap: 14px; align-items: flex-start; }

@@ -97,7 +97,7 @@ def test_downloads_of_bad_files_and_names_say_why(client: Any, root: Path) -> No
 
 def test_callbacks_of_a_bad_file_answer_with_the_error(
         client: Any, deps: list[dict[str, Any]], root: Path) -> None:
-    status, body = _call(client, find(deps, "ops-table.data"), {
+    status, body = _call(client, find(deps, "ops-table.data", "ops-table.page_current"), {
         "ops-table.page_current": 1, "ops-table.page_size": 25, "ops-table.sort_by": [],
         "ops-table.filter_query": "", "url.search": f"?profile={META42}"})
     assert status == 200

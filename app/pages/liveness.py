@@ -1,5 +1,6 @@
 """`/liveness`: always-live + not-always-live per step per IPU, bumps, capacity; click a
-step for the variables live there; a step x tile heat map of one IPU."""
+step for the variables live there and a link to the trace at it; a step x tile heat map
+of one IPU. `&t0=&t1=` (a range picked on /trace) opens each panel on its steps there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis, figures
+from popviz.analysis.links import padded, step_span, steps_in_range
 from popviz.analysis.liveness import merged_variables
 from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
 from popviz.analysis.memory import always_live_from_liveness, always_live_text
@@ -20,6 +22,7 @@ from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
 
+from .. import links
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -202,8 +205,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         *([html.P(always_live_text(always, naming(entry).label), id="always-live",
                   className="hint")] if always and not naming(entry).measured else []),
         *([html.P(stashed, id="live-stash", className="hint")] if stashed else []),
+        html.Div(id="live-linked", className="status"),
         graph("live-graph", liveness(ctx, entry)),
         dcc.Store(id="live-ranges", data={}),
+        html.Div(id="live-init", style={"display": "none"}),
+        html.Div(id="live-to-trace", className="downloads"),
         html.H3(head, id="live-vars-head"),
         html.Div(_box(entry, live), id="live-vars-box"),
         *heat,
@@ -277,5 +283,56 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     def heat_cb(ipu: int, relayout: dict | None, held: dict | None, search: str) -> Any:
         return heat(ipu, relayout, search, held)
 
+    @app.callback(Output("live-to-trace", "children"), Input("live-graph", "clickData"),
+                  State("url", "search"), prevent_initial_call=True)
+    def to_trace(click: dict | None, search: str) -> Any:
+        """The clicked step (its device and step alone) as a link to the trace at it."""
+        point = (click or {}).get("points", [{}])[0]
+        custom = point.get("customdata")
+        if "x" not in point or not isinstance(custom, list) or len(custom) < 4:
+            raise PreventUpdate
+        return step_link(ctx.cache.get(profile_of(search)), int(custom[3]),
+                         round(float(point["x"])))
+
+    @app.callback(Output("live-graph", "figure", allow_duplicate=True),
+                  Output("live-ranges", "data", allow_duplicate=True),
+                  Output("live-linked", "children"), Input("live-init", "children"),
+                  State("url", "search"), prevent_initial_call="initial_duplicate")
+    def from_trace(_init: Any, search: str) -> tuple[Any, dict, str]:
+        """With `&t0=&t1=`: each panel on its steps in that trace range."""
+        window = links.window_of(search)
+        if window is None:
+            raise PreventUpdate
+        entry = ctx.cache.get(profile_of(search))
+        return linked_view(ctx, entry, window[0], window[1])
+
     return {"zoom": zoom, "click": click, "heat": heat, "zoom_to": zoom_to,
-            "click_at": click_at}
+            "click_at": click_at, "to_trace": to_trace, "from_trace": from_trace}
+
+
+def step_link(entry: Entry, ipu: int, step: int) -> Any:
+    trace = entry.profile.trace
+    span = step_span(entry.profile.liveness, trace, ipu, step)
+    if span is None:
+        return html.Span(f"Step {step} has no place on the trace.", className="hint")
+    t0, t1 = padded(span, trace)
+    words = naming(entry)
+    return [html.Span(f"{words.label(ipu)}, step {step}: ", className="label"),
+            links.link(f"open the Trace there ({t0:,.0f} to {t1:,.0f} {words.unit})",
+                       links.href("/trace", entry.rel, t0, t1, ipu), "live-trace-link")]
+
+
+def linked_view(ctx: AppContext, entry: Entry, t0: float, t1: float
+                ) -> tuple[Any, dict, str]:
+    """(figure, ranges store, note) of the steps each device had in [t0, t1]."""
+    found = steps_in_range(entry.profile.liveness, entry.profile.trace, t0, t1)
+    words = naming(entry)
+    span = f"{t0:,.0f} to {t1:,.0f} {words.unit}"
+    if not found:
+        return dash.no_update, dash.no_update, f"No liveness step in {span} (the range " \
+            "linked from the trace): showing every step."
+    ranges = {str(i): [lo - 0.5, hi + 0.5] for i, (lo, hi) in found.items()}
+    fig = liveness(ctx, entry, ranges={int(k): (v[0], v[1]) for k, v in ranges.items()})
+    steps = "; ".join(f"{words.label(i)} steps {lo:,} to {hi:,}" for i, (lo, hi) in
+                      sorted(found.items()))
+    return fig, ranges, f"The range linked from the trace, {span}: {steps}."

@@ -25,6 +25,7 @@ from popviz.figures.memory import TILE_MAP_COLUMNS
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
 
+from .. import alloc_view
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -147,7 +148,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         return html.Div([html.H2(title_of(entry)),
                          message(NO_TILES_GPU if naming(entry).gpu_plan else
                                  "This profile has no per-tile memory (measured runs do not "
-                                 "record it).", "info")])
+                                 "record it)." + (" Its CUDA memory snapshot's allocator is "
+                                                  "below." if alloc_view.available(entry)
+                                                  else ""), "info"),
+                         alloc_view.section(entry)])
     ipus = sorted(int(i) for i in tm["ipu"].unique())
     fit = insights(entry)["fit"]
     worst = min(fit["oom_by_ipu"]) if fit["oom_by_ipu"] else ipus[0]
@@ -194,7 +198,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             tile = int(point["y"]) * TILE_MAP_COLUMNS + int(point["x"])
         return breakdown(ctx.cache.get(profile_of(search)), int(ipu), tile)
 
-    return {"pick_ipu": pick_ipu, "pick_tile": pick_tile}
+    return {"pick_ipu": pick_ipu, "pick_tile": pick_tile, **alloc_view.register(app, ctx)}
 
 
 

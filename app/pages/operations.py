@@ -1,4 +1,6 @@
-"""`/operations`: every op, sorted, filtered and paged on the server."""
+"""`/operations`: every op, sorted, filtered and paged on the server; `&t0=&t1=` (`&ipu=`,
+a range picked on /trace) keeps the ops that ran in it; a click on a row links to the
+trace at that op."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
+from popviz.analysis.links import op_span, ops_in_range, padded
 from popviz.analysis.op_groups import GROUP_KEYS, group_ops
 from popviz.vocab import Naming
 
+from .. import links
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -45,33 +49,57 @@ def ordered(ops: pd.DataFrame) -> pd.DataFrame:
     return ops[front + [c for c in ops.columns if c not in front]]
 
 
-def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
-         number: int, size: int = PAGE_SIZE) -> tuple[list[dict], int, str]:
-    """(rows of the page, page count, a message: '' or why the filter failed)."""
+def in_window(entry: Entry, window: links.Window | None) -> pd.DataFrame:
+    """The ordered ops, or those that ran in a linked trace range (built once per range)."""
     ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
-    texts = entry.get("ops_texts", dict)  # lower-cased text columns, built once each
+    if window is None:
+        return ops
+    t0, t1, ipu = window
+    return entry.get(("ops_window", t0, t1, ipu), lambda: ops[ops_in_range(
+        ops, entry.profile.trace, t0, t1, ipu)])
+
+
+def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
+         number: int, size: int = PAGE_SIZE, window: links.Window | None = None
+         ) -> tuple[list[dict], int, str]:
+    """(rows of the page, page count, a message: '' or why the filter failed); each row's
+    `id` is its op_id (a click sends that alone)."""
+    ops = in_window(entry, window)
+    # lower-cased text columns, built once each (per linked range: other rows)
+    texts = entry.get("ops_texts" if window is None else ("ops_texts", *window), dict)
     errors: list[str] = []  # a cell it cannot read is skipped and named, never blanks
     rows, total = analysis.query_table(ops, filter_query, sort_by, number, size,
                                        texts=texts, errors=errors)
     note = f"{total:,} of {len(ops):,} ops"
+    if window is not None:
+        t0, t1, ipu = window
+        on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
+        note += (f" that ran in {t0:,.0f} to {t1:,.0f} {naming(entry).unit}{on} (the range "
+                 "linked from the trace)")
     if errors:
         note += " · filter not understood, ignored: " + "; ".join(
             _in_words(e, ops, naming(entry)) for e in errors)
-    return records(rows), max(1, -(-total // size)), note
+    data = records(rows)
+    if "op_id" in rows.columns:
+        for row, op_id in zip(data, rows["op_id"], strict=True):
+            row["id"] = int(op_id)
+    return data, max(1, -(-total // size)), note
 
 
-def filtered(entry: Entry, filter_query: str | None) -> pd.DataFrame:
+def filtered(entry: Entry, filter_query: str | None,
+             window: links.Window | None = None) -> pd.DataFrame:
     """Every op the filter row keeps (the cells it understands), for the groups."""
-    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
+    ops = in_window(entry, window)
     return analysis.filter_table(ops, filter_query, entry.get("ops_texts", dict), errors=[])
 
 
-def groups(entry: Entry, by: str | None, filter_query: str | None = "") -> Any:
+def groups(entry: Entry, by: str | None, filter_query: str | None = "",
+           window: links.Window | None = None) -> Any:
     """The grouped view of the filtered ops: a table, or nothing when not grouping."""
     if not by:
         return []
     words = naming(entry)
-    out = group_ops(filtered(entry, filter_query), by, measured=words.measured)
+    out = group_ops(filtered(entry, filter_query, window), by, measured=words.measured)
     unit = words.unit
     out = out.rename(columns={"cycles": unit, "mean_cycles": f"mean {unit}",
                               "host_self": f"host self {unit}",
@@ -122,6 +150,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             className="row"),
         html.Div(id="ops-groups"),
         html.Div(note, id="ops-note", className="status"),
+        html.Div(html.Span("Click a row to open its op in the Trace.", className="hint"),
+                 id="ops-to-trace", className="downloads"),
         html.Div(id="ops-init", style={"display": "none"}),
         dash_table.DataTable(
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
@@ -151,7 +181,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     def refresh(number: int, size: int, sort_by: list[dict], filter_query: str,
                 search: str) -> tuple[list[dict], int, str]:
         return page(ctx.cache.get(profile_of(search)), filter_query, sort_by, number or 0,
-                    size or PAGE_SIZE)
+                    size or PAGE_SIZE, links.window_of(search))
 
     @app.callback(Output("ops-csv", "href"), Input("ops-table", "filter_query"),
                   Input("ops-table", "sort_by"), State("url", "search"),
@@ -163,7 +193,30 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
                   Input("ops-table", "filter_query"), State("url", "search"),
                   prevent_initial_call=True)
     def grouped(by: str, filter_query: str, search: str) -> Any:
-        return groups(ctx.cache.get(profile_of(search)), by, filter_query)
+        return groups(ctx.cache.get(profile_of(search)), by, filter_query,
+                      links.window_of(search))
+
+    @app.callback(Output("ops-table", "data", allow_duplicate=True),
+                  Output("ops-table", "page_count", allow_duplicate=True),
+                  Output("ops-note", "children", allow_duplicate=True),
+                  Input("ops-init", "children"), State("url", "search"),
+                  prevent_initial_call="initial_duplicate")
+    def linked(_init: Any, search: str) -> tuple[list[dict], int, str]:
+        """With `&t0=&t1=` (a range from the trace): open on the ops that ran in it."""
+        window = links.window_of(search)
+        if window is None:  # the layout already holds the first page
+            raise PreventUpdate
+        return page(ctx.cache.get(profile_of(search)), "", [], 0, PAGE_SIZE, window)
+
+    @app.callback(Output("ops-to-trace", "children"), Input("ops-table", "active_cell"),
+                  State("url", "search"), prevent_initial_call=True)
+    def to_trace(cell: dict | None, search: str) -> Any:
+        """The clicked row's op (its id alone comes) as a link to the trace at it."""
+        try:
+            op_id = int((cell or {})["row_id"])
+        except (KeyError, TypeError, ValueError):
+            raise PreventUpdate from None
+        return op_link(ctx.cache.get(profile_of(search)), op_id)
 
     @app.callback(Output("ops-table", "filter_query"), Input("ops-init", "children"),
                   State("url", "search"))
@@ -175,7 +228,19 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return module_filter(module)
 
     return {"refresh": refresh, "from_url": from_url, "csv_link": csv_link,
-            "grouped": grouped}
+            "grouped": grouped, "to_trace": to_trace, "linked": linked}
+
+
+def op_link(entry: Entry, op_id: int) -> Any:
+    found = op_span(entry.profile.ops, entry.profile.trace, op_id)
+    if found is None:
+        return html.Span(f"Op {op_id} has no place on the trace.", className="hint")
+    ipu, span = found
+    t0, t1 = padded(span, entry.profile.trace)
+    return [html.Span(f"Op {op_id}: ", className="label"),
+            links.link(f"open it in the Trace ({naming(entry).label(ipu)}, "
+                       f"{span[0]:,.0f} to {span[1]:,.0f} {naming(entry).unit})",
+                       links.href("/trace", entry.rel, t0, t1, ipu), "ops-trace-link")]
 
 
 def module_filter(module: str) -> str:

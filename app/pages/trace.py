@@ -1,7 +1,9 @@
 """`/trace`: lanes per IPU (rank when measured) for compute, ops, sync, exchange and host
 I/O; zoom or pan redraws the visible range on the server, down to single ops; a box
 selection (or the zoomed window) gives statistics for that range. `&module=PATH` outlines
-one module's ops and opens on its first pass (the program tree links here)."""
+one module's ops and opens on its first pass (the program tree links here); `&t0=&t1=`
+(`&ipu=`) opens on that range (from a liveness step, an op or a tree box), and the range
+shown or selected here links on to /operations and /liveness."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, pass_ops, readable_window
 from popviz.figures.trace_lanes import trace_lanes_figure
 
-from .. import trace_bsp
+from .. import links, trace_bsp
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -216,10 +218,20 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         dcc.Store(id="trace-window", data=_window(lo, hi, "Shown window")),
         dcc.Store(id="trace-selection"),
         graph("trace-graph", fig),
+        html.Div(range_links(entry, lo, hi), id="trace-links", className="downloads"),
         html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
         trace_bsp.section(entry),
         downloads(entry.rel, ["trace"], list(FIGURES)),
     ])
+
+
+def range_links(entry: Entry, lo: float, hi: float, how: str = "this window") -> list[Any]:
+    """Links that carry the range to the views that follow one (numbers in the URL)."""
+    return [html.Span(f"Open {how} in: ", className="label"),
+            links.link("Operations (ops that ran in it)",
+                       links.href("/operations", entry.rel, lo, hi), "trace-to-ops"),
+            links.link("Liveness (its steps)", links.href("/liveness", entry.rel, lo, hi),
+                       "trace-to-liveness")]
 
 
 def _param(search: str | None, name: str) -> str:
@@ -267,11 +279,18 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
                   Input("trace-init", "children"), State("url", "search"),
                   prevent_initial_call="initial_duplicate")
     def focus(_init: Any, search: str) -> tuple[Any, str, dict[str, Any]]:
-        """With `&module=PATH`: open on that module's first pass, its ops outlined."""
+        """With `&t0=&t1=` (`&ipu=`): open on that range; with `&module=PATH`: on that
+        module's first pass, its ops outlined."""
         module = _param(search, "module")
-        if not module:  # the layout already drew the opening window
+        linked = links.window_of(search)
+        if not module and linked is None:  # the layout already drew the opening window
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
+        if linked is not None:
+            t0, t1, ipu = linked
+            fig = trace(ctx, entry, t0, t1, module=module)
+            on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
+            return fig, _status(fig, naming(entry).unit), _drawn(fig, f"Linked range{on}")
         window = module_window(entry, module) or opening_window(entry) or (None, None)
         fig = trace(ctx, entry, *window, module=module)
         return (fig, _status(fig, naming(entry).unit),
@@ -296,7 +315,21 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return stats_panel(entry, float(shown[0]), float(shown[1]),
                            str((window or {}).get("how") or "Shown window"))
 
-    return {"zoom": zoom, "focus": focus, "stats": stats, **trace_bsp.register(app, ctx)}
+    @app.callback(Output("trace-links", "children"), Input("trace-selection", "data"),
+                  Input("trace-window", "data"), State("url", "search"),
+                  prevent_initial_call=True)
+    def follow(box: list | None, window: dict | None, search: str) -> list[Any]:
+        """The links carry the box just selected, else the shown window."""
+        entry = ctx.cache.get(profile_of(search))
+        if box and len(box) == 2 and _selected_last():
+            return range_links(entry, float(min(box)), float(max(box)), "the selected range")
+        shown = (window or {}).get("range")
+        if not shown or len(shown) != 2:
+            raise PreventUpdate
+        return range_links(entry, float(shown[0]), float(shown[1]))
+
+    return {"zoom": zoom, "focus": focus, "stats": stats, "follow": follow,
+            **trace_bsp.register(app, ctx)}
 
 
 def _selected_last() -> bool:

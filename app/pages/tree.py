@@ -1,6 +1,6 @@
 """`/tree`: the program tree (model -> blocks -> layers -> ops) as an icicle; clicking a box
-lists its ops below and links to the ops table filtered to it and to the trace with its
-ops outlined."""
+lists its ops below and links to the ops table filtered to it and to the trace at its first
+pass (`t0`, `t1`, `ipu`) with its ops outlined."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
+from popviz.analysis.links import module_span, padded
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
 
+from .. import links
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, message, naming, profile_of, table, title_of
 
@@ -66,11 +68,17 @@ def _links(entry: Entry, node: str) -> html.Div:
     if module in ("", ROOT):
         return html.Div()
     ops_q = urlencode({"profile": entry.rel, "module": module})
+    found = module_span(entry.profile.ops, entry.profile.trace, module)
+    if found is None:
+        to_trace = f"/trace?{ops_q}"
+    else:  # the box's first pass, as a range any trace link can carry
+        t0, t1 = padded(found[1], entry.profile.trace)
+        to_trace = links.href("/trace", entry.rel, t0, t1, found[0], module=module)
     return html.Div([
         html.Span("Open: ", className="label"),
         dcc.Link(f"ops of {module} in Operations", href=f"/operations?{ops_q}",
                  id="tree-to-ops", className="download"),
-        dcc.Link(f"{module} in the Trace (its ops outlined)", href=f"/trace?{ops_q}",
+        dcc.Link(f"{module} in the Trace (its ops outlined)", href=to_trace,
                  id="tree-to-trace", className="download"),
     ], className="downloads")
 

@@ -19,8 +19,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "profile.h5")
     parser.add_argument("--memory-snapshot", action="append", metavar="PICKLE",
                         help="a torch.cuda.memory._snapshot() pickle (.pickle or .gz) for "
-                        "the liveness table instead of the trace's memory events; repeat "
-                        "for several ranks, in rank order")
+                        "the liveness table instead of the trace's memory events, and its "
+                        "allocator's blocks, segments and stacks (the allocation view on "
+                        "/memory); repeat for several ranks, in rank order")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="parse the ranks in N worker processes (0: one per CPU); "
                         "faster on idle cores, more memory in all (default 1: in this "

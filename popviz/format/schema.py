@@ -17,6 +17,8 @@ FORMAT_NAME = "popviz-profile"
 # 1.2: root attributes `device_kind` (what the `ipu` column counts: ipu, gpu, rank) and
 # `time_unit` (what start / end / *_cycles hold: cycles, ns). A 1.1 file states neither:
 # the reader maps its kind and target to them (vocab.words_of), so views never guess.
+# 1.2 also: optional tables alloc_blocks / alloc_segments / alloc_frames (a CUDA memory
+# snapshot's allocator state); 1.1 files read them back empty.
 FORMAT_VERSION = "1.2.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
@@ -72,6 +74,9 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "tile_memory": ("ipu", "tile", "capacity_bytes", "total_bytes"),
     "exchange": ("bytes", "start", "end"),
     "ops": ("op_id",),
+    "alloc_blocks": ("ipu", "block", "bytes"),
+    "alloc_segments": ("ipu", "segment", "bytes"),
+    "alloc_frames": ("ipu", "stack", "depth"),
 }
 # Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
 TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -104,6 +109,12 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "tensors": ("tensor_id", "name", "bytes", "category"),
     "variables": ("ipu", "name", "category", "bytes", "first_step", "last_step"),
     "oom": ("ipu", "tile", "bytes_over", "variables"),
+    # a CUDA memory snapshot's allocator (1.2; times on the profile's clock, ns)
+    "alloc_blocks": ("ipu", "block", "addr", "bytes", "stream", "start", "end", "from_start",
+                     "to_end", "stack"),
+    "alloc_segments": ("ipu", "segment", "addr", "bytes", "stream", "segment_type", "start",
+                       "end", "from_start", "to_end"),
+    "alloc_frames": ("ipu", "stack", "depth", "name", "filename", "line"),
 }
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.ingest import kineto_events as kev
-from popviz.ingest import memsnap
+from popviz.ingest import memsnap, memsnap_blocks
 from popviz.ingest.import_limits import MAX_MEMORY_BYTES
 from popviz.ingest.kineto import read_trace
 from popviz.ingest.kineto_ops import op_classes, ops_table
@@ -62,13 +62,15 @@ class RankPart:
         if len(self.step_starts) < 2:
             return np.zeros(len(t), dtype=np.int64)
         return np.maximum(np.searchsorted(self.step_starts, t, "right") - 1, 0)
+    allocations: dict[str, pd.DataFrame] = field(default_factory=dict)  # snapshot_allocations
 
     def shift(self, origin: int) -> None:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
         by = self.base_ns - origin
         self.step_starts = self.step_starts + by
         for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
-                            (self.ops, ("start", "end")), (self.liveness, ("time",))):
+                            (self.ops, ("start", "end")), (self.liveness, ("time",)),
+                            *((f, ("start", "end")) for f in self.allocations.values())):
             for c in cols:
                 if c in frame.columns and len(frame):
                     frame[c] = frame[c].astype("int64") + by
@@ -96,9 +98,29 @@ def use_snapshot(part: RankPart, snapshot: Path) -> None:
         raise data_error(str(snapshot), exc) from None
 
 
+def snapshot_allocations(part: RankPart, snap: dict[str, Any], device: int
+                         ) -> dict[str, pd.DataFrame]:
+    """The snapshot's blocks, segments and stacks (`memsnap_blocks`) on the rank's clock:
+    kept even from another run (the allocation view is the snapshot's own story). Blocks
+    it cannot read leave the view out, with a warning: the liveness curve still stands."""
+    try:
+        tables = memsnap_blocks.allocation_tables(snap, device, part.rank)
+    except DATA_ERRORS as exc:
+        part.warnings.append(f"memory snapshot (rank {part.rank}): its blocks cannot be "
+                             f"read ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+                             "; no allocation view")
+        return {}
+    for name in ("alloc_blocks", "alloc_segments"):
+        for c in ("start", "end"):
+            tables[name][c] = tables[name][c] - part.base_ns
+    return tables
+
+
 def _use_snapshot(part: RankPart, snapshot: Path) -> None:
-    time, allocated, device = memsnap.snapshot_series(memsnap.read_snapshot(snapshot),
-                                                      snapshot)
+    snap = memsnap.read_snapshot(snapshot)
+    time, allocated, device = memsnap.snapshot_series(snap, snapshot)
+    part.allocations = snapshot_allocations(part, snap, device)
+    del snap
     time = time - part.base_ns  # snapshot: epoch ns
     own = part.liveness is not None and len(part.liveness) > 0
     keep_own = own and memsnap.disjoint(time, part.window)

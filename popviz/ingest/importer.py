@@ -164,11 +164,20 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
         "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
     }
+    result.update(allocation_tables(parts))
     del events
     for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
         t.events = t.calls = t.liveness = t.ops = pd.DataFrame()
-        t.labeller = None
+        t.labeller, t.allocations = None, {}
     return result, info
+
+
+def allocation_tables(parts: list[RankPart]) -> dict[str, pd.DataFrame]:
+    """Every rank's snapshot blocks, segments and stacks as one table each ({} when no
+    rank had a snapshot: the tables stay absent, as in a profile of format 1.1)."""
+    have = [t.allocations for t in parts if t.allocations]
+    return {name: pd.concat([a[name] for a in have], ignore_index=True)
+            for name in ("alloc_blocks", "alloc_segments", "alloc_frames")} if have else {}
 
 
 def run_name(paths: list[Path]) -> str:

@@ -1,0 +1,166 @@
+"""Where a thing of one view lies on the trace's time axis, and what of a view lies in a
+trace range: the numbers behind the links between /liveness, /operations, /tree and
+/trace (`/trace?profile=..&t0=..&t1=..&ipu=..`). Pure functions over a profile's tables;
+times in the trace's unit (cycles, or ns when measured)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+MIN_FRACTION = 0.002  # a link's window is at least this share of the whole trace
+Span = tuple[float, float]
+
+
+def _compute(trace: pd.DataFrame) -> pd.DataFrame:
+    return trace[trace["kind"].astype(str) == "compute"]
+
+
+def _passes(trace: pd.DataFrame, ipu: int, stage: int, ps: str,
+            microbatch: int | None = None) -> pd.DataFrame:
+    """The compute events of one pass of a stage on a device (every micro-batch's, or
+    one's), in time order."""
+    c = _compute(trace)
+    keep = (c["ipu"].to_numpy() == ipu) & (c["stage"].to_numpy() == stage) \
+        & (c["pass"].astype(str).to_numpy() == ps)
+    if microbatch is not None and microbatch >= 0 and "microbatch" in c.columns:
+        keep &= c["microbatch"].to_numpy() == microbatch
+    return c[keep].sort_values("start", kind="stable")
+
+
+def _by_microbatch(liveness: pd.DataFrame, ipu: int) -> bool:
+    """Whether a device's liveness steps tell micro-batches apart (a measured run's
+    actions); a modelled program is one micro-batch's, standing for every one."""
+    if "microbatch" not in liveness.columns:
+        return False
+    on = liveness.loc[liveness["ipu"].to_numpy() == ipu, "microbatch"]
+    return bool(on[on >= 0].nunique() > 1)
+
+
+def padded(span: Span, trace: pd.DataFrame, fraction: float = MIN_FRACTION) -> Span:
+    """`span` widened about its centre to at least `fraction` of the trace, kept inside."""
+    lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    a, b = span
+    need = (hi - lo) * fraction
+    if b - a < need:
+        mid = (a + b) / 2
+        a, b = mid - need / 2, mid + need / 2
+    inside = max(a, lo), min(b, hi)
+    return inside if inside[1] > inside[0] else (a, b)
+
+
+def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int) -> tuple[int, Span] | None:
+    """(device, span) of one op: its own start / end when measured, else the first pass
+    of its stage that runs it on its device (modelled ops run in every micro-batch's)."""
+    row = ops[ops["op_id"].to_numpy() == op_id]
+    if row.empty or trace.empty or "ipu" not in row.columns:
+        return None
+    r = row.iloc[0]
+    ipu = int(r["ipu"])
+    if {"start", "end"} <= set(row.columns) and 0 <= float(r["start"]) <= float(r["end"]):
+        return ipu, (float(r["start"]), float(r["end"]))
+    if "stage" not in row.columns or "pass" not in row.columns:
+        return None
+    mb = int(r["microbatch"]) if "microbatch" in row.columns else None
+    hit = _passes(trace, ipu, int(r["stage"]), str(r["pass"]), mb)
+    if hit.empty:
+        return None
+    return ipu, (float(hit["start"].iloc[0]), float(hit["end"].iloc[0]))
+
+
+def step_span(liveness: pd.DataFrame, trace: pd.DataFrame, ipu: int, step: int
+              ) -> Span | None:
+    """The time of one liveness step of a device: from the step before to the one after
+    when the table has times (an import), else the pass (stage, micro-batch, pass) the
+    step belongs to."""
+    on = liveness[liveness["ipu"].to_numpy() == ipu].sort_values("step", kind="stable")
+    at = np.flatnonzero(on["step"].to_numpy() == step)
+    if not len(at) or trace.empty:
+        return None
+    k = int(at[0])
+    if "time" in on.columns:
+        t = on["time"].to_numpy(dtype=float)
+        return float(t[max(k - 1, 0)]), float(t[min(k + 1, len(t) - 1)])
+    if not {"stage", "pass"} <= set(on.columns):
+        return None
+    r = on.iloc[k]
+    mb = int(r["microbatch"]) if _by_microbatch(liveness, ipu) else None
+    hit = _passes(trace, ipu, int(r["stage"]), str(r["pass"]), mb)
+    if hit.empty:
+        return None
+    return float(hit["start"].iloc[0]), float(hit["end"].iloc[0])
+
+
+def ops_in_range(ops: pd.DataFrame, trace: pd.DataFrame, t0: float, t1: float,
+                 ipu: int | None = None) -> np.ndarray:
+    """Which ops ran in [t0, t1] (on `ipu` alone when given): a measured op by its own
+    times, a modelled one when a pass of its stage that runs it overlaps the range."""
+    keep = np.ones(len(ops), dtype=bool)
+    if ipu is not None and "ipu" in ops.columns:
+        keep &= ops["ipu"].to_numpy() == ipu
+    if {"start", "end"} <= set(ops.columns):
+        start, end = ops["start"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
+        return keep & (start <= t1) & (end >= t0) & (start >= 0)
+    if not {"ipu", "stage", "pass"} <= set(ops.columns):
+        return keep & False
+    c = _compute(trace)
+    c = c[(c["start"].to_numpy() <= t1) & (c["end"].to_numpy() >= t0)]
+    ran = set(zip(c["ipu"].astype(int), c["stage"].astype(int), c["pass"].astype(str),
+                  strict=True))
+    hit = np.array([(int(i), int(s), str(p)) in ran for i, s, p in
+                    zip(ops["ipu"], ops["stage"], ops["pass"], strict=True)], dtype=bool)
+    return keep & hit
+
+
+def steps_in_range(liveness: pd.DataFrame, trace: pd.DataFrame, t0: float, t1: float
+                   ) -> dict[int, tuple[int, int]]:
+    """Per device, the first and last liveness step in [t0, t1]: by the steps' times (an
+    import), else by the passes they belong to; devices with none are left out."""
+    out: dict[int, tuple[int, int]] = {}
+    if liveness.empty:
+        return out
+    if "time" in liveness.columns:
+        t = liveness["time"].to_numpy(dtype=float)
+        inside = liveness[(t >= t0) & (t <= t1)]
+    elif {"stage", "pass"} <= set(liveness.columns):
+        c = _compute(trace)
+        c = c[(c["start"].to_numpy() <= t1) & (c["end"].to_numpy() >= t0)]
+        ran = {(int(i), int(s), str(p)) for i, s, p in zip(c["ipu"], c["stage"], c["pass"],
+                                                            strict=True)}
+        ran_mb = {(int(i), int(s), str(p), int(m)) for i, s, p, m in
+                  zip(c["ipu"], c["stage"], c["pass"], c["microbatch"], strict=True)} \
+            if "microbatch" in c.columns else set()
+        split = {int(i): _by_microbatch(liveness, int(i)) for i in liveness["ipu"].unique()}
+        mb = liveness["microbatch"] if "microbatch" in liveness.columns else \
+            pd.Series(-1, index=liveness.index)
+        mask = [(int(i), int(s), str(p), int(m)) in ran_mb if split[int(i)]
+                else (int(i), int(s), str(p)) in ran for i, s, p, m in
+                zip(liveness["ipu"], liveness["stage"], liveness["pass"], mb, strict=True)]
+        inside = liveness[np.array(mask, dtype=bool)]
+    else:
+        return out
+    for ipu, g in inside.groupby("ipu"):
+        out[int(ipu)] = (int(g["step"].min()), int(g["step"].max()))
+    return out
+
+
+def module_span(ops: pd.DataFrame, trace: pd.DataFrame, module: str
+                ) -> tuple[int, Span] | None:
+    """(device, span) of the first compute event that runs an op of `module` or of a
+    module inside it (a program-tree box)."""
+    if not module or trace.empty or not {"module", "stage", "pass"} <= set(ops.columns):
+        return None
+    mods = ops["module"].astype(str)
+    mine = ops[(mods == module) | mods.str.startswith(module + ".")]
+    if mine.empty:
+        return None
+    if {"start", "end"} <= set(mine.columns) and (mine["start"] >= 0).any():
+        first = mine[mine["start"] >= 0].sort_values("start", kind="stable").iloc[0]
+        return int(first["ipu"]), (float(first["start"]), float(first["end"]))
+    keys = set(zip(mine["stage"].astype(int), mine["pass"].astype(str), strict=True))
+    c = _compute(trace)
+    hit = c[[(int(s), str(p)) in keys for s, p in zip(c["stage"], c["pass"], strict=True)]]
+    if hit.empty:
+        return None
+    first = hit.sort_values("start", kind="stable").iloc[0]
+    return int(first["ipu"]), (float(first["start"]), float(first["end"]))

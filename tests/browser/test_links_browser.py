@@ -1,0 +1,157 @@
+"""Links between views in a real browser, through `popviz serve` (issue 21): a liveness
+step, a program-tree box and an operations row open /trace at that point, and a range
+selected on /trace opens /operations and /liveness on it. Screenshots: links_*.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+
+import popviz
+from popviz.analysis import links
+from popviz.analysis.program_tree import program_tree
+
+from .conftest import SCREENSHOTS
+from .test_analyser_browser import _click_slice
+from .test_app_browser import _open, box_select_trace
+
+pytestmark = pytest.mark.browser
+REL = "rn50_pipeline/profile.h5"
+
+
+@pytest.fixture
+def rel(served: Path) -> str:
+    if not (served / REL).exists():
+        pytest.skip("bundled profile missing")
+    return REL
+
+
+def _shot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"links_{name}.png"), full_page=True)
+
+
+def _follow_to_trace(page: Any, link: str) -> dict[str, str]:
+    """Click `link`; wait for /trace to draw the linked range; the link's query."""
+    page.wait_for_selector(link, timeout=20_000)
+    query = {k: v[0] for k, v in parse_qs(urlparse(
+        page.get_attribute(link, "href")).query).items()}
+    page.click(link)
+    page.wait_for_function("() => ((document.querySelector('#trace-stats-head') || {})"
+                           ".innerText || '').startsWith('Linked range')", timeout=60_000)
+    return query
+
+
+def _shown_range(page: Any) -> list[float]:
+    return page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                         "._fullLayout.xaxis.range")
+
+
+def test_liveness_step_opens_the_trace_there(browser_context: Any, base_url: str,
+                                             served: Path, rel: str) -> None:
+    page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
+    graph = "#live-graph .js-plotly-plot"
+    page.wait_for_selector(graph, timeout=180_000)  # after the first vetting
+    # a real click on IPU1's peak star (its pixel from the axes)
+    star = f"""() => {{ const g = document.querySelector('{graph}');
+        const i = g.data.findIndex(d => d.name === 'peak' && d.xaxis === 'x2');
+        const p = g.calcdata[i][0], L = g._fullLayout, b = g.getBoundingClientRect();
+        return [b.left + L.xaxis2._offset + L.xaxis2.l2p(p.x),
+                b.top + L.yaxis2._offset + L.yaxis2.l2p(p.y), p.x]; }}"""
+    page.evaluate(f"() => window.scrollBy(0, ({star})()[1] - 450)")
+    page.wait_for_timeout(300)
+    x, y, step = page.evaluate(star)
+    page.mouse.move(x, y)
+    page.mouse.click(x, y)
+    page.wait_for_selector("#live-trace-link", timeout=20_000)
+    _shot(page, "liveness_step")
+    q = _follow_to_trace(page, "#live-trace-link")
+    with popviz.open(served / rel) as p:
+        span = links.step_span(p.liveness, p.trace, 1, round(step))
+    lo, hi = _shown_range(page)
+    assert q["ipu"] == "1" and lo <= span[0] + 1 and hi >= span[1] - 1
+    assert page.inner_text("#trace-stats-head").startswith("Linked range on IPU")
+    _shot(page, "liveness_to_trace")
+    assert errors == []
+    page.close()
+
+
+def test_tree_box_opens_the_trace_at_its_first_pass(browser_context: Any, base_url: str,
+                                                    served: Path, rel: str) -> None:
+    page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
+    page.wait_for_selector("#tree-graph g.slice", timeout=180_000)
+    with popviz.open(served / rel) as p:
+        tree = program_tree(p.ops)
+        top = tree[(tree["parent"] == "model") & (tree["kind"] == "module")]
+        label = str(top.sort_values("cycles").iloc[-1]["id"])
+        ipu, span = links.module_span(p.ops, p.trace, label)
+    _click_slice(page, label)
+    q = _follow_to_trace(page, "#tree-to-trace")
+    assert q["module"] == label and q["ipu"] == str(ipu)
+    lo, hi = _shown_range(page)
+    assert lo <= span[0] + 1 and hi >= span[1] - 1
+    _shot(page, "tree_to_trace")
+    assert errors == []
+    page.close()
+
+
+def test_operations_row_opens_the_trace_at_the_op(browser_context: Any, base_url: str,
+                                                  served: Path, rel: str) -> None:
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(rel)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet", timeout=180_000)
+    cell = page.locator("#ops-table td[data-dash-column='op']").nth(4)
+    op_id = int(page.locator("#ops-table td[data-dash-column='op_id']").nth(4).inner_text()
+                .replace(",", ""))
+    cell.click()
+    page.wait_for_selector("#ops-trace-link", timeout=20_000)
+    _shot(page, "operations_row")
+    q = _follow_to_trace(page, "#ops-trace-link")
+    with popviz.open(served / rel) as p:
+        ipu, span = links.op_span(p.ops, p.trace, op_id)
+    lo, hi = _shown_range(page)
+    assert q["ipu"] == str(ipu) and lo <= span[0] + 1 and hi >= span[1] - 1
+    _shot(page, "operations_to_trace")
+    assert errors == []
+    page.close()
+
+
+def test_trace_selection_drives_operations_and_liveness(browser_context: Any, base_url: str,
+                                                        served: Path, rel: str) -> None:
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    page.wait_for_selector("#trace-graph .js-plotly-plot", timeout=180_000)
+    box_select_trace(page, 0.3, 0.1)
+    page.wait_for_function("() => ((document.querySelector('#trace-links') || {})"
+                           ".innerText || '').includes('selected range')", timeout=20_000)
+    _shot(page, "trace_selection")
+    href = page.get_attribute("#trace-to-ops", "href")
+    q = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
+    live_href = page.get_attribute("#trace-to-liveness", "href")
+    assert urlparse(live_href).query == urlparse(href).query  # the same range
+    t0, t1 = float(q["t0"]), float(q["t1"])
+    with popviz.open(served / rel) as p:
+        want = int(links.ops_in_range(p.ops, p.trace, t0, t1).sum())
+        steps = links.steps_in_range(p.liveness, p.trace, t0, t1)
+    page.click("#trace-to-ops")
+    page.wait_for_function("() => ((document.querySelector('#ops-note') || {}).innerText"
+                           " || '').includes('linked from the trace')", timeout=60_000)
+    assert page.inner_text("#ops-note").startswith(f"{want:,} of ")
+    _shot(page, "trace_to_operations")
+    page.goto(f"{base_url}{live_href}")  # the liveness link of the same selection
+    page.wait_for_function("() => ((document.querySelector('#live-linked') || {})"
+                           ".innerText || '').includes('linked from the trace')",
+                           timeout=60_000)
+    ipu, (first, last) = min(steps.items())
+    graph = "#live-graph .js-plotly-plot"
+    page.wait_for_function(f"() => {{ const g = document.querySelector('{graph}');"
+                           " return g && g._fullLayout && g._fullLayout.xaxis; }",
+                           timeout=30_000)
+    shown = page.evaluate(f"() => document.querySelector('{graph}')._fullLayout.xaxis.range")
+    if ipu == 0:
+        assert shown[0] <= first and shown[1] >= last
+        assert shown[1] - shown[0] <= (last - first) * 1.5 + 10
+    _shot(page, "trace_to_liveness")
+    assert errors == []
+    page.close()

@@ -1,0 +1,150 @@
+"""Links between views (issue 21): a liveness step, an op and a program-tree box placed on
+the trace; a trace range followed by /operations and /liveness. Analysis on the bundled
+modelled profile and an imported H100 trace; the callbacks called directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from popviz_app import create_app
+
+import popviz
+from popviz.analysis import links
+from tests.dash_util import component_text
+
+ROOT = Path(__file__).resolve().parents[1] / "profiles"
+REL = "rn50_recompute/profile.h5"
+Q = f"?profile={REL}"
+
+
+@pytest.fixture(scope="module")
+def prof() -> Any:
+    with popviz.open(ROOT / REL) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def cb() -> Any:
+    return create_app(ROOT, vetter=False).popviz_callbacks
+
+
+def _query(component: Any, id_: str) -> dict[str, str]:
+    """The query of the link `id_` inside a rendered component."""
+    found: list[str] = []
+
+    def walk(c: Any) -> None:
+        if getattr(c, "id", None) == id_:
+            found.append(c.href)
+        kids = getattr(c, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+            walk(k)
+    for c in component if isinstance(component, list) else [component]:
+        walk(c)
+    assert found, f"no link {id_}"
+    return {k: v[0] for k, v in parse_qs(urlparse(found[0]).query).items()}
+
+
+def test_step_span_is_the_pass_of_the_step(prof: Any) -> None:
+    live = prof.liveness
+    row = live[(live["pass"] == "B") & (live["ipu"] == 0)].iloc[3]
+    span = links.step_span(live, prof.trace, 0, int(row["step"]))
+    tr = prof.trace
+    # a modelled program is one micro-batch's: the first pass of any micro-batch
+    ev = tr[(tr["kind"] == "compute") & (tr["ipu"] == 0) & (tr["stage"] == row["stage"])
+            & (tr["pass"] == "B")].sort_values("start")
+    assert span == (float(ev["start"].iloc[0]), float(ev["end"].iloc[0]))
+    # and back: the steps of that range hold the step
+    found = links.steps_in_range(live, tr, *span)
+    assert found[0][0] <= int(row["step"]) <= found[0][1]
+
+
+def test_a_measured_step_is_its_own_micro_batch_pass() -> None:
+    with popviz.open(ROOT / "tutorial_measured_2ranks") as p:
+        live, tr = p.liveness, p.trace
+        row = live[(live["ipu"] == 1) & (live["pass"] == "B")].iloc[-1]
+        span = links.step_span(live, tr, 1, int(row["step"]))
+        ev = tr[(tr["kind"] == "compute") & (tr["ipu"] == 1) & (tr["pass"] == "B")
+                & (tr["microbatch"] == row["microbatch"])].sort_values("start")
+        assert int(row["microbatch"]) > 0
+        assert span == (float(ev["start"].iloc[0]), float(ev["end"].iloc[0]))
+
+
+def test_ops_in_range_are_those_whose_pass_overlaps(prof: Any) -> None:
+    tr = prof.trace
+    first = tr[(tr["kind"] == "compute") & (tr["pass"] == "F")].sort_values("start").iloc[0]
+    mask = links.ops_in_range(prof.ops, tr, float(first["start"]), float(first["start"]) + 1)
+    hit = prof.ops[mask]
+    assert len(hit) and set(hit["pass"]) == {"F"} and set(hit["stage"]) == {first["stage"]}
+    assert not links.ops_in_range(prof.ops, tr, -10.0, -5.0).any()
+
+
+def test_measured_ops_and_steps_by_their_own_times(resnet: Any) -> None:
+    ops, tr, live = resnet.ops, resnet.trace, resnet.liveness
+    op = ops[ops["start"] > 0].iloc[len(ops) // 2]
+    ipu, span = links.op_span(ops, tr, int(op["op_id"]))
+    assert ipu == int(op["ipu"]) and span == (float(op["start"]), float(op["end"]))
+    mask = links.ops_in_range(ops, tr, *span)
+    assert mask[ops["op_id"].to_numpy() == op["op_id"]].all()
+    inside = ops[mask]
+    assert ((inside["start"] <= span[1]) & (inside["end"] >= span[0])).all()
+    t = live["time"].to_numpy()
+    found = links.steps_in_range(live, tr, float(t[10]), float(t[20]))
+    assert found == {0: (int(live["step"].iloc[10]), int(live["step"].iloc[20]))}
+
+
+def test_liveness_click_links_to_the_trace_there(cb: Any, prof: Any) -> None:
+    live = prof.liveness
+    step = int(live[(live["ipu"] == 0)]["step"].iloc[50])
+    panel = cb["liveness.to_trace"]({"points": [{"x": step, "customdata": ["", "", 0, 0]}]},
+                                    Q)
+    q = _query(panel, "live-trace-link")
+    span = links.step_span(live, prof.trace, 0, step)
+    assert q["ipu"] == "0" and float(q["t0"]) <= span[0] and float(q["t1"]) >= span[1]
+    # /trace opens on it
+    fig, _status, window = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}&ipu=0")
+    lo, hi = window["range"]
+    assert window["how"].startswith("Linked range on ")
+    assert list(fig.layout.meta["range"]) == [lo, hi]
+    assert lo >= float(q["t0"]) - 1 and hi <= float(q["t1"]) + 1
+
+
+def test_operations_row_links_to_the_trace(cb: Any, prof: Any) -> None:
+    rows, _, _ = cb["operations.refresh"](0, 25, [], "", Q)
+    assert all(r["id"] == r["op_id"] for r in rows)
+    op = rows[3]
+    q = _query(cb["operations.to_trace"]({"row": 3, "column": 0, "row_id": op["id"]}, Q),
+               "ops-trace-link")
+    assert q["ipu"] == str(op["ipu"]) and float(q["t1"]) > float(q["t0"])
+
+
+def test_tree_box_links_to_its_first_pass(cb: Any, prof: Any) -> None:
+    panel = cb["tree.pick"]({"points": [{"id": "layer2"}]}, Q)
+    q = _query(panel, "tree-to-trace")
+    assert q["module"] == "layer2"
+    ipu, span = links.module_span(prof.ops, prof.trace, "layer2")
+    assert q["ipu"] == str(ipu) and float(q["t0"]) <= span[0] <= span[1] <= float(q["t1"])
+
+
+def test_trace_range_drives_operations_and_liveness(cb: Any, prof: Any) -> None:
+    tr = prof.trace
+    comp = tr[(tr["kind"] == "compute") & (tr["ipu"] == 0)].sort_values("start")
+    t0, t1 = float(comp["start"].iloc[1]), float(comp["end"].iloc[2])
+    panel = cb["trace.follow"]([t0, t1], None, Q)
+    q = _query(panel, "trace-to-ops")
+    assert float(q["t0"]) <= t0 and float(q["t1"]) >= t1
+    search = f"{Q}&t0={q['t0']}&t1={q['t1']}"
+    rows, _pages, note = cb["operations.refresh"](0, 500, [], "", search)
+    want = links.ops_in_range(prof.ops, tr, float(q["t0"]), float(q["t1"]))
+    assert "linked from the trace" in note and note.startswith(f"{int(want.sum()):,} of ")
+    assert set(r["op_id"] for r in rows) <= set(prof.ops["op_id"][want])
+    # the page opens on them (its first page)
+    first, _pages, opening = cb["operations.linked"](None, search)
+    assert opening == note and [r["id"] for r in first] == [r["id"] for r in rows[:len(first)]]
+    fig, ranges, text = cb["liveness.from_trace"](None, search)
+    found = links.steps_in_range(prof.liveness, tr, float(q["t0"]), float(q["t1"]))
+    assert ranges == {str(i): [lo - 0.5, hi + 0.5] for i, (lo, hi) in found.items()}
+    assert "linked from the trace" in text and fig is not None
+    assert "Liveness" in " ".join(component_text(c) for c in panel)
