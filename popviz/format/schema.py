@@ -1,4 +1,4 @@
-"""Profile format v1 (1.1): names and rules shared by the writer and the reader.
+"""Profile format v1 (1.2): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
@@ -14,7 +14,9 @@ FORMAT_NAME = "popviz-profile"
 # 1.1: string table as one byte blob + offsets (no vlen strings), Fletcher-32 checksums.
 # 1.0 files (vlen `/strings`, no checksums; written for two days) are refused with a
 # one-line "regenerate" message.
-FORMAT_VERSION = "1.1.0"
+# 1.2: an import's `host_slices` table and the trace's `stream` / `correlation` columns
+# (thread lanes, stream lanes, launch -> kernel flows on /trace); 1.1 files read as before.
+FORMAT_VERSION = "1.2.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -69,6 +71,7 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "tile_memory": ("ipu", "tile", "capacity_bytes", "total_bytes"),
     "exchange": ("bytes", "start", "end"),
     "ops": ("op_id",),
+    "host_slices": ("ipu", "tid", "depth"),
 }
 # Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
 TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -98,6 +101,8 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "tensors": ("tensor_id", "name", "bytes", "category"),
     "variables": ("ipu", "name", "category", "bytes", "first_step", "last_step"),
     "oom": ("ipu", "tile", "bytes_over", "variables"),
+    "host_slices": ("ipu", "tid", "thread", "depth", "start", "end", "name", "cat",
+                    "correlation"),
 }
 
 

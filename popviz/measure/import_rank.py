@@ -21,7 +21,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
-from popviz.measure import memsnap
+from popviz.measure import kineto_lanes, memsnap
 from popviz.measure.import_limits import MAX_MEMORY_BYTES
 from popviz.measure.kineto import read_trace
 from popviz.measure.kineto_ops import op_classes, ops_table
@@ -46,6 +46,7 @@ class RankPart:
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
     liveness: pd.DataFrame = field(default_factory=pd.DataFrame)
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    slices: pd.DataFrame = field(default_factory=pd.DataFrame)  # host spans by thread, depth
     actions: list[str] = field(default_factory=list)  # pipelining's labels, in order
     first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
     labeller: kev.Labeller | None = None
@@ -57,7 +58,8 @@ class RankPart:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
         by = self.base_ns - origin
         for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
-                            (self.ops, ("start", "end")), (self.liveness, ("time",))):
+                            (self.ops, ("start", "end")), (self.slices, ("start", "end")),
+                            (self.liveness, ("time",))):
             for c in cols:
                 if c in frame.columns and len(frame):
                     frame[c] = frame[c].astype("int64") + by
@@ -145,6 +147,7 @@ def _rank_part(path: PathLike) -> RankPart:
     if device is not None:  # a GPU's memory events: its capacity holds them
         part.device_memory = device_memory(t.meta, device)
     part.ops = ops_table(spans, t.rank, lab)
+    part.slices = kineto_lanes.host_slices(spans, t.rank)
     part.stages = [int(s) for s in lab.stages]
     act = lab.ann[lab.ann["pass"].isin(["F", "B"]) & (lab.ann["microbatch"] >= 0)]
     part.actions = act.sort_values("start", kind="stable")["label"].astype(str).tolist()

@@ -21,6 +21,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.measure import kineto_events as kev
+from popviz.measure import kineto_lanes
 from popviz.measure import tables as tbl
 from popviz.measure.import_checks import check_tables, clean_text
 from popviz.measure.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
@@ -203,6 +204,7 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
     trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
                                               "step", "bytes", "peer")})
     trace["op_class"] = trace["op_class"].fillna("") if "op_class" in trace else ""
+    trace = kineto_lanes.fill_links(trace)
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
     number_by_transfers(trace, p2p)
     liveness = pd.concat([t.liveness for t in parts], ignore_index=True)
@@ -212,10 +214,11 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
         "exchange": exchange_rows(p2p, trace),
         "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
+        "host_slices": pd.concat([t.slices for t in parts], ignore_index=True),
     }
     del events
     for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
-        t.events = t.calls = t.liveness = t.ops = pd.DataFrame()
+        t.events = t.calls = t.liveness = t.ops = t.slices = pd.DataFrame()
         t.labeller = None
     return result, info
 
