@@ -111,7 +111,10 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
         {"xaxis.range[0]": lo, "xaxis.range[1]": hi}, search)
     assert fig.layout.meta["mode"] == "events"
     assert "ops" not in status and "modelled" not in status  # no op layout to promise
-    assert not any(lane.endswith(" ops") for lane in fig.layout.meta["lanes"])
+    # Perfetto's layout (format 1.2): host threads, GPU idle and streams, no op lanes
+    rows = fig.layout.meta["rows"]
+    assert any("thread" in r for r in rows) and any(r.startswith("stream") for r in rows)
+    assert not any(r.endswith(" ops") for r in rows)
     panel = app.popviz_callbacks["trace.stats"]([lo, hi], None, search)
     text = " ".join(component_text(c) for c in panel)
     assert "Top kernels (measured GPU time)" in text and "modelled" not in text

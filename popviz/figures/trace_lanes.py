@@ -225,10 +225,13 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                        templates: dict[tuple[int, str], PassOps] | None = None,
                        highlight: str | None = None, overview: bool = True,
                        max_events: int = MAX_EVENTS, max_ops: int = MAX_OPS,
-                       pixels: int = LANE_PIXELS, title: str = "Execution trace") -> go.Figure:
+                       pixels: int = LANE_PIXELS, title: str = "Execution trace",
+                       flat: bool = False) -> go.Figure:
     """The trace of [start, end) in lanes. `templates` (analysis.trace_detail.pass_ops)
-    gives the op level; `highlight` a module path whose ops are outlined. `layout.meta`:
-    mode, visible_events, range, ops_drawn, ops_hidden, lanes."""
+    gives the op level; `highlight` a module path whose ops are outlined. Flame (default):
+    the ops in a lane of their own under the passes they nest in; `flat`: one row per
+    lane, the ops drawn over their pass in the compute lane. `layout.meta`: mode,
+    visible_events, range, ops_drawn, ops_hidden, lanes, view (flame|flat)."""
     naming = naming or Naming()
     if len(index) == 0:
         return empty_figure("This profile has no trace events.", title)
@@ -237,8 +240,11 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     hi = index.end if end is None else min(float(end), index.end)
     if hi <= lo:
         lo, hi = index.start, index.end
-    lanes = lanes_of(index, bool(templates))
+    lanes = lanes_of(index, bool(templates) and not flat)
     row_of = {lane: r for r, lane in enumerate(lanes)}
+    if flat:  # the op level on its pass's row
+        row_of.update({(i, "ops"): r for (i, lane), r in list(row_of.items())
+                       if lane == "compute"})
     visible = index.count_visible(lo, hi)
     view = LaneView("events" if visible <= max_events else "buckets", visible, 0, 0, lanes)
     if view.mode == "events":
@@ -288,6 +294,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         barmode="overlay", uirevision="trace-lanes",
         uniformtext={"minsize": 9, "mode": "hide"},  # a label only where it fits
         meta={"mode": view.mode, "visible_events": int(visible), "range": [lo, hi],
+              "view": "flat" if flat else "flame",
               "ops_drawn": view.ops_drawn, "ops_hidden": view.ops_hidden,
               "lanes": [f"{naming.label(i)} {lane}" for i, lane in lanes]},
         yaxis={"domain": [split, 1.0]})
@@ -303,7 +310,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
             fig.add_hline(y=r - 0.5, line={"color": "#999", "width": 1})
     detail = (f"{visible:,} events" if view.mode == "events"
               else f"{visible:,} events in {pixels} buckets per lane")
-    base_layout(fig, f"{title} · {detail}", height=height)
+    base_layout(fig, f"{title} ({'flat' if flat else 'flame'}) · {detail}", height=height)
     fig.update_layout(margin={"l": 110, "r": 20, "t": 100, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0,
                               "xanchor": "left", "font": {"size": 10}},
