@@ -16,8 +16,8 @@ FLAME, FLAT = "flame", "flat"
 MODES = (FLAME, FLAT)
 SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
               "cudaStreamWaitEvent")
-LINK_COLUMNS = ["ipu", "tid", "depth", "launch_start", "launch_end", "launch",
-                "stream", "start", "end", "kernel"]
+LINK_COLUMNS = ["ipu", "correlation", "tid", "depth", "launch_start", "launch_end",
+                "launch", "stream", "start", "end", "kernel"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,7 @@ def thread_rows(slices: pd.DataFrame, trace: pd.DataFrame, mode: str = FLAME) ->
         if len(slices) else pd.Series(dtype=object)
     side = side_events(trace)
     streams = stream_events(trace)
-    ipus = sorted({int(i) for i in slices["ipu"]} | {int(i) for i in side["ipu"]}
-                  | {int(i) for i in streams["ipu"]})
+    ipus = sorted({int(i) for f in (slices, side, streams) for i in np.unique(f["ipu"])})
     for ipu in ipus:
         for (i, tid), top in deepest.items():
             if int(i) != ipu:
@@ -75,8 +74,8 @@ def thread_rows(slices: pd.DataFrame, trace: pd.DataFrame, mode: str = FLAME) ->
         if len(mine):
             gpu = bool((mine["kind"].astype(str) == "idle").all()) and len(streams)
             rows.append(Row(ipu, "waits", -1, 0, "GPU idle" if gpu else "p2p waits"))
-        for s in sorted({int(x) for x in streams.loc[streams["ipu"] == ipu, "stream"]}):
-            rows.append(Row(ipu, "stream", s, 0, f"stream {s}"))
+        for s in np.unique(streams.loc[streams["ipu"].to_numpy() == ipu, "stream"]):
+            rows.append(Row(ipu, "stream", int(s), 0, f"stream {int(s)}"))
     return rows
 
 

@@ -40,7 +40,7 @@ def slice_depths(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndar
 def host_slices(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
     """One row per host span of one rank (rank clock): its thread as a lane number (`tid`,
     threads in order of their first span) and label, depth, times, name, category and
-    correlation id (-1 but on runtime calls)."""
+    correlation id (-1 but on runtime and driver calls)."""
     host = spans[spans["cat"].isin(HOST_CATS).to_numpy()]
     if host.empty:
         return pd.DataFrame({c: pd.Series([], dtype="int64" if c not in
@@ -53,7 +53,8 @@ def host_slices(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
     lane = {name: i for i, name in enumerate(firsts.index)}
     tid = pd.Series(raw).map(lane).to_numpy(dtype=np.int64)
     cat = host["cat"].astype(str).to_numpy()
-    corr = np.where(cat == "cuda_runtime", host["corr"].to_numpy(dtype=np.int64), -1)
+    launcher = np.isin(cat, ["cuda_runtime", "cuda_driver"])
+    corr = np.where(launcher, host["corr"].to_numpy(dtype=np.int64), -1)
     frame = pd.DataFrame({
         "ipu": rank, "tid": tid, "thread": [f"thread {x}" for x in raw],
         "depth": slice_depths(tid, start, end), "start": start, "end": end,
