@@ -167,6 +167,8 @@ def _side_bars(ev: pd.DataFrame, index: dict, naming: Naming, links: pd.DataFram
     idle = ev["kind"].astype(str).to_numpy() == "idle"
     cause = np.where(idle & (ev["op"].astype(str).to_numpy() == "GPU idle"),
                      idle_causes(ev, links, slices), "")
+    cause = np.array([c.replace("; at", ";<br>at").replace(" · next:", "<br>next:")
+                      for c in cause], dtype=object)  # hover lines, not one long one
     custom = _stack([ev["op"].astype(str).to_numpy(), cause, ev["end"].to_numpy(),
                      (ev["end"] - ev["start"]).to_numpy()])
     hover = ("<b>%{customdata[0]}</b><br>%{customdata[1]}<br>"
@@ -184,7 +186,8 @@ def _side_bars(ev: pd.DataFrame, index: dict, naming: Naming, links: pd.DataFram
 
 
 def _merged(rows: np.ndarray, start: np.ndarray, end: np.ndarray, lo: float, hi: float,
-            pixels: int) -> go.Bar | None:
+            pixels: int, name: str = "many short slices (zoom in)",
+            colour: str = MERGED) -> go.Bar | None:
     """Slices too short to draw, as one bar per row per run of touched pixels."""
     if not len(rows):
         return None
@@ -203,9 +206,9 @@ def _merged(rows: np.ndarray, start: np.ndarray, end: np.ndarray, lo: float, hi:
         ys += [int(r)] * len(s)
         base += list(lo + s * w)
         width += list((e - s) * w)
-    return go.Bar(name="many short slices (zoom in)", orientation="h", y=ys, base=base,
-                  x=width, width=BAR * 0.6, marker={"color": MERGED, "line": {"width": 0}},
-                  hovertemplate="many short slices: zoom in<extra></extra>")
+    return go.Bar(name=name, orientation="h", y=ys, base=base, x=width, width=BAR * 0.6,
+                  marker={"color": colour, "line": {"width": 0}, "opacity": 0.75},
+                  hovertemplate=f"{name}<extra></extra>")
 
 
 def _flows(links: pd.DataFrame, index: dict, mode: str, naming: Naming) -> go.Scatter:
@@ -275,14 +278,24 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
                          vs["end"].to_numpy()[short], lo, hi, pixels)
         vs = vs.iloc[np.sort(keep)]
         data += [merged] if merged is not None else []
+        # short kernels merged per category (forward blue, backward orange...), short
+        # idle gaps merged in the idle lane: a zoomed-out run still shows where each ran
         gw = (vg["end"] - vg["start"]).to_numpy() >= min_px * px
-        grows = _stream_rows(vg, index)
-        gm = _merged(grows[~gw], vg["start"].to_numpy()[~gw], vg["end"].to_numpy()[~gw],
-                     lo, hi, pixels)
-        data += [gm] if gm is not None else []
+        grows, codes = _stream_rows(vg, index), category_codes(vg)
+        for k, cat in enumerate(CATEGORIES):
+            m = ~gw & (codes == k)
+            gm = _merged(grows[m], vg["start"].to_numpy()[m], vg["end"].to_numpy()[m], lo,
+                         hi, pixels, f"short {CATEGORY_NAMES[cat]} (zoom in)",
+                         CATEGORY_COLOURS[cat])
+            data += [gm] if gm is not None else []
         vg = vg[gw].iloc[:max_events]
-        vside = vside[((vside["end"] - vside["start"]).to_numpy() >= min_px * px)]
-        vside = vside.iloc[:max_events]
+        sw = (vside["end"] - vside["start"]).to_numpy() >= min_px * px
+        wrows = _row_numbers(index, vside["ipu"].to_numpy(), "waits",
+                             np.full(len(vside), -1), np.zeros(len(vside), int))
+        wm = _merged(wrows[~sw], vside["start"].to_numpy()[~sw], vside["end"].to_numpy()[~sw],
+                     lo, hi, pixels, "short idle gaps and waits (zoom in)", "#bdbdbd")
+        data += [wm] if wm is not None else []
+        vside = vside[sw].iloc[:max_events]
     data = _host_bars(vs, _slice_rows(vs, index, mode), naming) + data
     data += _side_bars(vside, index, naming, links, slices)
     data += _gpu_bars(vg, index, naming)
