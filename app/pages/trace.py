@@ -110,7 +110,9 @@ def _status(fig: Any, unit: str = "cycles") -> str:
             mode += f"; zoom in further to see the {meta['ops_hidden']:,} ops"
     else:
         mode = "each bucket split by the time each kind ran in it; zoom in for single events"
-    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}."
+    view = f" ({meta['view']})" if meta.get("view") else ""
+    return (f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}{view}: "
+            f"{mode}.")
 
 
 def _threads_status(meta: dict, unit: str) -> str:
