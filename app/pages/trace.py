@@ -110,9 +110,8 @@ def _status(fig: Any, unit: str = "cycles") -> str:
             mode += f"; zoom in further to see the {meta['ops_hidden']:,} ops"
     else:
         mode = "each bucket split by the time each kind ran in it; zoom in for single events"
-    view = f" ({meta['view']})" if meta.get("view") else ""
-    return (f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}{view}: "
-            f"{mode}.")
+    view = f" ({meta['view']} layout)" if meta.get("view") else ""
+    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}{view}."
 
 
 def _threads_status(meta: dict, unit: str) -> str:
@@ -124,7 +123,7 @@ def _threads_status(meta: dict, unit: str) -> str:
               f"zoom in to see the {meta['flows_hidden']:,} launch \u2192 kernel arrows"
               if meta["flows_hidden"] else "no launch \u2192 kernel link in view")
     return (f"{meta['visible_events']:,} slices and events in {lo:,.0f} to {hi:,.0f} "
-            f"{unit} ({meta['view']}): {drawn}; {arrows}.")
+            f"{unit}: {drawn}; {arrows} ({meta['view']} layout).")
 
 
 def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:
