@@ -56,7 +56,8 @@ def host_slices(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
     launcher = np.isin(cat, ["cuda_runtime", "cuda_driver"])
     corr = np.where(launcher, host["corr"].to_numpy(dtype=np.int64), -1)
     frame = pd.DataFrame({
-        "ipu": rank, "tid": tid, "thread": [f"thread {x}" for x in raw],
+        "ipu": rank, "tid": tid,
+        "thread": np.array([f"thread {x}" for x in firsts.index], dtype=object)[tid],
         "depth": slice_depths(tid, start, end), "start": start, "end": end,
         "name": host["name"].astype(str).to_numpy(dtype=object), "cat": cat.astype(object),
         "correlation": corr})
