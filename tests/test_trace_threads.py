@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import popviz
-from popviz.analysis.trace_detail import pass_ops
+from popviz.analysis.trace_detail import module_levels, module_runs, pass_ops
 from popviz.analysis.trace_threads import (
     has_threads,
     idle_causes,
@@ -194,12 +194,20 @@ def test_a_million_slices_draw_fast_and_bounded() -> None:
 
 
 def test_a_modelled_trace_flat_draws_ops_over_their_pass() -> None:
-    with popviz.open(PROFILES / "tutorial_pipelined" / "training") as p:
+    with popviz.open(PROFILES / "rn50_pipeline") as p:
         index, templates = TraceIndex(p.trace), pass_ops(p.ops)
         first = p.trace[p.trace["kind"] == "compute"].sort_values("start").iloc[0]
         lo, hi = float(first["start"]), float(first["end"])
-        flame = trace_lanes_figure(index, lo, hi, templates=templates)
-        flat = trace_lanes_figure(index, lo, hi, templates=templates, flat=True)
+        levels = module_levels(p.ops)
+        flame = trace_lanes_figure(index, lo, hi, templates=templates, module_levels=levels)
+        flat = trace_lanes_figure(index, lo, hi, templates=templates, flat=True,
+                                  module_levels=levels)
+    assert levels == 2  # resnet: layer1 > layer1.0 > the op (in layer1.0.conv1)
+    assert [x for x in flame.layout.meta["lanes"] if x.startswith("IPU0")][:4] == [
+        "IPU0 compute", "IPU0 module 1", "IPU0 module 2", "IPU0 ops"]
+    assert not any("module" in lane for lane in flat.layout.meta["lanes"])
+    mods = next(t for t in flame.data if t.name == "modules")
+    assert {m.split(".")[0] for m in mods.customdata[:, 0]} >= {"stem", "layer1"}
     assert flame.layout.meta["view"] == "flame" and flat.layout.meta["view"] == "flat"
     assert any(lane.endswith(" ops") for lane in flame.layout.meta["lanes"])
     assert not any(lane.endswith(" ops") for lane in flat.layout.meta["lanes"])
@@ -218,3 +226,14 @@ def test_an_older_file_reads_unchanged() -> None:
         slices = p.table("host_slices")
         assert slices.empty and "depth" in slices.columns
         assert not has_threads(slices, p.trace)
+
+
+def test_module_runs_nest_consecutive_ops() -> None:
+    ops = pd.DataFrame({"ipu": 0, "stage": 0, "microbatch": 0, "pass": "F",
+                        "start": [0, 10, 20, 30, 40], "end": [10, 20, 30, 40, 50],
+                        "module": ["a.x.c1", "a.x.c2", "a.y.c1", "b.c", "a.x.c1"]})
+    one, two = module_runs(ops, 1), module_runs(ops, 2)
+    assert one[["module", "start", "end"]].values.tolist() == [
+        ["a", 0, 30], ["b", 30, 40], ["a", 40, 50]]  # a again after b: a run of its own
+    assert two["module"].tolist() == ["a.x", "a.y", "b.c", "a.x"]
+    assert module_runs(ops.assign(module=["", "a", "a", "a", "a"]), 2).empty

@@ -16,7 +16,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.range_stats import RangeStats, range_statistics
-from popviz.analysis.trace_detail import PassOps, pass_ops, readable_window
+from popviz.analysis.trace_detail import PassOps, module_levels, pass_ops, readable_window
 from popviz.analysis.trace_threads import FLAME, MODES, has_threads, launch_links
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
@@ -66,9 +66,10 @@ def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | No
         links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
         return thread_lanes_figure(slices, entry.profile.trace, links, lo, hi, mode=mode,
                                    naming=naming(entry))
+    levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
                               templates=templates(entry), highlight=module or None,
-                              flat=mode != FLAME)
+                              flat=mode != FLAME, module_levels=levels)
 
 
 FIGURES = {"trace": trace}
