@@ -244,8 +244,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "bottom is the whole run (double-click the trace for all of it). "
                if window else "")
     lo, hi = (float(v) for v in fig.layout.meta["range"])
-    if threads(entry):
+    if threads(entry):  # no whole-run strip under these lanes
         rows = THREADS_HINT
+        opening = ("Opened on the first part of the run (double-click the trace for all of "
+                   "it). " if window else "")
     return html.Div([
         html.H2(title_of(entry)),
         html.P(rows + opening + ZOOM_HINT[words.measured and not words.gpu_plan],
