@@ -121,6 +121,7 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
     assert "Compute by op class (measured GPU time)" in text
     assert "Top ops (GPU time of the kernels each launched)" in text
     assert "Op-level statistics" not in text
+    assert "GPU idle by cause (ns)" in text and "launched late" in text
 
 
 def test_layout_control_keeps_the_window(app: Any, root: Path) -> None:

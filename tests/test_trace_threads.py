@@ -16,6 +16,7 @@ import popviz
 from popviz.analysis.trace_detail import module_levels, module_runs, pass_ops
 from popviz.analysis.trace_threads import (
     has_threads,
+    idle_by_cause,
     idle_causes,
     launch_links,
     thread_rows,
@@ -118,6 +119,25 @@ def test_idle_causes() -> None:
     assert "60 ns late" in late and "cudaStreamSynchronize" in late and "waiting" in late
     assert "k1" in late
     assert queued.startswith("next kernel queued 20 ns before the gap") and "k2" in queued
+
+
+def test_idle_by_cause_adds_up_to_the_gpu_idle(resnet: Any) -> None:
+    slices, trace = resnet.table("host_slices"), resnet.trace
+    gaps = trace[trace["op"] == "GPU idle"]
+    lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    table = idle_by_cause(trace, launch_links(slices, trace), slices, lo, hi, top=10_000)
+    assert table["idle"].sum() == (gaps["end"] - gaps["start"]).sum()
+    assert table["gaps"].sum() == len(gaps)
+    assert table["idle"].is_monotonic_decreasing
+    assert table["share"].sum() == pytest.approx(1.0)
+    late = table[table["cause"] == "launched late"]
+    assert (late["host"] != "").all() and len(late) > 1
+    # half the range: gaps clipped to it
+    half = idle_by_cause(trace, launch_links(slices, trace), slices, lo, (lo + hi) / 2,
+                         top=10_000)
+    inside = gaps[gaps["start"] < (lo + hi) / 2]
+    assert half["idle"].sum() == (inside["end"].clip(upper=(lo + hi) / 2)
+                                  - inside["start"]).sum()
 
 
 def test_flame_and_flat_rows(resnet: Any) -> None:

@@ -17,7 +17,13 @@ from dash.exceptions import PreventUpdate
 
 from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, module_levels, pass_ops, readable_window
-from popviz.analysis.trace_threads import FLAME, MODES, has_threads, launch_links
+from popviz.analysis.trace_threads import (
+    FLAME,
+    MODES,
+    has_threads,
+    idle_by_cause,
+    launch_links,
+)
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
 
@@ -213,7 +219,25 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                       table("trace-stats-top", _pct(stats.top_ops), words=words)],
                      className="half"),
         ], className="row"))
+    if threads(entry):
+        blocks.append(_idle_block(entry, lo, hi, words))
     return blocks
+
+
+def _idle_block(entry: Entry, lo: float, hi: float, words: Any) -> html.Div:
+    """The GPU idle of the range by cause: what the launching thread was doing when each
+    gap began (analysis.trace_threads.idle_by_cause)."""
+    slices = entry.profile.table("host_slices")
+    links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
+    causes = idle_by_cause(entry.profile.trace, links, slices, lo, hi)
+    if causes.empty:
+        return html.Div()
+    return html.Div([
+        html.H3(f"GPU idle by cause ({words.unit})"),
+        html.P("Each gap's next kernel: launched late (the host was busy: what its launching "
+               "thread was in when the GPU ran dry), or queued before the gap (the GPU "
+               "waited on a dependency).", className="hint"),
+        table("trace-stats-idle", _pct(causes), words=words)])
 
 
 THREADS_HINT = ("Per rank as Perfetto draws it: each host thread (ops, annotations and CUDA "

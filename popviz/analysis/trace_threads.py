@@ -129,14 +129,22 @@ def deepest_at(slices: pd.DataFrame, ipu: int, tid: int, t: np.ndarray) -> np.nd
     return out
 
 
-def idle_causes(gaps: pd.DataFrame, links: pd.DataFrame,
-                slices: pd.DataFrame) -> np.ndarray:
-    """Why the GPU sat idle in each gap (one line each): the first GPU event after the gap
-    and when the host queued it. Queued after the gap began: the host launched late, and
-    the line says what the launching thread was doing when the GPU ran dry (a sync call,
-    an op's CPU work, Python between ops). Queued before: the GPU waited on something
-    else (another stream, an event, a copy)."""
-    out = np.full(len(gaps), "next GPU event's launch not recorded", dtype=object)
+LATE, QUEUED, UNKNOWN = "launched late", "queued before the gap", "launch not recorded"
+BETWEEN_OPS = "no recorded op (Python between ops)"
+
+
+def idle_reasons(gaps: pd.DataFrame, links: pd.DataFrame,
+                 slices: pd.DataFrame) -> pd.DataFrame:
+    """Why the GPU sat idle in each gap, one row per gap in its order: `cause` (LATE,
+    QUEUED or UNKNOWN), `host` (what the launching thread was doing when the gap began:
+    its innermost slice, e.g. a cudaStreamSynchronize or an op's CPU work, else
+    BETWEEN_OPS; "" unless late), `late_ns` (launch minus gap start) and `kernel` (the
+    first GPU event after the gap). Late: the host queued that kernel only after the GPU
+    ran dry. Queued before: the GPU waited on something else (a stream, an event, a copy)."""
+    n = len(gaps)
+    out = pd.DataFrame({"cause": np.full(n, UNKNOWN, dtype=object),
+                        "host": np.full(n, "", dtype=object), "late_ns": np.zeros(n, np.int64),
+                        "kernel": np.full(n, "", dtype=object)})
     if gaps.empty or links.empty:
         return out
     for ipu in {int(i) for i in gaps["ipu"]}:
@@ -145,29 +153,58 @@ def idle_causes(gaps: pd.DataFrame, links: pd.DataFrame,
         if mine.empty:
             continue
         g_start = gaps["start"].to_numpy()[rows]
-        g_end = gaps["end"].to_numpy()[rows]
-        nxt = np.searchsorted(mine["start"].to_numpy(), g_end, side="left")
+        nxt = np.searchsorted(mine["start"].to_numpy(), gaps["end"].to_numpy()[rows], "left")
         found = nxt < len(mine)
         nxt = np.clip(nxt, 0, len(mine) - 1)
-        launch = mine["launch_start"].to_numpy()[nxt]
+        late = mine["launch_start"].to_numpy()[nxt] - g_start
         tid = mine["tid"].to_numpy()[nxt]
-        kernel = mine["kernel"].astype(str).to_numpy()[nxt]
         doing = np.full(len(rows), "", dtype=object)
         for t in set(tid.tolist()):
             sel = tid == t
             doing[sel] = deepest_at(slices, ipu, int(t), g_start[sel])
-        for j, r in enumerate(rows):
-            if not found[j]:
-                continue
-            late = int(launch[j] - g_start[j])
-            name = kernel[j][:60]
-            if late > 0:
-                what = doing[j] or "no recorded op (Python between ops)"
-                waiting = " (waiting for the GPU)" if str(doing[j]).startswith(
-                    SYNC_NAMES) else ""
-                out[r] = (f"host launched the next kernel {late:,} ns late; at the gap's "
-                          f"start it was in {what}{waiting} · next: {name}")
-            else:
-                out[r] = (f"next kernel queued {-late:,} ns before the gap: the GPU waited "
-                          f"on a dependency (stream, event or copy) · next: {name}")
+        hit = rows[found]
+        out.loc[hit, "cause"] = np.where(late[found] > 0, LATE, QUEUED)
+        out.loc[hit, "host"] = np.where(late[found] > 0, np.where(
+            doing[found] == "", BETWEEN_OPS, doing[found]), "")
+        out.loc[hit, "late_ns"] = late[found]
+        out.loc[hit, "kernel"] = mine["kernel"].astype(str).to_numpy()[nxt][found]
     return out
+
+
+def idle_causes(gaps: pd.DataFrame, links: pd.DataFrame,
+                slices: pd.DataFrame) -> np.ndarray:
+    """`idle_reasons` as one line per gap (the figure's hover)."""
+    why = idle_reasons(gaps, links, slices)
+    out = np.full(len(why), "next GPU event's launch not recorded", dtype=object)
+    for j, (cause, host, late, kernel) in enumerate(why.itertuples(index=False)):
+        name = str(kernel)[:60]
+        if cause == LATE:
+            waiting = " (waiting for the GPU)" if str(host).startswith(SYNC_NAMES) else ""
+            out[j] = (f"host launched the next kernel {late:,} ns late; at the gap's start "
+                      f"it was in {host}{waiting} · next: {name}")
+        elif cause == QUEUED:
+            out[j] = (f"next kernel queued {-late:,} ns before the gap: the GPU waited on a "
+                      f"dependency (stream, event or copy) · next: {name}")
+    return out
+
+
+def idle_by_cause(trace: pd.DataFrame, links: pd.DataFrame, slices: pd.DataFrame,
+                  lo: float, hi: float, top: int = 10) -> pd.DataFrame:
+    """The GPU idle time of [lo, hi) (gaps clipped to it) grouped by cause and by what the
+    host was doing: cause, host, gaps, idle (ns), share (of that idle), largest first."""
+    gaps = side_events(trace)
+    gaps = gaps[(gaps["kind"].astype(str) == "idle").to_numpy()
+                & (gaps["op"].astype(str) == "GPU idle").to_numpy()]
+    gaps = visible(gaps, lo, hi)
+    cols = ["cause", "host", "gaps", "idle", "share"]
+    if gaps.empty:
+        return pd.DataFrame(columns=cols)
+    why = idle_reasons(gaps, links, slices)
+    why["idle"] = (np.minimum(gaps["end"].to_numpy(), hi)
+                   - np.maximum(gaps["start"].to_numpy(), lo)).round().astype(np.int64)
+    out = why.groupby(["cause", "host"], sort=False).agg(
+        gaps=("idle", "size"), idle=("idle", "sum")).reset_index()
+    total = float(out["idle"].sum())
+    out["share"] = out["idle"] / total if total > 0 else 0.0
+    return out.sort_values("idle", ascending=False, kind="stable").head(top)[cols] \
+        .reset_index(drop=True)
