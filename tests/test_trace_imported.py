@@ -111,13 +111,36 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
         {"xaxis.range[0]": lo, "xaxis.range[1]": hi}, search)
     assert fig.layout.meta["mode"] == "events"
     assert "ops" not in status and "modelled" not in status  # no op layout to promise
-    assert not any(lane.endswith(" ops") for lane in fig.layout.meta["lanes"])
+    # Perfetto's layout (format 1.2): host threads, GPU idle and streams, no op lanes
+    rows = fig.layout.meta["rows"]
+    assert any("thread" in r for r in rows) and any(r.startswith("stream") for r in rows)
+    assert not any(r.endswith(" ops") for r in rows)
     panel = app.popviz_callbacks["trace.stats"]([lo, hi], None, search)
     text = " ".join(component_text(c) for c in panel)
     assert "Top kernels (measured GPU time)" in text and "modelled" not in text
     assert "Compute by op class (measured GPU time)" in text
     assert "Top ops (GPU time of the kernels each launched)" in text
     assert "Op-level statistics" not in text
+    assert "GPU idle by cause (ns)" in text and "launched late" in text
+
+
+def test_layout_control_keeps_the_window(app: Any, root: Path) -> None:
+    """Flame / flat redraws the shown window: flat drops the depth rows of an import's
+    threads, on an H100 step (with its stream) and a CPU step (no stream) alike; the
+    status names the layout."""
+    for name, stream in (("rn", True), ("cpu", False)):
+        search = f"?profile={_rel(root, name)}"
+        with popviz.open(root / _rel(root, name)) as p:
+            lo, hi = float(p.trace["start"].min()), float(p.trace["end"].max()) / 2
+        mode = app.popviz_callbacks["trace.mode"]
+        flame, flame_status = mode("flame", {"range": [lo, hi]}, search)
+        flat, flat_status = mode("flat", {"range": [lo, hi]}, search)
+        assert flame.layout.meta["range"] == flat.layout.meta["range"] == [lo, hi]
+        assert flame_status.endswith("(flame layout).")
+        assert flat_status.endswith("(flat layout).")
+        assert any(r.startswith("depth") for r in flame.layout.meta["rows"])
+        assert not any(r.startswith("depth") for r in flat.layout.meta["rows"])
+        assert any(r.startswith("stream") for r in flat.layout.meta["rows"]) == stream
 
 
 def test_ops_of_a_range_are_the_launching_ops_of_the_raw_trace(root: Path) -> None:

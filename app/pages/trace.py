@@ -1,9 +1,11 @@
 """`/trace`: lanes per IPU (rank when measured) for compute, ops, sync, exchange and host
-I/O; zoom or pan redraws the visible range on the server, down to single ops; a box
-selection (or the zoomed window) gives statistics for that range. `&module=PATH` outlines
-one module's ops and opens on its first pass (the program tree links here); `&t0=&t1=`
-(`&ipu=`) opens on that range (from a liveness step, an op or a tree box), and the range
-shown or selected here links on to /operations and /liveness."""
+I/O; an import of format 1.2 in Perfetto's layout instead (host threads, GPU idle, CUDA
+streams, launch -> kernel arrows); a flame / flat control (nested rows by depth, or one
+row per lane); zoom or pan redraws the visible range on the server, down to single ops; a
+box selection (or the zoomed window) gives statistics for that range. `&module=PATH`
+outlines one module's ops and opens on its first pass (the program tree links here);
+`&t0=&t1=` (`&ipu=`) opens on that range (from a liveness step, an op or a tree box), and
+the range shown or selected here links on to /operations and /liveness."""
 
 from __future__ import annotations
 
@@ -16,8 +18,16 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.range_stats import RangeStats, range_statistics
-from popviz.analysis.trace_detail import PassOps, pass_ops, readable_window
+from popviz.analysis.trace_detail import PassOps, module_levels, pass_ops, readable_window
+from popviz.analysis.trace_threads import (
+    FLAME,
+    MODES,
+    has_threads,
+    idle_by_cause,
+    launch_links,
+)
 from popviz.figures.trace_lanes import trace_lanes_figure
+from popviz.figures.trace_threads import thread_lanes_figure
 
 from .. import links, trace_bsp
 from ..cache import Entry
@@ -50,10 +60,24 @@ def opening_window(entry: Entry) -> tuple[float, float] | None:
     return entry.get("trace_window", lambda: readable_window(entry.profile.trace))
 
 
+def threads(entry: Entry) -> bool:
+    """Whether the profile is an import with thread and stream lanes (format 1.2)."""
+    return entry.get("has_threads", lambda: has_threads(entry.profile.table("host_slices"),
+                                                        entry.profile.trace))
+
+
 def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | None = None,
-          module: str | None = None) -> Any:
+          module: str | None = None, mode: str = FLAME) -> Any:
+    mode = mode if mode in MODES else FLAME
+    if threads(entry):
+        slices = entry.profile.table("host_slices")
+        links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
+        return thread_lanes_figure(slices, entry.profile.trace, links, lo, hi, mode=mode,
+                                   naming=naming(entry))
+    levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
-                              templates=templates(entry), highlight=module or None)
+                              templates=templates(entry), highlight=module or None,
+                              flat=mode != FLAME, module_levels=levels)
 
 
 FIGURES = {"trace": trace}
@@ -84,6 +108,8 @@ def _status(fig: Any, unit: str = "cycles") -> str:
     if not meta:
         return ""
     lo, hi = meta["range"]
+    if "flows_drawn" in meta:
+        return _threads_status(meta, unit)
     if meta["mode"] == "events":
         mode = "every event drawn"
         if meta.get("ops_drawn"):
@@ -93,7 +119,20 @@ def _status(fig: Any, unit: str = "cycles") -> str:
             mode += f"; zoom in further to see the {meta['ops_hidden']:,} ops"
     else:
         mode = "each bucket split by the time each kind ran in it; zoom in for single events"
-    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}."
+    view = f" ({meta['view']} layout)" if meta.get("view") else ""
+    return f"{meta['visible_events']:,} events in {lo:,.0f} to {hi:,.0f} {unit}: {mode}{view}."
+
+
+def _threads_status(meta: dict, unit: str) -> str:
+    lo, hi = meta["range"]
+    drawn = ("every slice drawn" if meta["mode"] == "events" else
+             f"{meta['drawn']:,} drawn one by one, the short ones merged per pixel (zoom in)")
+    flows = meta["flows_drawn"]
+    arrows = (f"{flows:,} launch \u2192 kernel arrows" if flows else
+              f"zoom in to see the {meta['flows_hidden']:,} launch \u2192 kernel arrows"
+              if meta["flows_hidden"] else "no launch \u2192 kernel link in view")
+    return (f"{meta['visible_events']:,} slices and events in {lo:,.0f} to {hi:,.0f} "
+            f"{unit}: {drawn}; {arrows} ({meta['view']} layout).")
 
 
 def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:
@@ -182,9 +221,31 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                       table("trace-stats-top", _pct(stats.top_ops), words=words)],
                      className="half"),
         ], className="row"))
+    if threads(entry):
+        blocks.append(_idle_block(entry, lo, hi, words))
     return blocks
 
 
+def _idle_block(entry: Entry, lo: float, hi: float, words: Any) -> html.Div:
+    """The GPU idle of the range by cause: what the launching thread was doing when each
+    gap began (analysis.trace_threads.idle_by_cause)."""
+    slices = entry.profile.table("host_slices")
+    links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
+    causes = idle_by_cause(entry.profile.trace, links, slices, lo, hi)
+    if causes.empty:
+        return html.Div()
+    return html.Div([
+        html.H3(f"GPU idle by cause ({words.unit})"),
+        html.P("Each gap's next kernel: launched late (the host was busy: what its launching "
+               "thread was in when the GPU ran dry), or queued before the gap (the GPU "
+               "waited on a dependency).", className="hint"),
+        table("trace-stats-idle", _pct(causes), words=words)])
+
+
+THREADS_HINT = ("Per rank as Perfetto draws it: each host thread (ops, annotations and CUDA "
+                "runtime calls), GPU idle gaps (hover one for its cause: what the host was "
+                "doing when the GPU ran dry) and each CUDA stream; arrows link a launch "
+                "to its kernel; times in ns from the first recorded event. ")
 ZOOM_HINT = {
     False: "Drag to zoom (down to single ops, laid out in each pass in the compiler's "
            "modelled order), scroll to pan, double-click to reset; pick Box Select in the "
@@ -209,10 +270,19 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "bottom is the whole run (double-click the trace for all of it). "
                if window else "")
     lo, hi = (float(v) for v in fig.layout.meta["range"])
+    if threads(entry):  # no whole-run strip under these lanes
+        rows = THREADS_HINT
+        opening = ("Opened on the first part of the run (double-click the trace for all of "
+                   "it). " if window else "")
     return html.Div([
         html.H2(title_of(entry)),
         html.P(rows + opening + ZOOM_HINT[words.measured and not words.gpu_plan],
                className="hint"),
+        html.Div([html.Span("Layout: ", className="label"), dcc.RadioItems(
+            id="trace-mode", value=FLAME, inline=True, options=[
+                {"label": " flame (nested rows by depth)", "value": FLAME},
+                {"label": " flat (one row per lane)", "value": "flat"}])],
+            className="controls"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),
         dcc.Store(id="trace-window", data=_window(lo, hi, "Shown window")),
@@ -262,16 +332,28 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
                   Output("trace-window", "data"),
                   Input("trace-graph", "relayoutData"), State("url", "search"),
-                  prevent_initial_call=True)
-    def zoom(relayout: dict | None, search: str) -> tuple[Any, str, dict[str, Any]]:
+                  State("trace-mode", "value"), prevent_initial_call=True)
+    def zoom(relayout: dict | None, search: str,
+             mode: str | None = FLAME) -> tuple[Any, str, dict[str, Any]]:
         wanted = x_range(relayout)
         if wanted is None:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         module = _param(search, "module")
-        fig = (trace(ctx, entry, module=module) if wanted == "auto"
-               else trace(ctx, entry, *wanted, module=module))
+        fig = (trace(ctx, entry, module=module, mode=mode or FLAME) if wanted == "auto"
+               else trace(ctx, entry, *wanted, module=module, mode=mode or FLAME))
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
+
+    @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
+                  Output("trace-status", "children", allow_duplicate=True),
+                  Input("trace-mode", "value"), State("trace-window", "data"),
+                  State("url", "search"), prevent_initial_call=True)
+    def relayout_mode(mode: str, window: dict | None, search: str) -> tuple[Any, str]:
+        """Flame or flat, over the window shown now."""
+        entry = ctx.cache.get(profile_of(search))
+        shown = (window or {}).get("range") or [None, None]
+        fig = trace(ctx, entry, *shown, module=_param(search, "module"), mode=mode)
+        return fig, _status(fig, naming(entry).unit)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
@@ -328,7 +410,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         return range_links(entry, float(shown[0]), float(shown[1]))
 
-    return {"zoom": zoom, "focus": focus, "stats": stats, "follow": follow,
+    return {"zoom": zoom, "focus": focus, "stats": stats, "follow": follow, "mode": relayout_mode,
             **trace_bsp.register(app, ctx)}
 
 

@@ -133,3 +133,39 @@ def readable_window(trace: pd.DataFrame, steady_steps: int = 3,
         return None
     shown = trace[trace["superstep"] <= last]
     return float(trace["start"].min()), float(shown["end"].max())
+
+
+MAX_MODULE_LEVELS = 2  # module rows in a flame view (the op itself names its own module)
+
+
+def module_levels(ops: pd.DataFrame) -> int:
+    """How many module rows a flame view nests between a pass and its ops: the deepest
+    module path's ancestors (`layer1.0.conv1` -> `layer1`, `layer1.0`), at most 2."""
+    if ops.empty or "module" not in ops:
+        return 0
+    mods = ops["module"].astype(str)
+    depth = mods.str.count(r"\.").add(1).where(mods != "", 0)
+    return int(min(MAX_MODULE_LEVELS, max(0, int(depth.max()) - 1))) if len(depth) else 0
+
+
+def module_runs(op_ev: pd.DataFrame, level: int) -> pd.DataFrame:
+    """Op events (`op_events`) merged into runs of consecutive ops of one pass inside the
+    same module at `level` (1 = the first path component): ipu, start, end, module. Ops
+    whose path is shorter than `level` have no module there."""
+    cols = ["ipu", "start", "end", "module"]
+    if op_ev.empty or "module" not in op_ev:
+        return pd.DataFrame(columns=cols)
+    ev = op_ev.sort_values(["ipu", "start"], kind="stable")
+    parts = ev["module"].astype(str).str.split(".")
+    prefix = parts.map(lambda p: ".".join(p[:level]) if len(p) >= level and p[0] else "")
+    key = pd.DataFrame({"ipu": ev["ipu"].to_numpy(), "stage": ev["stage"].to_numpy(),
+                        "mb": ev["microbatch"].to_numpy(),
+                        "pass": ev["pass"].astype(str).to_numpy(),
+                        "prefix": prefix.to_numpy()})
+    new = (key != key.shift()).any(axis=1).to_numpy()
+    runs = pd.DataFrame({"ipu": key["ipu"], "start": ev["start"].to_numpy(),
+                         "end": ev["end"].to_numpy(), "module": key["prefix"],
+                         "run": np.cumsum(new)})
+    out = runs.groupby("run", sort=True).agg(ipu=("ipu", "first"), start=("start", "min"),
+                                             end=("end", "max"), module=("module", "first"))
+    return out[out["module"] != ""].reset_index(drop=True)[cols]

@@ -9,16 +9,18 @@ its pass in modelled order (see popviz.analysis.trace_detail)."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.analysis.trace_detail import PassOps, count_ops, op_events
+from popviz.analysis.trace_detail import PassOps, count_ops, module_runs, op_events
 from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 from popviz.figures.trace import MAX_EVENTS, _stack
+from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
 
 MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
@@ -51,18 +53,42 @@ class LaneView:
     lanes: list[tuple[int, str]] = field(default_factory=list)
 
 
-def lanes_of(index: TraceIndex, with_ops: bool) -> list[tuple[int, str]]:
+def lanes_of(index: TraceIndex, with_ops: bool, modules: int = 0) -> list[tuple[int, str]]:
     """(device, lane) rows, top to bottom: only lanes a device has events in (so the rows
-    stay put while zooming). Read off the index's per-category arrays: no pass over the
+    stay put while zooming), and with the ops `modules` rows of module nesting between
+    compute and ops (flame). Read off the index's per-category arrays: no pass over the
     events."""
+    levels = [f"module {k}" for k in range(1, modules + 1)] if with_ops else []
+    order = (LANES[0], *levels, *LANES[1:])
     out = []
     for i in index.ipus:
         cats = index.lanes[i].cat_start
         present = {LANE_OF[CATEGORIES[k]] for k in range(len(CATEGORIES)) if len(cats[k])}
         if with_ops and "compute" in present:
-            present.add("ops")
-        out += [(i, lane) for lane in LANES if lane in present]
+            present |= {"ops", *levels}
+        out += [(i, lane) for lane in order if lane in present]
     return out
+
+
+def _module_bars(ops: pd.DataFrame, row_of: dict, levels: int) -> list[go.Bar]:
+    """The modules the drawn ops ran in, one row per path level (flame): consecutive ops of
+    a pass in one module are one bar, coloured by the module's name."""
+    runs = [module_runs(ops, k).assign(level=k) for k in range(1, levels + 1)]
+    runs = [r for r in runs if len(r)]
+    if not runs:
+        return []
+    mods = pd.concat(runs, ignore_index=True)
+    colours = [OP_PALETTE[zlib.crc32(m.encode()) % len(OP_PALETTE)] for m in mods["module"]]
+    return [go.Bar(
+        name="modules", orientation="h",
+        y=[row_of[(int(i), f"module {k}")] for i, k in zip(mods["ipu"], mods["level"])],
+        base=mods["start"].to_numpy(dtype=float),
+        x=(mods["end"] - mods["start"]).to_numpy(dtype=float), width=LANE_HEIGHT,
+        marker={"color": colours, "line": {"width": 0.5, "color": "white"}},
+        customdata=mods[["module"]].to_numpy(), text=mods["module"].str.rsplit(".").str[-1],
+        textposition="inside", insidetextanchor="middle", textfont={"color": "#222"},
+        hovertemplate="module <b>%{customdata[0]}</b><extra>module</extra>",
+        cliponaxis=True)]
 
 
 def _short(op: str) -> str:
@@ -225,10 +251,15 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                        templates: dict[tuple[int, str], PassOps] | None = None,
                        highlight: str | None = None, overview: bool = True,
                        max_events: int = MAX_EVENTS, max_ops: int = MAX_OPS,
-                       pixels: int = LANE_PIXELS, title: str = "Execution trace") -> go.Figure:
+                       pixels: int = LANE_PIXELS, title: str = "Execution trace",
+                       flat: bool = False, module_levels: int = 0) -> go.Figure:
     """The trace of [start, end) in lanes. `templates` (analysis.trace_detail.pass_ops)
-    gives the op level; `highlight` a module path whose ops are outlined. `layout.meta`:
-    mode, visible_events, range, ops_drawn, ops_hidden, lanes."""
+    gives the op level; `highlight` a module path whose ops are outlined. Flame (default):
+    the ops in a lane of their own under the passes they nest in; `flat`: one row per
+    lane, the ops drawn over their pass in the compute lane. `module_levels`
+    (analysis.trace_detail.module_levels) rows of module nesting between a pass and its
+    ops in flame mode. `layout.meta`: mode,
+    visible_events, range, ops_drawn, ops_hidden, lanes, view (flame|flat)."""
     naming = naming or Naming()
     if len(index) == 0:
         return empty_figure("This profile has no trace events.", title)
@@ -237,8 +268,12 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     hi = index.end if end is None else min(float(end), index.end)
     if hi <= lo:
         lo, hi = index.start, index.end
-    lanes = lanes_of(index, bool(templates))
+    levels = 0 if flat else module_levels
+    lanes = lanes_of(index, bool(templates) and not flat, levels)
     row_of = {lane: r for r, lane in enumerate(lanes)}
+    if flat:  # the op level on its pass's row
+        row_of.update({(i, "ops"): r for (i, lane), r in list(row_of.items())
+                       if lane == "compute"})
     visible = index.count_visible(lo, hi)
     view = LaneView("events" if visible <= max_events else "buckets", visible, 0, 0, lanes)
     if view.mode == "events":
@@ -249,6 +284,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         if 0 < n_ops <= max_ops:  # the exact count of the ops in view
             ops = op_events(ev, templates, lo, hi)
             data += _op_bars(ops, naming, row_of, highlight)
+            data += _module_bars(ops, row_of, levels) if levels else []
             view.ops_drawn = len(ops)
         else:
             view.ops_hidden = n_ops
@@ -288,6 +324,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         barmode="overlay", uirevision="trace-lanes",
         uniformtext={"minsize": 9, "mode": "hide"},  # a label only where it fits
         meta={"mode": view.mode, "visible_events": int(visible), "range": [lo, hi],
+              "view": "flat" if flat else "flame",
               "ops_drawn": view.ops_drawn, "ops_hidden": view.ops_hidden,
               "lanes": [f"{naming.label(i)} {lane}" for i, lane in lanes]},
         yaxis={"domain": [split, 1.0]})
@@ -303,7 +340,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
             fig.add_hline(y=r - 0.5, line={"color": "#999", "width": 1})
     detail = (f"{visible:,} events" if view.mode == "events"
               else f"{visible:,} events in {pixels} buckets per lane")
-    base_layout(fig, f"{title} · {detail}", height=height)
+    base_layout(fig, f"{title} ({'flat' if flat else 'flame'}) · {detail}", height=height)
     fig.update_layout(margin={"l": 110, "r": 20, "t": 100, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0,
                               "xanchor": "left", "font": {"size": 10}},

@@ -19,6 +19,8 @@ FORMAT_NAME = "popviz-profile"
 # the reader maps its kind and target to them (vocab.words_of), so views never guess.
 # 1.2 also: optional tables alloc_blocks / alloc_segments / alloc_frames (a CUDA memory
 # snapshot's allocator state); 1.1 files read them back empty.
+# 1.2 also: an import's `host_slices` table and the trace's `stream` / `correlation` columns
+# (thread lanes, stream lanes, launch -> kernel flows on /trace); 1.1 files read as before.
 FORMAT_VERSION = "1.2.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
@@ -77,6 +79,7 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "alloc_blocks": ("ipu", "block", "bytes"),
     "alloc_segments": ("ipu", "segment", "bytes"),
     "alloc_frames": ("ipu", "stack", "depth"),
+    "host_slices": ("ipu", "tid", "depth"),
 }
 # Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
 TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -115,6 +118,8 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "alloc_segments": ("ipu", "segment", "addr", "bytes", "stream", "segment_type", "start",
                        "end", "from_start", "to_end"),
     "alloc_frames": ("ipu", "stack", "depth", "name", "filename", "line"),
+    "host_slices": ("ipu", "tid", "thread", "depth", "start", "end", "name", "cat",
+                    "correlation"),
 }
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.ingest import kineto_events as kev
-from popviz.ingest import memsnap, memsnap_blocks
+from popviz.ingest import kineto_lanes, memsnap, memsnap_blocks
 from popviz.ingest.import_limits import MAX_MEMORY_BYTES
 from popviz.ingest.kineto import read_trace
 from popviz.ingest.kineto_ops import op_classes, ops_table
@@ -46,6 +46,7 @@ class RankPart:
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
     liveness: pd.DataFrame = field(default_factory=pd.DataFrame)
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    slices: pd.DataFrame = field(default_factory=pd.DataFrame)  # host spans by thread, depth
     actions: list[str] = field(default_factory=list)  # pipelining's labels, in order
     first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
     labeller: kev.Labeller | None = None
@@ -69,7 +70,8 @@ class RankPart:
         by = self.base_ns - origin
         self.step_starts = self.step_starts + by
         for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
-                            (self.ops, ("start", "end")), (self.liveness, ("time",)),
+                            (self.ops, ("start", "end")), (self.slices, ("start", "end")),
+                            (self.liveness, ("time",)),
                             *((f, ("start", "end")) for f in self.allocations.values())):
             for c in cols:
                 if c in frame.columns and len(frame):
@@ -179,6 +181,7 @@ def _rank_part(path: PathLike) -> RankPart:
     if device is not None:  # a GPU's memory events: its capacity holds them
         part.device_memory = device_memory(t.meta, device)
     part.ops = ops_table(spans, t.rank, lab)
+    part.slices = kineto_lanes.host_slices(spans, t.rank)
     part.stages = [int(s) for s in lab.stages]
     for frame in (part.events, part.ops):
         frame["step"] = part.step_of(frame["start"]) if len(frame) else 0

@@ -22,6 +22,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.ingest import kineto_events as kev
+from popviz.ingest import kineto_lanes
 from popviz.ingest import tables as tbl
 from popviz.ingest import waits
 from popviz.ingest.clocks import align
@@ -152,6 +153,7 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
     trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
                                               "step", "bytes", "peer")})
     trace["op_class"] = trace["op_class"].fillna("") if "op_class" in trace else ""
+    trace = kineto_lanes.fill_links(trace)
     trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
     number_by_transfers(trace, p2p)
     liveness = pd.concat([t.liveness for t in parts], ignore_index=True)
@@ -163,11 +165,12 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
         "exchange": exchange_rows(p2p, trace),
         "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
         "tile_memory": tbl.empty_tile_memory(),
+        "host_slices": pd.concat([t.slices for t in parts], ignore_index=True),
     }
     result.update(allocation_tables(parts))
     del events
     for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
-        t.events = t.calls = t.liveness = t.ops = pd.DataFrame()
+        t.events = t.calls = t.liveness = t.ops = t.slices = pd.DataFrame()
         t.labeller, t.allocations = None, {}
     return result, info
 

@@ -43,9 +43,10 @@ _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _EMPTY: dict[str, Any] = {}
 
 # categories of complete ('X') events that popviz reads; the rest (python_function, Trace,
-# overhead, cuda_driver, ...) are skipped before any per-event work
+# overhead, ...) are skipped before any per-event work; cuda_driver calls (cuLaunchKernel
+# of cutlass kernels) launch kernels as runtime calls do (host_slices, flow arrows)
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation", "kernel",
-                       "gpu_memcpy", "gpu_memset", "cuda_runtime"})
+                       "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 SPAN_COLUMNS = ["cat", "name", "tid", "ts", "dur", "ext", "corr", "stream", "bytes",
                 "dims", "types", "concrete", "flops", "collective", "nelems", "dtype",
                 "src_rank", "dst_rank"]

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.ingest.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.kineto_lanes import LINK_COLUMNS, gpu_links
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
 PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"
@@ -206,6 +207,7 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
                        "microbatch": mb, "pass": ps, "op": gpu["name"].to_numpy(),
                        "step": 0, "bytes": nbytes, "peer": -1,
                        "host_op": launching_ops(spans, gpu)})
+    ev[LINK_COLUMNS] = gpu_links(spans, GPU_CATS).to_numpy()  # same rows, same order
     lo, hi = int(ev["start"].min()), int(ev["end"].max())
     busy_s, busy_e = merged_intervals(ev["start"].to_numpy(), ev["end"].to_numpy())
     gap_s, gap_e = busy_e[:-1], busy_s[1:]
@@ -226,7 +228,7 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
                          "op": rt["name"].astype(str).to_numpy(), "step": 0, "bytes": 0,
                          "peer": -1, "host_op": ""})
     parts = [p for p in (ev, idle, sync[sync["end"] > sync["start"]]) if len(p)]
-    return pd.concat(parts, ignore_index=True)[EVENT_COLUMNS]
+    return pd.concat(parts, ignore_index=True)[EVENT_COLUMNS + LINK_COLUMNS]
 
 
 def p2p_calls(spans: pd.DataFrame, rank: int, lab: Labeller,

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover
 
 WHOLE = re.compile(r"^(?:gloo|nccl):(?:send|recv)$|^c10d::")
 KEEP_CATS = ("cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy",
-             "gpu_memset", "cuda_runtime")
+             "gpu_memset", "cuda_runtime", "cuda_driver")
 
 # key -> column name; each is read once per event (the first occurrence: "name" also
 # appears in the args of metadata events, after the event's own)
