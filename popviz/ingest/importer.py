@@ -22,9 +22,8 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.ingest import kineto_events as kev
-from popviz.ingest import kineto_lanes
+from popviz.ingest import kineto_lanes, waits
 from popviz.ingest import tables as tbl
-from popviz.ingest import waits
 from popviz.ingest.clocks import align
 from popviz.ingest.import_checks import check_tables, clean_text
 from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
