@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -184,6 +184,15 @@ def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming
     return MODELLED
 
 
-def naming_for(profile: Any) -> Naming:
-    """The naming of an open profile (anything with `kind` and `meta`)."""
-    return naming_of(getattr(profile, "kind", None), getattr(profile, "meta", None))
+class _Described(Protocol):
+    """What naming reads of a profile (`popviz.format.profile.Profile`, a higher layer)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+
+def naming_for(profile: _Described) -> Naming:
+    """The naming of an open profile."""
+    return naming_of(profile.kind, profile.meta)

@@ -220,7 +220,7 @@ def test_merge_cli_and_its_errors(runs: dict[str, Path], tmp_path: Path, capsys:
 
 def _modelled(tmp_path: Path) -> str:
     from popviz.format import write_report
-    from popviz.synthetic import synthetic_report
+    from popviz.testing.synthetic import synthetic_report
 
     return str(write_report(synthetic_report(num_ipus=2, events=50, steps=5),
                             tmp_path / "modelled.h5"))

@@ -17,7 +17,7 @@ from popviz.advise.plans import compile_plan, plans_table, run_tune
 from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
-from popviz.synthetic import ReportProfile
+from popviz.format.memory import ReportProfile
 from popviz.vocab import is_gpu_target
 
 from ..cache import VIRTUAL_PREFIX, Entry

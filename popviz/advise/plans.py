@@ -14,7 +14,7 @@ import pandas as pd
 
 from popviz.advise.tune import TuneResult, candidate_options, load_program, tune
 from popviz.advise.tune_search import Candidate
-from popviz.format.reader import Profile
+from popviz.format.profile import Profile
 
 PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "oom_tiles",
                 "throughput", "throughput_per_ipu", "vs_now", "step_ms", "idle_fraction",

@@ -32,7 +32,7 @@ from popviz.advise.tune_search import (
     local_search,
 )
 from popviz.errors import ProfileError
-from popviz.format.reader import Profile
+from popviz.format.profile import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
 from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program
@@ -58,7 +58,10 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
     recompute rows (source_op >= 0); `tensors` are the program's tensors plus stage and
     ipu. Dropping those gives back the program exactly, so compiling it with the stored
     options reproduces the stored tables (if the compiler has not changed since)."""
-    p = profile if isinstance(profile, Profile) else open_profile(profile)
+    if isinstance(profile, str | os.PathLike):
+        with open_profile(profile) as opened:  # opened here, so closed here
+            return load_program(opened)
+    p = profile
     where = str(p.path)
     if p.kind != MODELLED_KIND:
         raise ProfileError(f"{where}: a {p.kind} profile holds no recorded program to "

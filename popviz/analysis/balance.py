@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from popviz.metrics import idle_fractions, rank_time, retime_stages
 from popviz.vocab import COMPUTE, is_measured
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
@@ -47,9 +50,9 @@ def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
     return retime_stages(stages, trace)
 
 
-def profile_stages(profile: Any) -> pd.DataFrame:
+def profile_stages(profile: Profile) -> pd.DataFrame:
     """A profile's stage table as every view should read it (`timed_stages`)."""
-    measured = is_measured(getattr(profile, "kind", ""))
+    measured = is_measured(profile.kind)
     return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 

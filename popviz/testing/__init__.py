@@ -1,0 +1,1 @@
+"""Test data for tests, benches and notebooks: generated, never results."""
