@@ -252,7 +252,7 @@ class ProfileCache:
         if wait_s is None:
             wait_s = LISTING_WAIT_S if self.vet_wait_s is None else min(LISTING_WAIT_S,
                                                                         self.vet_wait_s)
-        found = []
+        found: list[tuple[Path, str, Stamp | OSError]] = []
         for path in popviz.discover(self.root):
             rel = path.relative_to(self.root).as_posix()
             try:
@@ -269,7 +269,7 @@ class ProfileCache:
                         pending[rel] = self.vetter.submit(path)
             with self._wait_budget(wait_s) as budget:
                 wait(list(pending.values()), timeout=budget)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for _path, rel, stamp in found:
             if isinstance(stamp, OSError):
                 rows.append({"profile": rel, "error": f"{rel}: {stamp.strerror}"})

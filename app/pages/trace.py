@@ -257,7 +257,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         module = _param(search, "module")
-        fig = (trace(ctx, entry, module=module) if wanted == "auto"
+        fig = (trace(ctx, entry, module=module) if isinstance(wanted, str)  # "auto"
                else trace(ctx, entry, *wanted, module=module))
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
 
@@ -272,8 +272,8 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         if not module:  # the layout already drew the opening window
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
-        window = module_window(entry, module) or opening_window(entry) or (None, None)
-        fig = trace(ctx, entry, *window, module=module)
+        lo, hi = module_window(entry, module) or opening_window(entry) or (None, None)
+        fig = trace(ctx, entry, lo, hi, module=module)
         return (fig, _status(fig, naming(entry).unit),
                 _drawn(fig, f"First pass running {module}"))
 

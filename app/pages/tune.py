@@ -67,7 +67,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any
                          .astype(str) + " %",
                          idle_fraction=(plans["idle_fraction"] * 100).round(0).astype(int)
                          .astype(str) + " %")[SHOWN]
-    links = [html.Span("Compare with this profile: ", className="label")]
+    links: list[Any] = [html.Span("Compare with this profile: ", className="label")]
     for rank in range(1, len(result.candidates) + 1):
         links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank},
                                  n_clicks=0, className="download"))

@@ -52,7 +52,7 @@ def pareto(plans: pd.DataFrame) -> pd.Series:
                      (fit["peak_bytes"] <= row["peak_bytes"]) &
                      ((fit["throughput"] > row["throughput"]) |
                       (fit["peak_bytes"] < row["peak_bytes"]))]
-        out[i] = better.empty
+        out[i] = better.empty  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     return out
 
 

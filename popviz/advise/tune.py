@@ -210,16 +210,16 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
         segs.bounds(list(options.splits)) is not None else None
-    seeds: dict[bool, list[Candidate]] = {}
+    by_rc: dict[bool, list[Candidate]] = {}
     for rc in rcs:
-        seeds[rc] = [search.fit(segs.splits(balanced_bounds(segs, n, rc)), rc, schedule,
+        by_rc[rc] = [search.fit(segs.splits(balanced_bounds(segs, n, rc)), rc, schedule,
                                 "balanced")]
         if current is not None:
-            seeds[rc].append(search.fit(current, rc, schedule, "current splits"))
-    order = sorted(rcs, key=lambda rc: min(seeds[rc], key=Candidate.key).key())
+            by_rc[rc].append(search.fit(current, rc, schedule, "current splits"))
+    order = sorted(rcs, key=lambda rc: min(by_rc[rc], key=Candidate.key).key())
     reserve = SCHEDULE_RESERVE if pipelined else 0
     for rc in order:
-        local_search(search, min(seeds[rc], key=Candidate.key), segs, "local", reserve)
+        local_search(search, min(by_rc[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
         other = pair[1] if schedule == pair[0] else pair[0]
         layouts = []

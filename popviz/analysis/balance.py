@@ -91,7 +91,7 @@ def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:
     bal = stage_balance(stages)
     if bal.empty or bal["busy_cycles"].max() <= 0:
         return None
-    row = bal.loc[bal["busy_cycles"].idxmax()]
+    row = bal.loc[bal["busy_cycles"].idxmax()]  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     # its own idle share: not the pipeline's bubble fraction (metrics.stage_idle_fraction)
     return {"stage": int(row["stage"]), "ipu": int(row["ipu"]),
             "busy_cycles": float(row["busy_cycles"]),

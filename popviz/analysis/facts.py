@@ -49,7 +49,7 @@ def profile_facts(profile: Profile) -> dict[str, Any]:
         "oom_tiles": len(over),
         "oom_ipus": sorted(int(i) for i in over["ipu"].unique()),
         "num_ipus": int(meta.get("target", {}).get("num_ipus", tiles["ipu"].nunique())),
-        "peak_liveness_bytes": {int(i): int(v) for i, v in
+        "peak_liveness_bytes": {int(i): int(v) for i, v in  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
                                 peak_liveness(profile.liveness).items()},
         "stages": _plain(stages.to_dict(orient="records")),
         "tile_memory_bytes": {

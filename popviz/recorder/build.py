@@ -68,7 +68,7 @@ def build_program(recorder: Recorder) -> Program:
     persistent.update(category)
     _own_optimiser_ops(recorder)
     _own_leading_forward_ops(recorder)
-    rows = []
+    rows: list[dict[str, Any]] = []
     ops = recorder._ops
     for cd, rec in recorder._storages.items():
         cat = category.get(cd)

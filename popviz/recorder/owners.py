@@ -29,12 +29,12 @@ class Owners:
         node = torch._C._current_autograd_node()
         if node is None:
             return ("", "", "")
-        info = node.metadata.get(_META_KEY)
+        info = node.metadata.get(_META_KEY)  # type: ignore[attr-defined]  # torch stubs: metadata is a dict, not a method
         if info is not None:
             return info
         for next_node, _ in node.next_functions:  # unstamped: its inputs' producers
             if next_node is not None:
-                info = next_node.metadata.get(_META_KEY)
+                info = next_node.metadata.get(_META_KEY)  # type: ignore[attr-defined]  # torch stubs: metadata is a dict
                 if info is not None:
                     return info
         variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module

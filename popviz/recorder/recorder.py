@@ -221,7 +221,7 @@ class Recorder(ModuleScopes, Owners):
             if t is not None:
                 node = t.grad_fn
                 if node is not None:
-                    node.metadata[_META_KEY] = info
+                    node.metadata[_META_KEY] = info  # type: ignore[index]  # torch stubs: metadata is a dict
         self._pending.clear()
 
     def _on_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -296,6 +296,7 @@ class Recorder(ModuleScopes, Owners):
     def _func_info(self, func: Any) -> tuple[str, str, str, bool, tuple[int, ...], bool, Any]:
         """(kind, packet name, overload name, is a view, mutated args, not work, the
         overload), once per overload: `_on_op` looks in the cache first."""
+        info: tuple[str, str, str, bool, tuple[int, ...], bool, Any]
         if func.namespace in _NOT_WORK or func in _METADATA_QUERIES:
             info = ("", "", "", False, (), True, func)
         else:
@@ -381,8 +382,9 @@ class Recorder(ModuleScopes, Owners):
         if kind == "data_movement":  # most ops of a step: views, copies, detach
             op_class, n_flops = "data_movement", 0
         else:
-            op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes,
-                                                out_shapes)
+            op_class, n_flops = _flops.classify(func, kind, args, kwargs, out,
+                                                in_shapes,  # type: ignore[arg-type]  # a Size is a tuple
+                                                out_shapes)  # type: ignore[arg-type]  # a Size is a tuple
         shape = self._shape
         self._ops.append([
             op_id, op_name, op_class, phase, module, layer, block, False, int(n_flops),

@@ -91,7 +91,7 @@ def _trace(rng: np.random.Generator, num_ipus: int, microbatches: int, events: i
                 mb, ps = -1, "WU"
             active = ps == "WU" or 0 <= mb < microbatches
             work.append((ipu, mb, ps) if active else None)
-        durations = []
+        durations: list[tuple[np.ndarray, np.ndarray] | None] = []
         for item in work:
             if item is None:
                 durations.append(None)
@@ -221,7 +221,7 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
     })
 
     # exchange: activations forward, gradients back, host in / out
-    ex_rows = []
+    ex_rows: list[tuple[int | str, ...]] = []
     t = 0
     for mb in range(microbatches):
         for i in range(num_ipus - 1):
@@ -251,8 +251,9 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
         "module": [f"s{i}.layer{j % 6}" for i, j in zip(op_ipu, range(num_ops))],
         "layer": [layers[i][j % 6] for i, j in zip(op_ipu, range(num_ops))],
         "block": [f"B{i}" for i in op_ipu],
-        "flops": rng.integers(1e6, 1e9, num_ops), "bytes_read": rng.integers(1e4, 1e7, num_ops),
-        "bytes_written": rng.integers(1e4, 1e7, num_ops), "stage": op_ipu, "ipu": op_ipu,
+        "flops": rng.integers(10**6, 10**9, num_ops),
+        "bytes_read": rng.integers(10**4, 10**7, num_ops),
+        "bytes_written": rng.integers(10**4, 10**7, num_ops), "stage": op_ipu, "ipu": op_ipu,
         "cycles": rng.integers(100, 100_000, num_ops),
         "temp_bytes": rng.integers(0, 2**22, num_ops),
         "amp_used": np.array(amps)[op_ipu],
