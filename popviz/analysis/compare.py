@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from popviz.analysis.compare_sides import (
 )
 from popviz.jsonsafe import jsonable as _plain
 from popviz.vocab import Naming, naming_of
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 DELTA_COLUMNS = ["a", "b", "delta", "ratio"]
 TIE = 0.02  # speeds within 2% are "about the same"
@@ -55,7 +58,7 @@ class Comparison:
         """JSON-safe facts (what `popviz compare --json` prints); big curves left out."""
         def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
             clean = frame.astype(object).where(frame.notna(), None)
-            return [{k: _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
+            return [{str(k): _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
         return {"sides": rows(self.sides), "metrics": rows(self.metrics),
                 "time_per_sample": rows(self.time_per_sample), "ipus": rows(self.ipus),
                 "stages": rows(self.stages), "op_classes": rows(self.op_classes),
@@ -144,7 +147,7 @@ STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
                  "peak_bytes": ("bytes", "lower")}
 
 
-def compare(a: Any, b: Any) -> Comparison:
+def compare(a: Profile, b: Profile) -> Comparison:
     """Compare open profile `a` with open profile `b` (`popviz.compare` also takes paths)."""
     return build(load_side(a, "A"), load_side(b, "B"))
 
