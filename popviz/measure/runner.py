@@ -228,7 +228,7 @@ def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
     dist.broadcast_object_list(run_id, src=0)
     probe = Probe(rank, pipe.stages, pipe.schedule, pipe.optimiser)
     losses: list[float] = []
-    origin, clock = 0, {}
+    origin, clock = 0, dict[str, Any]()
     with probe:
         for step in range(config.warmup + config.steps):
             if step == config.warmup:
@@ -239,7 +239,7 @@ def run_rank(config: MeasureConfig, rank: int, world: int) -> Path:
             if loss is not None:
                 losses.append(loss)
         probe.recording = False
-    return _write_rank(config, rank, world, probe, origin, clock, run_id[0], pipe.cut,
+    return _write_rank(config, rank, world, probe, origin, clock, str(run_id[0]), pipe.cut,
                        pipe.mine, pipe.model, losses)
 
 
@@ -375,7 +375,8 @@ def measure(config: MeasureConfig) -> list[Path]:
 def _merge(config: MeasureConfig, world: int) -> Path:
     from popviz.measure.merge import merge_profiles
 
-    files = [Path(config.profile_dir, f"rank{r}", "profile.h5") for r in range(world)]
+    files: list[str | os.PathLike[str]] = [Path(config.profile_dir, f"rank{r}", "profile.h5")
+                                          for r in range(world)]
     return merge_profiles(files, str(config.merge),
                           command_line=config.command_line or " ".join(sys.argv))
 

@@ -10,7 +10,7 @@ recorded training step. See docs/measure.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -99,8 +99,8 @@ def trace_table(compute: list[dict[str, Any]], p2p: pd.DataFrame) -> pd.DataFram
         label = _p2p_label(row)
         common = {"ipu": row.rank, "stage": row.stage, "microbatch": row.microbatch,
                   "pass": pass_, "step": row.step, "peer": row.peer}
-        split = row.wait_start + row.waiting_ns
-        if row.waiting_ns > 0:
+        split = row.wait_start + row.waiting_ns  # type: ignore[operator]  # pandas-stubs: a cell is any scalar
+        if row.waiting_ns > 0:  # type: ignore[arg-type, operator]  # pandas-stubs: a cell is any scalar
             rows.append({**common, "start": row.wait_start, "end": split, "kind": "idle",
                          "op": f"wait: {label}", "bytes": 0})
         rows.append({**common, "start": split, "end": row.wait_end, "kind": "exchange",
@@ -117,8 +117,8 @@ def _post_events(p2p: pd.DataFrame) -> list[dict[str, Any]]:
     isend / irecv / batch_isend_irecv before it could go on (bytes 0: the op's own
     exchange event carries them)."""
     rows = []
-    for (rank, post, post_end), batch in p2p.groupby(["rank", "post", "post_end"],
-                                                    sort=True):
+    for key, batch in p2p.groupby(["rank", "post", "post_end"], sort=True):
+        rank, post, post_end = cast(tuple[int, int, int], key)
         if post_end <= post:
             continue
         first = batch.iloc[0]
@@ -236,8 +236,8 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
         "throughput": samples / (step_ns / 1e9) if samples and step_ns > 0 else None,
         "latency_ms": None, "training": True,
         "idle_fraction": idle_fraction(trace),
-        "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
-        "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
+        "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,  # type: ignore[call-overload, index]  # pandas-stubs: a cell is any scalar
+        "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
         "schedule": opts.get("schedule"), "strategy": "pipelined",
         "micro_batch_size": int(micro_batch) if micro_batch else None,
         "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,
