@@ -104,7 +104,7 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
     cache.prewarm()
     ctx = AppContext(root=root.resolve(), cache=cache)
     app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
-                    update_title=None,  # type: ignore[arg-type]  # dash: None turns it off
+                    update_title=None,  # type: ignore[arg-type, unused-ignore]  # dash: None turns it off
                     assets_folder=str(Path(__file__).parent / "assets"),
                     on_error=lambda exc: callback_failed(ctx, exc))
     app.index_string = INDEX_STRING

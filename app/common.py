@@ -113,7 +113,7 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[st
 
 
 def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
-          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined]  # dash 4 builds dash_table's names at import
+          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined, unused-ignore]  # dash 4 builds dash_table's names at import
     """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
     columns = table_columns(frame, words)
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
@@ -123,7 +123,7 @@ def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
               "style_table": {"overflowX": "auto"}, "style_cell": cell,
               "style_header": {"fontWeight": 600, "backgroundColor": "#f3f5f8"}}
     params.update(kwargs)
-    return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)  # type: ignore[attr-defined]  # dash 4 builds dash_table's names at import
+    return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
 
 
 # ---- derived data, built once per open profile ----
