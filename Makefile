@@ -9,7 +9,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup setup-test system-deps lint bench profiles clean
+.PHONY: serve test setup setup-test system-deps lint typecheck bench profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,15 @@ serve: setup
 ## install everything the tests need and run the whole suite (browser tests included)
 test: setup-test system-deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check .
+
+## type-check popviz/ and app/ ([tool.mypy] in pyproject.toml; cached in .mypy_cache)
+typecheck: setup-test
+	$(VENV)/bin/mypy
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
@@ -47,4 +52,4 @@ profiles: setup
 	$(PY) -m popviz.measure --model tutorial --ranks 2 --microbatches 4 --schedule 1F1B --profile-dir "$$(mktemp -d)" --out profiles/tutorial_measured_2ranks
 
 clean:
-	rm -rf $(VENV) .pytest_cache test-artifacts
+	rm -rf $(VENV) .pytest_cache .mypy_cache test-artifacts

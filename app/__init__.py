@@ -33,7 +33,7 @@ __all__ = ["PathRefused", "ProfileCache", "StillChecking", "create_app", "render
 
 
 def _nav(path: str, rel: str) -> html.Nav:
-    links = []
+    links: list[Any] = []  # Spans and Links
     for page in PAGES:
         href = page.PATH + (profile_query(rel) if page.NEEDS_PROFILE else "")
         cls = "nav-link active" if path == page.PATH else "nav-link"
@@ -104,14 +104,15 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
     cache.prewarm()
     ctx = AppContext(root=root.resolve(), cache=cache)
     app = dash.Dash(__name__, title="popviz", suppress_callback_exceptions=True,
-                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"),
+                    update_title=None,  # type: ignore[arg-type, unused-ignore]  # dash: None turns it off
+                    assets_folder=str(Path(__file__).parent / "assets"),
                     on_error=lambda exc: callback_failed(ctx, exc))
     app.index_string = INDEX_STRING
     app.layout = html.Div([dcc.Location(id="url", refresh=False),
                            dcc.Interval(id=POLL_ID, interval=POLL_MS, disabled=True),
                            html.Div(id=ERROR_ID, className="callback-error"),
                            html.Div(id="page", className="page")])
-    app.popviz_context = ctx  # tests call page builders with it
+    app.popviz_context = ctx  # type: ignore[attr-defined]  # tests call page builders with it
 
     @app.callback(Output("page", "children"), Output(ERROR_ID, "children"),
                   Output(POLL_ID, "disabled"), Input("url", "pathname"),
@@ -127,7 +128,7 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
         for name, function in (page.register(app, ctx) or {}).items():
             callbacks[f"{page.__name__.rsplit('.', 1)[-1]}.{name}"] = function
         views.update(page.FIGURES)
-    app.popviz_callbacks = callbacks  # the plain functions, so tests can call them
+    app.popviz_callbacks = callbacks  # type: ignore[attr-defined]  # tests call these plain functions
     downloads.register(app.server, ctx, views)
     bodies.install(app)
     return app

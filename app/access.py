@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from urllib.parse import urlencode
 
 import flask
+import werkzeug
 
 COOKIE = "popviz_token"
 HEADER = "X-Popviz-Token"
@@ -51,7 +52,7 @@ def install(server: flask.Flask, bound_host: str, token: str | None = None,
     # bound to every address: the name clients use is unknown, so --allow-host adds it
 
     @server.before_request
-    def check() -> flask.Response | None:
+    def check() -> werkzeug.Response | None:  # flask.redirect's is werkzeug's
         request = flask.request
         name = host_name(request.host or "")
         if name not in allowed and not is_loopback(name):

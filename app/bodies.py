@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import Any, cast
 
 import dash
 import flask
@@ -65,7 +65,7 @@ def body_problem(body: Any, callbacks: dict[str, Any]) -> str | None:
         return "'outputs' must be an object (this callback's output)"
     if spec.get("no_output"):
         outputs = []
-    for n, item in enumerate(outputs if count else [outputs]):
+    for n, item in enumerate(cast(list[Any], outputs) if count else [outputs]):  # checked
         if (problem := _item_problem(item, f"outputs[{n}]")) is not None:
             return problem
     for key, required in (("inputs", True), ("state", False)):

@@ -17,6 +17,7 @@ from typing import Any
 
 import popviz
 from popviz.errors import ProfileError
+from popviz.format.profile import Profile
 from popviz.format.reader import profile_file
 from popviz.vet import Stamp, Verdict, Vetter, file_check, stamp_from
 
@@ -78,7 +79,7 @@ class Entry:
     and no lock is held across two entries (the old entry-wide lock, held while building
     a comparison that read another profile, could deadlock a cold server)."""
 
-    profile: Any
+    profile: Profile
     rel: str
     # the file as it was opened: a file replaced (new inode) or changed in any way (ctime,
     # which no one can set back) is another stamp, so it is vetted and opened anew
@@ -108,7 +109,7 @@ class ProfileCache:
     """LRU of open profiles keyed by real path and file stamp (a rewritten file reopens)."""
 
     def __init__(self, root: Path, capacity: int = 6,
-                 opener: Callable[[Path], Any] | None = None,
+                 opener: Callable[..., Profile] | None = None,
                  vetter: Vetter | None = None, vet_wait_s: float | None = None) -> None:
         self.root = Path(root)
         self.capacity = capacity
@@ -129,7 +130,7 @@ class ProfileCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def register_virtual(self, rel: str, profile: Any) -> Entry:
+    def register_virtual(self, rel: str, profile: Profile) -> Entry:
         """Serve an in-memory profile (a `ReportProfile`) under `rel`, which must start
         with VIRTUAL_PREFIX; at most VIRTUAL_CAPACITY are kept."""
         if not rel.startswith(VIRTUAL_PREFIX):
@@ -186,7 +187,7 @@ class ProfileCache:
         del evicted  # dropped outside the lock: closing an HDF5 file takes h5py's lock
         return entry
 
-    def _open_vetted(self, path: Path, rel: str) -> Any:
+    def _open_vetted(self, path: Path, rel: str) -> Profile:
         """Open `path` in-process only once a worker read it cleanly (popviz.vet)."""
         try:
             if self.vetter is None:
@@ -201,12 +202,9 @@ class ProfileCache:
             raise  # names `rel` already
         except ProfileError as exc:
             raise ProfileError(relative_message(str(exc), self.root, rel)) from None
-        for name in ("meta", "summary"):  # every page reads them as objects
-            value = getattr(profile, name, {})
-            if value is not None and not isinstance(value, dict):
-                close = getattr(profile, "close", None)
-                if close is not None:
-                    close()
+        for name, value in (("meta", profile.meta), ("summary", profile.summary)):
+            if value is not None and not isinstance(value, dict):  # every page reads objects
+                profile.close()
                 raise ProfileError(f"{rel}: damaged profile ({name} is "
                                    f"{type(value).__name__} JSON, not an object)")
         return profile
@@ -254,7 +252,7 @@ class ProfileCache:
         if wait_s is None:
             wait_s = LISTING_WAIT_S if self.vet_wait_s is None else min(LISTING_WAIT_S,
                                                                         self.vet_wait_s)
-        found = []
+        found: list[tuple[Path, str, Stamp | OSError]] = []
         for path in popviz.discover(self.root):
             rel = path.relative_to(self.root).as_posix()
             try:
@@ -271,7 +269,7 @@ class ProfileCache:
                         pending[rel] = self.vetter.submit(path)
             with self._wait_budget(wait_s) as budget:
                 wait(list(pending.values()), timeout=budget)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for _path, rel, stamp in found:
             if isinstance(stamp, OSError):
                 rows.append({"profile": rel, "error": f"{rel}: {stamp.strerror}"})
@@ -307,12 +305,10 @@ class ProfileCache:
             return {"profile": rel, "error": relative_message(
                 f"{rel}: damaged profile ({type(exc).__name__}: {exc})", self.root, rel)}
         finally:
-            close = getattr(profile, "close", None)
-            if close is not None:
-                close()
+            profile.close()
 
     @staticmethod
-    def _describe(rel: str, profile: Any) -> dict[str, Any]:
+    def _describe(rel: str, profile: Profile) -> dict[str, Any]:
         meta, summary = profile.meta or {}, profile.summary or {}
         target = meta.get("target") or {}
         fits = summary.get("fits")
@@ -326,7 +322,7 @@ class ProfileCache:
             run = "" if training is None else "training" if training else "inference"
         return {
             "profile": rel, "error": "",
-            "kind": str(getattr(profile, "kind", meta.get("kind", ""))),
+            "kind": str(profile.kind),
             "run": run,
             "model": str((meta.get("model") or {}).get("name", "")),
             "target": str(target.get("name", "")),

@@ -20,8 +20,8 @@ from popviz.vocab import MODELLED, Naming, naming_for
 from .cache import Entry, PathRefused, ProfileCache, relative_message
 from .tune_jobs import TuneJobs
 
-GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True,
-                "toImageButtonOptions": {"format": "png", "scale": 2}}
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "scrollZoom": True,
+                                  "toImageButtonOptions": {"format": "png", "scale": 2}}
 SMALL_TABLE_ROWS = 15
 # numbers that name things (shown without thousands separators)
 ID_COLUMNS = {"ipu", "tile", "stage", "step", "peak_step", "microbatch", "first_step",
@@ -94,7 +94,7 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
             out[col] = out[col].astype(str)
         elif pd.api.types.is_bool_dtype(out[col]):
             out[col] = out[col].map({True: "yes", False: "no"})
-    return out.to_dict("records")
+    return out.to_dict("records")  # type: ignore[return-value]  # pandas-stubs: keys are any Hashable; these are column names
 
 
 def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[str, Any]]:
@@ -113,7 +113,7 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[st
 
 
 def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
-          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:
+          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined, unused-ignore]  # dash 4 builds dash_table's names at import
     """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
     columns = table_columns(frame, words)
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
@@ -123,7 +123,7 @@ def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
               "style_table": {"overflowX": "auto"}, "style_cell": cell,
               "style_header": {"fontWeight": 600, "backgroundColor": "#f3f5f8"}}
     params.update(kwargs)
-    return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)
+    return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
 
 
 # ---- derived data, built once per open profile ----

@@ -23,7 +23,7 @@ from typing import Any
 from popviz_app import create_app, render
 
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 
 PAGES = ["/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations"]
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 
 MEASURE = r"""
 import json, sys, time

@@ -105,7 +105,7 @@ def BeginBlock(module: _T, name: str, ipu_id: int | None = None) -> _T:
     if old is not None:
         old[2].remove()  # re-annotating a module replaces its block
     handle = module.register_forward_pre_hook(enter_block)
-    module._popviz_begin_block = (name, ipu_id, handle)  # type: ignore[union-attr]
+    module._popviz_begin_block = (name, ipu_id, handle)  # type: ignore[assignment]  # torch stubs: any attribute is a Tensor | Module
     return module
 
 
@@ -223,7 +223,7 @@ def auto_stages(options: Any, blocks: Sequence[str], block_ipus: dict[str, int |
     pipelined, consecutive blocks on the same IPU form one stage."""
     if options.stages or not blocks:
         return
-    ipus = [i if block_ipus.get(b) is None else int(block_ipus[b]) for i, b in enumerate(blocks)]
+    ipus = [i if (ipu := block_ipus.get(b)) is None else int(ipu) for i, b in enumerate(blocks)]
     for i, (a, b) in enumerate(itertools.pairwise(ipus)):
         if b < a:
             raise ValueError(

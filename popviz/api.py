@@ -11,18 +11,22 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from popviz.annotate import STATE, auto_stages, check_stages
 from popviz.compiler import compile as compile_program
+from popviz.format.profile import Profile
 from popviz.format.writer import write_report
 from popviz.options import Options
 from popviz.recorder.names import check_split_names, splits_to_layers
 from popviz.recorder.program import Program
 from popviz.recorder.recorder import Recorder
 from popviz.recorder.steps import train_step
+
+if TYPE_CHECKING:  # analysis loads only when comparing
+    from popviz.analysis.compare import Comparison
 
 
 class Recording:
@@ -167,15 +171,16 @@ def plan_step(build_model: Callable[[], torch.nn.Module],
     return recording
 
 
-def compare(a: Any, b: Any) -> Any:
+def compare(a: Profile | str | os.PathLike[str],
+            b: Profile | str | os.PathLike[str]) -> Comparison:
     """`popviz.compare(a, b)`: compare two profiles, each an open Profile or a path to one
     (analysis.compare.compare takes open profiles; opening files is not analysis' job)."""
     from popviz.analysis.compare import compare as compare_profiles
     from popviz.format.reader import open as open_profile
 
-    opened: list[Any] = []
+    opened: list[Profile] = []
     try:
-        sides = []
+        sides: list[Profile] = []
         for p in (a, b):
             if isinstance(p, (str, os.PathLike)):
                 p = open_profile(p)

@@ -28,10 +28,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from popviz.errors import ProfileError
 from popviz.format.isolated import read_isolated
+
+if TYPE_CHECKING:
+    from popviz.format.reader import FileProfile
 
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MEMORY_MB = 3072  # how far the worker may grow while reading
@@ -134,7 +137,7 @@ def _signal_name(number: int) -> str:
         return ""
 
 
-def _simulate_probe(profile: Any) -> None:
+def _simulate_probe(profile: FileProfile) -> None:
     """The worker's side of SIMULATE_ENV (run after the file was read)."""
     path = str(profile.path)
     for item in os.environ.get(SIMULATE_ENV, "").split(","):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,7 @@ def category_codes(kind: Any, passes: Any = None) -> np.ndarray:
     Decided once per distinct (kind, pass) pair: traces have 10^5+ events, a few pairs."""
     k_codes, k_names = pd.factorize(np.asarray(kind, dtype=object))
     if passes is None:
-        p_codes, p_names = np.zeros(len(k_codes), dtype=np.int64), [""]
+        p_codes, p_names = np.zeros(len(k_codes), dtype=np.int64), np.array([""])
     else:
         p_codes, p_names = pd.factorize(np.asarray(passes, dtype=object))
     compute = CATEGORIES.index("compute")

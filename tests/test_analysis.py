@@ -9,7 +9,8 @@ import pytest
 
 from popviz import analysis
 from popviz.analysis.advice import amp_for
-from popviz.synthetic import ReportProfile, synthetic_report
+from popviz.format.memory import ReportProfile
+from popviz.testing.synthetic import synthetic_report
 
 
 def _stages(busy: list[int], idle: list[int], ipus: list[int] | None = None) -> pd.DataFrame:

@@ -16,8 +16,8 @@ from popviz_app import PathRefused, ProfileCache, create_app, render, resolve_pr
 from popviz_app.pages import PAGES
 
 from popviz.cli.main import main
-from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.format import ReportProfile, write_report
+from popviz.testing.synthetic import synthetic_report
 from tests.dash_util import component_text as _text
 
 GOOD = "run/training/profile.h5"
@@ -71,10 +71,11 @@ def test_resolve_profile_refuses_paths_outside_the_root(tmp_path: Path) -> None:
 
 def test_cache_is_a_bounded_lru_that_reopens_rewritten_files(served: Path) -> None:
     opened: list[Path] = []
+    report = synthetic_report()
 
-    def opener(path: Path) -> object:
+    def opener(path: Path) -> ReportProfile:
         opened.append(path)
-        return object()
+        return ReportProfile(report, path.stem, path)
 
     cache = ProfileCache(served, capacity=1, opener=opener)
     first = cache.get(GOOD)
@@ -235,8 +236,6 @@ def test_serve_reports_a_missing_directory(tmp_path: Path, capsys: Any) -> None:
 
 def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
     from popviz_app.common import AppContext
-
-    from popviz.synthetic import ReportProfile
 
     report = synthetic_report(num_ipus=2, events=400, steps=20)
     for name in ("tile_memory", "liveness", "exchange", "oom", "variables"):

@@ -14,7 +14,7 @@ from popviz_app import create_app
 from popviz_app.pages import trace as trace_page
 
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
 
 GOOD = "good/profile.h5"

@@ -14,7 +14,7 @@ import pytest
 from popviz.cli import vetcache
 from popviz.cli.main import main
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 from popviz.vet import stamp_of
 
 # popviz.open succeeds on it, then reading its tables kills the process with SIGSEGV.

@@ -9,7 +9,8 @@ import pandas as pd
 
 from popviz import analysis, figures
 from popviz.figures.style import CAPACITY_COLOUR, CATEGORY_COLOURS, MEMORY_COLOURS, OOM_COLOUR
-from popviz.synthetic import ReportProfile, synthetic_report
+from popviz.format.memory import ReportProfile
+from popviz.testing.synthetic import synthetic_report
 
 PROFILE = ReportProfile(synthetic_report(oom_ipu=1, model="units"))
 

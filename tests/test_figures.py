@@ -16,7 +16,8 @@ from popviz.figures.lod import (
     share_of_row,
 )
 from popviz.figures.style import MiB
-from popviz.synthetic import ReportProfile, synthetic_report
+from popviz.format.memory import ReportProfile
+from popviz.testing.synthetic import synthetic_report
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from popviz_app import access, create_app
 
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
 

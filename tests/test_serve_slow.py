@@ -17,7 +17,7 @@ from waitress import wasyncore
 
 from popviz.cli.serve_guard import Limits, create_server
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 from tests.serve_util import start_serve, stop
 
 LIMITS = Limits(header_s=1.0, body_s=2.5, per_address=4, unfinished=6)

@@ -14,7 +14,7 @@ from popviz_app import create_app, render
 
 from popviz.errors import ProfileError
 from popviz.format import write_report
-from popviz.synthetic import synthetic_report
+from popviz.testing.synthetic import synthetic_report
 from popviz.vet import SIMULATE_ENV, Vetter, time_limit, vet
 from tests.dash_util import component_text
 

@@ -23,7 +23,7 @@ def _number(value: Any, fmt: str) -> str:
         return ""
 
 
-def listing(ctx: AppContext) -> html.Div:
+def listing(ctx: AppContext) -> html.Div | html.Table:
     rows = ctx.cache.listing()
     if not rows:
         return html.Div(f"No .h5 profiles under {ctx.root.name}/ yet; this list refreshes "
@@ -71,7 +71,7 @@ def layout(ctx: AppContext, entry: Any = None) -> html.Div:
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("home-list", "children"), Input("home-refresh", "n_intervals"),
                   prevent_initial_call=True)
-    def refresh(_: int | None) -> html.Div:
+    def refresh(_: int | None) -> html.Div | html.Table:
         return listing(ctx)
 
     return {"refresh": refresh}

@@ -61,9 +61,9 @@ def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
     layers, bands, found = sections(entry)
     click = None if len(entry.profile.variables) else \
         "click a step for its not-always-live memory (no per-variable data)"
+    extra: dict[str, Any] = {"click": click} if click else {}
     return liveness_sections_figure(layers, bands, found, capacity_per_ipu(entry), lo, hi,
-                                    naming=naming(entry), ranges=ranges,
-                                    **({"click": click} if click else {}))
+                                    naming=naming(entry), ranges=ranges, **extra)
 
 
 def _ipus(entry: Entry) -> list[int]:
@@ -78,7 +78,8 @@ def panel_ranges(relayout: dict | None, ipus: list[int],
     IPU, xaxis2 -> the second, ...); None when it touched no x-axis."""
     out = dict(held or {})
     touched = False
-    for key, value in (relayout or {}).items():
+    relayout = relayout or {}
+    for key, value in relayout.items():
         name, _, rest = key.partition(".")
         if not name.startswith("xaxis"):
             continue

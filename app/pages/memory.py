@@ -126,7 +126,7 @@ def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:
     if len(oom) and "variables" in oom.columns:
         hit = oom[(oom["ipu"] == ipu) & (oom["tile"] == tile)]
         for row in hit.itertuples():
-            out.append(message(f"Out of memory by {fmt_bytes(row.bytes_over)}; largest "
+            out.append(message(f"Out of memory by {fmt_bytes(row.bytes_over)}; largest "  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                                f"variables: {row.variables}", "oom"))
     return out + contents(entry, ipu, tile)
 
@@ -134,7 +134,7 @@ def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:
 def _first_tile(entry: Entry, ipu: int) -> int:
     tm = tile_table(entry, ipu)
     on = tm[tm["ipu"] == ipu]
-    return int(on.loc[on["total_bytes"].idxmax(), "tile"]) if len(on) else 0
+    return int(on.loc[on["total_bytes"].idxmax(), "tile"]) if len(on) else 0  # type: ignore[call-overload, index]  # pandas-stubs: a cell is any scalar
 
 
 NO_TILES_GPU = ("A GPU has no tiles: its memory is the Liveness page's curve (the caching "

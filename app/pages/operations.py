@@ -153,7 +153,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div(html.Span("Click a row to open its op in the Trace.", className="hint"),
                  id="ops-to-trace", className="downloads"),
         html.Div(id="ops-init", style={"display": "none"}),
-        dash_table.DataTable(
+        dash_table.DataTable(  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
             filter_action="custom", filter_query="", sort_by=[],

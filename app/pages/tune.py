@@ -17,7 +17,7 @@ from popviz.advise.plans import compile_plan, plans_table, run_tune
 from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
-from popviz.synthetic import ReportProfile
+from popviz.format.memory import ReportProfile
 from popviz.vocab import is_gpu_target
 
 from ..cache import VIRTUAL_PREFIX, Entry
@@ -67,7 +67,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any
                          .astype(str) + " %",
                          idle_fraction=(plans["idle_fraction"] * 100).round(0).astype(int)
                          .astype(str) + " %")[SHOWN]
-    links = [html.Span("Compare with this profile: ", className="label")]
+    links: list[Any] = [html.Span("Compare with this profile: ", className="label")]
     for rank in range(1, len(result.candidates) + 1):
         links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank},
                                  n_clicks=0, className="download"))

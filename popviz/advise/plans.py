@@ -14,7 +14,7 @@ import pandas as pd
 
 from popviz.advise.tune import TuneResult, candidate_options, load_program, tune
 from popviz.advise.tune_search import Candidate
-from popviz.format.reader import Profile
+from popviz.format.profile import Profile
 
 PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "oom_tiles",
                 "throughput", "throughput_per_ipu", "vs_now", "step_ms", "idle_fraction",
@@ -52,7 +52,7 @@ def pareto(plans: pd.DataFrame) -> pd.Series:
                      (fit["peak_bytes"] <= row["peak_bytes"]) &
                      ((fit["throughput"] > row["throughput"]) |
                       (fit["peak_bytes"] < row["peak_bytes"]))]
-        out[i] = better.empty
+        out[i] = better.empty  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     return out
 
 

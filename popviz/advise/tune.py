@@ -32,7 +32,7 @@ from popviz.advise.tune_search import (
     local_search,
 )
 from popviz.errors import ProfileError
-from popviz.format.reader import Profile
+from popviz.format.profile import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
 from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program
@@ -58,7 +58,10 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
     recompute rows (source_op >= 0); `tensors` are the program's tensors plus stage and
     ipu. Dropping those gives back the program exactly, so compiling it with the stored
     options reproduces the stored tables (if the compiler has not changed since)."""
-    p = profile if isinstance(profile, Profile) else open_profile(profile)
+    if isinstance(profile, str | os.PathLike):
+        with open_profile(profile) as opened:  # opened here, so closed here
+            return load_program(opened)
+    p = profile
     where = str(p.path)
     if p.kind != MODELLED_KIND:
         raise ProfileError(f"{where}: a {p.kind} profile holds no recorded program to "
@@ -207,16 +210,16 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
         segs.bounds(list(options.splits)) is not None else None
-    seeds: dict[bool, list[Candidate]] = {}
+    by_rc: dict[bool, list[Candidate]] = {}
     for rc in rcs:
-        seeds[rc] = [search.fit(segs.splits(balanced_bounds(segs, n, rc)), rc, schedule,
+        by_rc[rc] = [search.fit(segs.splits(balanced_bounds(segs, n, rc)), rc, schedule,
                                 "balanced")]
         if current is not None:
-            seeds[rc].append(search.fit(current, rc, schedule, "current splits"))
-    order = sorted(rcs, key=lambda rc: min(seeds[rc], key=Candidate.key).key())
+            by_rc[rc].append(search.fit(current, rc, schedule, "current splits"))
+    order = sorted(rcs, key=lambda rc: min(by_rc[rc], key=Candidate.key).key())
     reserve = SCHEDULE_RESERVE if pipelined else 0
     for rc in order:
-        local_search(search, min(seeds[rc], key=Candidate.key), segs, "local", reserve)
+        local_search(search, min(by_rc[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
         other = pair[1] if schedule == pair[0] else pair[0]
         layouts = []

@@ -145,7 +145,8 @@ class Search:
         if key in self.fitted:
             return self.fitted[key]
         last = len(self.ladder) - 1
-        bad, ok = [-1] * self.n, [None] * self.n  # highest failing / lowest fitting rung
+        bad: list[int] = [-1] * self.n  # highest failing rung
+        ok: list[int | None] = [None] * self.n  # lowest fitting rung
         fill: list[dict[int, float]] = [{} for _ in range(self.n)]
         stuck: set[int] = set()
         probe = [0] * self.n
@@ -164,15 +165,15 @@ class Search:
                     if r == last and higher_fill and c.max_tile_fill[i] >= min(higher_fill):
                         stuck.add(i)
                 else:
-                    ok[i] = r if ok[i] is None else min(ok[i], r)
+                    ok[i] = r if (fit := ok[i]) is None else min(fit, r)
             nxt = []
-            for i in range(self.n):
+            for i, fit in enumerate(ok):
                 if i in stuck:
                     nxt.append(probe[i])
-                elif ok[i] is not None and ok[i] - bad[i] <= 1:
-                    nxt.append(ok[i])
-                elif ok[i] is not None:
-                    nxt.append((bad[i] + ok[i]) // 2)
+                elif fit is not None and fit - bad[i] <= 1:
+                    nxt.append(fit)
+                elif fit is not None:
+                    nxt.append((bad[i] + fit) // 2)
                 elif bad[i] >= last:
                     stuck.add(i)
                     nxt.append(last)

@@ -92,7 +92,7 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
         return out
     totals = ipu_totals(tile_memory).set_index("ipu")
     for ipu, tiles in over.groupby("ipu", sort=True):
-        ipu = int(ipu)
+        ipu = int(ipu)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
         worst = int(tiles["bytes_over"].max())
         head = (f"{ipu_label(ipu)} does not fit: {len(tiles)} tile(s) out of memory, "
                 f"up to {worst / KiB:,.0f} KiB over.")
@@ -121,7 +121,7 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
                               "offload the optimiser state."))
         # where to move layers: the neighbour with more free memory
         util = totals["utilisation"]
-        stage_rows = stages[stages["ipu"] == ipu]["stage"] if "stage" in stages else []
+        stage_rows = stages[stages["ipu"] == ipu]["stage"].tolist() if "stage" in stages else []
         if len(stage_rows) and len(totals) > 1:
             first, last = int(min(stage_rows)), int(max(stage_rows))
             before, after = util.get(ipu - 1), util.get(ipu + 1)
@@ -215,7 +215,7 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     if returns_to_an_ipu(bal):
         return _ipu_balance_advice(meta, stages, measured)
     busy = bal.set_index("stage")["busy_cycles"]
-    top = int(busy.idxmax())
+    top = int(busy.idxmax())  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
@@ -240,7 +240,7 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
                  "small, and check the exchange page for the largest transfers.")
     out = [Advice("warning", "split", ipu, head)]
     if not measured:
-        tile_use = {int(r.ipu): float(r.max_tile_utilisation)
+        tile_use = {int(r.ipu): float(r.max_tile_utilisation)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                     for r in ipu_totals(tile_memory).itertuples()} if len(tile_memory) else {}
         out += _split_moves(meta, stages, ops, tile_use, proposed_splits, top, ipu)
     return out
@@ -313,21 +313,21 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
     multi_pass = _multi_pass_ops(ops)
     out = []
     for row in ipu_totals(tile_memory).itertuples():
-        amp = amp_for(meta, int(row.ipu))
-        if row.max_tile_utilisation >= TILE_AMBER:
+        amp = amp_for(meta, int(row.ipu))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+        if row.max_tile_utilisation >= TILE_AMBER:  # type: ignore[arg-type, operator]  # pandas-stubs: a cell is any scalar
             # fits, but with no room: amber, never "nothing to change"
-            out.append(Advice("warning", "memory", int(row.ipu),
+            out.append(Advice("warning", "memory", int(row.ipu),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                               f"{ipu_label(row.ipu)} fits with little headroom: the fullest "
                               f"tile is {row.max_tile_utilisation:.0%} used. A larger batch, "
                               "more layers or a higher availableMemoryProportion there will "
                               "not fit; lower the AMP or move layers off it first."))
-        if row.max_tile_utilisation >= NEARLY_FULL or amp >= DEFAULT_AMP:
+        if row.max_tile_utilisation >= NEARLY_FULL or amp >= DEFAULT_AMP:  # type: ignore[arg-type, operator]  # pandas-stubs: a cell is any scalar
             continue
-        if knows(steps(), int(row.ipu)):
+        if knows(steps(), int(row.ipu)):  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             # re-planned: name the nearest higher AMP that changes a plan, if any does
-            effect = amp_effect(steps(), int(row.ipu), lower=False)
+            effect = amp_effect(steps(), int(row.ipu), lower=False)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             if effect is not None:
-                out.append(Advice("info", "amp", int(row.ipu),
+                out.append(Advice("info", "amp", int(row.ipu),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                                   f"{ipu_label(row.ipu)}: the fullest tile is only "
                                   f"{row.max_tile_utilisation:.0%} used; raise "
                                   f"availableMemoryProportion {effect_words(amp, effect)}."))
@@ -336,12 +336,12 @@ def _headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
             why = "may save cycles."
         else:
             # no op in extra passes there: a higher AMP changes no modelled cycle
-            n = int(multi_pass.get(int(row.ipu), 0))
+            n = int(multi_pass.get(int(row.ipu), 0))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             if n == 0:
                 continue
             why = (f"would let {n} convolution / matmul op{'s' if n > 1 else ''} run in "
                    "fewer serial passes.")
-        out.append(Advice("info", "amp", int(row.ipu),
+        out.append(Advice("info", "amp", int(row.ipu),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                           f"{ipu_label(row.ipu)}: the fullest tile is only "
                           f"{row.max_tile_utilisation:.0%} used; raising "
                           f"availableMemoryProportion from {amp:g} toward "

@@ -18,7 +18,7 @@ import pandas as pd
 
 from popviz.options import Options
 from popviz.target.cost import AMP_CLASSES, Precision, op_costs, op_features
-from popviz.target.machines import get_target
+from popviz.target.machines import ipu_target
 from popviz.vocab import is_gpu_target
 
 AMP_STEPS = (0.1, 0.15, 0.2, 0.3, 0.4, 0.6)
@@ -46,7 +46,7 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
         return None
     try:
         options = Options.from_meta(dict(meta.get("options") or {}))
-        target = get_target(options.target)
+        target = ipu_target(options.target)
     except (TypeError, ValueError, KeyError):
         return None
     precision = Precision.parse(options.precision, options.half_partials)
@@ -59,7 +59,7 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
     in_force: dict[int, float] = {}
     for ipu, group in sel.groupby("ipu", sort=True):
         convs = group[group["op_class"] != "matmul"]
-        in_force[int(ipu)] = float((convs if len(convs) else group)["amp_used"].iloc[0])
+        in_force[int(ipu)] = float((convs if len(convs) else group)["amp_used"].iloc[0])  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
     values = sorted({round(float(a), 6) for a in amps} | set(in_force.values()))
     rows = []
     for amp in values:
@@ -69,9 +69,9 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
                               "serial": costs["passes"].to_numpy() > 1,
                               "over": costs["amp_ignored"].to_numpy()})
         for ipu, g in frame.groupby("ipu", sort=True):
-            if amp not in amps and amp != in_force[int(ipu)]:
+            if amp not in amps and amp != in_force[int(ipu)]:  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                 continue  # another IPU's AMP in force: not a step of this one
-            rows.append([int(ipu), amp, amp == in_force[int(ipu)], len(g),
+            rows.append([int(ipu), amp, amp == in_force[int(ipu)], len(g),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                          int(g["cycles"].sum()), int(g["temp"].max()), int(g["serial"].sum()),
                          int(g["over"].sum()), False])
     out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["ipu", "amp"], kind="stable")

@@ -11,6 +11,9 @@ import pandas as pd
 from popviz.metrics import idle_fractions, rank_time, retime_stages
 from popviz.vocab import COMPUTE, is_measured
 
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
+
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
                    "other_cycles")
@@ -48,9 +51,9 @@ def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
     return retime_stages(stages, trace)
 
 
-def profile_stages(profile: Any) -> pd.DataFrame:
+def profile_stages(profile: Profile) -> pd.DataFrame:
     """A profile's stage table as every view should read it (`timed_stages`)."""
-    measured = is_measured(getattr(profile, "kind", ""))
+    measured = is_measured(profile.kind)
     return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 
@@ -104,7 +107,7 @@ def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:
     bal = stage_balance(stages)
     if bal.empty or bal["busy_cycles"].max() <= 0:
         return None
-    row = bal.loc[bal["busy_cycles"].idxmax()]
+    row = bal.loc[bal["busy_cycles"].idxmax()]  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     # its own idle share: not the pipeline's bubble fraction (metrics.stage_idle_fraction)
     return {"stage": int(row["stage"]), "ipu": int(row["ipu"]),
             "busy_cycles": float(row["busy_cycles"]),

@@ -7,11 +7,14 @@ stored summary adds what only the compiler knows (throughput, latency, ...).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from popviz.jsonsafe import jsonable as _plain
 from popviz.metrics import device_capacities, device_fit, fit_verdict, oom_tiles, peak_liveness
 from popviz.vocab import profile_words
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 
 def profile_warnings(meta: dict[str, Any], limit: int = 20) -> list[str]:
@@ -26,8 +29,8 @@ def profile_warnings(meta: dict[str, Any], limit: int = 20) -> list[str]:
             for w in stored if isinstance(w, str)][:limit]
 
 
-def profile_facts(profile: Any) -> dict[str, Any]:
-    """One JSON-safe dict of headline facts about `profile` (a popviz.Profile)."""
+def profile_facts(profile: Profile) -> dict[str, Any]:
+    """One JSON-safe dict of headline facts about `profile`."""
     meta, stored = profile.meta, dict(profile.summary)
     tiles = profile.tile_memory
     over = oom_tiles(tiles)
@@ -49,7 +52,7 @@ def profile_facts(profile: Any) -> dict[str, Any]:
         "oom_tiles": len(over),
         "oom_ipus": sorted(int(i) for i in over["ipu"].unique()),
         "num_ipus": int(meta.get("target", {}).get("num_ipus", tiles["ipu"].nunique())),
-        "peak_liveness_bytes": {int(i): int(v) for i, v in
+        "peak_liveness_bytes": {int(i): int(v) for i, v in  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
                                 peak_liveness(profile.liveness).items()},
         "stages": _plain(stages.to_dict(orient="records")),
         "tile_memory_bytes": {

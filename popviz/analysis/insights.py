@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -17,16 +17,10 @@ from popviz.metrics import (
     fits_or_stored,
     stage_idle_fraction,
 )
-from popviz.vocab import MODELLED_KIND, is_gpu_target, is_measured
+from popviz.vocab import is_gpu_target, is_measured
 
-
-class ProfileLike(Protocol):
-    """The part of `popviz.Profile` the analysis reads."""
-
-    meta: dict[str, Any]
-    summary: dict[str, Any]
-
-    def table(self, name: str) -> pd.DataFrame: ...
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 
 def capacity_per_ipu(meta: dict[str, Any]) -> float:
@@ -34,11 +28,11 @@ def capacity_per_ipu(meta: dict[str, Any]) -> float:
     return float(target.get("tiles_per_ipu", 0)) * float(target.get("bytes_per_tile", 0))
 
 
-def insights(profile: ProfileLike) -> dict[str, Any]:
+def insights(profile: Profile) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
     (the trace only of a measured run, which is small), so it is cheap on big profiles."""
     meta, summary = profile.meta or {}, profile.summary or {}
-    measured = is_measured(getattr(profile, "kind", meta.get("kind", "")))
+    measured = is_measured(profile.kind)
     stages = timed_stages(profile.table("stages"),
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
@@ -61,7 +55,7 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     if step_ms is None and step_cycles and clock:
         step_ms = float(step_cycles) / clock * 1e3
     return {
-        "kind": getattr(profile, "kind", meta.get("kind", MODELLED_KIND)),
+        "kind": profile.kind,
         "model": (meta.get("model") or {}).get("name", ""),
         "target": target.get("name", ""),
         "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)
@@ -83,4 +77,4 @@ def insights(profile: ProfileLike) -> dict[str, Any]:
     }
 
 
-__all__ = ["Advice", "ProfileLike", "capacity_per_ipu", "insights"]
+__all__ = ["Advice", "capacity_per_ipu", "insights"]

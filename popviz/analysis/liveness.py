@@ -87,7 +87,7 @@ def bumps(liveness: pd.DataFrame, rel_prominence: float = 0.1,
         idx, prom = idx[order], prom[order]
         rows = group.iloc[idx]
         frames.append(pd.DataFrame({
-            "ipu": int(ipu), "step": rows["step"].to_numpy(),
+            "ipu": int(ipu), "step": rows["step"].to_numpy(),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             "not_always_live_bytes": rows["not_always_live_bytes"].to_numpy(),
             "total_bytes": (rows["always_live_bytes"] + rows["not_always_live_bytes"]).to_numpy(),
             "prominence": prom,

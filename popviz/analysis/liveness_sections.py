@@ -54,7 +54,7 @@ def phase_bands(liveness: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
             letter = PHASE_LETTER.get(ph, ph)
             label = "optimiser" if ph == "optimiser" else (
                 f"{letter}{sec}" if numbered and sec >= 0 else letter)
-            rows.append((int(ipu), ph, sec, int(steps[a]), int(steps[b - 1]), label))
+            rows.append((int(ipu), ph, sec, int(steps[a]), int(steps[b - 1]), label))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
     bands = pd.DataFrame(rows, columns=BAND_COLUMNS)
     if numbered:  # optimiser runs per section are one phase to a reader: merge them
         opt = bands["phase"] == "optimiser"
@@ -131,7 +131,7 @@ def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
             rise, fall = seg[top] - seg[0], seg[top] - seg[-1]
             if min(rise, fall) < rel_rise * span:
                 continue
-            rows.append((int(ipu), int(u["section"].iloc[0]), bump_label(list(u["label"])),
+            rows.append((int(ipu), int(u["section"].iloc[0]), bump_label(list(u["label"])),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                          int(steps[a + top]),
                          float(seg[top]), float(total[a + top]), float(rise), float(fall),
                          int(steps[a]), int(steps[z - 1])))

@@ -72,7 +72,7 @@ def fit_summary(tile_memory: pd.DataFrame, oom: pd.DataFrame | None = None) -> d
         return {"known": False, "fits": None, "oom_tiles": 0, "oom_by_ipu": {},
                 "max_over_bytes": 0, "max_utilisation": 0.0}
     over = oom_tiles(tile_memory)
-    by_ipu = {int(k): int(v) for k, v in over.groupby("ipu").size().items()}
+    by_ipu = {int(k): int(v) for k, v in over.groupby("ipu").size().items()}  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     result: dict[str, Any] = {
         "known": True, "fits": known, "oom_tiles": len(over), "oom_by_ipu": by_ipu,
         "max_over_bytes": int(over["bytes_over"].max()) if len(over) else 0,
@@ -90,7 +90,7 @@ def always_live_by_ipu(tile_memory: pd.DataFrame) -> dict[int, float]:
         return {}
     cats = [c for c in memory_categories(tile_memory) if c != NOT_ALWAYS_LIVE]
     sums = tile_memory.groupby("ipu", sort=True)[cats].sum().sum(axis=1)
-    return {int(k): float(v) for k, v in sums.items()}
+    return {int(k): float(v) for k, v in sums.items()}  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
 
 
 def always_live_from_liveness(liveness: pd.DataFrame) -> dict[int, float]:
@@ -98,7 +98,7 @@ def always_live_from_liveness(liveness: pd.DataFrame) -> dict[int, float]:
     if liveness.empty or "always_live_bytes" not in liveness.columns:
         return {}
     peak = liveness.groupby("ipu", sort=True)["always_live_bytes"].max()
-    return {int(k): float(v) for k, v in peak.items()}
+    return {int(k): float(v) for k, v in peak.items()}  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
 
 
 def always_live_text(by_ipu: dict[int, float], label: Any) -> str:

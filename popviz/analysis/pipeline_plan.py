@@ -80,7 +80,8 @@ def split_positions_in(layers: list[str], names: list[str]) -> tuple[list[str], 
     """Usable split names and the layer index each starts (exact layer, or the first
     layer under it), strictly increasing, never at layer 0."""
     index = {n: i for i, n in enumerate(layers)}
-    out_names, out_pos = [], []
+    out_names: list[str] = []
+    out_pos: list[int] = []
     for name in names:
         pos = index.get(name)
         if pos is None:
@@ -240,8 +241,8 @@ def frozen_stages(stages: pd.DataFrame, tile_use: dict[int, float]) -> set[int]:
     layers (memory headroom first)."""
     out = set()
     for row in stages.itertuples():
-        if tile_use.get(int(row.ipu), 0.0) >= TILE_AMBER:
-            out.add(int(row.stage))
+        if tile_use.get(int(row.ipu), 0.0) >= TILE_AMBER:  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+            out.add(int(row.stage))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
     return out
 
 
@@ -257,7 +258,7 @@ def host_io_by_ipu(exchange: pd.DataFrame | None) -> dict[int, float]:
     for side, other in ((src, dst), (dst, src)):
         mask = (other == "host") & side.str.isdigit()
         for ipu, total in dur[mask].groupby(side[mask].astype(int)).sum().items():
-            out[int(ipu)] = out.get(int(ipu), 0.0) + float(total)
+            out[int(ipu)] = out.get(int(ipu), 0.0) + float(total)  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     return out
 
 

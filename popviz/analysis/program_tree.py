@@ -34,6 +34,8 @@ def step_weights(meta: dict, summary: dict, measured: bool) -> dict[str, float] 
         return None
     micro = (summary or {}).get("microbatches")
     updates = ((meta or {}).get("options") or {}).get("device_iterations", 1)
+    if micro is None:
+        return None
     try:
         micro, updates = float(micro), float(updates or 1)
     except (TypeError, ValueError):

@@ -17,6 +17,7 @@ where the trace names the host op that launched each kernel (`host_op`, `op_clas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -77,7 +78,8 @@ def _op_time(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps], lo:
     parts = []
     spans = (whole["end"] - whole["start"]).groupby(
         [whole["stage"].astype(int), whole["pass_"].astype(str)]).agg(["sum", "size"])
-    for (stage, pas), (span, runs) in spans.iterrows():
+    for key, (span, runs) in spans.iterrows():
+        stage, pas = cast(tuple[int, str], key)  # grouped by (stage, pass)
         tpl = templates.get((int(stage), str(pas)))
         if tpl is None:
             continue
@@ -148,7 +150,7 @@ def _launched_time(trace: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
 def _by_class(ops: pd.DataFrame) -> pd.DataFrame:
     if ops.empty or "op_class" not in ops:
         return pd.DataFrame(columns=["op_class", "time", "share"])
-    by_class = ops.groupby("op_class", as_index=False)["time"].sum().sort_values(
+    by_class = ops.groupby("op_class", as_index=False)["time"].sum().sort_values(  # type: ignore[call-overload]  # pandas-stubs: as_index=False gives a DataFrame
         "time", ascending=False, kind="stable")
     by_class["share"] = by_class["time"] / by_class["time"].sum()
     return by_class.reset_index(drop=True)

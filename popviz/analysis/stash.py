@@ -29,7 +29,7 @@ def stash_words(depth: int, per_microbatch: int, total: int) -> str:
 def stash_column(stages: pd.DataFrame) -> list[str]:
     """One `stash_words` per row of a stage table, in its order."""
     table = stash(stages)
-    return [stash_words(int(r.depth), int(r.per_microbatch_bytes), int(r.stash_bytes))
+    return [stash_words(int(r.depth), int(r.per_microbatch_bytes), int(r.stash_bytes))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             for r in table.itertuples()]
 
 
@@ -43,10 +43,10 @@ def stash_line(stages: pd.DataFrame, label: Callable[[int], str]) -> str:
         return ""
     parts = []
     for ipu, group in table.groupby("ipu", sort=True):
-        words = [stash_words(int(r.depth), int(r.per_microbatch_bytes), int(r.stash_bytes))
+        words = [stash_words(int(r.depth), int(r.per_microbatch_bytes), int(r.stash_bytes))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                  for r in group.itertuples()]
         total = int(group["stash_bytes"].sum())
-        parts.append(f"{label(int(ipu))} " + (words[0] if len(words) == 1 else
+        parts.append(f"{label(int(ipu))} " + (words[0] if len(words) == 1 else  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                                               f"{' + '.join(words)} = {fmt_bytes(total)}"))
     return ("Stash (micro-batches held between their forward and backward, this one "
             "included, x bytes each; as on Stages and Compare): " + " · ".join(parts))

@@ -132,7 +132,7 @@ def superstep_view(trace: pd.DataFrame, ops: pd.DataFrame, tiles: int, ipu: int,
 
     clock = t0
     for r in ev.itertuples(index=False):
-        s, e = float(r.start), float(r.end)
+        s, e = float(r.start), float(r.end)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
         if s > clock:  # no gap in a modelled trace; fill one rather than lose its time
             whole(clock, s, "idle", "no event")
         clock = max(clock, e)
@@ -140,7 +140,7 @@ def superstep_view(trace: pd.DataFrame, ops: pd.DataFrame, tiles: int, ipu: int,
         if kind != "compute":
             whole(s, e, EVENT_KIND.get(kind, "idle"), str(r.op))
             continue
-        tpl = templates.get((int(r.stage), str(r.pass_)))
+        tpl = templates.get((int(r.stage), str(r.pass_)))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
         if tpl is None:  # no op level for this pass: the whole IPU computes
             whole(s, e, "compute", str(r.op))
             continue
@@ -169,7 +169,7 @@ def superstep_view(trace: pd.DataFrame, ops: pd.DataFrame, tiles: int, ipu: int,
         op_runs.append(pd.DataFrame({
             "op": names, "op_class": tpl.fields.get("op_class", names),
             "module": tpl.fields.get("module", np.full(len(a), "")), "op_id": op_ids,
-            "pass": str(r.pass_), "microbatch": int(r.microbatch),
+            "pass": str(r.pass_), "microbatch": int(r.microbatch),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             "start": o0, "end": o1, "tile0": a, "tiles": b - a,
             "exchange": xf * dur, "plan": p["plan"].to_numpy()})[dur > 0])
     rects = pd.DataFrame({c: np.concatenate(v) if v else np.zeros(0)

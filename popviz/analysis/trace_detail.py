@@ -47,7 +47,7 @@ def pass_ops(ops: pd.DataFrame, measured: bool = False) -> dict[tuple[int, str],
             continue
         cum = np.concatenate([[0.0], np.cumsum(cycles)]) / total
         fields = {f: group[f].to_numpy() for f in OP_FIELDS if f in group.columns}
-        out[(int(stage), str(pas))] = PassOps(cum[:-1], cum[1:], cycles, fields)
+        out[(int(stage), str(pas))] = PassOps(cum[:-1], cum[1:], cycles, fields)  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     return out
 
 
@@ -89,8 +89,8 @@ def op_events(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
     if rows.empty or not templates or "pass_" not in rows or "stage" not in rows:
         return _lay_out([], lo, hi)
     rows = rows[(rows["end"] > lo) & (rows["start"] < hi)]
-    parts = [(r, templates[(int(r.stage), str(r.pass_))]) for r in rows.itertuples(index=False)
-             if (int(r.stage), str(r.pass_)) in templates]
+    parts = [(r, templates[(int(r.stage), str(r.pass_))]) for r in rows.itertuples(index=False)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+             if (int(r.stage), str(r.pass_)) in templates]  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
     return _lay_out(parts, lo, hi)
 
 
@@ -108,11 +108,11 @@ def count_ops(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
     n = sum(sizes.get((int(s), str(p)), 0)
             for s, p in zip(rows.loc[inside, "stage"], rows.loc[inside, "pass_"], strict=True))
     for r in rows[~inside].itertuples(index=False):
-        tpl = templates.get((int(r.stage), str(r.pass_)))
+        tpl = templates.get((int(r.stage), str(r.pass_)))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
         if tpl is None:
             continue
-        span = float(r.end) - float(r.start)
-        start, end = float(r.start) + tpl.lo * span, float(r.start) + tpl.hi * span
+        span = float(r.end) - float(r.start)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+        start, end = float(r.start) + tpl.lo * span, float(r.start) + tpl.hi * span  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
         n += int(((end > lo) & (start < hi) & (end > start)).sum())
     return int(n)
 

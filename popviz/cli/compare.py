@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from popviz.analysis.compare import format_ratio, format_value
+from popviz.analysis.compare import Comparison, format_ratio, format_value
 from popviz.cli.command import EXIT_OK, Command, emit
 from popviz.cli.compare_ops import add_arguments as add_ops_arguments
 from popviz.cli.compare_ops import render_ops
@@ -52,10 +52,10 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def render_text(comp: object) -> str:
+def render_text(comp: Comparison) -> str:
     """The comparison as an aligned terminal table: verdict first, then the figures."""
-    v = comp.verdict  # type: ignore[attr-defined]
-    sides = comp.sides  # type: ignore[attr-defined]
+    v = comp.verdict
+    sides = comp.sides
     lines = []
     for _, s in sides.iterrows():
         lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
@@ -67,7 +67,7 @@ def render_text(comp: object) -> str:
         lines += ["", "Layout differences (A vs B): " + "; ".join(v["differences"])]
     head = ["", "unit", "A", "B", "B - A", "B / A"]
     lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(comp.metrics, "metric"))]
-    tps = comp.time_per_sample  # type: ignore[attr-defined]
+    tps = comp.time_per_sample
     tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
     kinds = set(sides["kind"])
     # measured runs have ranks, modelled ones IPUs; a mixed pair speaks of devices
@@ -76,14 +76,14 @@ def render_text(comp: object) -> str:
     lines += ["", f"Where the {device} time per sample goes "
               f"(sums to 1e6 / throughput per {device})"]
     lines += _table(["category", *head[1:]], _rows(tps, "category"))
-    ipus = comp.ipus  # type: ignore[attr-defined]
+    ipus = comp.ipus
     if len(ipus):
         ipus = ipus[ipus["metric"].isin(CLI_IPU_METRICS)]
         prefix = "IPU" if device == "IPU" else f"{device} "
         ipus = ipus.assign(key=prefix + ipus["ipu"].astype(str) + " " + ipus["metric"])
         lines += ["", f"Per {device}",
                   *_table([f"{device.lower()} metric", *head[1:]], _rows(ipus, "key"))]
-    ops = comp.op_classes.head(8)  # type: ignore[attr-defined]
+    ops = comp.op_classes.head(8)
     if len(ops):
         ops = ops.assign(key=ops["op_class"] + " " + ops["phase"])
         lines += ["", "Compute per sample by op class (largest differences)"]

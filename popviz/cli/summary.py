@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, is_gpu_target, naming_of
+
+if TYPE_CHECKING:
+    from popviz.format.profile import Profile
 
 _FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
@@ -102,7 +107,7 @@ def render_text(facts: dict) -> str:
     return "\n".join(lines)
 
 
-def insight_facts(profile: object) -> dict:
+def insight_facts(profile: Profile) -> dict:
     """What the summary page adds to the stored facts: whether fit is known, the fullest
     tile, the bottleneck stage and the advice (JSON-safe)."""
     from popviz.analysis.insights import insights
@@ -154,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _facts(path: object, vet: bool) -> dict:
+def _facts(path: str | Path, vet: bool) -> dict:
     """One profile's facts; ProfileError (one line) when it is not one popviz can read."""
     from popviz.analysis.facts import profile_facts
     from popviz.errors import ProfileError

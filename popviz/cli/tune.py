@@ -177,7 +177,7 @@ def render_amp_steps(steps: pd.DataFrame | None) -> list[str]:
     if steps is None or steps.empty:
         return []
     amps = sorted(steps["amp"].unique().tolist())
-    cells = {(int(r.ipu), float(r.amp)): f"{r.cycles / 1e6:.2f} | {r.temp_bytes / 1024:.0f}"
+    cells = {(int(r.ipu), float(r.amp)): f"{r.cycles / 1e6:.2f} | {r.temp_bytes / 1024:.0f}"  # type: ignore[arg-type, operator]  # pandas-stubs: a cell is any scalar
              + ("*" if r.in_force else "") for r in steps.itertuples()}
     table = [["AMP", *(f"{a:g}" for a in amps)]]
     for ipu in sorted(steps["ipu"].unique().tolist()):

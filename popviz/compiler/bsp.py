@@ -159,8 +159,7 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     stage_of_ipu = np.full(num_ipus, -1, dtype=np.int64)
     for st in range(n - 1, -1, -1):
         stage_of_ipu[costs.ipu[st]] = st
-    kk, ii = np.meshgrid(np.arange(K), np.arange(num_ipus), indexing="ij")
-    kk, ii = kk.ravel(), ii.ravel()
+    kk, ii = (a.ravel() for a in np.meshgrid(np.arange(K), np.arange(num_ipus), indexing="ij"))
     b = busy.ravel()
     sync_at = start[kk] + compute_len[kk]
     x0 = sync_at + sync[kk]

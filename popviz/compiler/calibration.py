@@ -31,7 +31,7 @@ from popviz.target.cost import (
     op_features,
 )
 from popviz.target.costmodel import CostModel, load_calibration
-from popviz.target.machines import Target, get_target
+from popviz.target.machines import Target, ipu_target
 
 PASSES = ("F", "R", "B", "WU")
 FITTED = ("amp_efficiency", "vector_efficiency")
@@ -155,7 +155,7 @@ class Prepared:
 def prepare(point: dict[str, Any]) -> Prepared:
     """Plan a throughput point as `compile` does, keeping what re-costing needs."""
     options = point_options(point).copy()
-    target = get_target(options.target)
+    target = ipu_target(options.target)
     precision = Precision.parse(options.precision, options.half_partials)
     program, micro_batch, plan, ops, amp = costed_plan(point_program(point), options,
                                                        target, precision)
@@ -201,7 +201,7 @@ def bandwidth(point: dict[str, Any], cost: CostModel) -> float:
     """Bytes per second one large vector op reaches on the point's target (a read
     microbenchmark: every tile streams its slice of a fp32 tensor and sums it)."""
     cfg = point["config"]
-    target = get_target(cfg["target"])
+    target = ipu_target(cfg["target"])
     nbytes = float(cfg["bytes"])
     op = pd.DataFrame([{"op": "aten.sum.default", "op_class": "reduction",
                         "phase": "forward", "flops": nbytes / 4,

@@ -79,8 +79,9 @@ def compile(program: Program, options: Options | None = None) -> Report:
 
     stages = _stages_table(plan, ops, schedule, timing, memory, stage_costs, options)
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
-    meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
-            "model": dict(program.model), "kind": MODELLED_KIND}
+    meta: dict[str, Any] = {"target": target.to_meta(plan.num_ipus),
+                            "options": options.to_meta(),
+                            "model": dict(program.model), "kind": MODELLED_KIND}
     if shared is not None and not shared.empty:  # only then: other profiles stay as they were
         meta["shared_parameters"] = summary_rows(shared)
     summary = _summary(plan, schedule, timing, memory, stages, out_ops, options, target,
@@ -274,7 +275,7 @@ def step_rates(seconds: float, micro_batch: int, microbatches: int, replicas: in
     per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
               + stages["backward_cycles_per_microbatch"])
     return StepRates(samples, devices, throughput, throughput / devices if devices else 0.0,
-                     int(per_mb.idxmax()) if len(per_mb) else 0)
+                     int(per_mb.idxmax()) if len(per_mb) else 0)  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
 
 
 def _summary(plan: StagePlan, schedule: Schedule, timing: Timing, memory: Memory,

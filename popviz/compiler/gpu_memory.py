@@ -107,8 +107,8 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
         for r in rows:
             per_stage[int(o_stage[r])].append(r)
         for st, rs in per_stage.items():
-            first = min(rs, key=lambda r: (KEY_RANK[o_key[r]], pos[r]))
-            last_r = max(rs, key=lambda r: (KEY_RANK[o_key[r]], pos[r]))
+            first = min(rs, key=lambda r: (KEY_RANK[str(o_key[r])], pos[r]))
+            last_r = max(rs, key=lambda r: (KEY_RANK[str(o_key[r])], pos[r]))
             born = int(prod[ti]) if (has_p[ti] and st == home) else first
             if shared and not (has_p[ti] and st == home):
                 continue  # a gradient lives where it is made
@@ -118,6 +118,7 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
             mine = shared or o_key[born] == "WU"
             allocs[at(born)].append((ti, mine))
             if not kept:  # freed after its last forward touch, remade by its recompute op
+                assert copy is not None  # not kept: it has a recompute copy
                 fwd = [r for r in rs if o_key[r] == "F"] or [born]
                 frees[at(max(fwd, key=lambda r: pos[r]))].append(ti)
                 allocs[at(copy)].append((ti, False))

@@ -105,6 +105,9 @@ def _mlp(width: int, batch: int, pipe: bool = False) -> tuple[Any, dict[str, Any
             return nn.functional.cross_entropy(self.head(self.body(x)), y)
 
     class Pipe(nn.Module):
+        stage0: nn.Sequential  # added by name below
+        stage1: nn.Sequential
+
         def __init__(self) -> None:
             super().__init__()
             for i in range(2):

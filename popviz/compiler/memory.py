@@ -127,9 +127,9 @@ def _intervals(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
     op_key = np.where(ops["source_op"] >= 0, ops["source_op"], ops["op_id"]).astype(np.int64)
     op_start = start_tiles(op_nt, op_key, tiles_per_ipu)
     home_op = np.where(has_p, pi, -1)
-    read = pairs[pairs["dataflow"]]  # a last_use stand-in says nothing about where it is read
-    if len(read):
-        first = read.groupby("t")["row"].min()
+    reads = pairs[pairs["dataflow"]]  # a last_use stand-in says nothing about where it is read
+    if len(reads):
+        first = reads.groupby("t")["row"].min()
         idx = first.index.to_numpy(np.int64)
         home_op[idx] = np.where(has_p[idx], home_op[idx], first.to_numpy(np.int64))
     hop = np.maximum(home_op, 0)

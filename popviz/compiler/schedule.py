@@ -28,8 +28,7 @@ class Schedule:
 
 def _grouped(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
     """All stages run each clock: F of micro-batch c - s, then B of c - (2n - 2 - s)."""
-    mb, s = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
-    mb, s = mb.ravel(), s.ravel()
+    mb, s = (a.ravel() for a in np.meshgrid(np.arange(m), np.arange(n), indexing="ij"))
     rows = [(int(k), int(st), int(b), "F") for k, st, b in zip(mb + s, s, mb, strict=True)]
     if training:
         rows += [(int(k), int(st), int(b), "B")
@@ -129,7 +128,7 @@ def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
         diff = np.zeros(span, dtype=np.int64)
         np.add.at(diff, lo, 1)
         np.add.at(diff, hi + 1, -1)
-        depth[int(s)] = int(np.cumsum(diff).max())
+        depth[int(s)] = int(np.cumsum(diff).max())  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
     return depth
 
 

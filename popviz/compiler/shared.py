@@ -59,7 +59,7 @@ def find_shared(ops: pd.DataFrame, tensors: pd.DataFrame, plan: StagePlan) -> pd
             homes[tid] = (int(stage_ipu[min(stage, len(stage_ipu) - 1)]), stage)
         home, home_stage = homes[tid]
         if ipu != home:
-            out.append([tid, str(by_id.at[tid, "name"]), int(by_id.at[tid, "bytes"]),
+            out.append([tid, str(by_id.at[tid, "name"]), int(by_id.at[tid, "bytes"]),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                         str(by_id.at[tid, "dtype"]), home, home_stage, ipu, str(module)])
     return pd.DataFrame(out, columns=cols)
 
@@ -94,7 +94,7 @@ def add_copies(tensors: pd.DataFrame, shared: pd.DataFrame) -> pd.DataFrame:
 
 
 def gradient_exchange(exchange: pd.DataFrame, trace: pd.DataFrame, shared: pd.DataFrame,
-                      target: Target, weight_bytes: float) -> pd.DataFrame:
+                      target: Target, weight_bytes: int) -> pd.DataFrame:
     """The exchange table plus, for every weight update of each shared parameter's home
     stage, its gradient from each reader IPU to the home IPU."""
     if shared.empty:

@@ -83,7 +83,7 @@ def liveness_overlay_figure(overlay: pd.DataFrame, sides: pd.DataFrame,
                 "curve", sort=False)):
             y = g["total_bytes"].to_numpy(float) / div
             keep = minmax_indices(y, pixels)
-            dev = f"fullest {words.device}" if curve == "peak" else words.label(int(curve))
+            dev = f"fullest {words.device}" if curve == "peak" else words.label(int(curve))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             held = [words.label(i) for i in g["ipu"].to_numpy()[keep]]
             fig.add_trace(go.Scatter(
                 x=g["x"].to_numpy(float)[keep], y=y[keep], mode="lines",

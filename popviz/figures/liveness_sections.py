@@ -76,7 +76,8 @@ def band_labels(bands: pd.DataFrame, lo: float, hi: float,
             run.clear()
 
     for band in _visible(bands, lo, hi).itertuples():
-        a, b = max(band.first_step - 0.5, lo), min(band.last_step + 0.5, hi)
+        first, last = float(band.first_step), float(band.last_step)  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+        a, b = max(first - 0.5, lo), min(last + 0.5, hi)
         if fits(a, b, str(band.label)):
             close()
             out.append(((a + b) / 2, str(band.label)))
@@ -178,8 +179,8 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                 f"{name}: %{{y:,.1f}} MiB<extra>{dev}</extra>"), row=row, col=1)
         mine = bands[bands["ipu"] == ipu]
         for band in _visible(mine, lo, hi).itertuples():
-            fig.add_vrect(x0=band.first_step - 0.5, x1=band.last_step + 0.5,
-                          fillcolor=BAND_COLOURS.get(band.phase, "rgba(0,0,0,0.05)"),
+            fig.add_vrect(x0=band.first_step - 0.5, x1=band.last_step + 0.5,  # type: ignore[operator]  # pandas-stubs: a cell is any scalar
+                          fillcolor=BAND_COLOURS.get(band.phase, "rgba(0,0,0,0.05)"),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                           line_width=0, layer="below", row=row, col=1)
             drawn_bands += 1
         for x_label, text in band_labels(mine, lo, hi, pixels):

@@ -185,7 +185,7 @@ class StepPyramid:
             parts.append(_pool_rows(raw, self.k))
         self.coarse = np.concatenate(parts) if parts else np.zeros((0, 0), np.uint32)
 
-    def view(self, start: int, stop: int) -> tuple[np.ndarray, int, int]:
+    def view(self, start: float, stop: float) -> tuple[np.ndarray, int, int]:
         """(rows covering [start, stop), first step, steps per row)."""
         start, stop = max(0, int(start)), min(self.steps, int(stop))
         if stop <= start:

@@ -29,7 +29,7 @@ def _scale() -> list[list]:
 
 def _op_lane(view: Superstep) -> list[go.Bar]:
     ops = view.ops
-    bars = []
+    bars: list[go.Bar] = []
     if ops.empty:
         return bars
     classes = ops["op_class"].astype(str)

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 
 from popviz.format import tempfiles
+from popviz.format.profile import Profile
 from popviz.vocab import is_measured, naming_for
 
 # Chrome trace "ts"/"dur" are microseconds.
 _US_PER_S = 1e6
 
 
-def export_csv(profile: Any, out_dir: Path, tables: list[str] | None = None) -> list[Path]:
+def export_csv(profile: Profile, out_dir: Path, tables: list[str] | None = None) -> list[Path]:
     """Write one CSV per table into out_dir, plus meta.json; return the files written.
     All or none: the files appear only once every one of them is complete."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +38,7 @@ def export_csv(profile: Any, out_dir: Path, tables: list[str] | None = None) -> 
     return finals
 
 
-def time_scale_us(profile: Any) -> float:
+def time_scale_us(profile: Profile) -> float:
     """Multiply a trace time by this to get microseconds (cycles or ns -> us)."""
     if is_measured(profile.kind):
         return 1e-3
@@ -47,7 +48,7 @@ def time_scale_us(profile: Any) -> float:
     return _US_PER_S / clock
 
 
-def chrome_trace(profile: Any) -> dict[str, Any]:
+def chrome_trace(profile: Profile) -> dict[str, Any]:
     """The trace as Chrome trace-event JSON (opens in Perfetto or chrome://tracing).
 
     One process row per IPU; compute / exchange / sync / host_io / idle events on separate
@@ -86,7 +87,7 @@ def chrome_trace(profile: Any) -> dict[str, Any]:
             "otherData": {"profile": str(profile.path), "kind": profile.kind}}
 
 
-def export_chrome_trace(profile: Any, path: Path) -> Path:
+def export_chrome_trace(profile: Profile, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(chrome_trace(profile))
     with tempfiles.replacing([path]) as (temp,), open(temp, "w", encoding="utf-8") as handle:

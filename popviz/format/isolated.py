@@ -35,7 +35,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the worker imports the reader itself, after its limits are set
+    from popviz.format.reader import FileProfile
 
 OUTCOMES = ("ok", "profile_error", "error", "memory", "crash", "hang")
 _MESSAGE_CHARS = 400
@@ -59,7 +62,7 @@ class Verdict:
         return self.outcome == "ok"
 
 
-def read_everything(profile: Any) -> None:
+def read_everything(profile: FileProfile) -> None:
     """What a viewer reads: every table, the string table, each IPU's trace through the
     per-IPU index and every tile-liveness block (as the app's step pyramid reads them)."""
     for name in profile.table_names:

@@ -1,4 +1,5 @@
-"""Read a profile: `popviz.open(path) -> Profile` with lazily loaded pandas tables.
+"""Read a profile: `popviz.open(path) -> FileProfile` (a `Profile`) with lazily loaded pandas
+tables.
 
 Every way a file can be wrong (missing, not HDF5, truncated, foreign, incomplete, too new,
 lying about its sizes, values outside the schema) becomes a `ProfileError` with one line
@@ -23,6 +24,8 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
+from popviz.format.profile import Profile as Profile  # the type, re-exported
+from popviz.format.profile import TableViews
 from popviz.format.strings import decode as decode_strings
 from popviz.format.strings import read_strings
 from popviz.format.tempfiles import is_temp_name
@@ -66,13 +69,13 @@ def _skipped_folder(path: Path) -> bool:
 FileCheck = Callable[[os.stat_result], None]
 
 
-def open(path: str | os.PathLike[str], *, check_file: FileCheck | None = None) -> Profile:
+def open(path: str | os.PathLike[str], *, check_file: FileCheck | None = None) -> FileProfile:
     """Open a `.h5` profile, or a directory that holds exactly one profile.
 
     `check_file` gets `os.fstat` of the file HDF5 opened, before anything in it is read
     past the superblock, and may raise ProfileError: a vetted file (popviz.vet) is thus
     known to be the very file opened, not one swapped in since it was vetted."""
-    return Profile(profile_file(Path(path)), check_file=check_file)
+    return FileProfile(profile_file(Path(path)), check_file=check_file)
 
 
 def profile_file(path: Path) -> Path:
@@ -96,8 +99,8 @@ def profile_file(path: Path) -> Path:
     return path
 
 
-class Profile:
-    """One profile file. Tables load on first access and stay cached.
+class FileProfile(TableViews):
+    """One profile file (a `Profile`). Tables load on first access and stay cached.
 
     Every way the file can be wrong ends in `ProfileError` (one line naming the file and
     the table); declared shapes and sizes are checked at open, before any data is read."""
@@ -259,7 +262,7 @@ class Profile:
     def __repr__(self) -> str:
         return f"<popviz.Profile {self.path} kind={self.kind} v{self.format_version}>"
 
-    def __enter__(self) -> Profile:
+    def __enter__(self) -> FileProfile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -322,16 +325,6 @@ class Profile:
             return np.array([int(t) if t.lstrip("-").isdigit() and len(t) < 19 else t
                              for t in texts], dtype=object)
         return values
-
-    stages = property(lambda self: self.table("stages"))
-    trace = property(lambda self: self.table("trace"))
-    liveness = property(lambda self: self.table("liveness"))
-    tile_memory = property(lambda self: self.table("tile_memory"))
-    exchange = property(lambda self: self.table("exchange"))
-    ops = property(lambda self: self.table("ops"))
-    tensors = property(lambda self: self.table("tensors"))
-    variables = property(lambda self: self.table("variables"))
-    oom = property(lambda self: self.table("oom"))
 
     # ---- partial reads for big profiles ----
     def trace_for(self, ipu: int, start: float | None = None,

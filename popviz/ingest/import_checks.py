@@ -30,7 +30,7 @@ def clean_text(tables: dict[str, pd.DataFrame]) -> None:
                 kind = "category" if isinstance(values.dtype, pd.CategoricalDtype) \
                     else values.dtype
                 frame[column] = pd.Series(values.to_numpy(dtype=object), index=frame.index
-                                          ).replace(bad).astype(kind)
+                                          ).replace(bad).astype(kind)  # type: ignore[arg-type]  # pandas-stubs: only literal dtype names
 
 
 def _utf8(text: str) -> bool:

@@ -82,6 +82,7 @@ def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.D
     """The rank's liveness table from allocated bytes over time (rank clock), each sample
     labelled with the stage, pass and micro-batch running then."""
     time, allocated = memsnap.thin(time, allocated)
+    assert part.labeller is not None, "liveness_of before the rank's trace was read"
     stage, ps, mb = part.labeller.label(time)
     lo, hi = part.window  # a snapshot may come from another run: no phase outside the trace
     outside = (time < lo) | (time > hi)

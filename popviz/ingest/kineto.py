@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +245,7 @@ def array_end(data: bytes, begin: int, path: Path) -> tuple[int, dict[str, Any]]
     raise ProfileError(f"{path}: not valid JSON outside traceEvents (cut short or corrupt)")
 
 
-def read_trace(path: str | Path) -> KinetoTrace:
+def read_trace(path: str | os.PathLike[str]) -> KinetoTrace:
     """Parse one trace file into a KinetoTrace; ProfileError (one line) if it is not one.
     The vectorised reader (kineto_fast) takes the layout torch.profiler writes; anything
     else goes through the general chunked decoder. Declared ranks, world size and base

@@ -50,7 +50,7 @@ def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.nd
         else np.zeros(len(names), dtype=bool)
 
 
-def annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
+def action_annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
     """Pipelining actions as intervals: start, end, stage, pass, microbatch, label.
     `PP:{stage}{action}{mb}` (multi-stage schedules), or GPipe's `Forward i` / `Backward i`
     (stage unknown there: -1, filled in with the rank's stage later)."""
@@ -131,7 +131,7 @@ class Labeller:
     backward (autograd) spans and its optimiser step."""
 
     def __init__(self, spans: pd.DataFrame, rank: int) -> None:
-        self.ann = annotations(spans, rank)
+        self.ann = action_annotations(spans, rank)
         stages = sorted(s for s in self.ann["stage"].unique() if s >= 0)
         self.stages = stages or [rank]
         self.default_stage = stages[0] if len(stages) == 1 else rank if not stages else -1

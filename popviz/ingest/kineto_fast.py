@@ -281,8 +281,8 @@ def _categorical(codes: np.ndarray, uniques: list[str], rows: np.ndarray,
     cats = list(dict.fromkeys([*uniques, absent]))
     where = {c: i for i, c in enumerate(cats)}
     remap = np.array([where[u] for u in uniques] + [where[absent]], dtype=np.int64)
-    return pd.Categorical.from_codes(remap[picked], categories=cats) if len(cats) \
-        else pd.Categorical([])
+    return (pd.Categorical.from_codes(remap[picked], categories=cats)  # type: ignore[call-overload]  # pandas-stubs: categories of a list
+            if len(cats) else pd.Categorical([]))
 
 
 def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -7,7 +7,7 @@ Times are ns on the common clock (`clocks`). The `*_cycles` columns of `stages` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -100,8 +100,8 @@ def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, 
         "throughput": samples / (step_ns / 1e9) if samples and step_ns > 0 else None,
         "latency_ms": None, "training": True,
         "idle_fraction": idle_fraction(trace),
-        "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,
-        "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},
+        "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,  # type: ignore[call-overload, index]  # pandas-stubs: a cell is any scalar
+        "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
         "schedule": opts.get("schedule"), "strategy": "pipelined",
         "micro_batch_size": int(micro_batch) if micro_batch else None,
         "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,

@@ -61,7 +61,7 @@ def _check(profiles: list[Any]) -> list[Any]:
     ranks = [_count(p.meta["measure"]["rank"], p.path, "rank", 0, world - 1)
              for p in profiles]
     seen: set[int] = set()
-    dup = next((r for r in ranks if r in seen or seen.add(r)), None)
+    dup = next((r for r in ranks if r in seen or seen.add(r)), None)  # type: ignore[func-returns-value]  # add() is None: adds, then tests
     if dup is not None:
         raise ProfileError(f"{rank_label(dup)} given twice")
     missing = [r for r in range(world) if r not in seen]  # world: at most MAX_WORLD

@@ -122,7 +122,7 @@ def loss_function(model: nn.Module) -> nn.Module:
     own = getattr(model, "loss", None)
     if isinstance(own, nn.Module):
         return own
-    head = getattr(model, "head", None)
-    if isinstance(getattr(head, "loss", None), nn.Module):
-        return head.loss
+    head_loss = getattr(getattr(model, "head", None), "loss", None)
+    if isinstance(head_loss, nn.Module):
+        return head_loss
     return nn.CrossEntropyLoss()

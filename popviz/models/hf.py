@@ -166,7 +166,9 @@ def _no_init_weights() -> Any:
     try:  # transformers >= 5
         from transformers.initialization import no_init_weights
     except ImportError:
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import (  # type: ignore[attr-defined, no-redef, unused-ignore]  # < 5
+            no_init_weights,
+        )
     return no_init_weights()
 
 

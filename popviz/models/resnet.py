@@ -87,6 +87,11 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module | None:
 class ResNet(nn.Module):
     """`model(x)` -> logits; `model(x, labels)` -> (logits, cross-entropy loss)."""
 
+    layer1: nn.Sequential  # set by name in __init__
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
+
     def __init__(self, unit: str, units: tuple[int, ...], num_classes: int = 1000,
                  groups: int = 1, base_width: int = 64, name: str = "resnet") -> None:
         super().__init__()

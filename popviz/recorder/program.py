@@ -61,7 +61,7 @@ def frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
         elif dtype == "bool":
             df[name] = df[name].astype(object).fillna(False).astype(bool)
         else:
-            df[name] = df[name].fillna(0).astype(dtype)
+            df[name] = df[name].fillna(0).astype(dtype)  # type: ignore[call-overload]  # pandas-stubs: only literal dtype names
     return df
 
 

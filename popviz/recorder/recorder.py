@@ -308,8 +308,9 @@ class Recorder:
         if kind == "data_movement":  # most ops of a step: views, copies, detach
             op_class, n_flops = "data_movement", 0
         else:
-            op_class, n_flops = _flops.classify(func, kind, args, kwargs, out, in_shapes,
-                                                out_shapes)
+            op_class, n_flops = _flops.classify(func, kind, args, kwargs, out,
+                                                in_shapes,  # type: ignore[arg-type]  # a Size is a tuple
+                                                out_shapes)  # type: ignore[arg-type]  # a Size is a tuple
         shape = self._shape
         self._ops.append([
             op_id, op_name, op_class, phase, module, layer, block, False, int(n_flops),

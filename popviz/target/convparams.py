@@ -55,7 +55,7 @@ class ConvParams:
 
 def dims_of(shapes: str) -> list[list[int]]:
     """'[16,3,224,224];[64,3,7,7]' -> [[16, 3, 224, 224], [64, 3, 7, 7]] (non-numbers 0)."""
-    out = []
+    out: list[list[int]] = []
     for part in str(shapes).split(";"):
         body = part.strip().strip("[]() ")
         if not body:

@@ -50,7 +50,7 @@ class GpuCost:
         if unknown:
             raise ValueError(f"unknown GPU cost constants {unknown}; valid: "
                              f"{', '.join(sorted(names))}")
-        return replace(self, **values)
+        return replace(self, **values)  # type: ignore[arg-type]  # a fit gives int fields floats too
 
 
 DEFAULT_GPU_COST = GpuCost()

@@ -282,6 +282,14 @@ def get_target(name: str | Target | GpuTarget) -> Target | GpuTarget:
     return _REGISTRY[key]
 
 
+def ipu_target(name: str | Target) -> Target:
+    """`get_target` for code that only models IPUs (tiles, AMP, calibration)."""
+    target = get_target(name)
+    if isinstance(target, GpuTarget):
+        raise ValueError(f"{target.name} is a GPU target; this needs an IPU one")
+    return target
+
+
 def make_target(spec: dict[str, Any]) -> Target:
     """Validate a dict into a Target. `base` names a target whose values fill the gaps;
     without it the fields in REQUIRED must be present. Unknown keys are an error."""

@@ -1,3 +1,4 @@
 """Test data and tools, kept out of the runtime layers: hand-checkable synthetic Programs
-(`programs`), the profile-file fuzzer (`fuzz`) and synthetic Reports. Tests and benches
-import them; no runtime module does."""
+(`programs`), synthetic Reports (`synthetic`: generated, never results) and the
+profile-file fuzzer (`fuzz`). Tests, benches and notebooks import them; no runtime module
+does."""

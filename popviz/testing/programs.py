@@ -164,8 +164,8 @@ def synthetic_program(layers: int = 8, batch: int = 4, channels: int = 16, hw: i
     for t in tensors:
         if t["category"] in ("parameter", "optimiser_state"):
             t["last_use"] = end
-    for o in ops:
-        o["inputs"] = ";".join(str(i) for i in reads.get(o["op_id"], []))
+    for row in ops:
+        row["inputs"] = ";".join(str(i) for i in reads.get(row["op_id"], []))
     n_params = sum(tensors[p]["bytes"] // F32 for p in params)
     model = {"name": f"synthetic{layers}", "parameters": int(n_params),
              "parameter_bytes": int(n_params * F32), "batch_size": batch,

@@ -81,7 +81,7 @@ STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
                  "peak_bytes": ("bytes", "lower")}
 
 
-def compare(a: Any, b: Any) -> Comparison:
+def compare(a: Profile, b: Profile) -> Comparison:
     """Compare open profile `a` with open profile `b` (`popviz.compare` also takes paths)."""
     return build(load_side(a, "A"), load_side(b, "B"))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,9 @@ import pandas as pd
 from popviz.analysis.compare.sides import PER_SAMPLE_PHASES, seconds_per_unit
 from popviz.jsonsafe import jsonable
 from popviz.vocab import is_measured
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 GROUP_BY = {"op": "op type", "class": "op class", "module": "module", "pass": "pass"}
 PER = ("auto", "step", "sample")  # auto: per sample when a replica's step holds
@@ -101,12 +104,12 @@ def _side_facts(comp: Any, side: str) -> tuple[float, float, float]:
     return samples / replicas, micro, float(facts.get("gradient_accumulation") or 1)
 
 
-def op_records(profile: Any, comp: Any, side: str) -> pd.DataFrame:
+def op_records(profile: Profile, comp: Any, side: str) -> pd.DataFrame:
     """One row per recorded op (modelled) or kernel / action (measured): op, op_class,
     module, pass, seconds and count per replica step, temp_bytes, bytes_written per step."""
     scale, _ = seconds_per_unit(profile)
     per_replica, micro, accumulation = _side_facts(comp, side)
-    if not is_measured(getattr(profile, "kind", "")):
+    if not is_measured(profile.kind):
         ops = profile.ops
         phase = _text(ops, "phase")
         # executions per replica step: per micro-batch, or once per weight update
@@ -162,7 +165,7 @@ def resolve_per(comp: Any, per: str = "auto") -> str:
     return "step" if _side_facts(comp, "A")[0] == _side_facts(comp, "B")[0] else "sample"
 
 
-def compare_ops(a: Any, b: Any, comp: Any, by: str = "op", depth: int = 1,
+def compare_ops(a: Profile, b: Profile, comp: Any, by: str = "op", depth: int = 1,
                 per: str = "auto") -> OpDiff:
     """A vs B op by op. `a`, `b`: the open profiles `comp` (popviz.compare) compared; `by`:
     op | class | module | pass; `depth`: module levels kept; `per`: auto | step | sample."""

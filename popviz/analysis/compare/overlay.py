@@ -48,7 +48,7 @@ def liveness_overlay(liveness: pd.DataFrame, mode: str = "device") -> pd.DataFra
     for (side, ipu), g in liveness.groupby(["side", "ipu"], sort=True):
         g = g.sort_values("step", kind="stable")
         steps = g["step"].to_numpy(float)
-        parts.append(pd.DataFrame({"side": side, "curve": str(int(ipu)), "ipu": int(ipu),
+        parts.append(pd.DataFrame({"side": side, "curve": str(int(ipu)), "ipu": int(ipu),  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
                                    "step": g["step"].astype(int).to_numpy(),
                                    "x": _fraction(steps),
                                    "total_bytes": g["total_bytes"].to_numpy(float)}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -26,6 +26,9 @@ from popviz.metrics import (
     stash_per_ipu,
 )
 from popviz.vocab import ipu_label, is_measured, profile_words
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 # what the IPUs spend their time on, in the order shown (trace kind / pass -> category)
 TIME_CATEGORIES = ["forward", "backward", "recompute", "weight_update", "compute",
@@ -60,10 +63,10 @@ def _num(value: Any) -> float | None:
     return out if np.isfinite(out) else None
 
 
-def seconds_per_unit(profile: Any) -> tuple[float, str]:
+def seconds_per_unit(profile: Profile) -> tuple[float, str]:
     """Seconds per trace time unit and the unit's name: ns when measured, else cycles at
     meta.target.clock_hz (a ValueError naming the profile when the clock is missing)."""
-    if is_measured(getattr(profile, "kind", "")):
+    if is_measured(profile.kind):
         return 1e-9, "ns"
     clock = _num((profile.meta.get("target") or {}).get("clock_hz"))
     if not clock or clock <= 0:
@@ -103,7 +106,7 @@ def _layout_amp(stages: pd.DataFrame, options: dict[str, Any]) -> str:
     return _options_text(options.get("available_memory_proportion") or {})
 
 
-def load_side(profile: Any, label: str) -> Side:
+def load_side(profile: Profile, label: str) -> Side:
     """Read what a comparison needs from one profile (Profile or ReportProfile)."""
     meta, summary = profile.meta or {}, dict(profile.summary or {})
     target, options = meta.get("target") or {}, meta.get("options") or {}
@@ -167,8 +170,8 @@ def load_side(profile: Any, label: str) -> Side:
     ipus["headroom_bytes"] = per_device - ipus["peak_bytes"]
     if gpu_memory:  # the capacity the fullest device's peak is a share of
         held = ipus["peak_bytes"].where(per_device.notna())
-        capacity = float(per_device[held.idxmax()]) if held.notna().any() \
-            else float(per_device.max())
+        capacity = (float(per_device[held.idxmax()])  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
+                    if held.notna().any() else float(per_device.max()))
         capacity = capacity if capacity == capacity else 0.0  # no rank of this profile
     over = oom_tiles(tile_memory) if len(tile_memory) else tile_memory
     ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
@@ -238,13 +241,13 @@ def load_side(profile: Any, label: str) -> Side:
         "host_bytes": ex_host,
         "stash_bytes": float(stash_per_ipu(stages).sum()) if len(stages) else None,
     }
-    name = str(getattr(profile, "name", "") or label)
-    if name in ("training", "inference") and getattr(profile, "path", ""):
+    name = str(profile.name or label)
+    if name in ("training", "inference") and profile.path:
         name = f"{Path(profile.path).parent.parent.name}/{name}"  # PopTorch's run folders
     training = options.get("training", summary.get("training", True))
     facts = {
         "side": label, "name": name, "run": "training" if training else "inference",
-        "path": str(getattr(profile, "path", "")), "kind": str(getattr(profile, "kind", "")),
+        "path": str(profile.path), "kind": str(profile.kind),
         "model": str((meta.get("model") or {}).get("name", "")),
         # an imported trace records no model: its name is the trace file's
         "model_from_file": bool((meta.get("measure") or {}).get("imported")),
@@ -306,7 +309,8 @@ def normalised_liveness(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame,
     if list(knots.values()) != sorted(knots.values()):
         knots = {}
     xs = np.empty(len(lv))
-    for (side, ipu), idx in lv.groupby(["side", "ipu"], sort=False).groups.items():
+    for key, idx in lv.groupby(["side", "ipu"], sort=False).groups.items():
+        side, ipu = cast(tuple[str, int], key)  # grouped by (side, ipu)
         row = fr[(fr["side"] == side) & (fr["ipu"] == ipu)].iloc[0]
         steps_k, xs_k = [0.0], [0.0]
         for name, x in knots.items():

@@ -77,7 +77,7 @@ def _metric(comp: Comparison, name: str) -> dict[str, float]:
     rows = comp.metrics[comp.metrics["metric"] == name]
     if rows.empty:
         return {}
-    return {k: float(v) for k, v in rows.iloc[0][["a", "b", "delta", "ratio"]].items()}
+    return {str(k): float(v) for k, v in rows.iloc[0][["a", "b", "delta", "ratio"]].items()}
 
 
 def _speed(comp: Comparison, sa: Side, sb: Side) -> tuple[str | None, float | None, str]:
@@ -112,7 +112,7 @@ def _idlest_ipu(comp: Comparison, side: Side) -> str:
     step = _metric(comp, "step_ms").get(side.label.lower())
     rank_time = step if _ok(step) and step else ipus[list(need)].sum(axis=1)
     share = ipus["idle_ms"] / rank_time
-    ipu = int(share.idxmax())
+    ipu = int(share.idxmax())  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
     uneven = ": stages are unbalanced" if share.max() - share.min() > 0.15 else ""
     return f", most on {_name(side, ipu)} ({share[ipu]:.0%} of its step{uneven})"
 

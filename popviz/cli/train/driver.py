@@ -51,7 +51,7 @@ def _debug(args: argparse.Namespace, options: Any, model: torch.nn.Module) -> No
         return
     params = sum(p.numel() for p in model.parameters())
     print(f"model {args.name} {args.model_size or ''}: {params:,} parameters, "
-          f"{len(model.popviz_split_names)} split names")
+          f"{len(getattr(model, 'popviz_split_names', []))} split names")
     print("options " + json.dumps(options.to_meta(), sort_keys=True))
 
 

@@ -3,8 +3,8 @@
 The numbers are shaped like a modelled pipelined training step (BSP slots, a grouped
 pipeline with ramp-up and ramp-down, liveness that rises through the forward pass and falls
 through the backward pass) but they are generated, not compiled: never use them as results.
-`ReportProfile` wraps a Report in the read API of `popviz.open` so the analysis, figures and
-app can run without a file.
+`popviz.format.memory.ReportProfile` wraps one in the read API of `popviz.open` so the
+analysis, figures and app can run without a file.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _trace(rng: np.random.Generator, num_ipus: int, microbatches: int, events: i
                 mb, ps = -1, "WU"
             active = ps == "WU" or 0 <= mb < microbatches
             work.append((ipu, mb, ps) if active else None)
-        durations = []
+        durations: list[tuple[np.ndarray, np.ndarray] | None] = []
         for item in work:
             if item is None:
                 durations.append(None)
@@ -221,7 +221,7 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
     })
 
     # exchange: activations forward, gradients back, host in / out
-    ex_rows = []
+    ex_rows: list[tuple[int | str, ...]] = []
     t = 0
     for mb in range(microbatches):
         for i in range(num_ipus - 1):
@@ -251,8 +251,9 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
         "module": [f"s{i}.layer{j % 6}" for i, j in zip(op_ipu, range(num_ops))],
         "layer": [layers[i][j % 6] for i, j in zip(op_ipu, range(num_ops))],
         "block": [f"B{i}" for i in op_ipu],
-        "flops": rng.integers(1e6, 1e9, num_ops), "bytes_read": rng.integers(1e4, 1e7, num_ops),
-        "bytes_written": rng.integers(1e4, 1e7, num_ops), "stage": op_ipu, "ipu": op_ipu,
+        "flops": rng.integers(10**6, 10**9, num_ops),
+        "bytes_read": rng.integers(10**4, 10**7, num_ops),
+        "bytes_written": rng.integers(10**4, 10**7, num_ops), "stage": op_ipu, "ipu": op_ipu,
         "cycles": rng.integers(100, 100_000, num_ops),
         "temp_bytes": rng.integers(0, 2**22, num_ops),
         "amp_used": np.array(amps)[op_ipu],
@@ -312,45 +313,3 @@ def synthetic_report(num_ipus: int = 4, target: str = "mk2", events: int = 4000,
               "tensors": pd.DataFrame(columns=["tensor_id", "name", "bytes", "category"])}
     return Report(meta=meta, tables=tables, arrays=arrays, summary=summary)
 
-
-class ReportProfile:
-    """The read API of `popviz.open` over an in-memory Report (no file needed)."""
-
-    def __init__(self, report: Report, name: str = "synthetic", path: str = "") -> None:
-        self._report = report
-        self.meta = report.meta
-        self.summary = report.summary
-        self.name = name
-        self.path = path
-        self.kind = report.meta.get("kind", MODELLED_KIND)
-
-    def table(self, name: str) -> pd.DataFrame:
-        return self._report.tables.get(name, pd.DataFrame())
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name in self._report.tables:
-            return self._report.tables[name]
-        raise AttributeError(name)
-
-    def trace_for(self, ipu: int, start: int | None = None,
-                  end: int | None = None) -> pd.DataFrame:
-        t = self._report.tables["trace"]
-        m = t["ipu"] == ipu
-        if start is not None:
-            m &= t["end"] > start
-        if end is not None:
-            m &= t["start"] < end
-        return t[m]
-
-    def array_shape(self, name: str) -> tuple[int, ...]:
-        arr = self._report.arrays.get(name)
-        return () if arr is None else tuple(arr.shape)
-
-    def tile_liveness(self, ipu: int, step_start: int = 0,
-                      step_stop: int | None = None) -> np.ndarray:
-        arr = self._report.arrays.get("tile_liveness")
-        if arr is None or ipu >= arr.shape[0]:
-            return np.zeros((0, 0), dtype=np.uint32)
-        return arr[ipu, step_start:step_stop]
