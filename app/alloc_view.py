@@ -197,8 +197,10 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         if wanted is None:
             raise PreventUpdate
         at = origin(entry, ipu)
-        fig = blocks_figure(entry, ipu) if wanted == "auto" else \
-            blocks_figure(entry, ipu, at + int(wanted[0] * 1e6), at + int(wanted[1] * 1e6))
+        if isinstance(wanted, str):  # "auto": the whole run
+            fig = blocks_figure(entry, ipu)
+        else:
+            fig = blocks_figure(entry, ipu, at + int(wanted[0] * 1e6), at + int(wanted[1] * 1e6))
         return fig, status_text(fig), dash.no_update, dash.no_update
 
     return {"alloc_pick": alloc_pick, "alloc_zoom": alloc_zoom}

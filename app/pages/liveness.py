@@ -324,7 +324,7 @@ def step_link(entry: Entry, ipu: int, step: int) -> Any:
 
 
 def linked_view(ctx: AppContext, entry: Entry, t0: float, t1: float
-                ) -> tuple[Any, dict, str]:
+                ) -> tuple[Any, Any, str]:
     """(figure, ranges store, note) of the steps each device had in [t0, t1]."""
     found = steps_in_range(entry.profile.liveness, entry.profile.trace, t0, t1)
     words = naming(entry)

@@ -340,8 +340,10 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         module = _param(search, "module")
-        fig = (trace(ctx, entry, module=module, mode=mode or FLAME) if wanted == "auto"
-               else trace(ctx, entry, *wanted, module=module, mode=mode or FLAME))
+        if isinstance(wanted, str):  # "auto": the whole run
+            fig = trace(ctx, entry, module=module, mode=mode or FLAME)
+        else:
+            fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME)
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
@@ -352,7 +354,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         """Flame or flat, over the window shown now."""
         entry = ctx.cache.get(profile_of(search))
         shown = (window or {}).get("range") or [None, None]
-        fig = trace(ctx, entry, *shown, module=_param(search, "module"), mode=mode)
+        fig = trace(ctx, entry, shown[0], shown[1], module=_param(search, "module"), mode=mode)
         return fig, _status(fig, naming(entry).unit)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
@@ -374,7 +376,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
             return fig, _status(fig, naming(entry).unit), _drawn(fig, f"Linked range{on}")
         window = module_window(entry, module) or opening_window(entry) or (None, None)
-        fig = trace(ctx, entry, *window, module=module)
+        fig = trace(ctx, entry, window[0], window[1], module=module)
         return (fig, _status(fig, naming(entry).unit),
                 _drawn(fig, f"First pass running {module}"))
 

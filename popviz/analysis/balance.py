@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -99,7 +99,7 @@ def ipu_imbalance(stages: pd.DataFrame) -> tuple[int, float]:
     per = ipu_balance(stages).set_index("ipu")["busy_cycles"]
     if per.empty or per.mean() <= 0:
         return 0, 1.0
-    return int(per.idxmax()), float(per.max() / per.mean())
+    return int(per.index[int(per.to_numpy().argmax())]), float(per.max() / per.mean())
 
 
 def bottleneck_stage(stages: pd.DataFrame) -> dict[str, Any] | None:

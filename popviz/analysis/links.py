@@ -140,7 +140,7 @@ def steps_in_range(liveness: pd.DataFrame, trace: pd.DataFrame, t0: float, t1: f
     else:
         return out
     for ipu, g in inside.groupby("ipu"):
-        out[int(ipu)] = (int(g["step"].min()), int(g["step"].max()))
+        out[int(ipu)] = (int(g["step"].min()), int(g["step"].max()))  # type: ignore[arg-type]  # pandas-stubs: a group key is any scalar
     return out
 
 

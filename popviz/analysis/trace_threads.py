@@ -8,6 +8,7 @@ Pure functions over the profile's `trace` and `host_slices` tables (format 1.2).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -64,7 +65,8 @@ def thread_rows(slices: pd.DataFrame, trace: pd.DataFrame, mode: str = FLAME) ->
     streams = stream_events(trace)
     ipus = sorted({int(i) for f in (slices, side, streams) for i in np.unique(f["ipu"])})
     for ipu in ipus:
-        for (i, tid), top in deepest.items():
+        for key, top in deepest.items():
+            i, tid = cast(tuple[int, int], key)  # pandas-stubs: a group key is Hashable
             if int(i) != ipu:
                 continue
             name = str(names[(i, tid)])

@@ -30,12 +30,13 @@ def _polygons(rows: pd.DataFrame, origin: int) -> tuple[np.ndarray, np.ndarray]:
     a_all, b_all = _ms(rows["start"].to_numpy(), origin), _ms(rows["end"].to_numpy(), origin)
     up_all = rows["upper"].to_numpy(dtype=float) / MiB
     low_all = rows["lower"].to_numpy(dtype=float) / MiB
-    xs, ys = [], []
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    gap = np.array([np.nan])
     for a, b, up, low in zip(np.split(a_all, cut), np.split(b_all, cut),
                              np.split(up_all, cut), np.split(low_all, cut), strict=True):
-        xs += [np.column_stack([a, b]).ravel(), np.column_stack([b, a])[::-1].ravel(),
-               [np.nan]]
-        ys += [np.repeat(up, 2), np.repeat(low[::-1], 2), [np.nan]]
+        xs += [np.column_stack([a, b]).ravel(), np.column_stack([b, a])[::-1].ravel(), gap]
+        ys += [np.repeat(up, 2), np.repeat(low[::-1], 2), gap]
     return np.round(np.concatenate(xs), 4), np.round(np.concatenate(ys), 3)
 
 

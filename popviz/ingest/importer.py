@@ -205,7 +205,7 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     ranks = [t.rank for t in traces]
     mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
     stages = sorted({i["stage"] for i in info})
-    options = {"strategy": "pipelined" if len(stages) > 1 else "single",
+    options: dict[str, Any] = {"strategy": "pipelined" if len(stages) > 1 else "single",
                "schedule": schedule_seen(traces), "gradient_accumulation": max(1, mbs),
                "device_iterations": 1, "replication_factor": 1,
                "available_memory_proportion": None, "precision": None,
@@ -257,8 +257,9 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     finally:
         if collecting:
             gc.enable()
-    for warning in meta["warnings"] if on_warning else []:
-        on_warning(warning)
+    if on_warning is not None:
+        for warning in meta["warnings"]:
+            on_warning(warning)
     return write_profile(to, meta=meta, tables=result, summary=summary,
                          kind="measured", command_line=command_line or " ".join(sys.argv))
 

@@ -7,7 +7,7 @@ Times are ns on the common clock (`clocks`). The `*_cycles` columns of `stages` 
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd

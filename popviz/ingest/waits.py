@@ -35,7 +35,7 @@ def p2p_table(p2p: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series([], dtype=object if c in ("direction", "kind")
                                           else bool if c == "matched" else "int64")
                              for c in P2P_COLUMNS})
-    split = split_at(p2p["start"], p2p["end"], p2p["peer_post"])
+    split = split_at(p2p["start"].to_numpy(), p2p["end"].to_numpy(), p2p["peer_post"].to_numpy())
     end = np.maximum(p2p["start"].to_numpy(np.int64), p2p["end"].to_numpy(np.int64))
     frame = pd.DataFrame({
         "rank": p2p["rank"], "peer": p2p["peer"], "direction": p2p["direction"],

@@ -123,6 +123,7 @@ def rank_payload(rec: LiveRecording, readings: list[int]) -> dict[str, Any]:
     clock readings, host and extra."""
     from popviz.ingest.import_rank import rank_part
 
+    assert rec.trace_path is not None  # set when the recording started
     part = rank_part(rec.trace_path)
     part.labeller = None  # the parse's spans: not needed once the tables are built
     return {"part": part, "readings": readings, "host": socket.gethostname(),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -131,7 +131,7 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
                                image_size, num_classes, hidden_dropout, attention_dropout,
                                task)
     for i in marked:  # BertPretraining / BertSquad: model.bert is HF's BertModel
-        model.bert.encoder.layer[i].register_forward_hook(_checkpoint_output)
+        cast(Any, model).bert.encoder.layer[i].register_forward_hook(_checkpoint_output)
     return model, inputs
 
 

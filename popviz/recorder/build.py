@@ -4,7 +4,7 @@ columns). Plain functions: the Recorder (recorder.py) passes in what it recorded
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -89,7 +89,7 @@ def build_tables(ops: list[list[Any]], storages: dict[int, Storage], rows: list[
             "layer": rec.layer or "", "block": rec.block or "", "producer": rec.producer,
             "last_use": max(last_op, rec.last) if alive else rec.last,
         })
-    tensor_rows.sort(key=lambda r: r["tensor_id"])
+    tensor_rows.sort(key=lambda r: cast(int, r["tensor_id"]))
     ops_df = frame([dict(zip(OP_FIELDS, row)) for row in ops], OP_COLUMNS)
     return ops_df, frame(tensor_rows, TENSOR_COLUMNS)
 

@@ -30,12 +30,12 @@ def node_info(storages: dict[int, Storage]) -> tuple[str, str, str]:
     node = torch._C._current_autograd_node()
     if node is None:
         return ("", "", "")
-    info = node.metadata.get(META_KEY)
+    info = node.metadata.get(META_KEY)  # type: ignore[attr-defined]  # torch's stub: a method; a dict at run time
     if info is not None:
         return info
     for next_node, _ in node.next_functions:  # unstamped: its inputs' producers
         if next_node is not None:
-            info = next_node.metadata.get(META_KEY)
+            info = next_node.metadata.get(META_KEY)  # type: ignore[attr-defined]  # as above
             if info is not None:
                 return info
     variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter's module
@@ -70,7 +70,7 @@ def stamp_pending(pending: list[tuple[weakref.ref[torch.Tensor], tuple[str, str,
         if t is not None:
             node = t.grad_fn
             if node is not None:
-                node.metadata[META_KEY] = info
+                node.metadata[META_KEY] = info  # type: ignore[index]  # as above
     pending.clear()
 
 

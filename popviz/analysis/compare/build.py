@@ -13,7 +13,7 @@ The "why" is an exact decomposition: IPU-time per sample = total IPUs / throughp
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,9 @@ from popviz.analysis.compare.sides import (
 from popviz.analysis.compare.table import DELTA_COLUMNS, Comparison, deltas
 from popviz.analysis.compare.verdict import verdict
 from popviz.vocab import Naming, naming_of
+
+if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.format.profile import Profile
 
 
 def _long(keys: list[str], units: dict[str, tuple[str, str]], a: pd.DataFrame,

@@ -40,7 +40,7 @@ class Comparison:
         """JSON-safe facts (what `popviz compare --json` prints); big curves left out."""
         def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
             clean = frame.astype(object).where(frame.notna(), None)
-            return [{k: _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
+            return [{str(k): _plain(v) for k, v in r.items()} for r in clean.to_dict("records")]
         return {"sides": rows(self.sides), "metrics": rows(self.metrics),
                 "time_per_sample": rows(self.time_per_sample), "ipus": rows(self.ipus),
                 "stages": rows(self.stages), "op_classes": rows(self.op_classes),

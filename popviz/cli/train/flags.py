@@ -168,7 +168,7 @@ def _check_splits(args: argparse.Namespace) -> None:
     model = models.build(args.name, args.model_size, num_classes=1)
     # the model's split names, or module paths from model.named_modules() (no edits)
     valid = valid_split_names(model)
-    split_names = list(model.popviz_split_names)
+    split_names = list(model.popviz_split_names)  # type: ignore[arg-type]  # set by models.build
     unknown = [s for s in args.pipeline_splits if s not in valid]
     if unknown:
         _error(f"unknown split name(s) {' '.join(unknown)} for {args.name}"
