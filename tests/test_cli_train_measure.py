@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -49,19 +50,23 @@ def test_popviz_train_bad_flags_give_one_line(capsys: pytest.CaptureFixture) -> 
     assert err == ["train.py: error: --image-size 4 is too small for tutorial (needs >= 16)"]
 
 
-def test_popviz_measure_hands_its_arguments_to_the_entry_point(
+def test_popviz_measure_parses_measures_flags_and_runs_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[list[str]] = []
-    monkeypatch.setattr(measure_main, "main", lambda argv: seen.append(argv) or 7)
-    assert main(["measure", "--ranks", "3", "--help-me"]) == 7
-    assert seen == [["--ranks", "3", "--help-me"]]
+    seen: list[Any] = []
+    monkeypatch.setattr(measure_main, "run", lambda args, command: seen.append(args) or 7)
+    assert main(["measure", "--ranks", "3", "--microbatches", "6"]) == 7
+    assert (seen[0].ranks, seen[0].microbatches) == (3, 6)
 
 
-def test_popviz_measure_help_and_errors_are_the_entry_points(
-        capsys: pytest.CaptureFixture) -> None:
-    assert main(["measure", "--help"]) == 0
-    assert "--microbatches" in capsys.readouterr().out
-    assert main(["measure", "--ranks", "x"]) == 2
+def test_popviz_measure_help_and_errors_are_measures(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["measure", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--microbatches" in out and "docs/measure.md" in out  # measure's flags, epilog
+    with pytest.raises(SystemExit) as done:
+        main(["measure", "--ranks", "x"])
+    assert done.value.code == 2
     assert "invalid int value: 'x'" in capsys.readouterr().err
 
 

@@ -15,6 +15,7 @@ from popviz.errors import ProfileError
 from popviz.format import schema
 from popviz.format.writer import MEASURED_WORDS
 from popviz.vocab import naming_for
+from tests.format_versions import as_format_1_1
 from tests.profiles_util import tiny_meta
 from tests.test_format import write_tiny
 
@@ -88,9 +89,11 @@ def test_bad_words_are_refused_on_write_and_on_read(tmp_path: Path) -> None:
         popviz.open(path)
 
 
-def test_committed_1_1_profiles_read_with_the_words_of_their_kind() -> None:
-    measured = popviz.open(PROFILES / "tutorial_measured_2ranks")
-    modelled = popviz.open(PROFILES / "rn50_pipeline")
+def test_1_1_profiles_read_with_the_words_of_their_kind(tmp_path: Path) -> None:
+    """The upgrade path: a 1.1 file states no words; its kind and target imply them."""
+    measured = popviz.open(as_format_1_1(PROFILES / "tutorial_measured_2ranks",
+                                         tmp_path / "measured"))
+    modelled = popviz.open(as_format_1_1(PROFILES / "rn50_pipeline", tmp_path / "modelled"))
     assert measured.format_version == modelled.format_version == "1.1.0"
     assert (measured.device_kind, measured.time_unit) == ("rank", "ns")
     assert (modelled.device_kind, modelled.time_unit) == ("ipu", "cycles")

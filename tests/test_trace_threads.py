@@ -25,6 +25,7 @@ from popviz.figures.lod import TraceIndex
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
 from popviz.ingest.kineto_lanes import slice_depths
+from tests.format_versions import as_format_1_1
 from tests.import_fixtures import RESNET, trace_events
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
@@ -238,10 +239,10 @@ def test_a_modelled_trace_flat_draws_ops_over_their_pass() -> None:
     assert ops and all(set(t.y) <= compute_rows for t in ops)
 
 
-def test_an_older_file_reads_unchanged() -> None:
-    """A committed 1.1 profile: no host_slices table (read back empty, with its columns),
-    no stream column, so /trace keeps its lanes."""
-    with popviz.open(PROFILES / "tutorial_measured_2ranks") as p:
+def test_an_older_file_reads_unchanged(tmp_path: Path) -> None:
+    """A 1.1 profile: no host_slices table (read back empty, with its columns), no stream
+    column, so /trace keeps its lanes."""
+    with popviz.open(as_format_1_1(PROFILES / "tutorial_measured_2ranks", tmp_path)) as p:
         assert p.format_version == "1.1.0"
         slices = p.table("host_slices")
         assert slices.empty and "depth" in slices.columns

@@ -27,9 +27,6 @@ class Command:
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-    # the command wraps an entry point that parses its own arguments: `run` gets them
-    # unparsed as `args.argv` (its --help is the entry point's)
-    passthrough: bool = False
 
 
 def emit(text: str) -> None:

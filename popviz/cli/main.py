@@ -60,9 +60,6 @@ def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     known = {c.name for c in commands}
-    wrapped = next((c for c in commands if c.passthrough and argv[:1] == [c.name]), None)
-    if wrapped is not None:  # its own parser reads the rest, --help included
-        return run_guarded(wrapped, argparse.Namespace(argv=list(argv[1:])))
     parser = build_parser(commands, only=chosen if chosen in known else None)
     args = parser.parse_args(argv)
     if getattr(args, "_command", None) is None:

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from popviz.format.profile import TableViews
-from popviz.format.schema import FORMAT_VERSION
-from popviz.vocab import MODELLED_KIND
+from popviz.format.schema import FORMAT_VERSION, WORD_ATTRS
+from popviz.vocab import MODELLED_KIND, words_of
 
 if TYPE_CHECKING:  # only the type: importing the compiler loads torch
     from popviz.compiler.report import Report
@@ -24,12 +24,15 @@ class ReportProfile(TableViews):
 
     def __init__(self, report: Report, name: str = "synthetic", path: str | Path = "") -> None:
         self._report = report
-        self.meta: dict[str, Any] = report.meta
         self.summary: dict[str, Any] = report.summary
         self.name = name
         self.path = path
         self.kind: str = report.meta.get("kind", MODELLED_KIND)
         self.format_version = FORMAT_VERSION  # the version writing it would give
+        # the words writing it would state, in `meta` too, as a file read back has them
+        self.device_kind, self.time_unit = words_of(self.kind, report.meta)
+        self.meta: dict[str, Any] = {**report.meta,
+                                     **dict(zip(WORD_ATTRS, (self.device_kind, self.time_unit)))}
 
     def __repr__(self) -> str:
         return f"<popviz.ReportProfile {self.name} kind={self.kind}>"
