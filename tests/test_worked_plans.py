@@ -304,3 +304,29 @@ def test_the_nx1_formula_overstates_poplibs_1x1_vertex() -> None:
             math.ceil(math.ceil(p.out_chans / 16) / o)
         ratio = hand["vertex"] / poplibs_1x1_vertex(1, icb_t, ocb_t, hand["positions"])
         assert 1.0 < ratio < 1.15
+
+
+def test_the_docs_tables_are_the_planners() -> None:
+    """docs/cost-model.md's worked tables ("Worked by hand: ResNet-50 and BERT-Large")
+    show, per example, the pick, its tiles, the plan's cycles and the op's: they must be
+    the planner's (regenerate the rows when the planner or the fit changes)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "cost-model.md").read_text()
+    section = text.split("### Worked by hand: ResNet-50 and BERT-Large", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()
+             if line.startswith("| ") and not line.startswith("| example")]
+    picks = {r[0]: r for r in cells if len(r) == 4}
+    cycles = {r[0]: r for r in cells if len(r) == 8}
+    assert set(picks) == set(cycles) == {c.name for c in CASES}
+    for case in CASES:
+        plan = _plan(case)[1]
+        pick = plan.describe().split(" on ")[0]
+        serial = plan.describe().split(" tiles", 1)[1]
+        assert picks[case.name][2] == f"{pick}{serial} ({case.amp})"
+        assert picks[case.name][3] == f"{plan.tiles:,}"
+        assert cycles[case.name][6] == f"{plan.cycles:,.0f}"
+        op = plan.cycles / case.target.cost.amp_efficiency \
+            + case.target.cost.op_overhead_cycles
+        assert cycles[case.name][7].startswith(f"{math.ceil(op):,} (")
