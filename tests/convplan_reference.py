@@ -13,12 +13,14 @@ from popviz.target.convgrid import cands as _cands
 from popviz.target.convparams import WU, ConvParams
 from popviz.target.vertices import (
     TileArch,
+    amp_1x1_cycles,
     amp_cycles,
     cast_cycles,
     ceil_div,
     copy_cycles,
     exchange_cycles,
     reduce_cycles,
+    uses_1x1_vertex,
     zero_cycles,
 )
 
@@ -50,7 +52,9 @@ def reference_grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np
     contiguous = kh == 1 and kw == 1 and p.stride == (1, 1)
     rows = np.minimum(n_t * h_t, 6) if contiguous else n_t * h_t
     kernel_blocks = math.ceil(kh / height) * kw
-    conv = amp_cycles(arch, g_t, icb_t, ocb_t, kernel_blocks, rows, positions)
+    conv = amp_1x1_cycles(arch, g_t, icb_t, ocb_t, positions) \
+        if uses_1x1_vertex(arch, p.kernel, p.stride, in_group) \
+        else amp_cycles(arch, g_t, icb_t, ocb_t, kernel_blocks, rows, positions)
     partial_elems = positions * g_t * ocb_t * arch.units
     one_by_one = kh == 1 and kw == 1 and height == 1  # the 1x1 vertex zeroes as it goes
     zero = 0 if one_by_one else zero_cycles(arch, partial_elems, g_t * ocb_t)

@@ -89,8 +89,9 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # IPU model v3.1 over issue 20's 25 fitted throughput points: 8.2% in sample (10.9%
-    # over the 12 points fitted before); a change that makes it worse fails here
+    # IPU model v3.1 over issue 20's 25 fitted throughput points: 8.5% in sample (8.2%
+    # before 1 x 1 passes ran on PopLibs' 1x1 vertex; 10.9% over the 12 points fitted
+    # before); a change that makes it worse fails here
     assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.09
 
 
@@ -106,7 +107,8 @@ def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     inside = np.abs(evaluator.errors(DEFAULT_COST))
     # issue 20's target: <= 10% over >= 25 published throughput / latency figures
     assert len(FIT_POINTS) >= 25
-    assert np.mean(np.abs(loo)) <= 0.095  # 8.8% (12.7% over the 12 points fitted before)
+    assert np.mean(np.abs(loo)) <= 0.095  # 9.1% (8.8% before the 1x1 vertex; 12.7% over
+    # the 12 points fitted before)
     # the fit minimises weighted squared log error, not mean |error|: out of sample may read
     # a fraction of a percent better, never much better (that would mean a leak)
     assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01

@@ -143,11 +143,13 @@ def test_recommended_split_balances_better_than_a_bad_one(program, options):
 
 
 def test_amp_is_the_highest_rung_that_fits(program, options):
-    # 128 KiB tiles and micro-batch 64: stage temporaries overflow at AMP 0.6 (96 KiB
-    # before code was counted per vertex type: about 10 types x 1 KiB on every tile)
-    register_target({"base": "mk2", "name": "tune-test-128k", "bytes_per_tile": 128 * 1024},
+    # 120 KiB tiles and micro-batch 64: stage temporaries overflow at AMP 0.6 (96 KiB
+    # before code was counted per vertex type: about 10 types x 1 KiB on every tile; 128
+    # KiB before 1 x 1 passes ran on PopLibs' 1x1 vertex, whose fastest weight-update
+    # plans here are leaner)
+    register_target({"base": "mk2", "name": "tune-test-120k", "bytes_per_tile": 120 * 1024},
                     replace=True)
-    opts = options.copy(micro_batch_size=64, target="tune-test-128k",
+    opts = options.copy(micro_batch_size=64, target="tune-test-120k",
                         available_memory_proportion={})
     assert not compile(program, opts.copy(available_memory_proportion=0.6)).summary["fits"]
     best = tune(program, opts, 4, max_compiles=30).best

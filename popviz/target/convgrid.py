@@ -31,12 +31,15 @@ from popviz.target.convparams import WU, ConvParams
 from popviz.target.vertices import (
     WORKERS,
     TileArch,
+    amp_1x1_block_cycles,
+    amp_1x1_loop_cycles,
     amp_weight_load_cycles,
     amp_worker_cycles,
     cast_cycles,
     ceil_div,
     copy_cycles,
     exchange_cycles,
+    uses_1x1_vertex,
     zero_cycles,
 )
 
@@ -113,8 +116,11 @@ def _field_tables(batch: int, field: tuple[int, int], kernel: tuple[int, int],
     # contiguously (PopLibs flattens them), one entry per worker
     contiguous = kh == 1 and kw == 1 and stride == (1, 1)
     rows = np.minimum(n_t * h_t, 6) if contiguous else n_t * h_t
-    per_block = amp_weight_load_cycles(arch) + 30 + WORKERS * amp_worker_cycles(
-        arch, rows, positions)
+    if uses_1x1_vertex(arch, kernel, stride, arch.weights_per_unit // height):
+        per_block = amp_1x1_block_cycles(arch, positions)  # PopLibs' 1x1 vertex
+    else:
+        per_block = amp_weight_load_cycles(arch) + 30 + WORKERS * amp_worker_cycles(
+            arch, rows, positions)
     # zeroing, per output block (partials / blocks = positions x units); the 1x1 vertex
     # zeroes as it goes
     one_by_one = kh == 1 and kw == 1 and height == 1
@@ -127,7 +133,8 @@ def _field_tables(batch: int, field: tuple[int, int], kernel: tuple[int, int],
 
 @lru_cache(maxsize=4096)
 def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, int],
-                 arch: TileArch, in_group: int) -> tuple[np.ndarray, ...]:
+                 stride: tuple[int, int], arch: TileArch, in_group: int
+                 ) -> tuple[np.ndarray, ...]:
     """Per (groups, in, out) split: the AMP vertex's loop cycles and weight blocks, output
     blocks, input and weight bytes, the share of the inputs that comes over the exchange and
     its rate, the reduction's incoming bytes per output and its depth term."""
@@ -139,7 +146,10 @@ def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, 
     _, pi, po = _outer(*axes)
     kh, kw = kernel
     eb = arch.elem_bytes
-    loops = 109 + g_t * (16 + icb_t * (14 + 14 * ocb_t))
+    if uses_1x1_vertex(arch, kernel, stride, in_group):
+        loops = amp_1x1_loop_cycles(g_t, icb_t, ocb_t)
+    else:
+        loops = 109 + g_t * (16 + icb_t * (14 + 14 * ocb_t))
     blocks = g_t * icb_t * ocb_t * (math.ceil(kh / height) * kw)
     out_blocks = g_t * ocb_t
     ci_t = np.minimum(icb_t * in_group, in_chans)
@@ -186,7 +196,8 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     per_block, zero_per_block, positions, in_field, w_share = _field_tables(
         p.batch, p.field, p.kernel, p.stride, arch, arch.weights_per_unit // in_group)
     loops, blocks, out_blocks, in_bytes_c, w_bytes, in_share, in_rate, split, incoming, \
-        depth = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel, arch, in_group)
+        depth = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel, p.stride, arch,
+                             in_group)
     wu_bytes = p.batch * p.in_chans * p.groups * arch.elem_bytes if p.kind == WU else 0
     per_used, loops_used, transform = _used_tables(
         p.positions * p.groups * p.out_chans, wu_bytes, arch)

@@ -91,6 +91,62 @@ def amp_cycles(arch: TileArch, groups: ArrayLike, in_blocks: ArrayLike,
     return 109 + loops + blocks * per_block
 
 
+def uses_1x1_vertex(arch: TileArch, kernel: tuple[int, int], stride: tuple[int, int],
+                    in_group: int) -> bool:
+    """Whether PopLibs runs a pass on its 1x1 AMP vertex (ConvPartial1x1Out): a 1 x 1
+    kernel at stride 1 with one kernel row per weight block (poplin ConvModel.cpp
+    canUseConvPartial1x1Vertex). Costed here for half inputs on the 16-unit (hh16) or
+    float-partials (hf8) vertices, PopLibs' common code path; other cases keep the nx1
+    formula."""
+    return (kernel == (1, 1) and stride == (1, 1) and in_group == arch.weights_per_unit
+            and arch.core == 4 and (arch.units == 16 or arch.partial_bytes == 4))
+
+
+def amp_1x1_inner_cycles(positions: ArrayLike) -> np.ndarray:
+    """The 1x1 vertex's run of its workers over one weight block, without zeroing: each
+    worker one contiguous slice of the positions (n = 0, 1, 2: 22, 33, 42; else 38 +
+    4 (n - 3); less 7 retained), the slowest x 6, or the fastest x 6 + 14 (poplin
+    getConvPartial1x1SupervisorInnerLoopCycleEstimateHalfFloat)."""
+    pos = np.asarray(positions, dtype=np.int64)
+
+    def worker(n: np.ndarray) -> np.ndarray:
+        base = np.where(n == 0, 22, np.where(n == 1, 33, np.where(
+            n == 2, 42, 38 + 4 * (n - 3))))
+        return base - 7
+
+    most, least = ceil_div(pos, WORKERS), pos // WORKERS
+    fastest = np.where(pos < WORKERS, 0, WORKERS * worker(least))
+    return np.maximum(WORKERS * worker(most), fastest + 14)
+
+
+def amp_1x1_block_cycles(arch: TileArch, positions: ArrayLike) -> np.ndarray:
+    """One weight block of the 1x1 vertex: 25 supervisor cycles (19 + 6), the weight load
+    (units x chain bytes / 8) and the workers' run."""
+    load = arch.units * arch.weights_per_unit * arch.elem_bytes // DATA_PATH_BYTES
+    return 25 + load + amp_1x1_inner_cycles(positions)
+
+
+def amp_1x1_loop_cycles(groups: ArrayLike, in_blocks: ArrayLike, out_blocks: ArrayLike
+                        ) -> np.ndarray:
+    """The 1x1 vertex's cycles outside its weight blocks (poplin
+    getConvPartial1x1SupervisorOuterLoopCycleEstimateHalfFloat, common path): 50 + 6 x (7
+    + 3 x (in x groups - 1)) retained-state set-up, per group 13 + 11 + 15 per further
+    input block, less 6 per output block of the first input block (its zeroing workers
+    run 1 cycle shorter)."""
+    g, i, o = (np.asarray(x, dtype=np.int64) for x in (groups, in_blocks, out_blocks))
+    return 50 + WORKERS * (7 + 3 * (i * g - 1)) + g * (24 + 15 * (i - 1)) - WORKERS * g * o
+
+
+def amp_1x1_cycles(arch: TileArch, groups: ArrayLike, in_blocks: ArrayLike,
+                   out_blocks: ArrayLike, positions: ArrayLike) -> np.ndarray:
+    """The 1x1 AMP vertex on one tile (poplin getConvPartial1x1SupervisorCycleEstimate):
+    its loops and one block per (group, input block, output block)."""
+    blocks = (np.asarray(groups, dtype=np.int64) * np.asarray(in_blocks, dtype=np.int64)
+              * np.asarray(out_blocks, dtype=np.int64))
+    return amp_1x1_loop_cycles(groups, in_blocks, out_blocks) \
+        + blocks * amp_1x1_block_cycles(arch, positions)
+
+
 def zero_cycles(arch: TileArch, partial_elems: ArrayLike, blocks: ArrayLike) -> np.ndarray:
     """Zeroing the partials before an nx1 AMP vertex (the 1x1 vertex zeroes as it goes):
     per output block, (elements per worker / 2 + 5) worker cycles (poplin
