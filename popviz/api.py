@@ -39,6 +39,19 @@ class Recording:
         self.report: Any = None
         self.options: Options | None = None
         self.profile_path: Path | None = None
+        self.job_rank = 0  # this process's global rank in a torchrun / distributed job
+
+
+def job_rank() -> int:
+    """This process's global rank: torch.distributed's when a process group is up, else
+    torchrun's `RANK` (set on every node of a job), else 0 (a plain run)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    try:
+        return max(int(os.environ.get("RANK", "0")), 0)
+    except ValueError:
+        return 0
 
 
 def compile_options(options: Options, program: Program) -> Options:
@@ -63,7 +76,10 @@ def finish(recording: Recording, options: Options, profile_dir: str | Path | Non
     assert program is not None
     recording.program = program
     recording.options = compile_options(options, program)
-    if profile_dir is None:
+    recording.job_rank = job_rank()
+    # in a torchrun job every rank runs the same step: rank 0 writes the one profile (on its
+    # node), the others record and check it (a wrong split name fails on every rank)
+    if profile_dir is None or recording.job_rank != 0:
         return
     # compiling never needs torch; keep fake-tensor modes out of it in plan mode
     from torch.utils._python_dispatch import _disable_current_modes
@@ -82,7 +98,9 @@ def record(options: Options | None = None, profile_dir: str | Path | None = "pro
            command_line: str | None = None, mode: str = "measured") -> Iterator[Recording]:
     """Record ONE training step (forward, backward, optimiser step) run inside the block,
     compile it for `options` and write `<profile_dir>/profile.h5`. `profile_dir=None`
-    records and checks without writing. An exception in the step writes nothing."""
+    records and checks without writing. An exception in the step writes nothing. In a
+    torchrun job (any number of nodes) only global rank 0 writes; every rank records and
+    checks (`recording.job_rank`)."""
     options = options if options is not None else Options()
     if model is not None:  # a wrong split name fails before the step runs
         check_split_names(model, options)

@@ -1,7 +1,8 @@
-"""`popviz measure` inside a torchrun job spanning two nodes: two torchrun agents on
-loopback (c10d rendezvous, one process each, gloo on CPU), each node with its own folder
-as separate hosts would have. Every rank records itself; the tables reach rank 0 over the
-job's own process group, never through the other node's files."""
+"""`popviz measure` and `popviz.record` inside a torchrun job spanning two nodes: two
+torchrun agents on loopback (c10d rendezvous, one process each, gloo on CPU), each node
+with its own folder as separate hosts would have. Every rank records itself; a measured
+run's tables reach rank 0 over the job's own process group, never through the other
+node's files, and a modelled recording is written by global rank 0 alone."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_two_torchrun_agents_make_one_profile(tmp_path: Path) -> None:
+def _two_agents(tmp_path: Path, *target: str) -> list[str]:
+    """Run `target` (torchrun's `-m MODULE ...` or `SCRIPT ...`, `{node}` replaced by the
+    agent's number) under two torchrun agents on loopback; their logs, both exit 0."""
     port = _port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / ".shim")]),
            "OMP_NUM_THREADS": "1"}
@@ -31,8 +34,7 @@ def test_two_torchrun_agents_make_one_profile(tmp_path: Path) -> None:
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                    "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "popviz-test",
-                   "-m", "popviz.cli.main", "measure", "--microbatches", "2",
-                   "--steps", "1", "--profile-dir", str(tmp_path / f"node{node}")]
+                   *(a.replace("{node}", str(node)) for a in target)]
         agents.append(subprocess.Popen(command, env=env, cwd=tmp_path, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     try:
@@ -42,6 +44,47 @@ def test_two_torchrun_agents_make_one_profile(tmp_path: Path) -> None:
             if a.poll() is None:
                 a.kill()
     assert [a.returncode for a in agents] == [0, 0], logs
+    return logs
+
+
+RECORD_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+import popviz
+
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with popviz.record(popviz.Options(), profile_dir=sys.argv[1], model=model,
+                   progress=False) as rec:
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 0, 1]))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print(f"rank {rec.job_rank} of {dist.get_world_size()}: wrote {rec.profile_path}, "
+      f"{len(rec.program.ops)} ops")
+dist.destroy_process_group()
+"""
+
+
+def test_popviz_record_in_a_two_node_torchrun_job_writes_once(tmp_path: Path) -> None:
+    """Every rank of a data-parallel job runs the same step: each records and checks it,
+    global rank 0 alone writes the profile (on its own node)."""
+    (tmp_path / "step.py").write_text(RECORD_SCRIPT)
+    logs = _two_agents(tmp_path, str(tmp_path / "step.py"), str(tmp_path / "node{node}"))
+    written = [n for n in (0, 1) if (tmp_path / f"node{n}" / "profile.h5").exists()]
+    assert len(written) == 1, logs
+    assert "rank 0 of 2: wrote " in logs[written[0]]
+    assert "rank 1 of 2: wrote None" in logs[1 - written[0]]
+    assert not (tmp_path / f"node{1 - written[0]}").exists()
+    with popviz.open(tmp_path / f"node{written[0]}") as p:
+        assert p.summary["fits"] and len(p.ops) > 0
+
+
+def test_two_torchrun_agents_make_one_profile(tmp_path: Path) -> None:
+    logs = _two_agents(tmp_path, "-m", "popviz.cli.main", "measure", "--microbatches", "2",
+                       "--steps", "1", "--profile-dir", str(tmp_path / "node{node}"))
     # which agent's worker became rank 0 is the rendezvous' choice: that node writes
     written = [n for n in (0, 1) if (tmp_path / f"node{n}" / "profile.h5").exists()]
     assert len(written) == 1, logs
