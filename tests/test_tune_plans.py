@@ -9,7 +9,7 @@ import pytest
 
 import popviz
 from popviz.advise.plans import pareto, plans_table, run_tune, write_plan
-from popviz.figures.tune import tune_figure
+from popviz.figures.tune import point_labels, tune_figure
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_pipelined" / "training"
 
@@ -39,3 +39,23 @@ def test_tune_plans_table_and_written_plan(tmp_path: Path) -> None:
         assert plan.summary["throughput"] == pytest.approx(result.candidates[0].throughput)
     with pytest.raises(ValueError, match="no plan #9"):
         write_plan(profile, result, 9, tmp_path / "x.h5")
+
+
+def test_plans_on_top_of_each_other_share_one_label() -> None:
+    """Issue 21: labels of near-identical plans printed over each other. A cluster is
+    labelled once, on its first point; the hover still names each point."""
+    plans = pd.DataFrame({
+        "plan": ["now", "#1", "#2", "#3"],
+        "peak_bytes": [400e6, 500e6, 501e6, 300e6],
+        "throughput": [5000.0, 6431.0, 6406.0, 5100.0],
+        "pareto": [False, True, False, True], "fits": [True] * 4, "oom_tiles": [0] * 4,
+        "splits": ["a"] * 4, "amp": [0.6] * 4, "recomputation": [True] * 4,
+        "schedule": ["Grouped"] * 4, "vs_now": [1.0, 1.29, 1.28, 1.02]})
+    assert point_labels(plans) == ["now", "#1, #2", "", "#3"]
+    fig = tune_figure(plans, 900 * 2**20)
+    fits = next(d for d in fig.data if d.name == "fits")
+    assert list(fits.text) == ["#1, #2", "", "#3"]
+    assert [c[6] for c in fits.customdata] == ["#1", "#2", "#3"]
+    # drawn apart, each point keeps its own label
+    apart = plans.assign(peak_bytes=[100e6, 300e6, 500e6, 700e6])
+    assert point_labels(apart) == ["now", "#1", "#2", "#3"]

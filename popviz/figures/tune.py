@@ -16,7 +16,7 @@ FRONT = "#3b75af"
 
 
 def _custom(plans: pd.DataFrame) -> np.ndarray:
-    out = np.empty((len(plans), 6), dtype=object)
+    out = np.empty((len(plans), 7), dtype=object)
     out[:, 0] = plans["splits"].to_numpy()
     out[:, 1] = plans["amp"].to_numpy()
     out[:, 2] = ["on" if r else "off" for r in plans["recomputation"]]
@@ -24,7 +24,30 @@ def _custom(plans: pd.DataFrame) -> np.ndarray:
     out[:, 4] = plans["vs_now"].to_numpy()
     out[:, 5] = ["fits" if f else f"does NOT fit ({n} tiles)" for f, n in
                  zip(plans["fits"], plans["oom_tiles"], strict=True)]
-    return out
+    out[:, 6] = plans["plan"].to_numpy()  # the hover names the point even when its label
+    return out                            # is carried by a neighbour
+
+
+def point_labels(plans: pd.DataFrame, near: float = 0.04) -> list[str]:
+    """One label per cluster of plans drawn on top of each other (within `near` of each
+    axis' span, in the table's order): the first point of a cluster carries "#1, #2", the
+    others none, so labels never print over each other (issue 21)."""
+    x = plans["peak_bytes"].to_numpy(dtype=float)
+    y = plans["throughput"].to_numpy(dtype=float)
+    span_x = max(float(np.ptp(x)), float(np.abs(x).max(initial=0.0)) * 0.05, 1.0)
+    span_y = max(float(np.ptp(y)), float(np.abs(y).max(initial=0.0)) * 0.05, 1.0)
+    names = [str(n) for n in plans["plan"]]
+    labels = [""] * len(names)
+    anchors: list[int] = []
+    for i in range(len(names)):
+        home = next((a for a in anchors if abs(x[a] - x[i]) <= near * span_x
+                     and abs(y[a] - y[i]) <= near * span_y), None)
+        if home is None:
+            anchors.append(i)
+            labels[i] = names[i]
+        else:
+            labels[home] += f", {names[i]}"
+    return labels
 
 
 def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
@@ -32,11 +55,12 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
     """Scatter of `plans` (advise.plans.plans_table)."""
     if plans.empty:
         return empty_figure("No plans.", title)
-    hover = ("<b>%{text}</b> · %{customdata[5]}<br>%{y:,.0f} samples/s "
+    hover = ("<b>%{customdata[6]}</b> · %{customdata[5]}<br>%{y:,.0f} samples/s "
              "(%{customdata[4]:.2f}x now) · peak %{x:,.0f} MiB on the fullest IPU<br>"
              "splits %{customdata[0]}<br>AMP %{customdata[1]} · recomputation "
              "%{customdata[2]} · %{customdata[3]}<extra></extra>")
     fig = go.Figure()
+    plans = plans.assign(label=point_labels(plans))
     front = plans[plans["pareto"]].sort_values("peak_bytes")
     if len(front) > 1:
         fig.add_trace(go.Scatter(x=front["peak_bytes"] / MiB, y=front["throughput"],
@@ -54,7 +78,7 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
             continue
         fig.add_trace(go.Scatter(
             x=sel["peak_bytes"] / MiB, y=sel["throughput"], mode="markers+text",
-            text=sel["plan"], textposition="top center", name=name, marker=marker,
+            text=sel["label"], textposition="top center", name=name, marker=marker,
             customdata=_custom(sel), hovertemplate=hover))
     peak = float(plans["peak_bytes"].max())
     x_title = "peak memory of the fullest IPU (MiB)"
