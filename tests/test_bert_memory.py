@@ -151,3 +151,46 @@ def test_bert_large_ffn_matmul_plan_by_hand() -> None:
     assert inputs + weights + partials <= 0.25 * 638_976
     # the busiest tile cannot beat 64 fp16 MACs a cycle on a tile with AMP over its share
     assert plan.cycles >= 1024 * 1024 * 4096 / (plan.tiles * 64)
+
+
+def test_the_vocabulary_projection_is_serialised_as_popart_does() -> None:
+    """embedding_serialization_vocab_steps N (bert_model.py `projection`:
+    setSerializeMatMul(..., 'output_channels', N)): N matmuls over 1/N of the vocabulary
+    each, the weight still the word embedding's, the same loss; each slice's plan holds
+    about 1/N of the temporaries of the whole projection at AMP 1."""
+    from popviz.models.hf import build_transformer, loss_step
+    from popviz.recorder import record_program
+    from popviz.target import get_target
+    from popviz.target.convparams import op_passes
+    from popviz.target.convplan import plan_conv
+    from popviz.target.cost import Precision, tile_arch
+
+    kw = dict(sequence_length=16, mask_tokens=4, vocab_size=1200)
+    torch.manual_seed(0)
+    whole, inputs = build_transformer("bert", "base", 2, **kw)
+    torch.manual_seed(0)
+    serial, _ = build_transformer("bert", "base", 2, embedding_serialization_vocab_steps=4,
+                                  **kw)
+    decoder = serial.cls.predictions.decoder
+    assert decoder.decoder.weight is serial.bert.embeddings.word_embeddings.weight
+    whole.eval(), serial.eval()  # no dropout: the same weights give the same loss
+    assert torch.allclose(whole(**inputs), serial(**inputs))
+    whole.train(), serial.train()
+    with pytest.raises(ValueError, match="does not divide the vocabulary"):
+        build_transformer("bert", "base", 1, embedding_serialization_vocab_steps=7, **kw)
+
+    def vocab_matmuls(model: nn.Module) -> list:
+        opt = torch.optim.AdamW(model.parameters())
+        ops = record_program(loss_step, model, opt, inputs, model=model, mode="measured",
+                             progress=False).ops
+        ops = ops[(ops["op_class"] == "matmul") & (ops["phase"] == "forward")
+                  & ops["module"].str.startswith("cls.predictions.decoder")]
+        return [op_passes(r.op, r.op_class, r.shapes, r.out_shape, r.flops)[0]
+                for r in ops.itertuples()]
+
+    one, four = vocab_matmuls(whole), vocab_matmuls(serial)
+    assert len(one) == 1 and len(four) == 4
+    arch = tile_arch(get_target("bow"), Precision.parse("16.16", half_partials=True))
+    t_one = plan_conv(one[0], arch, 1.0).temp_bytes
+    t_four = max(plan_conv(p, arch, 1.0).temp_bytes for p in four)
+    assert t_four < 0.5 * t_one

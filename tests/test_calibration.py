@@ -198,10 +198,11 @@ def test_bert_large_is_planned_as_graphcore_runs_it() -> None:
     assert 330e6 < program.model["parameters"] < 340e6  # BERT-Large, vocab 30,400
     layers = ops["module"].astype(str).str.extract(r"^bert\.encoder\.layer\.(\d+)\.")[0]
     assert set(layers.dropna().astype(int)) == set(range(24))
-    # the MLM head only on the masked positions: micro-batch 8 x 20 masked tokens
+    # the MLM head only on the masked positions: micro-batch 8 x 20 masked tokens, the
+    # vocabulary projection in 5 serial steps (embedding_serialization_vocab_steps 5)
     head = ops[(ops["module"] == "cls.predictions.decoder") & (ops["phase"] == "forward")
                & (ops["op_class"] == "matmul")]
-    assert head["out_shape"].tolist() == ["[160,30400]"]
+    assert head["out_shape"].tolist() == ["[160,6080]"] * 5
 
 
 def test_bert_squad_is_the_encoder_and_a_span_head() -> None:

@@ -67,6 +67,30 @@ class BertPretraining(nn.Module):
                 + F.cross_entropy(relationship, next_sentence_label))
 
 
+class SerialisedProjection(nn.Module):
+    """The MLM projection onto the vocabulary as PopART BERT runs it with
+    `embedding_serialization_vocab_steps` N > 1: `builder.setSerializeMatMul({x},
+    'output_channels', N)` (graphcore/examples nlp/bert/popart/bert_model.py @09b7c672,
+    `projection`) plans the matmul as N matmuls over a 1/N slice of the vocabulary each, one
+    after the other, so each holds 1/N of the temporaries. Recorded as N matmuls over views
+    of the tied weight; their outputs are joined (a copy PopART avoids by writing slices in
+    place: one micro-batch's logits)."""
+
+    def __init__(self, decoder: nn.Linear, steps: int) -> None:
+        super().__init__()
+        if decoder.out_features % steps:
+            raise ValueError(f"embedding_serialization_vocab_steps {steps} does not divide "
+                             f"the vocabulary ({decoder.out_features})")
+        self.decoder = decoder  # keeps the weight tied to the word embedding
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.decoder.weight.chunk(self.steps, 0)
+        biases = self.decoder.bias.chunk(self.steps, 0) if self.decoder.bias is not None \
+            else [None] * self.steps
+        return torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases, strict=True)], -1)
+
+
 class BertSquad(nn.Module):
     """BERT fine-tuned on SQuAD as Graphcore's PopART application runs it: the encoder
     without its pooler and a 2-way span head on every token (start and end logits), the
@@ -106,6 +130,7 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
                       attention_dropout: float = 0.0, task: str = "pretraining",
                       recompute_checkpoint_every_layer: bool = False,
                       layers_per_ipu: tuple[int, ...] = (),
+                      embedding_serialization_vocab_steps: int = 1,
                       init_weights: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     """A freshly initialised model and one micro-batch of inputs for it (keyword arguments
     of its forward, which returns the loss). Eager attention: the matmuls and softmax the
@@ -114,7 +139,8 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
     init reads them). BERT's `task` is "pretraining" (masked LM + next sentence) or
     "squad" (span fine-tuning). `recompute_checkpoint_every_layer` with `layers_per_ipu`
     marks encoder layers' outputs as recomputation checkpoints as Graphcore's PopART BERT
-    does (see `checkpoint_layers`)."""
+    does (see `checkpoint_layers`); `embedding_serialization_vocab_steps` > 1 serialises
+    the pre-training MLM projection as PopART does (`SerialisedProjection`)."""
     if name not in SIZES or size not in SIZES[name]:
         valid = ", ".join(f"{n} {s}" for n, sizes in SIZES.items() for s in sizes)
         raise ValueError(f"unknown transformer {name!r} size {size!r}; valid: {valid}")
@@ -132,6 +158,13 @@ def build_transformer(name: str, size: str, batch: int, *, sequence_length: int 
                                task)
     for i in marked:  # BertPretraining / BertSquad: model.bert is HF's BertModel
         cast(Any, model).bert.encoder.layer[i].register_forward_hook(_checkpoint_output)
+    if embedding_serialization_vocab_steps > 1:
+        if not isinstance(model, BertPretraining):
+            raise ValueError("embedding_serialization_vocab_steps is modelled for BERT "
+                             "pre-training only")
+        predictions = model.cls.predictions
+        predictions.decoder = SerialisedProjection(  # type: ignore[assignment]  # same call
+            predictions.decoder, embedding_serialization_vocab_steps)
     return model, inputs
 
 
