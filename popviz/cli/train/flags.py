@@ -92,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record with fake tensors at full size, without training")
     g.add_argument("--measure", action="store_true",
                    help="run the pipeline for real, one process per stage (gloo), and time "
-                   "it: DIR/ranks/rank{r} + merged DIR/profile.h5 (docs/measure.md)")
+                   "it with torch.profiler: DIR/traces/rank{r}.json + one DIR/profile.h5 "
+                   "(docs/measure.md)")
     g.add_argument("--debug", action="store_true", help="print options and model facts")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
