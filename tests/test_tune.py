@@ -175,6 +175,36 @@ def test_one_ipu_uses_checkpoints_among_split_names(program, options):
     assert any(not c.recomputation and not c.splits for c in result.candidates)
 
 
+def test_a_tile_fill_ceiling_keeps_headroom_on_every_ipu(program, options):
+    free = tune(program, options, 4, max_compiles=12)
+    now_fill = max(free.baseline.max_tile_fill)
+    assert free.baseline.fits and free.max_tile_fill == 1.0
+    # at the current layout's own fullest tile, it still fits, and so does every layout
+    # called fitting: none is fuller anywhere
+    held = tune(program, options, 4, max_compiles=12, max_tile_fill=now_fill + 1e-6)
+    assert held.baseline.fits and held.baseline.throughput == free.baseline.throughput
+    fitting = [c for c in held.candidates if c.fits]
+    assert fitting and all(max(c.max_tile_fill) <= now_fill + 1e-6 for c in fitting)
+    assert any("--max-tile-fill" in n for n in held.notes)
+    # below it, the current layout no longer fits: its tiles over the ceiling are counted
+    # from the tile table, on the IPUs that hold them
+    below = tune(program, options, 4, max_compiles=2, max_tile_fill=now_fill * 0.9)
+    b = below.baseline
+    assert not b.fits and b.oom_tiles > 0
+    assert b.oom_ipus == [i for i, f in enumerate(b.max_tile_fill) if f > now_fill * 0.9]
+    with pytest.raises(ValueError, match="max-tile-fill"):
+        tune(program, options, 4, max_tile_fill=1.2)
+
+
+def test_cli_text_names_the_ceiling(recorded, capsys):
+    path, _ = recorded
+    assert main(["tune", str(path), "--no-progress", "--max-compiles", "3",
+                 "--max-tile-fill", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit (every tile at most 1% full)" in out
+    assert "tiles > 1%)" in out
+
+
 def test_tune_is_deterministic(program, options):
     a = tune(program, options, 2, max_compiles=8).to_dict()
     b = tune(program, options, 2, max_compiles=8).to_dict()
@@ -213,6 +243,8 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     (["--ipus", "0"], 2, "--ipus must be >= 1"),
     (["--amp-ladder", "0.5", "1.5"], 2, "AMP ladder values must be in (0, 1]"),
     (["--amp-steps", "0.2", "0"], 2, "--amp-steps: every value must be in (0, 1]"),
+    (["--max-tile-fill", "1.5"], 2, "--max-tile-fill must be in (0, 1]"),
+    (["--max-tile-fill", "0"], 2, "--max-tile-fill must be in (0, 1]"),
 ])
 def test_cli_usage_errors(recorded, capsys, args, code, message):
     path, _ = recorded

@@ -97,6 +97,7 @@ class TuneResult:
     budget_exhausted: bool
     notes: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)  # the program's Blocks (for best_options)
+    max_tile_fill: float = 1.0  # 'fits': no tile fuller than this share of its memory
 
     @property
     def best(self) -> Candidate | None:
@@ -109,6 +110,7 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target, "num_ipus": self.num_ipus,
                 "compiles": self.compiles, "layouts": self.layouts,
+                "max_tile_fill": self.max_tile_fill,
                 "seconds": self.seconds, "budget_exhausted": self.budget_exhausted,
                 "notes": list(self.notes), "baseline": self.baseline.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates]}
@@ -116,14 +118,18 @@ class TuneResult:
 def tune(program: Program, options: Options, num_ipus: int | None = None, *,
          amp_ladder: tuple[float, ...] = AMP_LADDER, top: int = 5,
          max_compiles: int = DEFAULT_MAX_COMPILES, target: str | None = None,
-         progress: bool = False) -> TuneResult:
+         progress: bool = False, max_tile_fill: float = 1.0) -> TuneResult:
     """Search layouts of `program` over `num_ipus` IPUs (default: as `options` place it)
-    and rank them; the layout of `options` is the baseline. Raises ValueError for an
+    and rank them; the layout of `options` is the baseline. A layout fits when no tile is
+    fuller than `max_tile_fill` of its memory (below 1: headroom kept on every IPU, as
+    experts balance memory; the baseline is judged the same way). Raises ValueError for an
     impossible request (more IPUs than split names + 1, empty ladder, ...)."""
     t0 = time.perf_counter()
     ladder = _check_ladder(amp_ladder)
     if top < 1:
         raise ValueError(f"--top must be >= 1, got {top}")
+    if not 0.0 < max_tile_fill <= 1.0:
+        raise ValueError(f"--max-tile-fill must be in (0, 1], got {max_tile_fill:g}")
     if max_compiles < 2:
         raise ValueError(f"--max-compiles must be >= 2 (baseline and one candidate), "
                          f"got {max_compiles}")
@@ -133,7 +139,7 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
     usable = len(split_positions(program)[0])
     if num_ipus is not None:
         _check_ipus(program, int(num_ipus), usable)
-    search = Search(program, options, target, ladder, max_compiles, progress)
+    search = Search(program, options, target, ladder, max_compiles, progress, max_tile_fill)
     try:
         base_opts = options.copy(target=target)
         baseline, report = search.run(base_opts, "baseline")
@@ -151,6 +157,9 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
         search.close()
     found = _collapse(_rank(found, baseline))
     notes = list(notes)
+    if max_tile_fill < 1.0:
+        notes.append(f"'fits' here means no tile fuller than {max_tile_fill:.0%} of its "
+                     "memory (--max-tile-fill)")
     if search.count >= max_compiles:
         notes.append(f"stopped at the compile budget ({max_compiles}); raise --max-compiles "
                      "to search further")
@@ -159,7 +168,7 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
                      "or a smaller micro-batch")
     return TuneResult(baseline, found[:top], n, target, str(program.model.get("name", "")),
                       search.count, len(search.fitted), time.perf_counter() - t0,
-                      search.count >= max_compiles, notes, search.blocks)
+                      search.count >= max_compiles, notes, search.blocks, max_tile_fill)
 
 
 def _check_ipus(program: Program, n: int, usable: int) -> None:

@@ -105,7 +105,8 @@ class Search:
     """Compiles layouts (cached, counted against the budget) and fits AMP per IPU."""
 
     def __init__(self, program: Program, base: Options, target: str,
-                 ladder: tuple[float, ...], max_compiles: int, progress: bool) -> None:
+                 ladder: tuple[float, ...], max_compiles: int, progress: bool,
+                 max_tile_fill: float = 1.0) -> None:
         from popviz.compiler import compile as compile_program
 
         self.compile = compile_program
@@ -113,6 +114,7 @@ class Search:
         self.blocks = [str(b) for b in program.model.get("blocks") or []]
         self.n, self.ladder, self.max = 1, ladder, max_compiles  # n: set once known
         self.count = 0
+        self.fill_limit = max_tile_fill  # a layout fits when no tile is fuller than this
         self.cache: dict[tuple, Candidate] = {}
         self.fitted: dict[tuple, Candidate] = {}
         self.bar = _progress_bar(max_compiles, progress)
@@ -124,7 +126,7 @@ class Search:
         if self.bar is not None:
             self.bar.update(1)
         report = self.compile(self.program, options)
-        return _candidate(report, options, source), report
+        return _candidate(report, options, source, self.fill_limit), report
 
     def evaluate(self, splits: list[str], amp: list[float], rc: bool, schedule: str,
                  source: str) -> Candidate:
@@ -198,12 +200,22 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="tune", unit="compile", file=sys.stderr, leave=False)
 
 
-def _candidate(report: Any, options: Options, source: str) -> Candidate:
+def _candidate(report: Any, options: Options, source: str,
+               fill_limit: float = 1.0) -> Candidate:
+    """The compiled layout as a Candidate. Below a `fill_limit` of 1, a tile fuller than
+    that share of its capacity counts as out of memory: the layout keeps headroom."""
     s = report.summary
     tm = report.tables["tile_memory"]
     n = int(s["num_ipus"])
     fill = (tm.groupby("ipu")["total_bytes"].max() / tm.groupby("ipu")["capacity_bytes"].max()
             ).reindex(range(n)).fillna(0.0)
+    fits, oom_tiles = bool(s["fits"]), int(s["oom_tiles"])
+    oom_ipus = [int(i) for i in s.get("oom_ipus", [])]
+    if fill_limit < 1.0:
+        over = (tm["total_bytes"] > fill_limit * tm["capacity_bytes"]).to_numpy()
+        oom_tiles = int(over.sum())
+        oom_ipus = sorted({int(i) for i in tm.loc[over, "ipu"]})
+        fits = oom_tiles == 0
     st = report.tables["stages"]
     per_mb = (st["forward_cycles_per_microbatch"] + st["recompute_cycles_per_microbatch"]
               + st["backward_cycles_per_microbatch"])
@@ -215,8 +227,7 @@ def _candidate(report: Any, options: Options, source: str) -> Candidate:
         recomputation=bool(options.recomputation),
         schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
         replicas=int(s.get("replicas") or 1),
-        fits=bool(s["fits"]), oom_tiles=int(s["oom_tiles"]),
-        oom_ipus=[int(i) for i in s.get("oom_ipus", [])],
+        fits=fits, oom_tiles=oom_tiles, oom_ipus=oom_ipus,
         throughput=float(s["throughput"]), throughput_per_ipu=float(s["throughput_per_ipu"]),
         step_ms=float(s["step_ms"]), idle_fraction=float(s["idle_fraction"]),
         stage_cycles=[int(x) for x in per_mb],

@@ -44,6 +44,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="candidates to list (default 5)")
     parser.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="M",
                         help=f"compile budget of the search (default {DEFAULT_MAX_COMPILES})")
+    parser.add_argument("--max-tile-fill", type=float, default=1.0, metavar="F",
+                        help="count a layout as fitting only when no tile is fuller than F "
+                        "of its memory (0 < F <= 1; default 1). Below 1 every IPU keeps "
+                        "headroom, as experts balance memory across IPUs; the current "
+                        "layout is judged the same way")
     parser.add_argument("--target", default=None,
                         help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
                         "h100-pcie, a100, whose schedules are GPipe and 1F1B and which have "
@@ -69,11 +74,21 @@ def _amps(values: list[float]) -> str:
     return f"{values[0]:g}" if len(set(values)) == 1 else "/".join(f"{a:g}" for a in values)
 
 
-def _row(label: str, c: Candidate) -> list[str]:
+def _fit_words(c: Candidate, limit: float) -> str:
+    if c.fits:
+        return "yes"
+    return f"NO ({c.oom_tiles} tiles" + (f" > {limit:.0%})" if limit < 1 else ")")
+
+
+def _fit_phrase(fits: bool, limit: float) -> str:
+    word = "fits" if fits else "does NOT fit"
+    return word + (f" (every tile at most {limit:.0%} full)" if limit < 1 else "")
+
+
+def _row(label: str, c: Candidate, limit: float = 1.0) -> list[str]:
     return [
         label, " ".join(c.splits) or "-", _amps(c.amp),
-        "on" if c.recomputation else "off", c.schedule,
-        "yes" if c.fits else f"NO ({c.oom_tiles} tiles)",
+        "on" if c.recomputation else "off", c.schedule, _fit_words(c, limit),
         f"{c.throughput:,.0f}", f"{c.throughput_per_ipu:,.0f}",
         f"{c.throughput_ratio:.2f}x", f"{c.step_ms:,.1f}",
         f"{c.idle_fraction:.0%}", _mcycles(c.stage_cycles),
@@ -136,8 +151,8 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
 
 
 def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
-    rows = [_row("now", r.baseline)]
-    rows += [_row(f"#{i}", c) for i, c in enumerate(r.candidates, 1)]
+    rows = [_row("now", r.baseline, r.max_tile_fill)]
+    rows += [_row(f"#{i}", c, r.max_tile_fill) for i, c in enumerate(r.candidates, 1)]
     widths = [max(len(x) for x in col) for col in zip(HEAD, *rows, strict=True)]
     numeric = set(range(6, len(HEAD)))
 
@@ -151,7 +166,7 @@ def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
            f"({r.seconds:.1f} s)",
            f"now: {b.num_ipus} IPU(s)"
            + (f" x {b.replicas} replicas" if b.replicas > 1 else "")
-           + f", {'fits' if b.fits else 'does NOT fit'}, {b.throughput:,.0f} samples/s "
+           + f", {_fit_phrase(b.fits, r.max_tile_fill)}, {b.throughput:,.0f} samples/s "
            "(per IPU: samples/s over all IPUs of all replicas)", "", line(HEAD)]
     out += [line(row) for row in rows]
     best = r.best
@@ -161,7 +176,7 @@ def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
                    if ratio < 1 - SAME else "about the same per IPU")
         out += ["", f"Best: {best.throughput_ratio:.2f}x the current throughput "
                 f"({ratio:.2f}x per IPU: {verdict}), "
-                f"{'fits' if best.fits else 'does NOT fit'}, "
+                f"{_fit_phrase(best.fits, r.max_tile_fill)}, "
                 f"busiest stage {best.imbalance:.2f}x the mean, idle {best.idle_fraction:.0%}.",
                 f"  train.py ... {best.train_args(base_strategy)}"]
         out += [f"  {line}" for line in python_lines(best, base_strategy)]
@@ -210,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         steps = amp_steps(profile.ops, profile.meta, tuple(args.amp_steps))
     result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
                   top=args.top, max_compiles=args.max_compiles, target=args.target,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, max_tile_fill=args.max_tile_fill)
     if args.target is None and stored and abs(result.baseline.throughput - stored) > \
             SAME * stored:
         result.notes.append(f"the profile stores {stored:,.0f} samples/s but its layout "
