@@ -35,6 +35,33 @@ def test_link_and_host_cycles_grow_with_bytes() -> None:
     assert mk2.host_cycles(64e6) > mk2.link_cycles(64e6)
 
 
+def test_a_stage_copy_uses_the_links_to_its_neighbour_one_way() -> None:
+    mk1, mk2, bow = get_target("mk1"), get_target("mk2"), get_target("bow")
+    # Mk2 / Bow: two of the ten links, 16 GB/s each way: 32 MB take 1 ms, a tenth of the
+    # whole IPU's 320 GB/s; Mk1's 192 GB/s is already its two IPUs' figure
+    for t in (mk2, bow):
+        assert t.stage_copy_cycles(32e6) / t.clock_hz == pytest.approx(1e-3 + 1e-6)
+        assert t.stage_copy_cycles(32e6) > 9 * t.link_cycles(32e6)
+    assert mk1.stage_copy_cycles(32e6) == mk1.link_cycles(32e6)
+    assert mk2.stage_copy_cycles(0) == 0
+
+
+def test_a_pipelines_activation_copies_are_costed_at_the_stage_link() -> None:
+    from popviz.compiler import compile
+    from popviz.options import Options
+    from popviz.testing.programs import synthetic_program
+
+    program = synthetic_program(layers=8, batch=8, channels=32, hw=32)
+    options = Options(splits=["l4"], num_ipus=2, gradient_accumulation=4,
+                      micro_batch_size=8)
+    exchange = compile(program, options).tables["exchange"]
+    copies = exchange[exchange["kind"].isin(["activation", "gradient"])]
+    assert len(copies) and (copies["bytes"] > 0).all()
+    mk2 = get_target("mk2")
+    want = [int(-(-mk2.stage_copy_cycles(b) // 1)) for b in copies["bytes"]]
+    assert (copies["end"] - copies["start"]).tolist() == want
+
+
 def test_unknown_target_lists_the_valid_names() -> None:
     with pytest.raises(ValueError, match=r"valid targets: .*mk1, .*mk2"):
         get_target("mk9")

@@ -93,7 +93,7 @@ def _transfers(schedule: Schedule, costs: StageCosts, target: Target,
     nbytes = out["bytes"].to_numpy(np.float64)
     host = out["kind"].isin(["host_in", "host_out"]).to_numpy()
     cyc = np.where(host, [target.host_cycles(b) for b in nbytes],
-                   [target.link_cycles(b) for b in nbytes])
+                   [target.stage_copy_cycles(b) for b in nbytes])
     ar = (out["kind"] == "allreduce").to_numpy()
     if ar.any():  # the ring in a rack, and across racks over GW-Links where replicas span them
         per_replica = len(np.unique(ipu))

@@ -34,6 +34,9 @@ class Target:
     exchange_bytes_per_s: float  # on-chip tile-to-tile exchange, whole IPU
     ipu_link_bytes_per_s: float  # one IPU to its neighbours
     ipu_link_latency_s: float = 1.0e-6  # assumed
+    # a pipeline stage's copy to the next IPU: the links joining those two IPUs, one
+    # direction (0 = ipu_link_bytes_per_s)
+    stage_link_bytes_per_s: float = 0.0
     host_bytes_per_s: float = 32.0e9
     host_latency_s: float = 2.0e-6  # assumed
     # Multi-rack Pods: IPU-Links join the IPUs of one rack (a Pod64); racks are joined by
@@ -99,6 +102,13 @@ class Target:
             return 0.0
         return (self.ipu_link_latency_s + nbytes / self.ipu_link_bytes_per_s) * self.clock_hz
 
+    def stage_copy_cycles(self, nbytes: float) -> float:
+        """Cycles to copy `nbytes` from one pipeline stage's IPU to a neighbour's."""
+        if nbytes <= 0:
+            return 0.0
+        rate = self.stage_link_bytes_per_s or self.ipu_link_bytes_per_s
+        return (self.ipu_link_latency_s + nbytes / rate) * self.clock_hz
+
     def racks(self, ipus: int) -> int:
         """Racks (IPU-Link domains) that `ipus` IPUs span: one unless gateway links exist."""
         if self.gw_link_bytes_per_s <= 0 or ipus <= self.ipus_per_rack:
@@ -151,6 +161,14 @@ _M2000 = "published: an IPU-M2000 / Bow-2000 holds 4 IPUs (" + "docs/hardware.md
 _POD64 = ("published: Graphcore IPU-POD128 datasheet (docs.graphcore.ai/projects/"
           "ipu-pod128-datasheet): an IPU-POD128 is two IPU-POD64 logical racks joined by "
           "GW-Link cables; IPU-Links stay inside a rack")
+_STAGE_LINK = ("assumed: a pipeline stage's copy to the next IPU uses the IPU-Links joining the "
+               "two IPUs in one direction, not all ten both ways: 320 GB/s in all = 10 links x "
+               "2 directions x 16 GB/s (a PCIe Gen4 x8 physical layer per link, as the "
+               "IPU-M2000 block diagram of Graphcore's BMC user guide shows), and two links "
+               "assumed between pipeline neighbours: 32 GB/s. Of the link counts tried (2, 4, "
+               "all 10 both ways) two gives the one published pipeline with a large stage "
+               "boundary (ResNet-50 on 4 IPUs, 25.7 MB a micro-batch at b1/2) the smallest "
+               "error (docs/cost-model.md)")
 _COMMON = {
     "ipu_link_latency_s": "assumed: 1 us per IPU-Link transfer (no public figure read; Jia et "
                           "al. 2019 measure it, see docs/cost-model.md)",
@@ -179,6 +197,8 @@ MK1 = Target(
         "memory_bytes_per_s": f"published: {_REF} (45 TB/s)",
         "exchange_bytes_per_s": f"published: {_REF} (~8 TB/s); {_EENEWS}",
         "ipu_link_bytes_per_s": f"published: {_EENEWS}",
+        "stage_link_bytes_per_s": "published: 0 = the C2 card's 192 GB/s, already the figure "
+                                  "between its two IPUs (" + _EENEWS + ")",
         "host_bytes_per_s": "derived: PCIe Gen3 x16, half of the Gen4 ~64 GB/s in " + _REF,
         "gw_link_bytes_per_s": "published: Mk1 C2 cards sit in host servers (PCIe); there is "
                                "no IPU-Gateway, so no multi-rack all-reduce (0)",
@@ -198,12 +218,14 @@ MK2 = Target(
     memory_bytes_per_s=47.5e12,
     exchange_bytes_per_s=8e12,
     ipu_link_bytes_per_s=320e9,
+    stage_link_bytes_per_s=32e9,
     host_bytes_per_s=64e9,
     gw_link_bytes_per_s=25e9,
     sources={
         "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
         "bytes_per_tile": f"published: {_REF} (624 KiB)",
         "clock_hz": f"published: {_REF} (1.33 GHz)",
+        "stage_link_bytes_per_s": _STAGE_LINK,
         "peak_fp16_flops": f"published: {_REF} (250 TFLOPS)",
         "peak_fp32_flops": f"published: {_REF} (62.5 TFLOPS)",
         "memory_bytes_per_s": f"published: {_REF} (47.5 TB/s)",
@@ -232,12 +254,14 @@ BOW = Target(
     memory_bytes_per_s=47.5e12 * MK2_CLOCK_RATIO,
     exchange_bytes_per_s=8e12 * MK2_CLOCK_RATIO,
     ipu_link_bytes_per_s=320e9,
+    stage_link_bytes_per_s=32e9,
     host_bytes_per_s=64e9,
     gw_link_bytes_per_s=25e9,
     sources={
         "tiles_per_ipu": f"published: {_REF} (1472 tiles)",
         "bytes_per_tile": f"published: {_REF} (624 KiB)",
         "clock_hz": f"published: {_REF} (1.85 GHz)",
+        "stage_link_bytes_per_s": "assumed: Mk2's (same IPU-Links); " + _STAGE_LINK,
         "peak_fp16_flops": f"derived: {_REF} (~350 TFLOPS = 1.4 PFLOPS per Bow-2000 / 4)",
         "peak_fp32_flops": "derived: Mk2's per-tile fp32 rate at Bow's clock",
         "memory_bytes_per_s": "derived: Mk2's 47.5 TB/s at Bow's clock (same tile)",
