@@ -107,7 +107,8 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
         html.Div(f"fits = every tile at most {fill}% full (max tile fill); the current "
                  "layout is judged the same way.", className="status", id="tune-ceiling")
         if fill < FULL else html.Div(),
-        graph("tune-graph", tune_figure(plans, capacity_per_ipu(entry))),
+        graph("tune-graph", tune_figure(plans, capacity_per_ipu(entry),
+                                        max_tile_fill=fill / FULL)),
         table("tune-plans", shown, page_size=20),
         html.Div(links, className="downloads", id="tune-links"),
         html.Div(id="tune-go"),
