@@ -12,14 +12,17 @@ from typing import Any
 
 MAX_RUNNING = 1  # a search is CPU-bound: one at a time leaves the other workers free
 MAX_QUEUED = 4  # jobs waiting for the runner; more are refused with a clear message
+FULL = 100  # max tile fill in percent: no ceiling below the tile's own memory
 
 
 @dataclass
 class TuneJob:
-    """One search: `state` is queued | running | done | error."""
+    """One search: `state` is queued | running | done | error; `fill` is its memory
+    ceiling, in percent of a tile's memory (popviz tune --max-tile-fill)."""
 
     rel: str
     budget: int
+    fill: int = FULL
     state: str = "queued"
     result: Any = None
     error: str = ""
@@ -33,30 +36,34 @@ class TuneJob:
         if self.state == "queued":
             return f"Waiting for another tune search to finish ({now - self.queued_at:.0f} s)."
         if self.state == "running":
-            return (f"Compiling up to {self.budget} plans with the cost model: "
+            return (f"Compiling up to {self.budget} plans with the cost model"
+                    + (f" (fits = every tile at most {self.fill}% full)"
+                       if self.fill < FULL else "") + ": "
                     f"{now - (self.started_at or now):.0f} s so far (about 1 s a plan).")
         return ""
 
 
 class TuneJobs:
-    """The jobs of one server, keyed by (profile, budget); a finished job is kept, so the
-    page shows its plans again without searching."""
+    """The jobs of one server, keyed by (profile, budget, fill %): runs at 60 % and at
+    100 % are different searches. A finished job is kept, so the page shows its plans
+    again without searching."""
 
     def __init__(self, max_running: int = MAX_RUNNING, max_queued: int = MAX_QUEUED) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max_running, thread_name_prefix="tune")
         self._max_queued = max_queued
-        self._jobs: dict[tuple[str, int], TuneJob] = {}
+        self._jobs: dict[tuple[str, int, int], TuneJob] = {}
         self._lock = threading.Lock()
 
-    def get(self, rel: str, budget: int) -> TuneJob | None:
+    def get(self, rel: str, budget: int, fill: int = FULL) -> TuneJob | None:
         with self._lock:
-            return self._jobs.get((rel, int(budget)))
+            return self._jobs.get((rel, int(budget), int(fill)))
 
-    def start(self, rel: str, budget: int, search: Callable[[], Any]) -> TuneJob:
-        """The job for (rel, budget), started unless one exists; a profile with a search
-        still queued or running gets that one (one per profile). Raises RuntimeError when
-        too many searches wait."""
-        key = (rel, int(budget))
+    def start(self, rel: str, budget: int, search: Callable[[], Any],
+              fill: int = FULL) -> TuneJob:
+        """The job for (rel, budget, fill), started unless one exists; a profile with a
+        search still queued or running gets that one (one per profile: the caller reads
+        its budget and fill). Raises RuntimeError when too many searches wait."""
+        key = (rel, int(budget), int(fill))
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.state != "error":
@@ -68,7 +75,7 @@ class TuneJobs:
             if len(busy) >= self._max_queued:
                 raise RuntimeError(f"{len(busy)} tune searches are already waiting; try "
                                    "again when one has finished")
-            job = self._jobs[key] = TuneJob(rel, int(budget))
+            job = self._jobs[key] = TuneJob(rel, int(budget), int(fill))
         self._pool.submit(self._run, job, search)
         return job
 

@@ -4,16 +4,19 @@ served folder."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from popviz_app import create_app, render
 from popviz_app.pages import compare as compare_page
 from popviz_app.pages import tune as tune_page
-from popviz_app.tune_jobs import TuneJobs
+from popviz_app.tune_jobs import TuneJob, TuneJobs
 
 from tests.dash_util import component_text as _text
 
@@ -81,3 +84,77 @@ def test_tune_page_runs_in_background_and_compares_from_memory(tmp_path: Path) -
     plan = ctx.cache.get(plan_rel).profile
     assert plan.summary["throughput"] == pytest.approx(job.result.candidates[0].throughput)
     assert _files(tmp_path) == before  # nothing written into the served folder
+
+
+def _wait(job: Any, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while job.state not in ("done", "error") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.state == "done", job.error
+
+
+def test_jobs_and_plan_names_are_keyed_by_the_ceiling() -> None:
+    jobs = TuneJobs()
+    full = jobs.start("a", 4, lambda: "at 100")
+    _wait(full)
+    capped = jobs.start("a", 4, lambda: "at 60", 60)
+    assert capped is not full and (full.fill, capped.fill) == (100, 60)
+    _wait(capped)
+    assert jobs.get("a", 4).result == "at 100" and jobs.get("a", 4, 60).result == "at 60"
+    assert jobs.get("a", 4, 50) is None and jobs.get("a", 8, 60) is None
+    assert jobs.start("a", 4, lambda: "again", 60) is capped  # kept: not searched again
+    running = TuneJob("a", 4, 60, state="running", started_at=time.monotonic())
+    assert "every tile at most 60% full" in running.progress()
+    assert "at most" not in TuneJob("a", 4, state="running").progress()
+    entry = SimpleNamespace(rel="run/profile.h5")
+    # a 100 % plan keeps the name plans always had; a ceiling is part of the name
+    assert tune_page._plan_rel(entry, 4, 1) == "@tune/run/profile.h5/budget4/plan1"
+    assert tune_page._plan_rel(entry, 4, 1, 60) == "@tune/run/profile.h5/budget4/fill60/plan1"
+    assert len({tune_page._plan_rel(entry, 4, 1, f) for f in (100, 60, 59)}) == 3
+
+
+def test_the_fill_input_is_a_whole_percent_or_no_ceiling() -> None:
+    assert [tune_page._fill(v) for v in (60, "60", 59.6, 1, 100)] == [60, 60, 60, 1, 100]
+    for bad in (None, "", "abc", 0, 0.5, 101, -5, float("nan"), float("inf"), [60]):
+        assert tune_page._fill(bad) == 100, bad
+
+
+def _table(shown: list[Any]) -> list[dict]:
+    return next(c for c in shown if getattr(c, "id", None) == "tune-plans").data
+
+
+def test_a_run_at_a_ceiling_shows_it_and_compares_its_own_plan(tmp_path: Path) -> None:
+    if not (ROOT / REL).exists():
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
+    shutil.copytree(ROOT / "tutorial_pipelined", tmp_path / "tutorial_pipelined")
+    ctx = create_app(tmp_path).popviz_context
+    entry = ctx.cache.get(REL)
+    profile = entry.profile
+    full = ctx.tune_jobs.start(REL, 3, lambda: tune_page.run_tune(profile, max_compiles=3))
+    _wait(full)
+    # the smallest whole percent the current layout fits under: a ceiling that bites
+    fill = math.ceil(max(full.result.baseline.max_tile_fill) * 100)
+    assert fill < 100
+    capped = ctx.tune_jobs.start(REL, 3, lambda: tune_page.run_tune(
+        profile, max_compiles=3, max_tile_fill=fill / 100), fill)
+    _wait(capped)
+    assert capped is not full and capped.result.max_tile_fill == fill / 100
+    shown, done = tune_page.poll(ctx, entry, 3, fill)
+    text = " ".join(_text(x) for x in shown)
+    assert done and f"fits = every tile at most {fill}% full" in text
+    assert "every tile at most" not in " ".join(_text(x) for x in tune_page.poll(
+        ctx, entry, 3)[0])
+    plans = [full.result.baseline, *capped.result.candidates]
+    for row, c in zip(_table(shown), plans, strict=True):
+        assert (row["fits"] == "yes") == (max(c.max_tile_fill) <= fill / 100), row
+    buttons = next(c for c in shown if getattr(c, "id", None) == "tune-links").children[1:]
+    assert buttons[0].id == {"type": "tune-compare", "rank": 1, "budget": 3, "fill": fill}
+    # each run's plan #1 is served under its own name, compiled from its own result
+    go = tune_page.link_to_compare(ctx, REL, 1, 3, fill)
+    plan_rel, other = compare_page.pair_of(go.href.split("/compare", 1)[1])
+    assert plan_rel == tune_page._plan_rel(entry, 3, 1, fill) and other == REL
+    assert f"/fill{fill}/" in plan_rel
+    served = ctx.cache.get(plan_rel).profile
+    assert served.summary["throughput"] == pytest.approx(capped.result.candidates[0].throughput)
+    assert tune_page.link_to_compare(ctx, REL, 1, 3).href != go.href
+    assert "Run tune first" in _text(tune_page.link_to_compare(ctx, REL, 1, 3, fill - 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -59,3 +60,25 @@ def test_plans_on_top_of_each_other_share_one_label() -> None:
     # drawn apart, each point keeps its own label
     apart = plans.assign(peak_bytes=[100e6, 300e6, 500e6, 700e6])
     assert point_labels(apart) == ["now", "#1", "#2", "#3"]
+
+
+def test_run_tune_judges_fit_by_the_ceiling() -> None:
+    if not TUTORIAL.exists():
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
+    profile = popviz.open(TUTORIAL)
+    free = run_tune(profile, max_compiles=2, top=3)
+    # a whole percent just under the current layout's fullest tile: 'now' must not fit
+    fill = math.floor(max(free.baseline.max_tile_fill) * 100) / 100
+    capped = run_tune(profile, max_compiles=2, top=3, max_tile_fill=fill)
+    assert free.max_tile_fill == 1.0 and capped.max_tile_fill == fill
+    assert free.baseline.fits and not capped.baseline.fits
+    plans = plans_table(capped)
+    now = plans.iloc[0]
+    assert not now["fits"] and now["oom_tiles"] > 0 and now["fullest_tile"] > fill
+    for c in capped.candidates:
+        assert c.fits == (max(c.max_tile_fill) <= fill)
+    fig = tune_figure(plans, 900 * 2**20, max_tile_fill=fill)
+    star = next(d for d in fig.data if d.name == "now (this profile)")
+    assert star.customdata[0][5].endswith(f" > {fill:.0%})")
+    with pytest.raises(ValueError, match="max-tile-fill"):
+        run_tune(profile, max_compiles=2, max_tile_fill=0)

@@ -1,8 +1,10 @@
 """`/tune`: run `popviz tune` on the open profile in the background (app.tune_jobs; the
 page polls the job), rank its plans, draw throughput against peak memory (Pareto), and
 compare any plan with the current profile on /compare; below, what each AMP step trades
-on each IPU (popviz.analysis.amp, shown at once). The plan is compiled in memory and
-served under a virtual name (`@tune/...`): nothing is written into the served folder."""
+on each IPU (popviz.analysis.amp, shown at once). A max tile fill below 100 % is the
+memory ceiling of `popviz tune --max-tile-fill`: a plan fits only when no tile is fuller.
+The plan is compiled in memory and served under a virtual name (`@tune/...`): nothing
+is written into the served folder."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from ..common import (
     table,
     title_of,
 )
+from ..tune_jobs import FULL
 
 PATH = "/tune"
 TITLE = "Tune"
@@ -43,9 +46,12 @@ SHOWN = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "throughp
          "fullest_tile", "pareto"]
 
 
-def _plan_rel(entry: Entry, budget: int, rank: int) -> str:
-    """The virtual name a compiled plan is served under (app.cache.VIRTUAL_PREFIX)."""
-    return f"{VIRTUAL_PREFIX}tune/{entry.rel}/budget{budget}/plan{rank}"
+def _plan_rel(entry: Entry, budget: int, rank: int, fill: int = FULL) -> str:
+    """The virtual name a compiled plan is served under (app.cache.VIRTUAL_PREFIX). A run
+    with a ceiling names it (`fill60`): its plan #1 is another plan than the 100 % run's;
+    a run without one keeps the name plans always had."""
+    ceiling = f"/fill{fill}" if fill < FULL else ""
+    return f"{VIRTUAL_PREFIX}tune/{entry.rel}/budget{budget}{ceiling}/plan{rank}"
 
 
 def _budget(value: Any) -> int:
@@ -55,10 +61,30 @@ def _budget(value: Any) -> int:
         return DEFAULT_BUDGET
 
 
-def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any]:
-    """The ranked plans, the Pareto figure and a compare link per plan."""
+def _fill(value: Any) -> int:
+    """The max tile fill input, a whole percent in 1..100; empty or anything else (the
+    browser sends nothing for a number out of range) means no ceiling, 100."""
+    try:
+        fill = float(value)
+    except (TypeError, ValueError):
+        return FULL
+    return round(fill) if 1 <= fill <= FULL else FULL  # NaN fails the test too
+
+
+def _fits_words(plans: Any, fill: int) -> list[str]:
+    """The fits column as `popviz tune` prints it: yes, or NO (N tiles > 60%)."""
+    over = f" > {fill}%" if fill < FULL else ""
+    return ["yes" if f else f"NO ({n} tiles{over})"
+            for f, n in zip(plans["fits"], plans["oom_tiles"], strict=True)]
+
+
+def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
+            fill: int = FULL) -> list[Any]:
+    """The ranked plans, the Pareto figure and a compare link per plan (its button names
+    the run it came from: budget and fill)."""
     plans = plans_table(result)
-    shown = plans.assign(peak_MiB=(plans["peak_bytes"] / 2**20).round(1),
+    shown = plans.assign(fits=_fits_words(plans, fill),
+                         peak_MiB=(plans["peak_bytes"] / 2**20).round(1),
                          throughput=plans["throughput"].round().astype("int64"),
                          throughput_per_ipu=plans["throughput_per_ipu"].round().astype("int64"),
                          step_ms=plans["step_ms"].round(3),
@@ -69,7 +95,8 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any
                          .astype(str) + " %")[SHOWN]
     links: list[Any] = [html.Span("Compare with this profile: ", className="label")]
     for rank in range(1, len(result.candidates) + 1):
-        links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank},
+        links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank,
+                                                      "budget": budget, "fill": fill},
                                  n_clicks=0, className="download"))
     notes = [html.Li(n) for n in result.notes]
     return [
@@ -77,7 +104,11 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any
                  f"({result.seconds:.1f} s) for {result.num_ipus} IPU(s) on "
                  f"{result.target}. Ranked: fitting first, then throughput, then memory "
                  "headroom.", className="status", id="tune-head"),
-        graph("tune-graph", tune_figure(plans, capacity_per_ipu(entry))),
+        html.Div(f"fits = every tile at most {fill}% full (max tile fill); the current "
+                 "layout is judged the same way.", className="status", id="tune-ceiling")
+        if fill < FULL else html.Div(),
+        graph("tune-graph", tune_figure(plans, capacity_per_ipu(entry),
+                                        max_tile_fill=fill / FULL)),
         table("tune-plans", shown, page_size=20),
         html.Div(links, className="downloads", id="tune-links"),
         html.Div(id="tune-go"),
@@ -88,9 +119,11 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any) -> list[Any
     ]
 
 
-def poll(ctx: AppContext, entry: Entry, budget: int) -> tuple[list[Any], bool]:
-    """(what the results area shows, whether to stop polling) for the job of `budget`."""
-    job = ctx.tune_jobs.get(entry.rel, budget)
+def poll(ctx: AppContext, entry: Entry, budget: int,
+         fill: int = FULL) -> tuple[list[Any], bool]:
+    """(what the results area shows, whether to stop polling) for the job of `budget` and
+    `fill`."""
+    job = ctx.tune_jobs.get(entry.rel, budget, fill)
     if job is None:
         return [message("Press Run tune (about a second per compile, in the background).",
                         "info")], True
@@ -98,7 +131,7 @@ def poll(ctx: AppContext, entry: Entry, budget: int) -> tuple[list[Any], bool]:
         return [message(job.error)], True
     if job.state != "done":
         return [html.Div(job.progress(), className="status", id="tune-progress")], False
-    return results(ctx, entry, budget, job.result), True
+    return results(ctx, entry, budget, job.result, fill), True
 
 
 def amp_section(entry: Entry) -> html.Div:
@@ -148,8 +181,14 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([html.Span("compile budget", className="label"),
                   dcc.Input(id="tune-budget", type="number", min=2, max=200, step=1,
                             value=DEFAULT_BUDGET, style={"width": 80}),
+                  html.Span("max tile fill %", className="label",
+                            title="a plan fits only when no tile is fuller than this share "
+                            "of its memory (popviz tune --max-tile-fill); 100: no ceiling"),
+                  dcc.Input(id="tune-fill", type="number", min=1, max=FULL, step=1,
+                            value=FULL, style={"width": 70}),
                   html.Button("Run tune", id="tune-run", n_clicks=0)],
                  className="row", style={"alignItems": "center"}),
+        dcc.Store(id="tune-job", data={"budget": DEFAULT_BUDGET, "fill": FULL}),
         dcc.Interval(id="tune-poll", interval=POLL_MS, disabled=done),
         html.Div(shown, id="tune-results"),
         amp_section(entry),
@@ -157,46 +196,54 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
+    # the job polled is the one a press started (kept in tune-job), not what the inputs
+    # say now: editing them while a search runs does not lose it
     @app.callback(Output("tune-results", "children"), Output("tune-poll", "disabled"),
+                  Output("tune-job", "data"),
                   Input("tune-run", "n_clicks"), Input("tune-poll", "n_intervals"),
-                  State("tune-budget", "value"), State("url", "search"),
+                  State("tune-budget", "value"), State("tune-fill", "value"),
+                  State("tune-job", "data"), State("url", "search"),
                   prevent_initial_call=True)
-    def run(clicks: int, ticks: int | None, budget: Any,
-            search: str) -> tuple[list[Any], bool]:
+    def run(clicks: int, ticks: int | None, budget: Any, fill: Any, key: dict | None,
+            search: str) -> tuple[list[Any], bool, dict]:
         entry = ctx.cache.get(profile_of(search))
-        budget = _budget(budget)
+        key = key or {"budget": DEFAULT_BUDGET, "fill": FULL}
         if dash.ctx.triggered_id == "tune-run" or (dash.ctx.triggered_id is None and clicks):
-            profile = entry.profile
+            budget, fill, profile = _budget(budget), _fill(fill), entry.profile
             try:
-                ctx.tune_jobs.start(entry.rel, budget,
-                                    lambda: run_tune(profile, max_compiles=budget))
+                job = ctx.tune_jobs.start(
+                    entry.rel, budget, lambda: run_tune(profile, max_compiles=budget,
+                                                        max_tile_fill=fill / FULL), fill)
             except RuntimeError as exc:
-                return [message(str(exc))], True
+                return [message(str(exc))], True, key
+            key = {"budget": job.budget, "fill": job.fill}  # a running one may be another
         elif not ticks:
             raise PreventUpdate
-        return poll(ctx, entry, budget)
+        return (*poll(ctx, entry, _budget(key.get("budget")), _fill(key.get("fill"))), key)
 
     @app.callback(Output("tune-go", "children"),
-                  Input({"type": "tune-compare", "rank": dash.ALL}, "n_clicks"),
-                  State("tune-budget", "value"), State("url", "search"),
-                  prevent_initial_call=True)
-    def compare_plan(clicks: list[int], budget: int | None, search: str) -> Any:
+                  Input({"type": "tune-compare", "rank": dash.ALL, "budget": dash.ALL,
+                         "fill": dash.ALL}, "n_clicks"),
+                  State("url", "search"), prevent_initial_call=True)
+    def compare_plan(clicks: list[int], search: str) -> Any:
         picked = dash.ctx.triggered_id if clicks and any(clicks) else None
         if not picked:
             raise PreventUpdate
-        return link_to_compare(ctx, profile_of(search), int(picked["rank"]), _budget(budget))
+        return link_to_compare(ctx, profile_of(search), int(picked["rank"]),
+                               _budget(picked["budget"]), _fill(picked["fill"]))
 
     return {"run": run, "compare_plan": compare_plan}
 
 
-def link_to_compare(ctx: AppContext, rel: str, rank: int, budget: int) -> Any:
-    """Compile plan #rank in memory (once), serve it under a virtual name and navigate to
-    /compare?profile=<plan>&other=<this>."""
+def link_to_compare(ctx: AppContext, rel: str, rank: int, budget: int,
+                    fill: int = FULL) -> Any:
+    """Compile plan #rank of the run (budget, fill) in memory (once), serve it under a
+    virtual name and navigate to /compare?profile=<plan>&other=<this>."""
     entry = ctx.cache.get(rel)
-    job = ctx.tune_jobs.get(rel, budget)
+    job = ctx.tune_jobs.get(rel, budget, fill)
     if job is None or job.state != "done":
         return message("Run tune first.", "info")
-    plan_rel = _plan_rel(entry, budget, rank)
+    plan_rel = _plan_rel(entry, budget, rank, fill)
     try:
         ctx.cache.get(plan_rel)
     except ProfileError:

@@ -22,10 +22,12 @@ PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "o
 
 
 def run_tune(profile: Profile, num_ipus: int | None = None, max_compiles: int = 16,
-             top: int = 8) -> TuneResult:
-    """`popviz tune` on an open modelled profile (no progress bar)."""
+             top: int = 8, max_tile_fill: float = 1.0) -> TuneResult:
+    """`popviz tune` on an open modelled profile (no progress bar); a plan fits when no
+    tile is fuller than `max_tile_fill` of its memory (--max-tile-fill)."""
     program, options = load_program(profile)
-    return tune(program, options, num_ipus, top=top, max_compiles=max_compiles)
+    return tune(program, options, num_ipus, top=top, max_compiles=max_compiles,
+                max_tile_fill=max_tile_fill)
 
 
 def _row(name: str, c: Candidate) -> dict:

@@ -15,14 +15,14 @@ NO_FIT = "#9aa5b1"
 FRONT = "#3b75af"
 
 
-def _custom(plans: pd.DataFrame) -> np.ndarray:
+def _custom(plans: pd.DataFrame, over: str = "") -> np.ndarray:
     out = np.empty((len(plans), 7), dtype=object)
     out[:, 0] = plans["splits"].to_numpy()
     out[:, 1] = plans["amp"].to_numpy()
     out[:, 2] = ["on" if r else "off" for r in plans["recomputation"]]
     out[:, 3] = plans["schedule"].to_numpy()
     out[:, 4] = plans["vs_now"].to_numpy()
-    out[:, 5] = ["fits" if f else f"does NOT fit ({n} tiles)" for f, n in
+    out[:, 5] = ["fits" if f else f"does NOT fit ({n} tiles{over})" for f, n in
                  zip(plans["fits"], plans["oom_tiles"], strict=True)]
     out[:, 6] = plans["plan"].to_numpy()  # the hover names the point even when its label
     return out                            # is carried by a neighbour
@@ -51,8 +51,10 @@ def point_labels(plans: pd.DataFrame, near: float = 0.04) -> list[str]:
 
 
 def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
-                title: str = "Plans: throughput against peak memory") -> go.Figure:
-    """Scatter of `plans` (advise.plans.plans_table)."""
+                title: str = "Plans: throughput against peak memory",
+                max_tile_fill: float = 1.0) -> go.Figure:
+    """Scatter of `plans` (advise.plans.plans_table); below a `max_tile_fill` of 1 the
+    legend and hovers name the ceiling the plans' fits were judged by."""
     if plans.empty:
         return empty_figure("No plans.", title)
     hover = ("<b>%{customdata[6]}</b> · %{customdata[5]}<br>%{y:,.0f} samples/s "
@@ -61,6 +63,8 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
              "%{customdata[2]} · %{customdata[3]}<extra></extra>")
     fig = go.Figure()
     plans = plans.assign(label=point_labels(plans))
+    ceiling = max_tile_fill < 1.0
+    over = f" > {max_tile_fill:.0%}" if ceiling else ""
     front = plans[plans["pareto"]].sort_values("peak_bytes")
     if len(front) > 1:
         fig.add_trace(go.Scatter(x=front["peak_bytes"] / MiB, y=front["throughput"],
@@ -68,7 +72,8 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
                                  "both)", line={"color": FRONT, "width": 1.5, "dash": "dot"},
                                  hoverinfo="skip"))
     for name, sel, marker in (
-            ("fits", plans[plans["fits"] & (plans["plan"] != "now")],
+            ("fits" + (f" (every tile <= {max_tile_fill:.0%})" if ceiling else ""),
+             plans[plans["fits"] & (plans["plan"] != "now")],
              {"color": FITS, "size": 11, "symbol": "circle"}),
             ("does not fit", plans[~plans["fits"] & (plans["plan"] != "now")],
              {"color": NO_FIT, "size": 11, "symbol": "x"}),
@@ -79,7 +84,7 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
         fig.add_trace(go.Scatter(
             x=sel["peak_bytes"] / MiB, y=sel["throughput"], mode="markers+text",
             text=sel["label"], textposition="top center", name=name, marker=marker,
-            customdata=_custom(sel), hovertemplate=hover))
+            customdata=_custom(sel, over), hovertemplate=hover))
     peak = float(plans["peak_bytes"].max())
     x_title = "peak memory of the fullest IPU (MiB)"
     if capacity_bytes and capacity_bytes > 2 * peak:

@@ -1,9 +1,11 @@
 """The analyser's interactions in a real browser: the trace down to ops, range statistics,
-the program tree, numeric filters, liveness section bands, the tune page -> compare.
+the program tree, numeric filters, liveness section bands, the tune page (also with a
+memory ceiling) -> compare.
 Screenshots go to test-artifacts/screenshots/analyser_*.png."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -241,6 +243,35 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
                            "'#compare-time .js-plotly-plot'); return g && g.calcdata; }",
                            timeout=30_000)
     _shot(page, "tune_to_compare")
+    # again with a memory ceiling (a tiny budget): the smallest whole percent the profile's
+    # fullest tile is under, so some plan fits; every fitting plan stays under it
+    with popviz.open(served / rel) as profile:
+        tm = profile.tile_memory
+        fill = math.ceil(float((tm["total_bytes"] / tm["capacity_bytes"]).max()) * 100)
+    assert fill < 100
+    page.goto(f"{base_url}/tune?profile={quote(rel)}")
+    page.wait_for_selector("#tune-fill", timeout=30_000)
+    page.fill("#tune-budget", "3")
+    page.fill("#tune-fill", str(fill))
+    page.click("#tune-run")
+    page.wait_for_selector("#tune-ceiling", timeout=120_000)
+    assert f"fits = every tile at most {fill}% full" in page.inner_text("#tune-ceiling")
+    page.wait_for_selector("#tune-plans td[data-dash-column='fits']", timeout=30_000)
+    rows = [r for r in page.eval_on_selector_all(
+        "#tune-plans tr", "trs => trs.map(tr => Object.fromEntries("
+        "[...tr.querySelectorAll('td[data-dash-column]')].map("
+        "td => [td.dataset.dashColumn, td.innerText.trim()])))") if r]
+    fitting = [r for r in rows if r["fits"] == "yes"]
+    assert fitting, rows
+    for r in fitting:  # shown rounded to a whole percent: never above a whole ceiling
+        assert float(r["fullest_tile"].rstrip(" %")) <= fill, r
+    assert all(r["fits"].endswith(f"> {fill}%)") for r in rows if r["fits"] != "yes")
+    page.wait_for_function("() => { const g = document.querySelector("
+                           "'#tune-graph .js-plotly-plot'); return g && g.calcdata; }",
+                           timeout=30_000)
+    _shot(page, "tune_ceiling")
+    page.click("#tune-links button >> text=plan #1")  # the plan of this run, not the 100 %
+    page.wait_for_url(f"**/compare?**fill{fill}**", timeout=60_000)
     assert errors == []
     page.close()
 
