@@ -188,16 +188,16 @@ class Row:
         if not best.fits:
             return "no fitting layout found"
         if s > CLAIM:
-            cs = self.ceiling_speedup
-            if cs is not None and cs <= CLAIM and self.ceiling is not None:
-                return (f"explained: the claim fills memory the published layout keeps "
-                        f"free; held to its fullest tile ({self.ceiling:.0%}) tune claims "
-                        f"{cs:.2f}x (memory-balanced splits, docs/tune.md)")
             split = ""
             if self.layout_speedup is not None and self.amp_speedup is not None:
                 split = (f" (layout at the published AMP {self.layout_speedup:.2f}x, "
                          f"AMP {max(AMP_LADDER):g} on the published splits "
                          f"{self.amp_speedup:.2f}x)")
+            cs = self.ceiling_speedup
+            if cs is not None and cs <= CLAIM and self.ceiling is not None:
+                return (f"explained{split}: the claim fills memory the published layout "
+                        f"keeps free; held to its fullest tile ({self.ceiling:.0%}) tune "
+                        f"claims {cs:.2f}x (memory-balanced splits, docs/tune.md)")
             return f"claim > {CLAIM:.2f}x{split}: model error or a named mechanism"
         return ""
 
