@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[1] / "profiles"
 # its hover data, a table's rows, an uploaded file
 BIG_PROPS = {"figure", "selectedData", "data", "derived_virtual_data",
              "derived_viewport_data", "contents", "extendData", "prependData"}
-# dcc.Stores of a range (per IPU for live-ranges), a clicked bar's IPU and end time, or a
-# clicked allocator block's id: a few bytes
+# dcc.Stores of a range (per IPU for live-ranges), a clicked bar's IPU and end time, a
+# clicked allocator block's id, or the (budget, fill) of the tune job a press started: a
+# few bytes
 SMALL_STORES = {"trace-window", "trace-selection", "live-ranges", "trace-bsp-pick",
-                "alloc-pick"}
+                "alloc-pick", "tune-job"}
 
 
 def _server_side(root: Path) -> list[dict[str, Any]]:
