@@ -245,6 +245,7 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     (["--amp-steps", "0.2", "0"], 2, "--amp-steps: every value must be in (0, 1]"),
     (["--max-tile-fill", "1.5"], 2, "--max-tile-fill must be in (0, 1]"),
     (["--max-tile-fill", "0"], 2, "--max-tile-fill must be in (0, 1]"),
+    (["--target", "h100", "--max-tile-fill", "0.5"], 2, "--max-tile-fill is an IPU option"),
 ])
 def test_cli_usage_errors(recorded, capsys, args, code, message):
     path, _ = recorded

@@ -181,11 +181,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([html.Span("compile budget", className="label"),
                   dcc.Input(id="tune-budget", type="number", min=2, max=200, step=1,
                             value=DEFAULT_BUDGET, style={"width": 80}),
-                  html.Span("max tile fill %", className="label",
-                            title="a plan fits only when no tile is fuller than this share "
-                            "of its memory (popviz tune --max-tile-fill); 100: no ceiling"),
-                  dcc.Input(id="tune-fill", type="number", min=1, max=FULL, step=1,
-                            value=FULL, style={"width": 70}),
+                  *_fill_input(naming(entry).gpu_plan),
                   html.Button("Run tune", id="tune-run", n_clicks=0)],
                  className="row", style={"alignItems": "center"}),
         dcc.Store(id="tune-job", data={"budget": DEFAULT_BUDGET, "fill": FULL}),
@@ -193,6 +189,17 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div(shown, id="tune-results"),
         amp_section(entry),
     ])
+
+
+def _fill_input(gpu: bool) -> list[Any]:
+    """The max tile fill input; a GPU has no tiles, so there it is hidden at 100."""
+    if gpu:
+        return [dcc.Input(id="tune-fill", type="hidden", value=FULL)]
+    return [html.Span("max tile fill %", className="label",
+                      title="a plan fits only when no tile is fuller than this share of its "
+                      "memory (popviz tune --max-tile-fill); 100: no ceiling"),
+            dcc.Input(id="tune-fill", type="number", min=1, max=FULL, step=1, value=FULL,
+                      style={"width": 70})]
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:

@@ -136,6 +136,9 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
     target = str(target or options.target)
     if isinstance(get_target(target), GpuTarget):  # AMP is an IPU option: one rung is enough
         ladder = ladder[:1]
+        if max_tile_fill < 1.0:
+            raise ValueError(f"--max-tile-fill is an IPU option: a GPU ({target}) has no "
+                             "tiles; leave it at 1")
     usable = len(split_positions(program)[0])
     if num_ipus is not None:
         _check_ipus(program, int(num_ipus), usable)

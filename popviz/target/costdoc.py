@@ -22,8 +22,8 @@ END = "<!-- constants:end -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cost-model.md"
 HARDWARE = ("tiles_per_ipu", "bytes_per_tile", "clock_hz", "peak_fp16_flops", "peak_fp32_flops",
             "memory_bytes_per_s", "exchange_bytes_per_s", "ipu_link_bytes_per_s",
-            "stage_link_bytes_per_s", "ipu_link_latency_s", "host_bytes_per_s", "host_latency_s", "gw_link_bytes_per_s",
-            "ipus_per_machine", "ipus_per_rack")
+            "stage_link_bytes_per_s", "ipu_link_latency_s", "host_bytes_per_s",
+            "host_latency_s", "gw_link_bytes_per_s", "ipus_per_machine", "ipus_per_rack")
 
 
 def _value(v: float) -> str:
