@@ -46,8 +46,13 @@ def _follow_to_trace(page: Any, link: str) -> dict[str, str]:
 
 
 def _shown_range(page: Any) -> list[float]:
-    return page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
-                         "._fullLayout.xaxis.range")
+    """The trace's drawn x range, once the graph is drawn: the statistics head can say
+    'Linked range' while the figure is still being replaced (seen under load)."""
+    handle = page.wait_for_function(
+        "() => { const g = document.querySelector('#trace-graph .js-plotly-plot');"
+        " return g && g._fullLayout && g._fullLayout.xaxis && g._fullLayout.xaxis.range; }",
+        timeout=60_000)
+    return handle.json_value()
 
 
 def test_liveness_step_opens_the_trace_there(browser_context: Any, base_url: str,
