@@ -339,6 +339,39 @@ def test_chrome_export_of_an_import_names_each_kernels_host_op(resnet: Any) -> N
     assert got == want
 
 
+def test_chrome_export_of_an_import_keeps_host_threads_and_launch_arrows(resnet: Any) -> None:
+    """Perfetto gets the host thread lanes (every host slice, on its thread) and one flow
+    arrow per launch whose kernel is in the trace, from the runtime call to the kernel."""
+    from popviz.format.export import HOST_TID0, chrome_trace
+
+    events = chrome_trace(resnet)["traceEvents"]
+    slices = resnet.table("host_slices")
+    host = [e for e in events if e.get("ph") == "X" and e.get("tid", 0) >= HOST_TID0]
+    assert len(host) == len(slices) > 0
+    names = {e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "thread_name" and e["tid"] >= HOST_TID0}
+    assert names == {f"host {t}" for t in slices["thread"].unique()}
+    starts = {(e["ph"], e["id"]): e for e in events if e.get("ph") in ("s", "f")}
+    flows = {i for ph, i in starts if ph == "s"}
+    assert flows == {i for ph, i in starts if ph == "f"} and flows
+    trace = resnet.trace
+    launched = set(zip(slices.loc[slices["correlation"] >= 0, "ipu"],
+                       slices.loc[slices["correlation"] >= 0, "correlation"]))
+    kernels = trace[trace["correlation"] > 0]
+    want = {(int(r) << 32) | int(c) for r, c in zip(kernels["ipu"], kernels["correlation"])
+            if (r, c) in launched}
+    assert flows == want
+    scale = 1e-3  # an import's clock is ns
+    first = kernels.iloc[0]
+    f = starts[("f", (int(first["ipu"]) << 32) | int(first["correlation"]))]
+    assert f["ts"] == pytest.approx(float(first["start"]) * scale)
+    s_ev = starts[("s", f["id"])]
+    call = slices[(slices["correlation"] == first["correlation"])
+                  & (slices["ipu"] == first["ipu"])].iloc[0]
+    assert s_ev["ts"] == pytest.approx(float(call["start"]) * scale)
+    assert call["cat"] in ("cuda_runtime", "cuda_driver")
+
+
 def test_warnings_of_an_untrusted_file_are_plain_text() -> None:
     from popviz.analysis.facts import profile_warnings
 

@@ -15,7 +15,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output: a directory for csv, a .json file for chrome")
     parser.add_argument("--format", choices=("csv", "chrome"), default="csv",
                         help="csv: one CSV per table plus meta.json (default); chrome: the "
-                        "execution trace as Chrome trace-event JSON for Perfetto")
+                        "execution trace as Chrome trace-event JSON for Perfetto (an import "
+                        "also keeps its host threads and launch -> kernel arrows)")
     parser.add_argument("--tables", nargs="+", metavar="NAME",
                         help="with csv: only these tables (default: all)")
     add_no_vet_argument(parser)

@@ -52,7 +52,9 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     """The trace as Chrome trace-event JSON (opens in Perfetto or chrome://tracing).
 
     One process row per IPU; compute / exchange / sync / host_io / idle events on separate
-    threads of it, so overlapping kinds stay readable.
+    threads of it, so overlapping kinds stay readable. An import (format 1.2) adds its host
+    threads' slices (`host_slices`) as threads of the same process and each kernel launch
+    as a flow arrow from the runtime call to the kernel (their shared correlation id).
     """
     trace: pd.DataFrame = profile.trace
     scale = time_scale_us(profile)
@@ -83,8 +85,57 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
             "ts": float(ts), "dur": float(max(te - ts, 0.0)),
             "pid": int(ipu), "tid": tid[kind], "args": args,
         })
+    events += _host_events(profile, scale, tid)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"profile": str(profile.path), "kind": profile.kind}}
+
+
+HOST_TID0 = 1000  # host threads' tids: after the trace kinds'
+
+
+def _host_events(profile: Profile, scale: float, kind_tid: dict[str, int]
+                 ) -> list[dict[str, Any]]:
+    """Host thread slices and launch -> kernel flows of an import (empty otherwise)."""
+    if "host_slices" not in profile.table_names:
+        return []
+    slices = profile.table("host_slices")
+    if slices.empty:
+        return []
+    events: list[dict[str, Any]] = []
+    threads = slices.drop_duplicates(["ipu", "tid"])[["ipu", "tid", "thread"]]
+    for ipu, t, name in threads.itertuples(index=False):
+        events.append({"name": "thread_name", "ph": "M", "pid": int(ipu),
+                       "tid": HOST_TID0 + int(t), "args": {"name": f"host {name}"}})
+    starts = slices["start"].to_numpy(dtype=np.float64) * scale
+    ends = slices["end"].to_numpy(dtype=np.float64) * scale
+    launch: dict[tuple[int, int], tuple[int, float]] = {}  # (ipu, correlation) -> tid, ts
+    for ts, te, ipu, t, name, cat, corr in zip(
+            starts, ends, slices["ipu"].tolist(), slices["tid"].tolist(),
+            slices["name"].tolist(), slices["cat"].tolist(), slices["correlation"].tolist(),
+            strict=True):
+        args = {"correlation": int(corr)} if corr >= 0 else {}
+        events.append({"name": str(name), "cat": str(cat), "ph": "X", "ts": float(ts),
+                       "dur": float(max(te - ts, 0.0)), "pid": int(ipu),
+                       "tid": HOST_TID0 + int(t), "args": args})
+        if corr >= 0:
+            launch[(int(ipu), int(corr))] = (HOST_TID0 + int(t), float(ts))
+    trace = profile.trace
+    if "correlation" not in trace or not launch:
+        return events
+    kernels = trace[trace["correlation"].to_numpy() > 0]
+    for ipu, kind, start, corr in zip(kernels["ipu"].tolist(), kernels["kind"].tolist(),
+                                      (kernels["start"].to_numpy(dtype=np.float64) * scale),
+                                      kernels["correlation"].tolist(), strict=True):
+        host = launch.get((int(ipu), int(corr)))
+        if host is None:
+            continue
+        # correlation ids are per rank: the flow id carries the rank too
+        flow = {"name": "launch", "cat": "launch", "id": (int(ipu) << 32) | int(corr),
+                "pid": int(ipu)}
+        events.append({**flow, "ph": "s", "tid": host[0], "ts": host[1]})
+        events.append({**flow, "ph": "f", "bp": "e", "tid": kind_tid[kind],
+                       "ts": float(start)})
+    return events
 
 
 def export_chrome_trace(profile: Profile, path: Path) -> Path:
