@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,26 @@ def test_a_tile_fill_ceiling_keeps_headroom_on_every_ipu(program, options):
     assert b.oom_ipus == [i for i, f in enumerate(b.max_tile_fill) if f > now_fill * 0.9]
     with pytest.raises(ValueError, match="max-tile-fill"):
         tune(program, options, 4, max_tile_fill=1.2)
+
+
+def test_a_faster_layout_that_spends_headroom_says_so(program, options):
+    from dataclasses import replace
+
+    from popviz.advise.tune import _headroom_note
+
+    now = tune(program, options, 4, max_compiles=2).baseline
+    assert now.fits
+    fill = max(now.max_tile_fill)
+    fuller = replace(now, throughput=now.throughput * 1.2,
+                     max_tile_fill=[f + 0.10 for f in now.max_tile_fill])
+    note = _headroom_note(fuller, now)
+    assert f"--max-tile-fill {math.ceil(fill * 100 - 1e-9) / 100:g} " in note
+    assert f"{fill + 0.10:.0%} where the current one stops at {fill:.0%}" in note
+    # no note: as full as now (within 5 points), slower, or not fitting
+    assert _headroom_note(replace(fuller, max_tile_fill=[f + 0.04 for f in
+                                                         now.max_tile_fill]), now) == ""
+    assert _headroom_note(replace(fuller, throughput=now.throughput * 0.9), now) == ""
+    assert _headroom_note(replace(fuller, fits=False), now) == ""
 
 
 def test_cli_text_names_the_ceiling(recorded, capsys):
