@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -264,7 +263,7 @@ def decompose(row: Row, program: Program, options: Options, max_compiles: int) -
     # Graphcore's CNN README: "The splits should be chosen to balance the memory use
     # across the IPUs"; a claim that needs fuller tiles than the published layout's
     # fullest spends headroom the experts kept. Tune again within that ceiling.
-    row.ceiling = math.ceil(max(now.max_tile_fill) * 100 - 1e-9) / 100
+    row.ceiling = now.fill_ceiling
     held_fill = tune(program, options, None, max_compiles=max_compiles,
                      max_tile_fill=min(row.ceiling, 1.0))
     row.ceiling_best = held_fill.best or held_fill.baseline

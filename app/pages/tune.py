@@ -16,6 +16,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.advise.plans import compile_plan, plans_table, run_tune
+from popviz.advise.tune_search import fit_words
 from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
@@ -73,8 +74,7 @@ def _fill(value: Any) -> int:
 
 def _fits_words(plans: Any, fill: int) -> list[str]:
     """The fits column as `popviz tune` prints it: yes, or NO (N tiles > 60%)."""
-    over = f" > {fill}%" if fill < FULL else ""
-    return ["yes" if f else f"NO ({n} tiles{over})"
+    return [fit_words(bool(f), int(n), fill / FULL)
             for f, n in zip(plans["fits"], plans["oom_tiles"], strict=True)]
 
 

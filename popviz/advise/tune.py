@@ -17,7 +17,6 @@ arguments give the same ranking. The search (see docs/tune.md):
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -188,10 +187,10 @@ def _headroom_note(best: Candidate, baseline: Candidate) -> str:
     if not (best.fits and baseline.fits and best.throughput > baseline.throughput
             and new > now + HEADROOM_GAP and now > 0):
         return ""
-    ceiling = math.ceil(now * 100 - 1e-9) / 100
     return (f"the best layout fills its fullest tile to {new:.0%} where the current one "
             f"stops at {now:.0%}: some of its gain is headroom the current layout keeps "
-            f"(experts balance memory across IPUs); --max-tile-fill {ceiling:g} searches "
+            f"(experts balance memory across IPUs); --max-tile-fill {baseline.fill_ceiling:g} "
+            "searches "
             "within the current layout's fullest tile")
 
 

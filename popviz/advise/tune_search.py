@@ -4,6 +4,7 @@ the search; see docs/tune.md."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,6 +48,12 @@ class Candidate:
         return 1.0 - max(self.max_tile_fill, default=0.0)
 
     @property
+    def fill_ceiling(self) -> float:
+        """Its fullest tile rounded up to a whole percent: the --max-tile-fill that keeps
+        every layout within this one's memory."""
+        return math.ceil(max(self.max_tile_fill, default=0.0) * 100 - 1e-9) / 100
+
+    @property
     def imbalance(self) -> float:
         """Busiest stage over the mean stage (1 = perfectly balanced)."""
         c = np.asarray(self.stage_cycles, dtype=np.float64)
@@ -75,6 +82,13 @@ class Candidate:
         return {**asdict(self), "headroom": self.headroom, "imbalance": self.imbalance,
                 "max_stage_cycles": max(self.stage_cycles, default=0),
                 "train_args": self.train_args()}
+
+
+def fit_words(fits: bool, oom_tiles: int, fill_limit: float = 1.0) -> str:
+    """A plan's fit as tune prints it: yes, or NO (N tiles), naming a ceiling below 1."""
+    if fits:
+        return "yes"
+    return f"NO ({oom_tiles} tiles" + (f" > {fill_limit:.0%})" if fill_limit < 1 else ")")
 
 
 def candidate_options(base: Options, c: Candidate, target: str,

@@ -74,21 +74,17 @@ def _amps(values: list[float]) -> str:
     return f"{values[0]:g}" if len(set(values)) == 1 else "/".join(f"{a:g}" for a in values)
 
 
-def _fit_words(c: Candidate, limit: float) -> str:
-    if c.fits:
-        return "yes"
-    return f"NO ({c.oom_tiles} tiles" + (f" > {limit:.0%})" if limit < 1 else ")")
-
-
 def _fit_phrase(fits: bool, limit: float) -> str:
     word = "fits" if fits else "does NOT fit"
     return word + (f" (every tile at most {limit:.0%} full)" if limit < 1 else "")
 
 
 def _row(label: str, c: Candidate, limit: float = 1.0) -> list[str]:
+    from popviz.advise.tune_search import fit_words  # advise loads only when tune runs
+
     return [
         label, " ".join(c.splits) or "-", _amps(c.amp),
-        "on" if c.recomputation else "off", c.schedule, _fit_words(c, limit),
+        "on" if c.recomputation else "off", c.schedule, fit_words(c.fits, c.oom_tiles, limit),
         f"{c.throughput:,.0f}", f"{c.throughput_per_ipu:,.0f}",
         f"{c.throughput_ratio:.2f}x", f"{c.step_ms:,.1f}",
         f"{c.idle_fraction:.0%}", _mcycles(c.stage_cycles),

@@ -96,18 +96,19 @@ class Target:
     def bytes_per_ipu(self) -> int:
         return self.tiles_per_ipu * self.bytes_per_tile
 
-    def link_cycles(self, nbytes: float) -> float:
-        """Cycles to move `nbytes` over IPU-Links, latency included."""
+    def _transfer_cycles(self, nbytes: float, latency_s: float, bytes_per_s: float) -> float:
         if nbytes <= 0:
             return 0.0
-        return (self.ipu_link_latency_s + nbytes / self.ipu_link_bytes_per_s) * self.clock_hz
+        return (latency_s + nbytes / bytes_per_s) * self.clock_hz
+
+    def link_cycles(self, nbytes: float) -> float:
+        """Cycles to move `nbytes` over IPU-Links, latency included."""
+        return self._transfer_cycles(nbytes, self.ipu_link_latency_s, self.ipu_link_bytes_per_s)
 
     def stage_copy_cycles(self, nbytes: float) -> float:
         """Cycles to copy `nbytes` from one pipeline stage's IPU to a neighbour's."""
-        if nbytes <= 0:
-            return 0.0
-        rate = self.stage_link_bytes_per_s or self.ipu_link_bytes_per_s
-        return (self.ipu_link_latency_s + nbytes / rate) * self.clock_hz
+        return self._transfer_cycles(nbytes, self.ipu_link_latency_s,
+                                     self.stage_link_bytes_per_s or self.ipu_link_bytes_per_s)
 
     def racks(self, ipus: int) -> int:
         """Racks (IPU-Link domains) that `ipus` IPUs span: one unless gateway links exist."""
@@ -138,9 +139,7 @@ class Target:
         return cycles
 
     def host_cycles(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        return (self.host_latency_s + nbytes / self.host_bytes_per_s) * self.clock_hz
+        return self._transfer_cycles(nbytes, self.host_latency_s, self.host_bytes_per_s)
 
     def to_meta(self, num_ipus: int) -> dict[str, Any]:
         """The `target` dict of the profile contract (JSON-safe), plus the model constants."""
