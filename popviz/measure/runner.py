@@ -13,8 +13,10 @@ rank saves its torch.profiler trace in `DIR/traces/`, rank 0 writes `DIR/profile
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import socket
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +264,8 @@ def _init(config: MeasureConfig, rank: int, world: int) -> None:
 def _spawned(rank: int, config: MeasureConfig, port: int) -> None:
     import torch.distributed as dist
 
+    # a crash in torch's C++ prints where this rank's Python was, in the run's stderr
+    faulthandler.enable()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     _init(config, rank, config.ranks)
@@ -269,6 +273,17 @@ def _spawned(rank: int, config: MeasureConfig, port: int) -> None:
         run_rank(config, rank, config.ranks)
     finally:
         dist.destroy_process_group()
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End a spawned rank whose work is done and handed over without the interpreter's
+    teardown: torch's C++ statics (the profiler's and gloo's threads) are destroyed there,
+    and one still running aborts the process now and then ("terminate called without an
+    active exception"), which made the whole run fail after its profile was complete."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def under_torchrun() -> bool:
