@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from popviz.measure.runner import MeasureConfig, build_rank, free_port
+from popviz.measure.runner import MeasureConfig, build_rank, end_spawned_rank, free_port
 
 
 def _rank(rank: int, config: MeasureConfig, port: int, steps: int, rounds: int) -> None:
@@ -54,6 +54,7 @@ def _rank(rank: int, config: MeasureConfig, port: int, steps: int, rounds: int) 
               f"step {plain * 1e3:.2f} ms plain, {probed * 1e3:.2f} ms under torch.profiler, "
               f"ratio {probed / plain:.3f}")
     dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def _p2p(rank: int, port: int, rounds: int) -> None:

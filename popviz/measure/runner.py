@@ -12,6 +12,7 @@ rank saves its torch.profiler trace in `DIR/traces/`, rank 0 writes `DIR/profile
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import os
@@ -273,14 +274,15 @@ def _spawned(rank: int, config: MeasureConfig, port: int) -> None:
         run_rank(config, rank, config.ranks)
     finally:
         dist.destroy_process_group()
-    _exit_now()
+    end_spawned_rank()
 
 
-def _exit_now() -> None:
+def end_spawned_rank() -> None:
     """End a spawned rank whose work is done and handed over without the interpreter's
     teardown: torch's C++ statics (the profiler's and gloo's threads) are destroyed there,
     and one still running aborts the process now and then ("terminate called without an
     active exception"), which made the whole run fail after its profile was complete."""
+    atexit._run_exitfuncs()  # Python's own exit work still runs (multiprocessing's)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
