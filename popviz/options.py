@@ -133,8 +133,16 @@ class Options:
         return self
 
     def set_execution_strategy(self, execution: Any) -> Options:
-        """Take a `popviz.PipelinedExecution` / `ShardedExecution` (see annotate.py)."""
-        execution.apply_to(self)
+        """Take a `popviz.PipelinedExecution` / `ShardedExecution` (see annotate.py), or a
+        strategy's name ("pipelined", "sharded") to keep the blocks' own placement."""
+        if isinstance(execution, str):
+            self.strategy = execution
+        elif hasattr(execution, "apply_to"):
+            execution.apply_to(self)
+        else:
+            raise TypeError("set_execution_strategy takes popviz.PipelinedExecution(...), "
+                            "popviz.ShardedExecution(...) or a strategy name "
+                            f"({', '.join(STRATEGIES)}), got {type(execution).__name__}")
         self.validate()
         return self
 

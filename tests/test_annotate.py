@@ -121,6 +121,15 @@ def test_explicit_stages_fill_options() -> None:
     assert (opts.strategy, opts.stages, opts.stage_ipus) == ("sharded", [["B1"], ["B2"]], [0, 1])
 
 
+def test_a_strategy_by_name_keeps_the_blocks_placement_and_a_wrong_kind_is_one_line() -> None:
+    opts = popviz.Options().set_execution_strategy("sharded")
+    assert (opts.strategy, opts.stages) == ("sharded", [])
+    with pytest.raises(ValueError, match="strategy 'pipelind' is not one of pipelined"):
+        popviz.Options().set_execution_strategy("pipelind")
+    with pytest.raises(TypeError, match=r"takes popviz.PipelinedExecution.*got int"):
+        popviz.Options().set_execution_strategy(2)
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: popviz.PipelinedExecution(popviz.Stage("A").ipu(1), popviz.Stage("B").ipu(0)),
      "out of order"),
