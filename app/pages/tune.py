@@ -72,6 +72,24 @@ def _fill(value: Any) -> int:
     return round(fill) if 1 <= fill <= FULL else FULL  # NaN fails the test too
 
 
+def _input_problem(budget: Any, fill: Any) -> str | None:
+    """What is wrong with the inputs a press would run, in words; None when both are
+    usable. The browser sends None for an empty box or a number outside its min..max."""
+    def whole(value: Any, low: int, high: int) -> bool:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return False
+        return number == round(number) and low <= number <= high
+
+    if not whole(budget, 2, 200):
+        return "Nothing run: the compile budget must be a whole number from 2 to 200."
+    if not whole(fill, 1, FULL):
+        return ("Nothing run: max tile fill must be a whole percent from 1 to 100 "
+                "(100: no ceiling).")
+    return None
+
+
 def _fits_words(plans: Any, fill: int) -> list[str]:
     """The fits column as `popviz tune` prints it: yes, or NO (N tiles > 60%)."""
     return [fit_words(bool(f), int(n), fill / FULL)
@@ -216,6 +234,8 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         entry = ctx.cache.get(profile_of(search))
         key = key or {"budget": DEFAULT_BUDGET, "fill": FULL}
         if dash.ctx.triggered_id == "tune-run" or (dash.ctx.triggered_id is None and clicks):
+            if (problem := _input_problem(budget, fill)) is not None:
+                return [message(problem)], True, key
             budget, fill, profile = _budget(budget), _fill(fill), entry.profile
             try:
                 job = ctx.tune_jobs.start(

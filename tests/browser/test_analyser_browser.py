@@ -251,6 +251,10 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     assert fill < 100
     page.goto(f"{base_url}/tune?profile={quote(rel)}")
     page.wait_for_selector("#tune-fill", timeout=30_000)
+    page.fill("#tune-fill", "0")  # outside 1..100: said so, and nothing runs
+    page.click("#tune-run")
+    page.wait_for_selector("#tune-results >> text=Nothing run: max tile fill", timeout=30_000)
+    assert page.locator("#tune-plans").count() == 0
     page.fill("#tune-budget", "3")
     page.fill("#tune-fill", str(fill))
     page.click("#tune-run")
