@@ -347,3 +347,31 @@ def test_a_layout_reads_the_same_however_its_options_named_it() -> None:
     facts = load_side(prof, "A").facts
     assert facts["splits"] == " ".join(prof.stages["first_layer"].iloc[1:]) == "B2 B3 B4"
     assert facts["amp"] == "IPU0: 0.6, IPU1: 0.6, IPU2: 0.6, IPU3: 0.6"
+
+
+def test_a_measured_run_is_compared_per_step_and_per_sample() -> None:
+    """The bundled 2-rank gloo run (2 recorded steps): its op classes, bars and traffic
+    are one step's (or one sample's), and its unknown fit is not called a fit."""
+    measured = ROOT / "profiles" / "tutorial_measured_2ranks"
+    comp = compare(measured, measured)
+    with popviz.open(measured) as p:
+        steps = p.trace["step"].nunique()
+        inter = float(p.exchange["bytes"][p.exchange["src"].astype(str).ne("host")
+                                          & p.exchange["dst"].astype(str).ne("host")].sum())
+        step_ms = float(p.summary["step_seconds"]) * 1e3
+    assert steps == 2
+    # every call of both steps counted once: per sample, the ops of a phase are the
+    # phase's device time per sample from the trace (top-level ops cover it)
+    ops = comp.op_classes.groupby("phase")["a"].sum()
+    tps = comp.time_per_sample.set_index("category")["a"]
+    for phase in ("forward", "backward"):
+        assert ops[phase] == pytest.approx(tps[phase], rel=0.02), phase
+    # each rank's bars add up to the step, untraced host time included
+    a = comp.ipus[comp.ipus["metric"].str.endswith("_ms")].pivot_table(
+        index="ipu", columns="metric", values="a")
+    assert (a["untraced_ms"] > 0).all()
+    assert a.sum(axis=1).to_numpy() == pytest.approx(step_ms, rel=1e-6)
+    metrics = comp.metrics.set_index("metric")["a"]
+    assert metrics["inter_ipu_bytes"] == pytest.approx(inter / steps)
+    assert "Both fit" not in comp.verdict["headline"]
+    assert "not known" in comp.verdict["headline"]

@@ -127,18 +127,23 @@ def _wide_ipus(comp: Any) -> pd.DataFrame:
 
 
 def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
-    """Compute / exchange / idle per IPU, A's IPUs then B's, side by side (ms per step)."""
+    """Compute / exchange / idle (and a measured rank's untraced time) per IPU, A's IPUs
+    then B's, side by side (ms per step)."""
     title = title or f"Time per {_device(comp)} in one step, A | B"
     if comp.ipus.empty:
         return empty_figure("No per-IPU figures in these profiles.", title)
     w = _wide_ipus(comp)
     x = _multicat(comp, w)
     fig = go.Figure()
-    for col, name, colour in (("compute_ms", "compute", CATEGORY_COLOURS["compute"]),
-                              ("exchange_ms", "exchange", CATEGORY_COLOURS["exchange"]),
-                              ("idle_ms", "idle + sync", "#b8b8b8")):
-        if col in w.columns:
-            fig.add_trace(go.Bar(x=x, y=w[col].fillna(0), name=name, marker={"color": colour},
+    for col, name, marker in (
+            ("compute_ms", "compute", {"color": CATEGORY_COLOURS["compute"]}),
+            ("exchange_ms", "exchange", {"color": CATEGORY_COLOURS["exchange"]}),
+            ("idle_ms", "idle + sync", {"color": "#b8b8b8"}),
+            ("untraced_ms", "untraced (no event)",
+             {"color": "#ffffff", "line": {"color": "#8a8a8a", "width": 1},
+              "pattern": {"shape": "/", "fgcolor": "#8a8a8a"}})):
+        if col in w.columns and (col != "untraced_ms" or (w[col].fillna(0) > 0).any()):
+            fig.add_trace(go.Bar(x=x, y=w[col].fillna(0), name=name, marker=marker,
                                  hovertemplate="%{x}: %{y:,.4f} ms<extra>" + name
                                  + "</extra>"))
     fig.update_layout(barmode="stack")

@@ -75,9 +75,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "stash_bytes": ("bytes", "lower"),
 }
 IPU_METRICS = {"compute_ms": ("ms", "lower"), "exchange_ms": ("ms", "lower"),
-               "idle_ms": ("ms", "lower"), "peak_bytes": ("bytes", "lower"),
-               "headroom_bytes": ("bytes", "higher"), "oom_tiles": ("tiles", "lower"),
-               "stash_bytes": ("bytes", "lower")}
+               "idle_ms": ("ms", "lower"), "untraced_ms": ("ms", "lower"),
+               "peak_bytes": ("bytes", "lower"), "headroom_bytes": ("bytes", "higher"),
+               "oom_tiles": ("tiles", "lower"), "stash_bytes": ("bytes", "lower")}
 STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
                  "recompute_ms": ("ms", "lower"), "exchange_ms": ("ms", "lower"),
                  "idle_ms": ("ms", "lower"), "stash_bytes": ("bytes", "lower"),

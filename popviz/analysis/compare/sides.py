@@ -157,6 +157,10 @@ def load_side(profile: Profile, label: str) -> Side:
     for c in ("exchange", "idle"):
         ipus[f"{c}_ms"] = (folded[c].reindex(ipus.index).fillna(0.0) if c in folded.columns
                            else 0.0) * ms
+    # what no event covers (a measured rank's host work between ops): with it the bars
+    # add up to the step
+    ipus["untraced_ms"] = (times["untraced"].reindex(ipus.index).fillna(0.0)
+                           if "untraced" in times.columns else 0.0) * ms
     capacity = float(_num(target.get("tiles_per_ipu")) or 0) * float(
         _num(target.get("bytes_per_tile")) or 0)
     # an imported GPU: each rank's own device memory (ranks may hold different GPUs)
@@ -191,9 +195,12 @@ def load_side(profile: Profile, label: str) -> Side:
     ops = profile.ops
     op_classes = pd.Series(dtype=float)
     if len(ops) and "cycles" in ops.columns:
-        # an op runs once per micro-batch, the optimiser once per weight update
-        per = np.where(ops["phase"].astype(str).isin(PER_SAMPLE_PHASES), micro_batch,
-                       micro_batch * accumulation)
+        # a modelled op runs once per micro-batch, the optimiser once per weight update; a
+        # measured run's ops are every call of every recorded step
+        per = (np.full(len(ops), float(per_replica * max(ops["step"].nunique(), 1)))
+               if is_measured(profile.kind) and "step" in ops.columns else
+               np.where(ops["phase"].astype(str).isin(PER_SAMPLE_PHASES), micro_batch,
+                        micro_batch * accumulation))
         us = _col(ops, "cycles").to_numpy() * scale * 1e6 / per
         cls = (ops["op_class"].astype(str).to_numpy() if "op_class" in ops.columns
                else np.full(len(ops), "other", dtype=object))  # optional column
@@ -217,7 +224,9 @@ def load_side(profile: Profile, label: str) -> Side:
     if len(exchange):
         host = exchange["src"].astype(str).str.lower().eq("host") | exchange["dst"].astype(
             str).str.lower().eq("host")
-        ex_bytes = _col(exchange, "bytes")
+        # a measured run's transfers cover every recorded step: the metric is one step's
+        steps = exchange["step"].nunique() if "step" in exchange.columns else 1
+        ex_bytes = _col(exchange, "bytes") / max(int(steps), 1)
         ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
     fits = fit_verdict(tile_memory, liveness, meta)
     fits = fits_or_stored(tile_memory, summary) if fits is None else fits

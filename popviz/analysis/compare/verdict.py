@@ -224,6 +224,18 @@ def _model_notes(sa: Side, sb: Side) -> list[str]:
     return out
 
 
+def _both_fit(sa: Side, sb: Side) -> str:
+    """Neither side is out of memory: whether each is known to fit (a measured run has
+    no per-tile data, so its fit is unknown, not yes)."""
+    unknown = [s.label for s in (sa, sb) if s.facts["fits"] is None]
+    if not unknown:
+        return "Both fit."
+    if len(unknown) == 2:
+        return "Whether they fit is not known (no per-tile data)."
+    known = "B" if unknown[0] == "A" else "A"
+    return f"{known} fits; whether {unknown[0]} does is not known (no per-tile data)."
+
+
 def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     """{winner, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline, reasons,
     differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
@@ -233,7 +245,7 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     reasons: list[str] = _model_notes(sa, sb)
     if fa and fb:
         winner = faster
-        headline = speed if faster else speed + " Both fit."
+        headline = speed if faster else speed + " " + _both_fit(sa, sb)
     elif fa != fb:
         good, bad = (sa, sb) if fa else (sb, sa)
         winner = good.label
