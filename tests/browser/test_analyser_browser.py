@@ -295,6 +295,13 @@ def test_compare_says_when_runs_are_not_like_for_like(browser_context: Any, base
     assert "✓ better" not in page.inner_text("#page")
     cards = page.inner_text("#compare-side-B").lower()
     assert "time per sample" in cards
+    # the measured ranks' bars add up to their step: the untraced host time is drawn
+    page.wait_for_function("() => { const g = document.querySelector("
+                           "'#compare-ipu-time .js-plotly-plot'); return g && g.calcdata; }",
+                           timeout=30_000)
+    names = page.evaluate("() => document.querySelector('#compare-ipu-time .js-plotly-plot')"
+                          ".data.map(d => d.name)")
+    assert "untraced (no event)" in names
     _shot(page, "compare_unequal")
     assert errors == []
     page.close()
