@@ -3,10 +3,15 @@ vs inclusive time (host spans and the GPU time of the kernels each launched)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
-from popviz.analysis.op_groups import group_ops, nesting, self_and_inclusive
+import popviz
+from popviz.analysis.op_groups import group_ops, has_gpu_time, nesting, self_and_inclusive
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _nested() -> pd.DataFrame:
@@ -16,8 +21,8 @@ def _nested() -> pd.DataFrame:
         "op": ["aten::conv2d", "aten::convolution", "aten::cudnn_convolution", "aten::add_",
                "aten::conv2d"],
         "ipu": [0, 0, 0, 0, 1], "start": [0, 10, 20, 120, 5], "end": [100, 90, 80, 140, 50],
-        "cycles": [0, 0, 50, 7, 0], "op_class": ["conv", "conv", "conv", "elementwise",
-                                                 "conv"]})
+        "cycles": [0, 0, 50, 7, 0], "gpu_ns": [0, 0, 50, 7, 0],
+        "op_class": ["conv", "conv", "conv", "elementwise", "conv"]})
 
 
 def test_nesting_finds_each_ops_innermost_parent_on_its_device() -> None:
@@ -49,3 +54,16 @@ def test_grouped_modelled_ops_by_cycles() -> None:
     assert g["share"].tolist() == [0.5, 0.5]
     with pytest.raises(ValueError, match="no column 'module'"):
         group_ops(ops, "module")
+
+
+def test_a_cpu_run_is_grouped_by_host_time_only() -> None:
+    """The bundled gloo run's ops (CPU ranks) have no GPU time: no GPU columns, shares of
+    the host self time; the same ops with kernel time would be grouped by it."""
+    with popviz.open(ROOT / "profiles" / "tutorial_measured_2ranks") as p:
+        ops = p.ops
+    assert not has_gpu_time(ops)
+    g = group_ops(ops, "op_class", measured=True)
+    assert "gpu_self" not in g.columns and "gpu_inclusive" not in g.columns
+    assert g["share"].sum() == pytest.approx(1.0)
+    assert g["share"].iloc[0] == pytest.approx(g["host_self"].iloc[0] / g["host_self"].sum())
+    assert has_gpu_time(_nested()) and "gpu_self" in group_ops(_nested(), "op", measured=True)

@@ -15,7 +15,7 @@ from dash.exceptions import PreventUpdate
 
 from popviz import analysis
 from popviz.analysis.links import op_span, ops_in_range, padded
-from popviz.analysis.op_groups import GROUP_KEYS, group_ops
+from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time
 from popviz.vocab import Naming
 
 from .. import links
@@ -99,7 +99,8 @@ def groups(entry: Entry, by: str | None, filter_query: str | None = "",
     if not by:
         return []
     words = naming(entry)
-    out = group_ops(filtered(entry, filter_query, window), by, measured=words.measured)
+    out = group_ops(filtered(entry, filter_query, window), by, measured=words.measured,
+                    gpu=has_gpu_time(entry.profile.ops))
     unit = words.unit
     out = out.rename(columns={"cycles": unit, "mean_cycles": f"mean {unit}",
                               "host_self": f"host self {unit}",

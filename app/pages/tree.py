@@ -13,6 +13,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.links import module_span, padded
+from popviz.analysis.op_groups import has_gpu_time
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
@@ -130,7 +131,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     ops = entry.profile.ops
     # an import's op cost is its kernels' GPU time; a measured run's, its host time
     cost = ("modelled cycles" if not words.measured else "modelled ns" if words.gpu_plan else
-            "measured GPU time (ns) of each op's kernels" if "gpu_ns" in ops.columns else
+            "measured GPU time (ns) of each op's kernels" if has_gpu_time(ops) else
             "host time (ns) of each op")
     return html.Div([
         html.H2(title_of(entry)),

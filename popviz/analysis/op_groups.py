@@ -55,21 +55,32 @@ def self_and_inclusive(ops: pd.DataFrame) -> pd.DataFrame:
                          "gpu_self": gpu, "gpu_inclusive": inclusive}, index=ops.index)
 
 
-def group_ops(ops: pd.DataFrame, by: str, measured: bool = False) -> pd.DataFrame:
+def has_gpu_time(ops: pd.DataFrame) -> bool:
+    """Whether a measured profile's ops carry GPU time (an import of a CUDA run); a CPU
+    run's (gloo ranks) have only host time, whatever its columns."""
+    return "gpu_ns" in ops.columns and bool(
+        pd.to_numeric(ops["gpu_ns"], errors="coerce").fillna(0).gt(0).any())
+
+
+def group_ops(ops: pd.DataFrame, by: str, measured: bool = False,
+              gpu: bool | None = None) -> pd.DataFrame:
     """One row per value of `by`: count, total and share of the time column, the mean,
-    largest first. Modelled: `cycles`. Measured (an import whose ops nest): host and GPU
-    time, each self and inclusive; the shares are of the GPU self time (each kernel
-    counted once) or, without GPU time, of the host self time."""
+    largest first. Modelled: `cycles`. Measured (an import whose ops nest): host time, self
+    and inclusive, and with `gpu` (default: whether these ops have GPU time) GPU time too;
+    the shares are of the GPU self time (each kernel counted once) or, without GPU time,
+    of the host self time."""
     if by not in ops.columns:
         raise ValueError(f"no column {by!r} to group by")
     key = ops[by].astype(str)
     if measured and {"start", "end"} <= set(ops.columns):
+        gpu = has_gpu_time(ops) if gpu is None else gpu
         times = self_and_inclusive(ops)
         grouped = times.groupby(key.to_numpy(), sort=False)
         out = grouped.sum()
         out.insert(0, "count", grouped.size())
-        basis = "gpu_self" if out["gpu_self"].sum() > 0 else "host_self"
-        out = out[["count", "host_self", "host_inclusive", "gpu_self", "gpu_inclusive"]]
+        basis = "gpu_self" if gpu and out["gpu_self"].sum() > 0 else "host_self"
+        out = out[["count", "host_self", "host_inclusive"]
+                  + (["gpu_self", "gpu_inclusive"] if gpu else [])]
     else:
         cycles = pd.to_numeric(ops["cycles"], errors="coerce").fillna(0) \
             if "cycles" in ops.columns else pd.Series(0.0, index=ops.index)
