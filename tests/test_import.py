@@ -20,6 +20,7 @@ from popviz.cli.main import main
 from popviz.ingest import kineto, kineto_fast
 from popviz.ingest.import_rank import RankPart
 from popviz.ingest.import_schedule import schedule_seen
+from popviz.ingest.kineto_ops import op_classes
 from popviz.metrics import rank_time
 from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, snapshot_inside_trace
 from tests.import_fixtures import trace_events as _events
@@ -87,6 +88,13 @@ def test_resnet_ops_carry_their_kernels_gpu_time_and_shapes(resnet: Any) -> None
     # every kernel belongs to one op: the ops' GPU time is the kernels' time, once
     all_kernels = sum(e["dur"] for e in events if e.get("cat") in ("kernel", "gpu_memset"))
     assert ops["gpu_ns"].sum() / 1e3 == pytest.approx(all_kernels, rel=1e-3)
+
+
+def test_op_classes_from_aten_names() -> None:
+    names = pd.Series(["aten::native_batch_norm", "aten::layer_norm", "aten::normal_",
+                       "aten::cudnn_convolution", "aten::addmm", "aten::mul"])
+    assert op_classes(names).tolist() == ["norm", "norm", "elementwise", "conv", "matmul",
+                                          "elementwise"]
 
 
 def test_resnet_liveness_from_the_traces_memory_events(resnet: Any) -> None:

@@ -31,7 +31,7 @@ OP_CLASSES = [
     ("matmul", re.compile(r"::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|"
                           r"_?scaled_dot_product_\w*attention\w*|_flash_attention\w*|"
                           r"_efficient_attention\w*)\b")),
-    ("norm", re.compile(r"norm")),
+    ("norm", re.compile(r"norm(?!al)")),  # not aten::normal_ (random init)
     ("reduction", re.compile(r"::(?:sum|mean|amax|max|min|softmax|_softmax|log_softmax|"
                              r"_log_softmax|nll_loss|cross_entropy|.*pool|var|std)")),
     ("data_movement", re.compile(r"::(?:copy_|_to_copy|to|cat|stack|transpose|t|view|"
