@@ -373,5 +373,7 @@ def test_a_measured_run_is_compared_per_step_and_per_sample() -> None:
     assert a.sum(axis=1).to_numpy() == pytest.approx(step_ms, rel=1e-6)
     metrics = comp.metrics.set_index("metric")["a"]
     assert metrics["inter_ipu_bytes"] == pytest.approx(inter / steps)
+    assert pd.isna(metrics.get("stash_bytes"))  # no stash in the traces: unknown, not 0 B
+    assert not any("stash" in r for r in comp.verdict["reasons"])
     assert "Both fit" not in comp.verdict["headline"]
     assert "not known" in comp.verdict["headline"]

@@ -97,6 +97,7 @@ def test_stage_figures_of_a_measured_profile(measured: Any) -> None:
     stash = figures.stash_figure(stages, naming=MEASURED)
     assert list(load.data[0].x) == ["stage 0 (rank 0)", "stage 1 (rank 1)"]
     assert list(stash.data[0].x) == list(load.data[0].x)
+    assert list(stash.data[0].customdata) == ["not measured"] * 2  # not "0 B" or "none"
     for fig in (time, load, stash):
         assert "IPU" not in _words(fig) and "cycles" not in _words(fig)
     amp = figures.amp_figure(stages, measured.meta, naming=MEASURED)
@@ -150,6 +151,9 @@ def test_pages_of_a_measured_profile_say_rank_and_ns(ctx: AppContext) -> None:
     headers = [c["name"] for t in _find(stages, "DataTable") for c in t.columns]
     assert "forward ns" in headers and "rank" in headers
     assert not [h for h in headers if "cycles" in h or h == "ipu"]
+    rows = [r for t in _find(stages, "DataTable") for r in t.data if "stash" in r]
+    assert rows and {r["stash"] for r in rows} == {"not measured"}
+    assert not [h for h in headers if h.startswith("stash ")]  # no zeros that read as none
     exchange = render(ctx, "/exchange", query)[1]
     headers = [c["name"] for t in _find(exchange, "DataTable") for c in t.columns]
     assert "ns" in headers and "cycles" not in headers

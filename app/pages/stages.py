@@ -46,9 +46,14 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                          message("This profile has no stage table.", "info")])
     bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
-    if "stash_bytes" in shown.columns:  # in words, as /liveness and /compare say it
-        shown.insert(list(shown.columns).index("stash_bytes"), "stash", stash_column(shown))
     words = naming(entry)
+    if "stash_bytes" in shown.columns:  # in words, as /liveness and /compare say it
+        measured = words.timed == "measured"
+        shown.insert(list(shown.columns).index("stash_bytes"), "stash",
+                     stash_column(shown, measured=measured))
+        if measured:  # no stash in a run's traces: no zeros that read as none
+            shown = shown.drop(columns=[c for c in ("stash_bytes", "stash_depth")
+                                        if c in shown.columns])
     # a measured run has no AMP: a note, not a chart of the compiler's default
     amp_box = (html.Div(message(amp_note(words), "info"), id="stages-amp-note",
                         className="half") if words.measured

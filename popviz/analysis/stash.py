@@ -26,8 +26,14 @@ def stash_words(depth: int, per_microbatch: int, total: int) -> str:
         f"= {fmt_bytes(total)}"
 
 
-def stash_column(stages: pd.DataFrame) -> list[str]:
-    """One `stash_words` per row of a stage table, in its order."""
+NOT_MEASURED = "not measured"
+
+
+def stash_column(stages: pd.DataFrame, measured: bool = False) -> list[str]:
+    """One `stash_words` per row of a stage table, in its order; a measured run's
+    stages are `NOT_MEASURED` (its traces show no stash, which is not none)."""
+    if measured:
+        return [NOT_MEASURED] * len(stages)
     table = stash(stages)
     return [stash_words(int(r.depth), int(r.per_microbatch_bytes), int(r.stash_bytes))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             for r in table.itertuples()]

@@ -83,7 +83,8 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
     held = stash(s)  # the metrics core's definition: depth x bytes per micro-batch
     fig = go.Figure([
         go.Bar(x=labels, y=held["stash_bytes"] / MiB, name="stash",
-               marker={"color": "#8e6bbf"}, customdata=stash_column(s),
+               marker={"color": "#8e6bbf"},
+               customdata=stash_column(s, measured=naming.timed == "measured"),
                hovertemplate="%{x}: stash %{customdata}<extra></extra>"),
         go.Bar(x=labels, y=s["peak_bytes"] / MiB, name="peak liveness",
                marker={"color": "#ef8636"},

@@ -180,15 +180,18 @@ def load_side(profile: Profile, label: str) -> Side:
     over = oom_tiles(tile_memory) if len(tile_memory) else tile_memory
     ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
                          if len(tile_memory) else np.nan)
+    # a measured run's traces hold no stash: unknown (NaN), not none
+    stash_known = len(stages) > 0 and not is_measured(profile.kind)
     ipus["stash_bytes"] = (stash_per_ipu(stages).astype(float).reindex(ipus.index)
-                           .fillna(0.0) if len(stages) else np.nan)
+                           .fillna(0.0) if stash_known else np.nan)
 
     st = pd.DataFrame(index=pd.Index(stages["stage"].astype(int).to_numpy() if len(stages)
                                      else [], name="stage"))
     for col in ("forward", "backward", "recompute", "exchange", "idle"):
         st[f"{col}_ms"] = _col(stages, f"{col}_cycles").to_numpy() * ms
     st["stash_bytes"] = (stash(stages)["stash_bytes"].to_numpy(float)
-                         if "stash_bytes" in stages.columns
+                         if "stash_bytes" in stages.columns and stash_known
+                         else np.full(len(st), np.nan) if len(stages)
                          else _col(stages, "stash_bytes").to_numpy())
     st["peak_bytes"] = _col(stages, "peak_bytes").to_numpy()
 
@@ -248,7 +251,7 @@ def load_side(profile: Profile, label: str) -> Side:
         "fullest_tile_utilisation": float(tiles["utilisation"].max()) if len(tiles) else None,
         "oom_tiles": n_oom, "exchange_bytes": inter + ex_host, "inter_ipu_bytes": inter,
         "host_bytes": ex_host,
-        "stash_bytes": float(stash_per_ipu(stages).sum()) if len(stages) else None,
+        "stash_bytes": float(stash_per_ipu(stages).sum()) if stash_known else None,
     }
     name = str(profile.name or label)
     if name in ("training", "inference") and profile.path:
