@@ -94,8 +94,9 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
     words = naming(entry)
     ops = node_ops(entry.profile.ops, node)
     cols = [c for c in OP_COLUMNS if c in ops.columns]
-    step = " per step" if per_step(entry) else ""
-    head = (f"{node}: {r['cycles']:,.0f} {words.unit}{step} over {int(r['ops']):,} ops, "
+    # a step's compute on every device added up: not the step's length (/summary)
+    step = f" of compute per step, summed over its {words.devices}" if per_step(entry) else ""
+    head = (f"{node}: {r['cycles']:,.0f} {words.unit}{step}; {int(r['ops']):,} ops, "
             f"{known_or(r['flops'], lambda v: f'{v:,.0f}')} FLOPs, "
             f"{known_or(r['bytes_written'], fmt_bytes)} written, largest temporary "
             f"{known_or(r['temp_bytes'], fmt_bytes)}; stage {r['stages'] or '-'}"
