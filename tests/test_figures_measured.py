@@ -145,6 +145,9 @@ def test_pages_of_a_measured_profile_say_rank_and_ns(ctx: AppContext) -> None:
     query = f"?profile={MEASURED_REL}"
     summary = _text(render(ctx, "/summary", query)[1])
     assert "on rank " in summary and " ns (" in summary and "Peak liveness per rank" in summary
+    headers = [c["name"] for t in _find(render(ctx, "/summary", query)[1], "DataTable")
+               for c in t.columns]
+    assert "peak step" in headers and "at" not in headers  # no empty column of op names
     stages = render(ctx, "/stages", query)[1]
     assert "measured run has none" in _text(stages)
     assert "stages-amp" not in [g.id for g in _find(stages, "Graph")]

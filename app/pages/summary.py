@@ -108,6 +108,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "not-always-live": [fmt_bytes(x) for x in peaks["not_always_live_bytes"]],
             "phase": peaks["phase"], "at": peaks["label"],
         })
+        if not peaks["at"].astype(str).str.strip().any():  # a measured run names no op
+            peaks = peaks.drop(columns="at")
     words = naming(entry)
     warnings = profile_warnings(entry.profile.meta or {})
     return html.Div([
