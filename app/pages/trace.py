@@ -173,7 +173,8 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     stats: RangeStats = entry.get(("range_stats", lo, hi), build) if same else build()
     unit = words.unit
     head = html.Div(f"{how}: {lo:,.0f} to {hi:,.0f} {unit} ({hi - lo:,.0f} {unit}), "
-                    f"{stats.events:,} events.", id="trace-stats-head", className="status")
+                    f"{stats.events:,} device events.", id="trace-stats-head",
+                    className="status")
     per_ipu = stats.per_ipu.rename(columns={"ipu": words.device.lower()})
     per_ipu = _pct(per_ipu, "busy_share")
     blocks = [head, html.Div([
