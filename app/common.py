@@ -84,10 +84,17 @@ def downloads(rel: str, tables: list[str], views: list[str]) -> html.Div:
     return html.Div(links, className="downloads")
 
 
+# columns whose -1 means "none" (a host op outside any micro-batch, no peer, an op that is
+# its own source): shown blank, not as a number
+NONE_IS_MINUS_ONE = ("microbatch", "peer", "source_op")
+
+
 def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     out = frame.copy()
     for col in out.columns:
-        if pd.api.types.is_float_dtype(out[col]):
+        if col in NONE_IS_MINUS_ONE and pd.api.types.is_numeric_dtype(out[col]):
+            out[col] = out[col].astype(object).where(out[col] != -1, None)
+        elif pd.api.types.is_float_dtype(out[col]):
             out[col] = out[col].round(4)
         elif not pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(
                 out[col]):

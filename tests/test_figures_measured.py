@@ -253,3 +253,15 @@ def test_compare_memory_figures_fit_the_data_not_a_far_capacity(measured: Any,
     if float(comp.tiles["total_bytes"].max()) < 0.25 * float(comp.tiles["capacity_bytes"].max()):
         assert not [d for d in tiles.data if "capacity" in d.name]
         assert "off the scale" in tiles.layout.title.text
+
+
+def test_measured_ops_page_shows_no_minus_one_for_none(ctx: AppContext) -> None:
+    """A host op outside every micro-batch and an op with no peer show blank cells."""
+    from popviz_app.pages import operations
+
+    entry = ctx.cache.get(MEASURED_REL)
+    with popviz.open(ROOT / MEASURED_REL) as p:
+        assert (p.ops["microbatch"] == -1).any() and (p.ops["peer"] == -1).any()
+    rows, _, _ = operations.page(entry, "", [], 0, size=200)
+    assert rows and all(r["microbatch"] != -1 and r["peer"] != -1 for r in rows)
+    assert any(r["microbatch"] is None for r in rows)
