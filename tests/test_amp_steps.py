@@ -131,6 +131,14 @@ def test_amp_steps_figure_merges_steps_that_change_nothing(rn50) -> None:
     assert list(ipu0.text) == ["0.1", "0.15-0.6"]  # nothing changes above 0.15 on IPU0
     assert list(ipu0.marker.symbol) == ["circle", "star"]  # 0.15 is in force
     assert len(amp_steps_figure(None).data) == 0
+    # labels go to the side with more room: the lines of two IPUs that run close label
+    # away from each other (the highest above, the lowest below)
+    level = steps.groupby("ipu")["cycles"].mean().sort_values()
+    where = {int(t.name[3:]): t.textposition for t in fig.data}
+    assert where[int(level.index[-1])] == "top center"
+    assert where[int(level.index[0])] == "bottom center"
+    for low, high in zip(level.index[:-1], level.index[1:]):
+        assert (where[int(low)], where[int(high)]) != ("top center", "bottom center")
 
 
 def test_tune_cli_prints_the_amp_steps(capsys) -> None:

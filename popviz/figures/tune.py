@@ -4,6 +4,8 @@ what each AMP step trades per IPU (conv / matmul cycles against temporary memory
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -109,13 +111,15 @@ def amp_steps_figure(steps: pd.DataFrame | None,
     if steps is None or steps.empty:
         return empty_figure("No convolution or matmul to re-plan.", title)
     fig = go.Figure()
+    sides = _label_sides(steps.groupby("ipu")["cycles"].mean())
     for ipu, g in steps.groupby("ipu", sort=True):
         g = _merged(g.sort_values("amp"))
         custom = np.stack([g["label"].to_numpy(), g["serial_ops"].to_numpy(),
                            g["over_amp_ops"].to_numpy()], axis=1)
         fig.add_trace(go.Scatter(
             x=g["temp_bytes"] / KiB, y=g["cycles"] / 1e6, mode="lines+markers+text",
-            name=f"IPU{ipu}", text=g["label"], textposition="top center",
+            name=f"IPU{ipu}", text=g["label"], textposition=sides[ipu],
+            cliponaxis=False,  # a label at the axis' end is not cut off
             marker={"size": [16 if f else 8 for f in g["in_force"]],
                     "symbol": ["star" if f else "circle" for f in g["in_force"]]},
             customdata=custom,
@@ -126,6 +130,19 @@ def amp_steps_figure(steps: pd.DataFrame | None,
     fig.update_xaxes(title_text="temporary memory of the fullest tile (KiB)")
     fig.update_yaxes(title_text="conv / matmul Mcycles per micro-batch")
     return base_layout(fig, title + " (the star: in force)", height=420)
+
+
+def _label_sides(level: pd.Series) -> dict[Hashable, str]:
+    """Where each line's AMP labels go: on the side with more room to the next line
+    (by each line's mean height), so labels of lines that run close do not overlap."""
+    order = level.sort_values()
+    values = order.to_numpy(dtype=float)
+    out = {}
+    for i, key in enumerate(order.index):
+        below = values[i] - values[i - 1] if i > 0 else np.inf
+        above = values[i + 1] - values[i] if i + 1 < len(values) else np.inf
+        out[key] = "top center" if above >= below else "bottom center"
+    return out
 
 
 def _merged(steps: pd.DataFrame) -> pd.DataFrame:
