@@ -334,3 +334,9 @@ def test_cli_text_gives_each_layout_as_flags_and_python(recorded, capsys):
     assert options.schedule == best["schedule"]
     assert [options.amp_for(i) for i in range(2)] == pytest.approx(best["amp"])
     assert all(line in plans for line in best["python"])
+    # the gradient accumulation it was planned with is stated: train.py's own default for
+    # a pipeline (2 x shards) would give another throughput
+    with popviz.open(path) as recorded_profile:
+        planned = recorded_profile.meta["options"]["gradient_accumulation"]
+    assert options.gradient_accumulation == best["gradient_accumulation"] == planned
+    assert f"--gradient-accumulation {planned}" in best["train_args"]

@@ -198,3 +198,30 @@ def test_train_py_into_a_folder_another_run_holds(tmp_path: Path) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "another run is writing profiles here" in lines[0]
     assert not list(tmp_path.rglob("*.h5"))
+
+
+def test_a_profile_replaces_an_older_profile_and_nothing_else(tmp_path: Path) -> None:
+    """A user's own file at the profile's path, an HDF5 file of theirs or a folder is
+    left as it was, with one line naming it; an older profile is replaced."""
+    import h5py
+
+    first = write_tiny(tmp_path / "run")
+    assert write_tiny(tmp_path / "run", command_line="again") == first  # replaced
+    assert popviz.open(first).meta is not None
+    notes = tmp_path / "notes.h5"
+    notes.write_text("my notes")
+    theirs = tmp_path / "data.h5"
+    with h5py.File(theirs, "w") as h5:
+        h5["x"] = [1, 2, 3]
+    folder = tmp_path / "dir" / "profile.h5"
+    folder.mkdir(parents=True)
+    for path, what in ((notes, "not a popviz profile"), (theirs, "not a popviz profile"),
+                       (folder, "a folder")):
+        before = sorted(p.name for p in path.parent.iterdir())
+        with pytest.raises(FileExistsError, match=what) as info:
+            write_tiny(path)
+        assert info.value.filename == str(path)
+        assert sorted(p.name for p in path.parent.iterdir()) == before  # no temp left
+    assert notes.read_text() == "my notes"
+    with h5py.File(theirs, "r") as h5:
+        assert list(h5["x"][:]) == [1, 2, 3]

@@ -41,6 +41,9 @@ class Candidate:
     throughput_ratio: float = 1.0  # vs the baseline
     throughput_per_ipu_ratio: float = 1.0
     similar: int = 0  # other layouts found within tune.NEAR_EQUAL (not listed)
+    # planned with the profile's: stated in the flags, since train.py's default for a
+    # pipeline (2 x shards) would change with the layout and with it the throughput
+    gradient_accumulation: int = 1
 
     @property
     def headroom(self) -> float:
@@ -74,6 +77,7 @@ class Candidate:
             args.append("--pipeline-splits " + " ".join(self.splits))
         if self.recomputation:
             args.append("--enable-recomputation")
+        args.append(f"--gradient-accumulation {self.gradient_accumulation}")
         amp = [f"{a:g}" for a in self.amp]
         amp = amp[:1] if len(set(amp)) == 1 else [a for a in amp for _ in (0, 1)]
         return " ".join([*args, "--available-memory-proportion " + " ".join(amp)])
@@ -239,6 +243,7 @@ def _candidate(report: Any, options: Options, source: str,
     return Candidate(
         source=source, splits=splits, amp=[options.amp_for(i) for i in range(n)],
         recomputation=bool(options.recomputation),
+        gradient_accumulation=int(options.gradient_accumulation),
         schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
         replicas=int(s.get("replicas") or 1),
         fits=fits, oom_tiles=oom_tiles, oom_ipus=oom_ipus,

@@ -104,6 +104,7 @@ def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
         lines.append(f"options.set_schedule({json.dumps(c.schedule)})")
     if c.recomputation:
         lines.append("options.set_recomputation(True)")
+    lines.append(f"options.set_gradient_accumulation({c.gradient_accumulation})")
     amp = f"{c.amp[0]:g}" if len(set(c.amp)) == 1 else \
         "{" + ", ".join(f'"IPU{i}": {a:g}' for i, a in enumerate(c.amp)) + "}"
     lines.append(f"options.set_available_memory_proportion({amp})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import os
 import sys
@@ -41,6 +42,31 @@ def profile_path(path: str | os.PathLike[str]) -> Path:
     if target.suffix == schema.PROFILE_SUFFIX:
         return target
     return target / schema.PROFILE_FILENAME
+
+
+def is_popviz_profile(path: Path) -> bool:
+    """Whether the file at `path` is a popviz profile (an HDF5 file whose root says so),
+    the only kind of file a write may replace."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(len(tempfiles.HDF5_SIGNATURE)) != tempfiles.HDF5_SIGNATURE:
+                return False
+        with h5py.File(path, "r") as h5:
+            fmt = h5.attrs.get("format")
+            return (fmt.decode() if isinstance(fmt, bytes) else fmt) == schema.FORMAT_NAME
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+
+
+def refuse_foreign(final: Path) -> None:
+    """A profile is written over an older profile, never over anything else a user keeps
+    at that path (their own file that happens to be called profile.h5, a folder)."""
+    if not (final.exists() or final.is_symlink()):
+        return
+    if final.is_dir() or not is_popviz_profile(final):
+        what = "a folder" if final.is_dir() else "not a popviz profile"
+        raise FileExistsError(errno.EEXIST, f"already there and {what}, so not replaced; "
+                              "move it or write the profile elsewhere", str(final))
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *,
@@ -85,6 +111,7 @@ def write_profile(
             raise ValueError(f"table {name!r} lacks contract columns: {', '.join(absent)}")
 
     final = profile_path(path)
+    refuse_foreign(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tempfiles.remove_stale_in(final.parent)
     temp = tempfiles.temp_name(final)
