@@ -78,6 +78,24 @@ def test_export_csv_round_trips_tables(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "csv" / "meta.json").read_text())["summary"]["oom_tiles"] == 1
 
 
+def test_export_replaces_an_earlier_export_only_with_force(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_tiny(tmp_path / "run")
+    out = tmp_path / "csv"
+    out.mkdir()
+    (out / "stages.csv").write_text("mine")
+    (out / "p2p.csv").write_text("an earlier export's table")
+    assert main(["export", str(tmp_path / "run"), "--to", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds stages.csv" in err and "--force" in err and len(err.splitlines()) == 1
+    assert (out / "stages.csv").read_text() == "mine" and not (out / "meta.json").exists()
+    assert main(["export", str(tmp_path / "run"), "--to", str(out), "--force"]) == 0
+    said = capsys.readouterr().out
+    assert (out / "stages.csv").read_text() != "mine"
+    assert "also holds 1 CSV file(s) not written now" in said and "p2p.csv" in said
+    assert (out / "p2p.csv").read_text() == "an earlier export's table"  # never deleted
+
+
 def test_export_chrome_trace_times_in_microseconds(tmp_path: Path) -> None:
     write_tiny(tmp_path / "run")
     out = tmp_path / "t.json"

@@ -77,13 +77,17 @@ def test_chrome_export_on_a_full_disk(tmp_path: Path, profile: Path,
     assert str(out / "trace.json") in _one_error_line(capsys)
     monkeypatch.setattr(_FillsUp, "room", 64)
     assert main(["export", str(profile), "--to", str(kept), "--format", "chrome",
-                 "--no-vet"]) == 1
+                 "--no-vet", "--force"]) == 1
     capsys.readouterr()
     assert sorted(p.name for p in out.iterdir()) == ["kept.json"]
     assert kept.read_text() == '{"an": "earlier export"}'  # the old one, whole
     monkeypatch.undo()
     assert main(["export", str(profile), "--to", str(kept), "--format", "chrome",
-                 "--no-vet"]) == 0
+                 "--no-vet"]) == 2  # an earlier export is not replaced unasked
+    assert kept.read_text() == '{"an": "earlier export"}'
+    assert "--force" in capsys.readouterr().err
+    assert main(["export", str(profile), "--to", str(kept), "--format", "chrome",
+                 "--no-vet", "--force"]) == 0
     assert json.loads(kept.read_text())["traceEvents"]
     assert sorted(p.name for p in out.iterdir()) == ["kept.json"]
 

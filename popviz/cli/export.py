@@ -19,7 +19,22 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "also keeps its host threads and launch -> kernel arrows)")
     parser.add_argument("--tables", nargs="+", metavar="NAME",
                         help="with csv: only these tables (default: all)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files an earlier export left at --to (default: "
+                        "refuse, naming them)")
     add_no_vet_argument(parser)
+
+
+def _existing(paths: list[Path]) -> list[Path]:
+    return [p for p in paths if p.exists() or p.is_symlink()]
+
+
+def _refuse(found: list[Path], where: Path) -> None:
+    from popviz.cli.command import UsageError
+
+    names = ", ".join(p.name for p in found[:6]) + (", ..." if len(found) > 6 else "")
+    raise UsageError(f"{where} already holds {names}; pass --force to replace "
+                     f"{'it' if len(found) == 1 else 'them'}, or choose another --to")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -32,10 +47,21 @@ def _run(args: argparse.Namespace) -> int:
             if unknown:
                 raise UsageError(f"unknown table(s) {', '.join(unknown)}; this profile has "
                                  f"{', '.join(profile.table_names)}")
+            names = list(args.tables or profile.table_names)
+            finals = [args.to / f"{n}.csv" for n in names] + [args.to / "meta.json"]
+            if not args.force and (found := _existing(finals)):
+                _refuse(found, args.to)
             written = export_csv(profile, args.to, args.tables)
             print(f"wrote {len(written)} files to {args.to}")
+            others = sorted(p.name for p in args.to.glob("*.csv") if p not in written)
+            if others:  # an earlier export's tables: not this profile's
+                print(f"note: {args.to} also holds {len(others)} CSV file(s) not written "
+                      f"now (an earlier export?): {', '.join(others[:8])}"
+                      + (", ..." if len(others) > 8 else ""))
         else:
             target = args.to if args.to.suffix == ".json" else args.to / "trace.json"
+            if not args.force and _existing([target]):
+                _refuse([target], target.parent)
             export_chrome_trace(profile, target)
             print(f"wrote {target} (open it in https://ui.perfetto.dev)")
     return EXIT_OK
