@@ -30,6 +30,23 @@ def test_summary_text(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "fits: NO" in out and "1 tile(s) out of memory on IPU 1" in out
 
 
+def test_summary_stage_table_adds_up_to_the_step(capsys: pytest.CaptureFixture) -> None:
+    """Each rank's row of the bundled measured run holds all its step: the other host
+    work and the optimiser are columns too, so the parts add up to the step time."""
+    import popviz
+
+    measured = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_measured_2ranks"
+    assert main(["summary", str(measured)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.strip().startswith("stage ipu"))
+    assert "other" in lines[head] and "optimiser" in lines[head]
+    with popviz.open(measured) as p:
+        step_ns = float(p.summary["step_seconds"]) * 1e9
+    for row in lines[head + 1:head + 3]:
+        parts = [float(x.replace(",", "")) for x in row.split()[2:]]
+        assert sum(parts) == pytest.approx(step_ns, rel=1e-4)
+
+
 def test_summary_of_directory_lists_each(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_tiny(tmp_path / "d" / "training")
     write_tiny(tmp_path / "d" / "inference")

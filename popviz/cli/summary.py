@@ -95,13 +95,17 @@ def render_text(facts: dict) -> str:
             continue
         lines.append(f"  {words.label(ipu)} peak liveness: {_fmt_bytes(peak)}")
     if facts["stages"]:
-        cols = ("forward", "backward", "recompute", "exchange", "idle")
+        # every part of a stage's step: the optimiser and a measured rank's other work
+        # (host ops outside the pipeline's actions) too, where there are any
+        cols = ("forward", "backward", "recompute", "optimiser", "other", "exchange", "idle")
+        cols = tuple(c for c in cols if c not in ("optimiser", "other")
+                     or any(float(s.get(c + "_cycles") or 0) for s in facts["stages"]))
         device = "gpu" if words.gpu_plan else "ipu"
         lines.append(f"  stage {device} " + " ".join(f"{c:>14}" for c in cols)
                      + f"  ({words.unit})")
         for s in facts["stages"]:
             lines.append(f"  {s['stage']:>5} {s['ipu']:>3} " + " ".join(
-                f"{s[c + '_cycles']:>14,.0f}" for c in cols))
+                f"{float(s.get(c + '_cycles') or 0):>14,.0f}" for c in cols))
     lines += _insight_lines(facts)
     lines += [f"  warning: {w}" for w in facts.get("warnings") or []]
     return "\n".join(lines)
