@@ -53,6 +53,12 @@ def test_summary_of_directory_lists_each(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["summary", str(tmp_path / "d"), "--json"]) == 0
     names = [f["name"] for f in json.loads(capsys.readouterr().out)]
     assert names == ["inference", "training"]
+    # in text, two runs of one name are told apart by where they are
+    write_tiny(tmp_path / "d" / "other" / "training")
+    assert main(["summary", str(tmp_path / "d")]) == 0
+    heads = [line.split("  (")[0] for line in capsys.readouterr().out.splitlines()
+             if line and not line.startswith(" ")]
+    assert heads == ["inference", "other/training", "training"]
 
 
 @pytest.mark.parametrize("content, fragment", [

@@ -68,7 +68,9 @@ def _own_names(host: str) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.is_dir():
-        raise UsageError(f"{root}: no such directory")
+        raise UsageError(f"{root}: a file, not a folder; serve the folder that holds "
+                         "profiles (e.g. profiles/)" if root.exists()
+                         else f"{root}: no such directory")
     if not 0 < args.port < 65536:
         raise UsageError(f"port {args.port} is outside 1..65535")
     if not 1 <= args.threads <= 64:

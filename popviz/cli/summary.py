@@ -144,7 +144,10 @@ def _run(args: argparse.Namespace) -> int:
     all_facts, skipped = [], []
     for path in paths:
         try:
-            all_facts.append(_facts(path, vet=not args.no_vet))
+            facts = _facts(path, vet=not args.no_vet)
+            if len(paths) > 1 and not args.json:  # two may share a name: say where
+                facts["name"] = _where(Path(path), Path(args.profile))
+            all_facts.append(facts)
         except ProfileError as exc:
             if len(paths) == 1:
                 raise
@@ -161,6 +164,16 @@ def _run(args: argparse.Namespace) -> int:
     for line in skipped:
         print(f"popviz: skipped: {line}", file=sys.stderr)
     return EXIT_OK
+
+
+def _where(path: Path, root: Path) -> str:
+    """A profile's place under the folder summarised: 'tutorial_pipelined/training'."""
+    try:
+        rel = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return str(path)
+    rel = rel.parent if rel.name == "profile.h5" else rel
+    return rel.as_posix() if rel.parts else path.parent.name
 
 
 def _facts(path: str | Path, vet: bool) -> dict:

@@ -138,7 +138,8 @@ def merge_profiles(inputs: list[str | os.PathLike[str]], out: str | os.PathLike[
                 p.close()
         profiles = keep
         if not profiles:
-            raise ProfileError(f"no rank profile in {' '.join(map(str, inputs))}")
+            raise ProfileError(f"no rank profile in {' '.join(map(str, inputs))} (a run "
+                               "of this popviz writes one merged profile: nothing to merge)")
         profiles = _check(profiles)
         result = merged_tables(profiles)
         meta = merged_meta(profiles)

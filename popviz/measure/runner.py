@@ -75,6 +75,10 @@ class MeasureConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, "
                                  f"got {value!r}")
+        if self.image_size is not None and (not isinstance(self.image_size, int)
+                                            or self.image_size < 1):
+            raise ValueError(f"image size must be a whole number >= 1, got "
+                             f"{self.image_size!r}")
         if self.warmup < 1:
             raise ValueError("warmup must be >= 1: the first step sets the stages up")
         if self.backend not in BACKENDS:
