@@ -340,3 +340,21 @@ def test_cli_text_gives_each_layout_as_flags_and_python(recorded, capsys):
         planned = recorded_profile.meta["options"]["gradient_accumulation"]
     assert options.gradient_accumulation == best["gradient_accumulation"] == planned
     assert f"--gradient-accumulation {planned}" in best["train_args"]
+
+
+def test_text_says_keep_the_layout_when_nothing_faster_fits(program, options):
+    """A fitting current layout is kept when the best other one is not faster; a faster
+    one is the 'Best'."""
+    import dataclasses
+
+    from popviz.cli.tune import _render_text
+
+    r = tune(program, options, 4, max_compiles=6)
+    assert r.baseline.fits and r.best is not None
+    slower = dataclasses.replace(r.best, throughput_ratio=0.99, throughput_per_ipu_ratio=0.5)
+    text = _render_text(dataclasses.replace(r, candidates=[slower]), "r18", "pipelined")
+    assert "Keep the current layout: no faster one was found" in text
+    assert "\nBest:" not in text
+    faster = dataclasses.replace(r.best, throughput_ratio=1.2, throughput_per_ipu_ratio=1.2)
+    text = _render_text(dataclasses.replace(r, candidates=[faster]), "r18", "pipelined")
+    assert "\nBest: 1.20x the current throughput" in text and "Keep the current" not in text

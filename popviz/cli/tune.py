@@ -171,7 +171,11 @@ def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
         ratio = best.throughput_per_ipu_ratio
         verdict = ("faster per IPU" if ratio > 1 + SAME else "slower per IPU"
                    if ratio < 1 - SAME else "about the same per IPU")
-        out += ["", f"Best: {best.throughput_ratio:.2f}x the current throughput "
+        # a layout that fits is kept unless the search found a faster one
+        keep = b.fits and best.throughput_ratio < 1 + SAME
+        out += ["", ("Keep the current layout: no faster one was found; the best other, "
+                     "for reference: " if keep else "Best: ")
+                + f"{best.throughput_ratio:.2f}x the current throughput "
                 f"({ratio:.2f}x per IPU: {verdict}), "
                 f"{_fit_phrase(best.fits, r.max_tile_fill)}, "
                 f"busiest stage {best.imbalance:.2f}x the mean, idle {best.idle_fraction:.0%}.",
