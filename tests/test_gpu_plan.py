@@ -194,6 +194,13 @@ def test_tune_for_gpus(served: Path, capsys: pytest.CaptureFixture[str]) -> None
     schedules = set(re.findall(r"set_schedule\(\"(\w+)\"\)", out))
     assert {"GPipe", "1F1B"} & schedules and "Interleaved" not in schedules
     assert "IPU" not in out
+    # a GPU has no AMP and no tiles: no such columns, flags or Python; its flags name the
+    # target, so train.py plans what tune did
+    assert "AMP" not in out.split("\n\n")[1] and "fullest tile" not in out
+    assert "--available-memory-proportion" not in out
+    assert "set_available_memory_proportion" not in out
+    flags = re.findall(r"train\.py \.\.\. (.*)", out)
+    assert flags and all(f.startswith("--target h100 --shards ") for f in flags)
 
 
 def test_inference_frees_activations_after_the_forward(mlp: Any) -> None:

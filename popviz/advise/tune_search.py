@@ -14,6 +14,9 @@ import numpy as np
 from popviz.advise.tune_layers import Segments
 from popviz.options import Options
 from popviz.recorder.program import Program
+from popviz.vocab import is_gpu_target
+
+DEFAULT_TARGET = Options().target  # train.py's --target default too: left out of the flags
 
 
 @dataclass
@@ -44,6 +47,8 @@ class Candidate:
     # planned with the profile's: stated in the flags, since train.py's default for a
     # pipeline (2 x shards) would change with the layout and with it the throughput
     gradient_accumulation: int = 1
+    target: str = "mk2"  # the target planned for; stated in the flags unless train.py's
+    gpu: bool = False  # a GPU target: no AMP, no tiles (GPipe / 1F1B)
 
     @property
     def headroom(self) -> float:
@@ -69,8 +74,10 @@ class Candidate:
                 not self.recomputation, self.schedule)
 
     def train_args(self, strategy: str = "pipelined") -> str:
-        """The layout as train.py flags (AMP: one value, or conv and matmul per stage)."""
-        args = [f"--shards {self.num_ipus}"]
+        """The layout as train.py flags (AMP: one value, or conv and matmul per stage;
+        none on a GPU, which has no AMP)."""
+        args = [f"--target {self.target}"] if self.target != DEFAULT_TARGET else []
+        args.append(f"--shards {self.num_ipus}")
         if self.num_ipus > 1 and strategy == "pipelined":
             args += ["--pipeline", f"--pipeline-schedule {self.schedule}"]
         if self.splits:
@@ -78,6 +85,8 @@ class Candidate:
         if self.recomputation:
             args.append("--enable-recomputation")
         args.append(f"--gradient-accumulation {self.gradient_accumulation}")
+        if self.gpu:
+            return " ".join(args)
         amp = [f"{a:g}" for a in self.amp]
         amp = amp[:1] if len(set(amp)) == 1 else [a for a in amp for _ in (0, 1)]
         return " ".join([*args, "--available-memory-proportion " + " ".join(amp)])
@@ -244,6 +253,7 @@ def _candidate(report: Any, options: Options, source: str,
         source=source, splits=splits, amp=[options.amp_for(i) for i in range(n)],
         recomputation=bool(options.recomputation),
         gradient_accumulation=int(options.gradient_accumulation),
+        target=str(options.target), gpu=is_gpu_target(report.meta),
         schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
         replicas=int(s.get("replicas") or 1),
         fits=fits, oom_tiles=oom_tiles, oom_ipus=oom_ipus,

@@ -84,7 +84,9 @@ def _row(label: str, c: Candidate, limit: float = 1.0) -> list[str]:
 
     return [
         label, " ".join(c.splits) or "-", _amps(c.amp),
-        "on" if c.recomputation else "off", c.schedule, fit_words(c.fits, c.oom_tiles, limit),
+        "on" if c.recomputation else "off",
+        c.schedule if c.num_ipus > 1 else "-",  # one device: no pipeline to schedule
+        fit_words(c.fits, c.oom_tiles, limit),
         f"{c.throughput:,.0f}", f"{c.throughput_per_ipu:,.0f}",
         f"{c.throughput_ratio:.2f}x", f"{c.step_ms:,.1f}",
         f"{c.idle_fraction:.0%}", _mcycles(c.stage_cycles),
@@ -95,7 +97,10 @@ def _row(label: str, c: Candidate, limit: float = 1.0) -> list[str]:
 
 def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
     """The layout as the Python that sets it on `popviz.Options` (what train_args says)."""
-    lines = [f"options = popviz.Options().set_num_ipus({c.num_ipus})"]
+    from popviz.advise.tune_search import DEFAULT_TARGET
+
+    target = f".set_target({json.dumps(c.target)})" if c.target != DEFAULT_TARGET else ""
+    lines = [f"options = popviz.Options(){target}.set_num_ipus({c.num_ipus})"]
     if c.splits:
         lines.append(f"options.set_pipeline_splits({', '.join(map(json.dumps, c.splits))})")
     if c.num_ipus > 1 and strategy == "sharded":
@@ -105,6 +110,8 @@ def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
     if c.recomputation:
         lines.append("options.set_recomputation(True)")
     lines.append(f"options.set_gradient_accumulation({c.gradient_accumulation})")
+    if c.gpu:  # a GPU has no AMP
+        return lines
     amp = f"{c.amp[0]:g}" if len(set(c.amp)) == 1 else \
         "{" + ", ".join(f'"IPU{i}": {a:g}' for i, a in enumerate(c.amp)) + "}"
     lines.append(f"options.set_available_memory_proportion({amp})")
@@ -123,6 +130,8 @@ def _plans(r: TuneResult, base_strategy: str) -> list[str]:
 
 HEAD = ["", "splits", "AMP", "recomp", "schedule", "fits", "samples/s", "per IPU",
         "vs now", "step ms", "idle", "Mcycles/stage/mb", "peak MiB/IPU", "fullest tile"]
+NUMERIC = set(HEAD[6:])  # right-aligned
+GPU_LESS = {"AMP", "fullest tile"}  # IPU-only columns
 
 
 def _gpu_words(text: str) -> str:
@@ -137,21 +146,21 @@ def render_text(r: TuneResult, name: str, base_strategy: str) -> str:
     from popviz.target import get_target
     from popviz.target.gpu import GpuTarget
 
-    text = _render_text(r, name, base_strategy)
-    if isinstance(get_target(r.target), GpuTarget):
-        lines = _gpu_words(text).splitlines()
-        lines = [ln.replace("options = popviz.Options()",
-                            f'options = popviz.Options().set_target("{r.target}")')
-                 for ln in lines]
-        return "\n".join(lines)
-    return text
+    gpu = isinstance(get_target(r.target), GpuTarget)
+    text = _render_text(r, name, base_strategy, gpu)
+    return _gpu_words(text) if gpu else text
 
 
-def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
+def _render_text(r: TuneResult, name: str, base_strategy: str, gpu: bool = False) -> str:
     rows = [_row("now", r.baseline, r.max_tile_fill)]
     rows += [_row(f"#{i}", c, r.max_tile_fill) for i, c in enumerate(r.candidates, 1)]
-    widths = [max(len(x) for x in col) for col in zip(HEAD, *rows, strict=True)]
-    numeric = set(range(6, len(HEAD)))
+    head = HEAD
+    if gpu:  # no AMP and no tiles on a GPU: no columns of them
+        keep = [i for i, h in enumerate(HEAD) if h not in GPU_LESS]
+        head = [HEAD[i] for i in keep]
+        rows = [[row[i] for i in keep] for row in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    numeric = {i for i, h in enumerate(head) if h in NUMERIC}
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
@@ -164,7 +173,7 @@ def _render_text(r: TuneResult, name: str, base_strategy: str) -> str:
            f"now: {b.num_ipus} IPU(s)"
            + (f" x {b.replicas} replicas" if b.replicas > 1 else "")
            + f", {_fit_phrase(b.fits, r.max_tile_fill)}, {b.throughput:,.0f} samples/s "
-           "(per IPU: samples/s over all IPUs of all replicas)", "", line(HEAD)]
+           "(per IPU: samples/s over all IPUs of all replicas)", "", line(head)]
     out += [line(row) for row in rows]
     best = r.best
     if best is not None:
