@@ -237,3 +237,14 @@ def test_inference_without_profile_prints_modelled_numbers(
     plan_line = capsys.readouterr().out.strip()
     assert f"latency {float(row[3]):.3f} ms" in plan_line
     assert not out.exists()
+
+
+def test_amp_on_a_gpu_target_is_said_to_do_nothing(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    assert main(["--target", "h100", "--plan-only", "--available-memory-proportion", "0.1",
+                 "--profile", "--profile-dir", str(tmp_path / "gpu"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--available-memory-proportion is an IPU compiler option" in err
+    assert "(h100) has none, so it is ignored" in err
+    assert main(["--target", "h100", "--available-memory-proportion", "1.5"]) == 2
+    assert "outside (0, 1]" in capsys.readouterr().err  # out of range is still an error

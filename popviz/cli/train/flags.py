@@ -8,13 +8,14 @@ Flags follow the PopTorch pipelining tutorial and Graphcore's TensorFlow CNN app
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import popviz.models as models
 from popviz.cli.command import UsageError
 from popviz.options import SCHEDULES
 
-TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "a100")  # IPUs, then GPUs
+TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "a100")  # 3 IPUs, then GPUs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -195,6 +196,10 @@ def _check_amp(args: argparse.Namespace) -> None:
     if bad:
         _error(f"--available-memory-proportion {bad[0]:g} is outside (0, 1]; "
                      "a reasonable range is 0.05-0.6")
+    if args.target in TARGETS[3:]:  # a GPU: said, not an error (a script may pass it)
+        print(f"popviz: warning: --available-memory-proportion is an IPU compiler option; "
+              f"a GPU target ({args.target}) has none, so it is ignored", file=sys.stderr)
+        return
     stages = 1 if args.name == "tutorial" else args.shards
     if len(amp) not in (1, 2 * stages):
         _error(f"--available-memory-proportion takes 1 value or 2 per stage "
