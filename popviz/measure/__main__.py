@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `python -m popviz.measure`, also those of `popviz measure`."""
     parser.add_argument("--model", default="tutorial",
-                        choices=["tutorial", "resnet", "resnext", "efficientnet"])
+                        choices=["tutorial", "resnet", "resnext", "efficientnet"],
+                        help="the popviz reference model to train")
     parser.add_argument("--model-size", type=int, default=None,
                         help="ResNet 18/34/50/101/152, ResNeXt 50/101, EfficientNet 0-7")
     parser.add_argument("--ranks", type=int, default=2,
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input height/width (default 28 for the tutorial, else 64)")
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--learning-rate", type=float, default=0.001)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights and synthetic data")
     parser.add_argument("--backend", default="gloo", choices=["gloo"],
                         help="gloo on CPU (NCCL on GPU is not built yet)")
     parser.add_argument("--threads", type=int, default=1,
@@ -62,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "PROFILE_DIR/traces/rank{r}.json (on its own host)")
     parser.add_argument("--out", "--merge", default=None, metavar="OUT", dest="out",
                         help="write the profile at OUT instead (a .h5 or a directory)")
+    for action in parser._actions:  # every default said, as --help readers expect
+        if action.default not in (None, [], False, argparse.SUPPRESS) \
+                and "default" not in (action.help or ""):
+            action.help = f"{action.help or ''} (default: %(default)s)".strip()
 
 
 def main(argv: list[str] | None = None) -> int:

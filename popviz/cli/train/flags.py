@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--generated-data", action="store_true", help="same as --synthetic-data")
     g.add_argument("--dataset-size", type=int, default=8000,
                    help="tutorial: synthetic training samples per epoch (default 8000)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the weights and synthetic data (default 0)")
 
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=int, nargs="+", help="micro-batch size (default 40 "
@@ -60,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", choices=TARGETS, default="mk2",
                    help="IPU (mk1, mk2, bow) or GPU (h100, h100-pcie, a100: kernels on "
                    "streams, PyTorch's caching allocator, times in ns; --shards are GPUs; "
-                   "docs/cost-model.md, GPU targets)")
+                   "docs/cost-model.md, GPU targets); default mk2")
     g.add_argument("--strategy", choices=("pipelined", "sharded"), default="pipelined",
                    help="tutorial execution strategy")
     g.add_argument("--replicas", "--num-ipus", dest="replicas", type=int, default=1,
@@ -72,13 +73,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first layer of each next stage (shards - 1 names): the model's split "
                    "names or module paths from model.named_modules() (e.g. layer3.0); with "
                    "--shards 1 the recomputation sections")
-    g.add_argument("--pipeline-schedule", choices=SCHEDULES, default=None)
-    g.add_argument("--enable-recomputation", action="store_true")
+    g.add_argument("--pipeline-schedule", choices=SCHEDULES, default=None,
+                   help="IPU: Grouped (default), Interleaved, Sequential (the default on one "
+                   "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B; "
+                   "docs/hardware.md")
+    g.add_argument("--enable-recomputation", action="store_true",
+                   help="recompute each stage's forward from its checkpoints (the split "
+                   "names) in the backward pass instead of stashing every activation")
     g.add_argument("--available-memory-proportion", type=float, nargs="+", metavar="P",
-                   help="AMP in (0, 1]: one value, or two per stage (conv then matmul)")
+                   help="AMP in (0, 1]: one value, or two per stage (conv then matmul); "
+                   "default 0.6; IPU only")
     g.add_argument("--precision", choices=("16.16", "16.32", "32.32"),
                    help="compute.weight-update precision (default 32.32 tutorial, 16.16 CNN)")
-    g.add_argument("--enable-half-partials", action="store_true")
+    g.add_argument("--enable-half-partials", action="store_true",
+                   help="accumulate conv / matmul partial sums in fp16 (faster vertices, "
+                   "half the partials' memory)")
     g.add_argument("--offload-optimiser", action="store_true",
                    help="optimiser state in host memory, streamed in for each update")
     g.add_argument("--replicated-tensor-sharding", action="store_true",
