@@ -223,5 +223,8 @@ def test_a_profile_replaces_an_older_profile_and_nothing_else(tmp_path: Path) ->
         assert info.value.filename == str(path)
         assert sorted(p.name for p in path.parent.iterdir()) == before  # no temp left
     assert notes.read_text() == "my notes"
+    with pytest.raises(NotADirectoryError, match="a file, not a folder") as info:
+        write_tiny(notes / "run")  # a folder path through a file of theirs
+    assert info.value.filename == str(notes) and notes.read_text() == "my notes"
     with h5py.File(theirs, "r") as h5:
         assert list(h5["x"][:]) == [1, 2, 3]

@@ -31,13 +31,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.format.writer import profile_path
+    from popviz.format.writer import profile_path, refuse_foreign
     from popviz.ingest.import_rank import DATA_ERRORS, data_error
     from popviz.ingest.importer import import_trace
 
     if args.workers < 0:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)
     target = profile_path(args.to)
+    refuse_foreign(target)  # a user's own file or folder: never replaced, --force or not
     if not args.force and (target.exists() or target.is_symlink()):
         return fail(f"{target}: a profile is already there; pass --force to replace it, "
                     "or choose another --to", EXIT_BAD_PROFILE)

@@ -61,6 +61,13 @@ def is_popviz_profile(path: Path) -> bool:
 def refuse_foreign(final: Path) -> None:
     """A profile is written over an older profile, never over anything else a user keeps
     at that path (their own file that happens to be called profile.h5, a folder)."""
+    for folder in (final.parent, *final.parent.parents):  # the first that exists
+        if folder.exists():
+            if not folder.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder: a profile "
+                                         "goes into a folder (or give a .h5 path)",
+                                         str(folder))
+            break
     if not (final.exists() or final.is_symlink()):
         return
     if final.is_dir() or not is_popviz_profile(final):
