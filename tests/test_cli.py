@@ -117,6 +117,8 @@ def test_export_replaces_an_earlier_export_only_with_force(
     assert (out / "stages.csv").read_text() != "mine"
     assert "also holds 1 CSV file(s) not written now" in said and "p2p.csv" in said
     assert (out / "p2p.csv").read_text() == "an earlier export's table"  # never deleted
+    assert main(["export", str(tmp_path / "run"), "--to", str(out / "p2p.csv")]) == 2
+    assert "a file, not a folder" in capsys.readouterr().err
 
 
 def test_export_chrome_trace_times_in_microseconds(tmp_path: Path) -> None:

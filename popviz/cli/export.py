@@ -47,6 +47,9 @@ def _run(args: argparse.Namespace) -> int:
             if unknown:
                 raise UsageError(f"unknown table(s) {', '.join(unknown)}; this profile has "
                                  f"{', '.join(profile.table_names)}")
+            if args.to.exists() and not args.to.is_dir():
+                raise UsageError(f"{args.to}: a file, not a folder; csv goes into a folder "
+                                 "(one file per table)")
             names = list(args.tables or profile.table_names)
             finals = [args.to / f"{n}.csv" for n in names] + [args.to / "meta.json"]
             if not args.force and (found := _existing(finals)):
