@@ -203,6 +203,36 @@ def test_tune_for_gpus(served: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert flags and all(f.startswith("--target h100 --shards ") for f in flags)
 
 
+def test_tune_page_of_a_gpu_plan_has_no_ipu_columns(served: Path) -> None:
+    from popviz_app import ProfileCache
+    from popviz_app.common import AppContext
+    from popviz_app.pages import tune as tune_page
+
+    from popviz.advise.plans import run_tune
+    from tests.dash_util import component_text
+
+    ctx = AppContext(root=served, cache=ProfileCache(served))
+    entry = ctx.cache.get("mlp_h100/profile.h5")
+    result = run_tune(entry.profile, num_ipus=2, max_compiles=6)
+    shown = tune_page.results(ctx, entry, 6, result)
+    tables = [c for c in _walk(shown) if type(c).__name__ == "DataTable"]
+    columns = {col["id"] for t in tables for col in t.columns}
+    assert {"splits", "schedule", "throughput"} <= columns
+    assert not {"amp", "fullest_tile"} & columns  # IPU words: no AMP, no tiles
+    assert "2 GPU(s) on h100" in " ".join(component_text(c) for c in shown)
+
+
+def _walk(component: Any) -> list[Any]:
+    if isinstance(component, list):
+        return [c for child in component for c in _walk(child)]
+    out = [component]
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list) else [children]:
+        if child is not None and not isinstance(child, str | int | float):
+            out += _walk(child)
+    return out
+
+
 def test_inference_frees_activations_after_the_forward(mlp: Any) -> None:
     train = compile(mlp, Options(target="h100"))
     infer = compile(mlp, Options(target="h100", training=False))

@@ -101,6 +101,8 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
     """The ranked plans, the Pareto figure and a compare link per plan (its button names
     the run it came from: budget and fill)."""
     plans = plans_table(result)
+    gpu = naming(entry).gpu_plan  # no AMP and no tiles on a GPU: no columns of them
+    columns = [c for c in SHOWN if not (gpu and c in ("amp", "fullest_tile"))]
     shown = plans.assign(fits=_fits_words(plans, fill),
                          peak_MiB=(plans["peak_bytes"] / 2**20).round(1),
                          throughput=plans["throughput"].round().astype("int64"),
@@ -110,7 +112,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
                          fullest_tile=(plans["fullest_tile"] * 100).round(0).astype(int)
                          .astype(str) + " %",
                          idle_fraction=(plans["idle_fraction"] * 100).round(0).astype(int)
-                         .astype(str) + " %")[SHOWN]
+                         .astype(str) + " %")[columns]
     links: list[Any] = [html.Span("Compare with this profile: ", className="label")]
     for rank in range(1, len(result.candidates) + 1):
         links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank,
@@ -119,7 +121,8 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
     notes = [html.Li(n) for n in result.notes]
     return [
         html.Div(f"{result.layouts} layouts in {result.compiles} compiles "
-                 f"({result.seconds:.1f} s) for {result.num_ipus} IPU(s) on "
+                 f"({result.seconds:.1f} s) for {result.num_ipus} "
+                 f"{'GPU' if gpu else 'IPU'}(s) on "
                  f"{result.target}. Ranked: fitting first, then throughput, then memory "
                  "headroom.", className="status", id="tune-head"),
         html.Div(f"fits = every tile at most {fill}% full (max tile fill); the current "
