@@ -190,9 +190,8 @@ def load_side(profile: Profile, label: str) -> Side:
     for col in ("forward", "backward", "recompute", "exchange", "idle"):
         st[f"{col}_ms"] = _col(stages, f"{col}_cycles").to_numpy() * ms
     st["stash_bytes"] = (stash(stages)["stash_bytes"].to_numpy(float)
-                         if "stash_bytes" in stages.columns and stash_known
-                         else np.full(len(st), np.nan) if len(stages)
-                         else _col(stages, "stash_bytes").to_numpy())
+                         if stash_known and "stash_bytes" in stages.columns
+                         else np.full(len(st), np.nan))
     st["peak_bytes"] = _col(stages, "peak_bytes").to_numpy()
 
     ops = profile.ops
