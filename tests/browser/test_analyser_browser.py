@@ -27,6 +27,19 @@ def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"analyser_{name}.png"), full_page=True)
 
 
+def _drawn(page: Any, graph: str) -> None:
+    """Wait until the Plotly graph inside `#graph` has been drawn (its calcdata exists)."""
+    page.wait_for_function("g => { const e = document.querySelector("
+                           "'#' + g + ' .js-plotly-plot'); return e && e.calcdata; }",
+                           arg=graph, timeout=30_000)
+
+
+def _trace_names(page: Any, graph: str) -> list[str]:
+    """The names of the traces the Plotly graph inside `#graph` holds."""
+    return page.evaluate("g => document.querySelector('#' + g + ' .js-plotly-plot')"
+                         ".data.map(d => d.name)", graph)
+
+
 def _until_changed(page: Any, selector: str, before: str, act: str, tries: int = 5) -> str:
     """Run `act` (JS, given the attempt number) until `selector`'s text changes: Plotly
     follows the first relayout with an 'autosize' one, which supersedes the zoom request,
@@ -62,8 +75,7 @@ def test_trace_zooms_down_to_ops(browser_context: Any, base_url: str, served: Pa
         const b0 = bars[0].base[0], w = bars[0].x[0];
         Plotly.relayout(g, {'xaxis.range[0]': b0, 'xaxis.range[1]': b0 + w / (8 + k)}); }""")
     assert "ops laid out in modelled order" in after, after
-    names = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
-                          ".data.map(d => d.name)")
+    names = _trace_names(page, "trace-graph")
     assert any(n.startswith("op: ") for n in names)
     # every event's tooltip says its duration: end - start, not the end time
     checked = page.evaluate("""() => {
@@ -191,8 +203,7 @@ def test_liveness_shows_numbered_section_bands(browser_context: Any, base_url: s
                                       "e => e.map(t => t.textContent)")
     assert {"R1", "B1", "F0"} <= set(notes), notes
     assert any("folded" in n for n in notes)
-    names = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
-                          ".data.map(d => d.name)")
+    names = _trace_names(page, "live-graph")
     assert "temporaries (one op's working memory)" in names and "section bump" in names
     # the bands are drawn behind the curves: one rect per band
     shapes = page.evaluate("() => document.querySelector('#live-graph .js-plotly-plot')"
@@ -227,11 +238,8 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     page.wait_for_selector("#tune-plans td[data-dash-column='plan']", timeout=30_000)
     plans = page.locator("#tune-plans td[data-dash-column='plan']").all_inner_texts()
     assert plans[0] == "now" and "#1" in plans
-    page.wait_for_function("() => { const g = document.querySelector("
-                           "'#tune-graph .js-plotly-plot'); return g && g.calcdata; }",
-                           timeout=30_000)
-    names = page.evaluate("() => document.querySelector('#tune-graph .js-plotly-plot')"
-                          ".data.map(d => d.name)")
+    _drawn(page, "tune-graph")
+    names = _trace_names(page, "tune-graph")
     assert "now (this profile)" in names
     _shot(page, "tune")
     page.click("#tune-links button >> text=plan #1")
@@ -239,9 +247,7 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     page.wait_for_selector("#compare-verdict", timeout=60_000)
     assert "%40tune" in page.url and quote(rel, safe="") in page.url.replace("/", "%2F")
     assert not (served / "tune-plans").exists()  # the plan is served from memory
-    page.wait_for_function("() => { const g = document.querySelector("
-                           "'#compare-time .js-plotly-plot'); return g && g.calcdata; }",
-                           timeout=30_000)
+    _drawn(page, "compare-time")
     _shot(page, "tune_to_compare")
     # again with a memory ceiling (a tiny budget): the smallest whole percent the profile's
     # fullest tile is under, so some plan fits; every fitting plan stays under it
@@ -270,9 +276,7 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
     for r in fitting:  # shown rounded to a whole percent: never above a whole ceiling
         assert float(r["fullest_tile"].rstrip(" %")) <= fill, r
     assert all(r["fits"].endswith(f"> {fill}%)") for r in rows if r["fits"] != "yes")
-    page.wait_for_function("() => { const g = document.querySelector("
-                           "'#tune-graph .js-plotly-plot'); return g && g.calcdata; }",
-                           timeout=30_000)
+    _drawn(page, "tune-graph")
     _shot(page, "tune_ceiling")
     page.click("#tune-links button >> text=plan #1")  # the plan of this run, not the 100 %
     page.wait_for_url(f"**/compare?**fill{fill}**", timeout=60_000)
@@ -296,11 +300,8 @@ def test_compare_says_when_runs_are_not_like_for_like(browser_context: Any, base
     cards = page.inner_text("#compare-side-B").lower()
     assert "time per sample" in cards
     # the measured ranks' bars add up to their step: the untraced host time is drawn
-    page.wait_for_function("() => { const g = document.querySelector("
-                           "'#compare-ipu-time .js-plotly-plot'); return g && g.calcdata; }",
-                           timeout=30_000)
-    names = page.evaluate("() => document.querySelector('#compare-ipu-time .js-plotly-plot')"
-                          ".data.map(d => d.name)")
+    _drawn(page, "compare-ipu-time")
+    names = _trace_names(page, "compare-ipu-time")
     assert "untraced (no event)" in names
     _shot(page, "compare_unequal")
     assert errors == []
