@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from dash import dash_table, dcc, html
 
 from popviz import analysis
+from popviz.analysis.op_groups import has_gpu_time
 from popviz.errors import ProfileError
 from popviz.figures.lod import TraceIndex
 from popviz.vocab import MODELLED, Naming, naming_for
@@ -52,6 +53,12 @@ def naming(entry: Entry) -> Naming:
 
 def unit(entry: Entry) -> str:
     return naming(entry).unit
+
+
+def gpu_timed(entry: Entry) -> bool:
+    """Whether the profile's ops carry GPU time (analysis.op_groups.has_gpu_time), scanned
+    once per profile rather than on every callback."""
+    return bool(entry.get("has_gpu_time", lambda: has_gpu_time(entry.profile.ops)))
 
 
 def error_text(ctx: AppContext, exc: BaseException, rel: str = "") -> str:

@@ -15,13 +15,14 @@ from dash.exceptions import PreventUpdate
 
 from popviz import analysis
 from popviz.analysis.links import op_span, ops_in_range, padded
-from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time
+from popviz.analysis.op_groups import GROUP_KEYS, group_ops
 from popviz.vocab import Naming
 
 from .. import links
 from ..cache import Entry
 from ..common import (
     AppContext,
+    gpu_timed,
     message,
     naming,
     profile_of,
@@ -100,7 +101,7 @@ def groups(entry: Entry, by: str | None, filter_query: str | None = "",
         return []
     words = naming(entry)
     out = group_ops(filtered(entry, filter_query, window), by, measured=words.measured,
-                    gpu=has_gpu_time(entry.profile.ops))
+                    gpu=gpu_timed(entry))
     unit = words.unit
     out = out.rename(columns={"cycles": unit, "mean_cycles": f"mean {unit}",
                               "host_self": f"host self {unit}",

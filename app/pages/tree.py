@@ -13,14 +13,23 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.links import module_span, padded
-from popviz.analysis.op_groups import has_gpu_time
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
 
 from .. import links
 from ..cache import Entry
-from ..common import AppContext, downloads, graph, message, naming, profile_of, table, title_of
+from ..common import (
+    AppContext,
+    downloads,
+    gpu_timed,
+    graph,
+    message,
+    naming,
+    profile_of,
+    table,
+    title_of,
+)
 
 PATH = "/tree"
 TITLE = "Program tree"
@@ -129,10 +138,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         return html.Div([html.H2(title_of(entry)),
                          message("No ops in this profile, so no program tree.", "info")])
     words = naming(entry)
-    ops = entry.profile.ops
     # an import's op cost is its kernels' GPU time; a measured run's, its host time
     cost = ("modelled cycles" if not words.measured else "modelled ns" if words.gpu_plan else
-            "measured GPU time (ns) of each op's kernels" if has_gpu_time(ops) else
+            "measured GPU time (ns) of each op's kernels" if gpu_timed(entry) else
             "host time (ns) of each op")
     return html.Div([
         html.H2(title_of(entry)),
