@@ -15,6 +15,7 @@ writer on failure and never by anyone else.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -125,6 +126,27 @@ def remove_stale_in(folder: Path) -> list[Path]:
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+def write_whole(temp: Path, data: memoryview | bytes) -> None:
+    """Create `temp` (never an existing file, never through a link) holding `data`, synced.
+    The space is reserved first, so a full disk fails here, before a byte is written, as
+    an OSError (ENOSPC); the caller removes `temp`."""
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        view = memoryview(data).cast("B")
+        if len(view) and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, len(view))
+            except OSError as exc:  # a file system that cannot reserve: write and see
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+        while len(view):
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -1,10 +1,15 @@
 """Write a profile: one HDF5 file, tables as 1-D column datasets, written atomically.
 
-The file is built under a temporary name in the destination folder (unique per process,
-thread and call) and renamed only when complete, so a crash or Ctrl-C never leaves a
-valid-looking half profile behind; Ctrl-C during a write removes the temporary file and
-raises KeyboardInterrupt (tempfiles.py); a write that fails (a full disk) removes it and
-raises an OSError naming the profile.
+The file is built in memory, then written under a temporary name in the destination folder
+(unique per process, thread and call) and renamed only when complete, so a crash or Ctrl-C
+never leaves a valid-looking half profile behind; Ctrl-C during a write removes the
+temporary file and raises KeyboardInterrupt (tempfiles.py); a write that fails (a full
+disk) removes it and raises an OSError naming the profile.
+
+Why in memory: libhdf5 (2.0) that cannot write its metadata (ENOSPC) reports it from
+object finalizers, where h5py can only print it, and then segfaults closing the file. HDF5
+here writes into a BytesIO, which never fails; the disk sees one plain write of a known
+size, whose space is reserved first (tempfiles.write_whole), so a full disk is one OSError.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import io
 import json
 import os
 import sys
@@ -130,7 +136,8 @@ def write_profile(
             for name, array in arrays.items() if array.size and array.ndim}
     try:
         with tempfiles.deferred_interrupt() as check_interrupt:
-            with h5py.File(temp, "w", libver=schema.HDF5_LIBVER) as h5:
+            image = io.BytesIO()
+            with h5py.File(image, "w", libver=schema.HDF5_LIBVER) as h5:
                 _write_root_attrs(h5, meta, summary or {}, kind, command_line, words)
                 strings = StringTable()
                 tables_group = h5.create_group(schema.TABLES_GROUP)
@@ -148,8 +155,8 @@ def write_profile(
                     _write_array(arrays_group, name, array, jobs.get(name))
                 strings.write(h5, _chunked)
             check_interrupt()
-            with open(temp, "rb+") as handle:
-                os.fsync(handle.fileno())
+            tempfiles.write_whole(temp, image.getbuffer())
+            image = io.BytesIO()  # the bytes are on disk: free them before the rename
             check_interrupt()  # the last moment a Ctrl-C still means "no profile"
             os.replace(temp, final)
     except BaseException as exc:  # Ctrl-C included: no half file stays behind; re-raised
