@@ -49,7 +49,7 @@ bench: setup
 ## regenerate the example profiles in profiles/ (plan mode: quick and deterministic)
 profiles: setup
 	$(PY) scripts/make_profiles.py
-	$(PY) -m popviz.measure --model tutorial --ranks 2 --microbatches 4 --schedule 1F1B --profile-dir "$$(mktemp -d)" --out profiles/tutorial_measured_2ranks
+	$(PY) -m popviz.measure --model tutorial --ranks 2 --microbatches 4 --schedule 1F1B --profile-dir "$$(mktemp -d)" --out profiles/tutorial_measured_2ranks --force
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache test-artifacts

@@ -9,6 +9,7 @@ import json
 import pandas as pd
 
 from popviz.analysis.compare import Comparison, format_ratio, format_value
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command, emit
 from popviz.cli.compare_ops import add_arguments as add_ops_arguments
 from popviz.cli.compare_ops import render_ops
@@ -26,8 +27,10 @@ def _fit_word(fits: object) -> str:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="first profile (.h5 file or its directory)")
-    parser.add_argument("b", metavar="B", help="second profile (.h5 file or its directory)")
+    parser.add_argument("a", metavar="A", type=non_empty_path,
+                        help="first profile (.h5 file or its directory)")
+    parser.add_argument("b", metavar="B", type=non_empty_path,
+                        help="second profile (.h5 file or its directory)")
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object (with --ops: the op "
                         "table)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from popviz.analysis.compare import format_ratio, format_value
 from popviz.analysis.compare.ops import GROUP_BY, PER, OpDiff
+from popviz.argtypes import non_negative_int
 from popviz.figures.compare_ops import time_unit
 
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="time and bytes written per step of one replica, or per "
                        "sample (default auto: per sample when the two runs' steps hold "
                        "different numbers of samples)")
-    group.add_argument("--top", type=int, default=20, metavar="N",
+    group.add_argument("--top", type=non_negative_int, default=20, metavar="N",
                        help="rows printed (default: 20; 0 = all); --json gives all")
 
 

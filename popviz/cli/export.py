@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command
 from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", help="a profile .h5 file or a directory holding one")
-    parser.add_argument("--to", required=True, type=Path,
+    parser.add_argument("profile", type=non_empty_path,
+                        help="a profile .h5 file or a directory holding one")
+    parser.add_argument("--to", required=True, type=non_empty_path,
                         help="output: a directory for csv, a .json file for chrome")
     parser.add_argument("--format", choices=("csv", "chrome"), default="csv",
                         help="csv: one CSV per table plus meta.json (default); chrome: the "
@@ -21,7 +23,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with csv: only these tables (default: all)")
     parser.add_argument("--force", action="store_true",
                         help="replace files an earlier export left at --to (default: "
-                        "refuse, naming them)")
+                        "refuse, naming them); never the profile read, a FIFO or a device")
     add_no_vet_argument(parser)
 
 
@@ -37,10 +39,22 @@ def _refuse(found: list[Path], where: Path) -> None:
                      f"{'it' if len(found) == 1 else 'them'}, or choose another --to")
 
 
+def _check_outputs(finals: list[Path], profile: Path) -> None:
+    """No FIFO or device among the files to write, and never the profile being read."""
+    from popviz.format.guards import refuse_own_input, refuse_special_output
+
+    for final in finals:
+        refuse_special_output(final)
+        refuse_own_input(final, [profile], "--to")
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.cli.command import UsageError
     from popviz.format.export import export_chrome_trace, export_csv
+    from popviz.format.guards import refuse_special_output
 
+    args.to = Path(args.to)
+    refuse_special_output(args.to)
     with open_vetted(args.profile, vet=not args.no_vet) as profile:
         if args.format == "csv":
             unknown = sorted(set(args.tables or []) - set(profile.table_names))
@@ -52,6 +66,7 @@ def _run(args: argparse.Namespace) -> int:
                                  "(one file per table)")
             names = list(args.tables or profile.table_names)
             finals = [args.to / f"{n}.csv" for n in names] + [args.to / "meta.json"]
+            _check_outputs(finals, profile.path)
             if not args.force and (found := _existing(finals)):
                 _refuse(found, args.to)
             written = export_csv(profile, args.to, args.tables)
@@ -63,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
                       + (", ..." if len(others) > 8 else ""))
         else:
             target = args.to if args.to.suffix == ".json" else args.to / "trace.json"
+            _check_outputs([target], profile.path)
             if not args.force and _existing([target]):
                 _refuse([target], target.parent)
             export_chrome_trace(profile, target)

@@ -7,17 +7,19 @@ import argparse
 import shlex
 import sys
 
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, EXIT_USAGE, Command, fail
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("traces", nargs="+", metavar="TRACE",
+    parser.add_argument("traces", nargs="+", metavar="TRACE", type=non_empty_path,
                         help="Kineto / Chrome trace JSON (.json or .json.gz) written by "
                         "torch.profiler's export_chrome_trace; one per rank")
-    parser.add_argument("--to", "-o", required=True, metavar="DIR",
+    parser.add_argument("--to", "-o", required=True, metavar="DIR", type=non_empty_path,
                         help="where the profile goes: a .h5 path, or a directory to hold "
                         "profile.h5")
     parser.add_argument("--memory-snapshot", action="append", metavar="PICKLE",
+                        type=non_empty_path,
                         help="a torch.cuda.memory._snapshot() pickle (.pickle or .gz) for "
                         "the liveness table instead of the trace's memory events, and its "
                         "allocator's blocks, segments and stacks (the allocation view on "
@@ -27,21 +29,22 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "faster on idle cores, more memory in all (default 1: in this "
                         "process)")
     parser.add_argument("--force", action="store_true",
-                        help="replace the profile already at --to (default: refuse)")
+                        help="replace the profile already at --to (default: refuse); "
+                        "never one of the inputs, a FIFO or device, or a file not a profile")
 
 
 def _run(args: argparse.Namespace) -> int:
-    from popviz.format.writer import profile_path, refuse_foreign
+    from popviz.format.guards import check_target, refuse_special_input
     from popviz.ingest.import_rank import DATA_ERRORS, data_error
     from popviz.ingest.importer import import_trace
 
     if args.workers < 0:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)
-    target = profile_path(args.to)
-    refuse_foreign(target)  # a user's own file or folder: never replaced, --force or not
-    if not args.force and (target.exists() or target.is_symlink()):
-        return fail(f"{target}: a profile is already there; pass --force to replace it, "
-                    "or choose another --to", EXIT_BAD_PROFILE)
+    inputs = [*args.traces, *(args.memory_snapshot or [])]
+    for given in inputs:  # a FIFO would block the reader: refused before anything runs
+        refuse_special_input(given)
+    # a FIFO, an input, a user's own file or folder: never written; a profile: with --force
+    check_target(args.to, force=args.force, inputs=inputs)
     try:
         path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                             command_line=shlex.join(["popviz", *sys.argv[1:]]),
@@ -67,7 +70,8 @@ COMMAND = Command(
     "unreadable, damaged, past the bounds of docs/import.md), a repeated or missing rank "
     "is a one-line error naming it (exit 1); events whose times are not finite numbers "
     "in range are dropped with a counted warning. An existing profile at --to is kept "
-    "unless --force is given. See docs/import.md.",
+    "unless --force is given; an input, a FIFO or a device is never written over. See "
+    "docs/import.md.",
     add_arguments=_add_arguments,
     run=_run,
 )

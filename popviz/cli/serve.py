@@ -16,6 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command, UsageError
 
 THREADS = 8
@@ -30,7 +31,8 @@ VET_WAIT_S = 2.0  # a request waits this long for a file's vetting, then says "r
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     from popviz.vet import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
-    parser.add_argument("dir", metavar="DIR", help="directory of profiles (searched "
+    parser.add_argument("dir", metavar="DIR", type=non_empty_path,
+                        help="directory of profiles (searched "
                         "recursively, including training/ and inference/)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1, this machine only; "

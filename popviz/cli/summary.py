@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, Command, emit, fail
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
 from popviz.units import fmt_bytes as _fmt_bytes
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 _FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", help="a profile .h5 file, or a directory of profiles")
+    parser.add_argument("profile", type=non_empty_path,
+                        help="a profile .h5 file, or a directory of profiles")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (a list when PROFILE holds several)")
     add_no_vet_argument(parser)

@@ -9,7 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from popviz.cli.command import EXIT_OK, Command, emit
+from popviz.argtypes import non_empty_path, positive_int
+from popviz.cli.command import EXIT_OK, Command, UsageError, emit
 from popviz.cli.vetcache import add_no_vet_argument, open_vetted
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     from popviz.advise.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
     from popviz.analysis.amp import AMP_STEPS
 
-    parser.add_argument("profile", help="a modelled profile (.h5 file or its directory)")
+    parser.add_argument("profile", type=non_empty_path,
+                        help="a modelled profile (.h5 file or its directory)")
     parser.add_argument("--ipus", "--gpus", dest="ipus", type=int, default=None, metavar="N",
                         help="IPUs (or GPUs, on a GPU target) per replica to plan for "
                         "(default: the profile's); 1 = recomputation checkpoints on one")
@@ -40,7 +42,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="P", help="AMP values whose conv / matmul cycles and "
                         "temporary memory are listed per IPU for the current layout "
                         f"(default: {' '.join(f'{a:g}' for a in AMP_STEPS)})")
-    parser.add_argument("--top", type=int, default=5, metavar="K",
+    parser.add_argument("--top", type=positive_int, default=5, metavar="K",
                         help="candidates to list (default 5)")
     parser.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="M",
                         help=f"compile budget of the search (default {DEFAULT_MAX_COMPILES})")
@@ -53,12 +55,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
                         "h100-pcie, a100, whose schedules are GPipe and 1F1B and which have "
                         "no AMP; default: the profile's)")
-    parser.add_argument("--write", default=None, metavar="DIR",
+    parser.add_argument("--write", default=None, metavar="DIR", type=non_empty_path,
                         help="write the best candidate's profile to DIR (for popviz compare "
                         "and the app)")
-    parser.add_argument("--write-now", default=None, metavar="DIR",
+    parser.add_argument("--write-now", default=None, metavar="DIR", type=non_empty_path,
                         help="write the current layout recompiled (the 'now' row) to DIR, to "
                         "compare like with like when the profile came from another cost model")
+    parser.add_argument("--force", action="store_true",
+                        help="let --write / --write-now replace a profile already there "
+                        "(default: refuse before tuning); never PROFILE itself")
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object")
     parser.add_argument("--no-progress", action="store_true",
@@ -223,12 +228,27 @@ def _write(program: Program, options: Options, where: str | None, line: str) -> 
     return write_report(compile_program(program, options), where, command_line=line)
 
 
+def _check_writes(args: argparse.Namespace) -> None:
+    """--write / --write-now: never over PROFILE, each other, a FIFO or a user's file; over
+    an earlier profile only with --force."""
+    from popviz.format.guards import check_target, same_target
+
+    targets = [(flag, where) for flag, where in (("--write", args.write),
+                                                 ("--write-now", args.write_now)) if where]
+    for flag, where in targets:
+        check_target(where, force=args.force, inputs=[args.profile], flag=flag)
+    if len(targets) == 2 and same_target(args.write, args.write_now):
+        raise UsageError(f"--write and --write-now both name {args.write}: the second "
+                         "profile would replace the first; give two places")
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.advise.tune import load_program, tune
     from popviz.analysis.amp import amp_steps
 
     if any(not 0 < a <= 1 for a in args.amp_steps):
         raise ValueError("--amp-steps: every value must be in (0, 1]")
+    _check_writes(args)  # before minutes of tuning, not after
     with open_vetted(args.profile, vet=not args.no_vet) as profile:  # as summary does
         program, options = load_program(profile)
         stored = float((profile.summary or {}).get("throughput") or 0.0)
@@ -277,7 +297,8 @@ COMMAND = Command(
     "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile; "
     "then, per IPU, what each AMP step (--amp-steps) trades: the conv / matmul cycles and "
     "temporary memory of the current layout re-planned at that AMP. "
-    "--write DIR writes the best layout's profile, --write-now DIR the current one recompiled.",
+    "--write DIR writes the best layout's profile, --write-now DIR the current one recompiled; "
+    "neither replaces a profile already there unless --force is given, nor PROFILE itself.",
     add_arguments=_add_arguments,
     run=_run,
 )

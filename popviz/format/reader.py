@@ -24,6 +24,7 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
+from popviz.format.guards import refuse_special_input
 from popviz.format.profile import Profile as Profile  # the type, re-exported
 from popviz.format.profile import TableViews
 from popviz.format.strings import decode as decode_strings
@@ -41,6 +42,7 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
     writer's temporary file is the next writer's to clean up (tempfiles.py).
     """
     root = Path(directory)
+    refuse_special_input(root)  # a FIFO or device: refused by what it is, never opened
     if root.is_file():
         return [root]
     if not root.is_dir():
@@ -94,6 +96,7 @@ def profile_file(path: Path) -> Path:
                 "or list them with popviz.discover"
             )
         return found[0]
+    refuse_special_input(path)
     if not path.exists():
         raise ProfileError(f"{path}: no such file or directory")
     return path
@@ -156,6 +159,7 @@ class FileProfile(TableViews):
     # ---- opening and validation ----
     def _open_checked(self) -> h5py.File:
         path = self.path
+        refuse_special_input(path)
         if not path.is_file():
             raise ProfileError(f"{path}: not a file")
         if path.stat().st_size == 0:

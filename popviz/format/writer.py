@@ -32,7 +32,7 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.errors import write_error
-from popviz.format import schema, tempfiles
+from popviz.format import guards, schema, tempfiles
 from popviz.format.chunks import ChunkJobs
 from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
@@ -66,7 +66,9 @@ def is_popviz_profile(path: Path) -> bool:
 
 def refuse_foreign(final: Path) -> None:
     """A profile is written over an older profile, never over anything else a user keeps
-    at that path (their own file that happens to be called profile.h5, a folder)."""
+    at that path (their own file that happens to be called profile.h5, a folder), and
+    never into a FIFO or device (opening one would block or never end)."""
+    guards.refuse_special_output(final)
     for folder in (final.parent, *final.parent.parents):  # the first that exists
         if folder.exists():
             if not folder.is_dir():

@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 
 from popviz.errors import ProfileError
+from popviz.format.guards import refuse_special_input
 
 GiB = 1 << 30
 
@@ -61,6 +62,7 @@ def check_size(size: int, path: Path, what: str) -> None:
 def read_input(path: Path, what: str) -> bytes:
     """The file's bytes, gunzipped when it starts with gzip's magic, never more than
     MAX_INPUT_BYTES of them (a gzip bomb stops at the limit): ProfileError naming it."""
+    refuse_special_input(path)  # a FIFO would block, /dev/zero never end
     try:
         check_size(path.stat().st_size, path, what)
         raw = path.read_bytes()

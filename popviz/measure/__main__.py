@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 
+from popviz.argtypes import non_empty_path
 from popviz.measure.split import SCHEDULE_NAMES
 
 DESCRIPTION = ("Train a popviz reference model for a few real steps as a pipeline on "
@@ -59,11 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gloo on CPU (NCCL on GPU is not built yet)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per rank (default 1: ranks share the cores)")
-    parser.add_argument("--profile-dir", default="measure_profile",
+    parser.add_argument("--profile-dir", default="measure_profile", type=non_empty_path,
                         help="rank 0 writes PROFILE_DIR/profile.h5, rank r its trace "
                         "PROFILE_DIR/traces/rank{r}.json (on its own host)")
     parser.add_argument("--out", "--merge", default=None, metavar="OUT", dest="out",
+                        type=non_empty_path,
                         help="write the profile at OUT instead (a .h5 or a directory)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a profile already at PROFILE_DIR/profile.h5 (or OUT); "
+                        "default: refuse before any process starts")
     for action in parser._actions:  # every default said, as --help readers expect
         if action.default not in (None, [], False, argparse.SUPPRESS) \
                 and "default" not in (action.help or ""):
@@ -76,10 +81,31 @@ def main(argv: list[str] | None = None) -> int:
                       *(sys.argv[1:] if argv is None else argv)])
 
 
+def _check_target(args: argparse.Namespace) -> None:
+    """Where rank 0 will write the profile: checked before any process starts (under
+    torchrun by rank 0 only, the one that writes it)."""
+    import os
+
+    from popviz.format.guards import check_target
+    from popviz.measure.runner import under_torchrun
+
+    if under_torchrun() and os.environ.get("RANK") != "0":
+        return
+    check_target(args.out or args.profile_dir, force=args.force,
+                 flag="--out" if args.out else "--profile-dir")
+
+
 def run(args: argparse.Namespace, command: list[str]) -> int:
     """Measure as the parsed flags say; 2 with one line for an error a user can cause."""
     from popviz.measure.runner import MeasureConfig, measure
 
+    try:
+        _check_target(args)
+    except OSError as exc:  # an earlier profile without --force, a FIFO, a file of yours
+        from popviz.errors import os_error_line
+
+        print(f"popviz.measure: error: {os_error_line(exc)}", file=sys.stderr)
+        return 1
     config = MeasureConfig(
         model=args.model, model_size=args.model_size, ranks=args.ranks,
         microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,

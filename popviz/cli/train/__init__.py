@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from popviz.cli.command import Command, UsageError
 
@@ -34,6 +35,8 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     try:
         # one run per profile folder, so training/ and inference/ come from the same run
         writes = args.profile or args.measure
+        if writes:  # before the folder, its lock or any training: nothing left if refused
+            check_targets(args)
         with hold_folder(args.profile_dir, args.command_line) if writes \
                 else contextlib.nullcontext():
             return _dispatch(args)
@@ -48,6 +51,31 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     except ValueError as exc:  # e.g. a placement the compiler refuses
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def profile_targets(args: argparse.Namespace) -> list[Path]:
+    """The folders whose profile.h5 this run writes (as driver.py and --measure place
+    them): DIR, DIR/bs{N} per batch size, or the tutorial's DIR/training and
+    DIR/inference."""
+    root = Path(args.profile_dir)
+    if args.measure:
+        return [root]
+    if args.inference:
+        sizes = args.batch_size
+        return [root] if len(sizes) == 1 else [root / f"bs{b}" for b in sizes]
+    if args.name == "tutorial":
+        return [root / "training", *([] if args.no_validation else [root / "inference"])]
+    return [root]
+
+
+def check_targets(args: argparse.Namespace) -> None:
+    """No profile of an earlier run is replaced without --force; no FIFO, device or file
+    of the user's is written (one line, an OSError)."""
+    from popviz.format.guards import check_target, refuse_special_output
+
+    refuse_special_output(args.profile_dir)
+    for folder in profile_targets(args):
+        check_target(folder, force=args.force, flag="--profile-dir")
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import popviz.models as models
+from popviz.argtypes import non_empty_path
 from popviz.cli.command import UsageError
 from popviz.options import SCHEDULES
 
@@ -97,7 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("profiling")
     g.add_argument("--profile", action="store_true", help="record one step after a warm-up")
-    g.add_argument("--profile-dir", default="profile", help="where profiles go (./profile)")
+    g.add_argument("--profile-dir", default="profile", type=non_empty_path,
+                   help="where profiles go (./profile)")
+    g.add_argument("--force", action="store_true",
+                   help="replace the profiles an earlier run left in --profile-dir "
+                   "(default: refuse before the run starts, naming the first)")
     g.add_argument("--plan-only", action="store_true",
                    help="record with fake tensors at full size, without training")
     g.add_argument("--measure", action="store_true",

@@ -1,0 +1,50 @@
+"""argparse `type=` functions shared by the commands (cli/ and popviz.measure; a leaf
+module): a bad value is refused while parsing, in one line naming the flag (`popviz
+<command>: error: argument --top: ...`, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (`--top -5` would list nothing, or everything)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (nan and inf pass every comparison test or none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def non_empty_path(text: str) -> str:
+    """A path that is not empty: "" would otherwise act as the current folder (`export
+    --to ""` writing its CSVs there)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder ('.' for "
+                                         "the current folder)")
+    return text
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 has a meaning of its own (`compare --ops --top 0`: every row)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
