@@ -78,6 +78,19 @@ def test_tune_never_writes_over_the_profile_it_reads(
     assert modelled.read_bytes() == before
 
 
+def test_write_plan_never_writes_over_its_profile(modelled: Path) -> None:
+    """The library call behind /tune's plans: the same rule as `tune --write`."""
+    from popviz.advise.plans import run_tune, write_plan
+    from popviz.format.guards import OwnInput
+
+    before = modelled.read_bytes()
+    with popviz.open(modelled) as profile:
+        result = run_tune(profile, max_compiles=2, top=1)
+        with pytest.raises(OwnInput, match="is an input of this command"):
+            write_plan(profile, result, 1, modelled.parent)
+    assert modelled.read_bytes() == before
+
+
 def test_tune_write_and_write_now_into_one_place(modelled: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"

@@ -81,8 +81,11 @@ def compile_plan(profile: Profile, result: TuneResult, rank: int) -> Any:
 
 def write_plan(profile: Profile, result: TuneResult, rank: int,
                path: str | os.PathLike[str]) -> Path:
-    """Compile plan `#rank` (1-based) and write it as a profile at `path`."""
-    from popviz.format.writer import write_report
+    """Compile plan `#rank` (1-based) and write it as a profile at `path` (never over
+    `profile` itself: OwnInput)."""
+    from popviz.format.guards import refuse_own_input
+    from popviz.format.writer import profile_path, write_report
 
+    refuse_own_input(profile_path(path), [profile.path] if profile.path else [], "path")
     return write_report(compile_plan(profile, result, rank), path,
                         command_line=f"popviz tune (plan #{rank})")

@@ -37,9 +37,12 @@ def _try_lock(fd: int) -> bool:
 @contextlib.contextmanager
 def hold_folder(folder: str | os.PathLike[str], command_line: str = "") -> Iterator[Path]:
     """Hold `folder` for writing profiles; FolderInUse if another process holds it."""
+    from popviz.format.guards import refuse_special_output
+
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     lock = root / LOCK_NAME
+    refuse_special_output(lock)  # a FIFO there is not ours to lock, truncate or remove
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         if not _try_lock(fd):

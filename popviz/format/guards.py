@@ -76,6 +76,8 @@ def refuse_own_input(target: PathLike, inputs: Iterable[PathLike], flag: str) ->
     """OwnInput when `target` is one of `inputs` (a profile folder given as an input
     counts by its profile.h5): never written over, even with --force."""
     for given in inputs:
+        if not str(given):  # "" names no file (Path("") would be the current folder)
+            continue
         candidates = [Path(given)]
         if Path(given).is_dir():
             from popviz.format.schema import PROFILE_FILENAME
