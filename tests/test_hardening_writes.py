@@ -268,6 +268,16 @@ def test_readers_say_what_the_file_is(kind: str, request: pytest.FixtureRequest,
         assert _one_line(capsys) == f"popviz: error: {line}"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "loop"])
+def test_serve_says_what_its_folder_is(kind: str, request: pytest.FixtureRequest,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    special = request.getfixturevalue(kind)
+    what = {"fifo": "a FIFO", "loop": "a symlink loop"}[kind]
+    assert main(["serve", str(special), "--port", "1"]) == 2
+    assert _one_line(capsys) == (f"popviz: error: {special}: is {what}, not a folder; serve "
+                                 "the folder that holds profiles (e.g. profiles/)")
+
+
 def test_the_writer_refuses_a_fifo(fifo: Path) -> None:
     with pytest.raises(OSError, match="is a FIFO, not a regular file"):
         write_tiny(fifo)

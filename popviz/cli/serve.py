@@ -68,7 +68,12 @@ def _own_names(host: str) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from popviz.format.guards import special_kind
+
     root = Path(args.dir)
+    if (kind := special_kind(root)) is not None:  # a FIFO, device, symlink loop
+        raise UsageError(f"{root}: is {kind}, not a folder; serve the folder that holds "
+                         "profiles (e.g. profiles/)")
     if not root.is_dir():
         raise UsageError(f"{root}: a file, not a folder; serve the folder that holds "
                          "profiles (e.g. profiles/)" if root.exists()
