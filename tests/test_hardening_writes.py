@@ -278,6 +278,16 @@ def test_serve_says_what_its_folder_is(kind: str, request: pytest.FixtureRequest
                                  "the folder that holds profiles (e.g. profiles/)")
 
 
+def test_a_fifo_as_the_folder_lock_is_left_alone(tmp_path: Path) -> None:
+    from popviz.format.folder_lock import hold_folder
+
+    os.mkfifo(tmp_path / LOCK_NAME)
+    with pytest.raises(OSError, match="is a FIFO, not a regular file"), \
+            hold_folder(tmp_path):
+        pass
+    assert (tmp_path / LOCK_NAME).is_fifo()
+
+
 def test_the_writer_refuses_a_fifo(fifo: Path) -> None:
     with pytest.raises(OSError, match="is a FIFO, not a regular file"):
         write_tiny(fifo)
