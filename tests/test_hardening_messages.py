@@ -128,6 +128,16 @@ def test_train_profile_dir_under_a_file(sub: str, note: Path,
     assert note.read_text() == "mine"
 
 
+@pytest.mark.parametrize("args", [["summary", "{note}/sub"], ["export", "{note}/p.h5", "--to",
+                                   "{note}.csv"], ["compare", "{note}/a", "{note}/b"]])
+def test_a_profile_asked_for_under_a_file_names_the_file(
+        args: list[str], note: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.format(note=note) for a in args]
+    assert main(argv) == 1
+    assert _one_line(capsys) == (f"popviz: error: {argv[1]}: no such file or directory "
+                                 f"({note} is a file, not a folder)")
+
+
 # ---- item 9: Ctrl-C is "interrupted" ----
 def test_ctrl_c_inside_h5py_is_interrupted_not_a_damaged_profile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
