@@ -13,6 +13,7 @@ from typing import Any
 
 import dash
 from dash import Input, Output, dcc, html
+from dash.exceptions import DependencyException
 
 from popviz.errors import ProfileError
 from popviz.vet import Vetter
@@ -131,4 +132,13 @@ def create_app(profile_dir: str | os.PathLike[str], cache_size: int = 6,
     app.popviz_callbacks = callbacks  # type: ignore[attr-defined]  # tests call these plain functions
     downloads.register(app.server, ctx, views)
     bodies.install(app)
+    app.server.register_error_handler(DependencyException, _no_such_asset)
     return app
+
+
+def _no_such_asset(exc: Exception) -> Any:
+    """Dash raises DependencyException for a /_dash-component-suites/ path that names no
+    file it serves (an unknown package, `../`): that is a 404, not a server error."""
+    import flask
+
+    return flask.Response("popviz: no such file\n", 404, mimetype="text/plain")

@@ -115,6 +115,8 @@ def vet(path: str | os.PathLike[str], timeout_s: float = DEFAULT_TIMEOUT_S,
                            probe=probe, start="spawn")
     if result.outcome == "ok":
         return Verdict(True)
+    if result.outcome == "interrupted":  # Ctrl-C: no verdict at all, never cached
+        raise KeyboardInterrupt
     if result.outcome == "hang":
         return Verdict(False, f"refused: reading it took longer than {timeout_s:g} s")
     if result.outcome == "memory":
@@ -242,13 +244,18 @@ class Vetter:
                 stamp = lane.popleft()
                 future = self._running[stamp]
                 self.vettings += 1
+            keep = True
             try:
                 verdict = vet_or_refuse(stamp.path, time_limit(self.timeout_s, stamp.size),
                                         self.memory_mb)
+            except KeyboardInterrupt:  # the worker got a Ctrl-C: nothing said of the file
+                verdict, keep = Verdict(False, "its check was interrupted; reload the "
+                                               "page to check it again"), False
             except BaseException as exc:  # never leave a waiter without an answer
                 verdict = Verdict(False, f"unreadable ({type(exc).__name__})")
             with self._lock:
-                self._verdicts[stamp] = verdict
+                if keep:
+                    self._verdicts[stamp] = verdict
                 while len(self._verdicts) > MAX_VERDICTS:
                     self._verdicts.popitem(last=False)
                 self._running.pop(stamp, None)

@@ -158,7 +158,9 @@ ERRORS = [
     (["--model", "resnet", "--image-size", "16"], ["too small"]),
     (["--model", "efficientnet", "--image-size", "32"], ["needs >= 64"]),
     (["--model", "resnet", "--iterations", "0"], ["--iterations must be >= 1, got 0"]),
-    (["--learning-rate", "0"], ["--learning-rate must be > 0"]),
+    (["--learning-rate", "0"], ["--learning-rate must be a finite number > 0"]),
+    (["--learning-rate", "nan"], ["--learning-rate must be a finite number > 0, got nan"]),
+    (["--learning-rate", "inf"], ["--learning-rate must be a finite number > 0, got inf"]),
 ]
 
 

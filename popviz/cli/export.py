@@ -48,6 +48,20 @@ def _check_outputs(finals: list[Path], profile: Path) -> None:
         refuse_own_input(final, [profile], "--to")
 
 
+def _folder_of_output(args: argparse.Namespace) -> None:
+    """Before anything is read: no file where --to needs a folder (`--to notes.txt/sub`)."""
+    from popviz.cli.command import UsageError
+    from popviz.errors import not_a_folder, os_error_line
+
+    if args.format == "csv":
+        blocked = not_a_folder(args.to, "csv goes into a folder (one file per table)")
+    else:
+        folder = args.to.parent if args.to.suffix == ".json" else args.to
+        blocked = not_a_folder(folder, "the trace goes into a folder (or give a .json path)")
+    if blocked is not None:
+        raise UsageError(os_error_line(blocked))
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.cli.command import UsageError
     from popviz.format.export import export_chrome_trace, export_csv
@@ -55,15 +69,13 @@ def _run(args: argparse.Namespace) -> int:
 
     args.to = Path(args.to)
     refuse_special_output(args.to)
+    _folder_of_output(args)
     with open_vetted(args.profile, vet=not args.no_vet) as profile:
         if args.format == "csv":
             unknown = sorted(set(args.tables or []) - set(profile.table_names))
             if unknown:
                 raise UsageError(f"unknown table(s) {', '.join(unknown)}; this profile has "
                                  f"{', '.join(profile.table_names)}")
-            if args.to.exists() and not args.to.is_dir():
-                raise UsageError(f"{args.to}: a file, not a folder; csv goes into a folder "
-                                 "(one file per table)")
             names = list(args.tables or profile.table_names)
             finals = [args.to / f"{n}.csv" for n in names] + [args.to / "meta.json"]
             _check_outputs(finals, profile.path)

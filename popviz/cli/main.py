@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from popviz._version import __version__
-from popviz.cli.command import Command, run_guarded
+from popviz.cli.command import Command, interrupted, run_guarded, run_program
 
 # Each module defines COMMAND: Command. Order is the order `popviz --help` lists them.
 SUBCOMMAND_MODULES = [
@@ -48,11 +48,18 @@ def build_parser(commands: list[Command],
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`popviz ARGS`; called without `argv` (the `popviz` program) it ends the process
+    itself, so that even a Ctrl-C while it exits is said (command.run_program)."""
+    if argv is None:
+        run_program(lambda: _caught(None), "popviz")
+    return _caught(argv)
+
+
+def _caught(argv: list[str] | None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:  # while importing or parsing; commands catch their own
-        print("popviz: interrupted", file=sys.stderr)
-        return 130
+        return interrupted("popviz")
 
 
 def _main(argv: list[str] | None) -> int:

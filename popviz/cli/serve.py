@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import faulthandler
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -67,6 +68,27 @@ def _own_names(host: str) -> list[str]:
     return sorted(n for n in names if n)
 
 
+def _in_the_way(root: Path) -> str:
+    from popviz.errors import file_in_the_way
+
+    blocker = file_in_the_way(root)
+    return f" ({blocker} is a file, not a folder)" if blocker not in (None, root) else ""
+
+
+def _check_root(root: Path) -> None:
+    """A folder this process may list, or one line saying what it is instead."""
+    try:
+        if not root.is_dir():
+            raise UsageError(f"{root}: a file, not a folder; serve the folder that holds "
+                             "profiles (e.g. profiles/)" if root.exists()
+                             else f"{root}: no such directory{_in_the_way(root)}")
+        with os.scandir(root) as entries:
+            next(entries, None)
+    except PermissionError:  # served, it would list nothing and say nothing
+        raise UsageError(f"{root}: cannot be read (permission denied); serve a folder "
+                         "this user may read") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.format.guards import special_kind
 
@@ -74,16 +96,14 @@ def _run(args: argparse.Namespace) -> int:
     if (kind := special_kind(root)) is not None:  # a FIFO, device, symlink loop
         raise UsageError(f"{root}: is {kind}, not a folder; serve the folder that holds "
                          "profiles (e.g. profiles/)")
-    if not root.is_dir():
-        raise UsageError(f"{root}: a file, not a folder; serve the folder that holds "
-                         "profiles (e.g. profiles/)" if root.exists()
-                         else f"{root}: no such directory")
+    _check_root(root)
     if not 0 < args.port < 65536:
         raise UsageError(f"port {args.port} is outside 1..65535")
     if not 1 <= args.threads <= 64:
         raise UsageError(f"--threads {args.threads} is outside 1..64")
     if args.vet_timeout <= 0 or args.vet_memory_mb < 256:
         raise UsageError("--vet-timeout must be positive and --vet-memory-mb at least 256")
+    _check_listen(args.host, args.port)  # before the app starts vetting anything
     from popviz_app import access, create_app  # Dash and waitress only when serving
 
     from popviz.cli import serve_guard
@@ -92,9 +112,6 @@ def _run(args: argparse.Namespace) -> int:
     token = args.token
     if not access.is_loopback(args.host):
         token = token or secrets.token_urlsafe(24)
-        print(f"popviz: warning: listening on {args.host}, not loopback: anyone who can "
-              "reach this port and has the token can read every profile under "
-              f"{root.resolve()}", file=sys.stderr, flush=True)
     app = create_app(root, vetter=Vetter(timeout_s=args.vet_timeout,
                                          memory_mb=args.vet_memory_mb),
                      vet_wait_s=VET_WAIT_S)
@@ -104,17 +121,63 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
-    print(f"popviz: serving {root.resolve()} at {url} (Ctrl-C to stop)", flush=True)
     # waitress, with header / body deadlines and per-address caps in front (serve_guard)
-    server = serve_guard.create_server(
-        app.server, host=args.host, port=args.port, threads=args.threads,
-        connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
-        cleanup_interval=CLEANUP_INTERVAL_S, max_request_body_size=MAX_BODY_BYTES,
-        max_request_header_size=MAX_HEADER_BYTES, ident="popviz", expose_tracebacks=False)
+    try:
+        server = serve_guard.create_server(
+            app.server, host=args.host, port=args.port, threads=args.threads,
+            connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
+            cleanup_interval=CLEANUP_INTERVAL_S, max_request_body_size=MAX_BODY_BYTES,
+            max_request_header_size=MAX_HEADER_BYTES, ident="popviz",
+            expose_tracebacks=False)
+    except (OSError, ValueError) as exc:  # taken since the check, or refused by waitress
+        raise _listen_error(args.host, args.port, exc) from None
+    # said once listening: a URL (and token) for a server that never started misleads
+    if not access.is_loopback(args.host):
+        print(f"popviz: warning: listening on {args.host}, not loopback: anyone who can "
+              "reach this port and has the token can read every profile under "
+              f"{root.resolve()}", file=sys.stderr, flush=True)
+    url = f"http://{_shown(args.host)}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"popviz: serving {root.resolve()} at {url} (Ctrl-C to stop)", flush=True)
     server.run()
     return EXIT_OK
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_listen(host: str, port: int) -> None:
+    """One line naming the address and port when this process cannot listen there (an
+    unknown host, an address not this machine's, a port in use or not permitted)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise _listen_error(host, port, exc) from None
+    for family, kind, proto, _name, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress
+                probe.bind(address)
+        except OSError as exc:
+            raise _listen_error(host, port, exc) from None
+
+
+def _listen_error(host: str, port: int, exc: BaseException) -> Exception:
+    where = f"{_shown(host[:100])}:{port}"
+    if isinstance(exc, socket.gaierror | UnicodeError | ValueError):
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else None
+        if reason is None:  # waitress' "Invalid host/port specified.": resolve for why
+            try:
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                reason = str(exc)
+            except (OSError, UnicodeError) as resolving:
+                reason = getattr(resolving, "strerror", None) or str(resolving)
+        return UsageError(f"cannot listen on {where}: unknown or invalid --host "
+                          f"({reason})")
+    assert isinstance(exc, OSError)
+    reason = " ".join((exc.strerror or str(exc)).split())
+    return OSError(exc.errno, f"cannot listen there ({reason})", where)
 
 
 COMMAND = Command(

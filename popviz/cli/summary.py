@@ -181,7 +181,7 @@ def _where(path: Path, root: Path) -> str:
 def _facts(path: str | Path, vet: bool) -> dict:
     """One profile's facts; ProfileError (one line) when it is not one popviz can read."""
     from popviz.analysis.facts import profile_facts
-    from popviz.errors import ProfileError
+    from popviz.errors import ProfileError, interrupted_by
 
     if vet:
         check_vetted(path)
@@ -191,6 +191,8 @@ def _facts(path: str | Path, vet: bool) -> dict:
         except (ProfileError, KeyboardInterrupt):
             raise
         except Exception as exc:  # the file is untrusted: one line, never a traceback
+            if interrupted_by(exc):  # a Ctrl-C inside h5py: not the file's fault
+                raise KeyboardInterrupt from None
             text = " ".join(str(exc).split())[:200]
             raise ProfileError(f"{path}: cannot summarise ({type(exc).__name__}: "
                                f"{text})") from None

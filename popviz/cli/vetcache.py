@@ -80,11 +80,11 @@ def open_vetted(target: str | os.PathLike[str], vet: bool = True) -> Any:
 
 
 def _the_profile(target: Path) -> Path | None:
-    if target.is_dir() and (target / PROFILE_FILENAME).is_file():
-        return target / PROFILE_FILENAME
     try:
+        if target.is_dir() and (target / PROFILE_FILENAME).is_file():
+            return target / PROFILE_FILENAME
         found = popviz.discover(target)
-    except (ProfileError, OSError):
+    except (ProfileError, OSError):  # popviz.open says why (not found, not readable)
         return None
     return found[0] if len(found) == 1 else None
 

@@ -11,7 +11,8 @@ caller:
 
 Outcomes: "ok", "profile_error" (the reader refused the file: `message` is its one line),
 "error" (any other exception: a bug to fix), "memory" (the read ran past `memory_bytes`),
-"crash" (the worker died of a signal), "hang" (still running after `timeout_s`; killed).
+"crash" (the worker died of a signal), "hang" (still running after `timeout_s`; killed),
+"interrupted" (a Ctrl-C reached the worker: says nothing of the file).
 
 `start="spawn"` runs a fresh interpreter (safe from any process, ~0.5 s of imports);
 `start="fork"` forks the caller (milliseconds; only from a single-threaded process, such as
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the worker imports the reader itself, after its limits are set
     from popviz.format.reader import FileProfile
 
-OUTCOMES = ("ok", "profile_error", "error", "memory", "crash", "hang")
+OUTCOMES = ("ok", "profile_error", "error", "memory", "crash", "hang", "interrupted")
 _MESSAGE_CHARS = 400
 _BLOCK_STEPS = 65536  # tile_liveness steps read at a time
 
@@ -90,9 +91,11 @@ def _load_probe(probe: str | None) -> Callable[[Any], Any] | None:
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
-    from popviz.errors import ProfileError
+    from popviz.errors import ProfileError, interrupted_by
 
     text = " ".join(str(exc).split())[:_MESSAGE_CHARS]
+    if interrupted_by(exc):  # Ctrl-C reached the worker too: no verdict on the file
+        return "interrupted", "interrupted (Ctrl-C)"
     if isinstance(exc, MemoryError) or isinstance(exc.__context__, MemoryError):
         return "memory", text or "MemoryError"
     if isinstance(exc, ProfileError):
@@ -186,6 +189,8 @@ def _verdict(report: bytes, status: int, usage: Any, timed_out: bool, seconds: f
                        seconds, rss)
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
+        if number == signal.SIGINT:  # a Ctrl-C, not the file, ended it
+            return Verdict("interrupted", "worker interrupted (SIGINT)", seconds, rss, number)
         return Verdict("crash", f"worker died of {signal.Signals(number).name}", seconds, rss,
                        number)
     lines = report.decode("utf-8", "replace").strip().splitlines()

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, file_in_the_way, interrupted_by
 from popviz.format import schema, validate
 from popviz.format.containment import check_self_contained
 from popviz.format.guards import refuse_special_input
@@ -43,19 +43,44 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
     """
     root = Path(directory)
     refuse_special_input(root)  # a FIFO or device: refused by what it is, never opened
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise ProfileError(f"{root}: no such file or directory")
+    try:
+        if root.is_file():
+            return [root]
+        if not root.is_dir():
+            raise ProfileError(f"{root}: no such file or directory{_in_the_way(root)}")
+    except PermissionError:
+        raise unreadable(root) from None
     found = []
-    for folder, dirs, files in os.walk(root):
+    denied: list[OSError] = []  # folders we may not list: said when nothing else is found
+    for folder, dirs, files in os.walk(root, onerror=denied.append):
         # not into hidden folders (.git, .venv), virtual environments or caches: `popviz
         # summary .` in a project would otherwise read h5py's own test files
         dirs[:] = [d for d in dirs if not _skipped_folder(Path(folder) / d)]
         found += [Path(folder) / f for f in files if f.endswith(schema.PROFILE_SUFFIX)
                   and not is_temp_name(f) and not f.startswith(".")
-                  and (Path(folder) / f).is_file()]
+                  and _is_file(Path(folder) / f)]
+    if not found and denied:  # "no profile here" would blame the folder's contents
+        first = denied[0]
+        raise unreadable(Path(first.filename) if first.filename else root)
     return sorted(found)
+
+
+def _in_the_way(path: Path) -> str:
+    """` (X is a file, not a folder)` when a file stands where `path` needs a folder."""
+    blocker = file_in_the_way(path)
+    return f" ({blocker} is a file, not a folder)" if blocker not in (None, path) else ""
+
+
+def unreadable(path: Path) -> ProfileError:
+    """The one line for a folder or file this process may not read."""
+    return ProfileError(f"{path}: cannot be read (permission denied)")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # not ours to look at: not listed
+        return False
 
 
 SKIPPED_FOLDERS = {"node_modules", "__pycache__", "site-packages", "venv"}
@@ -65,7 +90,7 @@ def _skipped_folder(path: Path) -> bool:
     """A folder discover does not walk into: hidden, a cache, or a virtual environment
     (its pyvenv.cfg says so whatever it is called)."""
     return path.name.startswith(".") or path.name in SKIPPED_FOLDERS or \
-        (path / "pyvenv.cfg").is_file()
+        _is_file(path / "pyvenv.cfg")
 
 
 FileCheck = Callable[[os.stat_result], None]
@@ -82,6 +107,13 @@ def open(path: str | os.PathLike[str], *, check_file: FileCheck | None = None) -
 
 def profile_file(path: Path) -> Path:
     """The profile file `path` names: itself, or the one profile in a directory."""
+    try:
+        return _profile_file(path)
+    except PermissionError:  # a folder on the way we may not look into
+        raise unreadable(path) from None
+
+
+def _profile_file(path: Path) -> Path:
     if path.is_dir():
         direct = path / schema.PROFILE_FILENAME
         if direct.is_file():
@@ -98,7 +130,7 @@ def profile_file(path: Path) -> Path:
         return found[0]
     refuse_special_input(path)
     if not path.exists():
-        raise ProfileError(f"{path}: no such file or directory")
+        raise ProfileError(f"{path}: no such file or directory{_in_the_way(path)}")
     return path
 
 
@@ -152,6 +184,8 @@ class FileProfile(TableViews):
         except MemoryError:
             raise ProfileError(f"{self.path}: {what} does not fit in memory") from None
         except Exception as exc:  # the file is untrusted input
+            if interrupted_by(exc):  # a Ctrl-C inside h5py, not damage
+                raise KeyboardInterrupt from None
             raise ProfileError(
                 f"{self.path}: damaged {what} ({type(exc).__name__}: {_one_line(exc)})"
             ) from None
@@ -173,6 +207,8 @@ class FileProfile(TableViews):
         try:
             h5 = h5py.File(path, "r")
         except Exception as exc:  # OSError mostly; damage raises others
+            if interrupted_by(exc):  # a Ctrl-C inside h5py, not damage
+                raise KeyboardInterrupt from None
             raise ProfileError(
                 f"{path}: HDF5 file is truncated or damaged ({_one_line(exc)})"
             ) from None

@@ -145,6 +145,8 @@ def data_error(where: str, exc: BaseException) -> ProfileError:
     """A one-line ProfileError for an exception raised by a file's data."""
     if isinstance(exc, MemoryError):
         return ProfileError(f"{where}: too large to import in the memory available")
+    if isinstance(exc, kev.AnnotationError):  # says itself what is wrong
+        return ProfileError(f"{where}: {exc}")
     text = " ".join(str(exc).split())[:160]
     return ProfileError(f"{where}: cannot import it ({type(exc).__name__}: {text})")
 

@@ -86,8 +86,7 @@ def _decode_error(exc: Exception) -> str:
 
 def _top_level(data: bytes, begin: int, end: int, path: Path) -> dict[str, Any]:
     if begin + len(data) - end > MAX_TOP_BYTES:
-        raise ProfileError(f"{path}: more than {MAX_TOP_BYTES:,} bytes outside traceEvents; "
-                           "refused")
+        raise ProfileError(f"{path}: {_too_much_outside(data, begin, end)}")
     try:
         top = _loads(data[:begin] + b"]" + data[end + 1:])
     except (ValueError, RecursionError):  # orjson's and json's errors are ValueErrors
@@ -96,6 +95,33 @@ def _top_level(data: bytes, begin: int, end: int, path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: not a Chrome / Kineto trace (top level is not an object)")
     top.pop("traceEvents", None)
     return top
+
+
+def _too_much_outside(data: bytes, begin: int, end: int) -> str:
+    """Why the document outside traceEvents (before `begin`, after `end`) is too large,
+    naming the string that makes it so, and its key, when one does."""
+    size, key = 0, None
+    arr = np.frombuffer(data, dtype=np.uint8)
+    for lo, hi in ((0, begin), (end + 1, len(data))):
+        quotes = np.flatnonzero(arr[lo:hi] == 34) + lo
+        if len(quotes) and (arr[lo:hi] == 92).any():  # \" inside a string: not a quote
+            quotes = quotes[~scan._escaped(arr, lo, hi, quotes,
+                                           np.ones(len(quotes), dtype=bool), 0)[0]]
+        if len(quotes) < 2:
+            continue
+        opens, closes = quotes[0:len(quotes) // 2 * 2:2], quotes[1::2]
+        longest = int(np.argmax(closes - opens))
+        if int(closes[longest] - opens[longest]) - 1 > size:
+            size = int(closes[longest] - opens[longest]) - 1
+            key = None
+            if longest and data[closes[longest - 1] + 1:opens[longest]].strip() == b":":
+                key = data[opens[longest - 1] + 1:closes[longest - 1]][:80].decode(
+                    "utf-8", "replace")
+    if size * 2 < begin + len(data) - end:  # no one string makes it too large
+        return f"more than {MAX_TOP_BYTES:,} bytes outside traceEvents; refused"
+    where = f"field {json.dumps(key)}" if key is not None else "a value"
+    return (f"{where} outside traceEvents is a string of {size:,} bytes, past the "
+            f"{MAX_TOP_BYTES:,} bytes a trace may hold outside traceEvents; refused")
 
 
 def event_starts(data: bytes, begin: int, end: int, path: Path) -> np.ndarray:

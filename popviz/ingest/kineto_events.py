@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from popviz.ingest.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.import_limits import MAX_INT, MAX_MEMORY_BYTES, MAX_WORLD
 from popviz.ingest.kineto_lanes import LINK_COLUMNS, gpu_links
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
@@ -60,17 +60,30 @@ def action_annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
     for start, end, name in zip(ua["start"].to_numpy(), ua["end"].to_numpy(), names):
         m = PP_ACTION.match(name)
         if m:
-            rows.append((start, end, int(m[1]), ACTION_PASS[m[2]],
-                         int(m[3]) if m[3] else -1, name))
+            rows.append((start, end, _numbered(m[1], "stage", name), ACTION_PASS[m[2]],
+                         _numbered(m[3], "micro-batch", name) if m[3] else -1, name))
             continue
         m = SINGLE_STAGE.match(name)
         if m:
-            rows.append((start, end, -1, m[1][0], int(m[2]), name))
+            rows.append((start, end, -1, m[1][0], _numbered(m[2], "micro-batch", name),
+                         name))
         elif name.startswith("Optimizer.step"):
             rows.append((start, end, -1, "WU", -1, name))
     frame = pd.DataFrame(rows, columns=["start", "end", "stage", "pass", "microbatch",
                                         "label"])
     return frame.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+class AnnotationError(ValueError):
+    """An annotation whose numbers popviz cannot hold; the message names it."""
+
+
+def _numbered(digits: str, what: str, label: str) -> int:
+    """The stage or micro-batch number an annotation gives, if an int64 holds it."""
+    if len(digits) > 19 or int(digits) >= MAX_INT:  # (int() of a huge one is slow)
+        raise AnnotationError(f"annotation {label[:80]!r} gives {what} {digits[:30]}, "
+                              f"past any {what} popviz can hold (< 2**62); refused")
+    return int(digits)
 
 
 def merged_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

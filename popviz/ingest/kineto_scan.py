@@ -72,19 +72,24 @@ def blocks(arr: np.ndarray, begin: int, end: int, block: int = BLOCK,
             quote &= ~escaped
         else:
             carry = 0
-        open_at = _check_strings(pos[quote], parity, open_at, stop)
         seen = np.cumsum(quote) + parity  # quotes so far: odd inside a string
-        parity = int(seen[-1] & 1) if len(seen) else parity
         br = np.flatnonzero(((seen & 1) == 0) & (byte != 34))
         bb = byte[br]
         step = np.where((bb | 32) == 123, 1, -1)
         now = np.cumsum(step) + depth
+        if len(now) and now.min() < 0:
+            if close is None:
+                _check_strings(pos[quote], parity, open_at, stop)
+                raise NotKineto
+            # the array ends here: only its own strings count (what follows it is the
+            # document's, with a limit of its own)
+            end_at = int(pos[br[int(np.argmax(now < 0))]])
+            _check_strings(pos[quote & (pos < end_at)], parity, open_at, end_at)
+            close.append(end_at)
+            return
+        open_at = _check_strings(pos[quote], parity, open_at, stop)
+        parity = int(seen[-1] & 1) if len(seen) else parity
         if len(now):
-            if now.min() < 0:
-                if close is None:
-                    raise NotKineto
-                close.append(int(pos[br[int(np.argmax(now < 0))]]))
-                return
             if now.max() > limits.MAX_DEPTH:
                 raise limits.LimitError(f"traceEvents nests more than {limits.MAX_DEPTH} "
                                         "brackets deep; refused")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, interrupted_by
 from popviz.ingest import import_limits as limits
 
 MAX_POINTS = 20_000
@@ -43,6 +43,8 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
     except MemoryError:
         raise ProfileError(f"{path}: the memory snapshot does not fit in memory") from None
     except Exception as exc:  # any unpickling failure: the file is damaged
+        if interrupted_by(exc):  # a Ctrl-C, not damage
+            raise KeyboardInterrupt from None
         # (no code runs: find_class refuses every class, so this is data only)
         raise ProfileError(f"{path}: not a torch.cuda.memory._snapshot() pickle "
                            f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})") \

@@ -76,9 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run(args, ["python", "-m", "popviz.measure",
-                      *(sys.argv[1:] if argv is None else argv)])
+    """`python -m popviz.measure ARGS`; without `argv` (the program) it ends the process
+    itself, so a Ctrl-C at any moment is one line (popviz.cli.command.run_program)."""
+    from popviz.cli.command import run_program
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        return run(args, ["python", "-m", "popviz.measure",
+                          *(sys.argv[1:] if argv is None else argv)])
+
+    if argv is None:
+        run_program(body, "popviz.measure")
+    return body()
 
 
 def _check_target(args: argparse.Namespace) -> None:
@@ -114,11 +123,20 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         num_classes=args.num_classes, seed=args.seed, learning_rate=args.learning_rate,
         backend=args.backend, threads=args.threads, out=args.out,
         command_line=shlex.join(command))
+    from popviz.errors import ProfileError, os_error_line
+    from popviz.measure.spawning import RankFailed
+
     try:
         paths = measure(config)
-    except ValueError as exc:
+    except ValueError as exc:  # checked before any rank starts
         print(f"popviz.measure: error: {exc}", file=sys.stderr)
         return 2
+    except (RankFailed, ProfileError) as exc:  # a rank's failure, one line naming it
+        print(f"popviz.measure: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # under torchrun: this rank's own write
+        print(f"popviz.measure: error: {os_error_line(exc)}", file=sys.stderr)
+        return 1
     for path in paths:  # rank 0's (the other ranks of a torchrun job print nothing)
         print(f"wrote {path}")
     return 0

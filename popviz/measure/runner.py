@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import faulthandler
+import math
 import os
 import socket
 import sys
@@ -30,6 +30,7 @@ from popviz.vocab import MEASURED_KIND
 # CPU ranks only for now: NCCL needs the stages on CUDA devices and CUDA-event timers
 # (perf_counter around an async kernel launch would time the launch), not built yet
 BACKENDS = ("gloo",)
+MAX_CLASSES = 1_000_000  # classifier outputs (ImageNet-21k has 21,841)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class MeasureConfig:
                                             or self.image_size < 1):
             raise ValueError(f"image size must be a whole number >= 1, got "
                              f"{self.image_size!r}")
+        self._check_values()
         if self.warmup < 1:
             raise ValueError("warmup must be >= 1: the first step sets the stages up")
         if self.backend not in BACKENDS:
@@ -92,6 +94,44 @@ class MeasureConfig:
         model = _build(self)
         self.splits = splitting.check_splits(model, list(self.splits), self.num_stages)
         return self
+
+    def _check_values(self) -> None:
+        """The numbers and paths no rank should be the first to trip over."""
+        rate = self.learning_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) \
+                or not math.isfinite(rate) or rate <= 0:
+            raise ValueError(f"learning rate must be a finite number > 0, got {rate!r}")
+        if not isinstance(self.num_classes, int) or not 1 <= self.num_classes <= MAX_CLASSES:
+            raise ValueError(f"num classes must be a whole number in 1..{MAX_CLASSES:,}, got "
+                             f"{self.num_classes!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 63:
+            raise ValueError(f"seed must be a whole number in 0..2**63-1, got {self.seed!r}")
+        check_output_paths(self.profile_dir, self.out)
+
+
+def check_output_paths(profile_dir: str | os.PathLike[str] | None,
+                       out: str | os.PathLike[str] | None = None) -> None:
+    """ValueError (one line) unless the profile folder, its traces/ and the profile's own
+    path can be made and written: no file in their way (`user.txt/m`), not an existing
+    file where a folder goes, not a folder or foreign file where the profile goes."""
+    from popviz.errors import not_a_folder, os_error_line
+    from popviz.format.writer import profile_path, refuse_foreign
+
+    if profile_dir is None or not str(profile_dir).strip():
+        raise ValueError("profile dir must be a folder's path, got an empty one")
+    folders = [Path(profile_dir), Path(profile_dir, "traces")]
+    for folder in folders:
+        blocked = not_a_folder(folder, "the profile folder and its traces/ are folders")
+        if blocked is not None:
+            raise ValueError(os_error_line(blocked))
+    try:
+        refuse_foreign(profile_path(out if out is not None else profile_dir))
+    except OSError as exc:
+        raise ValueError(os_error_line(exc)) from None
+    for folder in folders:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path("/"))
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"{existing}: cannot write there (permission denied)")
 
 
 def _build(config: MeasureConfig) -> torch.nn.Module:
@@ -259,26 +299,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _init(config: MeasureConfig, rank: int, world: int) -> None:
+def init_group(config: MeasureConfig, rank: int, world: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(config.backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=config.timeout_s))
-
-
-def _spawned(rank: int, config: MeasureConfig, port: int) -> None:
-    import torch.distributed as dist
-
-    # a crash in torch's C++ prints where this rank's Python was, in the run's stderr
-    faulthandler.enable()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    _init(config, rank, config.ranks)
-    try:
-        run_rank(config, rank, config.ranks)
-    finally:
-        dist.destroy_process_group()
-    end_spawned_rank()
 
 
 def end_spawned_rank() -> None:
@@ -300,7 +325,6 @@ def measure(config: MeasureConfig) -> list[Path]:
     """Run the pipeline; return the profile's path (`config.out`, else the profile dir) on
     rank 0 (or when spawning), nothing on the other ranks of a torchrun job."""
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
     from popviz.format.writer import profile_path
 
@@ -308,12 +332,14 @@ def measure(config: MeasureConfig) -> list[Path]:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         config.ranks = world
         config.validate()
-        _init(config, rank, world)
+        init_group(config, rank, world)
         try:
             path = run_rank(config, rank, world)
         finally:
             dist.destroy_process_group()
         return [path] if path is not None else []
     config.validate()
-    mp.spawn(_spawned, args=(config, free_port()), nprocs=config.ranks, join=True)
+    from popviz.measure.spawning import spawn_ranks
+
+    spawn_ranks(config)
     return [profile_path(config.out or config.profile_dir)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,14 @@ def run_from_train_args(args: Any) -> int:
     """Run train.py --measure and print one summary line."""
     from popviz.format.reader import open as open_profile
     from popviz.format.writer import profile_path
+    from popviz.measure.spawning import RankFailed
 
     config = config_from_train_args(args)
-    runner.measure(config)
+    try:
+        runner.measure(config)
+    except RankFailed as exc:  # one line naming the rank and its cause
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        return 1
     with open_profile(profile_path(str(config.profile_dir))) as merged:
         s, losses = merged.summary, merged.meta["measure"].get("losses", [])
         loss = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, " if losses else ""

@@ -30,11 +30,15 @@ EXAMPLES = __doc__.split("\n\n")[1]
 def execute(args: argparse.Namespace, prog: str) -> int:
     """Run checked flags. Exit codes: 0 done, 1 another run writes into --profile-dir or a
     profile could not be written (a full disk), 2 a placement the compiler refuses."""
+    from popviz.errors import not_a_folder, os_error_line
     from popviz.format.folder_lock import FolderInUse, hold_folder
 
     try:
         # one run per profile folder, so training/ and inference/ come from the same run
         writes = args.profile or args.measure
+        if writes and (blocked := not_a_folder(args.profile_dir, "--profile-dir is the "
+                                               "folder profiles go into")) is not None:
+            raise ValueError(os_error_line(blocked))  # a usage error: exit code 2
         if writes:  # before the folder, its lock or any training: nothing left if refused
             check_targets(args)
         with hold_folder(args.profile_dir, args.command_line) if writes \
@@ -104,12 +108,27 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python train.py`: the same flags and run as `popviz train`, errors as `train.py:`;
-    130 on Ctrl-C (one line, never a traceback)."""
+    130 on Ctrl-C (one line, never a traceback). Without `argv` (the program) it ends the
+    process itself, so a Ctrl-C while it exits is said too (command.run_program)."""
+    from popviz.cli.command import run_program
+
+    if argv is None:
+        run_program(lambda: _caught(None), "train.py")
+    return _caught(argv)
+
+
+def _caught(argv: Sequence[str] | None) -> int:
+    from popviz.cli.command import interrupted
+    from popviz.errors import interrupted_by
+
     try:
         return _main(argv)
     except KeyboardInterrupt:  # at any point: imports, recording, compiling, writing
-        print("train.py: interrupted", file=sys.stderr)
-        return 130
+        return interrupted("train.py")
+    except SystemError as exc:  # a Ctrl-C inside a C extension (h5py) arrives as this
+        if interrupted_by(exc):
+            return interrupted("train.py")
+        raise
 
 
 def _main(argv: Sequence[str] | None) -> int:

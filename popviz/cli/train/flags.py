@@ -8,6 +8,7 @@ Flags follow the PopTorch pipelining tutorial and Graphcore's TensorFlow CNN app
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -139,8 +140,8 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
                  "replicas", "shards", "test_batch_size", "dataset_size", "num_classes"):
         if getattr(args, flag) < 1:
             _error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.learning_rate <= 0:
-        _error(f"--learning-rate must be > 0, got {args.learning_rate:g}")
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):  # nan too
+        _error(f"--learning-rate must be a finite number > 0, got {args.learning_rate:g}")
     if any(b < 1 for b in args.batch_size):
         _error(f"--batch-size must be >= 1, got {args.batch_size}")
     if len(args.batch_size) > 1 and not args.inference:
