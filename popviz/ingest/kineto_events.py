@@ -17,7 +17,13 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from popviz.ingest.import_limits import MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.import_limits import (
+    MAX_ACTION_DIGITS,
+    MAX_MEMORY_BYTES,
+    MAX_WORLD,
+    LimitError,
+    check_actions,
+)
 from popviz.ingest.kineto_lanes import LINK_COLUMNS, gpu_links
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
@@ -50,24 +56,37 @@ def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.nd
         else np.zeros(len(names), dtype=bool)
 
 
-def action_annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
+def _number(digits: str, name: str) -> int:
+    """A stage or micro-batch number of an annotation; LimitError past 9 digits (before
+    it becomes an int64 or sizes anything)."""
+    if len(digits) > MAX_ACTION_DIGITS:
+        raise LimitError(f"annotation {name[:60]!r} claims a number of {len(digits)} "
+                         f"digits; refused")
+    return int(digits)
+
+
+def action_annotations(spans: pd.DataFrame, rank: int, world: int = 1) -> pd.DataFrame:
     """Pipelining actions as intervals: start, end, stage, pass, microbatch, label.
     `PP:{stage}{action}{mb}` (multi-stage schedules), or GPipe's `Forward i` / `Backward i`
-    (stage unknown there: -1, filled in with the rank's stage later)."""
+    (stage unknown there: -1, filled in with the rank's stage later). Stages and
+    micro-batches the trace cannot hold (import_limits.check_actions): LimitError."""
     ua = spans[spans["cat"] == "user_annotation"]
     names = ua["name"].astype(str)
     rows = []
     for start, end, name in zip(ua["start"].to_numpy(), ua["end"].to_numpy(), names):
         m = PP_ACTION.match(name)
         if m:
-            rows.append((start, end, int(m[1]), ACTION_PASS[m[2]],
-                         int(m[3]) if m[3] else -1, name))
+            rows.append((start, end, _number(m[1], name), ACTION_PASS[m[2]],
+                         _number(m[3], name) if m[3] else -1, name))
             continue
         m = SINGLE_STAGE.match(name)
         if m:
-            rows.append((start, end, -1, m[1][0], int(m[2]), name))
+            rows.append((start, end, -1, m[1][0], _number(m[2], name), name))
         elif name.startswith("Optimizer.step"):
             rows.append((start, end, -1, "WU", -1, name))
+    actions = [r for r in rows if r[5].startswith(("PP:", "Forward", "Backward"))]
+    check_actions([r[2] for r in actions], [r[4] for r in actions],
+                  [r[5] for r in actions], world)
     frame = pd.DataFrame(rows, columns=["start", "end", "stage", "pass", "microbatch",
                                         "label"])
     return frame.sort_values("start", kind="stable").reset_index(drop=True)
@@ -130,8 +149,8 @@ class Labeller:
     """Stage / pass / micro-batch for a time on one rank, from its annotations, its
     backward (autograd) spans and its optimiser step."""
 
-    def __init__(self, spans: pd.DataFrame, rank: int) -> None:
-        self.ann = action_annotations(spans, rank)
+    def __init__(self, spans: pd.DataFrame, rank: int, world: int = 1) -> None:
+        self.ann = action_annotations(spans, rank, world)
         stages = sorted(s for s in self.ann["stage"].unique() if s >= 0)
         self.stages = stages or [rank]
         self.default_stage = stages[0] if len(stages) == 1 else rank if not stages else -1
