@@ -102,14 +102,18 @@ def first_line(status: int, text: bytes) -> tuple[str, str]:
 
 
 def visit(port: int, rel: str, deps: list[dict[str, Any]], timeout_s: float = 60,
-          devices: tuple[int, ...] = (0,), checking_wait_s: float = 120
-          ) -> list[Outcome]:
-    """Every request of `requests_for`, in order, on one connection. A file still being
-    vetted ("being checked") is asked again until its verdict is in."""
+          devices: tuple[int, ...] = (0,), checking_wait_s: float = 120,
+          only: list[str] | None = None) -> list[Outcome]:
+    """Every request of `requests_for` (or those named in `only`), in order, on one
+    connection. A file still being vetted ("being checked") is asked again until its
+    verdict is in."""
     outcomes = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
-        for what, url, body in requests_for(rel, deps, devices):
+        wanted = requests_for(rel, deps, devices)
+        if only is not None:
+            wanted = sorted((r for r in wanted if r[0] in only), key=lambda r: only.index(r[0]))
+        for what, url, body in wanted:
             began = time.monotonic()
             while True:
                 try:

@@ -5,7 +5,10 @@ and column, or read. tests/test_value_bounds_serve.py serves them."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +19,19 @@ from popviz.errors import ProfileError
 from popviz.format import bounds, schema
 from popviz.format.isolated import read_everything
 from popviz.ingest.import_limits import LimitError, check_actions
-from popviz.testing.semantic import NAN, Mutation
-from tests.value_mutants import KINDS, MEASURED, MODELLED_IPU, make_sources, mutations, write_mutant
+from popviz.testing.semantic import NAN, VALUES, Mutation
+from tests.serve_pages import visit
+from tests.serve_util import start_serve, stop
+from tests.value_mutants import (
+    KINDS,
+    MEASURED,
+    MODELLED_IPU,
+    allowed_mutations,
+    file_name,
+    make_sources,
+    mutations,
+    write_mutant,
+)
 
 DIMS = bounds.Dimensions("IPU", devices=4, tiles=1472, stages=4, steps=161, rows=6000)
 
@@ -156,3 +170,49 @@ def test_every_bounded_column_of_each_kind_is_refused_in_one_line_or_read(
                          or f"table '{mutation.table}' column '{mutation.column}'" in text)
                 assert named, f"{kind} {mutation.label}: {text}"
     assert refused > 2 * read > 0
+
+
+def _served_folder(sources: dict[str, Path], root: Path) -> tuple[list[str], list[str]]:
+    """(refused, read) file names under `root`: per kind, one mutant per value that
+    bounds.py refuses, and one file with every value it lets through at once."""
+    refused, read = [], []
+    for kind in KINDS:
+        source = sources[kind]
+        column = ("liveness", "ipu") if kind != "modelled GPU" else ("trace", "ipu")
+        for value in VALUES:
+            mutation = Mutation(*column, value)
+            refused.append(write_mutant(source, mutation, root / file_name(kind, mutation)).name)
+        path = Path(shutil.copyfile(source, root / f"{kind.replace(' ', '_')}-allowed.h5"))
+        for mutation in allowed_mutations(source):
+            mutation.apply(path)
+        read.append(path.name)
+    return refused, read
+
+
+def test_served_mutants_are_refused_in_one_line_or_every_page_answers(
+        sources: dict[str, Path], tmp_path: Path) -> None:
+    """Through `popviz serve`: each refused mutant's pages say why in one line (naming the
+    table and column); a profile of every allowed hostile value at once answers every page,
+    the callbacks its pages fire and every download, without a server error, each within
+    a bounded time; the server is alive after."""
+    root = tmp_path / "served"
+    refused, read = _served_folder(sources, root)
+    proc, port = start_serve(root, "--vet-timeout", "30")
+    try:
+        deps = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/_dash-dependencies", timeout=60).read())
+        for name in refused:
+            outcome = visit(port, name, deps, only=["csv stages", "page /liveness"])
+            for o in outcome:
+                assert o.status in (200, 404) and not o.failed, (name, o)
+            line = outcome[0].line  # the CSV's 404: the refusal, one line
+            assert line.startswith(name) and ("ipu:" in line or "column 'ipu'" in line), \
+                (name, line)
+        for name in read:
+            for o in visit(port, name, deps):
+                assert not o.failed and o.status in (200, 204, 404, 422), (name, o)
+                assert o.seconds < 30, (name, o)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).status == 200
+    finally:
+        out, err = stop(proc)
+    assert "Traceback" not in out + err, (out + err)[-3000:]

@@ -59,3 +59,16 @@ def file_name(kind: str, mutation: Mutation) -> str:
     """A file name for a mutant (letters, digits, _ . -)."""
     text = f"{kind}-{mutation.label}".replace(" ", "_").replace("=", "_")
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in text) + ".h5"
+
+
+def allowed_mutations(source: Path) -> list[Mutation]:
+    """The values bounds.py lets through, all at once: every column whose 'none' is -1 at
+    -1, every key-only column ('finite': a stream, a correlation id) at 10^9."""
+    out = []
+    for table, column in bounded_columns(source):
+        kind, lowest = COLUMNS[table][column]
+        if lowest < 0:
+            out.append(Mutation(table, column, -1))
+        elif kind == "finite":
+            out.append(Mutation(table, column, 10**9))
+    return out
