@@ -157,7 +157,7 @@ def test_every_bounded_column_of_each_kind_is_refused_in_one_line_or_read(
             path = write_mutant(sources[kind], mutation, tmp_path / "m.h5")
             try:
                 with popviz.open(path) as profile:
-                    read_everything(profile)
+                    profile.table(mutation.table)  # each table is checked as it is read
                 read += 1
                 key = bounds.COLUMNS[mutation.table][mutation.column][0]
                 assert mutation.value == -1 or (key == "finite" and mutation.value == 10**9), \
