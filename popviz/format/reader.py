@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError, file_in_the_way, interrupted_by
-from popviz.format import schema, validate
+from popviz.format import bounds, schema, validate
 from popviz.format.containment import check_self_contained
 from popviz.format.guards import refuse_special_input
 from popviz.format.profile import Profile as Profile  # the type, re-exported
@@ -149,6 +149,8 @@ class FileProfile(TableViews):
         self._tables: dict[str, pd.DataFrame] = {}
         self._specs: dict[str, validate.TableSpec] = {}
         self._string_table: np.ndarray | None = None
+        self._string_lengths: np.ndarray | None = None
+        self._dims: bounds.Dimensions | None = None
         self._h5 = self._open_checked()
         try:
             with self._guard("profile"):
@@ -337,15 +339,43 @@ class FileProfile(TableViews):
         with self._lock, self._guard(f"table '{name}'"):
             group = self._h5[schema.TABLES_GROUP][name]
             data: dict[str, Any] = {}
+            text = np.zeros(0, dtype=np.int64)  # string codes of every text cell
             for column in spec.order:
                 dataset = group[column]
                 values = dataset[rows] if rows is not None else dataset[()]
                 if values.dtype.byteorder not in "=|":
                     values = values.astype(values.dtype.newbyteorder("="))
                 validate.check_values(name, column, values, label)
+                if spec.encodings[column] == schema.ENC_NUMERIC:
+                    bounds.check_column(name, column, values, self._dimensions, label)
+                elif spec.encodings[column] != schema.ENC_BOOL and len(values):
+                    text = np.concatenate([text, values.astype(np.int64)])
                 data[column] = self._decode(values, spec.encodings[column],
                                             f"table '{name}' column '{column}'")
+            if len(text):  # codes were checked against the table by the decoding
+                bounds.check_text(name, text, self._lengths(), schema.TEXT_BUDGET_BYTES,
+                                  label)
             return pd.DataFrame(data, columns=spec.order)
+
+    @property
+    def _dimensions(self) -> bounds.Dimensions:
+        """What this profile holds (devices, tiles, stages, rows): its values' bounds."""
+        with self._lock:
+            if self._dims is None:
+                arrays = {name: self.array_shape(name) for name in self.array_names}
+                self._dims = bounds.dimensions(
+                    self.meta, self.device_kind,
+                    {name: spec.n_rows for name, spec in self._specs.items()}, arrays)
+            return self._dims
+
+    def _lengths(self) -> np.ndarray:
+        """Characters of each string of the string table."""
+        with self._lock:
+            if self._string_lengths is None:
+                strings = self._strings
+                self._string_lengths = np.fromiter((len(t) for t in strings),
+                                                   dtype=np.int64, count=len(strings))
+            return self._string_lengths
 
     @property
     def _strings(self) -> np.ndarray:

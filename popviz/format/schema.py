@@ -58,6 +58,9 @@ GZIP_LEVEL = 1
 # The most memory one read may take: a whole table (rows x the column itemsizes), the
 # string table, or one IPU's slice of an n-D array. Raise it to open bigger profiles.
 READ_BUDGET_BYTES = 1 << 30
+# The text one table's cells refer to, all together (a string stored once but repeated by
+# every row is that many copies in a CSV or a figure's hover text).
+TEXT_BUDGET_BYTES = READ_BUDGET_BYTES // 4
 # Deflate cannot expand data more than ~1032x, so a dataset that declares more bytes than
 # this many times what it stores is lying about its size (or its chunks are missing).
 MAX_COMPRESSION_RATIO = 1100

@@ -17,6 +17,7 @@ import pandas as pd
 
 from popviz.errors import ProfileError
 from popviz.format import schema
+from popviz.format.bounds import check_strings
 from popviz.format.validate import check_storage, declared_bytes
 
 BYTES = "bytes"
@@ -84,6 +85,7 @@ def _read_blob(group: h5py.Group, label: str) -> np.ndarray:
     if offsets[0] != 0 or offsets[-1] != len(blob) or (np.diff(offsets) < 0).any():
         raise ProfileError(f"{label}: damaged string table (offsets are not increasing "
                            f"from 0 to {len(blob):,})")
+    check_strings(np.diff(offsets), label)
     texts = np.empty(len(offsets) - 1, dtype=object)
     try:
         for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(),

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.format import schema, validate
+from popviz.format import bounds, schema, validate
 
 
 def clean_text(tables: dict[str, pd.DataFrame]) -> None:
@@ -63,6 +63,11 @@ def check_tables(tables: dict[str, pd.DataFrame], meta: dict[str, Any], label: s
                     and (frame["end"].to_numpy() < frame["start"].to_numpy()).any():
                 raise ProfileError(f"{label}: table '{name}' has a row ending before it "
                                    "starts")
+        dims = bounds.dimensions(meta, "rank", {n: len(f) for n, f in tables.items()}, {})
+        for name, frame in tables.items():
+            for column in bounds.COLUMNS.get(name, {}):
+                if column in frame.columns and frame[column].dtype.kind in "iuf":
+                    bounds.check_column(name, column, frame[column].to_numpy(), dims, label)
         text = json.dumps(meta, default=str)
         if len(text) > schema.MAX_JSON_CHARS:
             raise ProfileError(f"{label}: meta is {len(text):,} characters, more than "

@@ -42,6 +42,9 @@ MAX_INT = 1 << 62  # ids, counts and sizes read as int64 (larger: absent)
 MAX_SNAPSHOT_EVENTS = MAX_EVENTS  # alloc / free events of one snapshot
 
 
+MAX_ACTION_DIGITS = 9  # a stage or micro-batch number in an annotation (PP:0F12)
+
+
 class LimitError(ProfileError):
     """A bound of this module exceeded; the message does not name the file yet."""
 
@@ -111,3 +114,26 @@ def _too_big(path: Path, what: str, size: int, cap: int) -> str:
                 f"{size:,} bytes (a gzip bomb?); refused")
     return (f"{path}: {what} decompresses to more than {MAX_INPUT_BYTES:,} bytes "
             "(POPVIZ_IMPORT_MAX_BYTES); refused")
+
+
+def check_actions(stages: list[int], microbatches: list[int], labels: list[str],
+                  world: int) -> None:
+    """LimitError naming the annotation when pipelining's annotations claim a stage or a
+    micro-batch the trace cannot hold, before anything is sized by it. A rank of a world
+    of W that annotates S distinct stages runs stages below W x S (torch.distributed
+    .pipelining numbers them rank, rank + W, ...); a micro-batch is numbered below the
+    number of actions annotated (each micro-batch has at least one)."""
+    if not labels:
+        return
+    distinct = len({s for s in stages if s >= 0})
+    stage_end = max(1, world) * max(1, distinct)
+    mb_end = len(labels)
+    for stage, mb, label in zip(stages, microbatches, labels, strict=True):
+        if stage >= stage_end:
+            raise LimitError(f"annotation {label[:60]!r} claims stage {stage:,}, but a rank "
+                             f"of a world of {world:,} that annotates {distinct:,} "
+                             f"stage(s) runs stages 0..{stage_end - 1:,}; refused")
+        if mb >= mb_end:
+            raise LimitError(f"annotation {label[:60]!r} claims micro-batch {mb:,}, but "
+                             f"the trace annotates only {mb_end:,} pipeline actions "
+                             f"(micro-batches 0..{mb_end - 1:,}); refused")

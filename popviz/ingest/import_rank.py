@@ -22,7 +22,7 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.ingest import kineto_events as kev
 from popviz.ingest import kineto_lanes, memsnap, memsnap_blocks
-from popviz.ingest.import_limits import MAX_MEMORY_BYTES
+from popviz.ingest.import_limits import MAX_MEMORY_BYTES, LimitError
 from popviz.ingest.kineto import read_trace
 from popviz.ingest.kineto_ops import op_classes, ops_table
 
@@ -145,8 +145,6 @@ def data_error(where: str, exc: BaseException) -> ProfileError:
     """A one-line ProfileError for an exception raised by a file's data."""
     if isinstance(exc, MemoryError):
         return ProfileError(f"{where}: too large to import in the memory available")
-    if isinstance(exc, kev.AnnotationError):  # says itself what is wrong
-        return ProfileError(f"{where}: {exc}")
     text = " ".join(str(exc).split())[:160]
     return ProfileError(f"{where}: cannot import it ({type(exc).__name__}: {text})")
 
@@ -156,6 +154,8 @@ def rank_part(path: PathLike) -> RankPart:
     go wrong is a ProfileError naming it."""
     try:
         return _rank_part(path)
+    except LimitError as exc:  # a bound of import_limits: name the file
+        raise ProfileError(f"{path}: {exc}") from None
     except DATA_ERRORS as exc:
         raise data_error(str(path), exc) from None
 
@@ -169,7 +169,7 @@ def _rank_part(path: PathLike) -> RankPart:
                     warnings=list(t.warnings))
     if spans.empty:
         return part
-    lab = part.labeller = kev.Labeller(spans, t.rank)
+    lab = part.labeller = kev.Labeller(spans, t.rank, t.world_size)
     part.window = (int(spans["start"].min()), int(spans["end"].max()))
     part.on_gpu = bool(spans["cat"].isin(kev.GPU_CATS).any())
     part.events = (kev.gpu_events(spans, t.rank, lab) if part.on_gpu

@@ -17,7 +17,13 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from popviz.ingest.import_limits import MAX_INT, MAX_MEMORY_BYTES, MAX_WORLD
+from popviz.ingest.import_limits import (
+    MAX_ACTION_DIGITS,
+    MAX_MEMORY_BYTES,
+    MAX_WORLD,
+    LimitError,
+    check_actions,
+)
 from popviz.ingest.kineto_lanes import LINK_COLUMNS, gpu_links
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
@@ -50,10 +56,11 @@ def name_test(names: pd.Series, test: Callable[[pd.Series], pd.Series]) -> np.nd
         else np.zeros(len(names), dtype=bool)
 
 
-def action_annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
+def action_annotations(spans: pd.DataFrame, rank: int, world: int = 1) -> pd.DataFrame:
     """Pipelining actions as intervals: start, end, stage, pass, microbatch, label.
     `PP:{stage}{action}{mb}` (multi-stage schedules), or GPipe's `Forward i` / `Backward i`
-    (stage unknown there: -1, filled in with the rank's stage later)."""
+    (stage unknown there: -1, filled in with the rank's stage later). Stages and
+    micro-batches the trace cannot hold (import_limits.check_actions): LimitError."""
     ua = spans[spans["cat"] == "user_annotation"]
     names = ua["name"].astype(str)
     rows = []
@@ -69,20 +76,20 @@ def action_annotations(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
                          name))
         elif name.startswith("Optimizer.step"):
             rows.append((start, end, -1, "WU", -1, name))
+    actions = [r for r in rows if r[5].startswith(("PP:", "Forward", "Backward"))]
+    check_actions([r[2] for r in actions], [r[4] for r in actions],
+                  [r[5] for r in actions], world)
     frame = pd.DataFrame(rows, columns=["start", "end", "stage", "pass", "microbatch",
                                         "label"])
     return frame.sort_values("start", kind="stable").reset_index(drop=True)
 
 
-class AnnotationError(ValueError):
-    """An annotation whose numbers popviz cannot hold; the message names it."""
-
-
 def _numbered(digits: str, what: str, label: str) -> int:
-    """The stage or micro-batch number an annotation gives, if an int64 holds it."""
-    if len(digits) > 19 or int(digits) >= MAX_INT:  # (int() of a huge one is slow)
-        raise AnnotationError(f"annotation {label[:80]!r} gives {what} {digits[:30]}, "
-                              f"past any {what} popviz can hold (< 2**62); refused")
+    """The stage or micro-batch number an annotation gives; LimitError past
+    MAX_ACTION_DIGITS digits, before it becomes an int64 or sizes anything."""
+    if len(digits) > MAX_ACTION_DIGITS:  # (int() of a huge one is slow)
+        raise LimitError(f"annotation {label[:80]!r} gives {what} {digits[:30]}, a number "
+                         f"of {len(digits)} digits (at most {MAX_ACTION_DIGITS}); refused")
     return int(digits)
 
 
@@ -143,8 +150,8 @@ class Labeller:
     """Stage / pass / micro-batch for a time on one rank, from its annotations, its
     backward (autograd) spans and its optimiser step."""
 
-    def __init__(self, spans: pd.DataFrame, rank: int) -> None:
-        self.ann = action_annotations(spans, rank)
+    def __init__(self, spans: pd.DataFrame, rank: int, world: int = 1) -> None:
+        self.ann = action_annotations(spans, rank, world)
         stages = sorted(s for s in self.ann["stage"].unique() if s >= 0)
         self.stages = stages or [rank]
         self.default_stage = stages[0] if len(stages) == 1 else rank if not stages else -1
