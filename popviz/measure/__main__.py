@@ -114,7 +114,8 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         from popviz.errors import os_error_line
 
         print(f"popviz.measure: error: {os_error_line(exc)}", file=sys.stderr)
-        return 1
+        # a file where the folder goes is a wrong flag (2); a profile already there, 1
+        return 2 if isinstance(exc, NotADirectoryError) else 1
     config = MeasureConfig(
         model=args.model, model_size=args.model_size, ranks=args.ranks,
         microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
