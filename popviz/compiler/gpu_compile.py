@@ -24,6 +24,12 @@ from popviz.compiler.compiler import (
     step_rates,
 )
 from popviz.compiler.gpu_memory import GpuMemory, replay_memory
+from popviz.compiler.gpu_recipe import (
+    GpuRecipe,
+    apply_recipe,
+    recipe_named,
+    step_bytes_per_stage,
+)
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
 from popviz.compiler.order import program_order
 from popviz.compiler.report import Report
@@ -62,10 +68,12 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
                     ) -> tuple[Program, int, StagePlan, pd.DataFrame]:
     """The front half of `compile_gpu` (the fit's too): the program at the micro-batch,
     its stages (looped round the GPUs for Interleaved1F1B) and each op's ns, in program
-    order."""
+    order. The program is held as `options.gpu_precision` says (`gpu_recipe.py`)."""
     program, micro_batch = _rescale(program, options)
     if not options.training:
         program = _forward_only(program)
+    program = apply_recipe(program, recipe_named(options.gpu_precision),
+                           options.replication_factor, options.training)
     looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
     plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
@@ -135,8 +143,12 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
+    recipe = recipe_named(options.gpu_precision)
+    step_bytes = step_bytes_per_stage(program.tensors, t_stage, n, recipe,
+                                      options.replication_factor) if has_wu else None
     memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
-                           stage_gpu, plan.num_ipus)
+                           stage_gpu, plan.num_ipus, recipe.persistent_grads and has_wu,
+                           step_bytes)
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
@@ -146,7 +158,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                     "max_memory_reserved": memory.peak_reserved.tolist(),
                     "device_memory_bytes": target.memory_bytes,
                     "usable_bytes": target.usable_bytes,
-                    "link": "nvlink" if nvlink else "pcie"}}
+                    "link": "nvlink" if nvlink else "pcie",
+                    "precision": _precision_meta(recipe, options.replication_factor)}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
@@ -154,6 +167,15 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
               "ops": out_ops, "tensors": tensors, "variables": memory.variables,
               "oom": _empty(OOM_COLUMNS)}
     return Report(meta=meta, tables=tables, arrays={}, summary=summary)
+
+
+def _precision_meta(recipe: GpuRecipe, replicas: int) -> dict[str, Any]:
+    """How the plan holds its training state (profile meta `gpu.precision`)."""
+    return {"name": recipe.name, "description": recipe.description,
+            "activations": recipe.half or "as recorded",
+            "bytes_per_param": None if recipe.half is None else
+            recipe.bytes_per_param(replicas),
+            "step_bytes_per_param": recipe.step_bytes_per_param(replicas)}
 
 
 def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
@@ -219,6 +241,9 @@ def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.D
         "max_memory_reserved": {str(i): int(v) for i, v in enumerate(reserved)},
         "device_memory_bytes": target.memory_bytes,
         "amp_ignored": 0, "amp_ignored_ops": [],
+        "gpu_precision": options.gpu_precision,
+        "gpu_precision_bytes_per_param": _precision_meta(
+            recipe_named(options.gpu_precision), replicas)["bytes_per_param"],
         "schedule": schedule, "strategy": options.strategy,
         "micro_batch_size": micro_batch, "microbatches": microbatches,
         "training": options.training, "stage_mode": plan.split_mode,
