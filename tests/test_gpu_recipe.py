@@ -69,9 +69,16 @@ def test_activations_halve_under_half_recipes(gpt: Any) -> None:
     acts = t[t["category"].isin(["activation", "temporary"]) & (t["dtype"] == "float32")]
     made = set(gpt.ops.query("phase in ['forward', 'backward']")["op_id"])
     fwd_bwd = acts[acts["producer"].isin(made)]
+    # dropout masks (bernoulli_ into an empty_like): bool on CUDA, 1 B of the 4 recorded
+    drawn = gpt.ops[gpt.ops["op"].str.startswith("aten.bernoulli_")]["inputs"].astype(int)
+    masks = fwd_bwd[fwd_bwd["tensor_id"].isin(drawn)]
+    rest = fwd_bwd[~fwd_bwd["tensor_id"].isin(drawn)]
+    assert len(masks) == 7  # embedding, then per layer attention, attn and MLP residuals
     held = apply_recipe(gpt, recipe_named("megatron-bf16")).tensors.set_index("tensor_id")
-    assert int(held.loc[fwd_bwd["tensor_id"], "bytes"].sum()) * 2 == int(fwd_bwd["bytes"].sum())
-    assert set(held.loc[fwd_bwd["tensor_id"], "dtype"]) == {"bfloat16"}
+    assert int(held.loc[rest["tensor_id"], "bytes"].sum()) * 2 == int(rest["bytes"].sum())
+    assert set(held.loc[rest["tensor_id"], "dtype"]) == {"bfloat16"}
+    assert int(held.loc[masks["tensor_id"], "bytes"].sum()) * 4 == int(masks["bytes"].sum())
+    assert set(held.loc[masks["tensor_id"], "dtype"]) == {"bool"}
     # autocast keeps layer norm (and softmax) outputs in fp32
     ln = set(gpt.ops[gpt.ops["op"].str.startswith("aten.native_layer_norm.")]["op_id"])
     ln_out = fwd_bwd[fwd_bwd["producer"].isin(ln)]
@@ -108,6 +115,19 @@ def test_persistent_state_and_the_step_transient(gpt: Any) -> None:
     assert int(wu["not_always_live_bytes"].min()) >= round_size(4 * params)
     bf16 = compile(gpt, Options(target="a100", gpu_precision="megatron-bf16"))
     assert bf16.tables["variables"].query("name.str.startswith('optimiser step')").empty
+
+
+def test_megatron_adam_is_fused_in_place(gpt: Any) -> None:
+    wu = set(gpt.ops.query("phase == 'optimiser'")["op_id"])
+
+    def temporaries(program: Any) -> int:
+        t = program.tensors
+        return int(t[(t["category"] == "temporary") & t["producer"].isin(wu)]["bytes"].sum())
+
+    assert temporaries(gpt) > 0  # torch's foreach AdamW: sqrt(v) and friends
+    assert temporaries(apply_recipe(gpt, recipe_named("amp"))) == temporaries(gpt)
+    for name in ("megatron-fp16", "megatron-bf16-distopt"):
+        assert temporaries(apply_recipe(gpt, recipe_named(name))) == 0
 
 
 def test_amp_holds_a_half_weight_copy_per_microbatch_in_flight(gpt: Any) -> None:

@@ -16,6 +16,11 @@ amp              fp32 weights 4 + .grad 4 + m, v 8 = 16, and a   -             b
                  half copy of each GEMM weight per micro-batch                 fp32 ops: fp32
                  in flight (the cast cache, saved for backward)
 
+Megatron's optimizer is a fused multi-tensor Adam (apex / Transformer Engine FusedAdam,
+in place), so its recipes hold none of torch's foreach temporaries; `amp` keeps them (torch
+AdamW, foreach). Half recipes also hold each dropout mask as CUDA's `native_dropout` does:
+bool, 1 B.
+
 Sources: Megatron-LM `docs/user-guide/features/dist_optimizer.md` and
 `megatron/training/theoretical_memory_usage.py` (18, 6 + 12/d); the fp16 grad buffer is the
 param dtype unless `--accumulate-allreduce-grads-in-fp32` (Megatron
@@ -64,6 +69,7 @@ class GpuRecipe:
     persistent_grads: bool = False  # allocated before the step and kept (a grad buffer)
     cast_cache: bool = False  # autocast: a half copy of each GEMM weight per micro-batch
     sharded: bool = False  # distributed optimizer: master, states, step copies / DP
+    fused_optimiser: bool = False  # one in-place multi-tensor Adam kernel: no temporaries
 
     def bytes_per_param(self, replicas: int = 1, states: int = 2) -> float:
         """Persistent bytes per parameter with `states` optimiser states (Adam: 2)."""
@@ -82,17 +88,19 @@ RECIPES: dict[str, GpuRecipe] = {r.name: r for r in (
     GpuRecipe("megatron-fp16", f"{_MEGATRON} --fp16: fp16 weights and grad buffer, fp32 "
               "master and Adam m, v = 16 B/param (+4 fp32 grads in the step), fp16 "
               "activations and GEMMs", "float16", weight_bytes=2, grad_bytes=2,
-              master_bytes=4, step_bytes=4, persistent_grads=True),
+              master_bytes=4, step_bytes=4, persistent_grads=True, fused_optimiser=True),
     GpuRecipe("megatron-bf16", f"{_MEGATRON} --bf16: bf16 weights, fp32 main grads, fp32 "
               "master and Adam m, v = 18 B/param, bf16 activations and GEMMs", "bfloat16",
-              weight_bytes=2, grad_bytes=4, master_bytes=4, persistent_grads=True),
+              weight_bytes=2, grad_bytes=4, master_bytes=4, persistent_grads=True,
+              fused_optimiser=True),
     GpuRecipe("megatron-fp16-distopt", f"{_MEGATRON} --fp16 --use-distributed-optimizer: "
               "4 + 12/d B/param over d data-parallel replicas (+4/d in the step)", "float16",
               weight_bytes=2, grad_bytes=2, master_bytes=4, step_bytes=4,
-              persistent_grads=True, sharded=True),
+              persistent_grads=True, sharded=True, fused_optimiser=True),
     GpuRecipe("megatron-bf16-distopt", f"{_MEGATRON} --bf16 --use-distributed-optimizer: "
               "6 + 12/d B/param over d data-parallel replicas", "bfloat16", weight_bytes=2,
-              grad_bytes=4, master_bytes=4, persistent_grads=True, sharded=True),
+              grad_bytes=4, master_bytes=4, persistent_grads=True, sharded=True,
+              fused_optimiser=True),
     GpuRecipe("amp", "plain torch.autocast (bf16; fp16 holds the same bytes): fp32 weights, "
               ".grad, Adam m, v = 16 B/param, plus a half copy of each GEMM weight per "
               "micro-batch in flight; half activations and GEMMs, autocast's fp32 ops in "
@@ -154,16 +162,30 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     act = np.isin(cat, ("activation", "temporary")) & (dtype == "float32") & made_half
     nbytes[act] = numel[act] * 2
     new_dtype[act] = recipe.half
+    # a dropout mask: CUDA's native_dropout keeps a bool mask (1 B), where a CPU recording
+    # draws a float one (bernoulli_ into an empty_like)
+    drawn = ops.loc[pd.Series(name).str.startswith("aten.bernoulli_").to_numpy()
+                    & np.isin(phase, COMPUTE_PHASES), "inputs"].astype(str)
+    mask_ids = {int(x) for ids in drawn for x in ids.split(";")[:1] if x.strip().isdigit()}
+    mask = act & t["tensor_id"].isin(mask_ids).to_numpy()
+    nbytes[mask] = numel[mask]
+    new_dtype[mask] = "bool"
     for col in ("bytes_read", "bytes_written"):
         ops.loc[half_op, col] = ops.loc[half_op, col].to_numpy(np.int64) // 2
     ops.loc[half_op, "dtype"] = recipe.half
     t["bytes"], t["dtype"] = nbytes, new_dtype
+    params, params_numel = t[param], numel[param]
 
+    if recipe.fused_optimiser:  # Megatron's Adam (apex / TE FusedAdam) updates in place:
+        # none of torch's foreach temporaries (sqrt(v), the bias-corrected step) exist
+        wu_ids = ops.loc[phase == "optimiser", "op_id"]
+        t = t[~((t["category"] == "temporary") & t["producer"].isin(wu_ids))] \
+            .reset_index(drop=True)
     extra = []
     if recipe.master_bytes and training:
-        extra.append(_master_copies(t[param], numel[param], recipe.master_bytes, d))
+        extra.append(_master_copies(params, params_numel, recipe.master_bytes, d))
     if recipe.cast_cache and training:
-        extra.append(_cast_copies(t[param], numel[param], ops, recipe.half))
+        extra.append(_cast_copies(params, params_numel, ops, recipe.half))
     if extra:
         t = pd.concat([t, *extra], ignore_index=True)
     model = dict(program.model, gpu_precision=recipe.name)
