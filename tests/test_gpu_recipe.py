@@ -62,6 +62,8 @@ def test_state_is_params_times_bytes_per_param_exactly(gpt: Any, name: str) -> N
         assert _state_bytes(held) == params * per
     assert held.model["gpu_precision"] == name
     assert apply_recipe(held, recipe_named(name), replicas) is held  # tune re-plans: once
+    with pytest.raises(ValueError, match=f"already held as GPU precision '{name}'"):
+        apply_recipe(held, recipe_named("as-recorded"))
 
 
 def test_activations_halve_under_half_recipes(gpt: Any) -> None:
@@ -196,3 +198,30 @@ def test_unknown_names_are_one_line() -> None:
                          capture_output=True, text=True, timeout=120)
     assert ipu.returncode == 2 and "is for GPU targets" in ipu.stderr
     assert ipu.stderr.count("\n") == 1
+
+
+def test_tune_keeps_the_precision(gpt: Any, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from popviz.cli.main import main
+    from popviz.format.writer import write_report
+
+    r = compile(gpt, Options(target="a100", splits=["lm.transformer.h.1.ln_1"],
+                             schedule="1F1B", gradient_accumulation=2,
+                             gpu_precision="megatron-bf16"))
+    write_report(r, tmp_path / "p")
+    assert main(["tune", str(tmp_path / "p"), "--gpus", "2", "--no-progress",
+                 "--max-compiles", "4"]) == 0
+    out = capsys.readouterr().out
+    flags = [line for line in out.splitlines() if "train.py ..." in line]
+    assert flags and all("--gpu-precision megatron-bf16" in f for f in flags)
+    assert 'options.set_gpu_precision("megatron-bf16")' in out
+    # the layouts it re-plans hold the recipe once (a second re-typing would halve the
+    # activations again): the profile's own layout keeps its last GPU's peak
+    import popviz
+    from popviz.advise.plans import run_tune
+
+    with popviz.open(tmp_path / "p") as p:
+        result = run_tune(p, num_ipus=2, max_compiles=4)
+    current = [c for c in result.candidates if c.source.startswith("current")]
+    assert current and current[0].gpu_precision == "megatron-bf16"
+    assert current[0].peak_bytes[1] == int(r.summary["max_memory_allocated"]["1"])

@@ -123,7 +123,7 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     The result's model dict says which recipe it holds (`gpu_precision`), so a program
     rebuilt from a profile (tune) is not re-typed twice."""
     done = program.model.get("gpu_precision")
-    if recipe.half is None or done == recipe.name:
+    if done == recipe.name or (recipe.half is None and done in (None, AS_RECORDED_NAME)):
         return program
     if done not in (None, AS_RECORDED_NAME):
         raise ValueError(f"this program is already held as GPU precision {done!r}; "
