@@ -33,12 +33,15 @@ from popviz.options import Options  # noqa: E402
 
 # name -> (layers, hidden, heads)  (ZB Table 3; FFN 4h, learned positions, tied embedding)
 MODELS = {"1.5B": (22, 2304, 24), "6.2B": (30, 4096, 32)}
-# (model, micro-batch b, micro-batches m) -> published peak GB (ZB Tables 4, 11, 12; 1F1B)
+# (model, micro-batch b, micro-batches m, schedule) -> published peak GB (ZB Tables 4, 11,
+# 12; interleaved: Table 4, one layer per model chunk)
 PUBLISHED = {
-    ("1.5B", 6, 2): 11, ("1.5B", 6, 4): 18, ("1.5B", 6, 8): 29, ("1.5B", 6, 24): 30,
-    ("1.5B", 12, 24): 57,
-    ("6.2B", 3, 2): 21, ("6.2B", 3, 4): 28, ("6.2B", 3, 8): 39, ("6.2B", 3, 24): 39,
-    ("6.2B", 6, 24): 66,
+    ("1.5B", 6, 2, "1F1B"): 11, ("1.5B", 6, 4, "1F1B"): 18, ("1.5B", 6, 8, "1F1B"): 29,
+    ("1.5B", 6, 24, "1F1B"): 30, ("1.5B", 12, 24, "1F1B"): 57,
+    ("1.5B", 6, 24, "Interleaved1F1B"): 40,
+    ("6.2B", 3, 2, "1F1B"): 21, ("6.2B", 3, 4, "1F1B"): 28, ("6.2B", 3, 8, "1F1B"): 39,
+    ("6.2B", 3, 24, "1F1B"): 39, ("6.2B", 6, 24, "1F1B"): 66,
+    ("6.2B", 3, 24, "Interleaved1F1B"): 48,
 }
 PP = 8
 SEQUENCE = 1024
@@ -55,6 +58,13 @@ def splits(layers: int, stages: int = PP) -> list[str]:
     # at the block's first sublayer: the block's own module path would start the stage at
     # its first op attributed to the block itself (the residual add after attention)
     return [f"lm.transformer.h.{s}.ln_1" for s in starts]
+
+
+def chunk_splits(layers: int) -> list[str]:
+    """Interleaved, one layer per model chunk: the padding leaves the first chunk the
+    embedding alone and the last the final norm, head and loss (1.5B: 22 + 2 = 8 x 3
+    chunks; 6.2B: 30 + 2 = 8 x 4)."""
+    return [f"lm.transformer.h.{i}.ln_1" for i in range(layers)] + ["lm.transformer.ln_f"]
 
 
 def record(model: str, batch: int) -> Any:
@@ -84,11 +94,14 @@ def record(model: str, batch: int) -> Any:
                               model=net, mode="plan", progress=False)
 
 
-def plan(program: Any, model: str, m: int, recipe: str) -> tuple[float, int, list[float]]:
+def plan(program: Any, model: str, m: int, recipe: str, schedule: str = "1F1B"
+         ) -> tuple[float, int, list[float]]:
     """Peak allocated GB (10^9 B) over the GPUs, the GPU that holds it, and each GPU's
     state held before the step (weights, grads, optimiser state) in GB."""
-    options = Options(target="a100", splits=splits(MODELS[model][0]), num_ipus=PP,
-                      schedule="1F1B", gradient_accumulation=m, gpu_precision=recipe)
+    layers = MODELS[model][0]
+    cut = chunk_splits(layers) if schedule == "Interleaved1F1B" else splits(layers)
+    options = Options(target="a100", splits=cut, num_ipus=PP, schedule=schedule,
+                      gradient_accumulation=m, gpu_precision=recipe)
     report = compile(program, options)
     peaks = report.summary["max_memory_allocated"]
     gpu = max(peaks, key=lambda g: int(peaks[g]))
@@ -100,25 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=["1.5B"])
     args = p.parse_args(argv)
-    print(f"{'model':>5} {'b':>3} {'m':>3} {'published':>9} " + " ".join(
+    print(f"{'model':>5} {'schedule':>15} {'b':>3} {'m':>3} {'published':>9} " + " ".join(
         f"{r + ' GB (GPU)':>24} {'ratio':>6}" for r in RECIPES) + "  plan s")
     misses: dict[str, list[float]] = {r: [] for r in RECIPES}
     for model in args.models:
-        for batch in sorted({b for (mm, b, _) in PUBLISHED if mm == model}):
+        for batch in sorted({b for (mm, b, _, _) in PUBLISHED if mm == model}):
             t0 = time.perf_counter()
             program = record(model, batch)
             recorded = time.perf_counter() - t0
-            for (mm, b, m), published in PUBLISHED.items():
+            for (mm, b, m, schedule), published in PUBLISHED.items():
                 if (mm, b) != (model, batch):
                     continue
                 t1 = time.perf_counter()
                 cells = []
                 for recipe in RECIPES:
-                    gb, gpu, state = plan(program, model, m, recipe)
+                    gb, gpu, state = plan(program, model, m, recipe, schedule)
                     misses[recipe].append(gb / published)
                     cells.append(f"{gb:>17.1f} ({gpu}) {gb / published:>6.2f}")
                 took = time.perf_counter() - t1
-                print(f"{model:>5} {b:>3} {m:>3} {published:>9} " + " ".join(cells)
+                print(f"{model:>5} {schedule:>15} {b:>3} {m:>3} {published:>9} "
+                      + " ".join(cells)
                       + f"  {took:6.1f}", flush=True)
             print(f"  (recorded {model} b {batch} in {recorded:.1f} s; {RECIPES[-1]} state "
                   f"before the step per GPU, GB: {' '.join(map(str, state))})", flush=True)

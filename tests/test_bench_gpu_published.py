@@ -33,4 +33,7 @@ def test_first_and_last_stage_one_layer_fewer(bench: Any) -> None:
 
 def test_no_held_out_model(bench: Any) -> None:
     assert set(bench.MODELS) == {"1.5B", "6.2B"}  # ZB 14.6B / 28.3B are held out
-    assert {m for (m, _, _) in bench.PUBLISHED} <= set(bench.MODELS)
+    assert {m for (m, _, _, _) in bench.PUBLISHED} <= set(bench.MODELS)
+    # interleaved: one layer per chunk plus an embedding and a head chunk, 8 GPUs x v
+    assert (len(bench.chunk_splits(22)) + 1) % 8 == 0
+    assert (len(bench.chunk_splits(30)) + 1) % 8 == 0

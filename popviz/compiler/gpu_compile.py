@@ -134,7 +134,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
         microbatches, iterations = microbatches * iterations, 1
     has_wu = options.training and bool((ops["pass"] == "WU").any())
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
-                              options.replication_factor, has_wu, costs.recompute > 0)
+                              options.replication_factor, has_wu, costs.recompute > 0,
+                              ranks=plan.num_ipus)
     # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
     nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,

@@ -128,6 +128,8 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     if done not in (None, AS_RECORDED_NAME):
         raise ValueError(f"this program is already held as GPU precision {done!r}; "
                          f"re-plan it as {done!r} or record it again for {recipe.name!r}")
+    half = recipe.half
+    assert half is not None  # as-recorded returned (or was refused) above
     t = program.tensors.copy()
     ops = program.ops.copy()
     dtype = t["dtype"].astype(str).to_numpy()
@@ -185,7 +187,7 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     if recipe.master_bytes and training:
         extra.append(_master_copies(params, params_numel, recipe.master_bytes, d))
     if recipe.cast_cache and training:
-        extra.append(_cast_copies(params, params_numel, ops, recipe.half))
+        extra.append(_cast_copies(params, params_numel, ops, half))
     if extra:
         t = pd.concat([t, *extra], ignore_index=True)
     model = dict(program.model, gpu_precision=recipe.name)
