@@ -158,6 +158,11 @@ def test_default_is_as_recorded_and_unchanged(gpt: Any) -> None:
     assert a.summary["gpu_precision"] == "as-recorded"
     assert a.meta["gpu"]["precision"]["name"] == "as-recorded"
     assert a.meta["options"]["gpu_precision"] == "as-recorded"
+    assert a.summary["gpu_precision_bytes_per_param"] == 16  # fp32 AdamW as recorded
+    # SGD with momentum holds one state: 4 B/param fewer (not the recipe's AdamW figure)
+    sgd = compile(gpu_program("mlp", 64, 8, "sgd"), Options(target="h100",
+                                                             gpu_precision="megatron-bf16"))
+    assert sgd.summary["gpu_precision_bytes_per_param"] == 14
 
 
 def test_plan_states_how_it_was_held(gpt: Any, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from popviz.compiler.gpu_recipe import (
     GpuRecipe,
     apply_recipe,
     recipe_named,
+    state_bytes_per_param,
     step_bytes_per_stage,
 )
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
@@ -160,9 +161,11 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                     "device_memory_bytes": target.memory_bytes,
                     "usable_bytes": target.usable_bytes,
                     "link": "nvlink" if nvlink else "pcie",
-                    "precision": _precision_meta(recipe, options.replication_factor)}}
+                    "precision": _precision_meta(recipe, options.replication_factor,
+                                                 program)}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
+    summary["gpu_precision_bytes_per_param"] = meta["gpu"]["precision"]["bytes_per_param"]
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
               "tile_memory": _empty(TILE_COLUMNS), "exchange": timing.exchange,
               "ops": out_ops, "tensors": tensors, "variables": memory.variables,
@@ -170,12 +173,12 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     return Report(meta=meta, tables=tables, arrays={}, summary=summary)
 
 
-def _precision_meta(recipe: GpuRecipe, replicas: int) -> dict[str, Any]:
-    """How the plan holds its training state (profile meta `gpu.precision`)."""
+def _precision_meta(recipe: GpuRecipe, replicas: int, program: Program) -> dict[str, Any]:
+    """How the plan holds its training state (profile meta `gpu.precision`): bytes per
+    parameter as the (re-typed) program holds them, whatever its optimiser."""
     return {"name": recipe.name, "description": recipe.description,
             "activations": recipe.half or "as recorded",
-            "bytes_per_param": None if recipe.half is None else
-            recipe.bytes_per_param(replicas),
+            "bytes_per_param": state_bytes_per_param(program.tensors),
             "step_bytes_per_param": recipe.step_bytes_per_param(replicas)}
 
 
@@ -243,8 +246,6 @@ def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.D
         "device_memory_bytes": target.memory_bytes,
         "amp_ignored": 0, "amp_ignored_ops": [],
         "gpu_precision": options.gpu_precision,
-        "gpu_precision_bytes_per_param": _precision_meta(
-            recipe_named(options.gpu_precision), replicas)["bytes_per_param"],
         "schedule": schedule, "strategy": options.strategy,
         "micro_batch_size": micro_batch, "microbatches": microbatches,
         "training": options.training, "stage_mode": plan.split_mode,

@@ -248,6 +248,19 @@ def _cast_copies(params: pd.DataFrame, numel: np.ndarray, ops: pd.DataFrame, hal
     return rows
 
 
+def state_bytes_per_param(tensors: pd.DataFrame) -> float | None:
+    """Weights, gradients and optimiser state (master copies included) per parameter, as
+    the program holds them (AdamW: 16 / 18 / 6 + 12/d; SGD with momentum: 4 fewer)."""
+    cat = tensors["category"].astype(str)
+    size = tensors["dtype"].astype(str).map(ITEMSIZE).fillna(0).to_numpy()
+    param = (cat == "parameter").to_numpy() & (size > 0)
+    numel = float((tensors["bytes"].to_numpy(np.float64)[param] / size[param]).sum())
+    scalar = tensors["shape"].astype(str).isin(["[]", "()", ""]).to_numpy()
+    state = cat.isin(["parameter", "gradient", "optimiser_state"]).to_numpy() & ~scalar
+    return round(float(tensors["bytes"].to_numpy(np.float64)[state].sum()) / numel, 2) \
+        if numel else None
+
+
 def step_bytes_per_stage(tensors: pd.DataFrame, tensor_stage: np.ndarray, num_stages: int,
                          recipe: GpuRecipe, replicas: int = 1) -> np.ndarray:
     """Bytes each stage's optimiser step adds only while it runs (megatron-fp16: the fp32
