@@ -154,6 +154,7 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
+    precision = _precision_meta(recipe, options.replication_factor, program)
     meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
             "model": dict(program.model), "kind": MODELLED_KIND,
             "gpu": {"max_memory_allocated": memory.peak_allocated.tolist(),
@@ -161,11 +162,10 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                     "device_memory_bytes": target.memory_bytes,
                     "usable_bytes": target.usable_bytes,
                     "link": "nvlink" if nvlink else "pcie",
-                    "precision": _precision_meta(recipe, options.replication_factor,
-                                                 program)}}
+                    "precision": precision}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
-    summary["gpu_precision_bytes_per_param"] = meta["gpu"]["precision"]["bytes_per_param"]
+    summary["gpu_precision_bytes_per_param"] = precision["bytes_per_param"]
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
               "tile_memory": _empty(TILE_COLUMNS), "exchange": timing.exchange,
               "ops": out_ops, "tensors": tensors, "variables": memory.variables,
