@@ -104,6 +104,7 @@ class Options:
     training: bool = True
     replicated_tensor_sharding: bool = False
     outlining: bool = False
+    gpu_precision: str = "as-recorded"  # GPU targets: popviz/compiler/gpu_recipe.py
 
     # ---- PopTorch-like setters (each returns self so calls chain) ----
     def set_available_memory_proportion(self, value: Any) -> Options:
@@ -129,6 +130,15 @@ class Options:
         self.precision = str(precision)
         if half_partials is not None:
             self.half_partials = bool(half_partials)
+        self.validate()
+        return self
+
+    def set_gpu_precision(self, name: str) -> Options:
+        """How a GPU plan holds the training state and which dtype its activations and
+        GEMMs run in: "as-recorded" (the default), "megatron-fp16", "megatron-bf16",
+        "megatron-fp16-distopt", "megatron-bf16-distopt" or "amp" (torch.autocast);
+        popviz/compiler/gpu_recipe.py. IPU targets use `set_precision` instead."""
+        self.gpu_precision = str(name)
         self.validate()
         return self
 
@@ -220,6 +230,10 @@ class Options:
             raise ValueError(
                 f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
             )
+        if self.gpu_precision != "as-recorded":
+            from popviz.compiler.gpu_recipe import recipe_named  # lazy: compiler imports us
+
+            recipe_named(self.gpu_precision)  # ValueError naming the valid ones
         for name in ("gradient_accumulation", "device_iterations", "replication_factor",
                      "micro_batch_size"):
             value = getattr(self, name)

@@ -49,6 +49,7 @@ class Candidate:
     gradient_accumulation: int = 1
     target: str = "mk2"  # the target planned for; stated in the flags unless train.py's
     gpu: bool = False  # a GPU target: no AMP, no tiles (GPipe / 1F1B)
+    gpu_precision: str = "as-recorded"  # how a GPU plan holds its state (gpu_recipe.py)
 
     @property
     def headroom(self) -> float:
@@ -86,6 +87,8 @@ class Candidate:
             args.append("--enable-recomputation")
         args.append(f"--gradient-accumulation {self.gradient_accumulation}")
         if self.gpu:
+            if self.gpu_precision != "as-recorded":
+                args.append(f"--gpu-precision {self.gpu_precision}")
             return " ".join(args)
         amp = [f"{a:g}" for a in self.amp]
         amp = amp[:1] if len(set(amp)) == 1 else [a for a in amp for _ in (0, 1)]
@@ -254,6 +257,7 @@ def _candidate(report: Any, options: Options, source: str,
         recomputation=bool(options.recomputation),
         gradient_accumulation=int(options.gradient_accumulation),
         target=str(options.target), gpu=is_gpu_target(report.meta),
+        gpu_precision=str(options.gpu_precision),
         schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
         replicas=int(s.get("replicas") or 1),
         fits=fits, oom_tiles=oom_tiles, oom_ipus=oom_ipus,

@@ -90,6 +90,10 @@ def render_text(facts: dict) -> str:
     if latency:  # absent or 0 (a training step has no single-batch latency): left out
         lines.append(f"  latency: {_duration(float(latency))}")
     reserved = facts.get("max_memory_reserved") if is_gpu_target(facts) else None
+    if reserved is not None and facts.get("gpu_precision"):  # how the plan holds its state
+        per = facts.get("gpu_precision_bytes_per_param")
+        lines.append(f"  GPU precision: {facts['gpu_precision']}" + (
+            f", {per:g} B/param of weights, grads and optimiser state" if per else ""))
     for ipu, peak in sorted(facts["peak_liveness_bytes"].items(), key=lambda kv: int(kv[0])):
         if isinstance(reserved, dict) and str(ipu) in reserved:  # a GPU plan: the allocator
             lines.append(f"  {words.label(ipu)} max_memory_allocated {_fmt_bytes(peak)}, "

@@ -116,6 +116,8 @@ def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
         lines.append("options.set_recomputation(True)")
     lines.append(f"options.set_gradient_accumulation({c.gradient_accumulation})")
     if c.gpu:  # a GPU has no AMP
+        if c.gpu_precision != "as-recorded":
+            lines.append(f"options.set_gpu_precision({json.dumps(c.gpu_precision)})")
         return lines
     amp = f"{c.amp[0]:g}" if len(set(c.amp)) == 1 else \
         "{" + ", ".join(f'"IPU{i}": {a:g}' for i, a in enumerate(c.amp)) + "}"

@@ -48,6 +48,9 @@ def compile(program: Program, options: Options | None = None) -> Report:
         from popviz.compiler.gpu_compile import compile_gpu
 
         return compile_gpu(program, options, target)
+    if options.gpu_precision != "as-recorded":
+        raise ValueError(f"GPU precision {options.gpu_precision!r} is for GPU targets; "
+                         f"{options.target} takes precision (16.16, 16.32, 32.32) instead")
     precision = Precision.parse(options.precision, options.half_partials)
     # a program rebuilt from a profile (tune) holds the tied-weight copies compile made:
     # drop them so that they are made (and counted) once, as when it was recorded

@@ -24,6 +24,13 @@ from popviz.compiler.compiler import (
     step_rates,
 )
 from popviz.compiler.gpu_memory import GpuMemory, replay_memory
+from popviz.compiler.gpu_recipe import (
+    GpuRecipe,
+    apply_recipe,
+    recipe_named,
+    state_bytes_per_param,
+    step_bytes_per_stage,
+)
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
 from popviz.compiler.order import program_order
 from popviz.compiler.report import Report
@@ -62,10 +69,12 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
                     ) -> tuple[Program, int, StagePlan, pd.DataFrame]:
     """The front half of `compile_gpu` (the fit's too): the program at the micro-batch,
     its stages (looped round the GPUs for Interleaved1F1B) and each op's ns, in program
-    order."""
+    order. The program is held as `options.gpu_precision` says (`gpu_recipe.py`)."""
     program, micro_batch = _rescale(program, options)
     if not options.training:
         program = _forward_only(program)
+    program = apply_recipe(program, recipe_named(options.gpu_precision),
+                           options.replication_factor, options.training)
     looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
     plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
@@ -126,7 +135,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
         microbatches, iterations = microbatches * iterations, 1
     has_wu = options.training and bool((ops["pass"] == "WU").any())
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
-                              options.replication_factor, has_wu, costs.recompute > 0)
+                              options.replication_factor, has_wu, costs.recompute > 0,
+                              ranks=plan.num_ipus)
     # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
     nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
@@ -135,25 +145,41 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
+    recipe = recipe_named(options.gpu_precision)
+    step_bytes = step_bytes_per_stage(program.tensors, t_stage, n, recipe,
+                                      options.replication_factor) if has_wu else None
     memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
-                           stage_gpu, plan.num_ipus)
+                           stage_gpu, plan.num_ipus, recipe.persistent_grads and has_wu,
+                           step_bytes)
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
+    precision = _precision_meta(recipe, options.replication_factor, program)
     meta = {"target": target.to_meta(plan.num_ipus), "options": options.to_meta(),
             "model": dict(program.model), "kind": MODELLED_KIND,
             "gpu": {"max_memory_allocated": memory.peak_allocated.tolist(),
                     "max_memory_reserved": memory.peak_reserved.tolist(),
                     "device_memory_bytes": target.memory_bytes,
                     "usable_bytes": target.usable_bytes,
-                    "link": "nvlink" if nvlink else "pcie"}}
+                    "link": "nvlink" if nvlink else "pcie",
+                    "precision": precision}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
+    summary["gpu_precision_bytes_per_param"] = precision["bytes_per_param"]
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
               "tile_memory": _empty(TILE_COLUMNS), "exchange": timing.exchange,
               "ops": out_ops, "tensors": tensors, "variables": memory.variables,
               "oom": _empty(OOM_COLUMNS)}
     return Report(meta=meta, tables=tables, arrays={}, summary=summary)
+
+
+def _precision_meta(recipe: GpuRecipe, replicas: int, program: Program) -> dict[str, Any]:
+    """How the plan holds its training state (profile meta `gpu.precision`): bytes per
+    parameter as the (re-typed) program holds them, whatever its optimiser."""
+    return {"name": recipe.name, "description": recipe.description,
+            "activations": recipe.half or "as recorded",
+            "bytes_per_param": state_bytes_per_param(program.tensors),
+            "step_bytes_per_param": recipe.step_bytes_per_param(replicas)}
 
 
 def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
@@ -219,6 +245,7 @@ def _summary(plan: StagePlan, timing: GpuTiming, memory: GpuMemory, stages: pd.D
         "max_memory_reserved": {str(i): int(v) for i, v in enumerate(reserved)},
         "device_memory_bytes": target.memory_bytes,
         "amp_ignored": 0, "amp_ignored_ops": [],
+        "gpu_precision": options.gpu_precision,
         "schedule": schedule, "strategy": options.strategy,
         "micro_batch_size": micro_batch, "microbatches": microbatches,
         "training": options.training, "stage_mode": plan.split_mode,

@@ -40,17 +40,22 @@ class GpuMemory:
 
 
 def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.ndarray,
-                  executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int
+                  executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int,
+                  persistent_grads: bool = False, step_bytes: np.ndarray | None = None
                   ) -> GpuMemory:
     """`ops` in program order with stage, pass, step, source_op, checkpoint, section;
-    `executed`: the schedule's actions with `gpu` and `start` as timed."""
+    `executed`: the schedule's actions with `gpu` and `start` as timed. The precision
+    recipe (`gpu_recipe.py`) may keep the gradients from before the step (a grad buffer,
+    `persistent_grads`) and add `step_bytes[stage]` for the length of each optimiser step
+    (fp32 copies of fp16 grads)."""
     t = tensors.reset_index(drop=True)
     n_stages = len(stage_gpu)
     cat = t["category"].to_numpy(str)
     nbytes = t["bytes"].to_numpy(np.int64)
     host_scalar = (cat == "optimiser_state") & (t["shape"].astype(str).isin(["[]", "()", ""])
                                                 .to_numpy())
-    persistent = np.isin(cat, PERSISTENT) & ~host_scalar
+    persistent = np.isin(cat, PERSISTENT + (("gradient",) if persistent_grads else ())) \
+        & ~host_scalar
 
     ops = ops.reset_index(drop=True)
     real = ops["source_op"].to_numpy() < 0
@@ -131,14 +136,15 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
             if o_key[born] == "F" and o_key[last_r] == "B" and kept:
                 stash[st] += nbytes[ti]
 
+    step = np.zeros(n_stages, dtype=np.int64) if step_bytes is None else step_bytes
     return _replay(ops, t, allocs, frees, lists, executed, stage_gpu, num_gpus, persistent,
-                   tensor_stage, nbytes, stash)
+                   tensor_stage, nbytes, stash, step)
 
 
 def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists: dict,
             executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int,
             persistent: np.ndarray, tensor_stage: np.ndarray, nbytes: np.ndarray,
-            stash: np.ndarray) -> GpuMemory:
+            stash: np.ndarray, step_bytes: np.ndarray) -> GpuMemory:
     names = t["name"].astype(str).to_numpy()
     cats = t["category"].astype(str).to_numpy()
     op_names = ops["op"].astype(str).to_numpy()
@@ -163,6 +169,10 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
         s, m, g = int(s), int(m), int(g)
         key = PASS_KEY[p]
         alloc = allocators[g]
+        transient = int(step_bytes[s]) if key == "WU" else 0
+        if transient:  # for the whole step, after the pipeline freed its activations
+            alloc.malloc(_handle(-1, s, -1), transient)
+            made = int(steps[g])
         for k, r in enumerate(lists.get((s, key), ())):
             step = int(steps[g])
             for ti, mine in allocs.get((s, key, k), ()):
@@ -183,6 +193,10 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
             rows.append((g, step, PHASE_OF[key], int(always[g]), int(peak - always[g]),
                          int(alloc.reserved), op_names[r], int(op_ids[r]), m, s, p))
             steps[g] += 1
+        if transient:
+            alloc.free(_handle(-1, s, -1))
+            var_rows.append((g, "optimiser step: fp32 copies of the grads", "temporary",
+                             round_size(transient), made, max(int(steps[g]) - 1, made), s))
     for (g, s, ti), held in live.items():  # still held at the end (gradients, outputs)
         for first in held.values():
             var_rows.append((g, names[ti], cats[ti], round_size(int(nbytes[ti])), first,

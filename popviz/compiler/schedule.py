@@ -87,6 +87,62 @@ def _interleaved(n: int, m: int, training: bool) -> list[tuple[int, int, int, st
     return rows
 
 
+def _megatron_interleaved(n: int, m: int, ranks: int) -> list[tuple[int, int, int, str]]:
+    """Interleaved 1F1B over `ranks` GPUs holding v = n / ranks stages each (stage c * p + r
+    on rank r) in torch.distributed.pipelining's ScheduleInterleaved1F1B order, which is
+    Megatron-LM's when m is a multiple of p (MLM `schedules.py`
+    `forward_backward_pipelining_with_interleaving`, `get_schedule_table`; PT
+    `_get_warmup_ops`): micro-batches in groups of g = m // max(1, m // p), each group
+    through chunk 0, then chunk 1, ...; the backward mirrors the chunks. Rank r runs
+    min((v - 1) * g + 2 * (p - 1 - r), m * v) warm-up forwards, then a forward and a
+    backward in turn, then the rest of the backwards (docs/notes/gpu-plans-v2-research.md
+    §6a, §6b). The ranks' lists are merged into supersteps: an action runs once the
+    actions it needs ran in an earlier one."""
+    p, v = ranks, n // ranks
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ValueError(f"Interleaved1F1B over {p} GPUs needs micro-batches divisible by "
+                         f"{rounds} (torch.distributed.pipelining groups them m // "
+                         f"max(1, m // GPUs) at a time), got {m}")
+    group = m // rounds
+    table = [(b, c) for g in range(0, m, group) for c in range(v)
+             for b in range(g, g + group)]
+    seqs: list[list[tuple[int, int, str]]] = []
+    for r in range(p):
+        fwd = [(c * p + r, b, "F") for b, c in table]
+        bwd = [((v - 1 - c) * p + r, b, "B") for b, c in table]
+        warm = min((v - 1) * group + 2 * (p - 1 - r), m * v)
+        seq = fwd[:warm]
+        for i in range(m * v - warm):
+            seq += [fwd[warm + i], bwd[i]]
+        seqs.append(seq + bwd[m * v - warm:])
+    done_f = np.full((n, m), -1, dtype=np.int64)
+    done_b = np.full((n, m), -1, dtype=np.int64)
+    pos = [0] * p
+    rows: list[tuple[int, int, int, str]] = []
+    k = 0
+    while any(pos[r] < len(seqs[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            if pos[r] >= len(seqs[r]):
+                continue
+            s, b, kind = seqs[r][pos[r]]
+            if kind == "F" and (s == 0 or 0 <= done_f[s - 1, b] < k):
+                done_f[s, b] = k
+            elif kind == "B" and 0 <= done_f[s, b] < k and (s == n - 1
+                                                           or 0 <= done_b[s + 1, b] < k):
+                done_b[s, b] = k
+            else:
+                continue
+            rows.append((k, s, b, kind))
+            pos[r] += 1
+            progressed = True
+        if not progressed:
+            raise RuntimeError("interleaved schedule made no progress")  # a bug, not input
+        k += 1
+    return rows
+
+
 def _gpipe(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
     """GPipe (torch.distributed.pipelining's ScheduleGPipe): every micro-batch's forward
     through the pipeline, then every backward, the last stage first: the most stash."""
@@ -134,14 +190,20 @@ def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
 
 def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
                    training: bool, kind: str, replicas: int, has_wu: bool,
-                   recompute: np.ndarray | None = None) -> Schedule:
+                   recompute: np.ndarray | None = None, ranks: int = 1) -> Schedule:
     """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution),
     or torch.distributed.pipelining's names: 'GPipe', '1F1B' (= Interleaved) and
-    'Interleaved1F1B' (1F1B over stages looped round the devices: the compiler places
-    them); `recompute[s]` says whether stage s recomputes before its backward."""
+    'Interleaved1F1B' (stages looped round `ranks` devices, placed by the compiler: stage
+    s on s mod ranks; in Megatron-LM's interleaved order when each of several ranks holds
+    several stages, else 1F1B over the stages); `recompute[s]` says whether stage s
+    recomputes before its backward."""
     makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential,
               "GPipe": _gpipe, "1F1B": _interleaved, "Interleaved1F1B": _interleaved}
-    rows = makers[kind](num_stages, microbatches, training)
+    if kind == "Interleaved1F1B" and training and 1 < ranks < num_stages and \
+            num_stages % ranks == 0:
+        rows = _megatron_interleaved(num_stages, microbatches, ranks)
+    else:
+        rows = makers[kind](num_stages, microbatches, training)
     one = pd.DataFrame(rows, columns=["superstep", "stage", "microbatch", "pass"])
     one["superstep"] += 1  # superstep 0 streams the first micro-batch in
     if recompute is not None and np.any(recompute):

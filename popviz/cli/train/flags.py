@@ -15,6 +15,7 @@ from typing import Any
 import popviz.models as models
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import UsageError
+from popviz.compiler.gpu_recipe import RECIPES
 from popviz.options import SCHEDULES
 
 TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "a100")  # 3 IPUs, then GPUs
@@ -87,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default 0.6; IPU only")
     g.add_argument("--precision", choices=("16.16", "16.32", "32.32"),
                    help="compute.weight-update precision (default 32.32 tutorial, 16.16 CNN)")
+    g.add_argument("--gpu-precision", choices=tuple(RECIPES), default="as-recorded",
+                   metavar="NAME",
+                   help="GPU targets: how training state is held and which dtype "
+                   "activations and GEMMs run in: " + "; ".join(
+                       f"{r.name}: {r.description}" for r in RECIPES.values())
+                   + " (default as-recorded)")
     g.add_argument("--enable-half-partials", action="store_true",
                    help="accumulate conv / matmul partial sums in fp16 (faster vertices, "
                    "half the partials' memory)")
@@ -159,6 +166,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     if args.image_size < minimum:
         _error(f"--image-size {args.image_size} is too small for {args.name} "
                      f"(needs >= {minimum})")
+    if args.gpu_precision != "as-recorded" and args.target not in TARGETS[3:]:
+        _error(f"--gpu-precision {args.gpu_precision} is for GPU targets "
+               f"({', '.join(TARGETS[3:])}); {args.target} takes --precision instead")
     _check_splits(args)
     _check_amp(args)
     return args
@@ -248,6 +258,7 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         replicated_tensor_sharding=args.replicated_tensor_sharding,
         outlining=args.outlining,
         training=training,
+        gpu_precision=args.gpu_precision,
     )
     options.set_available_memory_proportion(amp_setting(args))
     if tutorial:

@@ -1,0 +1,39 @@
+"""bench/bench_gpu_published.py: the ZB layer placement it plans and the published points
+it compares with (never a held-out model); the bench itself runs at full size, so only its
+pieces are checked here."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu_published.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_gpu_published", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_and_last_stage_one_layer_fewer(bench: Any) -> None:
+    starts = [int(s.split(".")[3]) for s in bench.splits(22)]
+    counts = [b - a for a, b in zip([0, *starts], [*starts, 22], strict=True)]
+    assert counts == [2, 3, 3, 3, 3, 3, 3, 2]  # ZB §5.1, 1.5B over 8 GPUs
+    assert all(s.endswith(".ln_1") for s in bench.splits(30))
+
+
+def test_no_held_out_model(bench: Any) -> None:
+    assert set(bench.MODELS) == {"1.5B", "6.2B"}  # ZB 14.6B / 28.3B are held out
+    assert {m for (m, _, _, _) in bench.PUBLISHED} <= set(bench.MODELS)
+    # interleaved: one layer per chunk plus an embedding and a head chunk, 8 GPUs x v
+    assert (len(bench.chunk_splits(22)) + 1) % 8 == 0
+    assert (len(bench.chunk_splits(30)) + 1) % 8 == 0
