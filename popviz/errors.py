@@ -28,3 +28,19 @@ def write_error(exc: OSError, target: object) -> OSError:
                     str(target))
     error.__cause__ = exc
     return error
+
+
+class RequestStopped(Exception):
+    """A request of `popviz serve` ran past its time budget (`--request-timeout`) and was
+    stopped in its thread (popviz.cli.serve_budget). `limit_s` is the budget."""
+
+    limit_s: float = 0.0
+
+    def __init__(self, limit_s: float | None = None) -> None:
+        if limit_s is not None:
+            self.limit_s = limit_s
+        super().__init__(self.limit_s)
+
+    def __str__(self) -> str:
+        return (f"building this view took longer than {self.limit_s:g} s and was stopped "
+                "(popviz serve --request-timeout)")
