@@ -19,6 +19,7 @@ from popviz_app import SIMULATE_ENV
 
 from popviz.cli.main import main
 from popviz.cli.serve_budget import FairDispatcher, Share, _Queued, callback_profile
+from popviz.errors import RequestStopped
 from popviz.format import write_report
 from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
@@ -161,3 +162,21 @@ def test_the_profile_of_a_callback_comes_from_its_page_url() -> None:
             "state": [{"id": "url", "property": "search", "value": "?profile=r/p.h5&t0=1"}]}
     assert callback_profile(json.dumps(body).encode()) == "r/p.h5"
     assert callback_profile(b"[1, 2") == "" and callback_profile(b"[]") == ""
+
+
+@pytest.mark.parametrize("budget", [RequestStopped(2.0), MemoryError()])
+def test_a_budget_spent_outside_a_callback_is_a_503_with_one_line(
+        tmp_path: Path, budget: BaseException) -> None:
+    from popviz_app import create_app
+
+    app = create_app(tmp_path, vetter=False)
+
+    @app.server.route("/spent")
+    def spent() -> str:  # as if stopped while Dash serialised its answer
+        raise budget
+
+    reply = app.server.test_client().get("/spent")
+    text = reply.get_data(as_text=True)
+    assert reply.status_code == 503 and text.count("\n") == 1
+    assert ("took longer than 2 s and was stopped" in text if isinstance(
+        budget, RequestStopped) else "needed more memory than the server may use" in text)
