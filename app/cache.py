@@ -14,7 +14,7 @@ from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import popviz
 from popviz.errors import ProfileError
@@ -25,6 +25,7 @@ from popviz.vet import Stamp, Verdict, Vetter, file_check, stamp_from
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 LISTING_WAIT_FILES = 16  # ... when at most this many files are being vetted
 FACTS_BUDGET_S = 1.0  # a listing reads new files' facts for this long, the rest later
+SHOWN_FOR_S = 30.0  # rows a tab showed this recently have their facts read first
 VET_WAITERS = 4  # threads waiting on vetting at once; more answer "being checked" at once
 
 
@@ -139,6 +140,7 @@ class ProfileCache:
         self._listing: dict[str, tuple[Stamp, dict[str, Any]]] = {}
         self._scan_lock = threading.Lock()
         self._scanned: tuple[float, list[dict[str, Any]]] | None = None  # when, rows
+        self._shown: dict[tuple[int, int], float] = {}  # rows shown -> when last asked
         # in-memory profiles (tune plans) under names no file can have: served, never
         # written into the folder being served; bounded, oldest dropped first
         self._virtual: OrderedDict[str, Entry] = OrderedDict()
@@ -263,8 +265,8 @@ class ProfileCache:
         except (OSError, ProfileError):
             pass
 
-    def listing(self, wait_s: float | None = None,
-                max_age_s: float = 0.0) -> list[dict[str, Any]]:
+    def listing(self, wait_s: float | None = None, max_age_s: float = 0.0,
+                shown: tuple[int, int] | None = None) -> list[dict[str, Any]]:
         """Every profile file under the root with its headline facts, or its error.
 
         Rescanned on each call, unless a scan at most `max_age_s` old is at hand (one
@@ -274,8 +276,16 @@ class ProfileCache:
         being vetted after `wait_s` (all together; default LISTING_WAIT_S, or
         `vet_wait_s` if shorter) are listed as being checked; past LISTING_WAIT_FILES
         of them nobody waits (a big folder is vetted over minutes). A link out of the
-        served folder is listed as refused and never opened or vetted."""
+        served folder is listed as refused and never opened or vetted.
+
+        `shown`: the rows (start, stop) a caller shows; the rows any caller showed in the
+        last SHOWN_FOR_S have their facts read first."""
+        now = time.monotonic()
         with self._scan_lock:
+            if shown is not None:
+                self._shown[shown] = now
+            for old in [k for k, when in self._shown.items() if now - when > SHOWN_FOR_S]:
+                del self._shown[old]
             scanned = self._scanned
             if scanned is not None and time.monotonic() - scanned[0] <= max_age_s:
                 return scanned[1]
@@ -309,7 +319,7 @@ class ProfileCache:
                 with self._wait_budget(wait_s) as budget:
                     wait(waiting, timeout=budget)
         rows: list[dict[str, Any]] = []
-        reading_until = time.monotonic() + FACTS_BUDGET_S
+        unread: list[int] = []  # rows whose facts are to be read
         for _path, rel, stamp in found:
             if stamp is None:
                 rows.append({"profile": rel, "error": f"{rel}: {LINK_OUTSIDE}"})
@@ -318,17 +328,22 @@ class ProfileCache:
                 rows.append({"profile": rel, "error": f"{rel}: {stamp.strerror}"})
                 continue
             cached = self._listing.get(rel)
-            if cached is None or cached[0] != stamp:
-                if (rel in pending and not pending[rel].done()) or \
-                        time.monotonic() > reading_until:
-                    rows.append({"profile": rel, "error": "", "checking": True})
-                    continue
-                facts = self._facts(rel)
-                if facts.get("checking"):  # changed since it was stamped: not kept
-                    rows.append(facts)
-                    continue
-                cached = self._listing[rel] = (stamp, facts)
-            rows.append(cached[1])
+            if cached is not None and cached[0] == stamp:
+                rows.append(cached[1])
+                continue
+            if rel not in pending or pending[rel].done():
+                unread.append(len(rows))
+            rows.append({"profile": rel, "error": "", "checking": True})
+        # the rows someone looks at first, then in order, for FACTS_BUDGET_S
+        unread.sort(key=lambda n: not any(a <= n < b for a, b in self._shown))
+        reading_until = time.monotonic() + FACTS_BUDGET_S
+        for n in unread:
+            if time.monotonic() > reading_until:
+                break
+            _path, rel, stamp = found[n]
+            rows[n] = facts = self._facts(rel)
+            if not facts.get("checking"):  # else changed since it was stamped: not kept
+                self._listing[rel] = (cast(Stamp, stamp), facts)
         return rows
 
     def _facts(self, rel: str) -> dict[str, Any]:

@@ -195,3 +195,18 @@ def test_hard_links_of_one_file_share_one_vetting(tmp_path: Path,
         assert vetter.verdict(copy, wait_s=10) == Verdict(True) and len(vetted) == 2
     finally:
         vetter.close()
+
+
+def test_the_rows_a_tab_shows_are_read_first(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app_cache, "FACTS_BUDGET_S", 0.15)
+    _folder(tmp_path / "served", 8)
+
+    def slow_open(path: Any, **kw: Any) -> Any:
+        time.sleep(0.1)
+        return popviz.open(path, **kw)
+
+    cache = app_cache.ProfileCache(tmp_path / "served", opener=slow_open)
+    rows = cache.listing(shown=(6, 8))  # a tab on the last page of two rows each
+    read = [n for n, r in enumerate(rows) if not r.get("checking")]
+    assert read and set(read) <= {6, 7}

@@ -1,5 +1,5 @@
 """`/`: every profile under the served directory, a page of PAGE_ROWS at a time,
-rescanned on each visit and every 5 s.
+rescanned on each visit and every 5 s (20 s past BIG_FOLDER profiles).
 
 A refresh costs little at thousands of profiles: one scan serves every open tab
 (`ProfileCache.listing(max_age_s=)`), only the shown page is rendered, and when that page
@@ -22,6 +22,8 @@ TITLE = "Profiles"
 NEEDS_PROFILE = False
 FIGURES: dict[str, Any] = {}
 REFRESH_MS = 5000
+BIG_FOLDER = 1000  # past this many profiles the list refreshes every BIG_REFRESH_MS
+BIG_REFRESH_MS = 20000
 PAGE_ROWS = 100
 SCAN_MAX_AGE_S = 4.0  # a scan this recent serves another tab's refresh
 
@@ -60,7 +62,7 @@ def listing(ctx: AppContext, page: int = 0,
             rows: list[dict[str, Any]] | None = None) -> html.Div | html.Table:
     """The table of one page of the listing."""
     if rows is None:
-        rows = ctx.cache.listing(max_age_s=SCAN_MAX_AGE_S)
+        rows = _rows(ctx, page)
     page, shown = _page_of(rows, page)
     if not rows:
         return html.Div(f"No .h5 profiles under {ctx.root.name}/ yet; this list refreshes "
@@ -93,15 +95,22 @@ def listing(ctx: AppContext, page: int = 0,
                       id="profile-table")
 
 
+def _rows(ctx: AppContext, page: int) -> list[dict[str, Any]]:
+    """The listing, page `page`'s files read first (ProfileCache.listing)."""
+    return ctx.cache.listing(max_age_s=SCAN_MAX_AGE_S,
+                             shown=(page * PAGE_ROWS, (page + 1) * PAGE_ROWS))
+
+
 def layout(ctx: AppContext, entry: Any = None) -> html.Div:
-    rows = ctx.cache.listing(max_age_s=SCAN_MAX_AGE_S)
+    rows = _rows(ctx, 0)
     text, prev_off, next_off, style = _pager(len(rows), 0)
     return html.Div([
         html.H2("Profiles"),
         html.P(["Serving ", html.Code(ctx.root.name + "/"), ". Open a profile to see its summary, "
                 "trace, liveness, memory, stages, exchange and operations.",
                 " Or ", dcc.Link("compare two layouts", href="/compare", id="home-compare"), "."]),
-        dcc.Interval(id="home-refresh", interval=REFRESH_MS),
+        dcc.Interval(id="home-refresh",
+                     interval=REFRESH_MS if len(rows) <= BIG_FOLDER else BIG_REFRESH_MS),
         dcc.Store(id="home-page", data=0),
         dcc.Store(id="home-digest", data=digest(rows, 0)),
         html.Div([html.Button("previous", id="home-prev", n_clicks=0, disabled=prev_off),
@@ -125,7 +134,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         """The shown page, another on previous / next; nothing (204) when unchanged."""
         page = page if isinstance(page, int) else 0
         moved = {"home-prev": -1, "home-next": 1}.get(_trigger(), 0)
-        rows = ctx.cache.listing(max_age_s=SCAN_MAX_AGE_S)
+        rows = _rows(ctx, max(0, page + moved))
         page = _page_of(rows, page + moved)[0]
         now = digest(rows, page)
         if now == shown and not moved:
