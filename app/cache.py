@@ -25,6 +25,7 @@ from popviz.vet import Stamp, Verdict, Vetter, file_check, stamp_from
 LISTING_WAIT_S = 8.0  # the home page waits this long, at most, for vetting to finish
 LISTING_WAIT_FILES = 16  # ... when at most this many files are being vetted
 FACTS_BUDGET_S = 1.0  # a listing reads new files' facts for this long, the rest later
+LISTING_MAX_AGE_S = 4.0  # pages take a listing this old (one scan for every open tab)
 SHOWN_FOR_S = 30.0  # rows a tab showed this recently have their facts read first
 VET_WAITERS = 4  # threads waiting on vetting at once; more answer "being checked" at once
 
@@ -270,7 +271,9 @@ class ProfileCache:
         """Every profile file under the root with its headline facts, or its error.
 
         Rescanned on each call, unless a scan at most `max_age_s` old is at hand (one
-        scan serves every open home tab; concurrent callers wait for the one under way).
+        scan serves every open home tab); with `max_age_s` > 0 a caller never waits for
+        another's scan under way, it takes the last one (a page must not queue its
+        thread behind a scan that waits on vetting or reads files).
         Facts are reused while a file's stamp is unchanged, and read for at most
         FACTS_BUDGET_S a call: the rest say "checking" until a later call. Files still
         being vetted after `wait_s` (all together; default LISTING_WAIT_S, or
@@ -281,14 +284,19 @@ class ProfileCache:
         `shown`: the rows (start, stop) a caller shows; the rows any caller showed in the
         last SHOWN_FOR_S have their facts read first."""
         now = time.monotonic()
-        with self._scan_lock:
+        with self._lock:
             if shown is not None:
                 self._shown[shown] = now
             for old in [k for k, when in self._shown.items() if now - when > SHOWN_FOR_S]:
                 del self._shown[old]
             scanned = self._scanned
+        if scanned is not None and max_age_s > 0 and (
+                now - scanned[0] <= max_age_s or self._scan_lock.locked()):
+            return scanned[1]
+        with self._scan_lock:
+            scanned = self._scanned
             if scanned is not None and time.monotonic() - scanned[0] <= max_age_s:
-                return scanned[1]
+                return scanned[1]  # scanned while this caller waited
             rows = self._scan(wait_s)
             self._scanned = (time.monotonic(), rows)
             return rows

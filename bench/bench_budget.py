@@ -1,6 +1,6 @@
 """A page that spins or allocates against `popviz serve`'s budgets (issue 34).
 
-    .venv/bin/python bench/bench_budget.py [--spinning 16] [--threads 8] [--timeout 5]
+    .venv/bin/python bench/bench_budget.py [--spinning 16] [--threads 10] [--timeout 5]
 
 Serves two small profiles with the test hook POPVIZ_SERVE_SIMULATE: every page of
 `spin/` spins for ever, every page of `grab/` allocates 3 GiB. Fires --spinning spin
@@ -47,7 +47,7 @@ def _others(server: Server, seconds: float) -> tuple[list[float], list[float], i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spinning", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
     os.environ[SIMULATE_ENV] = "spin:spin/,grab:grab/"

@@ -15,6 +15,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
+from ..cache import LISTING_MAX_AGE_S
 from ..common import AppContext, profile_query
 
 PATH = "/"
@@ -25,7 +26,7 @@ REFRESH_MS = 5000
 BIG_FOLDER = 1000  # past this many profiles the list refreshes every BIG_REFRESH_MS
 BIG_REFRESH_MS = 20000
 PAGE_ROWS = 100
-SCAN_MAX_AGE_S = 4.0  # a scan this recent serves another tab's refresh
+SCAN_MAX_AGE_S = LISTING_MAX_AGE_S  # a scan this recent serves another tab's refresh
 
 
 def _number(value: Any, fmt: str) -> str:

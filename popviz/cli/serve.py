@@ -20,7 +20,7 @@ from pathlib import Path
 
 from popviz.cli.command import EXIT_OK, Command, UsageError
 
-THREADS = 8
+THREADS = 10  # 8 build views (callbacks, downloads), 2 only answer pages (serve_budget)
 CONNECTION_LIMIT = 200
 MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
 MAX_HEADER_BYTES = 64 * 1024

@@ -7,10 +7,12 @@ error message:
 
 - **Threads** (`FairDispatcher`, waitress' task queue): requests that build something
   (Dash callbacks and downloads: *heavy*) run on at most `threads - RESERVED_THREADS`
-  threads, so pages, layouts, assets and `/` always find a thread; and at most half of
-  those build views of one profile at once, so eight requests for one bad profile leave
-  the other profiles' pages running. Past a share a request waits in the queue (no
-  error under ordinary load); nothing is refused.
+  threads, so pages, layouts, assets and `/` always find a thread; and one profile's
+  views take all of those but OTHER_PROFILES_THREADS, so eight requests for one bad
+  profile leave the other profiles' pages running. Past a share a request waits in the
+  queue (no error under ordinary load); nothing is refused. (The shares are loose on
+  purpose: with more profiles than the cache holds, fewer threads on a profile's
+  requests means more reopening; bench/bench_serve.py shows it.)
 - **Time** (`Deadline`, WSGI middleware): a heavy request still running after
   `timeout_s` gets `RequestStopped` raised in its thread (at the next Python
   instruction; a C call finishes first), which the app answers as one line on the
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import json
 import logging
 import os
@@ -47,9 +48,12 @@ from popviz.errors import RequestStopped
 log = logging.getLogger("popviz.serve")
 
 RESERVED_THREADS = 2  # never building a view: `/`, layouts, assets stay answerable
+OTHER_PROFILES_THREADS = 2  # of those building views, never taken by one profile
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_MEMORY_MB = 4096
-TRIM_GROWTH_BYTES = 128 << 20  # a request that grew the process this much: trim after it
+# a request that grew the process this much: freed heap handed back after it (not after
+# every request: trimming takes the allocator's locks while the others allocate)
+TRIM_GROWTH_BYTES = 512 << 20
 WATCH_INTERVAL_S = 0.25
 CALLBACK_ROUTE = "/_dash-update-component"
 DOWNLOAD_PREFIX = "/download/"
@@ -112,7 +116,7 @@ class Share:
     @classmethod
     def of(cls, threads: int) -> Share:
         heavy = max(1, threads - RESERVED_THREADS)
-        return cls(heavy, max(1, heavy // 2))
+        return cls(heavy, max(1, heavy - OTHER_PROFILES_THREADS))
 
 
 class _Queued:
@@ -301,8 +305,8 @@ def data_bytes() -> int:
 
 
 def give_back_memory() -> None:
-    """Collect, then hand freed heap pages back to the system (glibc keeps them)."""
-    gc.collect()
+    """Hand freed heap pages back to the system (glibc keeps them otherwise). No
+    gc.collect: a full collection holds the GIL for every thread."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
