@@ -15,7 +15,7 @@ import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import DependencyException
 
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, RequestStopped
 from popviz.vet import Vetter
 
 from . import bodies, downloads
@@ -28,6 +28,27 @@ log = logging.getLogger("popviz.app")
 ERROR_ID = "callback-error"  # a callback that fails shows its one-line error here
 POLL_ID = "checking-poll"  # re-renders a page whose file is still being vetted
 POLL_MS = 2000
+
+# Test hook only, like popviz.vet's: "spin:NAME,grab:NAME" makes a page of a profile whose
+# path contains NAME spin for ever or allocate until refused (SIMULATE_GRAB_BYTES at
+# most), so tests drive the server's time and memory budgets (popviz.cli.serve_budget)
+SIMULATE_ENV = "POPVIZ_SERVE_SIMULATE"
+SIMULATE_GRAB_BYTES = 3 << 30
+
+
+def simulate_load(rel: str) -> None:
+    for item in os.environ.get(SIMULATE_ENV, "").split(","):
+        what, _, name = item.partition(":")
+        if not name or name not in rel:
+            continue
+        if what == "spin":
+            turns = 0
+            while True:
+                turns += 1
+        elif what == "grab":
+            held = [b"\x01" * (64 << 20) for _ in range(SIMULATE_GRAB_BYTES >> 26)]
+            del held
+
 
 __all__ = ["PathRefused", "ProfileCache", "StillChecking", "create_app", "render",
            "render_page", "resolve_profile"]
@@ -64,11 +85,13 @@ def render_page(ctx: AppContext, path: str | None,
         if not page.NEEDS_PROFILE:
             return [_nav(path, rel), page.layout(ctx, None)], False
         entry = ctx.cache.get(rel)
+        if SIMULATE_ENV in os.environ:
+            simulate_load(rel)
         return [_nav(path, rel), page.layout(ctx, entry)], False
     except StillChecking as exc:  # the page polls (POLL_ID) until the verdict is in
         return [_nav(path, rel), message(error_text(ctx, exc, rel), tone="info")], True
     except Exception as exc:  # the page of one bad file must not be a blank 500
-        if not isinstance(exc, PathRefused | ProfileError):
+        if not isinstance(exc, PathRefused | ProfileError | RequestStopped):
             log.exception("building %s for %r", path, rel)
         return [_nav(path, ""), message(error_text(ctx, exc, rel)),
                 dcc.Link("Back to the list of profiles", href="/")], False
@@ -81,7 +104,7 @@ def callback_failed(ctx: AppContext, exc: Exception) -> None:
         rel = profile_of(dash.callback_context.states.get("url.search"))
     except Exception:  # no callback context (a test calling the handler directly)
         rel = ""
-    if not isinstance(exc, PathRefused | ProfileError):
+    if not isinstance(exc, PathRefused | ProfileError | RequestStopped):
         log.error("callback failed for %r", rel, exc_info=exc)
     dash.set_props(ERROR_ID, {"children": message(error_text(ctx, exc, rel))})
 

@@ -14,7 +14,7 @@ from dash import dash_table, dcc, html
 
 from popviz import analysis
 from popviz.analysis.op_groups import has_gpu_time
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, RequestStopped
 from popviz.figures.lod import TraceIndex
 from popviz.vocab import MODELLED, Naming, naming_for
 
@@ -65,6 +65,11 @@ def error_text(ctx: AppContext, exc: BaseException, rel: str = "") -> str:
     """One line for any failure, with paths relative to the served folder."""
     if isinstance(exc, PathRefused | ProfileError):
         text = str(exc)
+    elif isinstance(exc, RequestStopped | MemoryError):  # the server's budgets (serve)
+        why = exc if isinstance(exc, RequestStopped) else (
+            "building this view needed more memory than the server may use and was "
+            "stopped (popviz serve --memory-mb)")
+        text = f"{rel + ': ' if rel else ''}{why}"
     else:
         detail = " ".join(str(exc).split())[:200]
         text = (f"{rel + ': ' if rel else ''}could not build this view "

@@ -14,7 +14,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from popviz.analysis.table import filter_table, sort_table
-from popviz.errors import ProfileError
+from popviz.errors import ProfileError, RequestStopped
 
 from .cache import PathRefused, StillChecking
 from .common import AppContext, error_text
@@ -97,5 +97,7 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
         """Anything else that escapes a route: one line, never a traceback."""
         if isinstance(exc, HTTPException):
             return exc
+        if isinstance(exc, RequestStopped | MemoryError):  # a budget of `popviz serve`
+            return _text("popviz: " + error_text(ctx, exc), 503)
         log.error("unhandled error on %s", flask.request.path, exc_info=exc)
         return _text("popviz: internal error (the server log has the details)", 500)

@@ -266,7 +266,7 @@ def main() -> int:
     parser.add_argument("--dir", default=str(REPO / "profiles"))
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--threads", type=int, default=8, help="server threads")
+    parser.add_argument("--threads", type=int, default=10, help="server threads")
     parser.add_argument("--stall", type=float, default=60,
                         help="seconds without a completed request before threads are dumped")
     parser.add_argument("--seed", type=int, default=0)

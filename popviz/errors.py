@@ -76,3 +76,19 @@ def not_a_folder(path: str | os.PathLike[str], what: str = "a folder goes there"
     if blocker is None:
         return None
     return NotADirectoryError(errno.ENOTDIR, f"a file, not a folder; {what}", str(blocker))
+
+
+class RequestStopped(Exception):
+    """A request of `popviz serve` ran past its time budget (`--request-timeout`) and was
+    stopped in its thread (popviz.cli.serve_budget). `limit_s` is the budget."""
+
+    limit_s: float = 0.0
+
+    def __init__(self, limit_s: float | None = None) -> None:
+        if limit_s is not None:
+            self.limit_s = limit_s
+        super().__init__(self.limit_s)
+
+    def __str__(self) -> str:
+        return (f"building this view took longer than {self.limit_s:g} s and was stopped "
+                "(popviz serve --request-timeout)")

@@ -11,7 +11,8 @@ What is vet's own: the one-line refusals (without the file's name: the caller na
 relative to what it serves), a time limit scaled with the file's size, and `Vetter`, which
 caches one verdict per file stamp (real path, device, inode, size, mtime and ctime: the
 ctime and inode are what user space cannot set back, so a file copied over a vetted one with
-its old mtime and size is a new stamp), vets at most `workers` queued files at a time (and
+its old mtime and size is a new stamp; hard links of one file, the same bytes, share their
+verdict), vets at most `workers` queued files at a time (and
 one more a request waits on, ahead of the queue) and runs one vetting per file however many
 threads ask for it. `same_file` lets the opener check that the
 file it opened is the one that was vetted.
@@ -81,6 +82,12 @@ def stamp_of(path: str | os.PathLike[str]) -> Stamp:
 def stamp_from(path: str | os.PathLike[str], st: os.stat_result) -> Stamp:
     """The stamp of `path` from a stat already taken (no second system call)."""
     return Stamp(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def content_key(stamp: Stamp) -> tuple[int, ...]:
+    """What identifies the bytes (device, inode, size, mtime, ctime), whatever the path:
+    every hard link of a file shares its verdict (a verdict never names the file)."""
+    return tuple(stamp[1:])
 
 
 def same_file(stamp: Stamp, opened: os.stat_result) -> bool:
@@ -177,8 +184,9 @@ class Vetter:
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._verdicts: OrderedDict[Stamp, Verdict] = OrderedDict()
-        self._running: dict[Stamp, Future[Verdict]] = {}  # queued or being vetted
+        # keyed by the bytes' identity (content_key): hard links of one file vet once
+        self._verdicts: OrderedDict[tuple[int, ...], Verdict] = OrderedDict()
+        self._running: dict[tuple[int, ...], Future[Verdict]] = {}  # queued or being vetted
         self._lanes: dict[bool, deque[Stamp]] = {True: deque(), False: deque()}
         self._closed = False
         self._workers = workers
@@ -190,22 +198,25 @@ class Vetter:
         return self._submit(stamp_of(path), urgent)
 
     def _submit(self, stamp: Stamp, urgent: bool = False) -> Future[Verdict]:
+        key = content_key(stamp)
         with self._lock:
-            known = self._verdicts.get(stamp)
+            known = self._verdicts.get(key)
             if known is not None:
                 done: Future[Verdict] = Future()
                 done.set_result(known)
                 return done
-            running = self._running.get(stamp)
+            running = self._running.get(key)
             if running is None:
                 self._start()
-                running = self._running[stamp] = Future()
+                running = self._running[key] = Future()
                 self._lanes[urgent].append(stamp)
                 self._wake.notify_all()
-            elif urgent and stamp in self._lanes[False]:  # queued: jump the queue
-                self._lanes[False].remove(stamp)
-                self._lanes[True].append(stamp)
-                self._wake.notify_all()
+            elif urgent:  # queued (under this path or another link): jump the queue
+                queued = next((s for s in self._lanes[False] if content_key(s) == key), None)
+                if queued is not None:
+                    self._lanes[False].remove(queued)
+                    self._lanes[True].append(queued)
+                    self._wake.notify_all()
             return running
 
     def verdict(self, path: str | os.PathLike[str],
@@ -242,7 +253,7 @@ class Vetter:
                     return
                 lane = self._lanes[True] if self._lanes[True] else self._lanes[False]
                 stamp = lane.popleft()
-                future = self._running[stamp]
+                future = self._running[content_key(stamp)]
                 self.vettings += 1
             keep = True
             try:
@@ -255,17 +266,18 @@ class Vetter:
                 verdict = Verdict(False, f"unreadable ({type(exc).__name__})")
             with self._lock:
                 if keep:
-                    self._verdicts[stamp] = verdict
+                    self._verdicts[content_key(stamp)] = verdict
                 while len(self._verdicts) > MAX_VERDICTS:
                     self._verdicts.popitem(last=False)
-                self._running.pop(stamp, None)
+                self._running.pop(content_key(stamp), None)
             future.set_result(verdict)
 
     def close(self) -> None:
         """Stop after the vettings under way; queued ones are cancelled."""
         with self._lock:
             self._closed = True
-            queued = [self._running.pop(s) for lane in self._lanes.values() for s in lane]
+            queued = [self._running.pop(content_key(s)) for lane in self._lanes.values()
+                      for s in lane]
             for lane in self._lanes.values():
                 lane.clear()
             self._wake.notify_all()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -42,14 +43,15 @@ def _fake_vetting(monkeypatch: pytest.MonkeyPatch, slow_s: float) -> list[str]:
 
 
 def _folder(root: Path, slow: int, wanted: int) -> list[str]:
-    """One small profile, hard-linked under `slow` names (listed first) and `wanted`
-    ones; the wanted names, relative to root."""
+    """One small profile, copied under `slow` names (listed first) and `wanted` ones
+    (copies, not hard links: the links of one file share one vetting); the wanted
+    names, relative to root."""
     first = write_report(synthetic_report(num_ipus=2, events=300, steps=30, seed=1),
                          root / "original" / "profile.h5")
     names = [f"a-slow-{i:02d}" for i in range(slow)] + [f"z-want-{i}" for i in range(wanted)]
     for name in names:
         (root / name).mkdir()
-        os.link(first, root / name / "profile.h5")
+        shutil.copyfile(first, root / name / "profile.h5")
     return [f"{n}/profile.h5" for n in names if n.startswith("z-")]
 
 

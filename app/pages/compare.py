@@ -18,7 +18,7 @@ from popviz.errors import ProfileError
 from popviz.figures import compare as cf
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
-from ..cache import VIRTUAL_PREFIX, Entry, PathRefused
+from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
 
@@ -114,7 +114,8 @@ def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
 
 
 def _pickers(ctx: AppContext, a: str, b: str) -> html.Div:
-    names = [r["profile"] for r in ctx.cache.listing() if not r.get("error")]
+    names = [r["profile"] for r in ctx.cache.listing(max_age_s=LISTING_MAX_AGE_S)
+             if not r.get("error")]
     names += [n for n in (a, b) if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
     opts = [{"label": n, "value": n} for n in names]
     return html.Div([

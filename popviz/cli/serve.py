@@ -2,7 +2,8 @@
 under DIR, on waitress (a production WSGI server) with a bounded thread pool. Loopback by
 default and never in debug mode (debug would run arbitrary code for anyone who can reach
 the port); any other address warns and requires an access token (docs/app.md). waitress
-runs with the deadlines and caps of `serve_guard` against slow clients."""
+runs with the deadlines and caps of `serve_guard` against slow clients, and with the
+thread, time and memory budgets of `serve_budget` against slow or hungry pages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 import secrets
 import signal
@@ -20,7 +22,7 @@ from pathlib import Path
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command, UsageError
 
-THREADS = 8
+THREADS = 10  # 8 build views (callbacks, downloads), 2 only answer pages (serve_budget)
 CONNECTION_LIMIT = 200
 MAX_BODY_BYTES = 1 << 20  # callback payloads are a few KB; nothing uploads
 MAX_HEADER_BYTES = 64 * 1024
@@ -30,6 +32,8 @@ VET_WAIT_S = 2.0  # a request waits this long for a file's vetting, then says "r
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from popviz.cli.serve_budget import DEFAULT_MEMORY_MB as SERVE_MEMORY_MB
+    from popviz.cli.serve_budget import DEFAULT_REQUEST_TIMEOUT_S
     from popviz.vet import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
     parser.add_argument("dir", metavar="DIR", type=non_empty_path,
@@ -54,6 +58,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vet-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help="how far a worker process's address space may grow while it "
                         f"reads a profile (default {DEFAULT_MEMORY_MB})")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+                        metavar="S", help="seconds a page, figure or download may take to "
+                        "build before it is stopped and answered with one line (default "
+                        f"{DEFAULT_REQUEST_TIMEOUT_S:g})")
+    parser.add_argument("--memory-mb", type=int, default=SERVE_MEMORY_MB, metavar="MB",
+                        help="how far the server's own memory may grow; a view that needs "
+                        f"more is answered with one line (default {SERVE_MEMORY_MB})")
 
 
 def _own_names(host: str) -> list[str]:
@@ -101,12 +112,18 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"port {args.port} is outside 1..65535")
     if not 1 <= args.threads <= 64:
         raise UsageError(f"--threads {args.threads} is outside 1..64")
-    if args.vet_timeout <= 0 or args.vet_memory_mb < 256:
-        raise UsageError("--vet-timeout must be positive and --vet-memory-mb at least 256")
+    for flag, seconds in (("--vet-timeout", args.vet_timeout),
+                          ("--request-timeout", args.request_timeout)):
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise UsageError(f"{flag} {seconds:g}: must be a positive number of seconds")
+    for flag, mb, least in (("--vet-memory-mb", args.vet_memory_mb, 256),
+                            ("--memory-mb", args.memory_mb, 512)):
+        if mb < least:
+            raise UsageError(f"{flag} {mb}: must be at least {least}")
     _check_listen(args.host, args.port)  # before the app starts vetting anything
     from popviz_app import access, create_app  # Dash and waitress only when serving
 
-    from popviz.cli import serve_guard
+    from popviz.cli import serve_budget, serve_guard
     from popviz.vet import Vetter
 
     token = args.token
@@ -121,10 +138,16 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # waitress, with header / body deadlines and per-address caps in front (serve_guard)
+    problem = serve_budget.limit_memory(args.memory_mb)  # after the imports: they are not
+    if problem:                                          # what a page may use
+        raise UsageError(problem)
+    # waitress, with header / body deadlines and per-address caps in front (serve_guard),
+    # threads shared fairly and a deadline on each view (serve_budget)
     try:
         server = serve_guard.create_server(
-            app.server, host=args.host, port=args.port, threads=args.threads,
+            serve_budget.Deadline(app.server, args.request_timeout), host=args.host,
+            port=args.port, threads=args.threads,
+            dispatcher=serve_budget.FairDispatcher(serve_budget.Share.of(args.threads)),
             connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
             cleanup_interval=CLEANUP_INTERVAL_S, max_request_body_size=MAX_BODY_BYTES,
             max_request_header_size=MAX_HEADER_BYTES, ident="popviz",
@@ -189,7 +212,11 @@ COMMAND = Command(
     "never crashes or freezes the server; a page whose file is still being checked says so "
     "after 2 s and reloads itself. Slow clients cannot lock others out: a request's headers "
     "must arrive within 10 s and its body within 30 s, and past 64 connections from one "
-    "address the longest-waiting one is closed (limits: docs/limits.md).",
+    "address the longest-waiting one is closed. A page cannot take the server down: views "
+    "of one profile use at most half of the threads that build views, two threads always "
+    "answer pages, a view still building after --request-timeout is stopped and one "
+    "needing more than --memory-mb is refused, each with one line (limits: "
+    "docs/limits.md).",
     add_arguments=_add_arguments,
     run=_run,
 )

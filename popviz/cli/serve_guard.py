@@ -122,10 +122,12 @@ class GuardedServer(TcpWSGIServer):
                 channel.will_close = True
 
 
-def create_server(app: Any, limits: Limits = Limits(), **kw: Any) -> Any:
-    """waitress.create_server for TCP listeners, with GuardedServer (and `limits`)."""
+def create_server(app: Any, limits: Limits = Limits(),
+                  dispatcher: ThreadedTaskDispatcher | None = None, **kw: Any) -> Any:
+    """waitress.create_server for TCP listeners, with GuardedServer (and `limits`) and
+    `dispatcher` (default waitress' own thread pool)."""
     adj = Adjustments(**kw)
-    dispatcher = ThreadedTaskDispatcher()
+    dispatcher = dispatcher or ThreadedTaskDispatcher()
     dispatcher.set_thread_count(adj.threads)
     socket_map: dict[int, Any] = {}
     guarded = type("GuardedServer", (GuardedServer,), {"limits": limits})

@@ -107,6 +107,9 @@ def _limit_memory(memory_bytes: int) -> None:
     """Address space may grow by `memory_bytes` from here; no core files."""
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with contextlib.suppress(ValueError, OSError):  # `popviz serve --memory-mb` caps the
+        _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)  # server, not its workers
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
     if memory_bytes <= 0:
         return
     try:
