@@ -17,6 +17,9 @@ STRATEGIES = ("pipelined", "sharded")
 # PopART's names, then torch.distributed.pipelining's (GPU plans; IPU plans read them too)
 SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B")
 PRECISIONS = ("16.16", "16.32", "32.32")
+# how a GPU plan holds its training state (popviz.compiler.gpu_recipe.RECIPES, same order)
+GPU_PRECISIONS = ("as-recorded", "megatron-fp16", "megatron-bf16", "megatron-fp16-distopt",
+                  "megatron-bf16-distopt", "amp")
 
 # One AMP value for both convolutions and matmuls, or (conv, matmul).
 AMP = float | tuple[float, float]
@@ -230,10 +233,9 @@ class Options:
             raise ValueError(
                 f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
             )
-        if self.gpu_precision != "as-recorded":
-            from popviz.compiler.gpu_recipe import recipe_named  # lazy: compiler imports us
-
-            recipe_named(self.gpu_precision)  # ValueError naming the valid ones
+        if self.gpu_precision not in GPU_PRECISIONS:
+            raise ValueError(f"GPU precision {self.gpu_precision!r} is not one of "
+                             f"{', '.join(GPU_PRECISIONS)}")
         for name in ("gradient_accumulation", "device_iterations", "replication_factor",
                      "micro_batch_size"):
             value = getattr(self, name)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.options import GPU_PRECISIONS
 from popviz.recorder.program import Program
 
 AS_RECORDED_NAME = "as-recorded"
@@ -106,6 +107,10 @@ RECIPES: dict[str, GpuRecipe] = {r.name: r for r in (
               "micro-batch in flight; half activations and GEMMs, autocast's fp32 ops in "
               "fp32", "bfloat16", cast_cache=True),
 )}
+
+
+if tuple(RECIPES) != GPU_PRECISIONS:  # the names Options accepts are these recipes
+    raise ImportError("popviz.options.GPU_PRECISIONS and gpu_recipe.RECIPES differ")
 
 
 def recipe_named(name: str) -> GpuRecipe:
@@ -183,11 +188,15 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
         wu_ids = ops.loc[phase == "optimiser", "op_id"]
         t = t[~((t["category"] == "temporary") & t["producer"].isin(wu_ids))] \
             .reset_index(drop=True)
-    extra = []
+    extra: list[pd.DataFrame] = []
+    # new tensors numbered on from the program's own (ids stay dense: the reader bounds
+    # them by the profile's rows, popviz.format.bounds)
+    next_id = int(t["tensor_id"].max()) + 1 if len(t) else 0
     if recipe.master_bytes and training:
-        extra.append(_master_copies(params, params_numel, recipe.master_bytes, d))
+        extra.append(_master_copies(params, params_numel, recipe.master_bytes, d, next_id))
+        next_id += len(extra[-1])
     if recipe.cast_cache and training:
-        extra.append(_cast_copies(params, params_numel, ops, half))
+        extra.append(_cast_copies(params, params_numel, ops, half, next_id))
     if extra:
         t = pd.concat([t, *extra], ignore_index=True)
     model = dict(program.model, gpu_precision=recipe.name)
@@ -205,11 +214,10 @@ def _synthetic(params: pd.DataFrame, suffix: str, nbytes: np.ndarray, dtype: str
     return rows
 
 
-def _master_copies(params: pd.DataFrame, numel: np.ndarray, per: int, d: int
-                   ) -> pd.DataFrame:
+def _master_copies(params: pd.DataFrame, numel: np.ndarray, per: int, d: int,
+                   first: int) -> pd.DataFrame:
     """Megatron's fp32 master weights: one per parameter (sharded over d with dist-opt),
     there before the step like the optimiser state."""
-    first = int(params["tensor_id"].max()) + 1_000_000 if len(params) else 0
     rows = _synthetic(params, ".main_param", -(-numel * per // d), "float32",
                       "optimiser_state", first)
     rows["producer"] = -1
@@ -217,8 +225,8 @@ def _master_copies(params: pd.DataFrame, numel: np.ndarray, per: int, d: int
     return rows
 
 
-def _cast_copies(params: pd.DataFrame, numel: np.ndarray, ops: pd.DataFrame, half: str
-                 ) -> pd.DataFrame:
+def _cast_copies(params: pd.DataFrame, numel: np.ndarray, ops: pd.DataFrame, half: str,
+                 first: int) -> pd.DataFrame:
     """autocast's cast of each fp32 weight a GEMM reads: made by its first forward reader,
     saved for the backward (the input gradient reads it) and freed after its last backward
     reader, one per micro-batch (each micro-batch's forward is its own autocast region)."""
@@ -240,7 +248,6 @@ def _cast_copies(params: pd.DataFrame, numel: np.ndarray, ops: pd.DataFrame, hal
             elif phase == "backward":
                 last_b[tid] = int(op_id)
     keep = np.array([i in first_f and i in last_b for i in ids.tolist()], dtype=bool)
-    first = int(ids.max()) + 2_000_000 if len(ids) else 0
     rows = _synthetic(params[keep], f".{half}_cast", numel[keep] * 2, half, "activation",
                       first)
     rows["producer"] = [first_f[i] for i in ids[keep].tolist()]

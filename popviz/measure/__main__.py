@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m popviz.measure ARGS`; without `argv` (the program) it ends the process
-    itself, so a Ctrl-C at any moment is one line (popviz.cli.command.run_program)."""
-    from popviz.cli.command import run_program
+    itself, so a Ctrl-C at any moment is one line (popviz.program_exit.run_program)."""
+    from popviz.program_exit import run_program
 
     def body() -> int:
         args = build_parser().parse_args(argv)
