@@ -22,6 +22,7 @@ from popviz.testing.synthetic import synthetic_report
 from tests.profiles_util import to_format_1_0
 from tests.test_format import write_tiny
 
+
 def _own_rss_bytes() -> int:
     import resource
 
