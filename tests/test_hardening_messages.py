@@ -165,6 +165,13 @@ def test_ctrl_c_inside_h5py_is_interrupted_not_a_damaged_profile(
     assert not out.exists() or not list(out.iterdir())
 
 
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT as a user at a terminal has it. The suite may run
+    with SIGINT ignored (`trap '' INT`, nohup), which a child would inherit, and Python
+    leaves an inherited SIG_IGN alone: the Ctrl-C these tests send would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -184,7 +191,8 @@ def test_ctrl_c_in_a_vetting_worker_is_interrupted_and_not_cached(tmp_path: Path
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), POPVIZ_VET_SIMULATE="slow:slowfile")
     proc = subprocess.Popen([sys.executable, "-m", "popviz.cli.main", "summary",
                              str(profile)], env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_terminal_sigint)
     try:
         deadline = time.monotonic() + 60
         workers: list[int] = []
@@ -213,7 +221,8 @@ def test_a_late_ctrl_c_is_said_not_a_silent_signal(tmp_path: Path) -> None:
         out = tmp_path / f"out{delay}"
         proc = subprocess.Popen([sys.executable, "-m", "popviz.cli.main", "export",
                                  str(profile), "--to", str(out)], env=env, cwd=ROOT,
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=_terminal_sigint)
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("wrote ")
         time.sleep(delay)
