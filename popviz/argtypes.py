@@ -5,29 +5,22 @@ module): a bad value is refused while parsing, in one line naming the flag (`pop
 from __future__ import annotations
 
 import argparse
-import math
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def positive_int(text: str) -> int:
     """A count that must be at least 1 (`--top -5` would list nothing, or everything)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
-
-def positive_float(text: str) -> float:
-    """A finite number above 0 (nan and inf pass every comparison test or none)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
 
 
 def non_empty_path(text: str) -> str:
@@ -41,10 +34,7 @@ def non_empty_path(text: str) -> str:
 
 def non_negative_int(text: str) -> int:
     """A count where 0 has a meaning of its own (`compare --ops --top 0`: every row)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value

@@ -68,6 +68,14 @@ def file_in_the_way(path: str | os.PathLike[str]) -> Path | None:
     return None
 
 
+def in_the_way_note(path: str | os.PathLike[str]) -> str:
+    """` (X is a file, not a folder)` when a file above `path` stands where a folder is
+    needed, for a "no such file or directory" line; '' otherwise."""
+    blocker = file_in_the_way(path)
+    return f" ({blocker} is a file, not a folder)" if blocker not in (None, Path(path)) \
+        else ""
+
+
 def not_a_folder(path: str | os.PathLike[str], what: str = "a folder goes there"
                  ) -> NotADirectoryError | None:
     """A one-line NotADirectoryError when a file stands where `path` needs a folder

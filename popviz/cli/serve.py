@@ -79,20 +79,16 @@ def _own_names(host: str) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _in_the_way(root: Path) -> str:
-    from popviz.errors import file_in_the_way
-
-    blocker = file_in_the_way(root)
-    return f" ({blocker} is a file, not a folder)" if blocker not in (None, root) else ""
-
 
 def _check_root(root: Path) -> None:
     """A folder this process may list, or one line saying what it is instead."""
+    from popviz.errors import in_the_way_note
+
     try:
         if not root.is_dir():
             raise UsageError(f"{root}: a file, not a folder; serve the folder that holds "
                              "profiles (e.g. profiles/)" if root.exists()
-                             else f"{root}: no such directory{_in_the_way(root)}")
+                             else f"{root}: no such directory{in_the_way_note(root)}")
         with os.scandir(root) as entries:
             next(entries, None)
     except PermissionError:  # served, it would list nothing and say nothing

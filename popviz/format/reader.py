@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from popviz.errors import ProfileError, file_in_the_way, interrupted_by
+from popviz.errors import ProfileError, in_the_way_note, interrupted_by
 from popviz.format import bounds, schema, validate
 from popviz.format.containment import check_self_contained
 from popviz.format.guards import refuse_special_input
@@ -47,7 +47,7 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
         if root.is_file():
             return [root]
         if not root.is_dir():
-            raise ProfileError(f"{root}: no such file or directory{_in_the_way(root)}")
+            raise ProfileError(f"{root}: no such file or directory{in_the_way_note(root)}")
     except PermissionError:
         raise unreadable(root) from None
     found = []
@@ -64,11 +64,6 @@ def discover(directory: str | os.PathLike[str]) -> list[Path]:
         raise unreadable(Path(first.filename) if first.filename else root)
     return sorted(found)
 
-
-def _in_the_way(path: Path) -> str:
-    """` (X is a file, not a folder)` when a file stands where `path` needs a folder."""
-    blocker = file_in_the_way(path)
-    return f" ({blocker} is a file, not a folder)" if blocker not in (None, path) else ""
 
 
 def unreadable(path: Path) -> ProfileError:
@@ -130,7 +125,7 @@ def _profile_file(path: Path) -> Path:
         return found[0]
     refuse_special_input(path)
     if not path.exists():
-        raise ProfileError(f"{path}: no such file or directory{_in_the_way(path)}")
+        raise ProfileError(f"{path}: no such file or directory{in_the_way_note(path)}")
     return path
 
 
