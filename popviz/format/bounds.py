@@ -213,11 +213,28 @@ def check_strings(lengths: np.ndarray, label: str) -> None:
                            f"more than {MAX_STRING_BYTES:,} (a name, not a document)")
 
 
+_TEXT_CHUNK_ROWS = 1 << 18
+
+
+def text_chars(codes: np.ndarray, lengths: np.ndarray) -> int:
+    """How many characters of text the string codes `codes` refer to (in chunks: no
+    row-sized temporary)."""
+    total = 0
+    for start in range(0, len(codes), _TEXT_CHUNK_ROWS):
+        part = codes[start:start + _TEXT_CHUNK_ROWS].astype(np.int64, copy=False)
+        total += int(lengths[part].sum(dtype=np.int64))
+    return total
+
+
 def check_text(table: str, codes: np.ndarray, lengths: np.ndarray, budget: int,
                label: str) -> None:
     """The text a table's cells refer to, all together, within `budget` characters: a
     few long strings repeated by every row would make a CSV or a figure of gigabytes."""
-    total = int(lengths[codes].sum(dtype=np.int64)) if len(codes) else 0
+    check_text_total(table, text_chars(codes, lengths), budget, label)
+
+
+def check_text_total(table: str, total: int, budget: int, label: str) -> None:
+    """As check_text, for a total counted column by column (popviz.format.reader)."""
     if total > budget:
         raise ProfileError(f"{label}: {table}: its text cells refer to {total:,} characters "
                            f"of text, more than the reader's budget of {budget:,} "

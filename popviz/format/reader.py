@@ -334,7 +334,7 @@ class FileProfile(TableViews):
         with self._lock, self._guard(f"table '{name}'"):
             group = self._h5[schema.TABLES_GROUP][name]
             data: dict[str, Any] = {}
-            text = np.zeros(0, dtype=np.int64)  # string codes of every text cell
+            text_chars = 0  # characters the table's text cells refer to
             for column in spec.order:
                 dataset = group[column]
                 values = dataset[rows] if rows is not None else dataset[()]
@@ -343,13 +343,12 @@ class FileProfile(TableViews):
                 validate.check_values(name, column, values, label)
                 if spec.encodings[column] == schema.ENC_NUMERIC:
                     bounds.check_column(name, column, values, self._dimensions, label)
-                elif spec.encodings[column] != schema.ENC_BOOL and len(values):
-                    text = np.concatenate([text, values.astype(np.int64)])
                 data[column] = self._decode(values, spec.encodings[column],
                                             f"table '{name}' column '{column}'")
-            if len(text):  # codes were checked against the table by the decoding
-                bounds.check_text(name, text, self._lengths(), schema.TEXT_BUDGET_BYTES,
-                                  label)
+                if spec.encodings[column] not in (schema.ENC_NUMERIC, schema.ENC_BOOL) \
+                        and len(values):  # codes checked against the table by the decoding
+                    text_chars += bounds.text_chars(values, self._lengths())
+            bounds.check_text_total(name, text_chars, schema.TEXT_BUDGET_BYTES, label)
             return pd.DataFrame(data, columns=spec.order)
 
     @property
