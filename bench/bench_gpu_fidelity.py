@@ -5,6 +5,12 @@ available, runs the same step for real and measures it.
     PYTHONPATH=. python bench/bench_gpu_fidelity.py                  # every model, 3 batches
     PYTHONPATH=. python bench/bench_gpu_fidelity.py --models resnet gpt2-small --target h100
     PYTHONPATH=. python bench/bench_gpu_fidelity.py --models mlp --batches 8 16 32  # quick
+    PYTHONPATH=. python bench/bench_gpu_fidelity.py --measured bench/data/gpu_measured_h200.json
+
+`--measured FILE` plans each case that bench/gpu_runs.py measured on a GPU (the file names
+the device; bench/data/gpu_measured_h200.json: an H200, 2026-11-28) and prints predicted
+against measured step time, forward / backward time and peak allocated memory per case, with
+the mean errors. That table needs no GPU: the measurements are in the file.
 
 Per model and batch: predicted vs measured step time (ms), max_memory_allocated and
 max_memory_reserved (GiB) and their errors; a two-stage torch.distributed.pipelining-style
@@ -199,6 +205,70 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# ---- stored measurements (bench/gpu_runs.py) ----------------------------------------
+DEVICE_TARGETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100",
+                  "NVIDIA A100-SXM4-80GB": "a100"}
+
+
+def case_plan(case: dict[str, Any], target: str) -> Any:
+    """Compile the plan of one measured case (bench/gpu_runs.py's Case, as a dict)."""
+    model, batch, seq = case["model"], int(case["batch"]), int(case["sequence"] or 128)
+    options: dict[str, Any] = {"target": target}
+    if case["precision"] == "amp-bf16":
+        options["gpu_precision"] = "amp"
+    if model == "gpt2-custom":
+        shape = (case["layers"], case["hidden"], case["heads"], case["vocab"])
+        program = gpu_program("gpt2", shape, batch, "adamw", sequence_length=seq,
+                              attn=case["attn"], dtype="float16")
+    elif model == "gpt2":
+        program = gpu_program("gpt2", case["size"], batch, "adamw", sequence_length=seq,
+                              attn=case["attn"])
+    elif model == "resnet":
+        program = gpu_program("resnet", int(case["size"]), batch, "adamw")
+    else:
+        program = gpu_program(model, case["size"], batch, "adamw", sequence_length=seq)
+    return compile(program, Options(**options))
+
+
+def measured_table(path: Path) -> tuple[str, dict[str, float]]:
+    """Predicted vs measured per stored case; the mean |error| of each column."""
+    import json
+
+    doc = json.loads(path.read_text())
+    env = doc["environment"]
+    target = DEVICE_TARGETS.get(env["device"], "h100")
+    head = (f"{'case':<31}{'step ms':>8}{'real':>8}{'err':>7}  {'fwd err':>7}{'bwd err':>8}  "
+            f"{'alloc GiB':>9}{'real':>7}{'err':>7}")
+    lines = [f"measured on {env['device']} (torch {env['torch']}, {env['date']}); planned on "
+             f"the {target} target", head, "-" * len(head)]
+    errors: dict[str, list[float]] = {"step": [], "forward": [], "backward": [], "alloc": []}
+    for case in doc["cases"]:
+        report = case_plan(case, target)
+        s = report.summary
+        passes = report.tables["ops"].groupby("pass")["cycles"].sum() / 1e6
+        fwd, bwd = float(passes.get("F", 0.0)), float(passes.get("B", 0.0))
+        e_f, e_b = fwd / case["forward_ms"] - 1, bwd / case["backward_ms"] - 1
+        errors["forward"].append(abs(e_f))
+        errors["backward"].append(abs(e_b))
+        half = case["precision"] == "half-fp16"  # no optimiser ran: passes only
+        step = (f"{s['step_ms']:8.1f}{case['step_ms']:8.1f}"
+                f"{s['step_ms'] / case['step_ms'] - 1:+7.0%}")
+        alloc = max(map(int, s["max_memory_allocated"].values()))
+        mem = (f"{alloc / GIB:9.2f}{case['peak_allocated'] / GIB:7.2f}"
+               f"{alloc / case['peak_allocated'] - 1:+7.0%}")
+        if half:
+            step, mem = f"{'-':>8}{case['step_ms']:8.1f}{'-':>7}", f"{'-':>9}{'-':>7}{'-':>7}"
+        else:
+            errors["step"].append(abs(s["step_ms"] / case["step_ms"] - 1))
+            errors["alloc"].append(abs(alloc / case["peak_allocated"] - 1))
+        lines.append(f"{case['name']:<31}{step}  {e_f:+7.0%}{e_b:+8.0%}  {mem}")
+    means = {k: sum(v) / len(v) for k, v in errors.items() if v}
+    lines.append("mean |error|: " + ", ".join(f"{k} {v:.1%}" for k, v in means.items()))
+    for name, err in doc.get("errors", {}).items():
+        lines.append(f"{name}: not measured ({err})")
+    return "\n".join(lines), means
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=[m for m in MODELS if m != "mlp"],
@@ -207,7 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="h100", help="GPU target (h100, h100-pcie, a100)")
     p.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
     p.add_argument("--no-pipeline", action="store_true", help="skip the two-stage run")
+    p.add_argument("--measured", type=Path, metavar="FILE",
+                   help="plan the cases bench/gpu_runs.py measured (a JSON file) and print "
+                   "predicted against measured; nothing else runs")
     args = p.parse_args(argv)
+    if args.measured:
+        if not args.measured.is_file():
+            p.error(f"{args.measured}: no such file")
+        t0 = time.perf_counter()
+        print(measured_table(args.measured)[0])
+        print(f"({time.perf_counter() - t0:.1f} s)")
+        return 0
     names = [ALIASES.get(m, m) for m in args.models]
     bad = [m for m in names if m not in MODELS]
     if bad:

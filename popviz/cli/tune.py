@@ -53,7 +53,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "layout is judged the same way")
     parser.add_argument("--target", default=None,
                         help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
-                        "h100-pcie, a100, whose schedules are GPipe and 1F1B and which have "
+                        "h100-pcie, h200, a100, whose schedules are GPipe and 1F1B and which have "
                         "no AMP; default: the profile's)")
     parser.add_argument("--write", default=None, metavar="DIR", type=non_empty_path,
                         help="write the best candidate's profile to DIR (for popviz compare "

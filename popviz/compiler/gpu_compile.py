@@ -27,6 +27,7 @@ from popviz.compiler.gpu_memory import GpuMemory, replay_memory
 from popviz.compiler.gpu_recipe import (
     GpuRecipe,
     apply_recipe,
+    cuda_dropout_masks,
     recipe_named,
     state_bytes_per_param,
     step_bytes_per_stage,
@@ -42,7 +43,7 @@ from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.target.cost import Precision
 from popviz.target.gpu import GPU_FAMILY, GpuTarget
-from popviz.target.gpu_cost import gpu_op_costs
+from popviz.target.gpu_cost import gpu_op_costs, host_bound
 from popviz.vocab import MODELLED_KIND
 
 # optimiser ops that only run in the first step (state made) or on the host (a 0-dim step
@@ -75,6 +76,7 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         program = _forward_only(program)
     program = apply_recipe(program, recipe_named(options.gpu_precision),
                            options.replication_factor, options.training)
+    program = cuda_dropout_masks(program)
     looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
     plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
@@ -92,7 +94,12 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         ops["cycles"] = ops["cycles"] + _accumulation_ns(ops, program, options, target)
     for col in ("amp_used", "amp_ignored", "temp_bytes"):  # contract columns; no AMP
         ops[col] = False if col == "amp_ignored" else 0
-    return program, micro_batch, plan, program_order(ops)
+    ops = program_order(ops)
+    # the GPU idles where eager PyTorch's host thread has not yet issued the next kernel
+    wait = np.ceil(host_bound(ops, target.cost)).astype(np.int64)
+    ops["host_wait_ns"] = wait
+    ops["cycles"] = ops["cycles"].to_numpy(np.int64) + wait
+    return program, micro_batch, plan, ops
 
 
 def _accumulation_ns(ops: pd.DataFrame, program: Program, options: Options,

@@ -39,8 +39,12 @@ def class_times(ops: pd.DataFrame, time_column: str) -> pd.Series:
 
 
 def compare_classes(measured_ops: pd.DataFrame, modelled_ops: pd.DataFrame) -> pd.DataFrame:
-    """measured and modelled ns per (pass, class), with the relative error of each."""
+    """measured and modelled kernel ns per (pass, class), with the relative error of each
+    (a plan's wait for the host is not kernel time: `host_wait_ns` is left out)."""
     m = class_times(measured_ops, "gpu_ns").rename("measured_ns")
+    if "host_wait_ns" in modelled_ops:
+        modelled_ops = modelled_ops.assign(cycles=modelled_ops["cycles"]
+                                           - modelled_ops["host_wait_ns"])
     p = class_times(modelled_ops, "cycles").rename("modelled_ns")
     out = pd.concat([m, p], axis=1).fillna(0.0)
     out = out[out["measured_ns"] > 0]

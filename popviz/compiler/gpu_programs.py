@@ -28,11 +28,13 @@ def _optimiser(params: Any, name: str) -> Any:
 
 @lru_cache(maxsize=16)
 def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
-                sequence_length: int = 128, image: int = 224, dtype: str = "float32"
-                ) -> Program:
+                sequence_length: int = 128, image: int = 224, dtype: str = "float32",
+                attn: str = "eager") -> Program:
     """One training step of `model` at `batch`, recorded in plan mode. `size`: ResNet depth
-    (50), GPT-2 small / medium / tiny, BERT base, ViT base-16, or the MLP's width. `dtype`
-    bfloat16 / float16: weights and float inputs in that dtype (pure half training)."""
+    (50), GPT-2 small / medium / tiny or a GPT-2 shape (layers, hidden, heads, vocabulary),
+    BERT base, ViT base-16, or the MLP's width. `dtype` bfloat16 / float16: weights and
+    float inputs in that dtype (pure half training). `attn`: GPT-2's attention, eager (the
+    matmuls and softmax) or sdpa (PyTorch's fused scaled_dot_product_attention)."""
     import torch
 
     if model not in MODELS:
@@ -44,13 +46,13 @@ def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
     default = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))  # weights and float inputs made in it
     try:
-        return _record(model, size, batch, optimiser, sequence_length, image)
+        return _record(model, size, batch, optimiser, sequence_length, image, attn)
     finally:
         torch.set_default_dtype(default)
 
 
 def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: int,
-            image: int) -> Program:
+            image: int, attn: str = "eager") -> Program:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -71,10 +73,14 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
         from popviz.models.hf import loss_step
 
         if model == "gpt2":
-            from popviz.models.gpt2 import build_gpt2
+            from popviz.models.gpt2 import build_gpt2, build_gpt2_shape
 
-            net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
-                                     init_weights=False)
+            if isinstance(size, tuple):
+                net, inputs = build_gpt2_shape(*size, batch, sequence_length=sequence_length,
+                                               attn=attn, init_weights=False)
+            else:
+                net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
+                                         attn=attn, init_weights=False)
         elif model in ("mlp", "pipe"):
             net, inputs = _mlp(int(size), batch, pipe=model == "pipe")
         else:

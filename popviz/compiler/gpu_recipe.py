@@ -169,14 +169,6 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     act = np.isin(cat, ("activation", "temporary")) & (dtype == "float32") & made_half
     nbytes[act] = numel[act] * 2
     new_dtype[act] = recipe.half
-    # a dropout mask: CUDA's native_dropout keeps a bool mask (1 B), where a CPU recording
-    # draws a float one (bernoulli_ into an empty_like)
-    drawn = ops.loc[pd.Series(name).str.startswith("aten.bernoulli_").to_numpy()
-                    & np.isin(phase, COMPUTE_PHASES), "inputs"].astype(str)
-    mask_ids = {int(x) for ids in drawn for x in ids.split(";")[:1] if x.strip().isdigit()}
-    mask = act & t["tensor_id"].isin(mask_ids).to_numpy()
-    nbytes[mask] = numel[mask]
-    new_dtype[mask] = "bool"
     for col in ("bytes_read", "bytes_written"):
         ops.loc[half_op, col] = ops.loc[half_op, col].to_numpy(np.int64) // 2
     ops.loc[half_op, "dtype"] = recipe.half
@@ -201,6 +193,34 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
         t = pd.concat([t, *extra], ignore_index=True)
     model = dict(program.model, gpu_precision=recipe.name)
     return Program(ops, t, model, program.mode)
+
+
+def cuda_dropout_masks(program: Program) -> Program:
+    """Each dropout mask as CUDA holds it, whatever the recipe: `native_dropout` keeps a
+    bool mask (1 B per element), where a CPU recording draws a float one (`bernoulli_`
+    into an `empty_like`, 4 B in fp32) and saves it for the backward. Applied to every GPU
+    plan (as-recorded too); a mask already 1 B is left alone."""
+    ops, t = program.ops, program.tensors
+    name = ops["op"].astype(str)
+    drawn = ops.loc[name.str.startswith("aten.bernoulli_").to_numpy()
+                    & ops["phase"].astype(str).isin(COMPUTE_PHASES).to_numpy(), "inputs"]
+    mask_ids = {int(x) for ids in drawn.astype(str) for x in ids.split(";")[:1]
+                if x.strip().isdigit()}
+    if not mask_ids:
+        return program
+    dtype = t["dtype"].astype(str).to_numpy()
+    size = np.array([ITEMSIZE.get(d, 0) for d in dtype], dtype=np.int64)
+    mask = t["tensor_id"].isin(mask_ids).to_numpy() & (size > 1) & \
+        t["category"].astype(str).isin(("activation", "temporary")).to_numpy()
+    if not mask.any():
+        return program
+    t = t.copy()
+    nbytes = t["bytes"].to_numpy(np.int64).copy()
+    nbytes[mask] = nbytes[mask] // size[mask]
+    new_dtype = t["dtype"].to_numpy(object).copy()
+    new_dtype[mask] = "bool"
+    t["bytes"], t["dtype"] = nbytes, new_dtype
+    return Program(ops, t, program.model, program.mode)
 
 
 def _synthetic(params: pd.DataFrame, suffix: str, nbytes: np.ndarray, dtype: str,

@@ -38,6 +38,18 @@ def build_gpt2(size: str, batch: int, *, sequence_length: int = 1024, vocab_size
     if size not in GPT2_SIZES:
         raise ValueError(f"unknown GPT-2 size {size!r}; valid: {', '.join(GPT2_SIZES)}")
     hidden, layers, heads = GPT2_SIZES[size]
+    return build_gpt2_shape(layers, hidden, heads, vocab_size, batch,
+                            sequence_length=sequence_length, attn=attn,
+                            init_weights=init_weights)
+
+
+def build_gpt2_shape(layers: int, hidden: int, heads: int, vocab_size: int, batch: int, *,
+                     sequence_length: int = 1024, attn: str = "eager",
+                     init_weights: bool = True) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A GPT-2 of any shape (a published model's layers, hidden size, heads and
+    vocabulary) and one batch of token ids for it."""
+    if attn not in ("eager", "sdpa"):
+        raise ValueError(f"unknown attention {attn!r}; valid: eager, sdpa")
     tf = _transformers()
     config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=vocab_size,
                            n_positions=max(1024, sequence_length), attn_implementation=attn)

@@ -33,6 +33,7 @@ from torch.optim.optimizer import (
 
 from popviz.annotate import STATE
 from popviz.recorder import flops as _flops
+from popviz.recorder.attention import FusedAttentionMode
 from popviz.recorder.build import CHECKPOINT, all_params, build_tables, model_facts
 from popviz.recorder.dispatch import OpMode, progress_bar
 from popviz.recorder.overloads import FuncInfo, func_info
@@ -64,13 +65,17 @@ class Recorder:
 
     `mode="plan"` is for steps on fake tensors (FakeTensorMode): nothing is computed,
     `host_ns` is 0 and `.item()` returns a placeholder (1, 1.0 or False).
+    `fused_attention` (default: in plan mode) records each scaled-dot-product attention as
+    the one fused kernel a GPU runs, not the CPU's math path (popviz/recorder/attention.py).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, *, name: str | None = None,
                  model_info: dict[str, Any] | None = None, mode: str = "measured",
-                 progress: bool | None = None, count_bookkeeping: bool = False) -> None:
+                 progress: bool | None = None, count_bookkeeping: bool = False,
+                 fused_attention: bool | None = None) -> None:
         if mode not in ("measured", "plan"):
             raise ValueError(f"record mode {mode!r} is not 'measured' or 'plan'")
+        self.fused_attention = mode == "plan" if fused_attention is None else fused_attention
         self.model = model
         self.name = name
         self.model_info = dict(model_info or {})
@@ -132,6 +137,9 @@ class Recorder:
         # runs full collections over torch's large heap during the step
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
+        self._attention = FusedAttentionMode() if self.fused_attention else None
+        if self._attention is not None:
+            self._attention.__enter__()
         self._mode = OpMode(self._on_op)
         self._mode.__enter__()
         self._active = True
@@ -141,6 +149,8 @@ class Recorder:
         try:
             self._mode.__exit__(exc_type, exc, tb)
         finally:
+            if self._attention is not None:
+                self._attention.__exit__(exc_type, exc, tb)
             self._active = False
             STATE.on_checkpoint = None
             STATE.begin_block = ""

@@ -1,4 +1,4 @@
-"""GPU targets: NVIDIA H100 SXM, H100 PCIe, A100 80GB (kernels on streams, no tiles).
+"""GPU targets: NVIDIA H100 SXM, H100 PCIe, H200 SXM, A100 80GB (kernels on streams, no tiles).
 
 The second target family beside the IPUs of `machines.py`. A GPU runs each recorded op as
 one or more kernels on one stream; its time is a roofline of the op's FLOPs (tensor cores by
@@ -36,6 +36,16 @@ class GpuCost:
     norm_reads: float = 3.31  # fitted: times a norm reads its input (statistics, normalising)
     attention_efficiency: float = 0.45  # assumed: fused (flash) attention, FA2 on H100
     vector_efficiency: float = 0.60  # assumed: share of the non-tensor FP32 rate
+    # fitted: an fp32 GEMM's share of the CUDA cores' FP32 rate (cuBLAS SGEMM, FFMA: fp32
+    # matmuls may not use TF32 by default), on the H200 GPT-2 small trace
+    # (tests/fixtures/kineto_gpt2-small-sdpa-s512-b8_h200.json.gz); the other measured H200
+    # cases are the check (bench/bench_gpu_fidelity.py --measured)
+    fp32_matmul_efficiency: float = 0.75
+    # fitted: host time per kernel eager PyTorch issues (dispatch, autograd, launch), on
+    # the H200 machine's ResNet-50 batch-32 step, which is host-bound (GPU busy 17.5 of
+    # 31.4 ms); a property of the host CPU: the H100 fixture's host ran the same ops ~1.7x
+    # faster (docs/cost-model.md, "GPU targets")
+    host_launch_ns: float = 36000.0
     conv_forward_kernels: float = 3.0  # measured: fixture, 156 kernels / 53 convs (NCHW)
     conv_backward_kernels: float = 6.0  # measured: fixture, 318 kernels / 53 backward convs
     foreach_tensors: float = 48.0  # assumed: tensors per multi_tensor_apply launch
@@ -184,6 +194,29 @@ H100_PCIE = GpuTarget(
                        _DS_H100.strip(": ") + ")",
         **_ASSUMED})
 
+_DS_H200 = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com, 2024): "
+H200_SXM = GpuTarget(
+    name="h200", description="NVIDIA H200 SXM 141GB (HBM3e)",
+    memory_bytes=150_109_880_320, hbm_bytes_per_s=4.8 * TB,
+    fp32_flops=67e12, tf32_flops=494.5e12, bf16_flops=989.5e12, fp8_flops=1979e12,
+    nvlink_bytes_per_s=450 * GB, pcie_bytes_per_s=64 * GB, sms=132,
+    sources={
+        "memory_bytes": "measured: total_memory of 'NVIDIA H200' (torch.cuda."
+                        "get_device_properties, bench/data/gpu_measured_h200.json); "
+                        "datasheet: 141 GB",
+        "hbm_bytes_per_s": _DS_H200 + "GPU memory bandwidth 4.8 TB/s",
+        "fp32_flops": _DS_H200 + "FP32 67 TFLOPS (the H100 SXM's Hopper GPU)",
+        "tf32_flops": _DS_H200 + "TF32 Tensor Core 989 TFLOPS with sparsity; dense = half",
+        "bf16_flops": _DS_H200 + "BF16 / FP16 Tensor Core 1,979 TFLOPS with sparsity; "
+                                 "dense = half",
+        "fp8_flops": _DS_H200 + "FP8 Tensor Core 3,958 TFLOPS with sparsity; dense = half",
+        "nvlink_bytes_per_s": _DS_H200 + "NVLink 900 GB/s (both directions); 450 GB/s each",
+        "pcie_bytes_per_s": _DS_H200 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
+        "sms": "measured: 132 multiprocessors (bench/data/gpu_measured_h200.json)",
+        "nvlink_gpus": "published: 8 GPUs per HGX H200 board joined by NVLink / NVSwitch "
+                       "(NVIDIA HGX product page)",
+        **_ASSUMED})
+
 A100_80GB = GpuTarget(
     name="a100", description="NVIDIA A100 SXM4 80GB (HBM2e)",
     memory_bytes=85_198_045_184, hbm_bytes_per_s=2.039 * TB,
@@ -204,9 +237,11 @@ A100_80GB = GpuTarget(
                        "HGX A100 product page)",
         **_ASSUMED})
 
-GPU_TARGETS: dict[str, GpuTarget] = {t.name: t for t in (H100_SXM, H100_PCIE, A100_80GB)}
+GPU_TARGETS: dict[str, GpuTarget] = {t.name: t for t in (H100_SXM, H100_PCIE, H200_SXM,
+                                                          A100_80GB)}
 GPU_ALIASES = {"h100-sxm": "h100", "h100_sxm": "h100", "h100_pcie": "h100-pcie",
-               "a100-80gb": "a100", "a100_80gb": "a100", "a100-sxm": "a100"}
+               "a100-80gb": "a100", "a100_80gb": "a100", "a100-sxm": "a100",
+               "h200-sxm": "h200", "h200_sxm": "h200"}
 
 
 def family_of(target: Any) -> str:

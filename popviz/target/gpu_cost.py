@@ -75,12 +75,17 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
     # PyTorch's defaults: cuDNN convolutions may use TF32, fp32 matmuls may not
     tensor_peak = np.where(half, target.bf16_flops, target.tf32_flops)
     fp32 = target.fp32_flops * cost.vector_efficiency  # CUDA cores (non-tensor fp32)
-    matmul_peak = np.where(half, target.bf16_flops * cost.matmul_efficiency, fp32)
+    matmul_peak = np.where(half, target.bf16_flops * cost.matmul_efficiency,
+                           target.fp32_flops * cost.fp32_matmul_efficiency)
     backward = name.str.contains("backward").to_numpy()
+    # fused attention in fp32 is the memory-efficient kernel, which runs on CUDA cores
+    # (FFMA: `fmha_cutlassF_f32_...` in a CUDA trace); half precision runs flash on the
+    # tensor cores
+    attention_peak = np.where(half, target.bf16_flops, target.fp32_flops)
     peak = np.select([conv & backward, conv, matmul, attention],
                      [tensor_peak * cost.conv_backward_efficiency,
                       tensor_peak * cost.conv_efficiency, matmul_peak,
-                      tensor_peak * cost.attention_efficiency], fp32)
+                      attention_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
     compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
     moved = np.where(cls == "norm", cost.norm_reads * read + written, read + written)
@@ -91,4 +96,29 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
     out = pd.DataFrame({"cycles": np.ceil(total).astype(np.int64), "kernels": kernels,
                         "compute_ns": compute, "memory_ns": memory, "launch_ns": launch},
                        index=ops.index)
+    return out
+
+
+def host_bound(ops: pd.DataFrame, cost: GpuCost) -> np.ndarray:
+    """ns each op's kernels wait for the host to issue them, indexed like `ops` (in program
+    order, with `ipu`, `phase` and `kernels`). Eager PyTorch issues kernels from one CPU
+    thread (dispatch, autograd, the launch: `host_launch_ns` per kernel); the GPU runs
+    them in order, so op i starts at max(end of op i-1, host issue of op i). Per pass
+    (ipu, phase), from the pass's start: g_i = D_i + max_{j<=i}(H_j - D_{j-1}), with D the
+    cumulative GPU time and H the cumulative host time, so the wait is what the GPU idles
+    before op i. Small batches are host-bound (zero wait once the GPU is the slower)."""
+    out = np.zeros(len(ops))
+    if not len(ops) or cost.host_launch_ns <= 0:
+        return out
+    gpu = ops["cycles"].to_numpy(np.float64)
+    host = ops["kernels"].to_numpy(np.float64) * cost.host_launch_ns
+    keys = ops["ipu"].astype(str) + "/" + ops["phase"].astype(str)
+    for idx in pd.Series(np.arange(len(ops))).groupby(keys.to_numpy(), sort=False).indices.values():
+        d, h = gpu[idx], host[idx]
+        d_cum = np.cumsum(d)
+        d_before = d_cum - d
+        end = d_cum + np.maximum.accumulate(np.maximum(np.cumsum(h) - d_before, 0.0))
+        start = end - d
+        prev_end = np.concatenate(([0.0], end[:-1]))
+        out[idx] = start - prev_end
     return out

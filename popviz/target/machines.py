@@ -292,7 +292,7 @@ def target_names(family: str | None = None) -> list[str]:
 
 def get_target(name: str | Target | GpuTarget) -> Target | GpuTarget:
     """A target by name (case-insensitive; aliases gc2, gc200, bow2000, h100-sxm, ...):
-    an IPU `Target`, or a `GpuTarget` (popviz.target.gpu) for h100, h100-pcie, a100."""
+    an IPU `Target`, or a `GpuTarget` (popviz.target.gpu) for h100, h100-pcie, h200, a100."""
     if isinstance(name, (Target, GpuTarget)):
         return name
     key = str(name).strip().lower()

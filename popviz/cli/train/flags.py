@@ -18,7 +18,7 @@ from popviz.cli.command import UsageError
 from popviz.compiler.gpu_recipe import RECIPES
 from popviz.options import SCHEDULES
 
-TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "a100")  # 3 IPUs, then GPUs
+TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "h200", "a100")  # 3 IPUs, then GPUs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("placement (modelled IPUs)")
     g.add_argument("--target", choices=TARGETS, default="mk2",
-                   help="IPU (mk1, mk2, bow) or GPU (h100, h100-pcie, a100: kernels on "
+                   help="IPU (mk1, mk2, bow) or GPU (h100, h100-pcie, h200, a100: kernels on "
                    "streams, PyTorch's caching allocator, times in ns; --shards are GPUs; "
                    "docs/cost-model.md, GPU targets); default mk2")
     g.add_argument("--strategy", choices=("pipelined", "sharded"), default="pipelined",
