@@ -36,13 +36,38 @@ def test_predictions_without_a_gpu(bench: Any, capsys: pytest.CaptureFixture[str
     assert [int(r[1]) for r in rows] == [8, 64]
     step = [float(r[2]) for r in rows]
     alloc = [float(r[7]) for r in rows]  # "needs a GPU" is three words, then "-"
-    assert 0 < step[0] < step[1] and 0 < alloc[0] <= alloc[1]
+    # a small MLP step is host-bound (the GPU waits for eager PyTorch to issue kernels):
+    # 8x the batch costs no more time until the GPU is the slower
+    assert 0 < step[0] <= step[1] and 0 < alloc[0] <= alloc[1]
     assert re.search(r"largest batch mlp: predicted (at least )?\d+, found needs a GPU", out)
 
 
 def test_predict_one_row(bench: Any) -> None:
     small = bench.predict("mlp", 8, "h100")
     assert small.fits and small.allocated <= small.reserved
+
+
+def test_measured_table_from_the_stored_h200_runs(bench: Any, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """--measured plans each case of a gpu_runs.py file; here two cheap ones of the H200
+    file, so the table's columns are checked against the file's own figures."""
+    import json
+
+    doc = json.loads((BENCH.parent / "data" / "gpu_measured_h200.json").read_text())
+    doc["cases"] = [c for c in doc["cases"] if c["name"] in ("resnet50-b32",
+                                                             "zb1.5b-4layers-fp16-sdpa-b6")]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    assert bench.main(["--measured", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "measured on NVIDIA H200" in out and "planned on the h200 target" in out
+    rn = next(line.split() for line in out.splitlines() if line.startswith("resnet50-b32"))
+    assert float(rn[2]) == round(doc["cases"][0]["step_ms"], 1)
+    assert rn[8].endswith("%")  # alloc error
+    zb = next(line.split() for line in out.splitlines() if line.startswith("zb1.5b"))
+    assert zb[1] == "-" and zb[3] == "-"  # passes only: no optimiser ran
+    with pytest.raises(SystemExit):
+        bench.main(["--measured", str(tmp_path / "missing.json")])
 
 
 def test_bad_model_is_one_line(bench: Any) -> None:

@@ -16,7 +16,7 @@ from popviz.compiler.gpu_alloc import (
 )
 from popviz.options import Options
 from popviz.target import get_target, make_target, target_names
-from popviz.target.gpu import A100_80GB, H100_PCIE, H100_SXM, GpuTarget, is_gpu
+from popviz.target.gpu import A100_80GB, H100_PCIE, H100_SXM, H200_SXM, GpuTarget, is_gpu
 from popviz.target.gpu_cost import gpu_op_costs
 
 MIB = 1 << 20
@@ -29,7 +29,8 @@ def test_gpu_targets_by_name_and_alias() -> None:
     assert get_target("h100") is H100_SXM and get_target("H100-SXM") is H100_SXM
     assert get_target("h100-pcie") is H100_PCIE and get_target("a100-80gb") is A100_80GB
     assert {"h100", "h100-pcie", "a100", "mk2"} <= set(target_names())
-    assert target_names("gpu") == ["a100", "h100", "h100-pcie"]
+    assert target_names("gpu") == ["a100", "h100", "h100-pcie", "h200"]
+    assert get_target("h200-sxm") is H200_SXM and H200_SXM.bf16_flops == H100_SXM.bf16_flops
     assert "h100" not in target_names("ipu")
     assert is_gpu(H100_SXM) and not is_gpu(get_target("mk2"))
     assert get_target("mk2").family == "ipu"
@@ -38,7 +39,7 @@ def test_gpu_targets_by_name_and_alias() -> None:
     assert Options().set_target("h100").target == "h100"
 
 
-@pytest.mark.parametrize("gpu", [H100_SXM, H100_PCIE, A100_80GB])
+@pytest.mark.parametrize("gpu", [H100_SXM, H100_PCIE, H200_SXM, A100_80GB])
 def test_every_figure_names_its_source(gpu: GpuTarget) -> None:
     for key in FIGURES:
         assert key in gpu.sources, f"{gpu.name}.{key} has no source"
@@ -46,7 +47,9 @@ def test_every_figure_names_its_source(gpu: GpuTarget) -> None:
                                                    "measured", "NVIDIA H100 Tensor Core GPU "
                                                    "datasheet (nvidia.com, 2023)",
                                                    "NVIDIA A100 Tensor Core GPU datasheet "
-                                                   "(nvidia.com, 2021)")
+                                                   "(nvidia.com, 2021)",
+                                                   "NVIDIA H200 Tensor Core GPU datasheet "
+                                                   "(nvidia.com, 2024)")
     # dense tensor-core rates are half the datasheets' sparse ones, bf16 twice tf32
     assert gpu.bf16_flops == pytest.approx(2 * gpu.tf32_flops, rel=0.01)
     assert gpu.usable_bytes < gpu.memory_bytes
