@@ -73,8 +73,11 @@ CASES: tuple[Case, ...] = (
          "half-fp16", layers=4, hidden=2304, heads=24, vocab=32000),
     Case("zb1.5b-4layers-fp16-sdpa-b6", "gpt2-custom", "zb1.5b", 6, 1024, "sdpa",
          "half-fp16", layers=4, hidden=2304, heads=24, vocab=32000),
+    # small steps, where the host (eager PyTorch issuing kernels) sets the pace
+    Case("resnet50-b8", "resnet", "50", 8),
+    Case("gpt2-small-sdpa-s256-b2", "gpt2", "small", 2, 256, "sdpa"),
 )
-TRACE_CASES = ("gpt2-small-sdpa-s512-b8", "resnet50-b32")
+TRACE_CASES = ("gpt2-small-sdpa-s512-b8", "resnet50-b32")  # --trace's default
 
 
 def build(case: Case) -> tuple[Any, dict[str, Any]]:
@@ -114,14 +117,15 @@ def build(case: Case) -> tuple[Any, dict[str, Any]]:
                              sequence_length=case.sequence or 128)
 
 
-def run_case(case: Case, steps: int, trace_dir: Path | None) -> dict[str, Any]:
+def run_case(case: Case, steps: int, trace_dir: Path | None,
+             trace_cases: tuple[str, ...] = TRACE_CASES) -> dict[str, Any]:
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base_allocated = torch.cuda.memory_allocated()
-    snapshot = trace_dir is not None and case.name in TRACE_CASES
+    snapshot = trace_dir is not None and case.name in trace_cases
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     net, inputs = build(case)
@@ -184,7 +188,7 @@ def run_case(case: Case, steps: int, trace_dir: Path | None) -> dict[str, Any]:
               "peak_reserved": int(torch.cuda.max_memory_reserved()),
               "parameters": int(sum(p.numel() for p in net.parameters())),
               "steps": steps}
-    if trace_dir is not None and case.name in TRACE_CASES:
+    if trace_dir is not None and case.name in trace_cases:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
@@ -229,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
                    f"{', '.join(c.name for c in CASES)})")
     p.add_argument("--steps", type=int, default=10, help="timed steps per case (default 10)")
     p.add_argument("--trace", type=Path, help="folder for a kineto trace and a memory "
-                   f"snapshot of {', '.join(TRACE_CASES)}")
+                   "snapshot of the --trace-cases")
+    p.add_argument("--trace-cases", nargs="+", default=list(TRACE_CASES),
+                   help=f"cases --trace records (default {', '.join(TRACE_CASES)})")
     args = p.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     known = {c.name: c for c in CASES}
-    bad = sorted(set(args.cases or ()) - set(known))
+    bad = sorted((set(args.cases or ()) | set(args.trace_cases)) - set(known))
     if bad:
         p.error(f"unknown case(s) {bad}; valid: {', '.join(known)}")
     cases = [known[n] for n in args.cases] if args.cases else list(CASES)
@@ -246,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         t0 = time.perf_counter()
         try:
-            row = run_case(case, args.steps, args.trace)
+            row = run_case(case, args.steps, args.trace, tuple(args.trace_cases))
             doc["cases"].append(row)
             print(f"{case.name:<34} {row['step_ms']:9.2f} ms  first peak "
                   f"{row['first_peak_allocated'] / 2**30:7.2f} GiB  steady "

@@ -23,11 +23,15 @@ from popviz.compiler.compiler import (
     plan_tensor_stage,
     step_rates,
 )
+from popviz.compiler.gpu_lowering import (
+    autocast_casts,
+    cuda_dropout,
+    megatron_fused_softmax,
+)
 from popviz.compiler.gpu_memory import GpuMemory, replay_memory
 from popviz.compiler.gpu_recipe import (
     GpuRecipe,
     apply_recipe,
-    cuda_dropout_masks,
     recipe_named,
     state_bytes_per_param,
     step_bytes_per_stage,
@@ -74,9 +78,13 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
     program, micro_batch = _rescale(program, options)
     if not options.training:
         program = _forward_only(program)
-    program = apply_recipe(program, recipe_named(options.gpu_precision),
-                           options.replication_factor, options.training)
-    program = cuda_dropout_masks(program)
+    recipe = recipe_named(options.gpu_precision)
+    program = apply_recipe(program, recipe, options.replication_factor, options.training)
+    program = cuda_dropout(program)  # what CUDA runs: gpu_lowering.py
+    if recipe.fused_softmax:
+        program = megatron_fused_softmax(program)
+    if recipe.cast_cache:
+        program = autocast_casts(program)
     looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
     plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)

@@ -76,8 +76,10 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
             from popviz.models.gpt2 import build_gpt2, build_gpt2_shape
 
             if isinstance(size, tuple):
-                net, inputs = build_gpt2_shape(*size, batch, sequence_length=sequence_length,
-                                               attn=attn, init_weights=False)
+                layers, hidden, heads, vocab = (int(x) for x in size)
+                net, inputs = build_gpt2_shape(layers, hidden, heads, vocab, batch,
+                                               sequence_length=sequence_length, attn=attn,
+                                               init_weights=False)
             else:
                 net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
                                          attn=attn, init_weights=False)

@@ -18,8 +18,8 @@ amp              fp32 weights 4 + .grad 4 + m, v 8 = 16, and a   -             b
 
 Megatron's optimizer is a fused multi-tensor Adam (apex / Transformer Engine FusedAdam,
 in place), so its recipes hold none of torch's foreach temporaries; `amp` keeps them (torch
-AdamW, foreach). Half recipes also hold each dropout mask as CUDA's `native_dropout` does:
-bool, 1 B.
+AdamW, foreach). Every GPU plan holds each dropout mask as CUDA's `native_dropout` does
+(bool, 1 B) and runs Megatron's recipes with its fused masked softmax: gpu_lowering.py.
 
 Sources: Megatron-LM `docs/user-guide/features/dist_optimizer.md` and
 `megatron/training/theoretical_memory_usage.py` (18, 6 + 12/d); the fp16 grad buffer is the
@@ -71,6 +71,7 @@ class GpuRecipe:
     cast_cache: bool = False  # autocast: a half copy of each GEMM weight per micro-batch
     sharded: bool = False  # distributed optimizer: master, states, step copies / DP
     fused_optimiser: bool = False  # one in-place multi-tensor Adam kernel: no temporaries
+    fused_softmax: bool = False  # Megatron's masked_softmax_fusion (gpu_lowering.py)
 
     def bytes_per_param(self, replicas: int = 1, states: int = 2) -> float:
         """Persistent bytes per parameter with `states` optimiser states (Adam: 2)."""
@@ -89,19 +90,20 @@ RECIPES: dict[str, GpuRecipe] = {r.name: r for r in (
     GpuRecipe("megatron-fp16", f"{_MEGATRON} --fp16: fp16 weights and grad buffer, fp32 "
               "master and Adam m, v = 16 B/param (+4 fp32 grads in the step), fp16 "
               "activations and GEMMs", "float16", weight_bytes=2, grad_bytes=2,
-              master_bytes=4, step_bytes=4, persistent_grads=True, fused_optimiser=True),
+              master_bytes=4, step_bytes=4, persistent_grads=True, fused_optimiser=True,
+              fused_softmax=True),
     GpuRecipe("megatron-bf16", f"{_MEGATRON} --bf16: bf16 weights, fp32 main grads, fp32 "
               "master and Adam m, v = 18 B/param, bf16 activations and GEMMs", "bfloat16",
               weight_bytes=2, grad_bytes=4, master_bytes=4, persistent_grads=True,
-              fused_optimiser=True),
+              fused_optimiser=True, fused_softmax=True),
     GpuRecipe("megatron-fp16-distopt", f"{_MEGATRON} --fp16 --use-distributed-optimizer: "
               "4 + 12/d B/param over d data-parallel replicas (+4/d in the step)", "float16",
               weight_bytes=2, grad_bytes=2, master_bytes=4, step_bytes=4,
-              persistent_grads=True, sharded=True, fused_optimiser=True),
+              persistent_grads=True, sharded=True, fused_optimiser=True, fused_softmax=True),
     GpuRecipe("megatron-bf16-distopt", f"{_MEGATRON} --bf16 --use-distributed-optimizer: "
               "6 + 12/d B/param over d data-parallel replicas", "bfloat16", weight_bytes=2,
               grad_bytes=4, master_bytes=4, persistent_grads=True, sharded=True,
-              fused_optimiser=True),
+              fused_optimiser=True, fused_softmax=True),
     GpuRecipe("amp", "plain torch.autocast (bf16; fp16 holds the same bytes): fp32 weights, "
               ".grad, Adam m, v = 16 B/param, plus a half copy of each GEMM weight per "
               "micro-batch in flight; half activations and GEMMs, autocast's fp32 ops in "
@@ -193,34 +195,6 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
         t = pd.concat([t, *extra], ignore_index=True)
     model = dict(program.model, gpu_precision=recipe.name)
     return Program(ops, t, model, program.mode)
-
-
-def cuda_dropout_masks(program: Program) -> Program:
-    """Each dropout mask as CUDA holds it, whatever the recipe: `native_dropout` keeps a
-    bool mask (1 B per element), where a CPU recording draws a float one (`bernoulli_`
-    into an `empty_like`, 4 B in fp32) and saves it for the backward. Applied to every GPU
-    plan (as-recorded too); a mask already 1 B is left alone."""
-    ops, t = program.ops, program.tensors
-    name = ops["op"].astype(str)
-    drawn = ops.loc[name.str.startswith("aten.bernoulli_").to_numpy()
-                    & ops["phase"].astype(str).isin(COMPUTE_PHASES).to_numpy(), "inputs"]
-    mask_ids = {int(x) for ids in drawn.astype(str) for x in ids.split(";")[:1]
-                if x.strip().isdigit()}
-    if not mask_ids:
-        return program
-    dtype = t["dtype"].astype(str).to_numpy()
-    size = np.array([ITEMSIZE.get(d, 0) for d in dtype], dtype=np.int64)
-    mask = t["tensor_id"].isin(mask_ids).to_numpy() & (size > 1) & \
-        t["category"].astype(str).isin(("activation", "temporary")).to_numpy()
-    if not mask.any():
-        return program
-    t = t.copy()
-    nbytes = t["bytes"].to_numpy(np.int64).copy()
-    nbytes[mask] = nbytes[mask] // size[mask]
-    new_dtype = t["dtype"].to_numpy(object).copy()
-    new_dtype[mask] = "bool"
-    t["bytes"], t["dtype"] = nbytes, new_dtype
-    return Program(ops, t, program.model, program.mode)
 
 
 def _synthetic(params: pd.DataFrame, suffix: str, nbytes: np.ndarray, dtype: str,

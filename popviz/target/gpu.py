@@ -28,7 +28,14 @@ class GpuCost:
     the fit as a check. The others are assumed (docs/cost-model.md, "GPU targets")."""
 
     kernel_ns: float = 1456.0  # fitted: fixed GPU time per kernel (launch, ramp, tail)
-    matmul_efficiency: float = 0.62  # assumed: share of dense bf16 a large cuBLAS GEMM gets
+    # fitted: share of dense bf16 / fp16 a large cuBLAS GEMM gets, on the H200 trace of
+    # Zero Bubble's 1.5B shape in fp16 (tests/fixtures/kineto_zb1.5b-...-eager-b6_h200);
+    # Zero Bubble's Table 9 weight-gradient passes (GEMMs only) give 0.80-0.81 on A100
+    matmul_efficiency: float = 0.80
+    # fitted: the same for a half GEMM with a size that is not a multiple of 8 (align1
+    # kernels), on the H200 bf16 GPT-2 trace's three LM-head GEMMs (vocabulary 50,257:
+    # 1.90 TFLOP in 15.5 ms; tests/fixtures/kineto_gpt2-small-sdpa-amp-s1024-b8_h200)
+    misaligned_matmul_efficiency: float = 0.124
     conv_efficiency: float = 0.312  # fitted: the same for cuDNN convolutions (fp32: TF32)
     conv_backward_efficiency: float = 0.216  # fitted: cuDNN dgrad + wgrad
     ramp_ns: float = 18950.0  # fitted: a GEMM's fixed time (SM fill / drain) on top of its rate

@@ -25,7 +25,8 @@ TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
 ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention",
                    "cudnn_attention")
 FREE_OPS = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
-            "aten.lift_fresh", "aten.detach", "aten._to_copy.default#noop")
+            "aten.lift_fresh", "aten.detach", "aten._to_copy.default#noop",
+            "aten._unsafe_view")  # a view: the CPU recording counts a fresh tensor
 OUT_COLUMNS = ("cycles", "kernels", "compute_ns", "memory_ns", "launch_ns")
 
 
@@ -52,6 +53,18 @@ def kernel_counts(ops: pd.DataFrame, cost: GpuCost) -> np.ndarray:
     return kernels
 
 
+def misaligned_gemm(shapes: pd.Series) -> np.ndarray:
+    """True where a GEMM's operands (the last two shapes of `mm`, `addmm`, `bmm`) have a
+    matrix dimension that is not a multiple of 8."""
+    last_two = shapes.astype(str).str.extract(r"\[([\d,]*)\];\[([\d,]*)\]$")
+    out = np.zeros(len(shapes), dtype=bool)
+    for col in (0, 1):
+        dims = last_two[col].fillna("").str.split(",")
+        inner = dims.map(lambda d: [int(x) for x in d[-2:] if x.isdigit()])
+        out |= inner.map(lambda d: any(x % 8 for x in d)).to_numpy(bool)
+    return out
+
+
 def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = None
                  ) -> pd.DataFrame:
     """ns per op (column `cycles`: one cycle is one ns on a GPU target) and its terms,
@@ -67,6 +80,10 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
     dtype = ops["dtype"].astype(str)
     name = ops["op"].astype(str)
     kernels = kernel_counts(ops, cost)
+    casts = ops["cast_kernels"].to_numpy(np.float64) if "cast_kernels" in ops else \
+        np.zeros(n)  # autocast's casts around a GEMM (gpu_lowering.autocast_casts)
+    cast_bytes = ops["cast_bytes"].to_numpy(np.float64) if "cast_bytes" in ops else \
+        np.zeros(n)
 
     half = dtype.isin(["float16", "bfloat16"]).to_numpy()
     attention = name.str.contains("|".join(ATTENTION_MARKS)).to_numpy()
@@ -75,8 +92,13 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
     # PyTorch's defaults: cuDNN convolutions may use TF32, fp32 matmuls may not
     tensor_peak = np.where(half, target.bf16_flops, target.tf32_flops)
     fp32 = target.fp32_flops * cost.vector_efficiency  # CUDA cores (non-tensor fp32)
-    matmul_peak = np.where(half, target.bf16_flops * cost.matmul_efficiency,
-                           target.fp32_flops * cost.fp32_matmul_efficiency)
+    # a half GEMM whose sizes are not multiples of 8 elements (16 B) cannot use the
+    # aligned tensor-core kernels: cuBLAS falls back to align1 ones (GPT-2's vocabulary,
+    # 50,257: `cutlass_75_tensorop_bf16_s1688gemm_bf16_*_align1` in the H200 trace)
+    misaligned = half & matmul & misaligned_gemm(ops["shapes"])
+    matmul_peak = np.where(half, target.bf16_flops * np.where(
+        misaligned, cost.misaligned_matmul_efficiency, cost.matmul_efficiency),
+        target.fp32_flops * cost.fp32_matmul_efficiency)
     backward = name.str.contains("backward").to_numpy()
     # fused attention in fp32 is the memory-efficient kernel, which runs on CUDA cores
     # (FFMA: `fmha_cutlassF_f32_...` in a CUDA trace); half precision runs flash on the
@@ -88,9 +110,17 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
                       attention_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
     compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
-    moved = np.where(cls == "norm", cost.norm_reads * read + written, read + written)
-    memory = np.where(kernels > 0, moved / (target.hbm_bytes_per_s * cost.memory_efficiency)
-                      * 1e9, 0.0)
+    # a norm, and a softmax's forward, read their input once per statistic and once to
+    # normalise (max, sum of exponentials, scale: the same `norm_reads`)
+    softmax = name.str.contains(r"^aten\._(?:safe_)?(?:log_)?softmax\.", regex=True).to_numpy()
+    moved = np.where((cls == "norm") | softmax, cost.norm_reads * read + written,
+                     read + written)
+    bandwidth = target.hbm_bytes_per_s * cost.memory_efficiency
+    memory = np.where(kernels > 0, moved / bandwidth * 1e9, 0.0)
+    # the casts are kernels of their own, run before (or after) the GEMM: their time adds
+    memory = memory + cast_bytes / bandwidth * 1e9
+    compute = compute + cast_bytes / bandwidth * 1e9
+    kernels = kernels + casts
     launch = kernels * cost.kernel_ns
     total = np.where(kernels > 0, launch + np.maximum(compute, memory), 0.0)
     out = pd.DataFrame({"cycles": np.ceil(total).astype(np.int64), "kernels": kernels,
