@@ -12,6 +12,7 @@ state).
 
     PYTHONPATH=. python bench/bench_gpu_published.py                 # 1.5B points
     PYTHONPATH=. python bench/bench_gpu_published.py --models 1.5B 6.2B
+    PYTHONPATH=. python bench/bench_gpu_published.py --models 1.5B 6.2B --time  # + step times
 
 Only figures that are not held out (docs: /work/shared/evidence/gpu_published.md): the ZB
 14.6B / 28.3B rows are never used. Published GB per GPU are the paper's.
@@ -43,6 +44,25 @@ PUBLISHED = {
     ("6.2B", 3, 24, "1F1B"): 39, ("6.2B", 6, 24, "1F1B"): 66,
     ("6.2B", 3, 24, "Interleaved1F1B"): 48,
 }
+# (model, b, m, schedule) -> step seconds derived from the published samples per GPU per
+# second: m b / (throughput x 8 GPUs) (ZB Tables 4, 11, 12; the evidence file's derivation)
+STEP_S = {
+    ("1.5B", 6, 24, "1F1B"): 1.525, ("1.5B", 6, 32, "1F1B"): 1.920,
+    ("1.5B", 6, 64, "1F1B"): 3.529, ("1.5B", 6, 24, "Interleaved1F1B"): 1.374,
+    ("1.5B", 6, 32, "Interleaved1F1B"): 1.791, ("1.5B", 6, 64, "Interleaved1F1B"): 3.453,
+    ("1.5B", 12, 24, "1F1B"): 3.000, ("1.5B", 12, 32, "1F1B"): 3.810,
+    ("1.5B", 12, 64, "1F1B"): 6.957,
+    ("1.5B", 6, 2, "1F1B"): 0.421, ("1.5B", 6, 4, "1F1B"): 0.523, ("1.5B", 6, 8, "1F1B"): 0.726,
+    ("6.2B", 3, 24, "1F1B"): 2.571, ("6.2B", 3, 32, "1F1B"): 3.243,
+    ("6.2B", 3, 64, "1F1B"): 5.955, ("6.2B", 3, 24, "Interleaved1F1B"): 2.244,
+    ("6.2B", 3, 32, "Interleaved1F1B"): 2.941, ("6.2B", 3, 64, "Interleaved1F1B"): 5.728,
+    ("6.2B", 6, 24, "1F1B"): 5.056, ("6.2B", 6, 32, "1F1B"): 6.383,
+    ("6.2B", 6, 64, "1F1B"): 11.736,
+    ("6.2B", 3, 2, "1F1B"): 0.721, ("6.2B", 3, 4, "1F1B"): 0.888, ("6.2B", 3, 8, "1F1B"): 1.224,
+}
+# ZB Table 9 (m 24): a middle stage's forward, input + weight gradient (= popviz's B) and
+# p2p per micro-batch, ms; 1.5B at b 6, 6.2B at b 3
+TABLE9 = {"1.5B": (18.522, 18.086 + 9.337, 0.601), "6.2B": (29.718, 29.444 + 19.927, 0.527)}
 PP = 8
 SEQUENCE = 1024
 VOCAB = 32000
@@ -94,24 +114,74 @@ def record(model: str, batch: int) -> Any:
                               model=net, mode="plan", progress=False)
 
 
-def plan(program: Any, model: str, m: int, recipe: str, schedule: str = "1F1B"
-         ) -> tuple[float, int, list[float]]:
-    """Peak allocated GB (10^9 B) over the GPUs, the GPU that holds it, and each GPU's
-    state held before the step (weights, grads, optimiser state) in GB."""
+def compiled(program: Any, model: str, m: int, recipe: str, schedule: str = "1F1B") -> Any:
     layers = MODELS[model][0]
     cut = chunk_splits(layers) if schedule == "Interleaved1F1B" else splits(layers)
     options = Options(target="a100", splits=cut, num_ipus=PP, schedule=schedule,
                       gradient_accumulation=m, gpu_precision=recipe)
-    report = compile(program, options)
+    return compile(program, options)
+
+
+def plan(program: Any, model: str, m: int, recipe: str, schedule: str = "1F1B"
+         ) -> tuple[float, int, list[float]]:
+    """Peak allocated GB (10^9 B) over the GPUs, the GPU that holds it, and each GPU's
+    state held before the step (weights, grads, optimiser state) in GB."""
+    report = compiled(program, model, m, recipe, schedule)
     peaks = report.summary["max_memory_allocated"]
     gpu = max(peaks, key=lambda g: int(peaks[g]))
     state = report.tables["liveness"].groupby("ipu")["always_live_bytes"].max() / 1e9
     return int(peaks[gpu]) / 1e9, int(gpu), state.round(2).tolist()
 
 
+def passes(report: Any, stage: int = 3) -> tuple[float, float, float]:
+    """A middle stage's forward and backward ms per micro-batch, and one activation's
+    p2p ms (the mean of the stage's sends)."""
+    ops = report.tables["ops"]
+    mine = ops[ops["stage"] == stage].groupby("pass")["cycles"].sum() / 1e6
+    ex = report.tables["exchange"]
+    sends = ex[(ex["kind"] == "activation") & (ex["stage"] == stage)]
+    p2p = float((sends["end"] - sends["start"]).mean()) / 1e6 if len(sends) else 0.0
+    return float(mine.get("F", 0.0)), float(mine.get("B", 0.0)), p2p
+
+
+def time_tables(models: list[str], recipe: str = "megatron-fp16") -> list[str]:
+    """Step time against ZB's published throughput, and a middle stage's passes against
+    its Table 9, for `recipe`."""
+    lines = [f"step time, {recipe} (s; published = m b / (samples per GPU per s x 8)):",
+             f"{'model':>5} {'schedule':>15} {'b':>3} {'m':>3} {'published':>9} "
+             f"{'planned':>8} {'error':>7}"]
+    errors: list[float] = []
+    for model in models:
+        for batch in sorted({b for (mm, b, _, _) in STEP_S if mm == model}):
+            program = record(model, batch)
+            for (mm, b, m, schedule), published in STEP_S.items():
+                if (mm, b) != (model, batch):
+                    continue
+                report = compiled(program, model, m, recipe, schedule)
+                step = report.summary["step_ms"] / 1e3
+                errors.append(step / published - 1)
+                lines.append(f"{model:>5} {schedule:>15} {b:>3} {m:>3} {published:>9.3f} "
+                             f"{step:>8.3f} {step / published - 1:>+7.1%}")
+                if (m, schedule) == (24, "1F1B") and batch == (6 if model == "1.5B" else 3):
+                    f, bwd, p2p = passes(report)
+                    pf, pb, pp = TABLE9[model]
+                    lines.append(f"      Table 9, a middle stage per micro-batch (ms): F "
+                                 f"{f:.2f} vs {pf:.2f} ({f / pf - 1:+.0%}), B = I + W "
+                                 f"{bwd:.2f} vs {pb:.2f} ({bwd / pb - 1:+.0%}), p2p "
+                                 f"{p2p:.3f} vs {pp:.3f}")
+    if errors:
+        lines.append(f"step time mean |error| {sum(map(abs, errors)) / len(errors):.1%} "
+                     f"over {len(errors)} points (range {min(errors):+.1%} to "
+                     f"{max(errors):+.1%})")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=["1.5B"])
+    p.add_argument("--time", action="store_true",
+                   help="also plan step times (Tables 4, 11, 12) and a middle stage's "
+                   "passes (Table 9), with megatron-fp16")
     args = p.parse_args(argv)
     print(f"{'model':>5} {'schedule':>15} {'b':>3} {'m':>3} {'published':>9} " + " ".join(
         f"{r + ' GB (GPU)':>24} {'ratio':>6}" for r in RECIPES) + "  plan s")
@@ -140,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         if ratios:
             print(f"{recipe}: predicted / published {min(ratios):.2f}-{max(ratios):.2f}, "
                   f"mean {sum(ratios) / len(ratios):.2f}")
+    if args.time:
+        print("\n".join(time_tables(args.models)))
     return 0
 
 

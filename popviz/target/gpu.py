@@ -57,6 +57,10 @@ class GpuCost:
     conv_backward_kernels: float = 6.0  # measured: fixture, 318 kernels / 53 backward convs
     foreach_tensors: float = 48.0  # assumed: tensors per multi_tensor_apply launch
     context_bytes: int = 512 * 2**20  # assumed: CUDA context + cuBLAS / cuDNN workspace
+    # fitted: the share of the link's datasheet rate a pipeline's NCCL send / recv gets,
+    # from Zero Bubble's Table 9 (1.5B: 28.3 MB in 0.601 ms, 47.5 GB/s over A100 NVLink's
+    # 300 GB/s); its 6.2B p2p (25.2 MB in 0.527 ms) is the check (docs/cost-model.md)
+    p2p_efficiency: float = 0.158
 
     def to_dict(self) -> dict[str, float]:
         return {f"gpu_{k}": float(v) for k, v in asdict(self).items()}
@@ -119,7 +123,8 @@ class GpuTarget:
         """One NCCL send / recv of `nbytes` between two GPUs (alpha-beta)."""
         if nbytes <= 0:
             return 0.0
-        return (self.p2p_latency_s + nbytes / self.link_bytes_per_s(nvlink)) * 1e9
+        rate = self.link_bytes_per_s(nvlink) * self.cost.p2p_efficiency
+        return (self.p2p_latency_s + nbytes / rate) * 1e9
 
     def allreduce_ns(self, nbytes: float, gpus: int, nvlink: bool = True) -> float:
         """A ring all-reduce of `nbytes` over `gpus` GPUs: 2(n-1) steps of n-th chunks."""
