@@ -5,12 +5,13 @@ available, runs the same step for real and measures it.
     PYTHONPATH=. python bench/bench_gpu_fidelity.py                  # every model, 3 batches
     PYTHONPATH=. python bench/bench_gpu_fidelity.py --models resnet gpt2-small --target h100
     PYTHONPATH=. python bench/bench_gpu_fidelity.py --models mlp --batches 8 16 32  # quick
-    PYTHONPATH=. python bench/bench_gpu_fidelity.py --measured bench/data/gpu_measured_h200.json
+    PYTHONPATH=. python bench/bench_gpu_fidelity.py --measured bench/data/gpu_measured_h200*.json
 
-`--measured FILE` plans each case that bench/gpu_runs.py measured on a GPU (the file names
-the device; bench/data/gpu_measured_h200.json: an H200, 2026-11-28) and prints predicted
-against measured step time, forward / backward time and peak allocated memory per case, with
-the mean errors. That table needs no GPU: the measurements are in the file.
+`--measured FILE...` plans each case that bench/gpu_runs.py measured on a GPU (the file
+names the device; bench/data/gpu_measured_h200.json and _run2.json: two H200 machines,
+2026-11-28) and prints predicted against measured step time, forward / backward time and
+peak allocated memory per case, with the mean errors. That table needs no GPU: the
+measurements are in the file.
 
 Per model and batch: predicted vs measured step time (ms), max_memory_allocated and
 max_memory_reserved (GiB) and their errors; a two-stage torch.distributed.pipelining-style
@@ -277,15 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="h100", help="GPU target (h100, h100-pcie, a100)")
     p.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
     p.add_argument("--no-pipeline", action="store_true", help="skip the two-stage run")
-    p.add_argument("--measured", type=Path, metavar="FILE",
-                   help="plan the cases bench/gpu_runs.py measured (a JSON file) and print "
-                   "predicted against measured; nothing else runs")
+    p.add_argument("--measured", type=Path, metavar="FILE", nargs="+",
+                   help="plan the cases bench/gpu_runs.py measured (JSON files, one table "
+                   "each) and print predicted against measured; nothing else runs")
     args = p.parse_args(argv)
     if args.measured:
-        if not args.measured.is_file():
-            p.error(f"{args.measured}: no such file")
+        for path in args.measured:
+            if not path.is_file():
+                p.error(f"{path}: no such file")
         t0 = time.perf_counter()
-        print(measured_table(args.measured)[0])
+        for path in args.measured:
+            print(f"{path}:")
+            print(measured_table(path)[0])
         print(f"({time.perf_counter() - t0:.1f} s)")
         return 0
     names = [ALIASES.get(m, m) for m in args.models]

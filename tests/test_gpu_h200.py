@@ -48,10 +48,12 @@ def test_the_measurements_name_the_h200_target() -> None:
 
 
 @pytest.mark.parametrize(("name", "step_bound", "alloc_bound"), [
-    ("gpt2-small-sdpa-s512-b8", 0.05, 0.06),  # fitted: fp32 GEMM rate
-    ("gpt2-small-eager-s1024-b4", 0.08, 0.06),  # check: eager attention, longer sequence
-    ("gpt2-small-sdpa-amp-s1024-b8", 0.20, 0.12),  # check: autocast (casts, align1 head)
-    ("resnet50-b32", 0.05, 0.03),  # fitted: the host's time per kernel
+    ("gpt2-small-sdpa-s512-b8", 0.05, 0.03),  # fitted: fp32 GEMM rate
+    ("gpt2-small-eager-s1024-b4", 0.08, 0.02),  # check: eager attention, longer sequence
+    ("gpt2-small-sdpa-amp-s1024-b8", 0.25, 0.15),  # check: autocast (casts, align1 head)
+    # fitted with three other host-bound steps (the host's time per kernel): the two
+    # machines ran this step in 31.4 and 22.3 ms
+    ("resnet50-b32", 0.25, 0.03),
     ("resnet50-b128", 0.06, 0.04),  # check: GPU-bound
     ("bert-base-s128-b32", 0.10, 0.07),  # check
 ])
@@ -217,3 +219,13 @@ def test_half_gemms_against_the_zero_bubble_shape_trace(tmp_path: Path) -> None:
         table = compare_classes(profile.ops, report.tables["ops"])
     assert abs(table.loc[("F", "matmul"), "error"]) <= 0.05
     assert abs(table.loc[("B", "matmul"), "error"]) <= 0.15
+
+
+def test_a_plan_holds_the_tied_embedding_once() -> None:
+    """HF ties GPT-2's LM head to its token embedding while it initialises weights, which
+    plan mode skips: the plan's parameters are the real model's (as counted on the GPU)."""
+    program = gpu_program("gpt2", "small", 2, "adamw", sequence_length=64, attn="sdpa")
+    t = program.tensors
+    params = t[t["category"] == "parameter"]
+    assert int(params["bytes"].sum()) // 4 == CASES["gpt2-small-sdpa-s512-b8"]["parameters"]
+    assert not params["name"].str.contains("lm_head").any()

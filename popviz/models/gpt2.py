@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from popviz.models.hf import _no_init_weights, _transformers
+from popviz.models.hf import _no_init_weights, _transformers, tie_weights
 
 # size -> (hidden, layers, heads)
 GPT2_SIZES: dict[str, tuple[int, int, int]] = {"small": (768, 12, 12), "medium": (1024, 24, 16),
@@ -57,5 +57,7 @@ def build_gpt2_shape(layers: int, hidden: int, heads: int, vocab_size: int, batc
 
     with contextlib.nullcontext() if init_weights else _no_init_weights():
         model = Gpt2LM(config)
+    if not init_weights:
+        tie_weights(model)
     ids = torch.randint(0, vocab_size, (batch, sequence_length))
     return model, {"input_ids": ids, "labels": ids}

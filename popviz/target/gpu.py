@@ -49,10 +49,10 @@ class GpuCost:
     # cases are the check (bench/bench_gpu_fidelity.py --measured)
     fp32_matmul_efficiency: float = 0.75
     # fitted: host time per kernel eager PyTorch issues (dispatch, autograd, launch), on
-    # the H200 machine's ResNet-50 batch-32 step, which is host-bound (GPU busy 17.5 of
-    # 31.4 ms); a property of the host CPU: the H100 fixture's host ran the same ops ~1.7x
-    # faster (docs/cost-model.md, "GPU targets")
-    host_launch_ns: float = 36000.0
+    # the host-bound steps of two H200 machines (ResNet-50 b32 on both, b8, GPT-2 small
+    # s256 b2: least mean |log error|); a property of the host CPU: the same step ran in
+    # 31.4 and 22.3 ms on the two (bench/data/gpu_measured_h200*.json)
+    host_launch_ns: float = 28000.0
     conv_forward_kernels: float = 3.0  # measured: fixture, 156 kernels / 53 convs (NCHW)
     conv_backward_kernels: float = 6.0  # measured: fixture, 318 kernels / 53 backward convs
     foreach_tensors: float = 48.0  # assumed: tensors per multi_tensor_apply launch
