@@ -21,6 +21,7 @@ from popviz.analysis.balance import (
     stage_balance,
     stages_take_turns,
 )
+from popviz.analysis.gpu_advice import micro_batch_advice
 from popviz.analysis.memory import ipu_totals, oom_tiles
 from popviz.analysis.pipeline_plan import (
     balanced_bounds,
@@ -55,7 +56,7 @@ KiB = 1024
 class Advice:
     severity: str  # "error" (does not fit), "warning" (slow), "info"
     topic: str  # "amp", "split", "recomputation", "accumulation", "memory", "host_io",
-    # "idle" (one measured device mostly waiting), "ok"
+    # "idle" (one measured device mostly waiting), "micro_batch" (GPU memory unused), "ok"
     ipu: int | None
     text: str
 
@@ -404,6 +405,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     out += _balance_advice(meta, stages, tile_memory, ops, exchange, measured, proposed_splits)
     out += _bubble_advice(meta, stages)
     out += _one_device_advice(stages, measured)
+    out += [Advice(*a) for a in micro_batch_advice(meta, stages)]
     out += _headroom_advice(meta, tile_memory, ops, steps)
     out += _amp_ignored_advice(ops)
     out += _shared_parameter_advice(meta)

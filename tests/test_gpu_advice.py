@@ -1,0 +1,56 @@
+"""The micro-batch advice of a GPU plan that leaves the GPU's memory mostly unused, against
+a re-plan at the micro-batch it names (an independent compile), and its silence where it
+does not apply."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from popviz.analysis.advice import advise
+from popviz.analysis.gpu_advice import micro_batch_advice
+from popviz.compiler import compile
+from popviz.compiler.gpu_programs import gpu_program
+from popviz.options import Options
+
+
+def _meta(report: Any) -> dict[str, Any]:
+    return report.meta
+
+
+@pytest.fixture(scope="module")
+def small() -> Any:
+    """ResNet-50 at micro-batch 4 on one H100: under 1% of its memory."""
+    return compile(gpu_program("resnet", 50, 4, "sgd"), Options(target="h100"))
+
+
+def test_a_mostly_unused_gpu_is_told_the_micro_batch_that_fits(small: Any) -> None:
+    meta, stages = small.meta, small.tables["stages"]
+    advice = [a for a in advise(meta, stages, small.tables["tile_memory"],
+                                small.tables["ops"]) if a.topic == "micro_batch"]
+    assert len(advice) == 1 and advice[0].severity == "info"
+    text = advice[0].text
+    assert "at micro-batch 4" in text and "--batch-size" in text
+    named = int(re.search(r"about (\d+) would still fit", text).group(1))
+    assert named >= 64 and named & (named - 1) == 0  # a power of two, well above 4
+    # the estimate holds: re-planned at that micro-batch the GPU still fits
+    bigger = compile(gpu_program("resnet", 50, 4, "sgd"),
+                     Options(target="h100", micro_batch_size=named))
+    assert bigger.summary["reserved_fits"] is True
+    share = max(map(int, bigger.summary["max_memory_allocated"].values())) / \
+        small.meta["target"]["usable_bytes"]
+    assert 0.25 < share <= 1.0  # and now the memory is used
+
+
+def test_no_micro_batch_advice_where_it_does_not_apply(small: Any) -> None:
+    stages = small.tables["stages"]
+    assert micro_batch_advice({**small.meta, "kind": "measured"}, stages) == []
+    ipu = compile(gpu_program("mlp", 64, 8), Options(target="mk2"))
+    assert micro_batch_advice(ipu.meta, ipu.tables["stages"]) == []
+    full = dict(small.meta, target=dict(small.meta["target"], usable_bytes=int(
+        stages["peak_bytes"].max() * 2)))  # half used: not "mostly unused"
+    assert micro_batch_advice(full, stages) == []
+    inference = dict(small.meta, options=dict(small.meta["options"], training=False))
+    assert micro_batch_advice(inference, stages) == []
