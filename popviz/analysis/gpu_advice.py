@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from popviz.vocab import is_gpu_target
@@ -37,8 +38,10 @@ def micro_batch_advice(meta: dict[str, Any], stages: pd.DataFrame
         return []
     per_gpu = stages.groupby("ipu").agg(peak=("peak_bytes", "max"),
                                         per_mb=("stash_bytes_per_microbatch", "sum"))
-    gpu = int(per_gpu["peak"].idxmax())
-    peak, per_mb = float(per_gpu.at[gpu, "peak"]), float(per_gpu.at[gpu, "per_mb"])
+    peaks = per_gpu["peak"].to_numpy(np.float64)
+    row = int(np.argmax(peaks))
+    gpu = int(per_gpu.index.to_numpy()[row])
+    peak, per_mb = float(peaks[row]), float(per_gpu["per_mb"].to_numpy(np.float64)[row])
     share = peak / usable
     if share >= UNUSED or per_mb <= 0:
         return []

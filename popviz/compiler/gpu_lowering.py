@@ -165,8 +165,9 @@ def autocast_casts(program: Program) -> Program:
     kernels = np.zeros(len(ops))
     moved = np.zeros(len(ops), dtype=np.int64)
     cached: set[int] = set()
-    for i in np.flatnonzero(gemm & np.isin(phase, ("forward", "recompute"))):
-        for tid in _ids(ops["inputs"].iat[i]):
+    op_inputs: list[str] = ops["inputs"].astype(str).tolist()
+    for i in np.flatnonzero(gemm & np.isin(phase, ("forward", "recompute"))).tolist():
+        for tid in _ids(op_inputs[i]):
             if dtype.get(tid) != "float32" or tid in cached:
                 continue
             if category.get(tid) == "parameter":
