@@ -54,3 +54,19 @@ def test_no_micro_batch_advice_where_it_does_not_apply(small: Any) -> None:
     assert micro_batch_advice(full, stages) == []
     inference = dict(small.meta, options=dict(small.meta["options"], training=False))
     assert micro_batch_advice(inference, stages) == []
+
+
+def test_compare_of_two_gpu_plans_speaks_of_gpus(small: Any, tmp_path: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`popviz compare` of two GPU plans: GPUs, ns-free step rows, no tiles, no IPUs."""
+    from popviz.cli.main import main
+    from popviz.format.writer import write_report
+
+    bigger = compile(gpu_program("resnet", 50, 4, "sgd"),
+                     Options(target="h100", micro_batch_size=16))
+    a, b = write_report(small, tmp_path / "a"), write_report(bigger, tmp_path / "b")
+    assert main(["compare", str(a), str(b), "--no-vet"]) == 0
+    text = capsys.readouterr().out
+    assert "Per GPU" in text and "GPU0 compute_ms" in text and "throughput_per_gpu" in text
+    assert "Where the GPU time per sample goes" in text
+    assert "IPU" not in text and "tiles" not in text and "cycles" not in text

@@ -14,7 +14,7 @@ from popviz.cli.command import EXIT_OK, Command, emit
 from popviz.cli.compare_ops import add_arguments as add_ops_arguments
 from popviz.cli.compare_ops import render_ops
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
-from popviz.vocab import MEASURED_KIND, MODELLED_KIND
+from popviz.vocab import naming_from_words
 
 CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
 
@@ -69,20 +69,26 @@ def render_text(comp: Comparison) -> str:
     if v["differences"]:
         lines += ["", "Layout differences (A vs B): " + "; ".join(v["differences"])]
     head = ["", "unit", "A", "B", "B - A", "B / A"]
-    lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(comp.metrics, "metric"))]
+    # what the sides run on, as each states it (IPU, GPU or rank); a mixed pair: devices
+    words = {naming_from_words(str(k), str(u)).device
+             for k, u in zip(sides["device_kind"], sides["time_unit"], strict=True)}
+    device = words.pop() if len(words) == 1 else "device"
+    metrics = comp.metrics
+    if device == "GPU":  # no tiles, and time in ns: step_ms says it; metric names say GPU
+        metrics = metrics[~metrics["metric"].isin(["oom_tiles", "step_cycles"])]
+        metrics = metrics.assign(metric=metrics["metric"].str.replace("ipu", "gpu"))
+    lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(metrics, "metric"))]
     tps = comp.time_per_sample
     tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
-    kinds = set(sides["kind"])
-    # measured runs have ranks, modelled ones IPUs; a mixed pair speaks of devices
-    device = ("IPU" if kinds == {MODELLED_KIND} else "rank" if kinds == {MEASURED_KIND}
-              else "device")
     lines += ["", f"Where the {device} time per sample goes "
               f"(sums to 1e6 / throughput per {device})"]
     lines += _table(["category", *head[1:]], _rows(tps, "category"))
     ipus = comp.ipus
     if len(ipus):
         ipus = ipus[ipus["metric"].isin(CLI_IPU_METRICS)]
-        prefix = "IPU" if device == "IPU" else f"{device} "
+        if device == "GPU":
+            ipus = ipus[ipus["metric"] != "oom_tiles"]
+        prefix = device if device in ("IPU", "GPU") else f"{device} "
         ipus = ipus.assign(key=prefix + ipus["ipu"].astype(str) + " " + ipus["metric"])
         lines += ["", f"Per {device}",
                   *_table([f"{device.lower()} metric", *head[1:]], _rows(ipus, "key"))]
