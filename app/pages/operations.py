@@ -44,15 +44,28 @@ FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "
          "flops", "temp_bytes", "amp_used", "passes", "plan", "bytes_read", "bytes_written")
 
 
-def ordered(ops: pd.DataFrame) -> pd.DataFrame:
-    """The ops with the cost columns first (cycles is column 27 in the file)."""
+# the contract's IPU columns a GPU plan fills with placeholders (a GPU has no AMP and no
+# per-tile temporaries): not shown on a GPU plan
+IPU_ONLY = ("amp_used", "amp_ignored", "temp_bytes", "passes", "plan")
+
+
+def ordered(ops: pd.DataFrame, gpu: bool = False) -> pd.DataFrame:
+    """The ops with the cost columns first (cycles is column 27 in the file); a GPU plan's
+    without the IPU-only columns."""
+    if gpu:
+        ops = ops.drop(columns=[c for c in IPU_ONLY if c in ops.columns])
     front = [c for c in FRONT if c in ops.columns]
     return ops[front + [c for c in ops.columns if c not in front]]
 
 
+def _ordered(entry: Entry) -> pd.DataFrame:
+    return entry.get("ops_ordered", lambda: ordered(entry.profile.ops,
+                                                    gpu=naming(entry).device == "GPU"))
+
+
 def in_window(entry: Entry, window: links.Window | None) -> pd.DataFrame:
     """The ordered ops, or those that ran in a linked trace range (built once per range)."""
-    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
+    ops = _ordered(entry)
     if window is None:
         return ops
     t0, t1, ipu = window
@@ -135,7 +148,7 @@ def _in_words(text: str, ops: pd.DataFrame, words: Naming) -> str:
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
-    ops = entry.get("ops_ordered", lambda: ordered(entry.profile.ops))
+    ops = _ordered(entry)
     if ops.empty:
         return html.Div([html.H2(title_of(entry)), message("No ops in this profile.", "info")])
     data, count, note = page(entry, "", [], 0)

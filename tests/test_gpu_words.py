@@ -1,6 +1,6 @@
-"""The micro-batch advice of a GPU plan that leaves the GPU's memory mostly unused, against
-a re-plan at the micro-batch it names (an independent compile), and its silence where it
-does not apply."""
+"""A GPU plan in GPU words: the micro-batch advice of a plan that leaves its memory mostly
+unused (against a re-plan at the micro-batch it names) and its silence where it does not
+apply; compare and /operations without IPU words."""
 
 from __future__ import annotations
 
@@ -70,3 +70,28 @@ def test_compare_of_two_gpu_plans_speaks_of_gpus(small: Any, tmp_path: Any,
     assert "Per GPU" in text and "GPU0 compute_ms" in text and "throughput_per_gpu" in text
     assert "Where the GPU time per sample goes" in text
     assert "IPU" not in text and "tiles" not in text and "cycles" not in text
+
+
+def test_the_operations_page_of_a_gpu_plan_has_no_ipu_columns(small: Any,
+                                                              tmp_path: Any) -> None:
+    from popviz_app import ProfileCache, render
+    from popviz_app.common import AppContext
+
+    from popviz.format.writer import write_report
+
+    write_report(small, tmp_path / "plan")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    page = render(ctx, "/operations", "?profile=plan/profile.h5")[1]
+
+    def tables(component: Any) -> list[Any]:
+        found = [component] if type(component).__name__ == "DataTable" else []
+        children = getattr(component, "children", None)
+        for child in children if isinstance(children, (list, tuple)) else [children]:
+            if child is not None and not isinstance(child, (str, int, float)):
+                found += tables(child)
+        return found
+
+    headers = {c["id"]: c["name"] for t in tables(page) for c in t.columns}
+    assert headers["ipu"] == "gpu" and headers["cycles"] == "ns"
+    assert not {"amp_used", "amp_ignored", "temp_bytes"} & set(headers)
+    assert "host_wait_ns" in headers  # what the GPU waited for the host, per op
