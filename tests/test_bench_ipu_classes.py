@@ -1,0 +1,46 @@
+"""bench/bench_ipu_classes.py: the per-class split of one calibration point's cycles, at the
+estimates and as fitted, against the two factors it is made of."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_ipu_classes.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_ipu_classes", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_resnet50_classes_at_the_estimates_and_as_fitted(bench: Any) -> None:
+    table, facts = bench.class_table("mk2-rn50-train-16x1ipu-mb20")
+    assert table["estimate_share"].sum() == pytest.approx(1.0)
+    assert table["fitted_share"].sum() == pytest.approx(1.0)
+    # a conv's cycles are its plan's over amp_efficiency; a big vector op's its vertex
+    # cycles over vector_efficiency (the fixed cost per op is in both: the ratio is a bit
+    # nearer 1 than the factor)
+    conv = table.loc["conv", "fitted_over_estimate"]
+    assert conv == pytest.approx(1 / facts["amp_efficiency"], rel=0.02)
+    norm = table.loc["norm", "fitted_over_estimate"]
+    assert 0.9 / facts["vector_efficiency"] < norm < 1 / facts["vector_efficiency"]
+    # the fitted factors move a fifth of ResNet-50's cycles from convolutions to norms
+    assert table.loc["norm", "fitted_share"] > 2 * table.loc["norm", "estimate_share"]
+    assert facts["step_fitted"] > facts["step_estimate"]
+    text = bench.render("x", table, facts)
+    assert "conv" in text and "norm" in text and "median op" in text
+
+
+def test_an_unknown_point_is_one_line(bench: Any) -> None:
+    with pytest.raises(SystemExit, match="unknown point"):
+        bench.class_table("no-such-point")
