@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # gpu_runs, the measured cases
 
 from popviz.compiler import compile  # noqa: E402
 from popviz.compiler.gpu_programs import gpu_program  # noqa: E402
@@ -101,35 +102,14 @@ def largest_predicted(name: str, target: str, start: int) -> int:
 
 # ---- the measured half (CUDA only) ----------------------------------------------------
 def _real_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
-    import torch
-
     model, size, seq, _ = MODELS[name]
-    if model == "resnet":
-        from popviz.models import build
+    if model == "mlp":
+        from popviz.compiler.gpu_programs import _mlp
 
-        net = build("resnet", size)
+        return _mlp(int(size), batch)
+    from gpu_runs import Case, build  # the measured cases' builder (bench/gpu_runs.py)
 
-        class Step(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.net = net
-
-            def forward(self, x: Any, y: Any) -> Any:
-                return self.net(x, y)[1]
-
-        return Step(), {"x": torch.randn(batch, 3, 224, 224),
-                        "y": torch.randint(0, 1000, (batch,))}
-    if model == "gpt2":
-        from popviz.models.gpt2 import build_gpt2
-
-        return build_gpt2(str(size), batch, sequence_length=seq)
-    if model in ("bert", "vit"):
-        from popviz.models.hf import build_transformer
-
-        return build_transformer(model, str(size), batch, sequence_length=seq or 128)
-    from popviz.compiler.gpu_programs import _mlp
-
-    return _mlp(int(size), batch)
+    return build(Case(name, model, str(size), batch, seq))
 
 
 def measure(name: str, batch: int, steps: int = 10) -> tuple[float, int, int]:
