@@ -95,3 +95,25 @@ def test_the_operations_page_of_a_gpu_plan_has_no_ipu_columns(small: Any,
     assert headers["ipu"] == "gpu" and headers["cycles"] == "ns"
     assert not {"amp_used", "amp_ignored", "temp_bytes"} & set(headers)
     assert "host_wait_ns" in headers  # what the GPU waited for the host, per op
+
+
+def test_gpu_tune_finds_the_largest_micro_batch_that_fits() -> None:
+    """tune on a GPU target doubles the best layout's micro-batch while it fits: checked
+    by independent compiles at the size it names and at twice that."""
+    from popviz.advise.tune import tune
+
+    program = gpu_program("resnet", 50, 4, "sgd")
+    result = tune(program, Options(target="h100"), 1, max_compiles=40)
+    largest = result.largest_micro_batch
+    assert largest is not None and largest["now"] == 4 and largest["limit"] == "memory"
+    size = largest["largest"]
+    assert size > 4 and size % 4 == 0 and (size // 4) & (size // 4 - 1) == 0
+    at = compile(program, Options(target="h100", micro_batch_size=size))
+    over = compile(program, Options(target="h100", micro_batch_size=2 * size))
+    assert at.summary["reserved_fits"] and at.summary["fits"]
+    assert not (over.summary["reserved_fits"] and over.summary["fits"])
+    assert largest["throughput"] == pytest.approx(at.summary["throughput"], rel=1e-6)
+    assert any(f"--batch-size {size}" in n for n in result.notes)
+    assert result.to_dict()["largest_micro_batch"]["largest"] == size
+    ipu = tune(gpu_program("mlp", 64, 8), Options(target="mk2"), 1, max_compiles=4)
+    assert ipu.largest_micro_batch is None

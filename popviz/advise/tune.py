@@ -98,6 +98,9 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)  # the program's Blocks (for best_options)
     max_tile_fill: float = 1.0  # 'fits': no tile fuller than this share of its memory
+    # a GPU target: the largest micro-batch (powers of two from the current) that fits the
+    # best layout, with its samples/s; None where not searched
+    largest_micro_batch: dict[str, Any] | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -112,7 +115,8 @@ class TuneResult:
                 "compiles": self.compiles, "layouts": self.layouts,
                 "max_tile_fill": self.max_tile_fill,
                 "seconds": self.seconds, "budget_exhausted": self.budget_exhausted,
-                "notes": list(self.notes), "baseline": self.baseline.to_dict(),
+                "notes": list(self.notes), "largest_micro_batch": self.largest_micro_batch,
+                "baseline": self.baseline.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
 def tune(program: Program, options: Options, num_ipus: int | None = None, *,
@@ -156,10 +160,18 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
         found, notes = _search(search, options, segs, n, baseline)
     except SearchBudget:
         found, notes = list(search.fitted.values()), []
-    finally:
-        search.close()
     found = _collapse(_rank(found, baseline))
     notes = list(notes)
+    largest = None
+    try:
+        if isinstance(get_target(target), GpuTarget) and options.training:
+            largest = _largest_micro_batch(search, found[0] if found else baseline,
+                                           int(program.model.get("batch_size") or 1),
+                                           options.micro_batch_size)
+    finally:
+        search.close()
+    if largest is not None:
+        notes.append(_micro_batch_note(largest))
     if max_tile_fill < 1.0:
         notes.append(f"'fits' here means no tile fuller than {max_tile_fill:.0%} of its "
                      "memory (--max-tile-fill)")
@@ -173,7 +185,49 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
         notes.append(note)
     return TuneResult(baseline, found[:top], n, target, str(program.model.get("name", "")),
                       search.count, len(search.fitted), time.perf_counter() - t0,
-                      search.count >= max_compiles, notes, search.blocks, max_tile_fill)
+                      search.count >= max_compiles, notes, search.blocks, max_tile_fill,
+                      largest)
+
+
+MICRO_BATCH_DOUBLINGS = 10  # 2^10 x the current at most (and the compile budget)
+
+
+def _largest_micro_batch(search: Search, layout: Candidate, recorded: int,
+                         current: int) -> dict[str, Any] | None:
+    """A GPU layout's largest micro-batch that fits: the current one doubled while the
+    plan still fits (each try is a compile, counted against the budget); None when the
+    layout does not fit at all or the budget is spent first."""
+    if not layout.fits:
+        return None
+    now = current if current > 1 else recorded
+    options = candidate_options(search.base, layout, search.target, search.blocks)
+    best, best_rate, tried = now, layout.throughput, [now]
+    for _ in range(MICRO_BATCH_DOUBLINGS):
+        size = best * 2
+        try:
+            candidate = search.run(options.copy(micro_batch_size=size),
+                                   f"micro-batch {size}")[0]
+        except SearchBudget:
+            break
+        tried.append(size)
+        if not candidate.fits:
+            break
+        best, best_rate = size, candidate.throughput
+    else:
+        return {"now": now, "largest": best, "throughput": best_rate, "tried": tried,
+                "limit": "doublings"}
+    return {"now": now, "largest": best, "throughput": best_rate, "tried": tried,
+            "limit": "memory" if tried[-1] > best else "budget"}
+
+
+def _micro_batch_note(largest: dict[str, Any]) -> str:
+    more = {"memory": f"{largest['largest'] * 2} does not fit",
+            "budget": "the compile budget stopped the doubling",
+            "doublings": "doubling stopped here"}[largest["limit"]]
+    return (f"largest micro-batch that fits the best layout: {largest['largest']} (now "
+            f"{largest['now']}; {more}), {largest['throughput']:,.0f} samples/s; try it "
+            f"with train.py --batch-size {largest['largest']} (a larger micro-batch also "
+            "changes the global batch)")
 
 
 HEADROOM_GAP = 0.05  # the best fills its fullest tile this much more than the current
