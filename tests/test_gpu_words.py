@@ -117,3 +117,22 @@ def test_gpu_tune_finds_the_largest_micro_batch_that_fits() -> None:
     assert result.to_dict()["largest_micro_batch"]["largest"] == size
     ipu = tune(gpu_program("mlp", 64, 8), Options(target="mk2"), 1, max_compiles=4)
     assert ipu.largest_micro_batch is None
+
+
+def test_the_trace_of_a_gpu_plan_shows_its_kernels(small: Any, tmp_path: Any) -> None:
+    """A GPU plan is modelled: /trace lays its ops (kernels on the compute stream) inside
+    each pass, as for an IPU plan, although its times are ns."""
+    from popviz_app import ProfileCache
+    from popviz_app.common import AppContext
+    from popviz_app.pages import trace as trace_page
+
+    from popviz.format.writer import write_report
+
+    write_report(small, tmp_path / "plan")
+    ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
+    entry = ctx.cache.get("plan/profile.h5")
+    assert set(trace_page.templates(entry)) == {(0, "F"), (0, "B"), (0, "WU")}
+    forward = small.tables["trace"].query("`pass` == 'F'").iloc[0]
+    fig = trace_page.trace(ctx, entry, float(forward["start"]), float(forward["end"]))
+    lanes = {d.get("name") for d in fig.to_plotly_json()["data"]}
+    assert {"op: conv", "op: norm", "modules"} <= lanes

@@ -28,6 +28,7 @@ from popviz.analysis.trace_threads import (
 )
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
+from popviz.vocab import is_measured
 
 from .. import links, trace_bsp
 from ..cache import Entry
@@ -50,8 +51,10 @@ NEEDS_PROFILE = True
 
 
 def templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
-    """The modelled op layout of each pass ({} on a measured profile: no op level)."""
-    measured = naming(entry).measured
+    """The modelled op layout of each pass ({} on a measured profile: no op level). A GPU
+    plan is modelled too (its times are ns, not measured): its ops are its kernels on the
+    compute stream, laid out in program order."""
+    measured = is_measured(entry.profile.kind)
     return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops, measured=measured))
 
 
