@@ -117,10 +117,14 @@ def _profile_file(path: Path) -> Path:
         if not found:
             raise ProfileError(f"{path}: no profile (.h5) in this directory")
         if len(found) > 1:
-            names = ", ".join(str(p.relative_to(path)) for p in found[:6])
+            # each profile by the folder a command takes (train.py writes training/ and
+            # inference/ side by side): the user can paste one
+            names = ", ".join(str(p.parent if p.name == schema.PROFILE_FILENAME else p)
+                              for p in found[:6])
+            more = f" and {len(found) - 6} more" if len(found) > 6 else ""
             raise ProfileError(
-                f"{path}: holds {len(found)} profiles ({names}); open one of them, "
-                "or list them with popviz.discover"
+                f"{path}: holds {len(found)} profiles; give one of them: {names}{more} "
+                "(popviz serve shows them all)"
             )
         return found[0]
     refuse_special_input(path)
