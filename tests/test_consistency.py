@@ -44,7 +44,6 @@ def test_stash_is_depth_times_bytes_per_microbatch() -> None:
     assert stash_words(0, 0, 0) == "none"
 
 
-@pytest.mark.skipif(not PIPELINE.exists(), reason="bundled profile missing")
 def test_liveness_stash_variables_add_up_to_the_stages_stash() -> None:
     """/liveness lists the copies beyond the current micro-batch as one variable per IPU;
     with the current micro-batch's own copy they are the stage table's stash."""
@@ -75,7 +74,6 @@ def test_stash_variable_name_leaves_other_names() -> None:
         "stash of x#1: 1 more micro-batch in flight (stash depth 2)"
 
 
-@pytest.mark.skipif(not PIPELINE.exists(), reason="bundled profile missing")
 def test_liveness_and_stages_pages_say_the_same_stash(tmp_path: Path) -> None:
     from popviz_app import create_app, render
 
@@ -107,7 +105,6 @@ def _table(component: object, id_: str) -> list[dict]:
     raise AssertionError(f"no table {id_}")
 
 
-@pytest.mark.skipif(not PIPELINE.exists(), reason="bundled profile missing")
 def test_summary_json_bubble_fraction_is_the_summary_pages(
         capsys: pytest.CaptureFixture) -> None:
     assert main(["summary", str(PIPELINE), "--json", "--no-vet"]) == 0

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pytest
 
 import popviz
 from popviz.analysis.tile_contents import (
@@ -24,7 +23,6 @@ from popviz.figures.memory import tile_map_figure
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline"
 
 
-@pytest.mark.skipif(not PROFILE.exists(), reason="bundled profile missing")
 def test_a_flat_not_always_live_peak_is_taken_per_tile_from_the_tile_liveness() -> None:
     with popviz.open(PROFILE) as p:
         tm, matrix = p.tile_memory, p.tile_liveness(0)
@@ -74,7 +72,6 @@ def test_tile_map_colours_span_a_fitting_ipus_tiles_and_the_axis_says_tile_numbe
     assert tile_map_figure(over, 0).data[0].zmax == 100
 
 
-@pytest.mark.skipif(not PROFILE.exists(), reason="bundled profile missing")
 def test_memory_page_lists_what_is_on_a_tile_that_fits(tmp_path: Path) -> None:
     from popviz_app import create_app
 
@@ -88,7 +85,6 @@ def test_memory_page_lists_what_is_on_a_tile_that_fits(tmp_path: Path) -> None:
     assert "IPU1 tile 197: not-always-live peak" in text and "What is on it" in text
 
 
-@pytest.mark.skipif(not PROFILE.exists(), reason="bundled profile missing")
 def test_peaks_read_in_blocks_are_the_whole_arrays(tmp_path: Path, monkeypatch: Any) -> None:
     from popviz_app import create_app
     from popviz_app.pages import memory
