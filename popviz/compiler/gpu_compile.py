@@ -16,13 +16,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.compiler.compiler import (
-    _forward_only,
-    _rescale,
-    _stage_costs,
-    plan_tensor_stage,
-    step_rates,
-)
 from popviz.compiler.gpu_lowering import (
     autocast_casts,
     cuda_dropout,
@@ -38,6 +31,13 @@ from popviz.compiler.gpu_recipe import (
 )
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
 from popviz.compiler.order import program_order
+from popviz.compiler.plan_common import (
+    _forward_only,
+    _rescale,
+    _stage_costs,
+    plan_tensor_stage,
+    step_rates,
+)
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import build_schedule
 from popviz.compiler.stages import StagePlan, plan_stages

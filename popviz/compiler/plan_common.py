@@ -1,0 +1,154 @@
+"""What compiling a program for either target family shares: the program rescaled to the
+micro-batch or cut to the forward (inference), each stage's costs and boundary bytes, each
+tensor's stage, and a step's rates. `compiler.py` (IPUs) and `gpu_compile.py` (GPUs) both
+build on these; neither imports the other for them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from popviz.compiler.bsp import StageCosts
+from popviz.compiler.memory import consumers
+from popviz.compiler.stages import StagePlan
+from popviz.options import Options
+from popviz.recorder.program import Program
+from popviz.target.cost import Precision, dtype_scale
+
+PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
+PER_SAMPLE_CATEGORIES = ("activation", "temporary", "input")
+
+
+def _rescale(program: Program, options: Options) -> tuple[Program, int]:
+    """Scale per-sample work when options.micro_batch_size (if not the default 1) differs
+    from the recorded batch; returns the program and the micro-batch size."""
+    recorded = int(program.model.get("batch_size") or 0)
+    wanted = options.micro_batch_size
+    if not recorded or wanted in (1, recorded):
+        return program, recorded or wanted
+    ratio = wanted / recorded
+    ops, tensors = program.ops.copy(), program.tensors.copy()
+    m = ops["phase"].isin(PER_SAMPLE_PHASES)
+    for col in ("flops", "bytes_read", "bytes_written"):
+        ops.loc[m, col] = np.round(ops.loc[m, col].to_numpy(np.float64) * ratio).astype(np.int64)
+    t = tensors["category"].isin(PER_SAMPLE_CATEGORIES)
+    tensors.loc[t, "bytes"] = np.round(tensors.loc[t, "bytes"].to_numpy(np.float64) * ratio
+                                       ).astype(np.int64)
+    model = dict(program.model, batch_size=wanted)
+    return Program(ops, tensors, model, program.mode), wanted
+
+
+def _forward_only(program: Program) -> Program:
+    """Inference: drop backward / recompute / optimiser ops and what only they made."""
+    ops = program.ops
+    keep = ops["phase"].isin(["forward", "host_io"])
+    kept = ops[keep]
+    t = program.tensors
+    alive = (t["producer"] < 0) | t["producer"].isin(kept["op_id"])
+    t = t[alive & ~t["category"].isin(["gradient", "optimiser_state"])].copy()
+    last = int(kept["op_id"].max()) if len(kept) else 0
+    t["last_use"] = np.minimum(t["last_use"].to_numpy(np.int64), last)
+    return Program(kept.reset_index(drop=True), t.reset_index(drop=True), program.model,
+                   program.mode)
+
+
+def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: Options,
+                 precision: Precision, n: int) -> StageCosts:
+    def per_stage(mask: pd.Series) -> np.ndarray:
+        return np.bincount(ops.loc[mask, "stage"].to_numpy(np.int64),
+                           weights=ops.loc[mask, "cycles"].to_numpy(np.float64),
+                           minlength=n)[:n].astype(np.int64)
+
+    t = program.tensors
+    scale = dtype_scale(t["dtype"], precision.compute_bytes)
+    wscale = dtype_scale(t["dtype"], precision.weight_bytes)
+    nbytes = t["bytes"].to_numpy(np.float64)
+    real = ops[ops["source_op"] < 0]
+    op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
+    ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
+    # the furthest stage whose forward reads each tensor (recorded dataflow, else last_use)
+    pairs = consumers(ops.reset_index(drop=True), t, pd.Series(
+        np.flatnonzero(ops["source_op"].to_numpy() < 0), index=real["op_id"].to_numpy()))
+    fwd_read = pairs[ops["pass"].to_numpy(str)[pairs["row"].to_numpy()] == "F"]
+    reader_stage = fwd_read.assign(stage=ops["stage"].to_numpy()[fwd_read["row"].to_numpy()]) \
+        .groupby("tensor_id")["stage"].max()
+    us = reader_stage.reindex(t["tensor_id"].to_numpy()).to_numpy()
+    act = t["category"].isin(["activation", "input"]).to_numpy() & ~np.isnan(ps) & \
+        ~np.isnan(us) & (us > ps)
+    # bytes crossing into stage s: activations made before s and read at s or later
+    diff = np.zeros(n + 1)
+    np.add.at(diff, ps[act].astype(np.int64) + 1, nbytes[act] * scale[act])
+    np.add.at(diff, us[act].astype(np.int64) + 1, -nbytes[act] * scale[act])
+    boundary = np.cumsum(diff)[:n]
+    fwd = real[real["pass"] == "F"]
+    if not fwd_read.size:  # no dataflow at all: the previous stage's last output
+        last_out = fwd.groupby("stage")["bytes_written"].last() * precision.compute_bytes / 4
+        for s in range(1, n):
+            boundary[s] = max(boundary[s], float(last_out.get(s - 1, 0)))
+    boundary[0] = 0
+    tensor_stage = plan_tensor_stage(t, op_stage, plan)
+    grad = (t["category"] == "gradient").to_numpy()
+    grad_bytes = np.bincount(tensor_stage[grad], weights=nbytes[grad] * wscale[grad],
+                             minlength=n)[:n]
+    state = (t["category"] == "optimiser_state").to_numpy() & options.optimiser_offload
+    # with replicated tensor sharding each replica streams its shard only
+    shards = options.replication_factor if options.replicated_tensor_sharding else 1
+    offload = np.bincount(tensor_stage[state], weights=nbytes[state] * wscale[state] / shards,
+                          minlength=n)[:n]
+    inp = (t["category"] == "input").to_numpy() & (t["last_use"] >= 0).to_numpy()
+    last_fwd = fwd[fwd["stage"] == n - 1]
+    out_bytes = int(last_fwd["bytes_written"].iloc[-1] * precision.compute_bytes / 4) \
+        if len(last_fwd) else 0
+    return StageCosts(
+        ipu=plan.stages["ipu"].to_numpy(np.int64),
+        forward=per_stage(ops["pass"] == "F"), recompute=per_stage(ops["pass"] == "R"),
+        backward=per_stage(ops["pass"] == "B"), optimiser=per_stage(ops["pass"] == "WU"),
+        boundary_bytes=np.ceil(boundary).astype(np.int64),
+        grad_bytes=np.ceil(grad_bytes).astype(np.int64),
+        offload_bytes=np.ceil(offload).astype(np.int64),
+        input_bytes=math.ceil(float((nbytes[inp] * scale[inp]).sum())),
+        output_bytes=max(out_bytes, 0))
+
+
+def plan_tensor_stage(t: pd.DataFrame, op_stage: pd.Series, plan: StagePlan) -> np.ndarray:
+    """Stage of each tensor: its producer's, else its module's (parents too), else 0."""
+    ps = op_stage.reindex(t["producer"].to_numpy()).to_numpy()
+    made = ~np.isnan(ps)
+    out = np.where(made, np.nan_to_num(ps), 0).astype(np.int64)
+    modules = t["module"].astype(str).to_numpy()
+    found: dict[str, int] = {}
+    for i in np.flatnonzero(~made).tolist():
+        module = start = modules[i]
+        stage = found.get(start)
+        if stage is None:
+            while module and module not in plan.module_stage and "." in module:
+                module = module.rsplit(".", 1)[0]
+            stage = found[start] = plan.module_stage.get(module, 0)
+        out[i] = stage
+    return out
+
+
+
+@dataclass(frozen=True)
+class StepRates:
+    """What a step's time and size give, the same on every target."""
+
+    samples: int  # per step, all replicas
+    devices: int  # IPUs (GPUs) per replica x replicas
+    throughput: float  # samples/s
+    per_device: float
+    bottleneck_stage: int  # busiest stage by forward + recompute + backward per micro-batch
+
+
+def step_rates(seconds: float, micro_batch: int, microbatches: int, replicas: int,
+               devices_per_replica: int, stages: pd.DataFrame) -> StepRates:
+    samples = micro_batch * microbatches * replicas
+    devices = devices_per_replica * replicas
+    throughput = samples / seconds if seconds else 0.0
+    per_mb = (stages["forward_cycles_per_microbatch"] + stages["recompute_cycles_per_microbatch"]
+              + stages["backward_cycles_per_microbatch"])
+    return StepRates(samples, devices, throughput, throughput / devices if devices else 0.0,
+                     int(per_mb.idxmax()) if len(per_mb) else 0)  # type: ignore[call-overload]  # pandas-stubs: a group key is Hashable
