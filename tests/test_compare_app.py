@@ -71,7 +71,7 @@ def test_page_messages(app_and_root: tuple[Any, Path]) -> None:
 
 
 def test_pickers_write_the_url() -> None:
-    from popviz_app.pages.compare import pair_of, pair_query
+    from popviz_app.pages.compare_pair import pair_of, pair_query
 
     q = pair_query("a dir/p.h5", "b.h5")
     assert pair_of(q) == ("a dir/p.h5", "b.h5")

@@ -6,44 +6,26 @@ from the URL (shareable); the dropdowns rewrite the URL, which re-renders the pa
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, urlencode
 
 import dash
 import pandas as pd
 from dash import Input, Output, dcc, html
 from dash.exceptions import MissingCallbackContextException
 
-from popviz.analysis.compare import Comparison, compare, format_ratio, format_value
+from popviz.analysis.compare import Comparison, format_ratio, format_value
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
-from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
+from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, PathRefused
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
+from .compare_pair import comparison, pair_of, pair_query
 
 PATH = "/compare"
 TITLE = "Compare"
 NEEDS_PROFILE = False  # it takes two: ?profile=A&other=B
 FIGURES: dict[str, Any] = {}  # HTML downloads are per profile; PNG is in each modebar
-
-
-def pair_of(search: str | None) -> tuple[str, str]:
-    """(profile, other) from a URL search string ('' when absent)."""
-    q = parse_qs((search or "").lstrip("?"))
-    return (q.get("profile", [""])[0], q.get("other", [""])[0])
-
-
-def pair_query(a: str, b: str) -> str:
-    return "?" + urlencode({k: v for k, v in (("profile", a), ("other", b)) if v})
-
-
-def comparison(a: Entry, b: Entry) -> Comparison:
-    """Built once per pair of files (kept with A's cached entry). Keyed by B's file
-    stamp, not by B's entry: B is evicted and reopened as other profiles are looked at,
-    and a key per reopening grew A's entry without bound."""
-    return a.get(("compare", b.rel, b.stamp or id(b)),
-                 lambda: compare(a.profile, b.profile))
 
 
 def _card(label: str, value: str, tone: str = "") -> html.Div:

@@ -21,6 +21,7 @@ from popviz.figures.style import empty_figure
 
 from ..cache import Entry, PathRefused
 from ..common import AppContext, graph, message, table
+from .compare_pair import comparison, pair_of
 
 TOP = 20
 DEPTHS = [1, 2, 3, 4]
@@ -100,8 +101,6 @@ def section(a: Entry, b: Entry, comp: Comparison) -> list[Any]:
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
-    from .compare import comparison, pair_of  # compare.py imports this module
-
     def entries(search: str | None) -> tuple[Entry, Entry, Comparison]:
         a, b = pair_of(search)
         ea, eb = ctx.cache.get(a), ctx.cache.get(b)

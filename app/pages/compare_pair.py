@@ -1,0 +1,28 @@
+"""The pair of profiles /compare shows: read from the URL, written back to it, and their
+comparison built once per pair (shared by the page and its op-by-op part)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode
+
+from popviz.analysis.compare import Comparison, compare
+
+from ..cache import Entry
+
+
+def pair_of(search: str | None) -> tuple[str, str]:
+    """(profile, other) from a URL search string ('' when absent)."""
+    q = parse_qs((search or "").lstrip("?"))
+    return (q.get("profile", [""])[0], q.get("other", [""])[0])
+
+
+def pair_query(a: str, b: str) -> str:
+    return "?" + urlencode({k: v for k, v in (("profile", a), ("other", b)) if v})
+
+
+def comparison(a: Entry, b: Entry) -> Comparison:
+    """Built once per pair of files (kept with A's cached entry). Keyed by B's file
+    stamp, not by B's entry: B is evicted and reopened as other profiles are looked at,
+    and a key per reopening grew A's entry without bound."""
+    return a.get(("compare", b.rel, b.stamp or id(b)),
+                 lambda: compare(a.profile, b.profile))
