@@ -288,3 +288,26 @@ def test_bf16_runs_on_tensor_cores_in_half_the_bytes(mlp: Any) -> None:
     assert again.summary["max_memory_allocated"] == bf16.summary["max_memory_allocated"]
     with pytest.raises(ValueError, match="dtype"):
         gpu_program("mlp", 64, 8, dtype="int8")
+
+
+def test_each_gpu_updates_its_own_parameters() -> None:
+    """torch's foreach AdamW is recorded once over the whole model; in a pipeline each GPU
+    updates its own stage's parameters, so the weight-update time is shared out by the
+    stages' parameter bytes, not left on the stage the foreach ops were placed on."""
+    from popviz.compiler.gpu_compile import optimiser_by_stage
+
+    program = gpu_program("gpt2", "tiny", 2, "adamw", sequence_length=64)
+    report = compile(program, Options(target="h100", splits=["lm.transformer.h.1.ln_1"],
+                                      num_ipus=2, schedule="1F1B"))
+    ops, tensors = report.tables["ops"], report.tables["tensors"]
+    wu = ops[ops["pass"] == "WU"]
+    foreach = wu["op"].str.contains("_foreach_")
+    assert foreach.any()
+    placed = wu[foreach].groupby("stage")["cycles"].sum()  # where the ops were recorded
+    per_stage = optimiser_by_stage(ops, tensors, tensors["stage"].to_numpy(np.int64), 2)
+    params = tensors[tensors["category"] == "parameter"].groupby("stage")["bytes"].sum()
+    assert per_stage.sum() == pytest.approx(wu["cycles"].sum(), abs=2)
+    assert per_stage[0] / per_stage.sum() == pytest.approx(params[0] / params.sum(), abs=0.01)
+    assert abs(per_stage[0] / per_stage.sum() - placed.get(0, 0) / placed.sum()) > 0.05
+    stages = report.tables["stages"].set_index("stage")["optimiser_cycles"]
+    assert (stages > 0).all()  # both GPUs spend time updating

@@ -11,6 +11,7 @@ device_fit over the `liveness` table, whose `reserved_bytes` column it reads).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -143,6 +144,10 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     program, micro_batch, plan, ops = costed_gpu_plan(program, options, target)
     n = len(plan.stages)
     costs = _stage_costs(ops, as_recorded(program), plan, options, AS_RECORDED, n)
+    real = ops[ops["source_op"] < 0]
+    op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
+    t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
+    costs = replace(costs, optimiser=optimiser_by_stage(ops, program.tensors, t_stage, n))
     kind = "Sequential" if options.strategy == "sharded" else options.schedule
     microbatches = options.gradient_accumulation
     iterations = options.device_iterations
@@ -156,9 +161,6 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
                                options.replication_factor, nvlink)
-    real = ops[ops["source_op"] < 0]
-    op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
-    t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
     recipe = recipe_named(options.gpu_precision)
     step_bytes = step_bytes_per_stage(program.tensors, t_stage, n, recipe,
@@ -186,6 +188,31 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
               "ops": out_ops, "tensors": tensors, "variables": memory.variables,
               "oom": _empty(OOM_COLUMNS)}
     return Report(meta=meta, tables=tables, arrays={}, summary=summary)
+
+
+def optimiser_by_stage(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.ndarray,
+                       num_stages: int) -> np.ndarray:
+    """Each stage's weight-update ns. A foreach optimiser op (torch's multi-tensor AdamW /
+    SGD, recorded once over the whole model's lists) lands on one stage of the plan, but in
+    a pipeline each GPU updates its own parameters: its time is shared out over the stages
+    by their parameters' bytes. Per-parameter update ops keep their own stage."""
+    wu = (ops["pass"].astype(str) == "WU").to_numpy()
+    foreach = wu & ops["op"].astype(str).str.contains("_foreach_").to_numpy()
+    cycles = ops["cycles"].to_numpy(np.float64)
+    stage = ops["stage"].to_numpy(np.int64)
+    out = np.bincount(stage[wu & ~foreach], weights=cycles[wu & ~foreach],
+                      minlength=num_stages)[:num_stages]
+    params = (tensors["category"].astype(str) == "parameter").to_numpy()
+    held = np.bincount(np.minimum(tensor_stage[params], num_stages - 1),
+                       weights=tensors["bytes"].to_numpy(np.float64)[params],
+                       minlength=num_stages)[:num_stages]
+    total = float(cycles[foreach].sum())
+    if total and held.sum() > 0:
+        out = out + total * held / held.sum()
+    elif total:
+        out = out + np.bincount(stage[foreach], weights=cycles[foreach],
+                                minlength=num_stages)[:num_stages]
+    return np.ceil(out).astype(np.int64)
 
 
 def _precision_meta(recipe: GpuRecipe, replicas: int, program: Program) -> dict[str, Any]:
