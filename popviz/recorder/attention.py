@@ -14,7 +14,8 @@ each call to the fused CPU op `aten._scaled_dot_product_flash_attention_for_cpu`
 same shapes, whose saved tensors are the GPU kernels' (output and log-sum-exp) and whose
 backward is one op. The dropout probability is kept in the op's arguments as the GPU kernel
 takes it; the CPU op's meta function does not refuse it. Calls the fused op cannot express
-(grouped-query heads, inputs that are not [batch, heads, seq, dim]) run as recorded.
+(grouped-query heads, inputs that are not [batch, heads, seq, dim], a bool mask, a mask
+that needs a gradient such as T5's learned position bias) run as recorded.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if enable_gqa or query.dim() != 4 or key.shape[:2] != query.shape[:2] \
             or value.shape[:2] != query.shape[:2]:
         return None
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        return None  # the fused CPU op takes an additive float mask only
+    if attn_mask is not None and (attn_mask.dtype == torch.bool or attn_mask.requires_grad):
+        # the fused CPU op takes an additive float mask only, and no gradient for it (T5's
+        # learned position bias): those calls keep the math path
+        return None
     out, _ = FUSED(query, key, value, float(dropout_p), bool(is_causal),
                    attn_mask=attn_mask, scale=scale)
     return out
