@@ -1,0 +1,89 @@
+"""A GPU plan's pages in Chromium through the real `popviz serve`: each page loads without a
+console or HTTP error and speaks of GPUs (no IPUs, no AMP, no tiles, no cycles), and its
+trace shows its kernels inside each pass once zoomed in. Screenshots go to
+test-artifacts/screenshots/ (gpu_plan_*.png)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from popviz.compiler import compile
+from popviz.compiler.gpu_programs import gpu_program
+from popviz.format.writer import write_report
+from popviz.options import Options
+from tests.serve_util import start_serve, stop
+
+from .conftest import SCREENSHOTS
+from .test_app_browser import _open
+from .test_lanes_browser import _zoom
+
+pytestmark = pytest.mark.browser
+REL = "rn50_h100/profile.h5"
+PAGES = ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations",
+         "/tree")
+# a GPU has none of these; the two sentences that say so are allowed
+IPU_WORDS = re.compile(r"\b(IPU\d*|IPUs|AMP|availableMemoryProportion|tiles?|cycles)\b")
+SAYS_SO = ("A GPU has no tiles", "availableMemoryProportion is an IPU compiler option")
+
+
+@pytest.fixture(scope="module")
+def gpu_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A served folder holding one plan: ResNet-50 at batch 16 on an H100 (plan mode)."""
+    served = tmp_path_factory.mktemp("gpu_served")
+    report = compile(gpu_program("resnet", 50, 16, "sgd"), Options(target="h100"))
+    write_report(report, served / REL)
+    log_path = tmp_path_factory.mktemp("gpu_serve") / "serve.log"
+    with log_path.open("w") as log:
+        proc, port = start_serve(served, log=log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop(proc)
+
+
+def _ipu_words(text: str) -> list[str]:
+    lines = [line for line in text.splitlines() if not any(s in line for s in SAYS_SO)]
+    return sorted({m.group(0) for line in lines for m in IPU_WORDS.finditer(line)})
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_every_page_of_a_gpu_plan_speaks_of_gpus(browser_context: Any, gpu_url: str,
+                                                 path: str) -> None:
+    page, errors = _open(browser_context, f"{gpu_url}{path}?profile={REL}")
+    try:
+        text = page.inner_text("#page")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"gpu_plan_{path.strip('/')}.png"),
+                        full_page=True)
+        assert not errors, errors
+        assert re.search(r"\bgpu\b", text, re.IGNORECASE)
+        assert _ipu_words(text) == [], (path, _ipu_words(text))
+    finally:
+        page.close()
+
+
+def test_the_trace_of_a_gpu_plan_shows_kernels_when_zoomed(browser_context: Any,
+                                                           gpu_url: str) -> None:
+    """Zoomed into the forward pass, the op lanes hold the plan's kernels (conv, norm)."""
+    page, errors = _open(browser_context, f"{gpu_url}/trace?profile={REL}")
+    try:
+        # the forward pass of a one-GPU plan starts after the input's host copy: its first
+        # two milliseconds hold the stem's kernels
+        _zoom(page, 0, 2e6)
+        page.wait_for_function("""() => {
+            const g = document.querySelector('#trace-graph .js-plotly-plot');
+            return g && g.data && g.data.some(t => (t.name || '').startsWith('op: '));
+        }""", timeout=20_000)
+        names = page.evaluate("""() => document.querySelector('#trace-graph .js-plotly-plot')
+            .data.map(t => t.name || '')""")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "gpu_plan_trace_zoomed.png"))
+        assert {"op: conv", "op: norm"} <= set(names), names
+        assert not errors, errors
+    finally:
+        page.close()
+
