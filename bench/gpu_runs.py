@@ -103,14 +103,10 @@ def build(case: Case) -> tuple[Any, dict[str, Any]]:
 
         return build_gpt2(case.size, case.batch, sequence_length=case.sequence, attn=case.attn)
     if case.model == "gpt2-custom":
-        from popviz.models.gpt2 import Gpt2LM
-        from popviz.models.hf import _transformers
+        from popviz.models.gpt2 import build_gpt2_shape
 
-        config = _transformers().GPT2Config(
-            n_embd=case.hidden, n_layer=case.layers, n_head=case.heads,
-            vocab_size=case.vocab, n_positions=case.sequence, attn_implementation=case.attn)
-        ids = torch.randint(0, case.vocab, (case.batch, case.sequence))
-        return Gpt2LM(config), {"input_ids": ids, "labels": ids}
+        return build_gpt2_shape(case.layers, case.hidden, case.heads, case.vocab, case.batch,
+                                sequence_length=case.sequence, attn=case.attn)
     from popviz.models.hf import build_transformer
 
     return build_transformer(case.model, case.size, case.batch,

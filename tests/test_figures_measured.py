@@ -19,6 +19,7 @@ from popviz.api import compare
 from popviz.figures import compare as cf
 from popviz.vocab import MEASURED, MODELLED, naming_for, naming_of
 from tests.dash_util import component_text as _text
+from tests.dash_util import find_components
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
@@ -127,13 +128,7 @@ def test_an_imports_liveness_steps_are_allocator_events(measured: Any) -> None:
     assert modelled.layout.xaxis2.title.text == "program step"
 
 
-def _find(component: Any, kind: str) -> list[Any]:
-    found = [component] if type(component).__name__ == kind else []
-    children = getattr(component, "children", None)
-    for child in children if isinstance(children, (list, tuple)) else [children]:
-        if child is not None and not isinstance(child, (str, int, float)):
-            found += _find(child, kind)
-    return found
+_find = find_components
 
 
 @pytest.fixture(scope="module")

@@ -78,20 +78,14 @@ def test_the_operations_page_of_a_gpu_plan_has_no_ipu_columns(small: Any,
     from popviz_app.common import AppContext
 
     from popviz.format.writer import write_report
+    from tests.dash_util import find_components
 
     write_report(small, tmp_path / "plan")
     ctx = AppContext(root=tmp_path, cache=ProfileCache(tmp_path))
     page = render(ctx, "/operations", "?profile=plan/profile.h5")[1]
 
-    def tables(component: Any) -> list[Any]:
-        found = [component] if type(component).__name__ == "DataTable" else []
-        children = getattr(component, "children", None)
-        for child in children if isinstance(children, (list, tuple)) else [children]:
-            if child is not None and not isinstance(child, (str, int, float)):
-                found += tables(child)
-        return found
-
-    headers = {c["id"]: c["name"] for t in tables(page) for c in t.columns}
+    headers = {c["id"]: c["name"] for t in find_components(page, "DataTable")
+               for c in t.columns}
     assert headers["ipu"] == "gpu" and headers["cycles"] == "ns"
     assert not {"amp_used", "amp_ignored", "temp_bytes"} & set(headers)
     assert "host_wait_ns" in headers  # what the GPU waited for the host, per op

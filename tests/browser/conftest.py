@@ -53,9 +53,15 @@ def base_url(served: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """`popviz serve` itself (waitress with its 1 MiB body limit, vetting workers), not an
     in-process werkzeug server that accepts any request: a callback whose request is too
     big must fail here as it does for users (issue 21)."""
+    yield from serving(served, tmp_path_factory)
+
+
+def serving(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`popviz serve folder` for a fixture: its URL while the fixture lives, its log in a
+    temporary folder."""
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with log_path.open("w") as log:
-        proc, port = start_serve(served, log=log)
+        proc, port = start_serve(folder, log=log)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:

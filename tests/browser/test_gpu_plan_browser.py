@@ -15,9 +15,8 @@ from popviz.compiler import compile
 from popviz.compiler.gpu_programs import gpu_program
 from popviz.format.writer import write_report
 from popviz.options import Options
-from tests.serve_util import start_serve, stop
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, serving
 from .test_app_browser import _open
 from .test_lanes_browser import _zoom
 
@@ -36,13 +35,7 @@ def gpu_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     served = tmp_path_factory.mktemp("gpu_served")
     report = compile(gpu_program("resnet", 50, 16, "sgd"), Options(target="h100"))
     write_report(report, served / REL)
-    log_path = tmp_path_factory.mktemp("gpu_serve") / "serve.log"
-    with log_path.open("w") as log:
-        proc, port = start_serve(served, log=log)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop(proc)
+    yield from serving(served, tmp_path_factory)
 
 
 def _ipu_words(text: str) -> list[str]:
