@@ -48,6 +48,10 @@ def test_every_page_of_a_gpu_plan_speaks_of_gpus(browser_context: Any, gpu_url: 
                                                  path: str) -> None:
     page, errors = _open(browser_context, f"{gpu_url}{path}?profile={REL}")
     try:
+        # a page's tables may fill a moment after its figures settle (/operations' rows and
+        # headers, on a loaded machine): wait for the device's name before reading
+        page.wait_for_function("() => /\\bgpu\\b/i.test(document.querySelector('#page')"
+                               ".innerText)", timeout=30_000)
         text = page.inner_text("#page")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"gpu_plan_{path.strip('/')}.png"),
