@@ -43,6 +43,9 @@ PUBLISHED = {
     ("6.2B", 3, 2, "1F1B"): 21, ("6.2B", 3, 4, "1F1B"): 28, ("6.2B", 3, 8, "1F1B"): 39,
     ("6.2B", 3, 24, "1F1B"): 39, ("6.2B", 6, 24, "1F1B"): 66,
     ("6.2B", 3, 24, "Interleaved1F1B"): 48,
+    # Zero Bubble's own schedules (Table 4: one peak per schedule, over m 24 / 32 / 64)
+    ("1.5B", 6, 24, "ZB1P"): 32, ("1.5B", 6, 24, "ZB2P"): 59,
+    ("6.2B", 3, 24, "ZB1P"): 42, ("6.2B", 3, 24, "ZB2P"): 70,
 }
 # (model, b, m, schedule) -> step seconds derived from the published samples per GPU per
 # second: m b / (throughput x 8 GPUs) (ZB Tables 4, 11, 12; the evidence file's derivation)
@@ -59,10 +62,16 @@ STEP_S = {
     ("6.2B", 6, 24, "1F1B"): 5.056, ("6.2B", 6, 32, "1F1B"): 6.383,
     ("6.2B", 6, 64, "1F1B"): 11.736,
     ("6.2B", 3, 2, "1F1B"): 0.721, ("6.2B", 3, 4, "1F1B"): 0.888, ("6.2B", 3, 8, "1F1B"): 1.224,
+    ("1.5B", 6, 24, "ZB1P"): 1.395, ("1.5B", 6, 32, "ZB1P"): 1.791,
+    ("1.5B", 6, 64, "ZB1P"): 3.380, ("1.5B", 6, 24, "ZB2P"): 1.241,
+    ("1.5B", 6, 32, "ZB2P"): 1.622, ("1.5B", 6, 64, "ZB2P"): 3.221,
+    ("6.2B", 3, 24, "ZB1P"): 2.320, ("6.2B", 3, 32, "ZB1P"): 3.000,
+    ("6.2B", 3, 64, "ZB1P"): 5.714, ("6.2B", 3, 24, "ZB2P"): 2.083,
+    ("6.2B", 3, 32, "ZB2P"): 2.759, ("6.2B", 3, 64, "ZB2P"): 5.467,
 }
-# ZB Table 9 (m 24): a middle stage's forward, input + weight gradient (= popviz's B) and
+# ZB Table 9 (ZB-2p, m 24): a middle stage's forward, input gradient, weight gradient and
 # p2p per micro-batch, ms; 1.5B at b 6, 6.2B at b 3
-TABLE9 = {"1.5B": (18.522, 18.086 + 9.337, 0.601), "6.2B": (29.718, 29.444 + 19.927, 0.527)}
+TABLE9 = {"1.5B": (18.522, 18.086, 9.337, 0.601), "6.2B": (29.718, 29.444, 19.927, 0.527)}
 PP = 8
 SEQUENCE = 1024
 VOCAB = 32000
@@ -133,15 +142,18 @@ def plan(program: Any, model: str, m: int, recipe: str, schedule: str = "1F1B"
     return int(peaks[gpu]) / 1e9, int(gpu), state.round(2).tolist()
 
 
-def passes(report: Any, stage: int = 3) -> tuple[float, float, float]:
-    """A middle stage's forward and backward ms per micro-batch, and one activation's
+def passes(report: Any, stage: int = 3) -> tuple[float, float, float, float]:
+    """A middle stage's forward, input-gradient and weight-gradient ms per micro-batch
+    (the backward's ops split as a zero-bubble schedule runs them), and one activation's
     p2p ms (the mean of the stage's sends)."""
     ops = report.tables["ops"]
-    mine = ops[ops["stage"] == stage].groupby("pass")["cycles"].sum() / 1e6
+    mine = ops[ops["stage"] == stage]
+    ms = mine.groupby("pass")["cycles"].sum() / 1e6
+    weight = float(mine.loc[mine["grad_part"] == "weight", "cycles"].sum()) / 1e6
     ex = report.tables["exchange"]
     sends = ex[(ex["kind"] == "activation") & (ex["stage"] == stage)]
     p2p = float((sends["end"] - sends["start"]).mean()) / 1e6 if len(sends) else 0.0
-    return float(mine.get("F", 0.0)), float(mine.get("B", 0.0)), p2p
+    return float(ms.get("F", 0.0)), float(ms.get("B", 0.0)) - weight, weight, p2p
 
 
 def time_tables(models: list[str], recipe: str = "megatron-fp16") -> list[str]:
@@ -162,13 +174,15 @@ def time_tables(models: list[str], recipe: str = "megatron-fp16") -> list[str]:
                 errors.append(step / published - 1)
                 lines.append(f"{model:>5} {schedule:>15} {b:>3} {m:>3} {published:>9.3f} "
                              f"{step:>8.3f} {step / published - 1:>+7.1%}")
-                if (m, schedule) == (24, "1F1B") and batch == (6 if model == "1.5B" else 3):
-                    f, bwd, p2p = passes(report)
-                    pf, pb, pp = TABLE9[model]
+                if (m, schedule) == (24, "ZB2P"):
+                    f, i, w, p2p = passes(report)
+                    pf, pi, pw, pp = TABLE9[model]
                     lines.append(f"      Table 9, a middle stage per micro-batch (ms): F "
-                                 f"{f:.2f} vs {pf:.2f} ({f / pf - 1:+.0%}), B = I + W "
-                                 f"{bwd:.2f} vs {pb:.2f} ({bwd / pb - 1:+.0%}), p2p "
-                                 f"{p2p:.3f} vs {pp:.3f}")
+                                 f"{f:.2f} vs {pf:.2f} ({f / pf - 1:+.0%}), I {i:.2f} vs "
+                                 f"{pi:.2f} ({i / pi - 1:+.0%}), W {w:.2f} vs {pw:.2f} "
+                                 f"({w / pw - 1:+.0%}), I + W {i + w:.2f} vs {pi + pw:.2f} "
+                                 f"({(i + w) / (pi + pw) - 1:+.0%}), p2p {p2p:.3f} vs "
+                                 f"{pp:.3f}")
     if errors:
         lines.append(f"step time mean |error| {sum(map(abs, errors)) / len(errors):.1%} "
                      f"over {len(errors)} points (range {min(errors):+.1%} to "

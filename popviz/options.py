@@ -15,7 +15,8 @@ from popviz.vocab import ipu_label
 DEFAULT_AMP = 0.6
 STRATEGIES = ("pipelined", "sharded")
 # PopART's names, then torch.distributed.pipelining's (GPU plans; IPU plans read them too)
-SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B")
+SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B", "ZB1P",
+             "ZB2P")
 PRECISIONS = ("16.16", "16.32", "32.32")
 # how a GPU plan holds its training state (popviz.compiler.gpu_recipe.RECIPES, same order)
 GPU_PRECISIONS = ("as-recorded", "megatron-fp16", "megatron-bf16", "megatron-fp16-distopt",

@@ -46,19 +46,37 @@ def test_no_held_out_step_time(bench: Any) -> None:
 
 def test_a_middle_stage_against_table_9_and_the_step(bench: Any) -> None:
     """1.5B, b 6, m 24, 1F1B as Megatron fp16 holds it: the step within 8% of the
-    published throughput's, a middle stage's F and B (= I + W) within 15% of Table 9, and
-    the p2p time, whose rate was fitted on this point, within 2% of it for the hidden
-    state alone (the plan also sends HF's [b, 1, s, s] attention mask, which Megatron
-    makes on every stage)."""
+    published throughput's, and the p2p time, whose rate was fitted on this point, within
+    2% of it for the hidden state alone (the plan also sends HF's [b, 1, s, s] attention
+    mask, which Megatron makes on every stage)."""
     program = bench.record("1.5B", 6)
     report = bench.compiled(program, "1.5B", 24, "megatron-fp16")
     step = report.summary["step_ms"] / 1e3
     assert abs(step / bench.STEP_S[("1.5B", 6, 24, "1F1B")] - 1) <= 0.08
-    forward, backward, _ = bench.passes(report)
-    published_f, published_b, published_p2p = bench.TABLE9["1.5B"]
-    assert abs(forward / published_f - 1) <= 0.15
-    assert abs(backward / published_b - 1) <= 0.15
+    published_p2p = bench.TABLE9["1.5B"][3]
     from popviz.target.gpu import A100_80GB
 
     hidden = 6 * 1024 * 2304 * 2  # s b h fp16
     assert abs(A100_80GB.p2p_ns(hidden) / 1e6 / published_p2p - 1) <= 0.02
+
+
+def test_zero_bubble_against_tables_4_and_9(bench: Any) -> None:
+    """1.5B, b 6, m 24 under Zero Bubble's own schedules: a middle stage's forward, input
+    gradient and weight gradient each within 15% of Table 9 (measured in the ZB-2p runs;
+    the split between B and W comes from the recorded dataflow, nothing fitted on it),
+    ZB-2p's and ZB-1p's steps within 10% of their published throughput and their peak
+    memory within 10% of Table 4's, ZB-1p near 1F1B's memory and ZB-2p near twice it."""
+    program = bench.record("1.5B", 6)
+    plans = {k: bench.compiled(program, "1.5B", 24, "megatron-fp16", k)
+             for k in ("ZB1P", "ZB2P")}
+    forward, input_grad, weight_grad, _ = bench.passes(plans["ZB2P"])
+    published = bench.TABLE9["1.5B"]
+    for planned, measured in zip((forward, input_grad, weight_grad), published[:3],
+                                 strict=True):
+        assert abs(planned / measured - 1) <= 0.15, (planned, measured)
+    for kind, report in plans.items():
+        step = report.summary["step_ms"] / 1e3
+        assert abs(step / bench.STEP_S[("1.5B", 6, 24, kind)] - 1) <= 0.10, (kind, step)
+        peak = max(report.summary["max_memory_allocated"].values()) / 1e9
+        assert abs(peak / bench.PUBLISHED[("1.5B", 6, 24, kind)] - 1) <= 0.10, (kind, peak)
+    assert plans["ZB1P"].summary["step_ms"] > plans["ZB2P"].summary["step_ms"]

@@ -289,9 +289,10 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
         return list(search.fitted.values()), notes
 
     pipelined = options.strategy == "pipelined" and options.training
-    # torch.distributed.pipelining's names on a GPU target, PopART's on an IPU
-    pair = ("1F1B", "GPipe") if isinstance(get_target(search.target), GpuTarget) else \
-        ("Grouped", "Interleaved")
+    # torch.distributed.pipelining's names and Zero Bubble's on a GPU target, PopART's on
+    # an IPU; the first is searched with, the others tried on the two best layouts
+    pair: tuple[str, ...] = ("1F1B", "GPipe", "ZB1P", "ZB2P") \
+        if isinstance(get_target(search.target), GpuTarget) else ("Grouped", "Interleaved")
     first = options.schedule if options.schedule in pair else pair[0]
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
@@ -307,13 +308,13 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
     for rc in order:
         local_search(search, min(by_rc[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
-        other = pair[1] if schedule == pair[0] else pair[0]
         layouts = []
         for c in _rank(list(search.fitted.values()), baseline):
             if (c.splits, c.recomputation) not in layouts:
                 layouts.append((c.splits, c.recomputation))
-        for splits, rc in layouts[:2]:
-            search.fit(splits, rc, other, f"{other} schedule")
+        for other in (s for s in pair if s != schedule):
+            for splits, rc in layouts[:2]:
+                search.fit(splits, rc, other, f"{other} schedule")
     return list(search.fitted.values()), notes
 
 

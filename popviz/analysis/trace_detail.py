@@ -39,8 +39,16 @@ def pass_ops(ops: pd.DataFrame, measured: bool = False) -> dict[tuple[int, str],
     order = ["step", "op_id"] if "step" in ops.columns else ["op_id"]
     ordered = ops[ops["pass"].astype(str).isin(COMPUTE_PASSES)].sort_values(order,
                                                                             kind="stable")
+    keys = ordered["pass"].astype(str)
+    if "grad_part" in ordered.columns:  # a zero-bubble plan runs B's two parts apart
+        parts = ordered["grad_part"].astype(str)
+        split = ordered[(keys == "B") & (parts != "")]
+        ordered = pd.concat([ordered.assign(key=keys),
+                             split.assign(key="B:" + parts[split.index])])
+    else:
+        ordered = ordered.assign(key=keys)
     out: dict[tuple[int, str], PassOps] = {}
-    for (stage, pas), group in ordered.groupby(["stage", "pass"], sort=True):
+    for (stage, pas), group in ordered.groupby(["stage", "key"], sort=True):
         cycles = group["cycles"].to_numpy(dtype=np.float64).clip(min=0)
         total = cycles.sum()
         if total <= 0:
@@ -65,7 +73,7 @@ def _lay_out(parts: list, lo: float, hi: float) -> pd.DataFrame:
         frame = {"ipu": np.full(n, int(row.ipu)), "start": start[keep], "end": end[keep],
                  "stage": np.full(n, int(row.stage)),
                  "microbatch": np.full(n, int(row.microbatch)),
-                 "pass": np.full(n, str(row.pass_), dtype=object)}
+                 "pass": np.full(n, str(row.pass_).split(":")[0], dtype=object)}
         frame.update({f: v[keep] for f, v in tpl.fields.items()})
         frames.append(pd.DataFrame(frame))
     if not frames:
@@ -74,10 +82,16 @@ def _lay_out(parts: list, lo: float, hi: float) -> pd.DataFrame:
 
 
 def compute_rows(trace: pd.DataFrame) -> pd.DataFrame:
-    """The compute events of a trace with `pass` renamed `pass_` (a keyword in Python)."""
+    """The compute events of a trace with `pass` renamed `pass_` (a keyword in Python);
+    a zero-bubble plan's B and W (`grad_part`) as "B:input" and "B:weight"."""
     sel = trace[trace["kind"] == "compute"]
     cols = [c for c in ("ipu", "start", "end", "stage", "microbatch", "pass") if c in sel]
-    return sel[cols].rename(columns={"pass": "pass_"})
+    out = sel[cols].rename(columns={"pass": "pass_"})
+    if "grad_part" in sel.columns and "pass_" in out.columns:  # B's parts, run apart
+        part = sel["grad_part"].astype(str)
+        out["pass_"] = out["pass_"].astype(str).where(part == "", out["pass_"].astype(str)
+                                                      + ":" + part)
+    return out
 
 
 def op_events(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],

@@ -31,6 +31,9 @@ class StageCosts:
     offload_bytes: np.ndarray  # optimiser state streamed in and out per WU, per stage
     input_bytes: int  # host -> first stage per micro-batch
     output_bytes: int  # last stage -> host per micro-batch
+    # the weight-gradient part of `backward` per stage (GPU plans: zero-bubble schedules
+    # run it apart as W)
+    weight_grad: np.ndarray | None = None
 
 
 @dataclass

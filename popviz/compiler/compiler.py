@@ -23,7 +23,7 @@ from popviz.compiler.plan_common import (
     step_rates,
 )
 from popviz.compiler.report import Report
-from popviz.compiler.schedule import Schedule, build_schedule
+from popviz.compiler.schedule import ZERO_BUBBLE, Schedule, build_schedule
 from popviz.compiler.shared import (
     add_copies,
     drop_copies,
@@ -51,6 +51,11 @@ def compile(program: Program, options: Options | None = None) -> Report:
     if options.gpu_precision != "as-recorded":
         raise ValueError(f"GPU precision {options.gpu_precision!r} is for GPU targets; "
                          f"{options.target} takes precision (16.16, 16.32, 32.32) instead")
+    if options.schedule in ZERO_BUBBLE:
+        raise ValueError(f"schedule {options.schedule} splits the backward into input and "
+                         f"weight gradients, which PopART does not: GPU targets only "
+                         f"({options.target} takes Grouped, Interleaved, Sequential, GPipe "
+                         f"or 1F1B)")
     precision = Precision.parse(options.precision, options.half_partials)
     # a program rebuilt from a profile (tune) holds the tied-weight copies compile made:
     # drop them so that they are made (and counted) once, as when it was recorded

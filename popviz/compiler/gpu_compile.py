@@ -31,6 +31,7 @@ from popviz.compiler.gpu_recipe import (
     step_bytes_per_stage,
 )
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
+from popviz.compiler.grad_parts import WEIGHT, grad_parts, weight_share
 from popviz.compiler.order import program_order
 from popviz.compiler.plan_common import (
     _forward_only,
@@ -40,7 +41,7 @@ from popviz.compiler.plan_common import (
     step_rates,
 )
 from popviz.compiler.report import Report
-from popviz.compiler.schedule import build_schedule
+from popviz.compiler.schedule import PassTimes, build_schedule
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import device_fits, idle_fraction, stage_columns, stage_time
@@ -100,7 +101,8 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
     first = (ops["phase"] == "optimiser") & ops["op"].astype(str).str.startswith(FIRST_STEP_OPS)
     ops.loc[first | (ops["phase"] == "host_io"), ["cycles", "kernels"]] = 0
     if options.training and options.gradient_accumulation > 1:
-        ops["cycles"] = ops["cycles"] + _accumulation_ns(ops, program, options, target)
+        ops["cycles"] = ops["cycles"] + _accumulation_ns(ops, program, options, target,
+                                                         recipe.fused_wgrad)
     for col in ("amp_used", "amp_ignored", "temp_bytes"):  # contract columns; no AMP
         ops[col] = False if col == "amp_ignored" else 0
     ops = program_order(ops)
@@ -108,19 +110,34 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
     wait = np.ceil(host_bound(ops, target.cost)).astype(np.int64)
     ops["host_wait_ns"] = wait
     ops["cycles"] = ops["cycles"].to_numpy(np.int64) + wait
+    # which backward ops a zero-bubble schedule may defer (W) and which it may not (B)
+    ops["grad_part"] = grad_parts(ops)
     return program, micro_batch, plan, ops
 
 
 def _accumulation_ns(ops: pd.DataFrame, program: Program, options: Options,
-                     target: GpuTarget) -> np.ndarray:
+                     target: GpuTarget, fused_wgrad: bool = False) -> np.ndarray:
     """Gradient accumulation: after the first micro-batch, autograd adds each new weight
     gradient into `.grad` (one add kernel: read both, write one). Spread as a mean per
-    micro-batch over the ops that make the gradients."""
+    micro-batch over the ops that make the gradients. `fused_wgrad` (Megatron's
+    gradient_accumulation_fusion): a weight GEMM accumulates into the grad buffer itself,
+    its epilogue reading the buffer as well as writing it, which costs time only where the
+    GEMM is bound by memory rather than by its FLOPs."""
     t = program.tensors
     grad = t[(t["category"] == "gradient") & (t["producer"] >= 0)]
     share = (options.gradient_accumulation - 1) / options.gradient_accumulation
-    per = (target.cost.kernel_ns + 3 * grad["bytes"].to_numpy(np.float64)
-           / (target.hbm_bytes_per_s * target.cost.memory_efficiency) * 1e9) * share
+    bandwidth = target.hbm_bytes_per_s * target.cost.memory_efficiency
+    nbytes = grad["bytes"].to_numpy(np.float64)
+    per = (target.cost.kernel_ns + 3 * nbytes / bandwidth * 1e9) * share
+    if fused_wgrad:
+        by_id = ops.drop_duplicates("op_id").set_index("op_id")
+        producer = by_id.reindex(grad["producer"].to_numpy())
+        gemm = (producer["op_class"].astype(str) == "matmul").to_numpy()
+        compute = producer["compute_ns"].fillna(0.0).to_numpy(np.float64)
+        memory = producer["memory_ns"].fillna(0.0).to_numpy(np.float64)
+        epilogue = np.maximum(memory + nbytes / bandwidth * 1e9 - compute, 0.0) - \
+            np.maximum(memory - compute, 0.0)
+        per = np.where(gemm, epilogue * share, per)
     extra = pd.Series(per).groupby(grad["producer"].to_numpy()).sum()
     return np.ceil(extra.reindex(ops["op_id"].to_numpy()).fillna(0.0).to_numpy()
                    * (ops["source_op"].to_numpy() < 0)).astype(np.int64)
@@ -147,18 +164,30 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     real = ops[ops["source_op"] < 0]
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
-    costs = replace(costs, optimiser=optimiser_by_stage(ops, program.tensors, t_stage, n))
+    weight = (ops["grad_part"] == WEIGHT).to_numpy()
+    costs = replace(costs, optimiser=optimiser_by_stage(ops, program.tensors, t_stage, n),
+                    weight_grad=np.bincount(ops["stage"].to_numpy(np.int64)[weight],
+                                            weights=ops["cycles"].to_numpy(np.float64)[weight],
+                                            minlength=n)[:n].astype(np.int64))
     kind = "Sequential" if options.strategy == "sharded" else options.schedule
     microbatches = options.gradient_accumulation
     iterations = options.device_iterations
     if not options.training:
         microbatches, iterations = microbatches * iterations, 1
     has_wu = options.training and bool((ops["pass"] == "WU").any())
-    schedule = build_schedule(n, microbatches, iterations, options.training, kind,
-                              options.replication_factor, has_wu, costs.recompute > 0,
-                              ranks=plan.num_ipus)
     # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
     nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
+    assert costs.weight_grad is not None
+    pass_ns = PassTimes(
+        forward=costs.forward.astype(np.float64),
+        input_grad=(costs.backward - costs.weight_grad).astype(np.float64),
+        weight_grad=costs.weight_grad.astype(np.float64),
+        p2p=np.array([target.p2p_ns(int(b), nvlink) if b > 0 else 0.0
+                      for b in costs.boundary_bytes.tolist()]),
+        weight_share=weight_share(ops, program.tensors, ops["grad_part"].to_numpy(), n))
+    schedule = build_schedule(n, microbatches, iterations, options.training, kind,
+                              options.replication_factor, has_wu, costs.recompute > 0,
+                              ranks=plan.num_ipus, pass_ns=pass_ns)
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
                                options.replication_factor, nvlink)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
@@ -167,7 +196,7 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                                       options.replication_factor) if has_wu else None
     memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
                            stage_gpu, plan.num_ipus, recipe.persistent_grads and has_wu,
-                           step_bytes)
+                           step_bytes, split_weight=schedule.split_backward)
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
@@ -250,6 +279,8 @@ def _stages_table(plan: StagePlan, ops: pd.DataFrame, timing: GpuTiming, memory:
     out["forward_cycles_per_microbatch"] = costs.forward
     out["recompute_cycles_per_microbatch"] = costs.recompute
     out["backward_cycles_per_microbatch"] = costs.backward
+    # of which the weight gradient (what a zero-bubble schedule runs apart as W)
+    out["weight_grad_cycles_per_microbatch"] = costs.weight_grad
     out["stash_depth"] = depth
     out["stash_bytes_per_microbatch"] = memory.stash_per_microbatch
     out["boundary_bytes"] = costs.boundary_bytes

@@ -24,9 +24,10 @@ from popviz.compiler.gpu_alloc import CachingAllocator, round_size
 from popviz.compiler.memory import consumers
 
 PERSISTENT = ("parameter", "optimiser_state")
-PASS_KEY = {"F": "F", "R": "B", "B": "B", "WU": "WU"}  # recompute runs inside backward
-KEY_RANK = {"F": 0, "B": 1, "WU": 2}
-PHASE_OF = {"F": "forward", "B": "backward", "WU": "optimiser"}
+# recompute runs inside backward; W (a zero-bubble schedule's weight gradient) apart
+PASS_KEY = {"F": "F", "R": "B", "B": "B", "W": "W", "WU": "WU"}
+KEY_RANK = {"F": 0, "B": 1, "W": 2, "WU": 3}
+PHASE_OF = {"F": "forward", "B": "backward", "W": "backward", "WU": "optimiser"}
 
 
 @dataclass
@@ -41,10 +42,11 @@ class GpuMemory:
 
 def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.ndarray,
                   executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int,
-                  persistent_grads: bool = False, step_bytes: np.ndarray | None = None
-                  ) -> GpuMemory:
+                  persistent_grads: bool = False, step_bytes: np.ndarray | None = None,
+                  split_weight: bool = False) -> GpuMemory:
     """`ops` in program order with stage, pass, step, source_op, checkpoint, section;
-    `executed`: the schedule's actions with `gpu` and `start` as timed. The precision
+    `executed`: the schedule's actions with `gpu` and `start` as timed; `split_weight`:
+    the schedule runs the ops of `grad_part` "weight" in W actions, apart from B. The precision
     recipe (`gpu_recipe.py`) may keep the gradients from before the step (a grad buffer,
     `persistent_grads`) and add `step_bytes[stage]` for the length of each optimiser step
     (fp32 copies of fp16 grads)."""
@@ -62,6 +64,8 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
     row_of = pd.Series(np.flatnonzero(real), index=ops["op_id"].to_numpy()[real])
     o_stage = ops["stage"].to_numpy(np.int64)
     o_key = np.array([PASS_KEY.get(p, "F") for p in ops["pass"].astype(str)])
+    if split_weight and "grad_part" in ops:
+        o_key[(ops["grad_part"].astype(str) == "weight").to_numpy()] = "W"
     o_step = ops["step"].to_numpy(np.int64)
     # position of each row in its (stage, pass key) list: the order an action runs them
     order = np.lexsort((o_step, o_key, o_stage))
@@ -127,13 +131,13 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
                 fwd = [r for r in rs if o_key[r] == "F"] or [born]
                 frees[at(max(fwd, key=lambda r: pos[r]))].append(ti)
                 allocs[at(copy)].append((ti, False))
-                last_r = max([r for r in rs if o_key[r] == "B"] or [copy],
-                             key=lambda r: pos[r])
+                last_r = max([r for r in rs if o_key[r] in ("B", "W")] or [copy],
+                             key=lambda r: (KEY_RANK[str(o_key[r])], pos[r]))
                 if later(copy, last_r):
                     last_r = copy
             if not shared:
                 frees[at(last_r)].append(ti)
-            if o_key[born] == "F" and o_key[last_r] == "B" and kept:
+            if o_key[born] == "F" and o_key[last_r] in ("B", "W") and kept:
                 stash[st] += nbytes[ti]
 
     step = np.zeros(n_stages, dtype=np.int64) if step_bytes is None else step_bytes
@@ -191,7 +195,8 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
                         var_rows.append((g, names[ti], cats[ti], round_size(int(nbytes[ti])),
                                          held.pop(mb), step, s))
             rows.append((g, step, PHASE_OF[key], int(always[g]), int(peak - always[g]),
-                         int(alloc.reserved), op_names[r], int(op_ids[r]), m, s, p))
+                         int(alloc.reserved), op_names[r], int(op_ids[r]), m, s,
+                         "B" if p == "W" else p))
             steps[g] += 1
         if transient:
             alloc.free(_handle(-1, s, -1))

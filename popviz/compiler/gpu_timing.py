@@ -3,7 +3,8 @@ stream; NCCL transfers run on their own stream (asynchronous: the sender goes on
 
 Unlike the IPUs' BSP there is no global sync: an action starts when its GPU is free and
 its inputs have arrived: F(s, m) after F(s-1, m) plus the activation's P2P transfer, B(s, m)
-after B(s+1, m) plus the gradient's, R(s, m) right before B(s, m), WU(s) after the stage's
+after B(s+1, m) plus the gradient's, R(s, m) right before B(s, m), W(s, m) (a zero-bubble
+schedule's weight gradient, split from B) after B(s, m), WU(s) after the stage's
 data-parallel all-reduce (a ring over the replicas, after its last backward: no overlap
 with the backward is modelled, an upper bound). Transfers are alpha-beta
 (`GpuTarget.p2p_ns` / `allreduce_ns`, NVLink or PCIe). Times in ns.
@@ -21,7 +22,7 @@ from popviz.compiler.schedule import Schedule
 from popviz.target.gpu import GpuTarget
 
 TRACE_COLUMNS = ("ipu", "start", "end", "kind", "stage", "microbatch", "pass", "op",
-                 "superstep", "schedule_phase")
+                 "superstep", "schedule_phase", "grad_part")
 
 
 @dataclass
@@ -38,8 +39,10 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
                       num_gpus: int, replicas: int, nvlink: bool = True) -> GpuTiming:
     a = schedule.actions.reset_index(drop=True)
     n = len(costs.ipu)
-    per_pass = {"F": costs.forward, "R": costs.recompute, "B": costs.backward,
-                "WU": costs.optimiser}
+    weight = costs.weight_grad if costs.weight_grad is not None and \
+        schedule.split_backward else np.zeros_like(costs.backward)
+    per_pass = {"F": costs.forward, "R": costs.recompute, "B": costs.backward - weight,
+                "W": weight, "WU": costs.optimiser}
     gpu = costs.ipu[a["stage"].to_numpy()]
     dur = np.array([int(per_pass[p][s]) for p, s in zip(a["pass"], a["stage"], strict=True)],
                    dtype=np.int64)
@@ -47,7 +50,7 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
     done: dict[tuple[int, int, str], float] = {}
     start = np.zeros(len(a))
     end = np.zeros(len(a))
-    events: list[tuple] = []  # (gpu, start, end, kind, stage, mb, pass, op, superstep)
+    events: list[tuple] = []  # (gpu, start, end, kind, stage, mb, pass, op, superstep, part)
     xfers: list[tuple] = []  # (src, dst, bytes, start, end, kind, stage, mb)
     last_b: dict[int, float] = {}
     for i, (k, s, m, p) in enumerate(zip(a["superstep"].to_numpy(), a["stage"].to_numpy(),
@@ -58,7 +61,7 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
             if s == 0:  # the micro-batch's input, host -> device, before it is read
                 copy = target.host_ns(costs.input_bytes)
                 t0 = free_at[g]
-                events.append((g, t0, t0 + copy, "host_io", s, m, "", "input copy", k))
+                events.append((g, t0, t0 + copy, "host_io", s, m, "", "input copy", k, ""))
                 xfers.append(("host", g, costs.input_bytes, t0, t0 + copy, "host_in", s, m))
                 ready = t0 + copy
             else:
@@ -73,21 +76,25 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
                                            once=p == "R" or (s, m, "R") not in done))
             if p == "B" and (s, m, "R") in done:
                 ready = max(ready, done[(s, m, "R")])
+        elif p == "W":
+            ready = max(ready, done[(s, m, "B")])
         elif p == "WU":
             t0 = max(ready, last_b.get(s, ready))
             ar = target.allreduce_ns(costs.grad_bytes[s], replicas, nvlink)
             if ar > 0:
-                events.append((g, t0, t0 + ar, "exchange", s, -1, "", "all-reduce", k))
+                events.append((g, t0, t0 + ar, "exchange", s, -1, "", "all-reduce", k, ""))
                 xfers.append((g, g, int(costs.grad_bytes[s] * 2 * (replicas - 1) / replicas),
                               t0, t0 + ar, "allreduce", s, -1))
             ready = t0 + ar
         start[i], end[i] = ready, ready + dur[i]
         free_at[g] = end[i]
         done[(s, m, p)] = end[i]
-        if p == "B":
+        if p in ("B", "W"):
             last_b[s] = max(last_b.get(s, 0.0), end[i])
-        if dur[i] > 0:
-            events.append((g, start[i], end[i], "compute", s, m, p, f"{p}{s} mb{m}", k))
+        if dur[i] > 0:  # W is a part of the backward: pass B, its part in `grad_part`
+            part = {"W": "weight", "B": "input"}.get(p, "") if schedule.split_backward else ""
+            events.append((g, start[i], end[i], "compute", s, m, "B" if p == "W" else p,
+                           f"{p}{s} mb{m}", k, part))
     total = float(max(end.max() if len(end) else 0.0,
                       max((e[2] for e in events), default=0.0)))
     executed = a.assign(gpu=gpu, start=np.round(start).astype(np.int64),
@@ -115,14 +122,14 @@ def _arrive(sent: float, src: int, dst: int, nbytes: int, target: GpuTarget, nvl
     if once:
         xfers.append((src, dst, int(nbytes), sent, arrive, kind, stage, m))
         for g in (src, dst):
-            events.append((g, sent, arrive, "exchange", stage, m, "", f"{kind} p2p", k))
+            events.append((g, sent, arrive, "exchange", stage, m, "", f"{kind} p2p", k, ""))
     return arrive
 
 
 def _trace(events: list, num_gpus: int, total: float, schedule: Schedule, n: int,
            stage_gpu: np.ndarray) -> pd.DataFrame:
     ev = pd.DataFrame(events, columns=["ipu", "start", "end", "kind", "stage", "microbatch",
-                                       "pass", "op", "superstep"])
+                                       "pass", "op", "superstep", "grad_part"])
     ev["start"] = np.round(ev["start"].to_numpy(np.float64)).astype(np.int64)
     ev["end"] = np.round(ev["end"].to_numpy(np.float64)).astype(np.int64)
     idle = []
@@ -134,10 +141,10 @@ def _trace(events: list, num_gpus: int, total: float, schedule: Schedule, n: int
         k = 0
         for s0, e0, kk in zip(mine["start"], mine["end"], mine["superstep"], strict=True):
             if s0 > t:
-                idle.append((g, t, int(s0), "idle", st, -1, "", "idle", int(kk)))
+                idle.append((g, t, int(s0), "idle", st, -1, "", "idle", int(kk), ""))
             t, k = max(t, int(e0)), int(kk)
         if total > t:
-            idle.append((g, t, round(total), "idle", st, -1, "", "idle", k))
+            idle.append((g, t, round(total), "idle", st, -1, "", "idle", k, ""))
     trace = pd.concat([ev, pd.DataFrame(idle, columns=ev.columns)], ignore_index=True)
     trace = trace[trace["end"] > trace["start"]]
     phase = schedule_phases(schedule, n)
@@ -145,7 +152,7 @@ def _trace(events: list, num_gpus: int, total: float, schedule: Schedule, n: int
                                             len(phase) - 1)] if len(phase) else ""
     trace = trace.astype({"ipu": np.int64, "start": np.int64, "end": np.int64,
                           "stage": np.int64, "microbatch": np.int64, "superstep": np.int64})
-    for c in ("kind", "pass", "op", "schedule_phase"):
+    for c in ("kind", "pass", "op", "schedule_phase", "grad_part"):
         trace[c] = trace[c].astype(str)
     return trace[list(TRACE_COLUMNS)].sort_values(["ipu", "start", "end"], kind="stable") \
         .reset_index(drop=True)

@@ -2,9 +2,10 @@
 
 An action is (superstep, stage, microbatch, pass) with pass F (forward), R (recompute,
 right before the B of the same stage and micro-batch, in the same superstep), B
-(backward) or WU (weight update). A schedule places the
-actions into BSP supersteps; `popviz.compiler.bsp` then times them. Superstep 0 only
-streams the first micro-batch in from the host.
+(backward), W (the weight-gradient part of the backward, run apart from B only by the
+zero-bubble schedules: B is then the input-gradient part) or WU (weight update). A
+schedule places the actions into BSP supersteps; `popviz.compiler.bsp` then times them.
+Superstep 0 only streams the first micro-batch in from the host.
 """
 
 from __future__ import annotations
@@ -14,7 +15,22 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-PASS_RANK = {"F": 0, "R": 1, "B": 2, "WU": 3}
+PASS_RANK = {"F": 0, "R": 1, "B": 2, "W": 3, "WU": 4}
+ZERO_BUBBLE = {"ZB1P": 1, "ZB2P": 2}  # name -> in-flight limit in pipeline depths
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Per stage, the modelled time of one micro-batch's forward, input gradient, weight
+    gradient, and of the p2p transfer into the stage (any unit, one for all); and the share
+    of a forward's activation bytes that its input gradient leaves for the weight gradient
+    (Zero Bubble's M_W / M_F: 32h of 34h + 5as per token and layer with eager attention)."""
+
+    forward: np.ndarray
+    input_grad: np.ndarray
+    weight_grad: np.ndarray
+    p2p: np.ndarray
+    weight_share: np.ndarray
 
 
 @dataclass
@@ -24,6 +40,7 @@ class Schedule:
     num_supersteps: int
     stash_depth: np.ndarray  # per stage, micro-batches held between F and B (0 = none)
     name: str
+    split_backward: bool = False  # B is the input gradient and W the weight gradient
 
 
 def _grouped(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
@@ -116,31 +133,102 @@ def _megatron_interleaved(n: int, m: int, ranks: int) -> list[tuple[int, int, in
         for i in range(m * v - warm):
             seq += [fwd[warm + i], bwd[i]]
         seqs.append(seq + bwd[m * v - warm:])
-    done_f = np.full((n, m), -1, dtype=np.int64)
-    done_b = np.full((n, m), -1, dtype=np.int64)
-    pos = [0] * p
+    return _merge(seqs, n, m)
+
+
+def _merge(seqs: list[list[tuple[int, int, str]]], n: int, m: int
+           ) -> list[tuple[int, int, int, str]]:
+    """Per-rank action lists (stage, micro-batch, F / B / W) merged into supersteps: each
+    rank runs its next action once what it needs ran in an earlier superstep (F(s, b) after
+    F(s - 1, b); B(s, b) after F(s, b) and B(s + 1, b); W(s, b) after B(s, b))."""
+    done = {kind: np.full((n, m), -1, dtype=np.int64) for kind in "FBW"}
+    pos = [0] * len(seqs)
     rows: list[tuple[int, int, int, str]] = []
     k = 0
-    while any(pos[r] < len(seqs[r]) for r in range(p)):
+    while any(pos[r] < len(seq) for r, seq in enumerate(seqs)):
         progressed = False
-        for r in range(p):
-            if pos[r] >= len(seqs[r]):
+        for r, seq in enumerate(seqs):
+            if pos[r] >= len(seq):
                 continue
-            s, b, kind = seqs[r][pos[r]]
-            if kind == "F" and (s == 0 or 0 <= done_f[s - 1, b] < k):
-                done_f[s, b] = k
-            elif kind == "B" and 0 <= done_f[s, b] < k and (s == n - 1
-                                                           or 0 <= done_b[s + 1, b] < k):
-                done_b[s, b] = k
+            s, b, kind = seq[pos[r]]
+            if kind == "F":
+                ok = s == 0 or 0 <= done["F"][s - 1, b] < k
+            elif kind == "B":
+                ok = 0 <= done["F"][s, b] < k and (s == n - 1 or 0 <= done["B"][s + 1, b] < k)
             else:
+                ok = 0 <= done["B"][s, b] < k
+            if not ok:
                 continue
+            done[kind][s, b] = k
             rows.append((k, s, b, kind))
             pos[r] += 1
             progressed = True
         if not progressed:
-            raise RuntimeError("interleaved schedule made no progress")  # a bug, not input
+            raise RuntimeError("schedule made no progress")  # a bug, not input
         k += 1
     return rows
+
+
+def _zero_bubble(n: int, m: int, depths: int, pass_ns: PassTimes | None
+                 ) -> list[tuple[int, int, int, str]]:
+    """Zero Bubble's heuristic (Qi et al., ICLR 2024, §3.1; ZB-1p / ZB-2p), one stage per
+    GPU: each GPU, whenever it is free, runs an input-gradient B if one is ready, else a
+    forward if one is ready and its activations fit under `depths` x n forwards' worth
+    (the paper's memory limit, the same on every stage: a forward adds one, its B frees
+    all but the weight gradient's share, its W the rest), else a deferred weight gradient
+    W, which fills what would be a bubble (or frees memory for the next forward); else it
+    waits. Decided in time order with the stages' modelled times (`pass_ns`; unit times
+    and shares without them), as the paper's scheduler uses its profiled F, B, W and p2p."""
+    one = np.ones(n)
+    f, b, w, comm, share = ((one, one, one, np.zeros(n), one) if pass_ns is None else
+                            (pass_ns.forward, pass_ns.input_grad, pass_ns.weight_grad,
+                             pass_ns.p2p, pass_ns.weight_share))
+    limit = depths * n + 1e-9
+    free = np.zeros(n)
+    held = np.zeros(n)  # forwards' worth of activations on each stage
+    nf, nb, nw = [0] * n, [0] * n, [0] * n
+    f_end = np.full((n, m), np.inf)
+    b_end = np.full((n, m), np.inf)
+    seqs: list[list[tuple[int, int, str]]] = [[] for _ in range(n)]
+
+    def ready(s: int) -> tuple[float, float]:
+        rb = rf = np.inf
+        if nb[s] < nf[s]:
+            rb = f_end[s, nb[s]] if s == n - 1 else b_end[s + 1, nb[s]] + comm[s + 1]
+        if nf[s] < m and held[s] + 1 <= limit:
+            rf = 0.0 if s == 0 else f_end[s - 1, nf[s]] + comm[s]
+        return float(rb), float(rf)
+
+    while any(nw[s] < m for s in range(n)):
+        best: tuple[float, int] | None = None
+        for s in range(n):
+            if nw[s] >= m:
+                continue
+            rb, rf = ready(s)
+            at = free[s] if nw[s] < nb[s] else max(free[s], min(rb, rf))
+            if np.isfinite(at) and (best is None or at < best[0]):
+                best = (float(at), s)
+        if best is None:
+            raise RuntimeError("zero-bubble schedule made no progress")  # a bug, not input
+        t, s = best
+        rb, rf = ready(s)
+        if rb <= t:
+            kind, mb, dur = "B", nb[s], b[s]
+            b_end[s, mb] = t + dur
+            nb[s] += 1
+            held[s] -= 1 - share[s]
+        elif rf <= t:
+            kind, mb, dur = "F", nf[s], f[s]
+            f_end[s, mb] = t + dur
+            nf[s] += 1
+            held[s] += 1
+        else:
+            kind, mb, dur = "W", nw[s], w[s]
+            nw[s] += 1
+            held[s] -= share[s]
+        seqs[s].append((s, mb, kind))
+        free[s] = t + dur
+    return _merge(seqs, n, m)
 
 
 def _gpipe(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
@@ -171,11 +259,13 @@ def _sequential(n: int, m: int, training: bool) -> list[tuple[int, int, int, str
 
 
 def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
-    """Max micro-batches a stage holds whose F has run and whose B has not finished,
-    counting only micro-batches whose F and B are in different supersteps."""
+    """Max micro-batches a stage holds whose F has run and whose backward has not finished
+    (its W, when the schedule runs the weight gradient apart), counting only micro-batches
+    whose F and backward are in different supersteps."""
     depth = np.zeros(num_stages, dtype=np.int64)
     f = actions[actions["pass"] == "F"].set_index(["stage", "microbatch"])["superstep"]
-    b = actions[actions["pass"] == "B"].set_index(["stage", "microbatch"])["superstep"]
+    back = actions[actions["pass"].isin(["B", "W"])]
+    b = back.groupby(["stage", "microbatch"])["superstep"].max()
     both = pd.concat([f.rename("f"), b.rename("b")], axis=1, join="inner")
     both = both[both["b"] > both["f"]]
     for s, grp in both.groupby(level="stage"):
@@ -190,16 +280,26 @@ def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
 
 def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
                    training: bool, kind: str, replicas: int, has_wu: bool,
-                   recompute: np.ndarray | None = None, ranks: int = 1) -> Schedule:
+                   recompute: np.ndarray | None = None, ranks: int = 1,
+                   pass_ns: PassTimes | None = None) -> Schedule:
     """kind: 'Grouped', 'Interleaved' or 'Sequential' (also used for sharded execution),
     or torch.distributed.pipelining's names: 'GPipe', '1F1B' (= Interleaved) and
     'Interleaved1F1B' (stages looped round `ranks` devices, placed by the compiler: stage
     s on s mod ranks; in Megatron-LM's interleaved order when each of several ranks holds
-    several stages, else 1F1B over the stages); `recompute[s]` says whether stage s
-    recomputes before its backward."""
+    several stages, else 1F1B over the stages), or Zero Bubble's 'ZB1P' / 'ZB2P' (one
+    stage per device, the backward split into B and W, ordered with `pass_ns`);
+    `recompute[s]` says whether stage s recomputes before its backward."""
     makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential,
               "GPipe": _gpipe, "1F1B": _interleaved, "Interleaved1F1B": _interleaved}
-    if kind == "Interleaved1F1B" and training and 1 < ranks < num_stages and \
+    split = kind in ZERO_BUBBLE and training
+    if split:
+        if ranks != num_stages:
+            raise ValueError(f"{kind} runs one pipeline stage per GPU: {num_stages} stages "
+                             f"on {ranks} GPUs (give as many splits as GPUs - 1)")
+        rows = _zero_bubble(num_stages, microbatches, ZERO_BUBBLE[kind], pass_ns)
+    elif kind in ZERO_BUBBLE:
+        rows = _interleaved(num_stages, microbatches, False)
+    elif kind == "Interleaved1F1B" and training and 1 < ranks < num_stages and \
             num_stages % ranks == 0:
         rows = _megatron_interleaved(num_stages, microbatches, ranks)
     else:
@@ -237,4 +337,4 @@ def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
                               "microbatch": np.int64})
     depth = stash_depth(actions[actions["microbatch"] < microbatches], num_stages)
     return Schedule(actions, np.asarray(ar, dtype=np.int64),
-                    period * device_iterations + 1, depth, kind)
+                    period * device_iterations + 1, depth, kind, split)

@@ -16,6 +16,8 @@ CATEGORY_NAMES = {
     "WU": "compute: weight update", "compute": "compute", "exchange": "exchange",
     "host_io": "host I/O", "sync": "sync", "idle": "idle",
 }
+# a zero-bubble schedule's W, the backward's deferred weight gradients: B's hue, darker
+WEIGHT_GRAD_COLOUR = "#b35a1f"
 MEMORY_COLOURS = {
     "code": "#7f7f7f", "always_live": "#3b75af", "not_always_live_peak": "#ef8636",
     "exchange": "#1b9e8f",

@@ -18,7 +18,13 @@ import plotly.graph_objects as go
 
 from popviz.analysis.trace_detail import PassOps, count_ops, module_runs, op_events
 from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
-from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
+from popviz.figures.style import (
+    CATEGORY_COLOURS,
+    CATEGORY_NAMES,
+    WEIGHT_GRAD_COLOUR,
+    base_layout,
+    empty_figure,
+)
 from popviz.figures.trace import MAX_EVENTS, _stack
 from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
@@ -126,8 +132,15 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
              f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
              f"duration %{{customdata[6]:,.0f}} {unit}<extra>%{{fullData.name}}</extra>")
     bars = []
-    for k, name in enumerate(CATEGORIES):
-        sel = ev[codes == k]
+    # a zero-bubble plan's deferred weight gradients: backward still, a darker shade
+    weight = _column(ev, "grad_part", "").astype(str) == "weight"
+    groups = [(name, codes == k, CATEGORY_NAMES[name], CATEGORY_COLOURS[name])
+              for k, name in enumerate(CATEGORIES)]
+    if weight.any():
+        groups = [(n, m & ~weight, t, c) for n, m, t, c in groups] + \
+            [("B", weight, "compute: backward, weight gradients (W)", WEIGHT_GRAD_COLOUR)]
+    for name, mask, title, colour in groups:
+        sel = ev[mask]
         if sel.empty:
             continue
         n = len(sel)
@@ -139,10 +152,10 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
         rows = [row_of[(int(i), LANE_OF[name])] for i in sel["ipu"]]
         text = label if name in ("F", "B", "R", "WU", "compute") else np.full(n, "")
         bars.append(go.Bar(
-            name=CATEGORY_NAMES[name], orientation="h", y=rows,
+            name=title, orientation="h", y=rows,
             base=sel["start"].to_numpy(dtype=float),
             x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
-            marker={"color": CATEGORY_COLOURS[name], "line": {"width": 0}},
+            marker={"color": colour, "line": {"width": 0}},
             width=LANE_HEIGHT, customdata=custom, hovertemplate=hover, legendgroup=name,
             text=text, textposition="inside", insidetextanchor="middle",
             textfont={"color": "white"}, cliponaxis=True))

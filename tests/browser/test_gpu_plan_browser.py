@@ -22,6 +22,7 @@ from .test_lanes_browser import _zoom
 
 pytestmark = pytest.mark.browser
 REL = "rn50_h100/profile.h5"
+ZB_REL = "mlp_zb1p/profile.h5"
 PAGES = ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations",
          "/tree")
 # a GPU has none of these; the two sentences that say so are allowed
@@ -31,10 +32,15 @@ SAYS_SO = ("A GPU has no tiles", "availableMemoryProportion is an IPU compiler o
 
 @pytest.fixture(scope="module")
 def gpu_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A served folder holding one plan: ResNet-50 at batch 16 on an H100 (plan mode)."""
+    """A served folder holding two plans: ResNet-50 at batch 16 on an H100 (plan mode), and
+    a two-stage MLP pipelined over two H100s with Zero Bubble's ZB1P."""
     served = tmp_path_factory.mktemp("gpu_served")
     report = compile(gpu_program("resnet", 50, 16, "sgd"), Options(target="h100"))
     write_report(report, served / REL)
+    zb = compile(gpu_program("pipe", 256, 32), Options(
+        target="h100", splits=["stage1"], num_ipus=2, schedule="ZB1P",
+        gradient_accumulation=6))
+    write_report(zb, served / ZB_REL)
     yield from serving(served, tmp_path_factory)
 
 
@@ -84,3 +90,33 @@ def test_the_trace_of_a_gpu_plan_shows_kernels_when_zoomed(browser_context: Any,
     finally:
         page.close()
 
+
+
+def test_a_zero_bubble_plan_shows_its_deferred_weight_gradients(browser_context: Any,
+                                                                gpu_url: str) -> None:
+    """ZB1P's W actions are drawn apart from B (their own legend entry, labelled W), and
+    zoomed into one of them the op lanes hold the weight-gradient matmuls."""
+    page, errors = _open(browser_context, f"{gpu_url}/trace?profile={ZB_REL}")
+    try:
+        graph = "document.querySelector('#trace-graph .js-plotly-plot')"
+        page.wait_for_function(f"() => {graph} && {graph}.data", timeout=20_000)
+        # _fullData: the arrays as Plotly decoded them (data may hold them base64-typed)
+        bars = page.evaluate(f"""() => {graph}._fullData
+            .filter(t => (t.name || '').includes('weight gradients (W)'))
+            .map(t => ({{base: Array.from(t.base), x: Array.from(t.x),
+                        text: Array.from(t.text || [])}}))""")
+        assert len(bars) == 1 and len(bars[0]["base"]) == 2 * 6, bars
+        assert all(label.startswith("W") for label in bars[0]["text"])
+        # the last W of the second stage: zoom onto it alone
+        widest = max(range(len(bars[0]["x"])), key=lambda i: bars[0]["base"][i])
+        lo = bars[0]["base"][widest]
+        _zoom(page, lo, lo + bars[0]["x"][widest])
+        page.wait_for_function(f"""() => {graph}.data.some(
+            t => (t.name || '').startsWith('op: '))""", timeout=20_000)
+        names = page.evaluate(f"() => {graph}.data.map(t => t.name || '')")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "gpu_plan_zero_bubble_w.png"))
+        assert "op: matmul" in names, names
+        assert not errors, errors
+    finally:
+        page.close()

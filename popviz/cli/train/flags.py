@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--shards 1 the recomputation sections")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default=None,
                    help="IPU: Grouped (default), Interleaved, Sequential (the default on one "
-                   "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B; "
+                   "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B, and Zero "
+                   "Bubble's ZB1P / ZB2P (one stage per GPU, the weight gradients deferred); "
                    "docs/hardware.md")
     g.add_argument("--enable-recomputation", action="store_true",
                    help="recompute each stage's forward from its checkpoints (the split "
