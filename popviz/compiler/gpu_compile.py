@@ -42,6 +42,7 @@ from popviz.compiler.plan_common import (
 )
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import PassTimes, build_schedule
+from popviz.compiler.shared import find_shared
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import device_fits, idle_fraction, stage_columns, stage_time
@@ -165,7 +166,12 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     op_stage = pd.Series(real["stage"].to_numpy(), index=real["op_id"].to_numpy())
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     weight = (ops["grad_part"] == WEIGHT).to_numpy()
-    costs = replace(costs, optimiser=optimiser_by_stage(ops, program.tensors, t_stage, n),
+    copies = tied_copies(ops, program.tensors, plan)
+    # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
+    nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
+    optimiser = optimiser_by_stage(ops, program.tensors, t_stage, n, copies) + \
+        _tied_grad_allreduce(program.tensors, copies, plan, target, nvlink)
+    costs = replace(costs, optimiser=optimiser,
                     weight_grad=np.bincount(ops["stage"].to_numpy(np.int64)[weight],
                                             weights=ops["cycles"].to_numpy(np.float64)[weight],
                                             minlength=n)[:n].astype(np.int64))
@@ -175,8 +181,6 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     if not options.training:
         microbatches, iterations = microbatches * iterations, 1
     has_wu = options.training and bool((ops["pass"] == "WU").any())
-    # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
-    nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
     assert costs.weight_grad is not None
     pass_ns = PassTimes(
         forward=costs.forward.astype(np.float64),
@@ -196,7 +200,8 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                                       options.replication_factor) if has_wu else None
     memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,
                            stage_gpu, plan.num_ipus, recipe.persistent_grads and has_wu,
-                           step_bytes, split_weight=schedule.split_backward)
+                           step_bytes, split_weight=schedule.split_backward,
+                           copies={t: sorted(g) for t, g in copies.items()})
     stages = _stages_table(plan, ops, timing, memory, costs, schedule.stash_depth, n)
     tensors = program.tensors.assign(stage=t_stage, ipu=stage_gpu[t_stage])
     out_ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
@@ -219,12 +224,57 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     return Report(meta=meta, tables=tables, arrays={}, summary=summary)
 
 
+def tied_copies(ops: pd.DataFrame, tensors: pd.DataFrame, plan: StagePlan
+                ) -> dict[int, set[int]]:
+    """A parameter read by forward ops on several GPUs (a tied embedding read by the first
+    stage and the LM head) is held on each: Megatron-LM's last stage keeps its own copy of
+    the word embedding with its gradients and optimiser state, all-reducing the two
+    gradients at every step (`_allreduce_word_embedding_grads`), and a module of
+    torch.distributed.pipelining owns its parameters, so a weight tied across stages is
+    one per stage. Per tensor row of `tensors` (the parameter, its gradient and optimiser
+    state), the GPUs other than its home that hold a copy."""
+    shared = find_shared(ops, tensors, plan)
+    if shared.empty:
+        return {}
+    names = tensors["name"].astype(str).to_numpy()
+    cats = tensors["category"].astype(str).to_numpy()
+    ids = tensors["tensor_id"].to_numpy(np.int64)
+    out: dict[int, set[int]] = {}
+    for tid, name, gpu in zip(shared["tensor_id"].tolist(), shared["name"].tolist(),
+                              shared["ipu"].tolist(), strict=True):
+        family = (ids == tid) | (np.char.startswith(names.astype(str), f"{name}.")
+                                 & np.isin(cats, ["gradient", "optimiser_state"]))
+        for row in np.flatnonzero(family).tolist():
+            out.setdefault(int(row), set()).add(int(gpu))
+    return out
+
+
+def _tied_grad_allreduce(tensors: pd.DataFrame, copies: dict[int, set[int]],
+                         plan: StagePlan, target: GpuTarget, nvlink: bool) -> np.ndarray:
+    """Per stage, the all-reduce of each tied weight's gradients over the GPUs holding a
+    copy, once per step before the update, added to the first stage on each such GPU."""
+    out = np.zeros(len(plan.stages), dtype=np.int64)
+    cats = tensors["category"].astype(str).to_numpy()
+    nbytes = tensors["bytes"].to_numpy(np.int64)
+    stage_of = {int(g): int(s) for s, g in reversed(list(enumerate(
+        plan.stages["ipu"].to_numpy(np.int64).tolist())))}
+    for row, gpus in copies.items():
+        if cats[row] != "gradient":
+            continue
+        ns = int(np.ceil(target.allreduce_ns(float(nbytes[row]), len(gpus) + 1, nvlink)))
+        for g in gpus:
+            out[stage_of.get(g, 0)] += ns
+    return out
+
+
 def optimiser_by_stage(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.ndarray,
-                       num_stages: int) -> np.ndarray:
+                       num_stages: int, copies: dict[int, set[int]] | None = None
+                       ) -> np.ndarray:
     """Each stage's weight-update ns. A foreach optimiser op (torch's multi-tensor AdamW /
     SGD, recorded once over the whole model's lists) lands on one stage of the plan, but in
     a pipeline each GPU updates its own parameters: its time is shared out over the stages
-    by their parameters' bytes. Per-parameter update ops keep their own stage."""
+    by their parameters' bytes, a tied parameter's copies (`copies`) counted on every GPU
+    that holds one (each updates its own). Per-parameter update ops keep their own stage."""
     wu = (ops["pass"].astype(str) == "WU").to_numpy()
     foreach = wu & ops["op"].astype(str).str.contains("_foreach_").to_numpy()
     cycles = ops["cycles"].to_numpy(np.float64)
@@ -236,8 +286,15 @@ def optimiser_by_stage(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: n
                        weights=tensors["bytes"].to_numpy(np.float64)[params],
                        minlength=num_stages)[:num_stages]
     total = float(cycles[foreach].sum())
+    extra = np.zeros(num_stages)
+    cats = tensors["category"].astype(str).to_numpy()
+    nbytes = tensors["bytes"].to_numpy(np.float64)
+    for row, gpus in (copies or {}).items():
+        if cats[row] == "parameter":
+            for g in gpus:  # GPU g's first stage is stage g (one per GPU, or looped)
+                extra[min(g, num_stages - 1)] += nbytes[row]
     if total and held.sum() > 0:
-        out = out + total * held / held.sum()
+        out = out + total * (held + extra) / held.sum()
     elif total:
         out = out + np.bincount(stage[foreach], weights=cycles[foreach],
                                 minlength=num_stages)[:num_stages]

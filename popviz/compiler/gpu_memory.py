@@ -43,10 +43,13 @@ class GpuMemory:
 def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.ndarray,
                   executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int,
                   persistent_grads: bool = False, step_bytes: np.ndarray | None = None,
-                  split_weight: bool = False) -> GpuMemory:
+                  split_weight: bool = False, copies: dict[int, list[int]] | None = None
+                  ) -> GpuMemory:
     """`ops` in program order with stage, pass, step, source_op, checkpoint, section;
     `executed`: the schedule's actions with `gpu` and `start` as timed; `split_weight`:
-    the schedule runs the ops of `grad_part` "weight" in W actions, apart from B. The precision
+    the schedule runs the ops of `grad_part` "weight" in W actions, apart from B; `copies`:
+    per tensor row, the other GPUs that hold a copy of it for the whole step (a tied
+    weight's parameter, gradient and optimiser state: `gpu_compile.tied_copies`). The precision
     recipe (`gpu_recipe.py`) may keep the gradients from before the step (a grad buffer,
     `persistent_grads`) and add `step_bytes[stage]` for the length of each optimiser step
     (fp32 copies of fp16 grads)."""
@@ -142,13 +145,14 @@ def replay_memory(ops: pd.DataFrame, tensors: pd.DataFrame, tensor_stage: np.nda
 
     step = np.zeros(n_stages, dtype=np.int64) if step_bytes is None else step_bytes
     return _replay(ops, t, allocs, frees, lists, executed, stage_gpu, num_gpus, persistent,
-                   tensor_stage, nbytes, stash, step)
+                   tensor_stage, nbytes, stash, step, copies or {})
 
 
 def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists: dict,
             executed: pd.DataFrame, stage_gpu: np.ndarray, num_gpus: int,
             persistent: np.ndarray, tensor_stage: np.ndarray, nbytes: np.ndarray,
-            stash: np.ndarray, step_bytes: np.ndarray) -> GpuMemory:
+            stash: np.ndarray, step_bytes: np.ndarray, copies: dict[int, list[int]]
+            ) -> GpuMemory:
     names = t["name"].astype(str).to_numpy()
     cats = t["category"].astype(str).to_numpy()
     op_names = ops["op"].astype(str).to_numpy()
@@ -158,6 +162,10 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
     for ti in np.flatnonzero(persistent).tolist():  # before the step, in tensor order
         g = int(stage_gpu[min(int(tensor_stage[ti]), len(stage_gpu) - 1)])
         always[g] += allocators[g].malloc(_handle(ti, -1, -1), int(nbytes[ti]))
+    for ti, gpus in sorted(copies.items()):  # a tied weight's copies, whole step
+        for g in gpus:
+            if 0 <= g < num_gpus and (persistent[ti] or cats[ti] == "gradient"):
+                always[g] += allocators[g].malloc(_handle(ti, -2 - g, -1), int(nbytes[ti]))
     for a in allocators:
         a.reset_peaks()
     # (gpu, stage, tensor) -> {micro-batch: step made}: a stage's own copy of a tensor
@@ -202,6 +210,12 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
             alloc.free(_handle(-1, s, -1))
             var_rows.append((g, "optimiser step: fp32 copies of the grads", "temporary",
                              round_size(transient), made, max(int(steps[g]) - 1, made), s))
+    for ti, gpus in sorted(copies.items()):
+        for g in gpus:
+            if 0 <= g < num_gpus and (persistent[ti] or cats[ti] == "gradient"):
+                var_rows.append((g, f"{names[ti]} (copy on GPU {g})", cats[ti],
+                                 round_size(int(nbytes[ti])), 0, max(int(steps[g]) - 1, 0),
+                                 int(tensor_stage[ti])))
     for (g, s, ti), held in live.items():  # still held at the end (gradients, outputs)
         for first in held.values():
             var_rows.append((g, names[ti], cats[ti], round_size(int(nbytes[ti])), first,
