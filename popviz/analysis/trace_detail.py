@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-COMPUTE_PASSES = ("F", "B", "R", "WU")
+from popviz.actions import COMPUTE_PASSES
+
 OP_FIELDS = ("op", "op_class", "module", "op_id")
 
 

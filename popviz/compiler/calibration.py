@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.actions import CONTRACT_PASSES
 from popviz.compiler.bsp import time_schedule
 from popviz.compiler.compiler import _stage_costs, compile, costed_plan
 from popviz.compiler.schedule import build_schedule
@@ -33,7 +34,7 @@ from popviz.target.cost import (
 from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, ipu_target
 
-PASSES = ("F", "R", "B", "WU")
+PASSES = CONTRACT_PASSES  # the index order of `pass_code`
 FITTED = ("amp_efficiency", "vector_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 

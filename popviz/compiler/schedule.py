@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-PASS_RANK = {"F": 0, "R": 1, "B": 2, "W": 3, "WU": 4}
+from popviz.actions import PASS_RANK, Action, Pass
+
 ZERO_BUBBLE = {"ZB1P": 1, "ZB2P": 2}  # name -> in-flight limit in pipeline depths
 
 
@@ -41,6 +42,12 @@ class Schedule:
     stash_depth: np.ndarray  # per stage, micro-batches held between F and B (0 = none)
     name: str
     split_backward: bool = False  # B is the input gradient and W the weight gradient
+
+    def actions_of(self, stage: int) -> list[Action]:
+        """The stage's actions in the order it runs them ("0F0", "0B0", "0W0", ...)."""
+        mine = self.actions[self.actions["stage"] == stage]
+        return [Action(int(s), Pass(p), int(m)) for s, p, m in
+                zip(mine["stage"], mine["pass"], mine["microbatch"], strict=True)]
 
 
 def _grouped(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
@@ -124,10 +131,10 @@ def _megatron_interleaved(n: int, m: int, ranks: int) -> list[tuple[int, int, in
     group = m // rounds
     table = [(b, c) for g in range(0, m, group) for c in range(v)
              for b in range(g, g + group)]
-    seqs: list[list[tuple[int, int, str]]] = []
+    seqs: list[list[Action]] = []
     for r in range(p):
-        fwd = [(c * p + r, b, "F") for b, c in table]
-        bwd = [((v - 1 - c) * p + r, b, "B") for b, c in table]
+        fwd = [Action(c * p + r, Pass.F, b) for b, c in table]
+        bwd = [Action((v - 1 - c) * p + r, Pass.B, b) for b, c in table]
         warm = min((v - 1) * group + 2 * (p - 1 - r), m * v)
         seq = fwd[:warm]
         for i in range(m * v - warm):
@@ -136,9 +143,8 @@ def _megatron_interleaved(n: int, m: int, ranks: int) -> list[tuple[int, int, in
     return _merge(seqs, n, m)
 
 
-def _merge(seqs: list[list[tuple[int, int, str]]], n: int, m: int
-           ) -> list[tuple[int, int, int, str]]:
-    """Per-rank action lists (stage, micro-batch, F / B / W) merged into supersteps: each
+def _merge(seqs: list[list[Action]], n: int, m: int) -> list[tuple[int, int, int, str]]:
+    """Per-rank action lists (F, B and W actions) merged into supersteps: each
     rank runs its next action once what it needs ran in an earlier superstep (F(s, b) after
     F(s - 1, b); B(s, b) after F(s, b) and B(s + 1, b); W(s, b) after B(s, b))."""
     done = {kind: np.full((n, m), -1, dtype=np.int64) for kind in "FBW"}
@@ -150,7 +156,8 @@ def _merge(seqs: list[list[tuple[int, int, str]]], n: int, m: int
         for r, seq in enumerate(seqs):
             if pos[r] >= len(seq):
                 continue
-            s, b, kind = seq[pos[r]]
+            action = seq[pos[r]]
+            s, b, kind = action.stage, action.microbatch, action.pass_.value
             if kind == "F":
                 ok = s == 0 or 0 <= done["F"][s - 1, b] < k
             elif kind == "B":
@@ -189,7 +196,7 @@ def _zero_bubble(n: int, m: int, depths: int, pass_ns: PassTimes | None
     nf, nb, nw = [0] * n, [0] * n, [0] * n
     f_end = np.full((n, m), np.inf)
     b_end = np.full((n, m), np.inf)
-    seqs: list[list[tuple[int, int, str]]] = [[] for _ in range(n)]
+    seqs: list[list[Action]] = [[] for _ in range(n)]
 
     def ready(s: int) -> tuple[float, float]:
         rb = rf = np.inf
@@ -213,20 +220,20 @@ def _zero_bubble(n: int, m: int, depths: int, pass_ns: PassTimes | None
         t, s = best
         rb, rf = ready(s)
         if rb <= t:
-            kind, mb, dur = "B", nb[s], b[s]
+            kind, mb, dur = Pass.B, nb[s], b[s]
             b_end[s, mb] = t + dur
             nb[s] += 1
             held[s] -= 1 - share[s]
         elif rf <= t:
-            kind, mb, dur = "F", nf[s], f[s]
+            kind, mb, dur = Pass.F, nf[s], f[s]
             f_end[s, mb] = t + dur
             nf[s] += 1
             held[s] += 1
         else:
-            kind, mb, dur = "W", nw[s], w[s]
+            kind, mb, dur = Pass.W, nw[s], w[s]
             nw[s] += 1
             held[s] -= share[s]
-        seqs[s].append((s, mb, kind))
+        seqs[s].append(Action(s, kind, mb))
         free[s] = t + dur
     return _merge(seqs, n, m)
 

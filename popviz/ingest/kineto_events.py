@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from popviz.actions import TORCH_ACTION, TORCH_TYPE_PASS
 from popviz.ingest.import_limits import (
     MAX_ACTION_DIGITS,
     MAX_MEMORY_BYTES,
@@ -27,12 +28,10 @@ from popviz.ingest.import_limits import (
 from popviz.ingest.kineto_lanes import LINK_COLUMNS, gpu_links
 
 MAX_DIM = 1 << 40  # a tensor dimension beyond this is not one
-PP_ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B"
-                       r"|RECV_B|OVERLAP_F_B)(\d*)$")
+# torch.distributed.pipelining's action annotations, "PP:" + the action's string form
+PP_ACTION = re.compile("^PP:" + TORCH_ACTION.pattern.removeprefix("^"))
 SINGLE_STAGE = re.compile(r"^(Forward|Backward) (\d+)$")  # ScheduleGPipe's annotations
-ACTION_PASS = {"F": "F", "B": "B", "I": "B", "W": "B", "REDUCE_GRAD": "WU",
-               "SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B",
-               "OVERLAP_F_B": "B", "UNSHARD": "", "RESHARD": ""}
+ACTION_PASS = TORCH_TYPE_PASS
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 COMM_OP = re.compile(r"^(c10d::|record_param_comms|nccl:|gloo:)")
