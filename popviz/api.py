@@ -190,9 +190,11 @@ def plan_step(build_model: Callable[[], torch.nn.Module],
 
 
 def compare(a: Profile | str | os.PathLike[str],
-            b: Profile | str | os.PathLike[str]) -> Comparison:
+            b: Profile | str | os.PathLike[str], judge: str | None = None) -> Comparison:
     """`popviz.compare(a, b)`: compare two profiles, each an open Profile or a path to one
-    (analysis.compare.compare takes open profiles; opening files is not analysis' job)."""
+    (analysis.compare.compare takes open profiles; opening files is not analysis' job).
+    `judge`: "total" or "per-device" when they run on different numbers of devices; None
+    gives both answers."""
     from popviz.analysis.compare import compare as compare_profiles
     from popviz.format.reader import open as open_profile
 
@@ -204,7 +206,7 @@ def compare(a: Profile | str | os.PathLike[str],
                 p = open_profile(p)
                 opened.append(p)
             sides.append(p)
-        return compare_profiles(*sides)
+        return compare_profiles(sides[0], sides[1], judge)
     finally:
         for p in opened:
             p.close()

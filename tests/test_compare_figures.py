@@ -36,7 +36,13 @@ def test_ipu_bars_side_by_side(comp: Comparison) -> None:
     compute = next(t for t in fig.data if t.name == "compute")
     assert list(zip(*compute.x, strict=True)) == [("A", "IPU0"), ("A", "IPU1"), ("B", "IPU0")]
     want = comp.ipus[comp.ipus["metric"] == "compute_ms"]
-    assert list(compute.y) == pytest.approx([*want["a"].dropna(), *want["b"].dropna()])
+    samples = comp.metrics.set_index("metric").loc["samples_per_step", ["a", "b"]]
+    # the two steps hold different numbers of samples: µs per sample, not ms per step
+    assert samples["a"] != samples["b"]
+    assert list(compute.y) == pytest.approx(
+        [*(want["a"].dropna() * 1e3 / samples["a"]), *(want["b"].dropna() * 1e3
+                                                     / samples["b"])])
+    assert "per sample" in fig.layout.title.text and "µs" in fig.layout.yaxis.title.text
     mem = cf.ipu_memory_compare_figure(comp)
     assert "1 OOM tiles" in mem.data[0].text
 

@@ -9,6 +9,7 @@ import json
 import pandas as pd
 
 from popviz.analysis.compare import Comparison, format_ratio, format_value
+from popviz.analysis.compare.verdict import JUDGES
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command, emit
 from popviz.cli.compare_ops import add_arguments as add_ops_arguments
@@ -34,6 +35,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object (with --ops: the op "
                         "table)")
+    parser.add_argument("--judge", choices=JUDGES, default=None,
+                        help="when A and B run on different numbers of devices, the question "
+                        "the verdict answers: total (the same work in less time: samples/s "
+                        "of the whole job) or per-device (the same devices doing more: "
+                        "samples/s per IPU or GPU); default: both answers, and a winner "
+                        "only when they agree")
     add_ops_arguments(parser)
     add_no_vet_argument(parser)
 
@@ -107,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         check_vetted(args.a, args.b)  # both before either is opened
     with open_vetted(args.a, vet=not args.no_vet) as a, \
             open_vetted(args.b, vet=not args.no_vet) as b:
-        comp = compare(a, b)
+        comp = compare(a, b, args.judge)
         if args.ops:
             from popviz.analysis.compare.ops import compare_ops
 

@@ -126,13 +126,37 @@ def _wide_ipus(comp: Any) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
+def _samples_per_step(comp: Any) -> dict[str, float] | None:
+    """Each side's samples per step when both are known and they differ (else None)."""
+    rows = comp.metrics[comp.metrics["metric"] == "samples_per_step"]
+    if rows.empty:
+        return None
+    a, b = (float(rows.iloc[0][k]) for k in ("a", "b"))
+    if not (np.isfinite(a) and np.isfinite(b)) or min(a, b) <= 0 or a == b:
+        return None
+    return {"A": a, "B": b}
+
+
 def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
     """Compute / exchange / idle (and a measured rank's untraced time) per IPU, A's IPUs
-    then B's, side by side (ms per step)."""
-    title = title or f"Time per {_device(comp)} in one step, A | B"
+    then B's, side by side: ms per step, or µs per sample when the two steps hold
+    different numbers of samples (a step of 1,024 micro-batches against one of 16 is not
+    the same work)."""
+    samples = _samples_per_step(comp)
+    dev = _device(comp)
+    title = title or (f"Time per {dev} per sample, A | B (steps of {samples['A']:,.0f} vs "
+                      f"{samples['B']:,.0f} samples)" if samples
+                      else f"Time per {dev} in one step, A | B")
     if comp.ipus.empty:
         return empty_figure("No per-IPU figures in these profiles.", title)
     w = _wide_ipus(comp)
+    unit = "ms"
+    if samples:  # ms per step -> µs per sample
+        scale = w["side"].map(lambda side: 1e3 / samples[str(side)]).to_numpy(np.float64)
+        for col in ("compute_ms", "exchange_ms", "idle_ms", "untraced_ms"):
+            if col in w.columns:
+                w[col] = w[col].to_numpy(np.float64) * scale
+        unit = "µs"
     x = _multicat(comp, w)
     fig = go.Figure()
     for col, name, marker in (
@@ -144,10 +168,10 @@ def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
               "pattern": {"shape": "/", "fgcolor": "#8a8a8a"}})):
         if col in w.columns and (col != "untraced_ms" or (w[col].fillna(0) > 0).any()):
             fig.add_trace(go.Bar(x=x, y=w[col].fillna(0), name=name, marker=marker,
-                                 hovertemplate="%{x}: %{y:,.4f} ms<extra>" + name
+                                 hovertemplate="%{x}: %{y:,.4f} " + unit + "<extra>" + name
                                  + "</extra>"))
     fig.update_layout(barmode="stack")
-    fig.update_yaxes(title_text="ms per step")
+    fig.update_yaxes(title_text=f"{dev}-µs per sample" if samples else "ms per step")
     return base_layout(fig, title, height=380)
 
 

@@ -84,9 +84,11 @@ STAGE_METRICS = {"forward_ms": ("ms", "lower"), "backward_ms": ("ms", "lower"),
                  "peak_bytes": ("bytes", "lower")}
 
 
-def compare(a: Profile, b: Profile) -> Comparison:
-    """Compare open profile `a` with open profile `b` (`popviz.compare` also takes paths)."""
-    return build(load_side(a, "A"), load_side(b, "B"))
+def compare(a: Profile, b: Profile, judge: str | None = None) -> Comparison:
+    """Compare open profile `a` with open profile `b` (`popviz.compare` also takes paths);
+    `judge`: "total" or "per-device" when they run on different numbers of devices
+    (verdict.JUDGES), None to be given both answers."""
+    return build(load_side(a, "A"), load_side(b, "B"), judge)
 
 
 def device_units(sa: Side, sb: Side) -> dict[str, str]:
@@ -103,7 +105,7 @@ def device_units(sa: Side, sb: Side) -> dict[str, str]:
             "ipu_us_per_sample": f"{time} per sample", "time_per_sample": f"{time} per sample"}
 
 
-def build(sa: Side, sb: Side) -> Comparison:
+def build(sa: Side, sb: Side, judge: str | None = None) -> Comparison:
     """The comparison of two loaded sides (see sides.load_side)."""
     metrics = deltas(pd.Series(sa.metrics, dtype=float), pd.Series(sb.metrics, dtype=float))
     metrics = metrics.reindex([m for m in METRICS if m in metrics.index])
@@ -145,7 +147,7 @@ def build(sa: Side, sb: Side) -> Comparison:
         stages=_long(["stage"], STAGE_METRICS, sa.stages, sb.stages),
         op_classes=ops.reset_index(drop=True), liveness=liveness, tiles=tiles,
         phase_x=phase_x)
-    comp.verdict = verdict(comp, sa, sb)
+    comp.verdict = verdict(comp, sa, sb, judge)
     return comp
 
 

@@ -70,6 +70,12 @@ def on_equal_terms(verdict: dict[str, Any], a: dict[str, Any],
                                  r"Where the \1 time per sample differs: ", r)
                           for r in verdict.get("reasons", []) if "x faster" not in r]
         return out
+    if verdict.get("judged_by") == "total" or (verdict.get("winner") is None
+                                               and verdict.get("faster_per_ipu")):
+        # asked for the job's samples/s (a rate: comparable whatever the step holds), or
+        # the two questions have different answers, which the headline gives
+        out["headline"] = f"{lead} {verdict['headline']}"
+        return out
     if verdict.get("faster_per_ipu") and factor >= DECISIVE:
         out["headline"] = (f"{lead} Per sample {verdict['faster_per_ipu']} is still "
                            f"clearly faster: {verdict['headline']}")

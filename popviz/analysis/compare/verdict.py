@@ -80,25 +80,74 @@ def _metric(comp: Comparison, name: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in rows.iloc[0][["a", "b", "delta", "ratio"]].items()}
 
 
-def _speed(comp: Comparison, sa: Side, sb: Side) -> tuple[str | None, float | None, str]:
-    """(faster side label or None for a tie, factor >= 1, sentence)."""
+JUDGES = ("total", "per-device")  # the same work in less time; the same devices doing more
+
+
+def _faster(ratio: float) -> tuple[str | None, float]:
+    """From B / A: the faster side's label (None within TIE) and the factor, >= 1."""
+    if abs(ratio - 1) <= TIE:
+        return None, 1.0
+    return ("B", ratio) if ratio > 1 else ("A", 1 / ratio)
+
+
+def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
+           ) -> tuple[str | None, float | None, str]:
+    """(faster side label or None for a tie or a split answer, factor >= 1, sentence).
+    With the same number of devices on both sides, total and per-device throughput are the
+    same question. With different numbers they are two: the same work in less time
+    (`judge` "total") or the same devices doing more ("per-device"); unasked, a side wins
+    only when it wins both, and the sentence gives both answers."""
     per = _metric(comp, "throughput_per_ipu")
     tot = _metric(comp, "throughput")
     if not per or not (_ok(per["a"]) and _ok(per["b"])) or min(per["a"], per["b"]) <= 0:
         return None, None, "Throughput is not known for both profiles."
-    ratio = per["ratio"]
     dev = _dev(sa, sb)
-    total = (f"; in total A does {tot['a']:,.1f} samples/s on {sa.facts['total_ipus']} "
-             f"{_dev(sa)}(s), B {tot['b']:,.1f} on {sb.facts['total_ipus']}" if tot else "")
-    if abs(ratio - 1) <= TIE:
-        return None, 1.0, (f"A and B are about as fast per {dev} ({per['a']:,.1f} vs "
-                           f"{per['b']:,.1f} samples/s per {dev}){total}.")
-    fast, slow = (sb, sa) if ratio > 1 else (sa, sb)
-    factor = ratio if ratio > 1 else 1 / ratio
-    fv, sv = (per["b"], per["a"]) if ratio > 1 else (per["a"], per["b"])
-    return fast.label, factor, (f"{_who(fast)} is {factor:.2f}x faster per {dev} than "
-                                f"{_who(slow)} ({fv:,.1f} vs {sv:,.1f} samples/s per {dev})"
-                                f"{total}.")
+    na, nb = sa.facts["total_ipus"], sb.facts["total_ipus"]
+    have_total = bool(tot) and _ok(tot.get("a")) and _ok(tot.get("b")) and \
+        min(tot["a"], tot["b"]) > 0
+    total = (f"; in total A does {tot['a']:,.1f} samples/s on {na} {_dev(sa)}(s), B "
+             f"{tot['b']:,.1f} on {nb}" if have_total else "")
+    per_fast, per_factor = _faster(per["ratio"])
+    same = na == nb or not have_total
+    if judge != "total" and (same or judge == "per-device"):
+        if per_fast is None:
+            return None, 1.0, (f"A and B are about as fast per {dev} ({per['a']:,.1f} vs "
+                               f"{per['b']:,.1f} samples/s per {dev}){total}.")
+        fast, slow = (sb, sa) if per_fast == "B" else (sa, sb)
+        fv, sv = (per["b"], per["a"]) if per_fast == "B" else (per["a"], per["b"])
+        return per_fast, per_factor, (
+            f"{_who(fast)} is {per_factor:.2f}x faster per {dev} than {_who(slow)} "
+            f"({fv:,.1f} vs {sv:,.1f} samples/s per {dev}){total}.")
+    tot_fast, tot_factor = _faster(tot["ratio"])
+    per_words = (f"per {dev} A does {per['a']:,.1f} and B {per['b']:,.1f} samples/s")
+    if tot_fast is None:
+        total_words = (f"A and B do the same work in about the same time ({tot['a']:,.1f} vs "
+                       f"{tot['b']:,.1f} samples/s on {na} vs {nb} {dev}s)")
+    else:
+        fast, slow = (sb, sa) if tot_fast == "B" else (sa, sb)
+        total_words = (f"{_who(fast)} does the same work in less time: {tot_factor:.2f}x "
+                       f"{_who(slow)}'s total throughput ({max(tot['a'], tot['b']):,.1f} vs "
+                       f"{min(tot['a'], tot['b']):,.1f} samples/s, on "
+                       f"{fast.facts['total_ipus']} vs {slow.facts['total_ipus']} {dev}s)")
+    if judge == "total":
+        return tot_fast, tot_factor, f"{total_words}; {per_words}."
+    if per_fast == tot_fast:  # unasked, and both questions have the same answer
+        return per_fast, per_factor, (f"{total_words}, and more per {dev} too: "
+                                      f"{per_words} ({per_factor:.2f}x).")
+    per_side = {"A": sa, "B": sb}.get(per_fast or "")
+    each = (f"{_who(per_side)} gets more from each {dev}: {per_factor:.2f}x ({per_words})"
+            if per_side is not None else f"per {dev} they are about even ({per_words})")
+    return None, None, (f"It depends on the question, as they run on {na} vs {nb} {dev}s: "
+                        f"{total_words}; {each}. Ask one with --judge total or --judge "
+                        "per-device.")
+
+
+def _per_device(comp: Comparison) -> tuple[str | None, float | None]:
+    """The side faster per device (None within TIE or unknown) and by what factor."""
+    per = _metric(comp, "throughput_per_ipu")
+    if not per or not (_ok(per["a"]) and _ok(per["b"])) or min(per["a"], per["b"]) <= 0:
+        return None, None
+    return _faster(per["ratio"])
 
 
 def _idlest_ipu(comp: Comparison, side: Side) -> str:
@@ -236,10 +285,15 @@ def _both_fit(sa: Side, sb: Side) -> str:
     return f"{known} fits; whether {unknown[0]} does is not known (no per-tile data)."
 
 
-def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
-    """{winner, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline, reasons,
-    differences}; winner is 'A', 'B' or None (a tie, or neither fits)."""
-    faster, factor, speed = _speed(comp, sa, sb)
+def verdict(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
+            ) -> dict[str, Any]:
+    """{winner, judged_by, faster_per_ipu, speedup_per_ipu, speedup_total, fits, headline,
+    reasons, differences}; winner is 'A', 'B' or None (a tie, a split answer, or neither
+    fits). `judge`: "total" or "per-device" (_speed); None asks both."""
+    if judge is not None and judge not in JUDGES:
+        raise ValueError(f"judge {judge!r} is not one of {', '.join(JUDGES)}")
+    faster, _, speed = _speed(comp, sa, sb, judge)
+    per_fast, per_factor = _per_device(comp)
     # unknown (None: a measured run, no tiles) is not out of memory: the run ran
     fa, fb = sa.facts["fits"] is not False, sb.facts["fits"] is not False
     reasons: list[str] = _model_notes(sa, sb)
@@ -256,10 +310,11 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
         winner = None
         headline = f"Neither fits. {_oom_text(sa)}; {_oom_text(sb)}."
         reasons.append(speed)
-    if faster:
-        why = _time_reasons(comp, faster, sa, sb)
+    if per_fast:
+        why = _time_reasons(comp, per_fast, sa, sb)
         if why:
-            reasons.append(f"{faster} is faster per {_dev(sa, sb)} because " + "; ".join(why) + ".")
+            reasons.append(f"{per_fast} is faster per {_dev(sa, sb)} because "
+                           + "; ".join(why) + ".")
     lat = _metric(comp, "latency_ms")
     if lat and _ok(lat["a"]) and _ok(lat["b"]):
         reasons.append(f"latency per batch: A {lat['a']:,.3f} ms, B {lat['b']:,.3f} ms")
@@ -271,7 +326,8 @@ def verdict(comp: Comparison, sa: Side, sb: Side) -> dict[str, Any]:
     per = _metric(comp, "throughput_per_ipu")
     return on_equal_terms({
         "a": sa.facts["name"], "b": sb.facts["name"], "winner": winner,
-        "faster_per_ipu": faster, "factor_per_ipu": factor,
+        "judged_by": judge or "both", "faster_per_ipu": per_fast,
+        "factor_per_ipu": per_factor,
         "speedup_per_ipu": per.get("ratio") if per else None,
         "speedup_total": tot.get("ratio") if tot else None,
         "fits": {"A": fa, "B": fb}, "headline": headline, "reasons": reasons,
