@@ -272,3 +272,48 @@ def test_stage_load_figure_judges_no_balance_on_one_device() -> None:
     assert "#c53a32" not in shared.data[0].marker.color
     two = figures.stage_load_figure(_stages(busy=[40, 90], idle=[650, 600]), naming=MEASURED)
     assert "bottleneck" in two.layout.title.text
+
+
+def test_inference_bubbles_ask_for_device_iterations_not_accumulation() -> None:
+    """An inference pipeline has no gradients to accumulate: its pipeline fills once per
+    host call with device iterations x accumulation batches, so that is the knob named."""
+    stages = _stages(busy=[300, 300, 300], idle=[600, 600, 600])
+    tm = _tiles([(0, 0, 400, 400), (1, 0, 400, 400), (2, 0, 400, 400)])
+    meta = _meta({}, accumulation=1)
+    meta["options"].update(training=False, device_iterations=2)
+    texts = [a.text for a in analysis.advise(meta, stages, tm)]
+    (bubble,) = [t for t in texts if "pipeline bubbles" in t]
+    assert "gradient accumulation" not in bubble
+    assert "Raise device iterations (now 2) to at least 12" in bubble  # 4 x 3 stages
+    meta["options"].update(device_iterations=12)
+    assert not any("pipeline bubbles" in a.text for a in analysis.advise(meta, stages, tm))
+
+
+def test_amp_to_fit_is_the_highest_step_that_saves_enough() -> None:
+    """Largest temporary per tile at each AMP (KiB): 0.6 in force 200, 0.4 170, 0.3 140,
+    0.2 110, 0.1 100. Over by 50 KiB: 0.3 is the highest step saving 50 or more; over by
+    150 KiB: no step saves more than 100, so AMP alone cannot make it fit."""
+    from popviz.analysis.amp import amp_to_fit
+
+    kib = 1024
+    steps = pd.DataFrame({"ipu": 1, "amp": [0.1, 0.2, 0.3, 0.4, 0.6],
+                          "in_force": [False, False, False, False, True],
+                          "temp_bytes": [100 * kib, 110 * kib, 140 * kib, 170 * kib,
+                                         200 * kib]})
+    assert amp_to_fit(steps, 1, 50 * kib) == (0.3, 100 * kib)
+    assert amp_to_fit(steps, 1, 150 * kib) == (None, 100 * kib)
+    assert amp_to_fit(steps, 0, 1) == (None, 0)  # nothing known of IPU0
+
+
+def test_no_split_move_onto_a_neighbour_that_is_itself_over() -> None:
+    stages = _stages(busy=[300, 300, 300], idle=[0, 0, 0])
+    # (always-live, not-always-live peak) on a 1,000-byte tile: every IPU is over
+    tm = _tiles([(0, 0, 100, 1000), (1, 0, 100, 1000), (2, 0, 100, 1200)])
+    texts = [a.text for a in analysis.advise(_meta({"all": 0.4}), stages, tm)]
+    assert not any("takes layers from IPU1" in t for t in texts)
+    assert any(t.startswith("No neighbour of IPU1 has room") and "IPU0 110% used" in t
+               and "IPU2 130% used" in t for t in texts)
+    # with room on IPU2 the move is named again
+    tm = _tiles([(0, 0, 100, 1000), (1, 0, 100, 1000), (2, 0, 100, 150)])
+    texts = [a.text for a in analysis.advise(_meta({"all": 0.4}), stages, tm)]
+    assert any("IPU2 (25% used) takes layers from IPU1" in t for t in texts)

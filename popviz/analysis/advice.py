@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from popviz.analysis.amp import amp_effect, amp_steps, effect_words, knows
+from popviz.analysis.amp import amp_effect, amp_steps, amp_to_fit, effect_words, knows
 from popviz.analysis.balance import (
     imbalance,
     ipu_imbalance,
@@ -102,10 +102,26 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
         if nal >= alive:
             amp = amp_for(meta, ipu)
             effect = amp_effect(steps(), ipu, lower=True)
-            if effect is not None:  # the nearest lower AMP that changes a plan
+            fit_amp, most = amp_to_fit(steps(), ipu, worst) if effect is not None \
+                else (None, 0)
+            if effect is not None and fit_amp is None:  # no AMP saves enough: say so
+                lowest = float(steps().query("ipu == @ipu")["amp"].min())
+                out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
+                                  f"dominate there, but lowering availableMemoryProportion "
+                                  f"alone will not make {ipu_label(ipu)} fit: even at "
+                                  f"{lowest:g} its convolutions' and matmuls' largest "
+                                  f"temporary per tile shrinks by {most / KiB:,.0f} KiB, "
+                                  f"against the {worst / KiB:,.0f} KiB its fullest tile is "
+                                  f"over. Cut activations (recomputation) or move layers off "
+                                  f"it (below), then lower AMP {effect_words(amp, effect)} "
+                                  f"if it is still short."))
+            elif effect is not None:  # the highest lower AMP that saves enough
                 out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
                                   f"dominate there: lower availableMemoryProportion on "
-                                  f"{ipu_label(ipu)} {effect_words(amp, effect)}."))
+                                  f"{ipu_label(ipu)} to {fit_amp:g}, the highest step whose "
+                                  f"convolutions and matmuls shrink their largest temporary "
+                                  f"per tile by at least the {worst / KiB:,.0f} KiB over (the "
+                                  f"nearest step: {effect_words(amp, effect)})."))
             elif amp > MIN_AMP and not knows(steps(), ipu):  # cannot re-plan: say roughly
                 new = max(MIN_AMP, round(amp / 2, 2))
                 out.append(Advice("error", "amp", ipu, f"{head} Temporaries and activations "
@@ -126,13 +142,22 @@ def _oom_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.Data
         if len(stage_rows) and len(totals) > 1:
             first, last = int(min(stage_rows)), int(max(stage_rows))
             before, after = util.get(ipu - 1), util.get(ipu + 1)
-            if after is not None and (before is None or after <= before):
+            roomy = [u for u in (before, after) if u is not None and u < 1]
+            if not roomy:  # a neighbour that is itself over has no room to take layers
+                out.append(Advice("error", "split", ipu, f"No neighbour of {ipu_label(ipu)} "
+                                  "has room to take layers (" + ", ".join(
+                                      f"{ipu_label(i)} {u:.0%} used" for i, u in
+                                      ((ipu - 1, before), (ipu + 1, after)) if u is not None)
+                                  + "): spread the model over more IPUs, or cut what each "
+                                  "holds (recomputation, a smaller micro-batch)."))
+            elif after is not None and after < 1 and (before is None or before >= 1
+                                                      or after <= before):
                 name = _split_after(stages, splits, last)
                 if name:
                     out.append(Advice("error", "split", ipu, f"Move split '{name}' earlier so "
                                       f"{ipu_label(ipu + 1)} ({after:.0%} used) takes "
                                       f"layers from {ipu_label(ipu)}."))
-            elif before is not None:
+            elif before is not None and before < 1:
                 name = _split_after(stages, splits, first - 1)
                 if name:
                     out.append(Advice("error", "split", ipu, f"Move split '{name}' later so "
@@ -264,6 +289,9 @@ def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bo
 
 
 def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
+    """Bubbles amortised by more micro-batches per pipeline fill: gradient accumulation
+    in training; in inference, which has no gradients to accumulate, the batches each host
+    call pipelines (device iterations x gradient accumulation, as compiled)."""
     options = meta.get("options") or {}
     bal = stage_balance(stages)
     if stages_take_turns(bal) or \
@@ -271,11 +299,23 @@ def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:
         return []
     bubble = stage_idle_fraction(stages)
     accumulation = int(options.get("gradient_accumulation", 1) or 1)
-    if bubble < BUBBLE_LIMIT or accumulation >= 4 * len(bal):
+    need = 4 * len(bal)
+    if options.get("training", True) is False:
+        iterations = int(options.get("device_iterations", 1) or 1)
+        filled = accumulation * iterations
+        if bubble < BUBBLE_LIMIT or filled >= need:
+            return []
+        return [Advice("warning", "accumulation", None, (
+            f"{bubble:.0%} of the step is idle in pipeline bubbles: each host call pipelines "
+            f"{filled} batch(es) through {len(bal)} stages. Raise device iterations (now "
+            f"{iterations}) to at least {-(-need // accumulation)}, so that a call runs "
+            f"{need} or more batches and the ramp-up and ramp-down are amortised (latency "
+            "per batch stays; throughput rises)."))]
+    if bubble < BUBBLE_LIMIT or accumulation >= need:
         return []
     return [Advice("warning", "accumulation", None,
                    f"{bubble:.0%} of the step is idle in pipeline bubbles: raise gradient "
-                   f"accumulation (now {accumulation}) to at least {4 * len(bal)} to amortise "
+                   f"accumulation (now {accumulation}) to at least {need} to amortise "
                    "the ramp-up and ramp-down.")]
 
 

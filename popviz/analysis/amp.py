@@ -108,6 +108,29 @@ def amp_effect(steps: pd.DataFrame | None, ipu: int, lower: bool) -> tuple[float
     return None
 
 
+def amp_to_fit(steps: pd.DataFrame | None, ipu: int, over_bytes: int
+               ) -> tuple[float | None, int]:
+    """Whether lowering AMP on `ipu` can save the `over_bytes` its fullest tile is over:
+    (the highest lower AMP step whose largest conv / matmul temporary per tile is at least
+    that much smaller than now's, or None when no step is), and the most any lower step
+    saves. An upper bound on what AMP can do: the saving lands on the fullest tile only
+    if that tile's peak is the largest temporary."""
+    if steps is None or steps.empty:
+        return None, 0
+    mine = steps[steps["ipu"] == ipu]
+    now = mine[mine["in_force"]]
+    if now.empty:
+        return None, 0
+    base = int(now.iloc[0]["temp_bytes"])
+    lower = mine[mine["amp"] < float(now.iloc[0]["amp"])]
+    if lower.empty:
+        return None, 0
+    saved = base - lower["temp_bytes"].to_numpy(np.int64)
+    enough = lower[saved >= over_bytes]
+    best = float(enough["amp"].max()) if len(enough) else None
+    return best, int(max(int(saved.max()), 0))
+
+
 def knows(steps: pd.DataFrame | None, ipu: int) -> bool:
     """Whether `steps` re-planned the conv / matmul ops of `ipu` (else advice cannot tell)."""
     return steps is not None and bool((steps["ipu"] == ipu).any())
