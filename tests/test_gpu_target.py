@@ -75,7 +75,7 @@ def test_transfers_alpha_beta() -> None:
     # 450 MB at 450 GB/s times the share NCCL p2p gets of it (Zero Bubble's Table 9)
     assert big == pytest.approx((gpu.p2p_latency_s + 1e-3 / gpu.cost.p2p_efficiency) * 1e9)
     assert 0.1 < gpu.cost.p2p_efficiency < 0.2
-    assert gpu.p2p_ns(1e9, nvlink=False) > gpu.p2p_ns(1e9)
+    assert gpu.p2p_ns(1e9, link=False) > gpu.p2p_ns(1e9)
     assert gpu.allreduce_ns(1e9, 1) == 0
     # a ring moves 2(n-1)/n of the bytes: 8 GPUs move 1.75x what 1 P2P of them moves
     ring = gpu.allreduce_ns(1e9, 8) - 14 * gpu.p2p_latency_s * 1e9

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.gpu_fabric import Fabric
 from popviz.compiler.gpu_lowering import (
     autocast_casts,
     cuda_dropout,
@@ -49,7 +50,7 @@ from popviz.metrics import device_fits, idle_fraction, stage_columns, stage_time
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.target.cost import Precision
-from popviz.target.gpu import GPU_FAMILY, GpuTarget
+from popviz.target.gpu import GPU_FAMILY, LINKS, GpuTarget
 from popviz.target.gpu_cost import gpu_op_costs, host_bound
 from popviz.vocab import MODELLED_KIND
 
@@ -167,10 +168,10 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     t_stage = plan_tensor_stage(program.tensors, op_stage, plan)
     weight = (ops["grad_part"] == WEIGHT).to_numpy()
     copies = tied_copies(ops, program.tensors, plan)
-    # NVLink within one NVLink domain (an HGX board, a bridged PCIe pair), else PCIe
-    nvlink = plan.num_ipus * options.replication_factor <= target.nvlink_gpus
+    # which link each transfer crosses: NVLink, PCIe, or the network between servers
+    fabric = Fabric(target, plan.num_ipus, options.replication_factor)
     optimiser = optimiser_by_stage(ops, program.tensors, t_stage, n, copies) + \
-        _tied_grad_allreduce(program.tensors, copies, plan, target, nvlink)
+        _tied_grad_allreduce(program.tensors, copies, plan, target, fabric)
     costs = replace(costs, optimiser=optimiser,
                     weight_grad=np.bincount(ops["stage"].to_numpy(np.int64)[weight],
                                             weights=ops["cycles"].to_numpy(np.float64)[weight],
@@ -186,14 +187,16 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
         forward=costs.forward.astype(np.float64),
         input_grad=(costs.backward - costs.weight_grad).astype(np.float64),
         weight_grad=costs.weight_grad.astype(np.float64),
-        p2p=np.array([target.p2p_ns(int(b), nvlink) if b > 0 else 0.0
-                      for b in costs.boundary_bytes.tolist()]),
+        p2p=np.array([target.p2p_ns(int(b), fabric.p2p_link(int(costs.ipu[s - 1]),
+                                                             int(costs.ipu[s])))
+                      if b > 0 and s > 0 else 0.0
+                      for s, b in enumerate(costs.boundary_bytes.tolist())]),
         weight_share=weight_share(ops, program.tensors, ops["grad_part"].to_numpy(), n))
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
                               options.replication_factor, has_wu, costs.recompute > 0,
                               ranks=plan.num_ipus, pass_ns=pass_ns)
     timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
-                               options.replication_factor, nvlink)
+                               options.replication_factor, fabric)
     stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
     recipe = recipe_named(options.gpu_precision)
     step_bytes = step_bytes_per_stage(program.tensors, t_stage, n, recipe,
@@ -212,7 +215,7 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
                     "max_memory_reserved": memory.peak_reserved.tolist(),
                     "device_memory_bytes": target.memory_bytes,
                     "usable_bytes": target.usable_bytes,
-                    "link": "nvlink" if nvlink else "pcie",
+                    "link": fabric.slowest(),
                     "precision": precision}}
     summary = _summary(plan, timing, memory, stages, options, target, micro_batch,
                        microbatches * iterations, schedule.name, schedule.stash_depth)
@@ -250,7 +253,7 @@ def tied_copies(ops: pd.DataFrame, tensors: pd.DataFrame, plan: StagePlan
 
 
 def _tied_grad_allreduce(tensors: pd.DataFrame, copies: dict[int, set[int]],
-                         plan: StagePlan, target: GpuTarget, nvlink: bool) -> np.ndarray:
+                         plan: StagePlan, target: GpuTarget, fabric: Fabric) -> np.ndarray:
     """Per stage, the all-reduce of each tied weight's gradients over the GPUs holding a
     copy, once per step before the update, added to the first stage on each such GPU."""
     out = np.zeros(len(plan.stages), dtype=np.int64)
@@ -261,7 +264,8 @@ def _tied_grad_allreduce(tensors: pd.DataFrame, copies: dict[int, set[int]],
     for row, gpus in copies.items():
         if cats[row] != "gradient":
             continue
-        ns = int(np.ceil(target.allreduce_ns(float(nbytes[row]), len(gpus) + 1, nvlink)))
+        link = max((fabric.p2p_link(0, g) for g in gpus), key=LINKS.index)
+        ns = int(np.ceil(target.allreduce_ns(float(nbytes[row]), len(gpus) + 1, link)))
         for g in gpus:
             out[stage_of.get(g, 0)] += ns
     return out

@@ -7,7 +7,8 @@ after B(s+1, m) plus the gradient's, R(s, m) right before B(s, m), W(s, m) (a ze
 schedule's weight gradient, split from B) after B(s, m), WU(s) after the stage's
 data-parallel all-reduce (a ring over the replicas, after its last backward: no overlap
 with the backward is modelled, an upper bound). Transfers are alpha-beta
-(`GpuTarget.p2p_ns` / `allreduce_ns`, NVLink or PCIe). Times in ns.
+(`GpuTarget.p2p_ns` / `allreduce_ns`) over the link `gpu_fabric.Fabric` says each crosses:
+NVLink, PCIe or the network between servers. Times in ns.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.compiler.bsp import PHASES, StageCosts, schedule_phases
+from popviz.compiler.gpu_fabric import Fabric
 from popviz.compiler.schedule import Schedule
 from popviz.target.gpu import GpuTarget
 
@@ -36,7 +38,11 @@ class GpuTiming:
 
 
 def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
-                      num_gpus: int, replicas: int, nvlink: bool = True) -> GpuTiming:
+                      num_gpus: int, replicas: int, fabric: Fabric | None = None
+                      ) -> GpuTiming:
+    """`fabric` says which link each transfer crosses (gpu_fabric.py; default: the ranks
+    laid out on `target`'s servers)."""
+    fabric = fabric or Fabric(target, num_gpus, replicas)
     a = schedule.actions.reset_index(drop=True)
     n = len(costs.ipu)
     weight = costs.weight_grad if costs.weight_grad is not None and \
@@ -66,12 +72,12 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
                 ready = t0 + copy
             else:
                 ready = max(ready, _arrive(done[(s - 1, m, "F")], costs.ipu[s - 1], g,
-                                           costs.boundary_bytes[s], target, nvlink, xfers,
+                                           costs.boundary_bytes[s], target, fabric, xfers,
                                            events, "activation", s - 1, m, k))
         elif p in ("B", "R"):
             if s < n - 1 and (s + 1, m, "B") in done:
                 ready = max(ready, _arrive(done[(s + 1, m, "B")], costs.ipu[s + 1], g,
-                                           costs.boundary_bytes[s + 1], target, nvlink,
+                                           costs.boundary_bytes[s + 1], target, fabric,
                                            xfers, events, "gradient", s + 1, m, k,
                                            once=p == "R" or (s, m, "R") not in done))
             if p == "B" and (s, m, "R") in done:
@@ -80,7 +86,7 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
             ready = max(ready, done[(s, m, "B")])
         elif p == "WU":
             t0 = max(ready, last_b.get(s, ready))
-            ar = target.allreduce_ns(costs.grad_bytes[s], replicas, nvlink)
+            ar = target.allreduce_ns(costs.grad_bytes[s], replicas, fabric.allreduce_link(g))
             if ar > 0:
                 events.append((g, t0, t0 + ar, "exchange", s, -1, "", "all-reduce", k, ""))
                 xfers.append((g, g, int(costs.grad_bytes[s] * 2 * (replicas - 1) / replicas),
@@ -112,13 +118,13 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
                      _latency(executed, n), _phases(trace))
 
 
-def _arrive(sent: float, src: int, dst: int, nbytes: int, target: GpuTarget, nvlink: bool,
+def _arrive(sent: float, src: int, dst: int, nbytes: int, target: GpuTarget, fabric: Fabric,
             xfers: list, events: list, kind: str, stage: int, m: int, k: int,
             once: bool = True) -> float:
     """When data made at `sent` on `src` is on `dst` (a NCCL send / recv)."""
     if src == dst or nbytes <= 0:
         return sent
-    arrive = sent + target.p2p_ns(nbytes, nvlink)
+    arrive = sent + target.p2p_ns(nbytes, fabric.p2p_link(src, dst))
     if once:
         xfers.append((src, dst, int(nbytes), sent, arrive, kind, stage, m))
         for g in (src, dst):

@@ -92,6 +92,9 @@ class GpuTarget:
     nvlink_bytes_per_s: float  # per direction, one GPU to its peers
     pcie_bytes_per_s: float  # per direction, to the host (and peers without NVLink)
     nvlink_gpus: int = 8  # GPUs one NVLink domain joins (an HGX board); more: PCIe
+    gpus_per_node: int = 8  # GPUs one server holds; beyond it, the network
+    # per GPU per direction between servers: InfiniBand / RoCE, one NIC per GPU
+    network_bytes_per_s: float = 25 * GB
     p2p_latency_s: float = 5e-6  # assumed
     host_latency_s: float = 10e-6  # assumed
     sms: int = 132
@@ -115,24 +118,36 @@ class GpuTarget:
             return self.fp8_flops or self.bf16_flops
         return self.tf32_flops if tensor_cores else self.fp32_flops
 
-    def link_bytes_per_s(self, nvlink: bool = True) -> float:
-        return self.nvlink_bytes_per_s if nvlink and self.nvlink_bytes_per_s else \
-            self.pcie_bytes_per_s
+    def link_bytes_per_s(self, link: bool | str = True) -> float:
+        """Line rate of a link, per direction: "nvlink" (True), "pcie" (False: peers
+        without NVLink in one server) or "network" (between servers)."""
+        name = link_name(link)
+        if name == "nvlink" and self.nvlink_bytes_per_s:
+            return self.nvlink_bytes_per_s
+        if name == "network":
+            return self.network_bytes_per_s
+        return self.pcie_bytes_per_s
 
-    def p2p_ns(self, nbytes: float, nvlink: bool = True) -> float:
-        """One NCCL send / recv of `nbytes` between two GPUs (alpha-beta)."""
+    def p2p_ns(self, nbytes: float, link: bool | str = True) -> float:
+        """One NCCL send / recv of `nbytes` between two GPUs (alpha-beta). Over NVLink a
+        pipeline's send gets `p2p_efficiency` of the line rate (fitted); that ceiling is
+        NCCL's (the channels a send / recv uses), so a slower link runs at the lesser of
+        its own line rate and it."""
         if nbytes <= 0:
             return 0.0
-        rate = self.link_bytes_per_s(nvlink) * self.cost.p2p_efficiency
+        ceiling = (self.nvlink_bytes_per_s or self.pcie_bytes_per_s) * self.cost.p2p_efficiency
+        rate = ceiling if link_name(link) == "nvlink" else \
+            min(self.link_bytes_per_s(link), ceiling)
         return (self.p2p_latency_s + nbytes / rate) * 1e9
 
-    def allreduce_ns(self, nbytes: float, gpus: int, nvlink: bool = True) -> float:
-        """A ring all-reduce of `nbytes` over `gpus` GPUs: 2(n-1) steps of n-th chunks."""
+    def allreduce_ns(self, nbytes: float, gpus: int, link: bool | str = True) -> float:
+        """A ring all-reduce of `nbytes` over `gpus` GPUs: 2(n-1) steps of n-th chunks, at
+        the line rate of the slowest link in the ring."""
         if nbytes <= 0 or gpus <= 1:
             return 0.0
         steps = 2 * (gpus - 1)
         return (steps * self.p2p_latency_s
-                + steps / gpus * nbytes / self.link_bytes_per_s(nvlink)) * 1e9
+                + steps / gpus * nbytes / self.link_bytes_per_s(link)) * 1e9
 
     def host_ns(self, nbytes: float) -> float:
         if nbytes <= 0:
@@ -157,10 +172,14 @@ class GpuTarget:
 
 
 _DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com, 2023): "
+_DGX_H100 = ("published: NVIDIA DGX H100 datasheet: 8x single-port ConnectX-7 VPI, 400 Gb/s "
+             "InfiniBand / Ethernet, one per GPU; 50 GB/s each direction")
 _DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021): "
 _FIXTURE = ("measured: totalGlobalMem of 'NVIDIA H100 80GB HBM3' in the deviceProperties of "
             "tests/fixtures/kineto_resnet50_b64.json.gz (85,017,493,504 B)")
 _ASSUMED = {
+    "gpus_per_node": "published: 8 GPUs per DGX / HGX server (NVIDIA DGX A100 and DGX H100 "
+                     "datasheets)",
     "p2p_latency_s": "assumed: 5 us per NCCL send/recv (nccl-tests small-message latency "
                      "order; no datasheet figure)",
     "host_latency_s": "assumed: 10 us per host <-> device copy",
@@ -171,8 +190,10 @@ H100_SXM = GpuTarget(
     memory_bytes=85_017_493_504, hbm_bytes_per_s=3.35 * TB,
     fp32_flops=67e12, tf32_flops=494.5e12, bf16_flops=989.5e12, fp8_flops=1979e12,
     nvlink_bytes_per_s=450 * GB, pcie_bytes_per_s=64 * GB, sms=132,
+    network_bytes_per_s=50 * GB,
     sources={
         "memory_bytes": _FIXTURE + "; datasheet: 80 GB",
+        "network_bytes_per_s": _DGX_H100,
         "hbm_bytes_per_s": _DS_H100 + "H100 SXM GPU memory bandwidth 3.35 TB/s",
         "fp32_flops": _DS_H100 + "FP32 67 teraFLOPS",
         "tf32_flops": _DS_H100 + "TF32 Tensor Core 989 TFLOPS with sparsity; dense = half",
@@ -191,7 +212,10 @@ H100_PCIE = GpuTarget(
     memory_bytes=85_017_493_504, hbm_bytes_per_s=2.0 * TB,
     fp32_flops=51e12, tf32_flops=378e12, bf16_flops=756e12, fp8_flops=1513e12,
     nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114, nvlink_gpus=2,
+    network_bytes_per_s=25 * GB,
     sources={
+        "network_bytes_per_s": "assumed: one 200 Gb/s InfiniBand / RoCE NIC per GPU (servers "
+                               "of PCIe cards vary); 25 GB/s each direction",
         "memory_bytes": "derived: 80 GB as the SXM part (its totalGlobalMem, see h100)",
         "hbm_bytes_per_s": _DS_H100 + "H100 PCIe GPU memory bandwidth 2 TB/s",
         "fp32_flops": _DS_H100 + "FP32 51 teraFLOPS",
@@ -212,7 +236,11 @@ H200_SXM = GpuTarget(
     memory_bytes=150_109_880_320, hbm_bytes_per_s=4.8 * TB,
     fp32_flops=67e12, tf32_flops=494.5e12, bf16_flops=989.5e12, fp8_flops=1979e12,
     nvlink_bytes_per_s=450 * GB, pcie_bytes_per_s=64 * GB, sms=132,
+    network_bytes_per_s=50 * GB,
     sources={
+        "network_bytes_per_s": "published: NVIDIA DGX H200 datasheet: 8x single-port "
+                               "ConnectX-7 VPI, 400 Gb/s InfiniBand / Ethernet, one per GPU; "
+                               "50 GB/s each direction",
         "memory_bytes": "measured: total_memory of 'NVIDIA H200' (torch.cuda."
                         "get_device_properties, bench/data/gpu_measured_h200.json); "
                         "datasheet: 141 GB",
@@ -234,7 +262,11 @@ A100_80GB = GpuTarget(
     memory_bytes=85_198_045_184, hbm_bytes_per_s=2.039 * TB,
     fp32_flops=19.5e12, tf32_flops=156e12, bf16_flops=312e12, fp8_flops=0.0,
     nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=32 * GB, sms=108,
+    network_bytes_per_s=25 * GB,
     sources={
+        "network_bytes_per_s": "published: NVIDIA DGX A100 datasheet: 8x single-port "
+                               "Mellanox ConnectX-6 VPI, 200 Gb/s HDR InfiniBand, one per "
+                               "GPU; 25 GB/s each direction",
         "memory_bytes": "derived: 80 GiB less the driver's reservation, as CUDA reports an "
                         "A100-SXM4-80GB (85,198,045,184 B)",
         "hbm_bytes_per_s": _DS_A100 + "A100 80GB SXM GPU memory bandwidth 2,039 GB/s",
@@ -254,6 +286,18 @@ GPU_TARGETS: dict[str, GpuTarget] = {t.name: t for t in (H100_SXM, H100_PCIE, H2
 GPU_ALIASES = {"h100-sxm": "h100", "h100_sxm": "h100", "h100_pcie": "h100-pcie",
                "a100-80gb": "a100", "a100_80gb": "a100", "a100-sxm": "a100",
                "h200-sxm": "h200", "h200_sxm": "h200"}
+
+
+LINKS = ("nvlink", "pcie", "network")  # fastest first
+
+
+def link_name(link: bool | str) -> str:
+    """True -> "nvlink", False -> "pcie", a name as it is (a ValueError otherwise)."""
+    if isinstance(link, bool):
+        return "nvlink" if link else "pcie"
+    if link not in LINKS:
+        raise ValueError(f"unknown GPU link {link!r}; valid: {', '.join(LINKS)}")
+    return link
 
 
 def family_of(target: Any) -> str:
