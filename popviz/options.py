@@ -18,6 +18,7 @@ STRATEGIES = ("pipelined", "sharded")
 SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B", "ZB1P",
              "ZB2P")
 PRECISIONS = ("16.16", "16.32", "32.32")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
 # how a GPU plan holds its training state (popviz.compiler.gpu_recipe.RECIPES, same order)
 GPU_PRECISIONS = ("as-recorded", "megatron-fp16", "megatron-bf16", "megatron-fp16-distopt",
                   "megatron-bf16-distopt", "amp")
@@ -109,6 +110,9 @@ class Options:
     replicated_tensor_sharding: bool = False
     outlining: bool = False
     gpu_precision: str = "as-recorded"  # GPU targets: popviz/compiler/gpu_recipe.py
+    # with recomputation, what is recomputed: "full" (each section's forward) or, GPU
+    # targets, "selective" (the attention core only: Megatron-LM's --recompute-granularity)
+    recompute_granularity: str = "full"
 
     # ---- PopTorch-like setters (each returns self so calls chain) ----
     def set_available_memory_proportion(self, value: Any) -> Options:
@@ -184,8 +188,10 @@ class Options:
         self.validate()
         return self
 
-    def set_recomputation(self, enabled: bool = True) -> Options:
+    def set_recomputation(self, enabled: bool = True, granularity: str = "full") -> Options:
         self.recomputation = bool(enabled)
+        self.recompute_granularity = str(granularity)
+        self.validate()
         return self
 
     def set_target(self, target: str) -> Options:
@@ -234,6 +240,9 @@ class Options:
             raise ValueError(
                 f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
             )
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"recompute granularity {self.recompute_granularity!r} is not "
+                             f"one of {', '.join(RECOMPUTE_GRANULARITIES)}")
         if self.gpu_precision not in GPU_PRECISIONS:
             raise ValueError(f"GPU precision {self.gpu_precision!r} is not one of "
                              f"{', '.join(GPU_PRECISIONS)}")

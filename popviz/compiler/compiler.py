@@ -51,6 +51,10 @@ def compile(program: Program, options: Options | None = None) -> Report:
     if options.gpu_precision != "as-recorded":
         raise ValueError(f"GPU precision {options.gpu_precision!r} is for GPU targets; "
                          f"{options.target} takes precision (16.16, 16.32, 32.32) instead")
+    if options.recomputation and options.recompute_granularity == "selective":
+        raise ValueError(f"selective recomputation (the attention cores only) is modelled "
+                         f"on GPU targets; {options.target} recomputes whole sections "
+                         f"(recompute granularity full)")
     if options.schedule in ZERO_BUBBLE:
         raise ValueError(f"schedule {options.schedule} splits the backward into input and "
                          f"weight gradients, which PopART does not: GPU targets only "

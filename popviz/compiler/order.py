@@ -2,7 +2,8 @@
 
 F (forward and host I/O ops in recorded order), then the backward region where each
 recomputation section's recompute ops run right before that section's first backward op
-(RecomputeAndBackpropagateInterleaved), then WU (optimiser ops).
+(RecomputeAndBackpropagateInterleaved; a selective recompute's ops, `recompute_anchor`
+"module", right before their own module's first backward op), then WU (optimiser ops).
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def program_order(ops: pd.DataFrame) -> pd.DataFrame:
         anchors = np.array([lookup.get((int(i), int(s)), -1)
                             for i, s in zip(ipu[synth], section[synth], strict=True)],
                            dtype=np.int64)
+        if "recompute_anchor" in ops:  # selective: each module's right before its own
+            own = synth & (ops["recompute_anchor"].astype(str) == "module").to_numpy()
+            by_module = bwd.groupby([bwd["ipu"], bwd["module"].astype(str)])["op_id"].min()
+            near = by_module.to_dict()
+            mods = ops["module"].astype(str).to_numpy()
+            mine = np.array([near.get((int(i), m), -1)
+                             for i, m in zip(ipu[synth], mods[synth], strict=True)],
+                            dtype=np.int64)
+            anchors = np.where(own[synth] & (mine >= 0), mine, anchors)
         # a section with no backward op on this IPU recomputes right before the WU
         key[synth] = np.where(anchors >= 0, anchors * 2, np.iinfo(np.int64).max // 4)
         sub[synth] = src[synth]

@@ -175,7 +175,8 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
     ipus = _stage_ipus(program, options, num_stages, mode, fwd, f_stage)
     ops["ipu"] = ipus[stage]
     if options.training and options.recomputation:
-        ops = _synthesize_recompute(ops)
+        ops = _synthesize_selective(ops) if options.recompute_granularity == "selective" \
+            else _synthesize_recompute(ops)
 
     named = fwd["layer"].astype(str).to_numpy() != ""
     by_stage = fwd[named].groupby(f_stage[named])["layer"]
@@ -236,4 +237,54 @@ def _synthesize_recompute(ops: pd.DataFrame) -> pd.DataFrame:
     rec["phase"] = "recompute"
     rec["checkpoint"] = False
     rec["host_ns"] = np.int64(0)
+    rec["recompute_anchor"] = "module"  # before its own layer's backward (order.py)
+    return pd.concat([ops, rec], ignore_index=True)
+
+
+# the last part of an attention module's path: GPT-2's `attn`, BERT's `attention.self`,
+# ViT's `attention.attention`, Llama's `self_attn`, T5's `SelfAttention`, Megatron's
+# `core_attention`
+ATTENTION_SCOPES = ("attn", "attention", "self", "self_attn", "selfattention",
+                    "core_attention", "inner_attention")
+FUSED_ATTENTION = r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention"
+
+
+def attention_core(fwd: pd.DataFrame) -> np.ndarray:
+    """Per forward op: whether it is an attention core's (the ops an attention module runs
+    itself between its projections: scores, mask, softmax, dropout, the weighted sum and
+    the heads' layout copies; the projections are its Linear children's ops). A fused
+    attention kernel is not: it keeps only its log-sum-exp, nothing to recompute."""
+    module = fwd["module"].astype(str)
+    last = module.str.rsplit(".", n=1).str[-1].str.lower()
+    fused = fwd["op"].astype(str).str.contains(FUSED_ATTENTION, regex=True)
+    with_fused = set(module[fused])  # such a module's core is the one fused kernel
+    return (last.isin(ATTENTION_SCOPES) & ~module.isin(with_fused)).to_numpy()
+
+
+def _synthesize_selective(ops: pd.DataFrame) -> pd.DataFrame:
+    """Selective recomputation (Korthikanti et al. 2022, Megatron-LM's
+    --recompute-granularity selective): only each attention core is recomputed before its
+    backward, from its inputs (the query, key and value projections, kept); its scores,
+    softmax and dropout, which grow with the sequence squared, are not kept, its output
+    (the next projection's input) is. A ValueError when the program has no attention core
+    to recompute (no attention module, or fused attention)."""
+    fwd = ops[ops["phase"] == "forward"]
+    core = attention_core(fwd)
+    if not core.any():
+        raise ValueError("selective recomputation recomputes attention cores, and this "
+                         "program has none (no attention module, or fused attention such as "
+                         "SDPA's flash kernel, which keeps no scores); use full "
+                         "recomputation")
+    keep = fwd[core]
+    # the output of each attention module's core: its last op, read by the projection
+    last_of = keep.groupby(keep["module"].astype(str), sort=False).tail(1).index
+    ops = ops.copy()
+    ops.loc[last_of, "checkpoint"] = True
+    rec = ops.loc[keep.index].copy()
+    rec["source_op"] = rec["op_id"].to_numpy(np.int64)
+    rec["op_id"] = np.arange(len(rec), dtype=np.int64) + int(ops["op_id"].max()) + 1
+    rec["phase"] = "recompute"
+    rec["checkpoint"] = False
+    rec["host_ns"] = np.int64(0)
+    rec["recompute_anchor"] = "module"  # before its own layer's backward (order.py)
     return pd.concat([ops, rec], ignore_index=True)

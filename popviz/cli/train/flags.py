@@ -16,7 +16,7 @@ import popviz.models as models
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import UsageError
 from popviz.compiler.gpu_recipe import RECIPES
-from popviz.options import SCHEDULES
+from popviz.options import RECOMPUTE_GRANULARITIES, SCHEDULES
 
 TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "h200", "a100")  # 3 IPUs, then GPUs
 
@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B, and Zero "
                    "Bubble's ZB1P / ZB2P (one stage per GPU, the weight gradients deferred); "
                    "docs/hardware.md")
+    g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES,
+                   default="full",
+                   help="with --enable-recomputation: full (each section's forward) or, "
+                   "GPU targets, selective (only each attention core: its scores, softmax "
+                   "and dropout, as Megatron-LM's --recompute-granularity selective)")
     g.add_argument("--enable-recomputation", action="store_true",
                    help="recompute each stage's forward from its checkpoints (the split "
                    "names) in the backward pass instead of stashing every activation")
@@ -274,4 +279,5 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         default = "Sequential" if args.shards == 1 and args.pipeline_splits else "Grouped"
         options.schedule = args.pipeline_schedule or default
         options.recomputation = args.enable_recomputation and training
+        options.recompute_granularity = args.recompute_granularity
     return options.validate()
