@@ -81,8 +81,11 @@ def message(text: str, tone: str = "error") -> html.Div:
     return html.Div(text, className=f"message {tone}")
 
 
-def graph(id_: str | dict, figure: go.Figure, **kwargs: Any) -> dcc.Graph:
-    return dcc.Graph(id=id_, figure=figure, config=GRAPH_CONFIG, className="graph", **kwargs)
+def graph(id_: str | dict, figure: go.Figure, config: dcc.Graph.Config | None = None,
+          **kwargs: Any) -> dcc.Graph:
+    """A figure with the app's modebar; `config` adds to (or overrides) GRAPH_CONFIG."""
+    merged: dcc.Graph.Config = {**GRAPH_CONFIG, **(config or {})}
+    return dcc.Graph(id=id_, figure=figure, config=merged, className="graph", **kwargs)
 
 
 def downloads(rel: str, tables: list[str], views: list[str]) -> html.Div:

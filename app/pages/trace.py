@@ -285,13 +285,17 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([html.Span("Layout: ", className="label"), dcc.RadioItems(
             id="trace-mode", value=FLAME, inline=True, options=[
                 {"label": " flame (nested rows by depth)", "value": FLAME},
-                {"label": " flat (one row per lane)", "value": "flat"}])],
+                {"label": " flat (one row per lane)", "value": "flat"}]),
+            html.Button("Whole run", id="trace-whole", n_clicks=0, className="button",
+                        title="zoom out to the whole run (so does a double-click)")],
             className="controls"),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),
         dcc.Store(id="trace-window", data=_window(lo, hi, "Shown window")),
         dcc.Store(id="trace-selection"),
-        graph("trace-graph", fig),
+        # a double-click autoranges (Plotly's default also resets and autosizes, and the
+        # autosize event that follows replaces the autorange one before the server sees it)
+        graph("trace-graph", fig, config={"doubleClick": "autosize"}),
         html.Div(range_links(entry, lo, hi), id="trace-links", className="downloads"),
         html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
         trace_bsp.section(entry),
@@ -349,6 +353,18 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         else:
             fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME)
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
+
+    @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
+                  Output("trace-status", "children", allow_duplicate=True),
+                  Output("trace-window", "data", allow_duplicate=True),
+                  Input("trace-whole", "n_clicks"), State("url", "search"),
+                  State("trace-mode", "value"), prevent_initial_call=True)
+    def whole(clicks: int | None, search: str,
+              mode: str | None = FLAME) -> tuple[Any, str, dict[str, Any]]:
+        """The "Whole run" button: the same as a double-click's autorange."""
+        if not clicks:
+            raise PreventUpdate
+        return zoom({"xaxis.autorange": True}, search, mode)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
@@ -416,7 +432,8 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         return range_links(entry, float(shown[0]), float(shown[1]))
 
-    return {"zoom": zoom, "focus": focus, "stats": stats, "follow": follow, "mode": relayout_mode,
+    return {"zoom": zoom, "whole": whole, "focus": focus, "stats": stats, "follow": follow,
+            "mode": relayout_mode,
             **trace_bsp.register(app, ctx)}
 
 
