@@ -19,8 +19,7 @@ from popviz.analysis.range_stats import range_statistics
 from popviz.analysis.trace_detail import pass_ops
 
 from .conftest import SCREENSHOTS
-from .test_app_browser import _open, _profile_with_most, box_select_trace
-from .test_lanes_browser import _SETTLED
+from .test_app_browser import _SETTLED, _open, _profile_with_most, box_select_trace
 
 pytestmark = pytest.mark.browser
 
