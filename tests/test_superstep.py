@@ -240,3 +240,20 @@ def test_a_modelled_profile_without_tiles_says_so(tmp_path: Path) -> None:
         app.popviz_callbacks["trace.bsp_show"](0, 1, "?profile=s.h5")
     with pytest.raises(PreventUpdate):
         app.popviz_callbacks["trace.bsp_pick"]({"ipu": 0, "t": 10.0}, "?profile=s.h5")
+
+
+def test_op_hover_gives_the_duration_not_the_end(profile: Any) -> None:
+    """Issue 31: the op lane's hover read %{x}, which for a horizontal bar with a base is
+    where the bar ends; the duration is carried in the bar's own data."""
+    tr = profile.trace
+    ipu, k = _cases(profile)[0]
+    view = superstep_view(tr, profile.ops, _tiles(profile), ipu, k, pass_ops(profile.ops))
+    bars = [t for t in superstep_figure(view).data if str(t.name).startswith("op: ")]
+    assert bars
+    for bar in bars:
+        assert "%{x" not in bar.hovertemplate
+        custom = np.asarray(bar.customdata)
+        duration = custom[:, 12].astype(float)
+        assert duration == pytest.approx(np.asarray(bar.x, dtype=float), abs=1)
+        assert (custom[:, 8].astype(float) - np.asarray(bar.base, dtype=float)) == \
+            pytest.approx(duration, abs=1)

@@ -36,7 +36,8 @@ def _op_lane(view: Superstep) -> list[go.Bar]:
     hover = ("<b>%{customdata[0]}</b> (%{customdata[1]})<br>module %{customdata[2]} · pass "
              "%{customdata[3]} · micro-batch %{customdata[4]}<br>tiles %{customdata[5]:,} "
              "(%{customdata[6]:,} to %{customdata[7]:,})<br>%{base:,.0f} → "
-             "%{customdata[8]:,.0f} cycles (%{x:,.0f}; exchange %{customdata[9]:,.0f})"
+             "%{customdata[8]:,.0f} cycles (%{customdata[12]:,.0f}; exchange "
+             "%{customdata[9]:,.0f})"
              "<br>%{customdata[10]}<extra>op %{customdata[11]}</extra>")
     for cls in sorted(classes.unique()):
         sel = ops[classes == cls]
@@ -45,7 +46,9 @@ def _op_lane(view: Superstep) -> list[go.Bar]:
                            sel["microbatch"], sel["tiles"], sel["tile0"],
                            sel["tile0"] + sel["tiles"] - 1, sel["end"].round(),
                            sel["exchange"].round(), sel["plan"].astype(str),
-                           sel["op_id"]], axis=-1).astype(object)
+                           # the duration: %{x} of a horizontal bar with a base is its end
+                           sel["op_id"], (sel["end"] - sel["start"]).round()],
+                          axis=-1).astype(object)
         bars.append(go.Bar(
             name=f"op: {cls}", orientation="h", y=np.zeros(len(sel)), yaxis="y2",
             base=sel["start"].to_numpy(float),
