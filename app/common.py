@@ -207,3 +207,15 @@ def axis_range(relayout: dict[str, Any] | None,
 
 def x_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None:
     return axis_range(relayout, "x")
+
+
+def op_templates(entry: Any) -> dict:
+    """The modelled op layout of each pass, built once per profile (`trace_detail.pass_ops`;
+    {} on a measured profile: no op level). A GPU plan is modelled too (its times are ns,
+    not measured): its ops are its kernels on the compute stream, in program order. One
+    key and one value for /trace's op lanes, its BSP view and the links to an op."""
+    from popviz.analysis.trace_detail import pass_ops
+    from popviz.vocab import is_measured
+
+    measured = is_measured(entry.profile.kind)
+    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops, measured=measured))

@@ -14,12 +14,12 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.superstep import SuperstepError, has_tiles, superstep_at, superstep_view
-from popviz.analysis.trace_detail import PassOps, pass_ops
+from popviz.analysis.trace_detail import PassOps
 from popviz.figures.superstep import superstep_figure
 from popviz.vocab import is_gpu_target
 
 from .cache import Entry
-from .common import AppContext, error_text, graph, naming, profile_of
+from .common import AppContext, error_text, graph, naming, op_templates, profile_of
 
 HIDDEN = {"display": "none"}
 
@@ -54,8 +54,7 @@ def tiles_per_ipu(entry: Entry) -> int:
 
 def _templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
     # the same key and value as /trace's op lane: built once per profile
-    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops,
-                                                  measured=naming(entry).measured))
+    return op_templates(entry)
 
 
 def section(entry: Entry) -> html.Div:

@@ -119,6 +119,20 @@ def test_operations_row_links_to_the_trace(cb: Any, prof: Any) -> None:
     q = _query(cb["operations.to_trace"]({"row": 3, "column": 0, "row_id": op["id"]}, Q),
                "ops-trace-link")
     assert q["ipu"] == str(op["ipu"]) and float(q["t1"]) > float(q["t0"])
+    assert q["op"] == str(op["op_id"])
+    # the window is centred on the op itself, not on its whole pass
+    from popviz.analysis.trace_detail import pass_ops
+
+    _, span = links.op_span(prof.ops, prof.trace, int(op["op_id"]), pass_ops(prof.ops))
+    _, whole = links.op_span(prof.ops, prof.trace, int(op["op_id"]))
+    assert whole[0] <= span[0] <= span[1] <= whole[1] and span[1] - span[0] < whole[1] - whole[0]
+    mid = (float(q["t0"]) + float(q["t1"])) / 2
+    assert abs(mid - (span[0] + span[1]) / 2) <= 1
+    # /trace opens there with the op outlined
+    fig, _status, _window = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}"
+                                                    f"&ipu={q['ipu']}&op={q['op']}")
+    lit = [t for t in fig.data if str(t.name).endswith("(selected op)")]
+    assert lit and any(int(c[8]) == int(op["op_id"]) for t in lit for c in t.customdata)
 
 
 def test_tree_box_links_to_its_first_pass(cb: Any, prof: Any) -> None:

@@ -14,7 +14,7 @@ from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
-from popviz.analysis.links import op_span, ops_in_range, padded
+from popviz.analysis.links import op_span, op_window, ops_in_range
 from popviz.analysis.op_groups import GROUP_KEYS, group_ops
 from popviz.vocab import Naming
 
@@ -25,6 +25,7 @@ from ..common import (
     gpu_timed,
     message,
     naming,
+    op_templates,
     profile_of,
     table,
     table_columns,
@@ -247,15 +248,17 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
 
 
 def op_link(entry: Entry, op_id: int) -> Any:
-    found = op_span(entry.profile.ops, entry.profile.trace, op_id)
+    """A link to the op itself on /trace: a window centred on it, the op outlined."""
+    found = op_span(entry.profile.ops, entry.profile.trace, op_id, op_templates(entry))
     if found is None:
         return html.Span(f"Op {op_id} has no place on the trace.", className="hint")
     ipu, span = found
-    t0, t1 = padded(span, entry.profile.trace)
+    t0, t1 = op_window(span, entry.profile.trace)
     return [html.Span(f"Op {op_id}: ", className="label"),
             links.link(f"open it in the Trace ({naming(entry).label(ipu)}, "
                        f"{span[0]:,.0f} to {span[1]:,.0f} {naming(entry).unit})",
-                       links.href("/trace", entry.rel, t0, t1, ipu), "ops-trace-link")]
+                       links.href("/trace", entry.rel, t0, t1, ipu, op=str(op_id)),
+                       "ops-trace-link")]
 
 
 def module_filter(module: str) -> str:

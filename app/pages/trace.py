@@ -18,7 +18,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.range_stats import RangeStats, range_statistics
-from popviz.analysis.trace_detail import PassOps, module_levels, pass_ops, readable_window
+from popviz.analysis.trace_detail import PassOps, module_levels, readable_window
 from popviz.analysis.trace_threads import (
     FLAME,
     MODES,
@@ -28,7 +28,6 @@ from popviz.analysis.trace_threads import (
 )
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
-from popviz.vocab import is_measured
 
 from .. import links, trace_bsp
 from ..cache import Entry
@@ -38,6 +37,7 @@ from ..common import (
     graph,
     message,
     naming,
+    op_templates,
     profile_of,
     table,
     title_of,
@@ -51,11 +51,8 @@ NEEDS_PROFILE = True
 
 
 def templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
-    """The modelled op layout of each pass ({} on a measured profile: no op level). A GPU
-    plan is modelled too (its times are ns, not measured): its ops are its kernels on the
-    compute stream, laid out in program order."""
-    measured = is_measured(entry.profile.kind)
-    return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops, measured=measured))
+    """The modelled op layout of each pass (common.op_templates)."""
+    return op_templates(entry)
 
 
 def opening_window(entry: Entry) -> tuple[float, float] | None:
@@ -70,7 +67,7 @@ def threads(entry: Entry) -> bool:
 
 
 def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | None = None,
-          module: str | None = None, mode: str = FLAME) -> Any:
+          module: str | None = None, mode: str = FLAME, op: int | None = None) -> Any:
     mode = mode if mode in MODES else FLAME
     if threads(entry):
         slices = entry.profile.table("host_slices")
@@ -80,7 +77,7 @@ def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | No
     levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
                               templates=templates(entry), highlight=module or None,
-                              flat=mode != FLAME, module_levels=levels)
+                              flat=mode != FLAME, module_levels=levels, highlight_op=op)
 
 
 FIGURES = {"trace": trace}
@@ -312,6 +309,12 @@ def range_links(entry: Entry, lo: float, hi: float, how: str = "this window") ->
                        "trace-to-liveness")]
 
 
+def _op_param(search: str | None) -> int | None:
+    """`&op=ID` of a link to one op (outlined on the trace); None when absent or bad."""
+    text = _param(search, "op")
+    return int(text) if text.isdigit() and len(text) < 19 else None
+
+
 def _param(search: str | None, name: str) -> str:
     values = parse_qs((search or "").lstrip("?")).get(name, [])
     return values[0] if values else ""
@@ -348,10 +351,12 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         module = _param(search, "module")
+        op = _op_param(search)
         if isinstance(wanted, str):  # "auto": the whole run
-            fig = trace(ctx, entry, module=module, mode=mode or FLAME)
+            fig = trace(ctx, entry, module=module, mode=mode or FLAME, op=op)
         else:
-            fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME)
+            fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME,
+                        op=op)
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
@@ -374,7 +379,8 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         """Flame or flat, over the window shown now."""
         entry = ctx.cache.get(profile_of(search))
         shown = (window or {}).get("range") or [None, None]
-        fig = trace(ctx, entry, shown[0], shown[1], module=_param(search, "module"), mode=mode)
+        fig = trace(ctx, entry, shown[0], shown[1], module=_param(search, "module"), mode=mode,
+                    op=_op_param(search))
         return fig, _status(fig, naming(entry).unit)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
@@ -392,7 +398,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         entry = ctx.cache.get(profile_of(search))
         if linked is not None:
             t0, t1, ipu = linked
-            fig = trace(ctx, entry, t0, t1, module=module)
+            fig = trace(ctx, entry, t0, t1, module=module, op=_op_param(search))
             on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
             return fig, _status(fig, naming(entry).unit), _drawn(fig, f"Linked range{on}")
         window = module_window(entry, module) or opening_window(entry) or (None, None)

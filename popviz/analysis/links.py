@@ -49,9 +49,23 @@ def padded(span: Span, trace: pd.DataFrame, fraction: float = MIN_FRACTION) -> S
     return inside if inside[1] > inside[0] else (a, b)
 
 
-def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int) -> tuple[int, Span] | None:
-    """(device, span) of one op: its own start / end when measured, else the first pass
-    of its stage that runs it on its device (modelled ops run in every micro-batch's)."""
+def op_window(span: Span, trace: pd.DataFrame, around: float = 20.0,
+              fraction: float = 1e-5) -> Span:
+    """A window centred on an op's `span`, `around` times as wide (so the op is seen with
+    its neighbours), and at least `fraction` of the trace."""
+    a, b = span
+    lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    width = max((b - a) * around, (hi - lo) * fraction, 1.0)
+    mid = (a + b) / 2
+    return mid - width / 2, mid + width / 2
+
+
+def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
+            templates: dict | None = None) -> tuple[int, Span] | None:
+    """(device, span) of one op: its own start / end when measured, else where the op
+    runs in the first pass of its stage on its device (modelled ops run in every
+    micro-batch's): its share of the pass as `templates` (trace_detail.pass_ops) lay it
+    out, or the whole pass without them."""
     row = ops[ops["op_id"].to_numpy() == op_id]
     if row.empty or trace.empty or "ipu" not in row.columns:
         return None
@@ -63,9 +77,24 @@ def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int) -> tuple[int, Sp
         return None
     mb = int(r["microbatch"]) if "microbatch" in row.columns else None
     hit = _passes(trace, ipu, int(r["stage"]), str(r["pass"]), mb)
+    if "grad_part" in hit.columns and "grad_part" in row.columns:
+        # a zero-bubble plan runs the backward's two parts apart: the op's own part
+        own = hit[hit["grad_part"].astype(str) == str(r["grad_part"])]
+        hit = own if len(own) else hit
     if hit.empty:
         return None
-    return ipu, (float(hit["start"].iloc[0]), float(hit["end"].iloc[0]))
+    first = hit.iloc[0]
+    start, end = float(first["start"]), float(first["end"])
+    part = str(first["grad_part"]) if "grad_part" in hit.columns else ""
+    key = str(r["pass"]) + (f":{part}" if part not in ("", "nan") else "")
+    tpl = (templates or {}).get((int(r["stage"]), key))
+    if tpl is not None and "op_id" in tpl.fields:
+        at = np.flatnonzero(np.asarray(tpl.fields["op_id"]) == op_id)
+        if len(at):
+            k = int(at[0])
+            span = end - start
+            return ipu, (start + float(tpl.lo[k]) * span, start + float(tpl.hi[k]) * span)
+    return ipu, (start, end)
 
 
 def step_span(liveness: pd.DataFrame, trace: pd.DataFrame, ipu: int, step: int

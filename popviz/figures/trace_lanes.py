@@ -163,7 +163,7 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
 
 
 def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
-             highlight: str | None) -> list[go.Bar]:
+             highlight: str | None, highlight_op: int | None = None) -> list[go.Bar]:
     unit = naming.unit
     hover = ("<b>%{customdata[0]}</b> (%{customdata[1]})<br>module %{customdata[2]} · "
              f"{naming.device} %{{customdata[5]}} · micro-batch %{{customdata[3]}} · pass "
@@ -175,6 +175,11 @@ def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
     module = ops["module"].astype(str) if "module" in ops else pd.Series("", index=ops.index)
     hit = (module.eq(highlight) | module.str.startswith(f"{highlight}.")) if highlight else \
         pd.Series(False, index=ops.index)
+    chosen = " (selected module)"
+    if highlight_op is not None and "op_id" in ops:
+        hit = hit | (ops["op_id"] == highlight_op)
+        chosen = " (selected op)" if not highlight else " (selected)"
+        highlight = highlight or f"op {highlight_op}"
     bars = []
     for cls in sorted(classes.unique()):
         for lit in ((False, True) if highlight else (False,)):
@@ -188,7 +193,7 @@ def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
                              _column(sel, "op_id", -1)])
             colour = OP_CLASS_COLOURS.get(cls, OP_CLASS_COLOURS["other"])
             bars.append(go.Bar(
-                name=f"op: {cls}" + (" (selected module)" if lit else ""), orientation="h",
+                name=f"op: {cls}" + (chosen if lit else ""), orientation="h",
                 y=[row_of[(int(i), "ops")] for i in sel["ipu"]],
                 base=sel["start"].to_numpy(dtype=float),
                 x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
@@ -265,9 +270,11 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                        highlight: str | None = None, overview: bool = True,
                        max_events: int = MAX_EVENTS, max_ops: int = MAX_OPS,
                        pixels: int = LANE_PIXELS, title: str = "Execution trace",
-                       flat: bool = False, module_levels: int = 0) -> go.Figure:
+                       flat: bool = False, module_levels: int = 0,
+                       highlight_op: int | None = None) -> go.Figure:
     """The trace of [start, end) in lanes. `templates` (analysis.trace_detail.pass_ops)
-    gives the op level; `highlight` a module path whose ops are outlined. Flame (default):
+    gives the op level; `highlight` a module path whose ops are outlined, `highlight_op`
+    one op (by op_id, in every pass and micro-batch that runs it). Flame (default):
     the ops in a lane of their own under the passes they nest in; `flat`: one row per
     lane, the ops drawn over their pass in the compute lane. `module_levels`
     (analysis.trace_detail.module_levels) rows of module nesting between a pass and its
@@ -296,7 +303,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         n_ops = count_ops(ev, templates, lo, hi) if templates else 0
         if 0 < n_ops <= max_ops:  # the exact count of the ops in view
             ops = op_events(ev, templates, lo, hi)
-            data += _op_bars(ops, naming, row_of, highlight)
+            data += _op_bars(ops, naming, row_of, highlight, highlight_op)
             data += _module_bars(ops, row_of, levels) if levels else []
             view.ops_drawn = len(ops)
         else:

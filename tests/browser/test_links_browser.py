@@ -13,6 +13,7 @@ import pytest
 import popviz
 from popviz.analysis import links
 from popviz.analysis.program_tree import program_tree
+from popviz.analysis.trace_detail import pass_ops
 
 from .conftest import SCREENSHOTS
 from .test_analyser_browser import _click_slice
@@ -115,9 +116,17 @@ def test_operations_row_opens_the_trace_at_the_op(browser_context: Any, base_url
     _shot(page, "operations_row")
     q = _follow_to_trace(page, "#ops-trace-link")
     with popviz.open(served / rel) as p:
-        ipu, span = links.op_span(p.ops, p.trace, op_id)
+        ipu, span = links.op_span(p.ops, p.trace, op_id, pass_ops(p.ops))
     lo, hi = _shown_range(page)
-    assert q["ipu"] == str(ipu) and lo <= span[0] + 1 and hi >= span[1] - 1
+    assert q["ipu"] == str(ipu) and q["op"] == str(op_id)
+    # the op itself, centred (issue 31: the link opened its whole pass, 5.8 M cycles)
+    assert lo <= span[0] + 1 and hi >= span[1] - 1
+    assert abs((lo + hi) / 2 - (span[0] + span[1]) / 2) <= 0.05 * (hi - lo)
+    assert hi - lo <= 25 * max(span[1] - span[0], 1) or hi - lo <= 1e-4 * p.trace["end"].max()
+    # and outlined, in the op lane
+    names = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                          ".data.map(t => t.name || '')")
+    assert any(n.endswith("(selected op)") for n in names), names
     _shot(page, "operations_to_trace")
     assert errors == []
     page.close()
