@@ -134,11 +134,20 @@ def test_amp_steps_figure_merges_steps_that_change_nothing(rn50) -> None:
     # labels go to the side with more room: the lines of two IPUs that run close label
     # away from each other (the highest above, the lowest below)
     level = steps.groupby("ipu")["cycles"].mean().sort_values()
-    where = {int(t.name[3:]): t.textposition for t in fig.data}
-    assert where[int(level.index[-1])] == "top center"
-    assert where[int(level.index[0])] == "bottom center"
+    where = {int(t.name[3:]): str(t.textposition[0]).split()[0] for t in fig.data}
+    assert where[int(level.index[-1])] == "top"
+    assert where[int(level.index[0])] == "bottom"
     for low, high in zip(level.index[:-1], level.index[1:]):
-        assert (where[int(low)], where[int(high)]) != ("top center", "bottom center")
+        assert (where[int(low)], where[int(high)]) != ("top", "bottom")
+    # issue 31: IPU1's 0.15 (93.5 KiB) and 0.2 (95.7 KiB) labels were drawn on top of
+    # each other; neighbours that close label left and right of their markers
+    ipu1 = fig.data[1]
+    at = {label: (x, pos) for label, x, pos in zip(ipu1.text, ipu1.x, ipu1.textposition,
+                                                  strict=True)}
+    (x15, pos15), (x2, pos2) = at["0.15"], at["0.2"]
+    assert abs(x2 - x15) < 5
+    assert {pos15.split()[1], pos2.split()[1]} == {"left", "right"}
+    assert (pos15.split()[1] == "left") == (x15 < x2)
 
 
 def test_tune_cli_prints_the_amp_steps(capsys) -> None:

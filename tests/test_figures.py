@@ -205,3 +205,21 @@ def test_every_liveness_point_knows_its_ipu(profile: ReportProfile) -> None:
             continue  # the capacity legend entry
         panel = int(trace.xaxis[1:] or 1) - 1  # x, x2, ... -> IPU0, IPU1, ...
         assert {int(c[3]) for c in trace.customdata} == {panel}, trace.name
+
+
+def test_tile_capacity_label_goes_on_the_emptier_end() -> None:
+    """Issue 31: over-full tiles drew their curve across the "tile capacity" label (top
+    left). The label goes to the end whose tiles are emptier, on a white ground, and the
+    axis leaves room above the fuller of the line and the curve."""
+    cap = 1000
+    for full_left in (True, False):
+        used = np.linspace(1200, 300, 100) if full_left else np.linspace(300, 1200, 100)
+        tm = pd.DataFrame({"ipu": 0, "tile": np.arange(100), "capacity_bytes": cap * 1024,
+                           "total_bytes": used * 1024, "code": 0.0,
+                           "not_always_live_peak": used * 1024})
+        fig = figures.tile_memory_figure(tm, 0)
+        (note,) = [a for a in fig.layout.annotations if "tile capacity" in a.text]
+        assert note.xanchor == ("right" if full_left else "left") or \
+            note.x == (1 if full_left else 0)
+        assert note.bgcolor is not None
+        assert fig.layout.yaxis.range[1] >= 1200 * 1.1

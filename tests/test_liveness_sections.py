@@ -171,3 +171,21 @@ def test_identical_live_variables_are_one_row() -> None:
     out = merged_variables(live)
     assert out["name"].tolist() == ["bn#3 (2 tensors)", "conv#1"]
     assert out["bytes"].tolist() == [1024, 100]
+
+
+def test_a_bump_label_moves_aside_of_a_near_peak_star() -> None:
+    """Issue 31: a bump's label under its triangle sat under the peak's star when the two
+    were a few pixels apart. The peak (always-live + all not-always-live: 150 at step 3,
+    with the temporary) is one step from the F1+B1 bump at 4 and four from R0+B0's at 7.
+    Drawn 1,000 px wide (87 px a step) nothing is near and both labels stay under their
+    triangles; 60 px wide (5.2 px a step) both are near, and each label moves to its
+    triangle's side away from the star (the star is left of both: to their right)."""
+    layers = liveness_layers(_live(), _variables())
+    bands = phase_bands(_live(), _ops())
+    bumps = section_bumps(layers, bands)
+    for pixels, want in ((1000, ["bottom center"] * 2), (60, ["middle right"] * 2)):
+        fig = liveness_sections_figure(layers, bands, bumps, 10_000, pixels=pixels)
+        (bump,) = [t for t in fig.data if t.name == "section bump"]
+        (star,) = [t for t in fig.data if t.name == "peak"]
+        assert list(star.x) == [3.0] and list(bump.x) == [4, 7]
+        assert list(bump.textposition) == want

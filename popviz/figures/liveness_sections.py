@@ -207,10 +207,23 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
             bcustom[:, 1] = (bp["rise"] / MiB).to_numpy()
             bcustom[:, 2] = (bp["fall"] / MiB).to_numpy()
             bcustom[:, 3] = ipu
+            # under the band labels, or beside the triangle, away from the peak's star
+            # when it is near (the two overlapped)
+            star = _peak_step(whole)
+            where: list[str] | str = "bottom center"
+            if star is not None and hi > lo:
+                per_step = pixels / (hi - lo)  # px, as band_labels reckons them
+                # near: the star (7 px across its middle) within half the label's width
+                # (10 px text, about 6.5 px a character) and a little
+                where = [("middle left" if star >= b else "middle right")
+                         if abs(star - b) * per_step <= 9 + 3.3 * len(str(text))
+                         else "bottom center"
+                         for b, text in zip(bp["step"].astype(float), bp["label"],
+                                            strict=True)]
             fig.add_trace(go.Scatter(
                 x=bp["step"], y=ys, mode="markers+text", name="section bump",
                 legendgroup="bump", showlegend=row == 1, text=bp["label"],
-                textposition="bottom center", textfont={"size": 10},  # under the band labels
+                textposition=where, textfont={"size": 10},
                 marker={"symbol": "triangle-down", "size": 11, "color": "#222"},
                 customdata=bcustom,
                 hovertemplate="section %{customdata[0]}: activations peak at step %{x}<br>"
@@ -288,3 +301,11 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                       legend={"y": 1 - 42 / height, "yref": "container", "yanchor": "top",
                               "x": 1, "xanchor": "right"})
     return fig
+
+
+def _peak_step(whole: pd.DataFrame) -> float | None:
+    """The step of a device's peak (always-live + not-always-live), where its star goes."""
+    if not len(whole):
+        return None
+    total = (whole["always_live_bytes"] + whole["not_always_live_bytes"]).to_numpy(float)
+    return float(whole["step"].iloc[int(np.argmax(total))])

@@ -54,9 +54,16 @@ def tile_memory_figure(tile_memory: pd.DataFrame, ipu: int,
         title += f" (tile capacity {cap:,.0f} KiB is off the scale)"
         fig.update_yaxes(range=[0, top * 1.15])
     else:
+        # the label on the emptier end of the IPU, on a white ground, with room above the
+        # fuller of the line and the curve: over-full tiles drew their curve across it
+        edge = max(1, len(tm) // 20)
+        totals = tm["total_bytes"].to_numpy(np.float64)
+        side = "top left" if totals[:edge].max() <= totals[-edge:].max() else "top right"
         fig.add_hline(y=cap, line={"color": CAPACITY_COLOUR, "dash": "dash", "width": 1.5},
                       annotation_text=f"tile capacity {cap:,.0f} KiB",
-                      annotation_position="top left")
+                      annotation_position=side,
+                      annotation_bgcolor="rgba(255, 255, 255, 0.85)")
+        fig.update_yaxes(range=[0, max(cap, top) * 1.12])
     over = tm[tm["total_bytes"] > tm["capacity_bytes"]]
     if len(over):
         fig.add_trace(go.Scatter(

@@ -64,7 +64,10 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
     fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
                            text=[f"{x:.2f}x" for x in bal["relative_load"]],
-                           textposition="outside", showlegend=False,
+                           # inside the bar's top: an outside label of a bar near the
+                           # mean (0.97x) sat on the mean line
+                           textposition="inside", insidetextanchor="end",
+                           textfont={"color": "white"}, showlegend=False,
                            hovertemplate="%{x}: %{y:.2f}x the mean busy time<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")

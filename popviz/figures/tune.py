@@ -112,13 +112,15 @@ def amp_steps_figure(steps: pd.DataFrame | None,
         return empty_figure("No convolution or matmul to re-plan.", title)
     fig = go.Figure()
     sides = _label_sides(steps.groupby("ipu")["cycles"].mean())
+    spans = (float(np.ptp(steps["temp_bytes"])) or 1.0, float(np.ptp(steps["cycles"])) or 1.0)
     for ipu, g in steps.groupby("ipu", sort=True):
         g = _merged(g.sort_values("amp"))
         custom = np.stack([g["label"].to_numpy(), g["serial_ops"].to_numpy(),
                            g["over_amp_ops"].to_numpy()], axis=1)
         fig.add_trace(go.Scatter(
             x=g["temp_bytes"] / KiB, y=g["cycles"] / 1e6, mode="lines+markers+text",
-            name=f"IPU{ipu}", text=g["label"], textposition=sides[ipu],
+            name=f"IPU{ipu}", text=g["label"],
+            textposition=_apart(g, sides[ipu], spans),
             cliponaxis=False,  # a label at the axis' end is not cut off
             marker={"size": [16 if f else 8 for f in g["in_force"]],
                     "symbol": ["star" if f else "circle" for f in g["in_force"]]},
@@ -157,3 +159,20 @@ def _merged(steps: pd.DataFrame) -> pd.DataFrame:
             "label": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}",
             "in_force": bool(g["in_force"].any())})
     return pd.DataFrame(rows)
+
+
+def _apart(points: pd.DataFrame, side: str, spans: tuple[float, float],
+           near: float = 0.04) -> list[str]:
+    """Each point's label position: `side` ("top center" / "bottom center"), except two
+    neighbouring points within `near` of the axes' spans in both x and y (AMP 0.15 and 0.2
+    a few KiB apart), whose labels go left and right of their markers instead of on top
+    of each other."""
+    vert = side.split()[0]
+    out = [side] * len(points)
+    x = points["temp_bytes"].to_numpy(np.float64) / spans[0]
+    y = points["cycles"].to_numpy(np.float64) / spans[1]
+    for i in range(1, len(points)):
+        if abs(x[i] - x[i - 1]) < near and abs(y[i] - y[i - 1]) < near:
+            left = i if x[i] < x[i - 1] else i - 1
+            out[left], out[i + i - 1 - left] = f"{vert} left", f"{vert} right"
+    return out
