@@ -175,6 +175,15 @@ def test_zoomed_figure_draws_every_slice_and_its_arrows(resnet: Any) -> None:
         if mode == "flame":  # each tail on its launch's depth row, depth >= 1
             tails = np.array(arrows.y[0::3]) - 0.3
             assert all(rows[round(y)].startswith("depth") for y in tails)
+        # kernels carry their names (issue 31: none, even on wide bars), shortened to the
+        # function: no `void`, namespace, template arguments or parameters
+        kernels = [t for t in fig.data if t.type == "bar" and "launched by" in
+                   str(t.hovertemplate)]
+        assert kernels and all(len(t.text) == len(t.x) for t in kernels)
+        names = [str(n) for t in kernels for n in t.text]
+        full = [str(c[0]) for t in kernels for c in t.customdata]
+        assert all(n and n in f and "<" not in n and "(" not in n and not n.startswith("void")
+                   for n, f in zip(names, full, strict=True))
 
 
 def _big_import(n_threads: int = 4, per_thread: int = 250_000) -> tuple[pd.DataFrame,

@@ -155,8 +155,21 @@ def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming) -> list[go.Bar]:
             base=sel["start"].to_numpy(dtype=float),
             x=(sel["end"] - sel["start"]).to_numpy(dtype=float), width=BAR,
             marker={"color": CATEGORY_COLOURS[cat], "line": {"width": 0}},
-            customdata=custom, hovertemplate=hover, legendgroup=cat))
+            customdata=custom, hovertemplate=hover, legendgroup=cat,
+            # the kernel's name where the bar is wide enough (uniformtext hides the rest)
+            text=kernel_labels(sel["op"]), textposition="inside", insidetextanchor="start",
+            textfont={"color": "white"}, cliponaxis=True))
     return out
+
+
+def kernel_labels(names: pd.Series) -> np.ndarray:
+    """A kernel's name as a label: its function, without `void`, namespaces, template
+    arguments or parameters ('void at::native::vectorized_elementwise_kernel<4, ...>(...)'
+    -> 'vectorized_elementwise_kernel'); a memcpy / memset keeps its words."""
+    text = names.astype(str).str.replace(r"^void\s+", "", regex=True)
+    head = text.str.split(r"[<(]", n=1, regex=True).str[0].str.strip()
+    short = head.str.rsplit("::", n=1).str[-1]
+    return np.where(short == "", text, short).astype(str).astype(object)
 
 
 def _side_bars(ev: pd.DataFrame, index: dict, naming: Naming, links: pd.DataFrame,
