@@ -75,3 +75,19 @@ def test_selective_needs_an_attention_core_and_a_gpu() -> None:
         compile(eager, options.copy(target="mk2"))
     with pytest.raises(ValueError, match="recompute granularity"):
         Options(recompute_granularity="some").validate()
+
+
+def test_full_recomputation_keeps_its_section_order(plans: dict[str, Any]) -> None:
+    """Full recomputation still runs each section's recompute right before the section's
+    first backward op (RecomputeAndBackpropagateInterleaved), not per module."""
+    ops = plans["full"].tables["ops"]
+    rec = ops[ops["pass"] == "R"]
+    assert len(rec) and ("recompute_anchor" not in ops
+                         or ops["recompute_anchor"].isna().all()
+                         or (ops["recompute_anchor"].astype(str) != "module").all())
+    back = ops[ops["pass"] == "B"]
+    for (stage, section), mine in rec.groupby(["stage", "section"]):
+        first_b = back[(back["stage"] == stage) & (back["section"] == section)]["step"].min()
+        steps = mine["step"].sort_values().to_numpy()
+        # one contiguous block ending right before the section's first backward op
+        assert steps[-1] == first_b - 1 and (steps[1:] - steps[:-1] == 1).all()

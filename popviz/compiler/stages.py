@@ -231,13 +231,22 @@ def _synthesize_recompute(ops: pd.DataFrame) -> pd.DataFrame:
                & ~fwd["section"].isin(recorded)]
     if keep.empty:
         return ops
+    return _with_copies(ops, keep)
+
+
+def _with_copies(ops: pd.DataFrame, keep: pd.DataFrame, anchor: str | None = None
+                 ) -> pd.DataFrame:
+    """`ops` with a recompute copy of each row of `keep` (new op ids, `source_op` the
+    original); `anchor` "module": each runs before its own module's backward (order.py),
+    else before its section's."""
     rec = keep.copy()
     rec["source_op"] = rec["op_id"].to_numpy(np.int64)
     rec["op_id"] = np.arange(len(rec), dtype=np.int64) + int(ops["op_id"].max()) + 1
     rec["phase"] = "recompute"
     rec["checkpoint"] = False
     rec["host_ns"] = np.int64(0)
-    rec["recompute_anchor"] = "module"  # before its own layer's backward (order.py)
+    if anchor is not None:
+        rec["recompute_anchor"] = anchor
     return pd.concat([ops, rec], ignore_index=True)
 
 
@@ -280,11 +289,4 @@ def _synthesize_selective(ops: pd.DataFrame) -> pd.DataFrame:
     last_of = keep.groupby(keep["module"].astype(str), sort=False).tail(1).index
     ops = ops.copy()
     ops.loc[last_of, "checkpoint"] = True
-    rec = ops.loc[keep.index].copy()
-    rec["source_op"] = rec["op_id"].to_numpy(np.int64)
-    rec["op_id"] = np.arange(len(rec), dtype=np.int64) + int(ops["op_id"].max()) + 1
-    rec["phase"] = "recompute"
-    rec["checkpoint"] = False
-    rec["host_ns"] = np.int64(0)
-    rec["recompute_anchor"] = "module"  # before its own layer's backward (order.py)
-    return pd.concat([ops, rec], ignore_index=True)
+    return _with_copies(ops, ops.loc[keep.index], anchor="module")
