@@ -1,5 +1,6 @@
 """The backward split in two, as zero-bubble schedules run it: the input gradient (I: what
-the previous stage waits for) and the weight gradient (W: what only the optimiser reads).
+the previous stage waits for; popviz's schedules run it as B) and the weight gradient (W:
+what only the optimiser reads).
 
 Qi et al., *Zero Bubble Pipeline Parallelism* (ICLR 2024, §2) and torch.distributed.
 pipelining (`stage_backward_input` / `stage_backward_weight`) run a stage's backward as
