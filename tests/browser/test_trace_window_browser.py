@@ -141,9 +141,15 @@ def test_one_double_click_or_the_button_shows_the_whole_run(browser_context: Any
     try:
         assert _head(page)[2] < end  # opens on a window, not the whole run
         page.wait_for_function(_SETTLED, timeout=30_000)  # its first figure drawn
-        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
-        page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_function(whole, arg=f"{end:,.0f}", timeout=30_000)
+        # a double-click autoranges: one relayout, nothing after it to replace it
+        assert page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                             "._context.doubleClick") == "autosize"
+        for _ in range(3):  # a loaded machine may see the two clicks as two single ones
+            box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+            page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            with contextlib.suppress(PlaywrightTimeout):
+                page.wait_for_function(whole, arg=f"{end:,.0f}", timeout=15_000)
+                break
         assert _head(page)[1:3] == (start, end)
         # zoom into a tenth, then the button
         page.evaluate(f"""() => Plotly.relayout(document.querySelector(
