@@ -14,7 +14,6 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.superstep import SuperstepError, has_tiles, superstep_at, superstep_view
-from popviz.analysis.trace_detail import PassOps
 from popviz.figures.superstep import superstep_figure
 from popviz.vocab import is_gpu_target
 
@@ -50,11 +49,6 @@ def tiles_per_ipu(entry: Entry) -> int:
         return int(target.get("tiles_per_ipu") or 0)
     except (TypeError, ValueError):
         return 0
-
-
-def _templates(entry: Entry) -> dict[tuple[int, str], PassOps]:
-    # the same key and value as /trace's op lane: built once per profile
-    return op_templates(entry)
 
 
 def section(entry: Entry) -> html.Div:
@@ -134,7 +128,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         try:
             ipu_i, step_i = int(ipu), int(step)
             view = superstep_view(entry.profile.trace, entry.profile.ops,
-                                  tiles_per_ipu(entry), ipu_i, step_i, _templates(entry))
+                                  tiles_per_ipu(entry), ipu_i, step_i, op_templates(entry))
         except (SuperstepError, TypeError, ValueError) as exc:
             return dash.no_update, str(exc)
         except Exception as exc:  # one line on the page, never a traceback

@@ -3,27 +3,21 @@ measured half, which skips visibly without CUDA."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.bench_util import BENCH_DIR, load_bench
+
 pytest.importorskip("transformers")
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu_fidelity.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_gpu_fidelity", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_gpu_fidelity")
 
 
 def test_predictions_without_a_gpu(bench: Any, capsys: pytest.CaptureFixture[str],
@@ -53,7 +47,7 @@ def test_measured_table_from_the_stored_h200_runs(bench: Any, tmp_path: Path,
     file, so the table's columns are checked against the file's own figures."""
     import json
 
-    doc = json.loads((BENCH.parent / "data" / "gpu_measured_h200.json").read_text())
+    doc = json.loads((BENCH_DIR / "data" / "gpu_measured_h200.json").read_text())
     doc["cases"] = [c for c in doc["cases"] if c["name"] in ("resnet50-b32",
                                                              "zb1.5b-4layers-fp16-sdpa-b6")]
     path = tmp_path / "m.json"

@@ -3,24 +3,16 @@ estimates and as fitted, against the two factors it is made of."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_ipu_classes.py"
+from tests.bench_util import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_ipu_classes", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_ipu_classes")
 
 
 def test_resnet50_classes_at_the_estimates_and_as_fitted(bench: Any) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from popviz.analysis.trace_detail import template_key
+
 MIN_FRACTION = 0.002  # a link's window is at least this share of the whole trace
 Span = tuple[float, float]
 
@@ -86,8 +88,7 @@ def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
     first = hit.iloc[0]
     start, end = float(first["start"]), float(first["end"])
     part = str(first["grad_part"]) if "grad_part" in hit.columns else ""
-    key = str(r["pass"]) + (f":{part}" if part not in ("", "nan") else "")
-    tpl = (templates or {}).get((int(r["stage"]), key))
+    tpl = (templates or {}).get((int(r["stage"]), template_key(str(r["pass"]), part)))
     if tpl is not None and "op_id" in tpl.fields:
         at = np.flatnonzero(np.asarray(tpl.fields["op_id"]) == op_id)
         if len(at):

@@ -82,6 +82,12 @@ def _lay_out(parts: list, lo: float, hi: float) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def template_key(pass_: str, part: str = "") -> str:
+    """The `pass_ops` key of a pass: "B:input" / "B:weight" for a backward a zero-bubble
+    plan runs in two (`grad_part`), else the pass."""
+    return f"{pass_}:{part}" if part not in ("", "nan") else pass_
+
+
 def compute_rows(trace: pd.DataFrame) -> pd.DataFrame:
     """The compute events of a trace with `pass` renamed `pass_` (a keyword in Python);
     a zero-bubble plan's B and W (`grad_part`) as "B:input" and "B:weight"."""
