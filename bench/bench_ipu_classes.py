@@ -1,22 +1,22 @@
 """Where the IPU model's cycles go, per op class, with the two fitted factors and without
 them (issue #29's first step, docs/notes/ipu-model-v4-research.md §6.1: instrument before
 changing). For each calibration point named, the planned program is re-costed with
-`amp_efficiency` = `vector_efficiency` = 1 (PopLibs' own plan and popops' own vertex
-estimates, plus popviz's fixed cost per op) and with the fitted values, and the cycles of
-one step's passes are summed per op class:
+`amp_efficiency` = `conv_efficiency` = `vector_efficiency` = 1 (PopLibs' own plan and
+popops' own vertex estimates, plus each compute set's sync and exchange fixed costs) and
+with the fitted values, and the cycles of one step's passes are summed per op class:
 
     PYTHONPATH=. python bench/bench_ipu_classes.py
     PYTHONPATH=. python bench/bench_ipu_classes.py --points mk2-rn50-train-16x1ipu-mb20
 
 Per class: ops, cycles at the estimates (share), cycles as fitted (share), the ratio, the
-fixed cost per op's share of the class (`op_overhead_cycles` x ops / cycles), and the
-median op's cycles. A vector class whose fitted cycles are 3x its estimates while its
-median op is a few hundred cycles is dominated by per-op fixed costs, not vertex rates.
+share of the class that is fixed cost (compute sets' syncs, exchanges' fixed cycles and a
+vector op's exchanged bytes), and the median op's cycles. The fitted factors are bounded
+to [0.7, 1], so no class's ratio can pass 1 / 0.7.
 
-`--vector-at V [V ...]` then fits `amp_efficiency` alone over the calibration's fit
-throughput points with `vector_efficiency` held at each V (1 = popops' estimates) and
-prints the error of every point that moves past 15%: which workloads need the vector
-time that the fitted factor supplies (about a minute: every point is planned once).
+`--vector-at V [V ...]` then fits `amp_efficiency` and `conv_efficiency` together (one
+factor, unbounded: a diagnostic) over the calibration's fit throughput points with
+`vector_efficiency` held at each V (1 = popops' estimates) and prints the error of every
+point that moves past 15% (about a minute: every point is planned once).
 
     PYTHONPATH=. python bench/bench_ipu_classes.py --vector-at 1.0 0.7
 """
@@ -47,32 +47,36 @@ def class_table(point_id: str) -> tuple[pd.DataFrame, dict[str, float]]:
         raise SystemExit(f"unknown point {point_id!r}; e.g. {', '.join(POINTS)}")
     prepared = prepare(points[point_id])
     fitted = prepared.target.cost
-    unit = fitted.with_values(amp_efficiency=1.0, vector_efficiency=1.0)
+    unit = fitted.with_values(amp_efficiency=1.0, conv_efficiency=1.0, vector_efficiency=1.0)
     ops = prepared.ops
     compute = prepared.pass_code >= 0
     frame = pd.DataFrame({"op_class": ops["op_class"].astype(str).to_numpy()[compute],
                           "estimate": prepared.op_cycles(unit)[compute],
                           "fitted": prepared.op_cycles(fitted)[compute]})
+    assert prepared.terms is not None  # set by op_cycles: only the fitted factors differ
+    frame["fixed"] = prepared.terms.fixed[compute]
     table = frame.groupby("op_class").agg(ops=("estimate", "size"),
                                           estimate=("estimate", "sum"),
                                           fitted=("fitted", "sum"),
+                                          fixed=("fixed", "sum"),
                                           median_op=("fitted", "median"))
     table["estimate_share"] = table["estimate"] / table["estimate"].sum()
     table["fitted_share"] = table["fitted"] / table["fitted"].sum()
     table["fitted_over_estimate"] = table["fitted"] / table["estimate"]
-    table["fixed_share"] = fitted.op_overhead_cycles * table["ops"] / table["fitted"]
+    table["fixed_share"] = table["fixed"] / table["fitted"]
     facts = {"amp_efficiency": float(fitted.amp_efficiency),
+             "conv_efficiency": float(fitted.conv_efficiency),
              "vector_efficiency": float(fitted.vector_efficiency),
-             "op_overhead_cycles": float(fitted.op_overhead_cycles),
              "step_estimate": float(prepared.step_cycles(unit)),
              "step_fitted": float(prepared.step_cycles(fitted))}
     return table.sort_values("fitted", ascending=False), facts
 
 
 def render(point_id: str, table: pd.DataFrame, facts: dict[str, float]) -> str:
-    lines = [f"{point_id}: amp_efficiency {facts['amp_efficiency']:.3g}, vector_efficiency "
-             f"{facts['vector_efficiency']:.3g}, op_overhead {facts['op_overhead_cycles']:.0f}"
-             f" cycles; step {facts['step_estimate'] / 1e6:,.1f} M cycles at the estimates, "
+    lines = [f"{point_id}: amp_efficiency {facts['amp_efficiency']:.3g}, conv_efficiency "
+             f"{facts['conv_efficiency']:.3g}, vector_efficiency "
+             f"{facts['vector_efficiency']:.3g}; step {facts['step_estimate'] / 1e6:,.1f} M "
+             "cycles at the estimates, "
              f"{facts['step_fitted'] / 1e6:,.1f} M as fitted",
              f"  {'op class':<15}{'ops':>7}{'estimate Mc':>13}{'share':>7}{'fitted Mc':>11}"
              f"{'share':>7}{'ratio':>7}{'fixed':>7}{'median op':>11}"]
@@ -99,11 +103,13 @@ def vector_at(values: list[float]) -> list[str]:
              f"{DEFAULT_COST.vector_efficiency:.3g}): mean |error| {np.abs(now).mean():.1%}"]
     for vector in values:
         def loss(amp: float, vector: float = vector) -> float:
-            cost = DEFAULT_COST.with_values(amp_efficiency=amp, vector_efficiency=vector)
+            cost = DEFAULT_COST.with_values(amp_efficiency=amp, conv_efficiency=amp,
+                                            vector_efficiency=vector)
             return float(np.sum((weights * np.log1p(evaluator.errors(cost))) ** 2))
 
         amp = float(minimize_scalar(loss, bounds=(0.3, 1.5), method="bounded").x)
-        cost = DEFAULT_COST.with_values(amp_efficiency=amp, vector_efficiency=vector)
+        cost = DEFAULT_COST.with_values(amp_efficiency=amp, conv_efficiency=amp,
+                                        vector_efficiency=vector)
         errors = evaluator.errors(cost)
         lines.append(f"vector_efficiency {vector:g} held, amp_efficiency fitted {amp:.3f}: "
                      f"mean |error| {np.abs(errors).mean():.1%}, max {np.abs(errors).max():.1%}")

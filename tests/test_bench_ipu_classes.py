@@ -19,15 +19,18 @@ def test_resnet50_classes_at_the_estimates_and_as_fitted(bench: Any) -> None:
     table, facts = bench.class_table("mk2-rn50-train-16x1ipu-mb20")
     assert table["estimate_share"].sum() == pytest.approx(1.0)
     assert table["fitted_share"].sum() == pytest.approx(1.0)
-    # a conv's cycles are its plan's over amp_efficiency; a big vector op's its vertex
-    # cycles over vector_efficiency (the fixed cost per op is in both: the ratio is a bit
-    # nearer 1 than the factor)
+    # a conv's cycles are its plan's over conv_efficiency; a vector op's its vertex
+    # cycles over vector_efficiency (the compute sets' fixed costs are in both: the ratio
+    # is nearer 1 than the factor)
     conv = table.loc["conv", "fitted_over_estimate"]
-    assert conv == pytest.approx(1 / facts["amp_efficiency"], rel=0.02)
+    assert 0.95 / facts["conv_efficiency"] < conv <= 1 / facts["conv_efficiency"]
     norm = table.loc["norm", "fitted_over_estimate"]
-    assert 0.9 / facts["vector_efficiency"] < norm < 1 / facts["vector_efficiency"]
-    # the fitted factors move a fifth of ResNet-50's cycles from convolutions to norms
-    assert table.loc["norm", "fitted_share"] > 2 * table.loc["norm", "estimate_share"]
+    assert 0.8 / facts["vector_efficiency"] < norm < 1 / facts["vector_efficiency"]
+    # bounded factors cannot move work between classes by more than 1 / 0.7 (v3's moved a
+    # fifth of ResNet-50's cycles from convolutions to norms)
+    assert (table["fitted_over_estimate"] <= 1 / 0.7 + 1e-9).all()
+    assert (table["fitted_over_estimate"] >= 1.0).all()
+    assert table.loc["conv", "fitted_share"] > table.loc["norm", "fitted_share"] * 3
     assert facts["step_fitted"] > facts["step_estimate"]
     text = bench.render("x", table, facts)
     assert "conv" in text and "norm" in text and "median op" in text

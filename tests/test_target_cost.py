@@ -67,7 +67,7 @@ def test_elementwise_ops_scale_with_their_elements_and_plan_nothing() -> None:
     c = op_costs(ops(small, big), MK2, HALF, np.array([0.6, 0.6]))
     # the same tiles (all of them), ten times the elements: about ten times the loop
     assert (c["tiles_used"] == MK2.tiles_per_ipu).all()
-    fixed = MK2.cost.op_overhead_cycles + VERTEX_CYCLES / MK2.cost.vector_efficiency
+    fixed = MK2.cost.sync_cycles_internal + VERTEX_CYCLES / MK2.cost.vector_efficiency
     ratio = (c["cycles"].iloc[1] - fixed) / (c["cycles"].iloc[0] - fixed)
     assert 9.5 < ratio < 10.5
     assert c["amp_used"].isna().all() and (c["temp_bytes"] == 0).all()

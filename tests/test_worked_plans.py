@@ -33,8 +33,8 @@ import pytest
 
 from popviz.target import get_target
 from popviz.target.convparams import BWD, FWD, WU, ConvParams, op_passes
-from popviz.target.convplan import Plan, plan_conv
-from popviz.target.cost import Precision, op_costs, tile_arch
+from popviz.target.convplan import Plan, compute_sets, plan_conv
+from popviz.target.cost import Precision, op_costs, planned_op_cycles, tile_arch
 from popviz.target.machines import Target
 
 HALF = Precision.parse("16.16", half_partials=True)  # as Graphcore's published runs
@@ -238,8 +238,9 @@ def test_amp_01_rules_out_the_fast_plans() -> None:
 
 
 def test_amp_efficiency_is_applied_after_the_plan() -> None:
-    """An op's cycles = its plan's cycles (exchange included) / amp_efficiency +
-    op_overhead_cycles: the fitted factor scales the picked plan, never the pick."""
+    """An op's cycles = its plan's cycles (exchange included) / conv_efficiency (a
+    convolution; amp_efficiency for a matmul) + its compute sets' syncs and exchanges'
+    fixed costs: the fitted factor scales the picked plan, never the pick."""
     case = CASES[1]
     row = pd.DataFrame([{"op": case.op, "op_class": case.op_class, "phase": "forward",
                          "flops": 2.0 * case.params.macs, "bytes_read": 1,
@@ -248,10 +249,12 @@ def test_amp_efficiency_is_applied_after_the_plan() -> None:
     got = op_costs(row, MK2, HALF, np.array([case.amp])).iloc[0]
     hand = by_hand(case.params, MK2, case.method, case.partition, case.serial)
     cost = MK2.cost
-    assert got["cycles"] == math.ceil(hand["total"] / cost.amp_efficiency
-                                      + cost.op_overhead_cycles)
+    # the partials' compute set (after its exchange) and one reduction stage (depth 6)
+    assert compute_sets(_plan(case)[1], tile_arch(MK2, HALF)) == (2, 2)
+    fixed = 2 * cost.sync_cycles_internal + 2 * cost.exchange_fixed_cycles
+    assert got["cycles"] == math.ceil(hand["total"] / cost.conv_efficiency + fixed)
     assert got["exchange_cycles_internal"] == math.ceil(hand["exchange"]
-                                                        / cost.amp_efficiency)
+                                                        / cost.conv_efficiency)
     assert got["tiles_used"] == hand["tiles"]
     assert "amp16: batch/1 height/14 width/1 groups/1 in/6 out/16 on 1344 tiles" \
         in got["plan"]
@@ -333,6 +336,6 @@ def test_the_docs_tables_are_the_planners() -> None:
         assert picks[case.name][2] == f"{pick}{serial} ({case.amp})"
         assert picks[case.name][3] == f"{plan.tiles:,}"
         assert cycles[case.name][6] == f"{plan.cycles:,.0f}"
-        op = plan.cycles / case.target.cost.amp_efficiency \
-            + case.target.cost.op_overhead_cycles
+        op = planned_op_cycles([plan], tile_arch(case.target, HALF), case.target.cost,
+                               case.op_class != "matmul")
         assert cycles[case.name][7].startswith(f"{math.ceil(op):,} (")

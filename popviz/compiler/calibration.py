@@ -35,7 +35,7 @@ from popviz.target.costmodel import CostModel, load_calibration
 from popviz.target.machines import Target, ipu_target
 
 PASSES = CONTRACT_PASSES  # the index order of `pass_code`
-FITTED = ("amp_efficiency", "vector_efficiency")
+FITTED = ("amp_efficiency", "conv_efficiency", "vector_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
 
 
@@ -243,7 +243,8 @@ class Evaluator:
         return np.array([self.predict(p, cost) / float(p["value"]) - 1 for p in pts])
 
 
-BOUNDS = {"amp_efficiency": (0.05, 1.5), "vector_efficiency": (0.02, 1.0)}
+BOUNDS = {"amp_efficiency": (0.7, 1.0), "conv_efficiency": (0.7, 1.0),
+          "vector_efficiency": (0.7, 1.0)}  # docs/cost-model.md
 
 
 def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel) -> CostModel:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.target.convparams import WU, ConvParams, op_passes
-from popviz.target.convplan import plan_conv
+from popviz.target.convplan import compute_sets, plan_conv
 from popviz.target.costmodel import CostModel
 from popviz.target.machines import Target
 from popviz.target.popops import kind_of, vector_cycles
@@ -105,6 +105,7 @@ class OpFeatures:
     convolution passes (convparams.py) of every conv / matmul, batch-scaled to its FLOPs."""
 
     is_amp: np.ndarray
+    is_conv: np.ndarray  # convolutions (amp_efficiency scales the matmuls)
     passes: tuple[tuple[ConvParams, ...], ...]  # per op; () for vector ops
 
 
@@ -141,7 +142,18 @@ def op_features(ops: pd.DataFrame) -> OpFeatures:
         if key not in seen:
             seen[key] = _scaled(op_passes(key[0], key[1], key[2], key[3], key[4]), key[4])
         passes[i] = seen[key]
-    return OpFeatures(is_amp, tuple(passes))
+    return OpFeatures(is_amp, is_amp & (cls != "matmul"), tuple(passes))
+
+
+def planned_op_cycles(plans: list, arch: TileArch, cost: CostModel, is_conv: bool) -> float:
+    """One conv / matmul op's cycles from its passes' plans: the plans' cycles (exchange
+    included) over the fitted factor of its class, plus each compute set's sync and each
+    exchange's fixed cost (what `cost_cycles` computes for a table of ops)."""
+    reach = cost.conv_efficiency if is_conv else cost.amp_efficiency
+    counted = [compute_sets(p, arch) for p in plans]
+    return (sum(p.cycles for p in plans) / reach
+            + sum(c[0] for c in counted) * cost.sync_cycles_internal
+            + sum(c[1] for c in counted) * cost.exchange_fixed_cycles)
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,8 @@ class CostTerms:
     tiles: np.ndarray  # before views are zeroed
     traffic: np.ndarray  # bytes read + written at the precision
     vector: np.ndarray  # vector ops: popops vertex cycles on the busiest tile (popops.py)
+    fixed: np.ndarray  # every op: its compute sets' syncs and exchange fixed costs, and
+    # (vector ops) the bytes they exchange; not scaled by the fitted efficiencies
     plan_cycles: np.ndarray  # conv / matmul: the planned passes' cycles (0 for vector ops)
     plan_exchange: np.ndarray
     passes: np.ndarray  # serial slices of the slowest pass (1: none)
@@ -179,6 +193,7 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     passes, temp = np.ones(n, dtype=np.int64), np.zeros(n)
     ignored = np.zeros(n, dtype=bool)
     plans = [""] * n
+    sets, exchanging, moved = np.zeros(n), np.zeros(n), np.zeros(n)
     arch = tile_arch(target, precision)
     for i in np.flatnonzero(features.is_amp):
         chosen = [plan_conv(p, arch, round(float(amp[i]), 6)) for p in features.passes[i]]
@@ -190,6 +205,9 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
         temp[i] = max(c.temp_bytes for c in chosen)
         passes[i] = max(c.serial[1] for c in chosen)
         ignored[i] = any(c.ignored for c in chosen)
+        counted = [compute_sets(c, arch) for c in chosen]
+        sets[i] = sum(c[0] for c in counted)
+        exchanging[i] = sum(c[1] for c in counted)
         plans[i] = "; ".join(f"{p.kind}: {c.describe()}, {c.cycles:,.0f} cycles planned, "
                              f"{c.temp_bytes:,.0f} B temporary per tile"
                              + (" (over the AMP bound: the leanest plan)" if c.ignored else "")
@@ -203,12 +221,23 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     if len(rest):
         names = ops["op"].astype(str).to_numpy() if "op" in ops.columns else np.full(n, "")
         recorded = element_bytes(ops["dtype"].iloc[rest])
-        vector[rest] = vector_cycles(
+        shapes = [ops[c].astype(str).to_numpy() if c in ops.columns else np.full(n, "")
+                  for c in ("shapes", "out_shape")]
+        got = vector_cycles(
             [kind_of(names[i], cls[i]) for i in rest],
             ops["bytes_read"].to_numpy(np.float64)[rest] / recorded,
             ops["bytes_written"].to_numpy(np.float64)[rest] / recorded,
-            written[rest], tiles[rest], precision.fp16)
-    return CostTerms(flops, tiles, traffic, vector, plan_cycles,
+            written[rest], tiles[rest], precision.fp16,
+            names=[names[i] for i in rest],
+            in_shapes=[shapes[0][i].split(";")[0] for i in rest],
+            out_shapes=[shapes[1][i] for i in rest],
+            exchange_rate=float(target.exchange_bytes_per_tile_cycle))
+        vector[rest] = got.vertex
+        moved[rest] = got.exchange
+        sets[rest] = got.sets
+        exchanging[rest] = got.exchanging
+    fixed = sets * cost.sync_cycles_internal + exchanging * cost.exchange_fixed_cycles + moved
+    return CostTerms(flops, tiles, traffic, vector, fixed, plan_cycles,
                      plan_exchange, passes, temp, ignored, zero, amp, tuple(plans))
 
 
@@ -218,16 +247,17 @@ def cost_cycles(terms: CostTerms, features: OpFeatures, target: Target, cost: Co
     included) over the fitted amp_efficiency; a vector op its popops vertex cycles over
     the fitted vector_efficiency (memory: the time its traffic alone would take at the
     tile's memory bandwidth, for the ops table; the vertex loops are already load/store
-    bound). One factor over the whole plan keeps the planner's choice (fastest plan within
-    the AMP bound) the fastest after scaling, so a lower AMP never models faster."""
+    bound); every op plus its compute sets' fixed costs. One factor over the whole plan
+    keeps the planner's choice (fastest plan within the AMP bound) the fastest after
+    scaling, so a lower AMP never models faster."""
     t = terms
     planned = ~t.zero & features.is_amp & (t.plan_cycles > 0)
-    compute = np.where(planned, (t.plan_cycles - t.plan_exchange) / cost.amp_efficiency,
+    reach = np.where(features.is_conv, cost.conv_efficiency, cost.amp_efficiency)
+    compute = np.where(planned, (t.plan_cycles - t.plan_exchange) / reach,
                        t.vector / cost.vector_efficiency)
     memory = np.where(planned, 0.0, t.traffic / (
         t.tiles * target.memory_bytes_per_tile_cycle))
-    cycles = np.where(planned, t.plan_cycles / cost.amp_efficiency, compute) \
-        + cost.op_overhead_cycles
+    cycles = np.where(planned, t.plan_cycles / reach, compute) + t.fixed
     # views, aliases and allocations do no work on an IPU: no cycles, no tiles, no code
     return compute, memory, np.where(t.zero, 0.0, cycles)
 
@@ -251,7 +281,8 @@ def op_costs(ops: pd.DataFrame, target: Target, precision: Precision,
         "tiles_used": tiles,
         "compute_cycles": np.ceil(compute).astype(np.int64),
         "memory_cycles": np.ceil(memory).astype(np.int64),
-        "exchange_cycles_internal": np.ceil(t.plan_exchange / cost.amp_efficiency
+        "exchange_cycles_internal": np.ceil(t.plan_exchange / np.where(
+            features.is_conv, cost.conv_efficiency, cost.amp_efficiency)
                                             ).astype(np.int64),
         "passes": t.passes,
         "cycles": np.ceil(cycles).astype(np.int64),

@@ -41,11 +41,13 @@ class CostModel:
 
     # ---- fitted (bench/fit_cost_model.py; values in calibration.json) ----
     amp_efficiency: float = 1.0
+    conv_efficiency: float = 1.0
     vector_efficiency: float = 0.35
     # ---- tiles an op spreads over, and its fixed costs ----
     grain_bytes: int = 128
     min_flops_per_tile: int = 2048
-    op_overhead_cycles: int = 200
+    sync_cycles_internal: int = 90
+    exchange_fixed_cycles: int = 100
     sync_cycles: int = 600
     host_call_s: float = 20e-6
     # ---- memory a program needs besides its tensors ----
@@ -72,26 +74,43 @@ _JIA = ("Jia et al. 2019, 'Dissecting the Graphcore IPU Architecture via Microbe
 
 PROVENANCE: dict[str, Provenance] = {
     "amp_efficiency": Provenance(
-        "fitted", "the planned speed a conv / matmul reaches, as a factor: each op's cycles "
-        "come from its plan (popviz/target/convplan.py: PopLibs' partition search with its "
-        "vertex estimates), divided by this one factor; above 1 when PopLibs finds faster "
-        "plans than popviz's simpler search (its transforms: expandDims, flatten, group "
-        "combining); fitted to the throughput points of calibration.json"),
+        "fitted", "fraction of PopLibs' estimate of its plan that a conv / matmul reaches "
+        "(popviz/target/convplan.py: PopLibs' partition search with its vertex estimates); "
+        "bounded to [0.7, 1]: the plan's estimate is PopLibs' own, what it leaves out is "
+        "layout rearrangement around the plan and exchange congestion, never work the "
+        "plan does not do; scales the matmuls (transformers' work); fitted to the "
+        "throughput points of calibration.json"),
+    "conv_efficiency": Provenance(
+        "fitted", "amp_efficiency's counterpart for convolutions (dense, grouped, "
+        "depthwise), bounded to [0.7, 1] likewise; apart from the matmuls because PopLibs "
+        "applies transforms to convolutions that popviz's planner does not model yet "
+        "(expandDims, outChanFlattenDims, the rearranging copies of section 1.3 of "
+        "docs/notes/ipu-model-v4-research.md), and the CNN points, convolution-bound, "
+        "are their class's evidence; fitted with the others"),
     "vector_efficiency": Provenance(
-        "fitted", "fraction of their popops vertex estimate (popviz/target/popops.py: a "
-        "64-bit path, six workers, PopLibs' cycles per op) that vector ops (elementwise, "
-        "norm, reduction, cast, copy) reach: what the vertex figures leave out (rearranging "
-        "copies between layouts, a reduction's cross-tile stage, compute-set syncs); fitted "
-        "to the throughput points (the Mk1 read-bandwidth microbenchmark is checked, not "
-        "fitted: a compiler-generated C++ loop, not a popops vertex)"),
+        "fitted", "fraction of their popops vertex estimates (popviz/target/popops.py, "
+        "supersteps.py: a 64-bit path, six workers, PopLibs' cycles per op, a norm's and a "
+        "reduction's compute sets) that vector ops reach; bounded to [0.7, 1]: what the "
+        "estimates leave out is operands placed away from their consumer and rearranging "
+        "copies between layouts; fitted to the throughput points (the Mk1 read-bandwidth "
+        "microbenchmark is checked, not fitted: a compiler-generated C++ loop, not a popops "
+        "vertex)"),
     "grain_bytes": Provenance(
         "assumed", "smallest slice of a tensor mapped to one tile (Poplar maps in grains of "
         "a few vectors; 128 B = 64 fp16 values)", "bytes"),
     "min_flops_per_tile": Provenance(
         "assumed", "an op is not spread thinner than this much work per tile", "FLOPs"),
-    "op_overhead_cycles": Provenance(
-        "assumed", "fixed cost of one op: compute-set launch and its internal sync "
-        "(settle with the cycles of a tiny op in a PopVision execution trace)", "cycles"),
+    "sync_cycles_internal": Provenance(
+        "published", "the sync before each compute set's exchange within one IPU, as "
+        "PopLibs' own planners charge it ('approximately the same cost each time': "
+        "graphcore/poplibs lib/popnn/CTCLossPlan.cpp, 7eac0f2, lines 349-351); every "
+        "compute set of an op pays it (supersteps.py counts an op's compute sets)",
+        "cycles"),
+    "exchange_fixed_cycles": Provenance(
+        "published", "fixed overhead of one exchange phase besides its bytes "
+        "(fixedOverheadExchangeCycles, graphcore/poplibs lib/popnn/CTCLossPlan.cpp, "
+        "7eac0f2, line 312); paid by each compute set whose operands come from other "
+        "tiles", "cycles"),
     "sync_cycles": Provenance(
         "assumed", "one BSP sync across IPUs per superstep (settle with a PopVision trace "
         "of a pipelined program's sync steps)", "cycles"),

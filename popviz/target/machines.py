@@ -57,10 +57,6 @@ class Target:
         return int(self.cost.sync_cycles)
 
     @property
-    def op_overhead_cycles(self) -> int:
-        return int(self.cost.op_overhead_cycles)
-
-    @property
     def exchange_code_bytes_per_op_per_tile(self) -> int:
         return int(self.cost.exchange_code_bytes_per_op_per_tile)
 
@@ -359,6 +355,11 @@ def make_target(spec: dict[str, Any]) -> Target:
     return Target(**values)
 
 
+RETIRED = {"op_overhead_cycles": "IPU model v4 charges each compute set "
+                                  "sync_cycles_internal, and exchange_fixed_cycles when it "
+                                  "exchanges (docs/cost-model.md)"}
+
+
 def _cost_overrides(spec: dict[str, Any]) -> dict[str, float]:
     """Pop cost-model constants from a target dict: a `cost` table, or the constants named
     at the top level (as older target files do, e.g. `sync_cycles`). Checked numbers."""
@@ -366,9 +367,11 @@ def _cost_overrides(spec: dict[str, Any]) -> dict[str, float]:
     if not isinstance(table, dict):
         raise ValueError("target field 'cost' must be a table of cost model constants")
     names = {f.name for f in fields(CostModel)}
-    table = {**table, **{k: spec.pop(k) for k in list(spec) if k in names}}
+    table = {**table, **{k: spec.pop(k) for k in list(spec) if k in names or k in RETIRED}}
     out = {}
     for key, value in table.items():
+        if key in RETIRED:
+            raise ValueError(f"cost model constant {key!r} is retired: {RETIRED[key]}")
         if key not in names:
             raise ValueError(f"unknown cost model constant {key!r}; valid: "
                              f"{', '.join(sorted(names))}")

@@ -20,12 +20,12 @@ code:
 - a reduction adds one vector of partials a cycle, partials in float;
 - a copy between tiles moves 4 bytes a cycle per tile (the exchange).
 
-A norm is several of these passes (statistics, then normalising: PopNN's batch / group /
-layer norm), and a softmax likewise; both are counted over the elements they write (the
-activation, as large as their input: the per-channel weights and statistics they also
-read must not thin a small tensor's slice per tile). What this leaves out (rearranging
-copies between layouts, the second, cross-tile stage of a reduction) is what the fitted
-`vector_efficiency` absorbs.
+Each op is one or more compute sets, each charged a sync, and an exchange's fixed cost
+where its operands come from other tiles (CostModel `sync_cycles_internal`,
+`exchange_fixed_cycles`). Reductions, norms and softmax run several compute sets with
+cross-tile stages: supersteps.py models them as PopLibs runs them. What this still leaves
+out (rearranging copies between layouts, operands placed away from their consumer) is
+what the fitted `vector_efficiency`, bounded to [0.7, 1], absorbs.
 """
 
 from __future__ import annotations
@@ -36,10 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WORKERS = 6  # worker contexts per tile
-WORKER_START_CYCLES = 20  # a worker's set-up before its loop (popops estimators)
-SUPERVISOR_CYCLES = 11  # basicOpSupervisorOverhead
-VERTEX_CYCLES = WORKERS * WORKER_START_CYCLES + SUPERVISOR_CYCLES  # per pass, per tile
+from popviz.target import supersteps
+from popviz.target.supersteps import VERTEX_CYCLES
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,9 @@ class VectorKind:
     half: float
     float: float
     basis: str = "out"
-    passes: int = 1
+    passes: int = 1  # compute sets of a plain op
+    exchanges: int = 0  # of them, those whose operands come over the exchange
+    steps: str = "plain"  # or a supersteps.py model: reduce, norm, norm backward, softmax
 
 
 def _per(cycles_per_loop: float, elements_per_loop: int) -> float:
@@ -77,26 +77,32 @@ GELU = VectorKind("gelu", TANH.half + 4 * FAST_BINARY.half,
 GELU_BACKWARD = VectorKind("gelu backward", 2 * GELU.half, 2 * GELU.float, passes=3)
 CAST = VectorKind("cast", _per(1, 2), _per(1, 2))
 # a reduction adds one vector of float partials per worker step, counted over its inputs
-REDUCE = VectorKind("reduction", _per(1, 2), _per(1, 2), basis="in")
+REDUCE = VectorKind("reduction", _per(1, 2), _per(1, 2), basis="in", steps="reduce")
+# a pooling window or a gather-add: reduced where its inputs sit (a halo at most)
+LOCAL_REDUCE = VectorKind("local reduction (pooling)", _per(1, 2), _per(1, 2), basis="in")
 # softmax: max, subtract and exp, sum, scale by the reciprocal
 SOFTMAX = VectorKind("softmax", 2 * REDUCE.half + FAST_BINARY.half + EXP.half
                      + FAST_BINARY.half, 2 * REDUCE.float + FAST_BINARY.float + EXP.float
-                     + FAST_BINARY.float, passes=4)
+                     + FAST_BINARY.float, passes=4, steps="softmax")
 SOFTMAX_BACKWARD = VectorKind("softmax backward", REDUCE.half + 3 * FAST_BINARY.half,
-                              REDUCE.float + 3 * FAST_BINARY.float, passes=3)
+                              REDUCE.float + 3 * FAST_BINARY.float, passes=3,
+                              steps="softmax backward")
 # a norm: statistics (square, then sums of x and x^2) and normalising (scale, shift)
 NORM = VectorKind("norm", FAST_BINARY.half + 2 * REDUCE.half + 2 * FAST_BINARY.half,
-                  FAST_BINARY.float + 2 * REDUCE.float + 2 * FAST_BINARY.float, passes=3)
+                  FAST_BINARY.float + 2 * REDUCE.float + 2 * FAST_BINARY.float, passes=3,
+                  steps="norm")
 # its gradient: the normalised input again (subtract, scale), its product with the
 # incoming gradient, two sums (of dy and of dy x x-hat), then dx = gamma x invstd x (dy -
 # mean dy - x-hat x mean(dy x x-hat)): four more elementwise terms
 NORM_BACKWARD = VectorKind("norm backward", 7 * FAST_BINARY.half + 2 * REDUCE.half,
-                           7 * FAST_BINARY.float + 2 * REDUCE.float, passes=4)
-COPY = VectorKind("copy (exchange, per byte)", 0.25, 0.25, basis="byte")
+                           7 * FAST_BINARY.float + 2 * REDUCE.float, passes=4,
+                           steps="norm backward")
+COPY = VectorKind("copy (exchange, per byte)", 0.25, 0.25, basis="byte", exchanges=1)
 OTHER = BINARY
 
 KINDS = (FAST_BINARY, BINARY, SELECT, RELU, EXP, TANH, SIGMOID, DIVIDE, SQRT, RSQRT, GELU,
-         GELU_BACKWARD, CAST, REDUCE, SOFTMAX, SOFTMAX_BACKWARD, NORM, NORM_BACKWARD, COPY)
+         GELU_BACKWARD, CAST, REDUCE, LOCAL_REDUCE, SOFTMAX, SOFTMAX_BACKWARD, NORM,
+         NORM_BACKWARD, COPY)
 
 # aten op base names (no namespace, overload or trailing underscore; `_foreach_` and
 # `native_` prefixes dropped) -> kind
@@ -117,10 +123,11 @@ for _kind, _names in (
     (GELU, "gelu"),
     (GELU_BACKWARD, "gelu_backward"),
     (CAST, "to_copy to type_as"),
-    (REDUCE, "sum mean amax amin max min max_pool2d_with_indices avg_pool2d "
-             "avg_pool2d_backward adaptive_avg_pool2d adaptive_avg_pool2d_backward "
-             "nll_loss_forward nll_loss nll_loss_backward norm linalg_vector_norm var "
-             "std embedding_dense_backward index_add scatter_add argmax"),
+    (REDUCE, "sum mean amax amin max min adaptive_avg_pool2d nll_loss_forward nll_loss "
+             "norm linalg_vector_norm var std argmax"),
+    (LOCAL_REDUCE, "max_pool2d_with_indices avg_pool2d avg_pool2d_backward "
+                   "adaptive_avg_pool2d_backward nll_loss_backward embedding_dense_backward "
+                   "index_add scatter_add"),
     (SOFTMAX, "softmax log_softmax"),
     (SOFTMAX_BACKWARD, "softmax_backward_data log_softmax_backward_data"),
     (NORM, "batch_norm layer_norm group_norm"),
@@ -158,15 +165,62 @@ def kind_of(op: str, op_class: str) -> VectorKind:
     return OTHER
 
 
+@dataclass(frozen=True)
+class VectorCost:
+    """Per op, on its busiest tile: popops vertex cycles (what `vector_efficiency`
+    scales), exchange cycles, compute sets and those of them that exchange."""
+
+    vertex: np.ndarray
+    exchange: np.ndarray
+    sets: np.ndarray
+    exchanging: np.ndarray
+
+
 def vector_cycles(kinds: list[VectorKind], elements_in: np.ndarray, elements_out: np.ndarray,
-                  bytes_out: np.ndarray, tiles: np.ndarray, fp16: bool) -> np.ndarray:
-    """Cycles of each op's vertices on its busiest tile: its elements spread evenly over
-    `tiles`, each pass a MultiVertex (six workers and a supervisor)."""
+                  bytes_out: np.ndarray, tiles: np.ndarray, fp16: bool,
+                  names: list[str] | None = None, in_shapes: list[str] | None = None,
+                  out_shapes: list[str] | None = None, exchange_rate: float = 4.0
+                  ) -> VectorCost:
+    """Each op's work on its busiest tile: its elements spread evenly over `tiles`, each
+    compute set a MultiVertex (six workers and a supervisor); norms, softmax and
+    reductions as supersteps.py's compute sets (their shapes say how the statistics sit)."""
+    n = len(kinds)
     per_element = np.array([k.half if fp16 else k.float for k in kinds], dtype=np.float64)
     basis = np.array([k.basis for k in kinds])
     passes = np.array([k.passes for k in kinds], dtype=np.float64)
     count = np.where(basis == "in", elements_in,
                      np.where(basis == "byte", bytes_out, elements_out))
     per_tile = np.ceil(np.asarray(count, dtype=np.float64) / np.maximum(tiles, 1))
-    # each worker takes a sixth; its loop runs in whole vectors
-    return per_tile * per_element + passes * VERTEX_CYCLES
+    # each worker takes a sixth; its loop runs in whole vectors. A copy between layouts
+    # is the exchange itself (no vertex)
+    moved = basis == "byte"
+    vertex = np.where(moved, 0.0, per_tile * per_element + passes * VERTEX_CYCLES)
+    exchange = np.where(moved, per_tile * per_element, 0.0)
+    sets = passes.copy()
+    exchanging = np.array([k.exchanges for k in kinds], dtype=np.float64)
+    names = names or [""] * n
+    in_shapes = in_shapes or [""] * n
+    out_shapes = out_shapes or [""] * n
+    for i in [j for j, k in enumerate(kinds) if k.steps != "plain"]:
+        got = _stepped(kinds[i].steps, names[i], in_shapes[i], out_shapes[i],
+                       float(elements_in[i]), float(elements_out[i]), int(tiles[i]), fp16,
+                       exchange_rate)
+        vertex[i], exchange[i], sets[i], exchanging[i] = (got.vertex, got.exchange, got.sets,
+                                                          got.exchanging)
+    return VectorCost(vertex, exchange, sets, exchanging)
+
+
+@functools.lru_cache(maxsize=8192)  # a program repeats its layers' shapes
+def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: float,
+             elements_out: float, tiles: int, fp16: bool, rate: float
+             ) -> supersteps.ComputeSets:
+    if steps == "reduce":
+        return supersteps.reduction(in_shape, out_shape, elements_in, elements_out, tiles,
+                                    fp16, rate)
+    if steps.startswith("softmax"):
+        layout = supersteps.row_layout(out_shape, elements_out, tiles)
+        return supersteps.softmax(layout, tiles, fp16, rate, steps.endswith("backward"))
+    layout = supersteps.norm_layout(name, out_shape, elements_out, tiles)
+    if steps == "norm backward":
+        return supersteps.norm_backward(layout, tiles, fp16, rate)
+    return supersteps.norm_forward(layout, tiles, fp16, rate)

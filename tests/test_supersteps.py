@@ -1,0 +1,131 @@
+"""Vector work of several compute sets (popviz/target/supersteps.py) worked by hand from
+PopLibs' rules (graphcore/poplibs 7eac0f2): a reduction's cross-tile stages
+(ReductionPlan.cpp), a batch / layer norm's compute sets (Norms.cpp), and the fixed cost
+of each compute set in an op's cycles."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from popviz.target import get_target
+from popviz.target.convplan import reduce_stages
+from popviz.target.cost import Precision, op_costs
+from popviz.target.supersteps import (
+    VERTEX_CYCLES,
+    cross_tile,
+    norm_backward,
+    norm_forward,
+    norm_layout,
+    reduction,
+    stage_depths,
+)
+
+MK2 = get_target("mk2")
+HALF = Precision.parse("16.16", True)
+
+
+def test_a_reductions_stages_follow_poplibs_thresholds() -> None:
+    # one tile holds the inputs: no cross-tile stage; under 2 sqrt(1472) = 76.7 tiles (and
+    # up to 64 anyway): straight to the output; else an intermediate stage near sqrt
+    assert stage_depths(1, 1472) == []
+    assert stage_depths(50, 1472) == [50]
+    assert stage_depths(76, 1472) == [76]
+    assert stage_depths(77, 1472) == [9, 9]
+    assert stage_depths(368, 1472) == [20, 19]
+    # Mk1's 1,216 tiles: 2 sqrt = 69.7
+    assert stage_depths(69, 1216) == [69] and stage_depths(70, 1216) == [9, 8]
+    # a conv's partials (poplin getNumReduceStages): 1 stage under 16, 2 under 125
+    assert [reduce_stages(d) for d in (1, 2, 15, 16, 124, 125)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_resnet50_layer1_batch_norm_layout_by_hand() -> None:
+    # [20, 64, 56, 56] over 1,472 tiles: 2,727 elements a tile, less than one run of 16
+    # channels x 3,136 positions, so a tile holds 16 channels; a channel's 62,720 elements
+    # sit 2,727 / 16 = 170.4 to a tile: on 368 tiles
+    elements = 20 * 64 * 56 * 56
+    layout = norm_layout("aten.native_batch_norm.default", "[20,64,56,56]", elements, 1472)
+    assert layout.per_tile == math.ceil(elements / 1472) == 2727
+    assert (layout.groups, layout.groups_on_tile) == (64, 16)
+    assert layout.sources == math.ceil(elements / 64 / (2727 / 16)) == 368
+    assert layout.per_channel
+
+
+def test_a_batch_norm_forward_by_hand() -> None:
+    elements = 20 * 64 * 56 * 56
+    layout = norm_layout("aten.native_batch_norm.default", "[20,64,56,56]", elements, 1472)
+    got = norm_forward(layout, 1472, fp16=True, rate=4.0)
+    # compute sets: statistics, 2 cross-tile stages, inverse std, 4 broadcasts
+    assert (got.sets, got.exchanging) == (8, 6)
+    # statistics: 2 sums x 0.5 a half; four broadcasts x 2 cycles per 8 halves
+    local = VERTEX_CYCLES + 2 * 2727 * 0.5
+    broadcasts = 4 * (VERTEX_CYCLES + 2727 * 0.25)
+    # stage 1 (depth 20): 128 outputs x ceil(368 / 20) = 2,432 results over 1,472 tiles,
+    # 2 a tile, 20 partials each; stage 2 (depth 19): 128 results on 128 tiles, 1 each
+    stage1 = VERTEX_CYCLES + 2 * 20 * 0.5
+    stage2 = VERTEX_CYCLES + 1 * 19 * 0.5
+    inv_std = VERTEX_CYCLES + 1 * 19 / 4  # 64 values on 64 tiles, rsqrt 19 per 4 halves
+    assert got.vertex == pytest.approx(local + broadcasts + stage1 + stage2 + inv_std)
+    # exchanged: the partials (4 B each) and 16 channels' operand per broadcast
+    assert got.exchange == pytest.approx((2 * 20 * 4 + 19 * 4 + 4 * 16 * 4) / 4.0)
+
+
+def test_a_norm_backward_is_twelve_compute_sets_dearer_per_element() -> None:
+    elements = 20 * 64 * 56 * 56
+    layout = norm_layout("aten.native_batch_norm.default", "[20,64,56,56]", elements, 1472)
+    fwd = norm_forward(layout, 1472, True, 4.0)
+    bwd = norm_backward(layout, 1472, True, 4.0)
+    # 11 steps, the reduction's local pass and 2 stages among them: 13 compute sets
+    assert bwd.sets == 13
+    per_element = (bwd.vertex - bwd.sets * VERTEX_CYCLES) / layout.per_tile
+    # 6 broadcasts x 0.25, 2 binaries x 0.75, the two sums 1.0, the copy 0.5 (+ small)
+    assert per_element == pytest.approx(6 * 0.25 + 2 * 0.75 + 1.0 + 0.5, rel=0.02)
+    assert bwd.vertex > 2 * fwd.vertex
+
+
+def test_layer_norm_rows_spanning_two_tiles_reduce_in_one_stage() -> None:
+    # BERT-Large [8, 128, 1024]: 713 elements a tile, a row of 1,024 on 2 tiles
+    elements = 8 * 128 * 1024
+    layout = norm_layout("aten.native_layer_norm.default", "[8,128,1024]", elements, 1472)
+    assert (layout.groups, layout.groups_on_tile, layout.sources) == (1024, 1, 2)
+    assert not layout.per_channel
+    got = norm_forward(layout, 1472, True, 4.0)
+    assert (got.sets, got.exchanging) == (7, 5)  # one cross-tile stage
+
+
+def test_a_bias_gradient_sum_over_rows_keeps_distinct_outputs_on_a_tile() -> None:
+    # [160, 6080] -> [1, 6080]: a tile's 661 inputs are 661 distinct outputs of one row;
+    # each output's 160 partials sit on 160 tiles: two stages (13, 13)
+    got = reduction("[160,6080]", "[1,6080]", 160 * 6080, 6080, 1472, True, 4.0)
+    assert (got.sets, got.exchanging) == (3, 2)
+    alone = cross_tile(6080, 160, 1472, True, 4.0)
+    assert got.vertex == pytest.approx(VERTEX_CYCLES + 661 * 0.5 + alone.vertex)
+
+
+def _row(op: str, op_class: str, out_shape: str, elements: int) -> pd.DataFrame:
+    return pd.DataFrame([{"op": op, "op_class": op_class, "phase": "forward",
+                          "flops": elements, "dtype": "float16", "shapes": out_shape,
+                          "out_shape": out_shape, "bytes_read": 2 * elements,
+                          "bytes_written": 2 * elements}])
+
+
+def test_an_ops_cycles_are_its_vertex_scaled_plus_its_compute_sets_fixed_costs() -> None:
+    cost = MK2.cost
+    elements = 20 * 64 * 56 * 56
+    got = op_costs(_row("aten.native_batch_norm.default", "norm", "[20,64,56,56]",
+                        elements), MK2, HALF, np.array([0.6])).iloc[0]
+    layout = norm_layout("aten.native_batch_norm.default", "[20,64,56,56]", elements, 1472)
+    sets = norm_forward(layout, 1472, True, MK2.exchange_bytes_per_tile_cycle)
+    want = (sets.vertex / cost.vector_efficiency + sets.exchange
+            + sets.sets * cost.sync_cycles_internal
+            + sets.exchanging * cost.exchange_fixed_cycles)
+    assert got["cycles"] == math.ceil(want)
+    assert got["compute_cycles"] == math.ceil(sets.vertex / cost.vector_efficiency)
+    # the compute sets' costs are published figures, not scaled by the fitted factor
+    slow = cost.with_values(sync_cycles_internal=1090)
+    again = op_costs(_row("aten.native_batch_norm.default", "norm", "[20,64,56,56]",
+                          elements), MK2, HALF, np.array([0.6]), slow).iloc[0]
+    assert again["cycles"] - got["cycles"] == pytest.approx(8 * 1000, abs=1)
