@@ -62,7 +62,7 @@ def test_import_keeps_every_block_segment_and_stack(prof: Any, snap: dict[str, A
     assert used <= set(frames["stack"])
     assert any(f.endswith(".py") and n == "<module>" for f, n in
                zip(frames["filename"], frames["name"]))
-    assert prof.format_version == "1.2.0"
+    assert prof.format_version == popviz.format.FORMAT_VERSION
 
 
 def test_an_import_without_snapshot_has_no_allocator_tables(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ import popviz
 from popviz.analysis.tile_contents import (
     flat_per_ipu,
     live_on_tile,
+    on_tile,
+    placed,
     row_to_step,
+    row_width,
     tile_peaks,
     with_tile_peaks,
 )
@@ -96,3 +99,52 @@ def test_peaks_read_in_blocks_are_the_whole_arrays(tmp_path: Path, monkeypatch: 
     with popviz.open(PROFILE) as p:
         whole = tile_peaks(p.tile_liveness(1))
     assert peak.tolist() == whole[0].tolist() and row.tolist() == whole[1].tolist()
+
+
+def test_each_tiles_variables_sum_to_its_totals() -> None:
+    """Issue 29: /memory lists a tile's own variables with their bytes on that tile, and
+    they add up to what the tile map shows: always-live + not-always-live peak = the
+    tile's total less code, vertex state and exchange buffers, on tiles across every IPU."""
+    with popviz.open(PROFILE) as p:
+        tm, variables = p.tile_memory, p.variables
+        always = p.table("always_live_variables")
+        assert placed(variables) and placed(always)
+        checked = 0
+        for ipu in sorted(tm["ipu"].unique()):
+            matrix = p.tile_liveness(int(ipu))
+            _, row = tile_peaks(matrix)
+            width = row_width(matrix.shape[0], p.liveness, int(ipu))
+            rows = tm[tm["ipu"] == ipu].set_index("tile")
+            fullest = int(rows["total_bytes"].idxmax())
+            for tile in sorted({0, 1, 63, 64, 700, 1000, 1471, fullest}):
+                got = on_tile(variables, always, int(ipu), tile, int(row[tile]) * width, width)
+                r = rows.loc[tile]
+                want = r["total_bytes"] - r["code"] - r["vertex_state"] - r["exchange"]
+                assert abs(got["bytes"].sum() - want) <= 2, (ipu, tile)
+                # every variable listed sits on this tile, at most its whole size
+                assert (got["bytes"] > 0).all()
+                assert (got["bytes"] <= got["variable_bytes"]).all()
+                # the always-live part alone is the tile's always-live bytes
+                fixed = got.loc[got["live"] == "always", "bytes"].sum()
+                assert abs(fixed - r["always_live"]) <= 1, (ipu, tile)
+                checked += 1
+        assert checked >= 32
+        # tiles differ: a tensor spread over part of an IPU loads some tiles more
+        spread = tm.groupby("ipu")["total_bytes"].agg(lambda x: x.max() / x.min())
+        assert (spread > 1.5).all(), spread
+
+
+def test_a_binned_programs_row_holds_every_step_of_its_bin() -> None:
+    variables = pd.DataFrame({
+        "ipu": [0, 0, 0], "name": ["early", "late", "elsewhere"],
+        "category": ["activation"] * 3, "bytes": [1000, 640, 500],
+        "first_step": [0, 7, 0], "last_step": [3, 9, 9], "first_tile": [0, 2, 10],
+        "tiles": [4, 2, 4], "grain_bytes": [128, 128, 128]})
+    # 1,000 B = 8 grains over 4 tiles: 2 each; 640 B = 5 grains over tiles 2-3: 3 and 2
+    got = on_tile(variables, pd.DataFrame(), 0, 2, step=4, width=4)  # row 1: steps 4-7
+    assert got["name"].tolist() == ["late"] and got["bytes"].iloc[0] == 3 * 128
+    got = on_tile(variables, pd.DataFrame(), 0, 3, step=0, width=4)
+    assert got["name"].tolist() == ["early"] and got["bytes"].iloc[0] == 250
+    assert on_tile(variables, pd.DataFrame(), 0, 9, step=0, width=4).empty
+    # a profile written before format 1.3 has no tile ranges: not placed
+    assert not placed(variables.drop(columns=["first_tile"]))

@@ -17,7 +17,10 @@ from popviz.analysis.stash import stash_variable_name
 from popviz.analysis.tile_contents import (
     flat_per_ipu,
     live_on_tile,
+    on_tile,
+    placed,
     row_to_step,
+    row_width,
     tile_peaks,
     with_tile_peaks,
 )
@@ -97,20 +100,46 @@ def contents(entry: Entry, ipu: int, tile: int) -> list[Any]:
         step = row_to_step(int(row[tile]), int(p.array_shape("tile_liveness")[1]),
                            p.liveness, ipu)
         head += (f": not-always-live peak {fmt_bytes(int(peak[tile]))} at step {step}")
+    if placed(p.variables) and step >= 0:
+        return [html.H4(head, id="mem-tile-head"), *_placed(entry, ipu, tile, step)]
     found = live_on_tile(p.variables, p.oom, ipu, tile, step)
     if found.empty:
         return [html.H4(head, id="mem-tile-head"), html.P(
             "No per-variable data in this profile, so nothing to list.", className="hint")]
     source = str(found["source"].iloc[0])
-    note = (f"What is on it ({source}; a profile records no per-tile placement of every "
-            "variable, so these are the largest candidates, each spread over its op's "
-            "tiles):" if source.startswith("live") else f"What is on it ({source}):")
+    note = (f"What is on it ({source}; this profile records no per-tile placement of "
+            "every variable (format before 1.3), so these are the largest candidates, each "
+            "spread over its op's tiles):" if source.startswith("live")
+            else f"What is on it ({source}):")
     shown = found.drop(columns=["source"]).assign(
         size=[fmt_bytes(b) if b == b else "" for b in found["bytes"]])
     shown["name"] = [stash_variable_name(n) for n in shown["name"]]
     return [html.H4(head, id="mem-tile-head"), html.P(note, className="hint"),
             table("mem-tile-vars", shown[["name", "category", "size", "bytes"]].dropna(
                 axis=1, how="all"), page_size=12)]
+
+
+def _placed(entry: Entry, ipu: int, tile: int, step: int) -> list[Any]:
+    """The tile's own variables at `step`, each with its bytes on this tile (the profile
+    records every variable's tile range)."""
+    p = entry.profile
+    width = row_width(int(p.array_shape("tile_liveness")[1]), p.liveness, ipu)
+    found = on_tile(p.variables, p.table("always_live_variables"), ipu, tile, step, width)
+    if found.empty:
+        return [html.P("Nothing is on this tile at its peak.", className="hint")]
+    total = float(found["bytes"].sum())
+    note = (f"What is on it at step {step}: {len(found):,} variables, {fmt_bytes(int(total))} "
+            "on this tile (always-live and live at that step; code, vertex state and "
+            "exchange buffers are in the breakdown above). Bytes: on this tile; of: the "
+            "whole variable, spread over its tiles.")
+    shown = pd.DataFrame({
+        "name": [stash_variable_name(n) for n in found["name"]],
+        "category": found["category"], "live": found["live"],
+        "size": [fmt_bytes(round(b)) for b in found["bytes"]],
+        "bytes": found["bytes"].round().astype(np.int64),
+        "of": [fmt_bytes(int(b)) for b in found["variable_bytes"]],
+        "tiles": found["tiles"]})
+    return [html.P(note, className="hint"), table("mem-tile-vars", shown, page_size=12)]
 
 
 def breakdown(entry: Entry, ipu: int, tile: int) -> list[Any]:

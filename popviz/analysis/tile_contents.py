@@ -1,6 +1,8 @@
 """What one tile holds, from the tile liveness (steps x tiles of not-always-live bytes):
 its own peak and the step of it, the tile map's per-tile not-always-live peak where the
-stored one is one flat value per IPU, and the variables live at the tile's peak."""
+stored one is one flat value per IPU, and the variables on the tile at its peak: exactly,
+with their bytes on that tile, where the profile records each variable's tiles (format
+1.3), else the IPU's candidates."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import numpy as np
 import pandas as pd
 
 from popviz.analysis.memory import NOT_ALWAYS_LIVE, memory_categories
+from popviz.target.mapping import bytes_on_tile
+
+PLACED = ("first_tile", "tiles", "grain_bytes")  # a variable's tile range (format 1.3)
 
 
 def tile_peaks(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,13 +50,57 @@ def with_tile_peaks(tile_memory: pd.DataFrame, ipu: int, peaks: np.ndarray) -> p
     return out
 
 
+def row_width(rows: int, liveness: pd.DataFrame, ipu: int) -> int:
+    """Program steps per tile-liveness row: 1, or a binned program's bin width."""
+    steps = liveness.loc[liveness["ipu"] == ipu, "step"] if len(liveness) else pd.Series()
+    n = int(steps.max()) + 1 if len(steps) else rows
+    return max(1, -(-n // max(rows, 1)))
+
+
 def row_to_step(row: int, rows: int, liveness: pd.DataFrame, ipu: int) -> int:
     """The program step of a tile-liveness row: one row per step, or, for a program
     binned into fewer rows, the first step of the row's bin."""
-    steps = liveness.loc[liveness["ipu"] == ipu, "step"] if len(liveness) else pd.Series()
-    n = int(steps.max()) + 1 if len(steps) else rows
-    width = max(1, -(-n // max(rows, 1)))
-    return int(row) * width
+    return int(row) * row_width(rows, liveness, ipu)
+
+
+def placed(variables: pd.DataFrame) -> bool:
+    """Whether a variables table records where each variable sits (format 1.3)."""
+    return not variables.empty and set(PLACED) <= set(variables.columns)
+
+
+def on_tile(variables: pd.DataFrame, always_live: pd.DataFrame, ipu: int, tile: int,
+            step: int, width: int = 1) -> pd.DataFrame:
+    """Every variable on the tile at `step` with its bytes there, largest first: the
+    not-always-live ones live in the step's tile-liveness row (a binned program's row
+    holds every step of its bin, `width` steps), and the always-live ones. Their bytes
+    sum to the tile's always-live plus not-always-live bytes at that row (the tile
+    liveness sums the same grains). Columns: name, category, bytes (on this tile),
+    variable_bytes (the whole variable), tiles (it spreads over), live."""
+    cols = ["name", "category", "bytes", "variable_bytes", "tiles", "live"]
+    parts = []
+    row = step // max(width, 1)
+    if placed(variables):
+        v = variables[(variables["ipu"] == ipu)
+                      & (variables["first_step"] // width <= row)
+                      & (variables["last_step"] // width >= row)]
+        parts.append(v.assign(live=f"at step {step}"))
+    if placed(always_live):
+        parts.append(always_live[always_live["ipu"] == ipu].assign(live="always"))
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    cand = pd.concat(parts, ignore_index=True)
+    first = cand["first_tile"].to_numpy(np.int64)
+    here = bytes_on_tile(first, first + cand["tiles"].to_numpy(np.int64),
+                         cand["bytes"].to_numpy(np.float64),
+                         cand["grain_bytes"].to_numpy(np.int64), tile)
+    keep = here > 0
+    out = pd.DataFrame({"name": cand["name"].astype(str).to_numpy()[keep],
+                        "category": cand["category"].astype(str).to_numpy()[keep],
+                        "bytes": here[keep],
+                        "variable_bytes": cand["bytes"].to_numpy(np.int64)[keep],
+                        "tiles": cand["tiles"].to_numpy(np.int64)[keep],
+                        "live": cand["live"].astype(str).to_numpy()[keep]})
+    return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def live_on_tile(variables: pd.DataFrame, oom: pd.DataFrame, ipu: int, tile: int,

@@ -103,7 +103,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
     tables = {"stages": stages, "trace": timing.trace, "liveness": memory.liveness,
               "tile_memory": memory.tile_memory, "exchange": exchange,
               "ops": out_ops, "tensors": memory.tensors, "variables": memory.variables,
-              "oom": memory.oom}
+              "always_live_variables": memory.always_live, "oom": memory.oom}
     return Report(meta=meta, tables=tables, arrays={"tile_liveness": memory.tile_liveness},
                   summary=summary)
 

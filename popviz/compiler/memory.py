@@ -17,7 +17,14 @@ from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
 from popviz.target.cost import Precision, dtype_scale
 from popviz.target.machines import Target
-from popviz.target.mapping import per_tile_sum, rectangle_runs, run_index, start_tiles, tiles_for
+from popviz.target.mapping import (
+    grain_split,
+    per_tile_sum,
+    rectangle_runs,
+    run_index,
+    start_tiles,
+    tiles_for,
+)
 
 MAX_STEPS = 4000  # per IPU; longer programs are binned (a bin holds the union of its steps)
 
@@ -33,6 +40,7 @@ class Memory:
     peak_bytes: np.ndarray  # per IPU: always-live + max not-always-live
     stash_bytes: np.ndarray  # per stage: stash depth x stashed bytes per micro-batch
     stash_per_microbatch: np.ndarray
+    always_live: pd.DataFrame  # always-live tensors and where they sit (ipu, tiles, bytes)
 
 
 def _parse_ids(texts: list[str]) -> pd.DataFrame:
@@ -337,13 +345,22 @@ def analyse_memory(ops: pd.DataFrame, tensors: pd.DataFrame, options: Options,
         "ipu": nal["ipu"].astype(np.int64), "name": nal["name"].astype(str),
         "category": nal["category"].astype(str), "bytes": nal["bytes"].astype(np.int64),
         "first_step": nal["s0"].astype(np.int64), "last_step": nal["s1"].astype(np.int64),
-        "stage": nal["stage"].astype(np.int64)})
-    oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile)
+        "stage": nal["stage"].astype(np.int64),
+        # where it sits: whole grains over [first_tile, first_tile + tiles) (grain_split)
+        "first_tile": nal["t0"].astype(np.int64),
+        "tiles": (nal["t1"] - nal["t0"]).astype(np.int64), "grain_bytes": np.int64(grain)})
+    always_live = pd.DataFrame({
+        "ipu": al["ipu"].astype(np.int64), "name": al["name"].astype(str),
+        "category": al["category"].astype(str), "bytes": al["bytes"].astype(np.int64),
+        "first_tile": al["t0"].astype(np.int64),
+        "tiles": (al["t1"] - al["t0"]).astype(np.int64), "grain_bytes": np.int64(grain)})
+    oom = oom_table(total, runs, nal_peak, al, nal, width, target.bytes_per_tile, grain)
     # a stage without a stash (the last: its backward follows its forward at once) holds
     # its activations across F -> B for the current micro-batch only: no stash per one
     per_mb = np.where(np.asarray(depth) > 0, per_mb, 0).astype(np.int64)
     return Memory(liveness, tile_memory, variables, oom, tens, tile_live,
-                  peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb)
+                  peak.astype(np.int64), (per_mb * depth).astype(np.int64), per_mb,
+                  always_live)
 
 
 def _grains(rows: pd.DataFrame, grain: int, r0: np.ndarray, r1: np.ndarray
@@ -354,16 +371,9 @@ def _grains(rows: pd.DataFrame, grain: int, r0: np.ndarray, r1: np.ndarray
     (t0, t1, bytes per tile, r0, r1) of each."""
     t0 = rows["t0"].to_numpy(np.int64)
     t1 = rows["t1"].to_numpy(np.int64)
-    nbytes = rows["bytes"].to_numpy(np.float64)
-    n = np.maximum(t1 - t0, 1)
-    g = np.maximum(np.ceil(nbytes / grain), 1)
-    per_grain = nbytes / g
-    base = np.floor(g / n)
-    extra = (g - base * n).astype(np.int64)
-    mid = t0 + np.minimum(extra, n)
+    mid, high, low, _ = grain_split(t0, t1, rows["bytes"].to_numpy(np.float64), grain)
     return (np.concatenate([t0, mid]), np.concatenate([mid, t1]),
-            np.concatenate([(base + 1) * per_grain, base * per_grain]),
-            np.concatenate([r0, r0]), np.concatenate([r1, r1]))
+            np.concatenate([high, low]), np.concatenate([r0, r0]), np.concatenate([r1, r1]))
 
 
 def _liveness_table(ops: pd.DataFrame, rows: np.ndarray, width: np.ndarray,

@@ -1,4 +1,4 @@
-"""Profile format v1 (1.2): names and rules shared by the writer and the reader.
+"""Profile format v1 (1.3): names and rules shared by the writer and the reader.
 
 The format is documented for people in docs/profile-format.md; keep the two in step.
 """
@@ -21,7 +21,11 @@ FORMAT_NAME = "popviz-profile"
 # snapshot's allocator state); 1.1 files read them back empty.
 # 1.2 also: an import's `host_slices` table and the trace's `stream` / `correlation` columns
 # (thread lanes, stream lanes, launch -> kernel flows on /trace); 1.1 files read as before.
-FORMAT_VERSION = "1.2.0"
+# 1.3: the optional table `always_live_variables` and the `variables` columns first_tile,
+# tiles, grain_bytes: where each variable sits on its IPU's tiles (whole grains over a
+# tile range, mapping.grain_split), so /memory lists a tile's own bytes; 1.2 files read
+# back without them (the listing then names the IPU's candidates, as before).
+FORMAT_VERSION = "1.3.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -114,6 +118,10 @@ REQUIRED_TABLES = tuple(CONTRACT_COLUMNS)
 OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "tensors": ("tensor_id", "name", "bytes", "category"),
     "variables": ("ipu", "name", "category", "bytes", "first_step", "last_step"),
+    # always-live tensors and their tile ranges (1.3; a variable's own placement columns
+    # first_tile, tiles, grain_bytes are optional in both tables)
+    "always_live_variables": ("ipu", "name", "category", "bytes", "first_tile", "tiles",
+                              "grain_bytes"),
     "oom": ("ipu", "tile", "bytes_over", "variables"),
     # a CUDA memory snapshot's allocator (1.2; times on the profile's clock, ns)
     "alloc_blocks": ("ipu", "block", "addr", "bytes", "stream", "start", "end", "from_start",

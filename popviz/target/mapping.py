@@ -76,6 +76,40 @@ def run_index(starts: np.ndarray, n: int) -> np.ndarray:
     return np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
 
 
+def grain_split(t0: np.ndarray, t1: np.ndarray, nbytes: np.ndarray, grain: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """How each tensor's whole grains sit on its tile range [t0, t1): a tensor of g grains
+    over n tiles gives g // n grains to each and one more to its first g % n tiles (so 1.5
+    grains a tile is 2 on half the tiles and 1 on the rest, as Poplar's linear mapping
+    does). Returns (mid, bytes on each tile of [t0, mid), bytes on each of [mid, t1))
+    and the bytes of one grain."""
+    t0 = np.asarray(t0, dtype=np.int64)
+    t1 = np.asarray(t1, dtype=np.int64)
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    n = np.maximum(t1 - t0, 1)
+    g = np.maximum(np.ceil(nbytes / grain), 1)
+    per_grain = nbytes / g
+    base = np.floor(g / n)
+    extra = (g - base * n).astype(np.int64)
+    return t0 + np.minimum(extra, n), (base + 1) * per_grain, base * per_grain, per_grain
+
+
+def bytes_on_tile(t0: np.ndarray, t1: np.ndarray, nbytes: np.ndarray, grain: int | np.ndarray,
+                  tile: int) -> np.ndarray:
+    """Bytes each tensor holds on `tile` (0 where its range does not reach it), the same
+    split the tile liveness sums (`grain_split`)."""
+    t0 = np.asarray(t0, dtype=np.int64)
+    t1 = np.asarray(t1, dtype=np.int64)
+    grains = np.broadcast_to(np.asarray(grain, dtype=np.int64), t0.shape)
+    out = np.zeros(len(t0))
+    for g in np.unique(grains):  # one grain size in a profile; a loop keeps it general
+        m = grains == g
+        mid, high, low, _ = grain_split(t0[m], t1[m], np.asarray(nbytes)[m], int(g))
+        out[m] = np.where((t0[m] <= tile) & (tile < mid), high,
+                          np.where((mid <= tile) & (tile < t1[m]), low, 0.0))
+    return out
+
+
 def per_tile_sum(tiles: int, t0: np.ndarray, t1: np.ndarray, per_tile: np.ndarray) -> np.ndarray:
     """Sum of ranges [t0, t1) of `per_tile` bytes each: (tiles,) float64."""
     diff = np.zeros(tiles + 1, dtype=np.float64)

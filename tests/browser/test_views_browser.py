@@ -159,6 +159,14 @@ def test_clicking_any_tile_lists_what_is_on_it(browser_context: Any, base_url: s
     assert "What is on it" in page.inner_text("#mem-breakdown")
     names = page.locator("#mem-tile-vars td[data-dash-column='name']").all_inner_texts()
     assert names, "no variables listed for a tile that fits"
+    # the tile's own bytes of each variable (format 1.3), never a whole-IPU size
+    note = page.inner_text("#mem-breakdown")
+    assert re.search(r"What is on it at step \d+: [\d,]+ variables, [\d.,]+ \w+ on this tile",
+                     note), note
+    here = [int(b.replace(",", "")) for b in page.locator(
+        "#mem-tile-vars td[data-dash-column='bytes']").all_inner_texts()]
+    assert here and max(here) <= 638_976, here  # one Mk2 tile
+    assert page.locator("#mem-tile-vars td[data-dash-column='of']").count() == len(here)
     _shot(page, "memory_tile")
     assert errors == []
     page.close()
