@@ -240,3 +240,23 @@ def test_passes_read_from_shapes_match_torch_flop_counter() -> None:
     gpt2.zero_grad()
     program = record_program(step, gpt2, ids, model=gpt2, progress=False)
     assert _parsed_flops(program) == counter.get_total_flops()
+
+
+def test_slic_cycles_are_poplibs_estimate_by_hand() -> None:
+    """graphcore/poplibs 7eac0f2 PerformanceEstimation.hpp, half inputs and partials, four
+    conv chains: one block of 4 one-channel groups, one 1 x 4 window, 6 rows of 20."""
+    from popviz.target.vertices import slic_cycles
+
+    # worker: preamble 17 + one row (10 + 1 zeroing + 15 + (20 - 5)) = 58, x 6 workers
+    inner = 6 * (17 + (10 + 1 + 15 + 15))
+    weight_load = 9 + 6 + 10 * 6 + 6 + 16  # one-channel groups rearranged by the workers
+    supervisor = 28 + 15 + 1 + (weight_load + 20) + 1  # preamble, group block, window
+    assert int(slic_cycles(ARCH, 1, 4, 1, 6, 120)) == supervisor + inner == 510
+    # 16 groups a block: the non-zeroing windows run once per 4 groups
+    one = slic_cycles(ARCH, 1, 16, 3, 6, 120)
+    per_window = 6 * (21 + (10 + 15 + 15)) * 4
+    assert one > 2 * per_window
+    # about one tile cycle per output per 4 groups per window: 16 groups x 3 x 3 taps
+    # over 16 x 48 outputs reach 6-12 MACs a cycle (12: three of four taps used)
+    big = slic_cycles(ARCH, 1, 16, 3, 16, 16 * 48)
+    assert 6 < 16 * 9 * 16 * 48 / big < 12

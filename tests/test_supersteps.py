@@ -11,14 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from popviz.compiler.plan_common import INFERENCE_BATCH_NORM
 from popviz.target import get_target
 from popviz.target.convplan import reduce_stages
 from popviz.target.cost import Precision, op_costs
+from popviz.target.popops import kind_of
 from popviz.target.supersteps import (
     VERTEX_CYCLES,
     cross_tile,
     norm_backward,
     norm_forward,
+    norm_inference,
     norm_layout,
     reduction,
     stage_depths,
@@ -129,3 +132,32 @@ def test_an_ops_cycles_are_its_vertex_scaled_plus_its_compute_sets_fixed_costs()
     again = op_costs(_row("aten.native_batch_norm.default", "norm", "[20,64,56,56]",
                           elements), MK2, HALF, np.array([0.6]), slow).iloc[0]
     assert again["cycles"] - got["cycles"] == pytest.approx(8 * 1000, abs=1)
+
+
+def test_inference_batch_norm_is_two_broadcasts_with_running_statistics() -> None:
+    elements = 20 * 64 * 56 * 56
+    name = "aten._native_batch_norm_legit_no_training.default"
+    layout = norm_layout(name, "[20,64,56,56]", elements, 1472)
+    got = norm_inference(layout, True, 4.0)
+    assert (got.sets, got.exchanging) == (2, 2)  # no statistics, no reduction
+    assert got.vertex == pytest.approx(2 * (VERTEX_CYCLES + 2727 * 0.25))
+    assert kind_of(name, "norm").steps == "norm inference"
+
+
+def test_an_inference_compile_runs_its_batch_norms_on_running_statistics() -> None:
+    from popviz.compiler import compile
+    from popviz.options import Options
+    from popviz.testing.programs import synthetic_program
+
+    program = synthetic_program(layers=2, batch=4, channels=16, hw=16)
+    ops = program.ops
+    if not (ops["op"].astype(str) == "aten.native_batch_norm.default").any():
+        pytest.skip("the synthetic program has no batch norm")
+    train = compile(program, Options())
+    infer = compile(program, Options(training=False))
+    t_ops, i_ops = train.tables["ops"], infer.tables["ops"]
+    assert INFERENCE_BATCH_NORM in set(i_ops["op"].astype(str))
+    assert "aten.native_batch_norm.default" not in set(i_ops["op"].astype(str))
+    fwd = t_ops[(t_ops["op"] == "aten.native_batch_norm.default") & (t_ops["pass"] == "F")]
+    inf = i_ops[i_ops["op"] == INFERENCE_BATCH_NORM]
+    assert len(inf) == len(fwd) and (inf["cycles"].to_numpy() < fwd["cycles"].to_numpy()).all()

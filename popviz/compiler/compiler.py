@@ -20,6 +20,7 @@ from popviz.compiler.plan_common import (
     _forward_only,
     _rescale,
     _stage_costs,
+    inference_norms,
     step_rates,
 )
 from popviz.compiler.report import Report
@@ -115,7 +116,7 @@ def costed_plan(program: Program, options: Options, target: Target, precision: P
     order. Returns (program, micro_batch, plan, costed ops, each op's requested AMP)."""
     program, micro_batch = _rescale(program, options)
     if not options.training:
-        program = _forward_only(program)
+        program = inference_norms(_forward_only(program))
     plan = plan_stages(program, options)
     ops = plan.ops
     # the AMP of each op: one look-up per (IPU, conv or matmul), spread over the ops

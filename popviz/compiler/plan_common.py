@@ -55,6 +55,26 @@ def _forward_only(program: Program) -> Program:
                    program.mode)
 
 
+# a batch norm in inference uses its running statistics: torch records it as this op (eval
+# mode), PopLibs runs it as batchNormalise with the folded scale and shift (popnn BatchNorm)
+INFERENCE_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
+
+
+def inference_norms(program: Program) -> Program:
+    """An inference program's batch norms as inference runs them: with running statistics
+    (a step recorded in training mode computes batch statistics)."""
+    ops = program.ops
+    train_bn = ops["op"].astype(str).isin(["aten.native_batch_norm.default",
+                                           "aten._native_batch_norm_legit.default",
+                                           "aten._native_batch_norm_legit_functional.default",
+                                           "aten.cudnn_batch_norm.default"])
+    if not train_bn.any():
+        return program
+    ops = ops.copy()
+    ops.loc[train_bn, "op"] = INFERENCE_BATCH_NORM
+    return Program(ops, program.tensors, program.model, program.mode)
+
+
 def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: Options,
                  precision: Precision, n: int) -> StageCosts:
     def per_stage(mask: pd.Series) -> np.ndarray:

@@ -145,9 +145,10 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
     rows = ceil_div(pos_t, max(1, p.field[1]))
     kh, kw = p.kernel
     if arch.slic:
-        block = np.where(g_t >= 16, 16, np.where(g_t >= 8, 8, 4))
-        conv = slic_cycles(arch, ceil_div(g_t, block), block, kh * math.ceil(kw / 4),
-                           rows, pos_t)
+        # PopLibs tries 4, 8 and 16 groups a block (ConvVertexType.cpp) and keeps the
+        # fastest by its estimate
+        conv = np.min([slic_cycles(arch, ceil_div(g_t, b), b, kh * math.ceil(kw / 4), rows,
+                                   pos_t) for b in (4, 8, 16)], axis=0)
         method = "slic"
     else:
         conv = hmac_cycles(arch, g_t * pos_t * p.in_chans * p.out_chans * kh * kw, rows)

@@ -97,12 +97,16 @@ NORM = VectorKind("norm", FAST_BINARY.half + 2 * REDUCE.half + 2 * FAST_BINARY.h
 NORM_BACKWARD = VectorKind("norm backward", 7 * FAST_BINARY.half + 2 * REDUCE.half,
                            7 * FAST_BINARY.float + 2 * REDUCE.float, passes=4,
                            steps="norm backward")
+# inference: the running statistics folded into one scale and one shift (popnn
+# batchNormalise): two per-channel broadcast ops
+NORM_INFERENCE = VectorKind("norm, inference (running statistics)", 2 * 2 / 8, 2 * 2 / 4,
+                            passes=2, steps="norm inference")
 COPY = VectorKind("copy (exchange, per byte)", 0.25, 0.25, basis="byte", exchanges=1)
 OTHER = BINARY
 
 KINDS = (FAST_BINARY, BINARY, SELECT, RELU, EXP, TANH, SIGMOID, DIVIDE, SQRT, RSQRT, GELU,
          GELU_BACKWARD, CAST, REDUCE, LOCAL_REDUCE, SOFTMAX, SOFTMAX_BACKWARD, NORM,
-         NORM_BACKWARD, COPY)
+         NORM_BACKWARD, NORM_INFERENCE, COPY)
 
 # aten op base names (no namespace, overload or trailing underscore; `_foreach_` and
 # `native_` prefixes dropped) -> kind
@@ -132,6 +136,7 @@ for _kind, _names in (
     (SOFTMAX_BACKWARD, "softmax_backward_data log_softmax_backward_data"),
     (NORM, "batch_norm layer_norm group_norm"),
     (NORM_BACKWARD, "batch_norm_backward layer_norm_backward group_norm_backward"),
+    (NORM_INFERENCE, "batch_norm_legit_no_training"),
     (COPY, "clone copy cat stack contiguous index_select gather embedding index "
            "slice_scatter select_scatter constant_pad_nd pad repeat roll flip "
            "new_zeros split_with_sizes_copy unbind_copy dropout bernoulli"),
@@ -221,6 +226,8 @@ def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: 
         layout = supersteps.row_layout(out_shape, elements_out, tiles)
         return supersteps.softmax(layout, tiles, fp16, rate, steps.endswith("backward"))
     layout = supersteps.norm_layout(name, out_shape, elements_out, tiles)
+    if steps == "norm inference":
+        return supersteps.norm_inference(layout, fp16, rate)
     if steps == "norm backward":
         return supersteps.norm_backward(layout, tiles, fp16, rate)
     return supersteps.norm_forward(layout, tiles, fp16, rate)

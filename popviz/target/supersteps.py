@@ -17,6 +17,8 @@ from graphcore/poplibs at 7eac0f2 (docs/notes/ipu-model-v4-research.md section 2
   both statistics (sum and sum of squares) in one pass, their cross-tile stages, the
   inverse standard deviation, then four broadcast ops (subtract the mean, scale by it,
   scale by gamma, add beta), each exchanging the per-channel operand to every tile;
+- in inference, with running statistics (popnn `batchNormalise`), the statistics and the
+  affine folded into one scale and one shift: two broadcast ops;
 - its backward (`normGradients`, `normStatisticsGradientsImpl`, `normParamGradients`):
   the whitened input recomputed (two broadcast ops), gamma times the gradient, the
   gradient times the whitened input, one reduction of both products (which also gives
@@ -217,6 +219,13 @@ def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float) -> Compute
     for step in (*whiten, *affine):
         total += step
     return total
+
+
+def norm_inference(layout: Layout, fp16: bool, rate: float) -> ComputeSets:
+    """Inference with running statistics (popnn `batchNormalise`): the statistics and
+    gamma, beta folded into one per-channel scale and shift, so two broadcast ops and no
+    reduction."""
+    return _broadcast(layout, fp16, True, rate) + _broadcast(layout, fp16, True, rate)
 
 
 def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:

@@ -192,12 +192,53 @@ def hmac_cycles(arch: TileArch, macs: ArrayLike, rows: ArrayLike) -> np.ndarray:
 
 def slic_cycles(arch: TileArch, group_blocks: ArrayLike, block: ArrayLike,
                 windows: ArrayLike, rows: ArrayLike, positions: ArrayLike) -> np.ndarray:
-    """A SLIC vertex (half inputs; `block` = 4, 8 or 16 one-channel conv groups, a 1 x 4
-    kernel window per weight load): per window and group block a weight load (~34 + 16),
-    and per row ~10 worker cycles plus block / 8 per position (at 16 groups: 16 x 4 taps
-    in 2 worker cycles, the 32 MACs per tile cycle poplin's getMaxMACsPerCyclePerTile
-    gives SLIC) (getConvPartialSlicSupervisor*Estimate, simplified)."""
-    per_position = np.maximum(1, ceil_div(block, 8))
-    worker = ceil_div(rows, WORKERS) * 10 + ceil_div(positions, WORKERS) * per_position
-    blocks = np.asarray(group_blocks) * np.asarray(windows)
-    return 28 + 15 * np.asarray(group_blocks) + blocks * (34 + 16 + WORKERS * worker)
+    """A SLIC vertex on one tile, as PopLibs estimates it (half inputs, half partials, four
+    conv chains: graphcore/poplibs 7eac0f2, lib/poplin/PerformanceEstimation.hpp,
+    getConvPartialSlicSupervisor{WeightLoad,OuterLoop,InnerLoop}CycleEstimate*):
+    `group_blocks` blocks of `block` one-channel conv groups (4, 8 or 16), `windows`
+    1 x 4 kernel windows (sub-kernels), `rows` worklist rows of `positions` / `rows`
+    outputs, shared by the six workers.
+
+    Per worker: 17 cycles of preamble (+4 for 8 and 16 groups), per row 10 (+1 when it
+    zeroes its partials) and 15 + (n - 5) for n >= 5 outputs (a short-row table below 5);
+    a block of 8 or 16 groups runs that once per 4 groups. The supervisor: 28, per group
+    block 15 (+8), per window its weight load (37 + 6 x 10, +6 x 1 for 8 / 16 groups)
+    and ~20 of control (~21 per 4 groups, +15, for 8 / 16). So a window costs about one
+    tile cycle per output position per 4 groups: 16 MACs a cycle at 4 taps, 12 at a
+    3-wide kernel (the sort heuristic's getMaxMACsPerCyclePerTile says 32: it orders
+    the search, the estimate decides)."""
+    g = np.asarray(block, dtype=np.int64)
+    cgg = np.asarray(group_blocks, dtype=np.int64)
+    subs = np.maximum(np.asarray(windows, dtype=np.int64), 1)
+    rows = np.maximum(np.asarray(rows, dtype=np.int64), 1)
+    n = np.maximum(ceil_div(positions, rows), 1)  # outputs per row
+    per_worker_rows = ceil_div(rows, WORKERS)
+    wide = g > 4
+
+    def row_cycles(zeroing: bool) -> np.ndarray:
+        long = 15 + (n - 5)
+        if zeroing:
+            short = 10 + np.where(n > 1, n, 0) + 3
+        else:
+            short = 7 + np.where(n == 1, 6, 1 + (n - 1) + 2 + (4 - n) + 2 + (3 - (4 - n)) + 3)
+        return np.where(n >= 5, long, short)
+
+    preamble = 17 + np.where(wide, 4, 0)
+
+    def inner(zeroing: bool) -> np.ndarray:
+        worker = preamble + per_worker_rows * (10 + int(zeroing) + row_cycles(zeroing))
+        return worker * WORKERS
+
+    strides = np.maximum(g // 4, 1)
+    weight_load = 9 + 6 + (10 + np.where(wide, 1, 0)) * WORKERS + 6 + 16
+
+    def brnzdec(k: np.ndarray) -> np.ndarray:
+        return 6 * (k - 1) + 1
+
+    sub_body = np.where(wide, (weight_load + 21) * strides + brnzdec(strides) + 15,
+                        weight_load + 20)
+    cgg_body = 15 + np.where(wide, 8, 0)
+    # as PopLibs: only the non-zeroing passes run once per 4 groups
+    iz, rest = inner(True), inner(False) * strides
+    return (28 + cgg_body * cgg + brnzdec(cgg) + sub_body * subs + brnzdec(subs)
+            + cgg * iz + cgg * (subs - 1) * rest)
