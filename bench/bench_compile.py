@@ -150,10 +150,58 @@ def calibrate() -> int:
         verdict = "ok" if got is p["value"] else "MISS" + (" (documented)"
                                                            if p.get("known_miss") else "")
         print(f"| {p['id'].ljust(width)} | fits={p['value']} | fits={got} | {verdict} | | |")
+    print()
+    print(per_kind_table(points, outside))
+    print()
+    print(per_class_tables())
     print(f"({time.perf_counter() - start:.0f} s; constants: "
           + ", ".join(f"{k}={getattr(DEFAULT_COST, k):.4g}" for k in
                       FITTED) + ")")
     return 0
+
+
+def per_kind_table(points: list[dict], outside: dict[str, tuple[float, bool]]) -> str:
+    """Out-of-sample error (leave-one-out for fitted points) per model family and per
+    role: which kinds of workload the model misses, not only its mean."""
+    import numpy as np
+
+    rows: dict[tuple[str, str], list[float]] = {}
+    for p in points:
+        if p["id"] not in outside:
+            continue
+        family = str(p["config"].get("model", "microbenchmark"))
+        training = "training" if p["config"].get("training", True) else "inference"
+        role = p.get("use", "")
+        err, _ = outside[p["id"]]
+        for key in ((family, training), ("role", role)):
+            rows.setdefault(key, []).append(err)
+    lines = ["| kind | points | mean abs error (out of sample) | range |", "|---|---|---|---|"]
+    for (a, b), errs in sorted(rows.items()):
+        e = np.array(errs)
+        label = f"{b} ({a})" if a == "role" else f"{a} {b}"
+        lines.append(f"| {label} | {len(e)} | {np.mean(np.abs(e)):.1%} | "
+                     f"{e.min():+.1%} .. {e.max():+.1%} |")
+    return "\n".join(lines)
+
+
+def per_class_tables() -> str:
+    """Where the cycles go per op class for three points, at PopLibs' estimates and as
+    fitted (bench/bench_ipu_classes.py): the fitted factors are bounded, so no class
+    moves by more than 1 / 0.7."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_ipu_classes", Path(__file__).with_name("bench_ipu_classes.py"))
+    assert spec is not None and spec.loader is not None
+    classes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(classes)
+    out = []
+    for point_id in classes.POINTS:
+        try:
+            table, facts = classes.class_table(point_id)
+        except ImportError as exc:  # a transformer point without `transformers`
+            out.append(f"{point_id}: skipped ({exc})")
+            continue
+        out.append(classes.render(point_id, table, facts))
+    return "\n\n".join(out)
 
 
 def timed_compiles(program: object, options: Options, repeat: int

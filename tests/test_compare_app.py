@@ -71,8 +71,12 @@ def test_page_messages(app_and_root: tuple[Any, Path]) -> None:
 
 
 def test_pickers_write_the_url() -> None:
-    from popviz_app.pages.compare_pair import pair_of, pair_query
+    from popviz_app.pages.compare_pair import judge_of, pair_of, pair_query
 
     q = pair_query("a dir/p.h5", "b.h5")
     assert pair_of(q) == ("a dir/p.h5", "b.h5")
     assert pair_query("a.h5", "") == "?profile=a.h5"
+    # the question the verdict answers travels in the URL; an unknown one is ignored
+    asked = pair_query("a.h5", "b.h5", "per-device")
+    assert judge_of(asked) == "per-device" and pair_of(asked) == ("a.h5", "b.h5")
+    assert judge_of(q) is None and judge_of("?profile=a&judge=fastest") is None

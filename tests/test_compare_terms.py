@@ -73,7 +73,13 @@ def test_runs_with_other_accumulation_say_so_first() -> None:
     assert v["winner"] is None and v["judged_by"] == "both"
     assert "same work in less time" in v["headline"] and "more from each IPU" in \
         v["headline"]
+    # the CLI says how to ask one (the page has its own control: test_compare_page)
+    from popviz.cli.compare import render_text
+
+    assert v["questions_differ"] and "--judge" not in v["headline"]
+    assert "Ask one with --judge total or --judge per-device." in render_text(compare(a, b))
     # asked, each question has its winner
+    assert not compare(a, b, judge="total").verdict["questions_differ"]
     assert compare(a, b, judge="total").verdict["winner"] == "A"
     assert compare(a, b, judge="per-device").verdict["winner"] == "B"
     with pytest.raises(ValueError, match="judge"):

@@ -13,6 +13,7 @@ from dash import Input, Output, dcc, html
 from dash.exceptions import MissingCallbackContextException
 
 from popviz.analysis.compare import Comparison, format_ratio, format_value
+from popviz.analysis.compare.verdict import JUDGES
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
 from popviz.vocab import BUBBLE_LIMIT, naming_of
@@ -20,7 +21,7 @@ from popviz.vocab import BUBBLE_LIMIT, naming_of
 from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, PathRefused
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
-from .compare_pair import comparison, pair_of, pair_query
+from .compare_pair import comparison, judge_of, pair_of, pair_query
 
 PATH = "/compare"
 TITLE = "Compare"
@@ -79,7 +80,8 @@ def _verdict(comp: Comparison) -> html.Div:
     banner = [html.Div("Not like for like: " + "; ".join(terms) + ". Compare the per-sample "
                        "figures; totals and step times measure different work.",
                        className="message info", id="compare-terms")] if terms else []
-    return html.Div([*banner, html.Div(v["headline"], className="card-value"),
+    ask = " Pick one with 'Judge by' above." if v.get("questions_differ") else ""
+    return html.Div([*banner, html.Div(v["headline"] + ask, className="card-value"),
                      html.Ul(items, className="hint")],
                     className=f"card {tone}", id="compare-verdict")
 
@@ -95,7 +97,12 @@ def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
     return table(id_, out.astype(str), page_size=20)
 
 
-def _pickers(ctx: AppContext, a: str, b: str) -> html.Div:
+JUDGE_OPTIONS = [{"label": "both questions", "value": "both"},
+                 {"label": "total throughput (the same work in less time)", "value": "total"},
+                 {"label": "per device (the same devices doing more)", "value": "per-device"}]
+
+
+def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.Div:
     names = [r["profile"] for r in ctx.cache.listing(max_age_s=LISTING_MAX_AGE_S)
              if not r.get("error")]
     names += [n for n in (a, b) if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
@@ -107,16 +114,20 @@ def _pickers(ctx: AppContext, a: str, b: str) -> html.Div:
         html.Span("B", className="label"),
         dcc.Dropdown(id="compare-b", options=opts, value=b or None, clearable=False,
                      placeholder="second profile", style={"width": 380}),
+        html.Span("Judge by", className="label"),
+        dcc.Dropdown(id="compare-judge", options=JUDGE_OPTIONS, value=judge or "both",
+                     clearable=False, style={"width": 330}),
     ], className="row", style={"alignItems": "center"})
 
 
-def body(ctx: AppContext, a: str, b: str) -> list[Any]:
-    """The comparison of two served profiles, or a message saying what is missing."""
+def body(ctx: AppContext, a: str, b: str, judge: str | None = None) -> list[Any]:
+    """The comparison of two served profiles, its verdict answering `judge` (None: both
+    questions), or a message saying what is missing."""
     if not (a and b):
         return [message("Pick two profiles to compare (A and B above).", "info")]
     try:
         ea, eb = ctx.cache.get(a), ctx.cache.get(b)
-        comp = comparison(ea, eb)
+        comp = comparison(ea, eb, judge)
     except (PathRefused, ProfileError, ValueError) as exc:
         return [message(str(exc))]
     tps = comp.time_per_sample
@@ -150,8 +161,9 @@ def body(ctx: AppContext, a: str, b: str) -> list[Any]:
 
 def page(ctx: AppContext, search: str | None) -> html.Div:
     a, b = pair_of(search)
-    return html.Div([html.H2("Compare two layouts"), _pickers(ctx, a, b),
-                     html.Div(body(ctx, a, b), id="compare-body")])
+    judge = judge_of(search)
+    return html.Div([html.H2("Compare two layouts"), _pickers(ctx, a, b, judge),
+                     html.Div(body(ctx, a, b, judge), id="compare-body")])
 
 
 def layout(ctx: AppContext, entry: Any = None) -> html.Div:
@@ -167,8 +179,8 @@ def layout(ctx: AppContext, entry: Any = None) -> html.Div:
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("url", "search"),
                   Input("compare-a", "value"), Input("compare-b", "value"),
-                  prevent_initial_call=True)
-    def choose(a: str | None, b: str | None) -> str:
-        return pair_query(a or "", b or "")
+                  Input("compare-judge", "value"), prevent_initial_call=True)
+    def choose(a: str | None, b: str | None, judge: str | None) -> str:
+        return pair_query(a or "", b or "", judge if judge in JUDGES else None)
 
     return ops_part.register(app, ctx)  # the op-by-op table and the liveness overlay

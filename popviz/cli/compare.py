@@ -71,7 +71,9 @@ def render_text(comp: Comparison) -> str:
         lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
                      f"{s['target']} x{s['num_ipus']} x{s['replicas']} replica(s); "
                      f"{_fit_word(s['fits'])})  {s['path']}")
-    lines += ["", v["headline"]]
+    ask = " Ask one with --judge total or --judge per-device." \
+        if v.get("questions_differ") else ""
+    lines += ["", v["headline"] + ask]
     lines += [f"  - {r}" for r in v["reasons"]]
     if v["differences"]:
         lines += ["", "Layout differences (A vs B): " + "; ".join(v["differences"])]

@@ -132,11 +132,18 @@ def _variants(p: ConvParams, arch: TileArch) -> list[tuple[str, ConvParams, int]
     return out
 
 
+SLIC_BLOCKS = {1: (4, 8, 16), 2: (2,), 4: (1,)}  # chans a group -> groups a block
+
+
 def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
-    """SLIC (IPU2 on, half inputs) or HMAC for one-channel groups (depthwise): a split of
-    the groups and of the output positions over the tiles, the fastest of them (no
-    input-channel split: one channel per group has nothing to split)."""
-    if p.in_chans > 2 or p.groups < 4:
+    """SLIC (IPU2, half inputs) for groups of 1, 2 or 4 channels in and out (depthwise,
+    ResNeXt's 4-channel groups; PopLibs' ConvVertexType.cpp candidates), HMAC for 1- or
+    2-channel groups elsewhere: a split of the groups and of the output positions over
+    the tiles, the fastest of them (no input-channel split: the channels of a group stay
+    on its tile)."""
+    chans = p.in_chans if p.in_chans == p.out_chans else 0
+    slic = arch.slic and chans in SLIC_BLOCKS and p.groups >= 2
+    if not slic and (p.in_chans > 2 or p.groups < 4):
         return None
     tiles = arch.tiles
     pg = _cands(p.groups, tiles)
@@ -144,11 +151,10 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
     g_t, pos_t = ceil_div(p.groups, pg), ceil_div(p.positions, pp)
     rows = ceil_div(pos_t, max(1, p.field[1]))
     kh, kw = p.kernel
-    if arch.slic:
-        # PopLibs tries 4, 8 and 16 groups a block (ConvVertexType.cpp) and keeps the
-        # fastest by its estimate
+    if slic:
+        # PopLibs tries each block size its channels allow and keeps the fastest estimate
         conv = np.min([slic_cycles(arch, ceil_div(g_t, b), b, kh * math.ceil(kw / 4), rows,
-                                   pos_t) for b in (4, 8, 16)], axis=0)
+                                   pos_t, chans) for b in SLIC_BLOCKS[chans]], axis=0)
         method = "slic"
     else:
         conv = hmac_cycles(arch, g_t * pos_t * p.in_chans * p.out_chans * kh * kw, rows)

@@ -191,13 +191,15 @@ def hmac_cycles(arch: TileArch, macs: ArrayLike, rows: ArrayLike) -> np.ndarray:
 
 
 def slic_cycles(arch: TileArch, group_blocks: ArrayLike, block: ArrayLike,
-                windows: ArrayLike, rows: ArrayLike, positions: ArrayLike) -> np.ndarray:
+                windows: ArrayLike, rows: ArrayLike, positions: ArrayLike,
+                chans: int = 1) -> np.ndarray:
     """A SLIC vertex on one tile, as PopLibs estimates it (half inputs, half partials, four
     conv chains: graphcore/poplibs 7eac0f2, lib/poplin/PerformanceEstimation.hpp,
     getConvPartialSlicSupervisor{WeightLoad,OuterLoop,InnerLoop}CycleEstimate*):
     `group_blocks` blocks of `block` one-channel conv groups (4, 8 or 16), `windows`
     1 x 4 kernel windows (sub-kernels), `rows` worklist rows of `positions` / `rows`
-    outputs, shared by the six workers.
+    outputs, shared by the six workers. `chans` in and out channels a group: 1 (blocks of
+    4 / 8 / 16 groups), 2 (blocks of 2) or 4 (one group a block: ResNeXt's 32 x 4d).
 
     Per worker: 17 cycles of preamble (+4 for 8 and 16 groups), per row 10 (+1 when it
     zeroes its partials) and 15 + (n - 5) for n >= 5 outputs (a short-row table below 5);
@@ -230,7 +232,11 @@ def slic_cycles(arch: TileArch, group_blocks: ArrayLike, block: ArrayLike,
         return worker * WORKERS
 
     strides = np.maximum(g // 4, 1)
-    weight_load = 9 + 6 + (10 + np.where(wide, 1, 0)) * WORKERS + 6 + 16
+    if chans == 4:  # the supervisor loads the weights itself
+        weight_load = np.full(g.shape, 6 + 6 + 6 + 16)
+    else:  # the workers rearrange them: 12 cycles for 2 groups, 10 (+1 over 4) for more
+        worker_load = np.where(g == 2, 12, 10) + np.where(wide, 1, 0)
+        weight_load = 9 + 6 + worker_load * WORKERS + 6 + 16
 
     def brnzdec(k: np.ndarray) -> np.ndarray:
         return 6 * (k - 1) + 1

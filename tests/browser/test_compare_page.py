@@ -84,3 +84,31 @@ def test_dropdowns_choose_the_pair(browser: Any, base_url: str, served: Path) ->
     page.wait_for_load_state("networkidle")
     assert errors == []
     page.close()
+
+
+def test_the_judge_control_asks_one_question(browser: Any, base_url: str,
+                                            served: Path) -> None:
+    """4 IPUs against 1: unasked the verdict gives both answers and points at the page's
+    own control (not a CLI flag); asking 'total' makes the 4-IPU pipeline the winner and
+    puts the question in the URL."""
+    if not all((served / p).exists() for p in PAIR):
+        pytest.skip("bundled rn50 profiles missing")
+    a, b = PAIR
+    page, errors = _open(browser, f"{base_url}/compare?profile={quote(a)}&other={quote(b)}")
+    page.wait_for_selector("#compare-verdict", timeout=60_000)
+    verdict = page.inner_text("#compare-verdict")
+    assert "It depends on the question" in verdict and "Judge by" in verdict, verdict
+    assert "--judge" not in verdict
+    page.click("#compare-judge")
+    page.locator("[role=option]", has_text="total throughput").first.click()
+    page.wait_for_url(lambda u: parse_qs(urlparse(u).query).get("judge") == ["total"],
+                      timeout=30_000)
+    page.wait_for_function("!document.querySelector('#compare-verdict').innerText"
+                           ".includes('It depends')", timeout=60_000)
+    verdict = page.inner_text("#compare-verdict")
+    assert "does the same work in less time" in verdict, verdict
+    assert "good" in page.get_attribute("#compare-verdict", "class")
+    assert "✓ better" in page.inner_text("#compare-side-A")
+    page.screenshot(path=str(SCREENSHOTS / "compare_judge_total.png"), full_page=False)
+    assert errors == []
+    page.close()

@@ -91,8 +91,10 @@ def _faster(ratio: float) -> tuple[str | None, float]:
 
 
 def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
-           ) -> tuple[str | None, float | None, str]:
-    """(faster side label or None for a tie or a split answer, factor >= 1, sentence).
+           ) -> tuple[str | None, float | None, str, bool]:
+    """(faster side label or None for a tie or a split answer, factor >= 1, sentence,
+    whether the two questions have different answers: then the caller says how to ask
+    one, the CLI with --judge, the page with its control).
     With the same number of devices on both sides, total and per-device throughput are the
     same question. With different numbers they are two: the same work in less time
     (`judge` "total") or the same devices doing more ("per-device"); unasked, a side wins
@@ -100,7 +102,7 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     per = _metric(comp, "throughput_per_ipu")
     tot = _metric(comp, "throughput")
     if not per or not (_ok(per["a"]) and _ok(per["b"])) or min(per["a"], per["b"]) <= 0:
-        return None, None, "Throughput is not known for both profiles."
+        return None, None, "Throughput is not known for both profiles.", False
     dev = _dev(sa, sb)
     na, nb = sa.facts["total_ipus"], sb.facts["total_ipus"]
     have_total = bool(tot) and _ok(tot.get("a")) and _ok(tot.get("b")) and \
@@ -112,12 +114,12 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     if judge != "total" and (same or judge == "per-device"):
         if per_fast is None:
             return None, 1.0, (f"A and B are about as fast per {dev} ({per['a']:,.1f} vs "
-                               f"{per['b']:,.1f} samples/s per {dev}){total}.")
+                               f"{per['b']:,.1f} samples/s per {dev}){total}."), False
         fast, slow = (sb, sa) if per_fast == "B" else (sa, sb)
         fv, sv = (per["b"], per["a"]) if per_fast == "B" else (per["a"], per["b"])
         return per_fast, per_factor, (
             f"{_who(fast)} is {per_factor:.2f}x faster per {dev} than {_who(slow)} "
-            f"({fv:,.1f} vs {sv:,.1f} samples/s per {dev}){total}.")
+            f"({fv:,.1f} vs {sv:,.1f} samples/s per {dev}){total}."), False
     tot_fast, tot_factor = _faster(tot["ratio"])
     per_words = (f"per {dev} A does {per['a']:,.1f} and B {per['b']:,.1f} samples/s")
     if tot_fast is None:
@@ -130,16 +132,15 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
                        f"{min(tot['a'], tot['b']):,.1f} samples/s, on "
                        f"{fast.facts['total_ipus']} vs {slow.facts['total_ipus']} {dev}s)")
     if judge == "total":
-        return tot_fast, tot_factor, f"{total_words}; {per_words}."
+        return tot_fast, tot_factor, f"{total_words}; {per_words}.", False
     if per_fast == tot_fast:  # unasked, and both questions have the same answer
         return per_fast, per_factor, (f"{total_words}, and more per {dev} too: "
-                                      f"{per_words} ({per_factor:.2f}x).")
+                                      f"{per_words} ({per_factor:.2f}x)."), False
     per_side = {"A": sa, "B": sb}.get(per_fast or "")
     each = (f"{_who(per_side)} gets more from each {dev}: {per_factor:.2f}x ({per_words})"
             if per_side is not None else f"per {dev} they are about even ({per_words})")
     return None, None, (f"It depends on the question, as they run on {na} vs {nb} {dev}s: "
-                        f"{total_words}; {each}. Ask one with --judge total or --judge "
-                        "per-device.")
+                        f"{total_words}; {each}."), True
 
 
 def _per_device(comp: Comparison) -> tuple[str | None, float | None]:
@@ -292,7 +293,7 @@ def verdict(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     fits). `judge`: "total" or "per-device" (_speed); None asks both."""
     if judge is not None and judge not in JUDGES:
         raise ValueError(f"judge {judge!r} is not one of {', '.join(JUDGES)}")
-    faster, _, speed = _speed(comp, sa, sb, judge)
+    faster, _, speed, split = _speed(comp, sa, sb, judge)
     per_fast, per_factor = _per_device(comp)
     # unknown (None: a measured run, no tiles) is not out of memory: the run ran
     fa, fb = sa.facts["fits"] is not False, sb.facts["fits"] is not False
@@ -326,7 +327,8 @@ def verdict(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     per = _metric(comp, "throughput_per_ipu")
     return on_equal_terms({
         "a": sa.facts["name"], "b": sb.facts["name"], "winner": winner,
-        "judged_by": judge or "both", "faster_per_ipu": per_fast,
+        "judged_by": judge or "both", "questions_differ": split,
+        "faster_per_ipu": per_fast,
         "factor_per_ipu": per_factor,
         "speedup_per_ipu": per.get("ratio") if per else None,
         "speedup_total": tot.get("ratio") if tot else None,
