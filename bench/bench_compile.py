@@ -170,7 +170,8 @@ def per_kind_table(points: list[dict], outside: dict[str, tuple[float, bool]]) -
         if p["id"] not in outside:
             continue
         family = str(p["config"].get("model", "microbenchmark"))
-        training = "training" if p["config"].get("training", True) else "inference"
+        training = ("training" if p["config"].get("training", True) else "inference") \
+            if "model" in p["config"] else "(bandwidth)"
         role = p.get("use", "")
         err, _ = outside[p["id"]]
         for key in ((family, training), ("role", role)):

@@ -205,18 +205,14 @@ def test_bundled_profiles_segment_costs_equal_the_stage_table() -> None:
         expected.tolist(), rel=1e-6)
     assert stage_costs(segs, bounds) != pytest.approx(expected.tolist(), rel=1e-6)
     texts = [a.text for a in analysis.insights(p)["advice"]]
-    # with popops vector costs the published layout's first stage is the heaviest
-    # (Graphcore kept it for memory; the model's tiles still have room, issue 20): the plan
-    # the advice gives is the planner's balanced split, quoted with its own stage costs
+    # IPU model v4 (each op class at PopLibs' estimates, bounded factors): the published
+    # split is balanced, its busiest stage within 10% of the mean, so the advice moves no
+    # split (v3, with a third of the cycles in the norms, moved two: issue 29)
     recompute = profile_recomputes(p.meta)
-    proposed = balanced_bounds(segs, len(st), bounds, recompute=recompute)
-    assert proposed is not None
-    plan = next(t for t in texts if t.startswith("One plan"))
-    assert f"splits {segs.splits(proposed)}" in plan
-    was = max(stage_costs(segs, bounds, recompute))
-    now = max(stage_costs(segs, proposed, recompute))
-    assert f"drops from {was:,.0f} to {now:,.0f} cycles per micro-batch" in plan
-    assert sum(_is_move(t) for t in texts) == sum(a != b for a, b in zip(bounds, proposed))
+    costs = stage_costs(segs, bounds, recompute)
+    assert max(costs) / (sum(costs) / len(costs)) < 1.1
+    assert not any(_is_move(t) for t in texts)
+    assert not any(t.startswith("One plan") for t in texts)
     amp = {a.ipu: a.text for a in analysis.insights(p)["advice"] if a.topic == "amp"}
     # re-planned per AMP step (analysis.amp): only IPUs whose plans change are named
     assert amp and all("raise availableMemoryProportion from 0.15 to" in t
