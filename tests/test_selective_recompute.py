@@ -91,3 +91,34 @@ def test_full_recomputation_keeps_its_section_order(plans: dict[str, Any]) -> No
         steps = mine["step"].sort_values().to_numpy()
         # one contiguous block ending right before the section's first backward op
         assert steps[-1] == first_b - 1 and (steps[1:] - steps[:-1] == 1).all()
+
+
+def test_tune_on_a_gpu_tries_selective_recomputation() -> None:
+    """Recomputation on a GPU is three-way: tune tries its best fully recomputing layouts
+    with selective recomputation too, and says so in its flags and Python."""
+    from popviz.advise.tune import tune
+    from popviz.cli.tune import python_lines
+
+    program = gpu_program("gpt2", (4, H, A, 4096), B, sequence_length=S)
+    base = Options(target="a100", splits=SPLIT, num_ipus=2, schedule="1F1B",
+                   gradient_accumulation=4, gpu_precision="megatron-fp16",
+                   recomputation=True)
+    result = tune(program, base, 2, max_compiles=16, progress=False, top=50)
+    found = [result.baseline, *result.candidates]
+    selective = [c for c in found if c.recompute_granularity == "selective"]
+    assert selective, [(c.source, c.recompute_words) for c in found]
+    c = selective[0]
+    assert c.recomputation and c.recompute_words == "selective"
+    assert "--enable-recomputation --recompute-granularity selective" in c.train_args()
+    assert 'options.set_recomputation(True, "selective")' in python_lines(c)
+    # the same layout fully recomputed: the first stage recomputes its whole forward there,
+    # only its attention cores here (the last stage recomputes nothing under full: its
+    # backward follows its forward; selective recomputes its cores too)
+    full = next((f for f in found if f.splits == c.splits and f.schedule == c.schedule
+                 and f.recomputation and f.recompute_granularity == "full"), None)
+    if full is not None:
+        assert c.stage_cycles[0] < full.stage_cycles[0]
+    # and what tune reports is what a compile of its options gives
+    again = compile(program, base.copy(splits=c.splits, schedule=c.schedule,
+                                       recompute_granularity="selective"))
+    assert again.summary["throughput"] == pytest.approx(c.throughput, rel=1e-9)

@@ -103,7 +103,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
     plans = plans_table(result)
     gpu = naming(entry).gpu_plan  # no AMP and no tiles on a GPU: no columns of them
     columns = [c for c in SHOWN if not (gpu and c in ("amp", "fullest_tile"))]
-    shown = plans.assign(fits=_fits_words(plans, fill),
+    shown = plans.assign(fits=_fits_words(plans, fill), recomputation=plans["recompute"],
                          peak_MiB=(plans["peak_bytes"] / 2**20).round(1),
                          throughput=plans["throughput"].round().astype("int64"),
                          throughput_per_ipu=plans["throughput_per_ipu"].round().astype("int64"),

@@ -16,7 +16,8 @@ from popviz.advise.tune import TuneResult, candidate_options, load_program, tune
 from popviz.advise.tune_search import Candidate
 from popviz.format.profile import Profile
 
-PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "oom_tiles",
+PLAN_COLUMNS = ["plan", "splits", "amp", "recomputation", "recompute", "schedule", "fits",
+                "oom_tiles",
                 "throughput", "throughput_per_ipu", "vs_now", "step_ms", "idle_fraction",
                 "peak_bytes", "fullest_tile", "imbalance", "pareto", "train_args"]
 
@@ -34,7 +35,8 @@ def _row(name: str, c: Candidate) -> dict:
     amps = [f"{a:g}" for a in c.amp]
     return {"plan": name, "splits": " ".join(c.splits) or "-",
             "amp": amps[0] if len(set(amps)) == 1 else "/".join(amps),
-            "recomputation": bool(c.recomputation), "schedule": c.schedule,
+            "recomputation": bool(c.recomputation), "recompute": c.recompute_words,
+            "schedule": c.schedule,
             "fits": bool(c.fits), "oom_tiles": int(c.oom_tiles),
             "throughput": float(c.throughput), "throughput_per_ipu": float(c.throughput_per_ipu),
             "vs_now": float(c.throughput_ratio), "step_ms": float(c.step_ms),

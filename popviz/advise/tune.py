@@ -271,6 +271,7 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
             baseline: Candidate) -> tuple[list[Candidate], list[str]]:
     notes: list[str] = []
     rcs = (True, False) if options.training else (False,)
+    gpu = isinstance(get_target(search.target), GpuTarget)
     if n == 1:
         schedule = options.schedule if baseline.num_ipus == 1 else "Sequential"
         seeds = [search.fit([], False, schedule, "one IPU")] if options.training else []
@@ -285,14 +286,17 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
             seeds.append(search.fit([], False, schedule, "one IPU"))
         checkpointed = [c for c in seeds if c.splits]
         if checkpointed:  # move the checkpoints of the best sectioning
-            local_search(search, min(checkpointed, key=Candidate.key), segs, "local", 0)
+            local_search(search, min(checkpointed, key=Candidate.key), segs, "local",
+                         SELECTIVE_TRIES if gpu and options.training else 0)
+        if gpu and options.training:
+            _selective(search)
         return list(search.fitted.values()), notes
 
     pipelined = options.strategy == "pipelined" and options.training
     # torch.distributed.pipelining's names and Zero Bubble's on a GPU target, PopART's on
     # an IPU; the first is searched with, the others tried on the two best layouts
-    pair: tuple[str, ...] = ("1F1B", "GPipe", "ZB1P", "ZB2P") \
-        if isinstance(get_target(search.target), GpuTarget) else ("Grouped", "Interleaved")
+    pair: tuple[str, ...] = ("1F1B", "GPipe", "ZB1P", "ZB2P") if gpu \
+        else ("Grouped", "Interleaved")
     first = options.schedule if options.schedule in pair else pair[0]
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
@@ -304,7 +308,8 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
         if current is not None:
             by_rc[rc].append(search.fit(current, rc, schedule, "current splits"))
     order = sorted(rcs, key=lambda rc: min(by_rc[rc], key=Candidate.key).key())
-    reserve = SCHEDULE_RESERVE if pipelined else 0
+    reserve = (SCHEDULE_RESERVE if pipelined else 0) + \
+        (SELECTIVE_TRIES if gpu and options.training else 0)
     for rc in order:
         local_search(search, min(by_rc[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
@@ -315,7 +320,32 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
         for other in (s for s in pair if s != schedule):
             for splits, rc in layouts[:2]:
                 search.fit(splits, rc, other, f"{other} schedule")
+    if gpu and options.training:
+        _selective(search)
     return list(search.fitted.values()), notes
+
+
+SELECTIVE_TRIES = 2  # the best layouts with full recomputation tried with selective
+
+
+def _selective(search: Search) -> None:
+    """On a GPU, recomputation is three-way (none, selective, full): the best layouts that
+    recompute fully are tried recomputing only their attention core (Megatron's
+    selective activation recompute: most of full's memory saving for a fraction of its
+    time on a transformer). Within the budget; not for a program without an attention
+    core to recompute (none, or a fused kernel that keeps no scores)."""
+    from popviz.compiler.stages import attention_core
+
+    ops = search.program.ops
+    if not attention_core(ops[ops["phase"] == "forward"]).any():
+        return
+    full = [c for c in sorted(search.fitted.values(), key=Candidate.key)
+            if c.recomputation and c.recompute_granularity == "full"]
+    for c in full[:SELECTIVE_TRIES]:
+        try:
+            search.fit(c.splits, True, c.schedule, "selective recomputation", "selective")
+        except SearchBudget:
+            return
 
 
 def _rank(found: list[Candidate], baseline: Candidate) -> list[Candidate]:
@@ -332,6 +362,7 @@ def _collapse(ranked: list[Candidate]) -> list[Candidate]:
     out: list[Candidate] = []
     for c in ranked:
         twin = next((k for k in out if k.fits == c.fits and k.recomputation == c.recomputation
+                     and k.recompute_granularity == c.recompute_granularity
                      and k.schedule == c.schedule and abs(k.throughput - c.throughput)
                      <= NEAR_EQUAL * max(k.throughput, 1e-12)), None)
         if twin is None:

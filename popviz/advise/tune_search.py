@@ -50,6 +50,9 @@ class Candidate:
     target: str = "mk2"  # the target planned for; stated in the flags unless train.py's
     gpu: bool = False  # a GPU target: no AMP, no tiles (GPipe / 1F1B)
     gpu_precision: str = "as-recorded"  # how a GPU plan holds its state (gpu_recipe.py)
+    # with recomputation: "full" (every checkpointed section's forward) or, on a GPU,
+    # "selective" (only the attention core, Megatron's selective activation recompute)
+    recompute_granularity: str = "full"
 
     @property
     def headroom(self) -> float:
@@ -72,7 +75,14 @@ class Candidate:
         """Ranking: fitting first, then throughput, then memory headroom."""
         return (not self.fits, self.oom_tiles if not self.fits else 0, -self.throughput,
                 -self.headroom, len(self.splits), self.splits, self.amp,
-                not self.recomputation, self.schedule)
+                not self.recomputation, self.recompute_granularity, self.schedule)
+
+    @property
+    def recompute_words(self) -> str:
+        """off, on (full) or selective: the recomputation column's words."""
+        if not self.recomputation:
+            return "off"
+        return "on" if self.recompute_granularity == "full" else self.recompute_granularity
 
     def train_args(self, strategy: str = "pipelined") -> str:
         """The layout as train.py flags (AMP: one value, or conv and matmul per stage;
@@ -85,6 +95,8 @@ class Candidate:
             args.append("--pipeline-splits " + " ".join(self.splits))
         if self.recomputation:
             args.append("--enable-recomputation")
+            if self.recompute_granularity != "full":
+                args.append(f"--recompute-granularity {self.recompute_granularity}")
         args.append(f"--gradient-accumulation {self.gradient_accumulation}")
         if self.gpu:
             if self.gpu_precision != "as-recorded":
@@ -110,11 +122,13 @@ def fit_words(fits: bool, oom_tiles: int, fill_limit: float = 1.0) -> str:
 def candidate_options(base: Options, c: Candidate, target: str,
                       blocks: list[str] | None = None) -> Options:
     """Options that compile candidate `c` (`blocks`: the program's Block names)."""
-    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target, blocks)
+    return layout_options(base, c.splits, c.amp, c.recomputation, c.schedule, target, blocks,
+                          c.recompute_granularity)
 
 
 def layout_options(base: Options, splits: list[str], amp: list[float], recomputation: bool,
-                   schedule: str, target: str, blocks: list[str] | None = None) -> Options:
+                   schedule: str, target: str, blocks: list[str] | None = None,
+                   granularity: str = "full") -> Options:
     """`base` with another layout: splits (they replace any blocks / stages; on one IPU
     they are recomputation checkpoints), AMP per IPU, recomputation and schedule. One IPU
     without splits puts every Block in one stage (else the Blocks' own IPUs would apply)."""
@@ -124,6 +138,7 @@ def layout_options(base: Options, splits: list[str], amp: list[float], recomputa
         target=target, splits=list(splits), stages=stages, stage_ipus=[0] if stages else [],
         num_ipus=len(amp), available_memory_proportion=dict(enumerate(amp)),
         recomputation=recomputation, schedule=schedule,
+        recompute_granularity=granularity if recomputation else "full",
         strategy="pipelined" if one else base.strategy)
 
 
@@ -159,21 +174,22 @@ class Search:
         return _candidate(report, options, source, self.fill_limit), report
 
     def evaluate(self, splits: list[str], amp: list[float], rc: bool, schedule: str,
-                 source: str) -> Candidate:
-        key = (tuple(splits), tuple(amp), rc, schedule)
+                 source: str, granularity: str = "full") -> Candidate:
+        key = (tuple(splits), tuple(amp), rc, schedule, granularity)
         if key not in self.cache:
             options = layout_options(self.base, splits, amp, rc, schedule, self.target,
-                                     self.blocks)
+                                     self.blocks, granularity)
             self.cache[key] = self.run(options, source)[0]
         return self.cache[key]
 
-    def fit(self, splits: list[str], rc: bool, schedule: str, source: str) -> Candidate:
+    def fit(self, splits: list[str], rc: bool, schedule: str, source: str,
+            granularity: str = "full") -> Candidate:
         """The layout with each IPU at the highest AMP rung that fits (fit is taken to be
         monotone in AMP and independent between IPUs, so all IPUs search at once). Per
         IPU: the top rung, the next, then the lowest (does any fit?), then bisection.
         An IPU whose fullest tile is no smaller at the lowest rung than higher up stops
         there (temporaries are not what overflows, so lower rungs would not help)."""
-        key = (tuple(splits), rc, schedule)
+        key = (tuple(splits), rc, schedule, granularity)
         if key in self.fitted:
             return self.fitted[key]
         last = len(self.ladder) - 1
@@ -183,7 +199,8 @@ class Search:
         stuck: set[int] = set()
         probe = [0] * self.n
         while True:
-            c = self.evaluate(splits, [self.ladder[r] for r in probe], rc, schedule, source)
+            c = self.evaluate(splits, [self.ladder[r] for r in probe], rc, schedule, source,
+                              granularity)
             oom = set(c.oom_ipus)
             for i, r in enumerate(probe):
                 if i in stuck or (ok[i] is not None and r == ok[i]):
@@ -255,6 +272,8 @@ def _candidate(report: Any, options: Options, source: str,
     return Candidate(
         source=source, splits=splits, amp=[options.amp_for(i) for i in range(n)],
         recomputation=bool(options.recomputation),
+        recompute_granularity=str(options.recompute_granularity)
+        if options.recomputation else "full",
         gradient_accumulation=int(options.gradient_accumulation),
         target=str(options.target), gpu=is_gpu_target(report.meta),
         gpu_precision=str(options.gpu_precision),
@@ -306,7 +325,8 @@ def local_search(search: Search, start: Candidate, segs: Segments, source: str,
             hi = b[i + 1] if i + 1 < len(b) else segs.count
             if not lo < b[i] < hi:
                 continue
-            c = search.fit(segs.splits(b), cur.recomputation, cur.schedule, source)
+            c = search.fit(segs.splits(b), cur.recomputation, cur.schedule, source,
+                           cur.recompute_granularity)
             if _better(c, cur):
                 cur, bounds, improved, last = c, b, True, (i, d)
                 break

@@ -54,7 +54,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None,
                         help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
                         "h100-pcie, h200, a100, whose schedules are 1F1B, GPipe and Zero Bubble's "
-                        "ZB1P and ZB2P and which have no AMP; default: the profile's)")
+                        "ZB1P and ZB2P, whose recomputation may be selective (attention cores "
+                        "only) and which have no AMP; default: the profile's)")
     parser.add_argument("--write", default=None, metavar="DIR", type=non_empty_path,
                         help="write the best candidate's profile to DIR (for popviz compare "
                         "and the app)")
@@ -89,7 +90,7 @@ def _row(label: str, c: Candidate, limit: float = 1.0) -> list[str]:
 
     return [
         label, " ".join(c.splits) or "-", _amps(c.amp),
-        "on" if c.recomputation else "off",
+        c.recompute_words,
         c.schedule if c.num_ipus > 1 else "-",  # one device: no pipeline to schedule
         fit_words(c.fits, c.oom_tiles, limit),
         f"{c.throughput:,.0f}", f"{c.throughput_per_ipu:,.0f}",
@@ -113,7 +114,8 @@ def python_lines(c: Candidate, strategy: str = "pipelined") -> list[str]:
     elif c.num_ipus > 1 or c.splits:
         lines.append(f"options.set_schedule({json.dumps(c.schedule)})")
     if c.recomputation:
-        lines.append("options.set_recomputation(True)")
+        lines.append("options.set_recomputation(True)" if c.recompute_granularity == "full"
+                     else f"options.set_recomputation(True, {json.dumps(c.recompute_granularity)})")
     lines.append(f"options.set_gradient_accumulation({c.gradient_accumulation})")
     if c.gpu:  # a GPU has no AMP
         if c.gpu_precision != "as-recorded":
