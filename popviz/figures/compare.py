@@ -3,7 +3,7 @@ orange-ish, the same category colours as the single-profile views. Plain Plotly,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,9 @@ from popviz.figures.style import (
 )
 from popviz.vocab import Naming, ipu_label, naming_of
 
+if TYPE_CHECKING:  # figures draw what analysis built; no import at run time
+    from popviz.analysis.compare.table import Comparison
+
 SIDE_COLOURS = {"A": "#3b75af", "B": "#ef8636"}
 SIDE_DASH = {"A": "solid", "B": "dash"}
 IPU_SHADES = ["#1f4e79", "#3b75af", "#6fa8dc", "#9fc5e8", "#a0522d", "#ef8636", "#f6b26b",
@@ -33,24 +36,24 @@ PHASE_NAMES = {"backward": "backward starts", "optimiser": "weight update starts
 PIXELS = 800
 
 
-def _naming(comp: Any, side: str) -> Naming:
+def _naming(comp: Comparison, side: str) -> Naming:
     """A side's words: IPUs and cycles when modelled, ranks and ns when measured."""
     row = comp.sides[comp.sides["side"] == side]
     return naming_of(row.iloc[0].to_dict() if len(row) else None)
 
 
-def _device(comp: Any) -> str:
+def _device(comp: Comparison) -> str:
     """'IPU', 'rank', or 'IPU / rank' for a modelled vs measured pair."""
     names = dict.fromkeys(_naming(comp, s).device for s in ("A", "B"))
     return " / ".join(names)
 
 
-def _side_name(comp: Any, side: str) -> str:
+def _side_name(comp: Comparison, side: str) -> str:
     row = comp.sides[comp.sides["side"] == side]
     return f"{side}: {row['name'].iloc[0]}" if len(row) else side
 
 
-def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
+def liveness_compare_figure(comp: Comparison, pixels: int = PIXELS,
                             title: str = "Liveness, A vs B (phases aligned)") -> go.Figure:
     """Always-live + not-always-live memory of every IPU of both profiles on one common
     progress axis whose forward / backward / weight-update boundaries coincide (min/max
@@ -63,7 +66,7 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
         for ipu, g in lv[lv["side"] == side].groupby("ipu", sort=True):
             y = g["total_bytes"].to_numpy(float) / MiB
             keep = minmax_indices(y, pixels)
-            shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
+            shade = IPU_SHADES[(cast(int, ipu) % 4) + (0 if side == "A" else 4)]
             dev = _naming(comp, side).label(ipu)
             fig.add_trace(go.Scatter(
                 x=g["x"].to_numpy()[keep], y=y[keep], mode="lines",
@@ -108,12 +111,12 @@ def liveness_compare_figure(comp: Any, pixels: int = PIXELS,
     return fig
 
 
-def _multicat(comp: Any, frame: pd.DataFrame) -> list[list[str]]:
+def _multicat(comp: Comparison, frame: pd.DataFrame) -> list[list[str]]:
     return [frame["side"].tolist(),
             [_naming(comp, s).label(i) for s, i in zip(frame["side"], frame["ipu"])]]
 
 
-def _wide_ipus(comp: Any) -> pd.DataFrame:
+def _wide_ipus(comp: Comparison) -> pd.DataFrame:
     """ipus delta frame -> one row per (side, ipu) with a column per metric."""
     long = comp.ipus
     rows = []
@@ -126,7 +129,7 @@ def _wide_ipus(comp: Any) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
-def _samples_per_step(comp: Any) -> dict[str, float] | None:
+def _samples_per_step(comp: Comparison) -> dict[str, float] | None:
     """Each side's samples per step when both are known and they differ (else None)."""
     rows = comp.metrics[comp.metrics["metric"] == "samples_per_step"]
     if rows.empty:
@@ -137,7 +140,7 @@ def _samples_per_step(comp: Any) -> dict[str, float] | None:
     return {"A": a, "B": b}
 
 
-def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
+def ipu_time_compare_figure(comp: Comparison, title: str | None = None) -> go.Figure:
     """Compute / exchange / idle (and a measured rank's untraced time) per IPU, A's IPUs
     then B's, side by side: ms per step, or µs per sample when the two steps hold
     different numbers of samples (a step of 1,024 micro-batches against one of 16 is not
@@ -175,7 +178,7 @@ def ipu_time_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
     return base_layout(fig, title, height=380)
 
 
-def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
+def ipu_memory_compare_figure(comp: Comparison, title: str | None = None) -> go.Figure:
     """Peak live memory of each IPU of both profiles with each side's IPU capacity."""
     title = title or f"Peak memory per {_device(comp)}, A | B"
     w = _wide_ipus(comp)
@@ -208,7 +211,7 @@ def ipu_memory_compare_figure(comp: Any, title: str | None = None) -> go.Figure:
     return base_layout(fig, title, height=380)
 
 
-def tile_distribution_figure(comp: Any, points: int = 400,
+def tile_distribution_figure(comp: Comparison, points: int = 400,
                              title: str = "Memory per tile, fullest first, A vs B") -> go.Figure:
     """The distribution of memory over the tiles of every IPU as sorted curves (fullest tile
     at x = 0, emptiest at 1, so Mk1's 1216 and Mk2's 1472 tiles share the axis), each
@@ -223,7 +226,7 @@ def tile_distribution_figure(comp: Any, points: int = 400,
             y = np.sort(g["total_bytes"].to_numpy(float))[::-1] / KiB
             n = len(y)
             keep = np.unique(np.linspace(0, n - 1, min(n, points)).round().astype(int))
-            shade = IPU_SHADES[(int(ipu) % 4) + (0 if side == "A" else 4)]
+            shade = IPU_SHADES[(cast(int, ipu) % 4) + (0 if side == "A" else 4)]
             fig.add_trace(go.Scatter(
                 x=keep / max(n - 1, 1), y=y[keep], mode="lines",
                 name=f"{_side_name(comp, side)} · {ipu_label(ipu)}", legendgroup=side,
@@ -248,7 +251,7 @@ def tile_distribution_figure(comp: Any, points: int = 400,
     return fig
 
 
-def time_per_sample_figure(comp: Any, title: str | None = None) -> go.Figure:
+def time_per_sample_figure(comp: Comparison, title: str | None = None) -> go.Figure:
     """Horizontal stacked bars: IPU-us per sample by category for A and B. The bar length is
     1e6 / throughput per IPU, so the shorter bar is the faster layout per IPU."""
     dev = _device(comp)

@@ -4,7 +4,7 @@ solid; B oranges, dashed. Plain Plotly, no Dash."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -13,6 +13,9 @@ import plotly.graph_objects as go
 from popviz.figures.lod import minmax_indices
 from popviz.figures.style import base_layout, byte_unit, empty_figure
 from popviz.vocab import naming_of
+
+if TYPE_CHECKING:  # figures draw what analysis built; no import at run time
+    from popviz.analysis.compare.ops import OpDiff
 
 # Okabe-Ito: one hue family per side, shades per device; dash tells the sides apart too
 SIDE_SHADES = {"A": ["#0072B2", "#56B4E9", "#009E73", "#004B75"],
@@ -33,7 +36,7 @@ def _fmt(value: Any, scale: float = 1.0, digits: str = ",.4g") -> str:
     return format(float(value) * scale, digits)
 
 
-def ops_diff_figure(diff: Any, top: int = 20) -> go.Figure:
+def ops_diff_figure(diff: OpDiff, top: int = 20) -> go.Figure:
     """Diverging bars of B - A time for the `top` groups with the largest difference (a
     group one side never ran counts as 0 there); hover gives both sides' figures."""
     by = {"op": "op type", "class": "op class", "module": f"module (depth {diff.depth})",

@@ -27,6 +27,7 @@ from popviz.jsonsafe import jsonable
 from popviz.vocab import is_measured
 
 if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
+    from popviz.analysis.compare.table import Comparison
     from popviz.format.profile import Profile
 
 GROUP_BY = {"op": "op type", "class": "op class", "module": "module", "pass": "pass"}
@@ -91,7 +92,7 @@ def _text(frame: pd.DataFrame, name: str, default: str = "") -> pd.Series:
     return pd.Series(default, index=frame.index, dtype=object)
 
 
-def _side_facts(comp: Any, side: str) -> tuple[float, float, float]:
+def _side_facts(comp: Comparison, side: str) -> tuple[float, float, float]:
     """(samples per replica step, micro-batch, gradient accumulation) from the
     comparison's own facts and metrics (sides.load_side made them)."""
     facts = comp.sides.set_index("side").loc[side]
@@ -104,7 +105,7 @@ def _side_facts(comp: Any, side: str) -> tuple[float, float, float]:
     return samples / replicas, micro, float(facts.get("gradient_accumulation") or 1)
 
 
-def op_records(profile: Profile, comp: Any, side: str) -> pd.DataFrame:
+def op_records(profile: Profile, comp: Comparison, side: str) -> pd.DataFrame:
     """One row per recorded op (modelled) or kernel / action (measured): op, op_class,
     module, pass, seconds and count per replica step, temp_bytes, bytes_written per step."""
     scale, _ = seconds_per_unit(profile)
@@ -157,7 +158,7 @@ def _grouped(records: pd.DataFrame, by: str, depth: int, divisor: float) -> pd.D
     return out
 
 
-def resolve_per(comp: Any, per: str = "auto") -> str:
+def resolve_per(comp: Comparison, per: str = "auto") -> str:
     """'step' or 'sample': `auto` is per sample when the two sides' replica steps hold
     different numbers of samples (their step times then measure different work)."""
     if per != "auto":
@@ -165,7 +166,7 @@ def resolve_per(comp: Any, per: str = "auto") -> str:
     return "step" if _side_facts(comp, "A")[0] == _side_facts(comp, "B")[0] else "sample"
 
 
-def compare_ops(a: Profile, b: Profile, comp: Any, by: str = "op", depth: int = 1,
+def compare_ops(a: Profile, b: Profile, comp: Comparison, by: str = "op", depth: int = 1,
                 per: str = "auto") -> OpDiff:
     """A vs B op by op. `a`, `b`: the open profiles `comp` (popviz.compare) compared; `by`:
     op | class | module | pass; `depth`: module levels kept; `per`: auto | step | sample."""
