@@ -86,7 +86,7 @@ def reference_grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np
     # the weight update reads the activations transposed: a rearranging copy
     transform = 0.0
     if p.kind == WU:
-        share = p.batch * p.in_chans * p.groups * arch.elem_bytes / used
+        share = (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes / used
         transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
     # temporary memory: what the plan adds to a tile, the bytes AMP bounds. The input slice
     # already on a tile is no copy (the conv lays out its own input, as PopLibs' createInput

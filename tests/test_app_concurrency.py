@@ -126,4 +126,4 @@ def test_comparisons_do_not_pile_up_as_the_other_profile_is_evicted(served: Path
         ctx.cache.get(d)  # evicts b, the least recently used
     entry_a = ctx.cache.get(a)
     assert [k for k in entry_a.derived if k[0] == "compare"] == [
-        ("compare", b, ctx.cache.get(b).stamp)]
+        ("compare", b, ctx.cache.get(b).stamp, None)]  # None: both questions (no judge)

@@ -51,8 +51,11 @@ def test_grouped_convs_are_slower_per_flop() -> None:
     c = op_costs(ops(grouped(1), grouped(32)), MK2, HALF, np.array([0.6, 0.6]))
     f = ops(grouped(1), grouped(32))["flops"].to_numpy()
     per_flop = c["compute_cycles"].to_numpy() / f
-    # 4 channels per group: 4-channel AMP blocks whose 16 output lanes hold 4 channels
-    assert per_flop[1] > 3 * per_flop[0]
+    # 4 channels per group: PopLibs' SLIC vertex (one group of 4 channels a block, a 1 x 4
+    # window: 48 MACs a tile cycle at a 3-wide kernel, before overheads) against the dense
+    # conv's 16 x 16 AMP blocks (64)
+    assert c["plan"].iloc[1].startswith("fwd: slic")
+    assert 1.2 * per_flop[0] < per_flop[1] < 3 * per_flop[0]
 
 
 def test_views_cost_nothing_and_take_no_tiles() -> None:

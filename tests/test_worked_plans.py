@@ -93,8 +93,9 @@ def by_hand(p: ConvParams, target: Target, method: str,
     in_rate = 0.5 if o % 2 == 0 else 1.0  # IPU2: tile pairs share an exchange bus
     tiles = b * h * w * g * i * o
     exchange = math.ceil((in_copy * in_rate + w_copy) / xbpc)
-    if p.kind == WU:  # the activations rearranged for the weight-update pass
-        share = p.batch * p.in_chans * p.groups * eb / tiles
+    if p.kind == WU:  # both operands rearranged: the expanded activations and the
+        # output gradient (poplin addTransformCycleEstimate, rearrangeInput / Weights)
+        share = (p.batch + p.out_chans) * p.in_chans * p.groups * eb / tiles
         exchange += math.ceil(share * 5 / (eb * 4)) + math.ceil(share / xbpc)
     outputs = ceil(p.positions * p.groups * p.out_chans, tiles)  # spread over all tiles
     partials_in = outputs * i * pb_ if i > 1 else 0

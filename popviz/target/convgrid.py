@@ -198,7 +198,11 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     loops, blocks, out_blocks, in_bytes_c, w_bytes, in_share, in_rate, split, incoming, \
         depth = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel, p.stride, arch,
                              in_group)
-    wu_bytes = p.batch * p.in_chans * p.groups * arch.elem_bytes if p.kind == WU else 0
+    # a weight update rearranges both operands (poplin addTransformCycleEstimate:
+    # rearrangeInput and rearrangeWeights are set for every WU pass): the activations,
+    # expanded over the kernel (batch = Ci x Kh x Kw rows), and the output gradient
+    wu_bytes = (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes \
+        if p.kind == WU else 0
     per_used, loops_used, transform = _used_tables(
         p.positions * p.groups * p.out_chans, wu_bytes, arch)
     # the partitions: gathers and the few operations that mix the three sides
