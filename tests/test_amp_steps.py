@@ -139,15 +139,25 @@ def test_amp_steps_figure_merges_steps_that_change_nothing(rn50) -> None:
     assert where[int(level.index[0])] == "bottom"
     for low, high in zip(level.index[:-1], level.index[1:]):
         assert (where[int(low)], where[int(high)]) != ("top", "bottom")
-    # issue 31: IPU1's 0.15 (93.5 KiB) and 0.2 (95.7 KiB) labels were drawn on top of
-    # each other; neighbours that close label left and right of their markers
-    ipu1 = fig.data[1]
-    at = {label: (x, pos) for label, x, pos in zip(ipu1.text, ipu1.x, ipu1.textposition,
-                                                  strict=True)}
-    (x15, pos15), (x2, pos2) = at["0.15"], at["0.2"]
-    assert abs(x2 - x15) < 5
-    assert {pos15.split()[1], pos2.split()[1]} == {"left", "right"}
-    assert (pos15.split()[1] == "left") == (x15 < x2)
+    # issue 31: two AMP steps a few KiB apart (IPU1's 0.15 and 0.2 once were) had their
+    # labels drawn on top of each other; neighbours that close label left and right
+    from popviz.figures.tune import _apart
+
+    near = pd.DataFrame({"temp_bytes": [93.5 * 1024, 95.7 * 1024, 180.0 * 1024],
+                         "cycles": [2.61, 2.60, 2.40]})
+    got = _apart(near, "top center", (200.0 * 1024, 1.0))
+    assert got[:2] == ["top left", "top right"] and got[2] == "top center"
+    # and in the real figure: every pair of neighbouring markers within 4% of both axes'
+    # spans (here of the drawn points: never wider than the figure's own) is labelled apart
+    xs = [x for t in fig.data for x in t.x]
+    ys = [y for t in fig.data for y in t.y]
+    span_x, span_y = max(xs) - min(xs) or 1.0, max(ys) - min(ys) or 1.0
+    for t in fig.data:
+        for i in range(1, len(t.x)):
+            close = abs(t.x[i] - t.x[i - 1]) / span_x < 0.04 and \
+                abs(t.y[i] - t.y[i - 1]) / span_y < 0.04
+            sides = {t.textposition[i].split()[1], t.textposition[i - 1].split()[1]}
+            assert sides == {"left", "right"} or not close, (t.name, i)
 
 
 def test_tune_cli_prints_the_amp_steps(capsys) -> None:
