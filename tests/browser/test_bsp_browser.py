@@ -66,7 +66,7 @@ def _expected(profile: Any, ipu: int, k: int) -> dict[str, float]:
 def test_click_a_compute_bar_for_its_superstep(browser_context: Any, base_url: str,
                                                served: Path) -> None:
     if not (served / MODELLED).exists():
-        pytest.skip(f"{MODELLED} not bundled")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(MODELLED)}")
     big: list[str] = []
 
@@ -127,7 +127,7 @@ def test_click_a_compute_bar_for_its_superstep(browser_context: Any, base_url: s
 def test_measured_profile_says_it_has_no_tiles(browser_context: Any, base_url: str,
                                                served: Path) -> None:
     if not (served / MEASURED).exists():
-        pytest.skip(f"{MEASURED} not bundled")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(MEASURED)}")
     page.wait_for_selector("#trace-bsp-status", timeout=90_000)  # after vetting
     text = page.inner_text("#trace-bsp-status")

@@ -92,7 +92,7 @@ def test_the_judge_control_asks_one_question(browser: Any, base_url: str,
     own control (not a CLI flag); asking 'total' makes the 4-IPU pipeline the winner and
     puts the question in the URL."""
     if not all((served / p).exists() for p in PAIR):
-        pytest.skip("bundled rn50 profiles missing")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     a, b = PAIR
     page, errors = _open(browser, f"{base_url}/compare?profile={quote(a)}&other={quote(b)}")
     page.wait_for_selector("#compare-verdict", timeout=60_000)

@@ -26,7 +26,7 @@ REL = "rn50_pipeline/profile.h5"
 @pytest.fixture
 def rel(served: Path) -> str:
     if not (served / REL).exists():
-        pytest.skip("bundled profile missing")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     return REL
 
 

@@ -20,7 +20,7 @@ PROFILE = "rn50_pipeline/profile.h5"  # a recorded ResNet-50, 4-IPU pipeline, AM
 def test_tune_page_reads_the_amp_steps(browser_context: Any, base_url: str,
                                        served: Path) -> None:
     if not (served / PROFILE).exists():
-        pytest.skip(f"{PROFILE} is not among the served profiles")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

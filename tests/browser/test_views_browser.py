@@ -107,7 +107,7 @@ def test_program_tree_in_program_order_with_split_names(browser_context: Any, ba
                                                         served: Path) -> None:
     rel = "effnet_b4_pipeline/profile.h5"
     if not (served / rel).exists():
-        pytest.skip("bundled profile missing")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
     page.wait_for_selector("#tree-graph g.slice")
     boxes = page.evaluate("""() => [...document.querySelectorAll('#tree-graph g.slice')]
@@ -138,7 +138,7 @@ def test_clicking_any_tile_lists_what_is_on_it(browser_context: Any, base_url: s
                                                served: Path) -> None:
     rel = "rn50_pipeline/profile.h5"
     if not (served / rel).exists():
-        pytest.skip("bundled profile missing")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/memory?profile={quote(rel)}")
     ticks = page.eval_on_selector_all("#mem-map .ytick text", "e => e.map(t => t.textContent)")
     title = page.eval_on_selector("#mem-map .g-ytitle", "e => e.textContent")
@@ -176,7 +176,7 @@ def test_liveness_per_ipu_axes_and_a_heat_map_that_follows(browser_context: Any,
                                                            base_url: str, served: Path) -> None:
     rel = "rn50_pipeline/profile.h5"
     if not (served / rel).exists():
-        pytest.skip("bundled profile missing")
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
     graph = "#live-graph .js-plotly-plot"
     # the fold note is drawn inside the figure
