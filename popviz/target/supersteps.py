@@ -120,14 +120,10 @@ def cross_tile(outputs: float, sources: int, tiles: int, fp16: bool,
         results = outputs * math.ceil(remaining / depth)
         per_tile = math.ceil(results / min(tiles, max(results, 1)))
         rate = REDUCE_HALF if fp16 else REDUCE_FLOAT
-        vertex = vertex_overhead() + per_tile * depth * rate
+        vertex = VERTEX_CYCLES + per_tile * depth * rate
         total += one_set(vertex, per_tile * depth * PARTIAL_BYTES, exchange_rate)
         remaining = math.ceil(remaining / depth)
     return total
-
-
-def vertex_overhead() -> float:
-    return float(VERTEX_CYCLES)
 
 
 @dataclass(frozen=True)
@@ -185,12 +181,12 @@ def _broadcast(layout: Layout, fp16: bool, per_channel: bool, rate: float) -> Co
         per = BROADCAST_HALF if fp16 else BROADCAST_FLOAT
     else:
         per = SCALAR_BROADCAST_HALF if fp16 else SCALAR_BROADCAST_FLOAT
-    return one_set(vertex_overhead() + layout.per_tile * per,
+    return one_set(VERTEX_CYCLES + layout.per_tile * per,
                    layout.groups_on_tile * PARTIAL_BYTES, rate)
 
 
 def _elementwise(layout: Layout, per_element: float) -> ComputeSets:
-    return one_set(vertex_overhead() + layout.per_tile * per_element)
+    return one_set(VERTEX_CYCLES + layout.per_tile * per_element)
 
 
 def _statistics(layout: Layout, count: int, tiles: int, fp16: bool, rate: float
@@ -198,14 +194,14 @@ def _statistics(layout: Layout, count: int, tiles: int, fp16: bool, rate: float
     """`count` sums over each group in one pass (reduceMany), then their cross-tile
     stages."""
     per = REDUCE_HALF if fp16 else REDUCE_FLOAT
-    local = one_set(vertex_overhead() + count * layout.per_tile * per)
+    local = one_set(VERTEX_CYCLES + count * layout.per_tile * per)
     return local + cross_tile(count * layout.groups, layout.sources, tiles, fp16, rate)
 
 
 def _small(values: float, tiles: int, per_element: float) -> ComputeSets:
     """An op over the statistics themselves (a few values per tile)."""
     per_tile = math.ceil(values / min(tiles, max(values, 1)))
-    return one_set(vertex_overhead() + per_tile * per_element)
+    return one_set(VERTEX_CYCLES + per_tile * per_element)
 
 
 def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
@@ -256,14 +252,8 @@ def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float) -> Comput
 
 
 def row_layout(out_shape: str, elements: float, tiles: int) -> Layout:
-    """Rows of the last dimension (softmax): one statistic per row."""
-    shape = dims(out_shape)
-    groups = float(elements / shape[-1]) if shape and shape[-1] else 1.0
-    per_tile = math.ceil(elements / max(tiles, 1))
-    row = elements / max(groups, 1.0)
-    on_tile = min(groups, math.ceil(per_tile / max(row, 1.0)))
-    return Layout(elements, groups, per_tile, on_tile,
-                  sources_per_output(elements, groups, per_tile, on_tile, tiles))
+    """Rows of the last dimension (softmax): one statistic per row, as a layer norm's."""
+    return norm_layout("rows", out_shape, elements, tiles)
 
 
 def softmax(layout: Layout, tiles: int, fp16: bool, rate: float, backward: bool
