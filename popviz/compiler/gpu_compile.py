@@ -91,7 +91,8 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         program = autocast_casts(program)
     looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
-    plan = plan_stages(program, options.copy(num_ipus=None) if looped else options)
+    plan = plan_stages(program, options.copy(num_ipus=None) if looped else options,
+                       checkpoint_blocks=True)
     if options.schedule == "Interleaved1F1B" and len(plan.stages) > 1:
         gpus = options.num_ipus or max(1, len(plan.stages) // 2)
         ipus = np.arange(len(plan.stages)) % gpus

@@ -29,12 +29,13 @@ def _optimiser(params: Any, name: str) -> Any:
 @lru_cache(maxsize=16)
 def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
                 sequence_length: int = 128, image: int = 224, dtype: str = "float32",
-                attn: str = "eager") -> Program:
+                attn: str = "eager", activation: str = "gelu_new") -> Program:
     """One training step of `model` at `batch`, recorded in plan mode. `size`: ResNet depth
     (50), GPT-2 small / medium / tiny or a GPT-2 shape (layers, hidden, heads, vocabulary),
     BERT base, ViT base-16, or the MLP's width. `dtype` bfloat16 / float16: weights and
     float inputs in that dtype (pure half training). `attn`: GPT-2's attention, eager (the
-    matmuls and softmax) or sdpa (PyTorch's fused scaled_dot_product_attention)."""
+    matmuls and softmax) or sdpa (PyTorch's fused scaled_dot_product_attention);
+    `activation`: GPT-2's MLP activation, gelu_new (HF's) or gelu (Megatron-LM's)."""
     import torch
 
     if model not in MODELS:
@@ -46,13 +47,13 @@ def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
     default = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))  # weights and float inputs made in it
     try:
-        return _record(model, size, batch, optimiser, sequence_length, image, attn)
+        return _record(model, size, batch, optimiser, sequence_length, image, attn, activation)
     finally:
         torch.set_default_dtype(default)
 
 
 def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: int,
-            image: int, attn: str = "eager") -> Program:
+            image: int, attn: str = "eager", activation: str = "gelu_new") -> Program:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -79,7 +80,7 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
                 layers, hidden, heads, vocab = (int(x) for x in size)
                 net, inputs = build_gpt2_shape(layers, hidden, heads, vocab, batch,
                                                sequence_length=sequence_length, attn=attn,
-                                               init_weights=False)
+                                               init_weights=False, activation=activation)
             else:
                 net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
                                          attn=attn, init_weights=False)

@@ -121,7 +121,20 @@ def _optimiser_by_parameters(program: Program, module_stage: dict[str, int], cou
     return np.minimum(np.searchsorted(cum, frac), num_stages - 1).astype(np.int64)
 
 
-def plan_stages(program: Program, options: Options) -> StagePlan:
+def repeated_block(modules: pd.Series) -> np.ndarray:
+    """Per module path: the repeated block it runs in, the path up to its first numbered
+    part (GPT-2's `transformer.h.3`, Llama's `model.layers.3`, a Sequential's `body.0`);
+    "" for a module outside any (embeddings, final norm, head, loss)."""
+    found = modules.astype(str).str.extract(r"^((?:[^.]*\.)*?\d+)(?:\.|$)")[0]
+    return found.fillna("").to_numpy(str)
+
+
+def plan_stages(program: Program, options: Options, checkpoint_blocks: bool = False
+                ) -> StagePlan:
+    """Stages, IPUs (GPUs) and recomputation sections of each op. `checkpoint_blocks`
+    (GPU targets): full recomputation checkpoints each repeated block on every stage, as
+    Megatron-LM (--recompute-method uniform, one layer) and torchtitan (full activation
+    checkpointing) do; otherwise each stage but the last is one section (PopART)."""
     ops = program.ops.reset_index(drop=True).copy()
     phase = ops["phase"].to_numpy(str)
     is_fwd = phase == "forward"
@@ -136,6 +149,12 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
     ckpt = fwd["checkpoint"].to_numpy(bool)
     new_sec = np.r_[False, (np.diff(f_stage) != 0) | (np.diff(f_section) != 0) | ckpt[:-1]] \
         if len(fwd) else np.zeros(0, bool)
+    blockwise = checkpoint_blocks and options.training and options.recomputation \
+        and options.recompute_granularity == "full"
+    block = repeated_block(fwd["module"]) if blockwise else np.zeros(0, str)
+    blockwise = blockwise and bool((block != "").any())
+    if blockwise and len(fwd):  # and a section per repeated block
+        new_sec |= np.r_[False, block[1:] != block[:-1]]
     section[is_fwd] = np.cumsum(new_sec)
 
     layer_stage = dict(zip(fwd["layer"].astype(str)[::-1], f_stage[::-1], strict=True))
@@ -175,8 +194,13 @@ def plan_stages(program: Program, options: Options) -> StagePlan:
     ipus = _stage_ipus(program, options, num_stages, mode, fwd, f_stage)
     ops["ipu"] = ipus[stage]
     if options.training and options.recomputation:
-        ops = _synthesize_selective(ops) if options.recompute_granularity == "selective" \
-            else _synthesize_recompute(ops)
+        if options.recompute_granularity == "selective":
+            ops = _synthesize_selective(ops)
+        elif blockwise:
+            in_block = section[is_fwd][block != ""]
+            ops = _synthesize_recompute(ops, set(in_block.tolist()))
+        else:
+            ops = _synthesize_recompute(ops)
 
     named = fwd["layer"].astype(str).to_numpy() != ""
     by_stage = fwd[named].groupby(f_stage[named])["layer"]
@@ -217,18 +241,20 @@ def _stage_ipus(program: Program, options: Options, num_stages: int, mode: str,
     return ipus
 
 
-def _synthesize_recompute(ops: pd.DataFrame) -> pd.DataFrame:
+def _synthesize_recompute(ops: pd.DataFrame, sections: set[int] | None = None
+                          ) -> pd.DataFrame:
     """Copy each section's forward ops as recompute ops (placed before that section's
-    backward later). The last section needs none: its backward follows at once; a section
-    whose recompute was recorded (torch.utils.checkpoint) keeps the recorded ops."""
+    backward later). `sections`: the sections to recompute (checkpointed blocks, the last
+    included); by default every section but the last, whose backward follows at once. A
+    section whose recompute was recorded (torch.utils.checkpoint) keeps the recorded ops."""
     fwd = ops[ops["phase"] == "forward"]
     bwd_sections = set(ops.loc[ops["phase"] == "backward", "section"].tolist())
     recorded = set(ops.loc[ops["phase"] == "recompute", "section"].tolist())
     if fwd.empty:
         return ops
-    last = int(fwd["section"].max())
-    keep = fwd[(fwd["section"] != last) & fwd["section"].isin(bwd_sections)
-               & ~fwd["section"].isin(recorded)]
+    chosen = fwd["section"].isin(sections) if sections is not None \
+        else fwd["section"] != int(fwd["section"].max())
+    keep = fwd[chosen & fwd["section"].isin(bwd_sections) & ~fwd["section"].isin(recorded)]
     if keep.empty:
         return ops
     return _with_copies(ops, keep)

@@ -43,16 +43,26 @@ def build_gpt2(size: str, batch: int, *, sequence_length: int = 1024, vocab_size
                             init_weights=init_weights)
 
 
+# MLP activations: HF GPT-2's own (the tanh approximation as five ops, each output kept
+# for the backward) or exact GELU, one op that keeps only its input, as Megatron-LM's fused
+# bias-GELU runs it
+ACTIVATIONS = ("gelu_new", "gelu")
+
+
 def build_gpt2_shape(layers: int, hidden: int, heads: int, vocab_size: int, batch: int, *,
                      sequence_length: int = 1024, attn: str = "eager",
-                     init_weights: bool = True) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+                     init_weights: bool = True, activation: str = "gelu_new"
+                     ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A GPT-2 of any shape (a published model's layers, hidden size, heads and
     vocabulary) and one batch of token ids for it."""
     if attn not in ("eager", "sdpa"):
         raise ValueError(f"unknown attention {attn!r}; valid: eager, sdpa")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
     tf = _transformers()
     config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=vocab_size,
-                           n_positions=max(1024, sequence_length), attn_implementation=attn)
+                           n_positions=max(1024, sequence_length), attn_implementation=attn,
+                           activation_function=activation)
     import contextlib
 
     with contextlib.nullcontext() if init_weights else _no_init_weights():
