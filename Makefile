@@ -8,6 +8,9 @@ PIP     = $(VENV)/bin/pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
+# two pytest workers (pytest-xdist), each file's tests on one worker so that its module
+# fixtures are built once: a browser test mostly waits, and the other worker runs meanwhile
+PYTEST_WORKERS ?= 2
 
 .PHONY: serve test setup setup-test system-deps lint typecheck bench profiles clean
 
@@ -34,7 +37,7 @@ serve: setup
 test: setup-test system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check .

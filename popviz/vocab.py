@@ -128,6 +128,12 @@ class Naming:
             return ipu_label(index)
         return rank_label(index) if self.device == "rank" else f"{self.device} {int(index)}"
 
+    def lane(self, lane: str) -> str:
+        """A trace lane's title: a GPU plan's are its streams (the compute stream with the
+        kernels it runs, the NCCL stream for sends and all-reduces) and the waits between
+        them; an IPU's and a rank's keep the lane's own name."""
+        return _GPU_LANES.get(lane, lane) if self.gpu_plan else lane
+
     def relabel(self, name: Any) -> str:
         """An analysis label such as 'IPU1' (exchange matrix) in this profile's words."""
         found = _IPU_LABEL.match(str(name))
@@ -150,6 +156,8 @@ class Naming:
         return name.replace("_", " ")
 
 
+_GPU_LANES = {"compute": "compute stream", "ops": "kernels", "exchange": "NCCL stream",
+              "sync": "waiting"}
 MODELLED = Naming()
 MEASURED = Naming(device="rank", unit="ns", measured=True)
 # a modelled GPU target: devices are GPUs, times ns, no tiles (`measured` here means "ns and

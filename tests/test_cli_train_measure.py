@@ -4,6 +4,7 @@ train.py` and `python -m popviz.measure`."""
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,7 +38,8 @@ def test_popviz_train_writes_what_train_py_writes(tmp_path: Path) -> None:
     for table in ("stages", "trace", "liveness", "ops"):
         pd.testing.assert_frame_equal(a.table(table), b.table(table))
     assert b.command_line.startswith("train.py --model resnet")
-    assert a.command_line.startswith("popviz ")
+    # the command it was given, not the process's own arguments (pytest's, here)
+    assert a.command_line == shlex.join(["popviz", "train", *PLAN, str(tmp_path / "cli")])
 
 
 def test_popviz_train_bad_flags_give_one_line(capsys: pytest.CaptureFixture) -> None:

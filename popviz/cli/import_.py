@@ -4,7 +4,6 @@ per rank) into a measured profile."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from popviz.argtypes import non_empty_path
@@ -47,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     check_target(args.to, force=args.force, inputs=inputs)
     try:
         path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
-                            command_line=shlex.join(["popviz", *sys.argv[1:]]),
+                            command_line=args.command_line,
                             workers=args.workers,
                             on_warning=lambda w: print(f"popviz: warning: {w}",
                                                        file=sys.stderr))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from popviz._version import __version__
@@ -72,6 +73,7 @@ def _main(argv: list[str] | None) -> int:
     if getattr(args, "_command", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    args.command_line = shlex.join(["popviz", *argv])  # what a profile says made it
     return run_guarded(args._command, args)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import shlex
 
 from popviz.cli.command import Command
 
@@ -18,7 +18,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from popviz.measure.__main__ import run
 
-    return run(args, ["popviz", *sys.argv[1:]])
+    return run(args, shlex.split(args.command_line))
 
 
 COMMAND = Command(

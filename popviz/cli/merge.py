@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
 from popviz.argtypes import non_empty_path
@@ -33,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     named = [item for item in args.inputs if not Path(item).is_dir()]
     check_target(args.out, force=args.force, inputs=named, flag="--out")
     path = merge_profiles(args.inputs, args.out,
-                          command_line=shlex.join(["popviz", *sys.argv[1:]]),
+                          command_line=args.command_line,
                           opener=lambda f: open_vetted(f, vet=not args.no_vet))
     print(f"merged into {path}")
     return EXIT_OK

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from popviz.argtypes import non_empty_path, positive_int
@@ -266,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
                             f"recompiles to {result.baseline.throughput:,.0f}: it was written "
                             "by another cost model version; all figures here are recompiled "
                             "(--write-now DIR writes the recompiled current layout)")
-    line = " ".join(["popviz", *sys.argv[1:]])
+    line = args.command_line
     written = _write(program, result.best_options(options), args.write, line)
     written_now = _write(program, options.copy(target=result.target), args.write_now, line)
     name = os.path.basename(os.path.normpath(args.profile))

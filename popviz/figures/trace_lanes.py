@@ -338,8 +338,8 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         fig.add_annotation(text="whole run (shown window boxed)", xref="x2 domain",
                            yref="y2 domain", x=0, y=1.0, yanchor="bottom", xanchor="left",
                            showarrow=False, font={"size": 10, "color": "#555"})
-    labels = [f"{naming.label(i)} · {lane}" if lane == "compute" else lane
-              for i, lane in lanes]
+    labels = [f"{naming.label(i)} · {naming.lane(lane)}" if lane == "compute"
+              else naming.lane(lane) for i, lane in lanes]
     fig.update_layout(
         barmode="overlay", uirevision="trace-lanes",
         uniformtext={"minsize": 9, "mode": "hide"},  # a label only where it fits

@@ -107,6 +107,11 @@ def test_a_zero_bubble_plan_shows_its_deferred_weight_gradients(browser_context:
                         text: Array.from(t.text || [])}}))""")
         assert len(bars) == 1 and len(bars[0]["base"]) == 2 * 6, bars
         assert all(label.startswith("W") for label in bars[0]["text"])
+        # the lanes are the GPU's streams: its sends on the NCCL stream, no "exchange"
+        lanes = page.evaluate(f"() => Array.from({graph}.layout.yaxis.ticktext)")
+        assert {"GPU 0 · compute stream", "GPU 1 · compute stream",
+                "NCCL stream"} <= set(lanes), lanes
+        assert "exchange" not in lanes and "sync" not in lanes, lanes
         # the last W of the second stage: zoom onto it alone
         widest = max(range(len(bars[0]["x"])), key=lambda i: bars[0]["base"][i])
         lo = bars[0]["base"][widest]

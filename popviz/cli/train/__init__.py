@@ -161,7 +161,6 @@ def _run(args: argparse.Namespace) -> int:
     from popviz.cli.train.flags import resolve
 
     args = resolve(args)  # UsageError: one line, exit code 2
-    args.command_line = " ".join(["popviz", *sys.argv[1:]])
     return execute(args, "popviz")
 
 
