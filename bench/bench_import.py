@@ -28,6 +28,7 @@ where the time goes and why (docs/import.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -195,6 +196,23 @@ def _child(tool: str, folder: Path, result: Path, workers: int) -> None:
     result.write_text(json.dumps(out))
 
 
+def sampled_tree_peak(proc: subprocess.Popen, every: float = 0.02) -> int:
+    """The peak of a running process tree's summed RSS until it ends, sampled every
+    `every` s with psutil (0 without psutil)."""
+    peak = 0
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            peak = max(peak, sum(p.memory_info().rss
+                                 for p in [root, *root.children(recursive=True)]))
+        time.sleep(every)
+    return peak
+
+
 def measure(tool: str, folder: Path, workers: int = 1) -> dict:
     """Run one tool in a fresh interpreter; add wall seconds and the peak of the process
     tree's summed RSS (sampled every 20 ms with psutil when it is installed)."""
@@ -204,20 +222,7 @@ def measure(tool: str, folder: Path, workers: int = 1) -> dict:
     proc = subprocess.Popen([sys.executable, __file__, "--child", tool, "--dir", str(folder),
                              "--result", str(result),
                              "--workers", str(workers)])
-    tree_peak = 0
-    try:
-        import psutil
-
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                procs = [root, *root.children(recursive=True)]
-                tree_peak = max(tree_peak, sum(p.memory_info().rss for p in procs))
-            except psutil.Error:
-                pass
-            time.sleep(0.02)
-    except ImportError:
-        pass
+    tree_peak = sampled_tree_peak(proc)
     if proc.wait() != 0:
         raise SystemExit(f"{tool} run failed (exit {proc.returncode})")
     out = json.loads(result.read_text())

@@ -29,7 +29,7 @@ from popviz.analysis.trace_threads import (
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
 
-from .. import links, trace_bsp
+from .. import links, trace_bsp, trace_find
 from ..cache import Entry
 from ..common import (
     AppContext,
@@ -286,6 +286,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             html.Button("Whole run", id="trace-whole", n_clicks=0, className="button",
                         title="zoom out to the whole run (so does a double-click)")],
             className="controls"),
+        trace_find.section(),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),
         dcc.Store(id="trace-window", data=_window(lo, hi, "Shown window")),
@@ -440,7 +441,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
 
     return {"zoom": zoom, "whole": whole, "focus": focus, "stats": stats, "follow": follow,
             "mode": relayout_mode,
-            **trace_bsp.register(app, ctx)}
+            **trace_bsp.register(app, ctx), **trace_find.register(app, ctx)}
 
 
 def _selected_last() -> bool:

@@ -4,10 +4,18 @@ per rank) into a measured profile."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from typing import TYPE_CHECKING
 
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, EXIT_USAGE, Command, fail
+from popviz.ingest.import_dask import AUTO_MIN_TRACES, LOCAL, choose_scheduler
+
+if TYPE_CHECKING:
+    from popviz.ingest.import_rank import RankPart
+
+SCHEDULER = re.compile(r"^(auto|none|local|(tcp|tls|ucx|inproc)://\S+)$")
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +35,21 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parse the ranks in N worker processes (0: one per CPU); "
                         "faster on idle cores, more memory in all (default 1: in this "
                         "process)")
+    parser.add_argument("--scheduler", default="auto", metavar="WHERE",
+                        help="parse the ranks on a Dask cluster: 'local' (one started here "
+                        "with --workers processes, 0 or 1: one per CPU), or a running "
+                        "scheduler's address (tcp://HOST:PORT; its workers must read the "
+                        "traces at the same absolute paths); 'none': never; 'auto' "
+                        f"(default): local for more than {AUTO_MIN_TRACES} traces when Dask "
+                        "is installed (the dask extra), else as --workers says")
     parser.add_argument("--force", action="store_true",
                         help="replace the profile already at --to (default: refuse); "
                         "never one of the inputs, a FIFO or device, or a file not a profile")
+
+
+def _said(done: int, total: int, part: RankPart) -> None:
+    print(f"popviz: parsed rank {part.rank} ({done}/{total}): {part.path}", file=sys.stderr,
+          flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -39,6 +59,11 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.workers < 0:
         return fail(f"--workers must be >= 0, got {args.workers}", EXIT_USAGE)
+    if not SCHEDULER.match(args.scheduler):
+        return fail(f"--scheduler must be auto, none, local or a scheduler's address "
+                    f"(tcp://HOST:PORT), got {args.scheduler!r}", EXIT_USAGE)
+    scheduler = choose_scheduler(args.scheduler, len(args.traces))
+    workers = 0 if scheduler == LOCAL and args.workers == 1 else args.workers
     inputs = [*args.traces, *(args.memory_snapshot or [])]
     for given in inputs:  # a FIFO would block the reader: refused before anything runs
         refuse_special_input(given)
@@ -47,9 +72,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                             command_line=args.command_line,
-                            workers=args.workers,
+                            workers=workers, scheduler=scheduler,
                             on_warning=lambda w: print(f"popviz: warning: {w}",
-                                                       file=sys.stderr))
+                                                       file=sys.stderr),
+                            on_progress=_said if scheduler else None)
     except DATA_ERRORS as exc:  # a data error the importer did not name: still one line
         return fail(str(data_error(" ".join(args.traces[:4]), exc)), EXIT_BAD_PROFILE)
     print(f"imported {len(args.traces)} trace(s) into {path}")

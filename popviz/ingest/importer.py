@@ -33,13 +33,20 @@ from popviz.ingest.p2p import match_p2p
 PathLike = str | os.PathLike[str]
 
 
-def read_ranks(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
+def read_ranks(paths: list[PathLike], workers: int = 1, scheduler: str | None = None,
+               progress: Callable[[int, int, RankPart], None] | None = None
+               ) -> list[RankPart]:
     """Every file parsed into its rank's tables (a missing or unreadable one is named in a
     ProfileError), sorted by rank; a rank given twice or missing from the world the traces
-    name is refused."""
+    name is refused. `scheduler`: parse them on that Dask cluster (`import_dask`)."""
     if not paths:
         raise ProfileError("no trace file given")
-    parts = rank_parts(paths, workers)
+    if scheduler is not None:
+        from popviz.ingest.import_dask import dask_rank_parts
+
+        parts = dask_rank_parts(paths, scheduler, workers, progress)
+    else:
+        parts = rank_parts(paths, workers)
     if len(parts) > 1 and not all(t.meta.get("distributedInfo") for t in parts):
         bare = next(t for t in parts if not t.meta.get("distributedInfo"))
         raise ProfileError(f"{bare.path}: no distributedInfo (rank); several traces must "
@@ -234,11 +241,15 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
 def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                  memory_snapshot: PathLike | Iterable[PathLike] | None = None, *,
                  command_line: str | None = None, workers: int = 1,
-                 on_warning: Callable[[str], None] | None = None) -> Path:
+                 scheduler: str | None = None,
+                 on_warning: Callable[[str], None] | None = None,
+                 on_progress: Callable[[int, int, RankPart], None] | None = None) -> Path:
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
     (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
-    (0: one per CPU) the ranks are parsed in that many worker processes. `on_warning`
-    is called with each one-line warning (also kept in meta.warnings)."""
+    (0: one per CPU) the ranks are parsed in that many worker processes; with `scheduler`
+    ("local", or a Dask scheduler's address) on a Dask cluster (`import_dask`), calling
+    `on_progress(done, total, part)` as each arrives. `on_warning` is called with each
+    one-line warning (also kept in meta.warnings)."""
     from popviz.format.writer import write_profile
 
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -248,7 +259,7 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        traces = read_ranks(paths, workers)
+        traces = read_ranks(paths, workers, scheduler, on_progress)
         for t, snap in zip(traces, snapshots):  # in rank order
             if snap is not None:
                 use_snapshot(t, snap)

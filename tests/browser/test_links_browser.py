@@ -56,6 +56,18 @@ def _shown_range(page: Any) -> list[float]:
     return handle.json_value()
 
 
+def _on_the_op(page: Any, span: tuple[float, float], end: float) -> None:
+    """The trace shows the op itself, centred (issue 31: a link opened its whole pass, 5.8 M
+    cycles), and outlined in the op lane."""
+    lo, hi = _shown_range(page)
+    assert lo <= span[0] + 1 and hi >= span[1] - 1
+    assert abs((lo + hi) / 2 - (span[0] + span[1]) / 2) <= 0.05 * (hi - lo)
+    assert hi - lo <= 25 * max(span[1] - span[0], 1) or hi - lo <= 1e-4 * end
+    names = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                          ".data.map(t => t.name || '')")
+    assert any(n.endswith("(selected op)") for n in names), names
+
+
 def test_liveness_step_opens_the_trace_there(browser_context: Any, base_url: str,
                                              served: Path, rel: str) -> None:
     page, errors = _open(browser_context, f"{base_url}/liveness?profile={quote(rel)}")
@@ -117,16 +129,8 @@ def test_operations_row_opens_the_trace_at_the_op(browser_context: Any, base_url
     q = _follow_to_trace(page, "#ops-trace-link")
     with popviz.open(served / rel) as p:
         ipu, span = links.op_span(p.ops, p.trace, op_id, pass_ops(p.ops))
-    lo, hi = _shown_range(page)
     assert q["ipu"] == str(ipu) and q["op"] == str(op_id)
-    # the op itself, centred (issue 31: the link opened its whole pass, 5.8 M cycles)
-    assert lo <= span[0] + 1 and hi >= span[1] - 1
-    assert abs((lo + hi) / 2 - (span[0] + span[1]) / 2) <= 0.05 * (hi - lo)
-    assert hi - lo <= 25 * max(span[1] - span[0], 1) or hi - lo <= 1e-4 * p.trace["end"].max()
-    # and outlined, in the op lane
-    names = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
-                          ".data.map(t => t.name || '')")
-    assert any(n.endswith("(selected op)") for n in names), names
+    _on_the_op(page, span, float(p.trace["end"].max()))
     _shot(page, "operations_to_trace")
     assert errors == []
     page.close()
@@ -167,5 +171,34 @@ def test_trace_selection_drives_operations_and_liveness(browser_context: Any, ba
         assert shown[0] <= first and shown[1] >= last
         assert shown[1] - shown[0] <= (last - first) * 1.5 + 10
     _shot(page, "trace_to_liveness")
+    assert errors == []
+    page.close()
+
+
+def test_the_find_box_lists_ops_and_opens_one_centred_and_outlined(
+        browser_context: Any, base_url: str, served: Path, rel: str) -> None:
+    """Typing a module in /trace's search box lists its ops (as many as the ops table
+    holds); the first link opens the trace on that op, centred and outlined."""
+    page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
+    page.wait_for_selector("#trace-graph .js-plotly-plot", timeout=180_000)
+    page.fill("#trace-find", "layer2.1.conv2 pass:F")
+    page.press("#trace-find", "Enter")
+    page.wait_for_selector("#trace-found li a", timeout=30_000)
+    _shot(page, "trace_find")
+    with popviz.open(served / rel) as p:
+        ops = p.ops
+        want = [int(r["op_id"]) for r in ops.to_dict("records")
+                if r["phase"] == "forward" and ("layer2.1.conv2" in str(r["module"]).lower()
+                                                or "layer2.1.conv2" in str(r["op"]).lower())]
+        first = page.get_attribute("#trace-found li a", "href")
+        op_id = int(parse_qs(urlparse(first).query)["op"][0])
+        ipu, span = links.op_span(p.ops, p.trace, op_id, pass_ops(p.ops))
+    head = page.inner_text("#trace-found")
+    assert want and f"{len(want):,} op(s) match" in head, (head, len(want))
+    assert op_id == min(want)  # program order: the conv's forward op first
+    q = _follow_to_trace(page, "#trace-found li a")
+    assert q["op"] == str(op_id) and q["ipu"] == str(ipu)
+    _on_the_op(page, span, float(p.trace["end"].max()))
+    _shot(page, "trace_find_opened")
     assert errors == []
     page.close()

@@ -83,9 +83,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "docs/hardware.md")
     g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES,
                    default="full",
-                   help="with --enable-recomputation: full (each section's forward) or, "
-                   "GPU targets, selective (only each attention core: its scores, softmax "
-                   "and dropout, as Megatron-LM's --recompute-granularity selective)")
+                   help="with --enable-recomputation: full (IPU: each section's forward; "
+                   "GPU targets: each repeated block, every stage's, as Megatron-LM's "
+                   "uniform method) or, GPU targets, selective (only each attention core: "
+                   "its scores, softmax and dropout, as Megatron-LM's "
+                   "--recompute-granularity selective)")
     g.add_argument("--enable-recomputation", action="store_true",
                    help="recompute each stage's forward from its checkpoints (the split "
                    "names) in the backward pass instead of stashing every activation")

@@ -1,0 +1,79 @@
+"""The /trace page's search box: type an op, a kernel or a module (`pass:B`, `mb:2` narrow
+it) and the matches are listed, each a link that opens the trace centred on it, the op
+outlined (popviz.analysis.find, popviz.analysis.links). Wiring only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from popviz.analysis.find import LIMIT, find_kernels, find_ops, parse_query
+from popviz.analysis.links import op_span, op_window
+
+from . import links
+from .cache import Entry
+from .common import AppContext, naming, op_templates, profile_of
+
+HINT = "an op, kernel or module; pass:B, mb:2 narrow it"
+
+
+def section() -> html.Div:
+    return html.Div([
+        html.Span("Find: ", className="label"),
+        dcc.Input(id="trace-find", type="search", debounce=True, placeholder=HINT,
+                  style={"width": "28em"}),
+        html.Div(id="trace-found", className="found")], className="controls")
+
+
+def found_list(entry: Entry, typed: str | None) -> list[Any]:
+    """The matches of what was typed as links to the trace, with how many there are."""
+    query = parse_query(typed)
+    if query.empty:
+        return []
+    words = naming(entry)
+    ops, trace = entry.profile.ops, entry.profile.trace
+    items: list[Any] = []
+    found, total = find_ops(ops, query)
+    templates = op_templates(entry) if len(found) else {}
+    for row in found.to_dict("records"):
+        at = op_span(ops, trace, int(row["op_id"]), templates)
+        if at is None:
+            continue
+        ipu, span = at
+        t0, t1 = op_window(span, trace)
+        where = f"{words.label(ipu)}, {row.get('pass', '') or ''}".rstrip(", ")
+        module = str(row.get("module", "") or "")
+        items.append(html.Li(links.link(
+            f"{row['op']} {('· ' + module) if module else ''} ({where}, {span[0]:,.0f} "
+            f"{words.unit})", links.href("/trace", entry.rel, t0, t1, ipu,
+                                         op=str(int(row["op_id"]))),
+            f"trace-found-op-{int(row['op_id'])}")))
+    kernels, many = find_kernels(trace, query)
+    for i, row in enumerate(kernels.to_dict("records")):
+        t0, t1 = op_window((float(row["start"]), float(row["end"])), trace)
+        items.append(html.Li(links.link(
+            f"kernel {row['op']} (of {row['host_op']}; {words.label(int(row['ipu']))}, "
+            f"{float(row['start']):,.0f} {words.unit})",
+            links.href("/trace", entry.rel, t0, t1, int(row["ipu"])),
+            f"trace-found-kernel-{i}")))
+    shown = len(found) + len(kernels)
+    if not shown:
+        return [html.Span(f"Nothing matches {typed!r}.", className="hint")]
+    counted = f"{total:,} op(s)" + (f" and {many:,} kernel(s)" if many else "")
+    head = f"{counted} match; the first {shown} listed:" if total + many > shown \
+        else f"{counted} match:"
+    return [html.Span(head, className="label"), html.Ul(items)]
+
+
+def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
+    @app.callback(Output("trace-found", "children"), Input("trace-find", "value"),
+                  State("url", "search"), prevent_initial_call=True)
+    def find(typed: str | None, search: str) -> list[Any]:
+        return found_list(ctx.cache.get(profile_of(search)), typed)
+
+    return {"find": find}
+
+
+__all__ = ["HINT", "LIMIT", "found_list", "register", "section"]

@@ -1,0 +1,119 @@
+"""A job's ranks parsed on a Dask cluster (`popviz import --scheduler`): each trace is read
+and reduced to its rank's tables (`import_rank.rank_part`) on a worker, and the client
+gathers the parts as they finish, saying each one.
+
+    parts = dask_rank_parts(paths, "local", workers=2)          # an embedded local cluster
+    parts = dask_rank_parts(paths, "tcp://10.0.0.5:8786")       # a running cluster
+
+A remote cluster's workers read the traces themselves, so the paths go to them absolute
+and must name the same files there (a shared file system). Dask (`dask.distributed`) is
+an optional package: the `dask` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from popviz.errors import ProfileError
+
+if TYPE_CHECKING:  # imported when used: the CLI reads this module's names at start
+    from popviz.ingest.import_rank import RankPart
+
+PathLike = str | os.PathLike[str]
+LOCAL = "local"
+CONNECT_SECONDS = 20  # a scheduler that does not answer in this long is refused
+# `--scheduler auto` (the default): more traces than this go to a local cluster when Dask
+# is installed; fewer are parsed in this process, where a cluster's start (2-4 s) would
+# cost more than it saves
+AUTO_MIN_TRACES = 8
+
+
+def dask_available() -> bool:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_scheduler(scheduler: str, traces: int) -> str | None:
+    """The scheduler a `--scheduler` value means for `traces` files: None (parse here),
+    "local" or a scheduler's address. "auto": a local cluster for many traces when Dask
+    is installed, else here."""
+    if scheduler == "auto":
+        return LOCAL if traces > AUTO_MIN_TRACES and dask_available() else None
+    if scheduler == "none":
+        return None
+    return scheduler
+
+
+def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
+                    progress: Callable[[int, int, RankPart], None] | None = None
+                    ) -> list[RankPart]:
+    """`rank_part` of every file, in order, parsed on the Dask cluster `scheduler` ("local":
+    one started here with `workers` processes, 0: one per CPU, and stopped after).
+    `progress(done, total, part)` is called as each rank's part arrives. A file's own
+    error is its ProfileError; a worker that dies, a scheduler that does not answer or a
+    missing Dask is a ProfileError too, and nothing is kept."""
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ProfileError("--scheduler needs Dask's distributed scheduler: pip install "
+                           "'popviz[dask]' (or dask[distributed])") from None
+    cluster: Any = None
+    try:
+        if scheduler == LOCAL:
+            count = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
+            cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
+                                   processes=True, dashboard_address=None,
+                                   silence_logs=logging.ERROR)
+            client = Client(cluster, set_as_default=False)
+        else:
+            client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as exc:
+        if cluster is not None:
+            cluster.close()
+        raise ProfileError(f"no Dask scheduler answers at {scheduler}: "
+                           f"{' '.join(str(exc).split())[:300]}") from None
+    try:
+        return _gather(client, paths, as_completed, progress)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _gather(client: Any, paths: list[PathLike], as_completed: Any,
+            progress: Callable[[int, int, RankPart], None] | None) -> list[RankPart]:
+    from distributed import KilledWorker
+
+    from popviz.ingest.import_rank import rank_part
+
+    absolute = [os.path.abspath(p) for p in paths]
+    futures = [client.submit(rank_part, p, key=f"popviz-rank-part-{i}-{os.getpid()}",
+                             pure=False) for i, p in enumerate(absolute)]
+    index = {f.key: i for i, f in enumerate(futures)}
+    parts: list[Any] = [None] * len(paths)
+    try:
+        for done, future in enumerate(as_completed(futures, loop=client.loop), start=1):
+            i = index[future.key]
+            try:
+                part = future.result()
+            except KilledWorker:
+                raise ProfileError(f"{paths[i]}: the Dask worker parsing it died (the "
+                                   "scheduler gave up on it); nothing was written") from None
+            part.path = Path(paths[i])  # as given, as an import in this process says it
+            parts[i] = part
+            if progress is not None:
+                progress(done, len(paths), part)
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+    return [p for p in parts if p is not None]
+
+
+__all__ = ["AUTO_MIN_TRACES", "LOCAL", "choose_scheduler", "dask_available",
+           "dask_rank_parts"]
