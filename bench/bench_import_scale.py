@@ -54,8 +54,10 @@ def measure(mode: str, folder: Path) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     t0 = time.perf_counter()
+    quiet = subprocess.DEVNULL if mode == "hta" else None  # HTA logs each file it parses
     proc = subprocess.Popen([sys.executable, __file__, "--child", mode, "--dir",
-                             str(folder), "--result", str(result)])
+                             str(folder), "--result", str(result)], stdout=quiet,
+                            stderr=quiet)
     tree = sampled_tree_peak(proc, 0.05)
     if proc.wait() != 0:
         raise SystemExit(f"{mode} on {folder} failed (exit {proc.returncode})")

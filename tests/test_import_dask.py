@@ -149,11 +149,16 @@ def test_no_scheduler_there_is_one_line(traces: list[Path], tmp_path: Path,
     assert "--scheduler must be auto, none, local" in capsys.readouterr().err
 
 
-def test_auto_takes_a_local_cluster_only_for_many_traces() -> None:
-    from popviz.ingest.import_dask import AUTO_MIN_TRACES, choose_scheduler
+def test_auto_takes_a_local_cluster_only_for_many_traces_on_many_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from popviz.ingest import import_dask
+    from popviz.ingest.import_dask import AUTO_MIN_CPUS, AUTO_MIN_TRACES, choose_scheduler
 
+    monkeypatch.setattr(import_dask.os, "cpu_count", lambda: AUTO_MIN_CPUS)
     assert choose_scheduler("auto", AUTO_MIN_TRACES) is None
     assert choose_scheduler("auto", AUTO_MIN_TRACES + 1) == "local"
+    monkeypatch.setattr(import_dask.os, "cpu_count", lambda: 2)
+    assert choose_scheduler("auto", 1000) is None
     assert choose_scheduler("none", 1000) is None
     assert choose_scheduler("tcp://h:1", 1) == "tcp://h:1"
     with pytest.raises(ProfileError, match="no trace file given"):

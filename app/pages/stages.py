@@ -8,7 +8,9 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.analysis.ranks import TOLERANCE, rank_shares, stragglers
 from popviz.analysis.stash import stash_column
+from popviz.figures.ranks import PART_TITLES, rank_heatmap
 from popviz.figures.stages import amp_note
 
 from ..cache import Entry
@@ -36,7 +38,32 @@ def amp(ctx: AppContext, entry: Entry) -> Any:
                               naming=naming(entry))
 
 
+def ranks(ctx: AppContext, entry: Entry) -> Any:
+    shares = rank_shares(entry.profile.trace, entry.profile.stages)
+    return rank_heatmap(shares, stragglers(shares), naming(entry))
+
+
 FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
+
+
+def _ranks_section(ctx: AppContext, entry: Entry) -> list[Any]:
+    """A measured job of several ranks: each rank's share of the step, the stragglers."""
+    words = naming(entry)
+    if words.timed != "measured" or entry.profile.trace["ipu"].nunique() < 2:
+        return []
+    shares = rank_shares(entry.profile.trace, entry.profile.stages)
+    late = stragglers(shares)
+    alone = shares.groupby("stage")["busy"].size().max() < 2
+    said = ("One rank per stage: no rank has peers to be late against (the stage load "
+            "above compares the stages)." if alone else
+            "No straggler: every rank is busy within "
+            f"{TOLERANCE:.0%} of its stage's median." if late.empty else
+            "Stragglers (the others wait for them): " + "; ".join(
+                f"{words.label(r['ipu'])} +{float(r['over']):.0%} busy, mostly "
+                f"{PART_TITLES[str(r['cause'])]}" for r in late.head(10).to_dict("records")))
+    return [html.H3(f"{words.devices.capitalize()} side by side"),
+            html.P(said, id="stages-stragglers", className="hint"),
+            graph("stages-ranks", rank_heatmap(shares, late, words))]
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -67,6 +94,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.H3("Stages" + (" (times: modelled ns per step)" if words.gpu_plan else
                             " (times: ns per recorded step, mean)" if words.measured else "")),
         table("stages-table", shown, words=words),
+        *_ranks_section(ctx, entry),
         downloads(entry.rel, ["stages"],
                   [v for v in FIGURES if not (words.measured and v == "amp")]),
     ])

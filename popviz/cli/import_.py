@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_BAD_PROFILE, EXIT_OK, EXIT_USAGE, Command, fail
-from popviz.ingest.import_dask import AUTO_MIN_TRACES, LOCAL, choose_scheduler
+from popviz.ingest.import_dask import AUTO_MIN_CPUS, AUTO_MIN_TRACES, LOCAL, choose_scheduler
 
 if TYPE_CHECKING:
     from popviz.ingest.import_rank import RankPart
@@ -35,13 +35,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parse the ranks in N worker processes (0: one per CPU); "
                         "faster on idle cores, more memory in all (default 1: in this "
                         "process)")
-    parser.add_argument("--scheduler", default="auto", metavar="WHERE",
-                        help="parse the ranks on a Dask cluster: 'local' (one started here "
-                        "with --workers processes, 0 or 1: one per CPU), or a running "
-                        "scheduler's address (tcp://HOST:PORT; its workers must read the "
-                        "traces at the same absolute paths); 'none': never; 'auto' "
-                        f"(default): local for more than {AUTO_MIN_TRACES} traces when Dask "
-                        "is installed (the dask extra), else as --workers says")
+    parser.add_argument("--scheduler", default="none", metavar="WHERE",
+                        help="parse the ranks on a Dask cluster (the dask extra): 'local' "
+                        "(one started here with --workers processes, 0 or 1: one per CPU), "
+                        "or a running scheduler's address (tcp://HOST:PORT; its workers must "
+                        "read the traces at the same absolute paths); 'auto': local for "
+                        f"more than {AUTO_MIN_TRACES} traces on a machine of at least "
+                        f"{AUTO_MIN_CPUS} CPUs when Dask is installed; 'none' (default): "
+                        "here, or as --workers says (on 2 cores a local cluster is slower "
+                        "than this process: docs/import.md)")
     parser.add_argument("--force", action="store_true",
                         help="replace the profile already at --to (default: refuse); "
                         "never one of the inputs, a FIFO or device, or a file not a profile")

@@ -26,10 +26,13 @@ if TYPE_CHECKING:  # imported when used: the CLI reads this module's names at st
 PathLike = str | os.PathLike[str]
 LOCAL = "local"
 CONNECT_SECONDS = 20  # a scheduler that does not answer in this long is refused
-# `--scheduler auto` (the default): more traces than this go to a local cluster when Dask
-# is installed; fewer are parsed in this process, where a cluster's start (2-4 s) would
-# cost more than it saves
+# `--scheduler auto`: more traces than this go to a local cluster on a machine of at least
+# AUTO_MIN_CPUS when Dask is installed. On 2 cores a local cluster is slower than parsing
+# in one process (its start, 2-3 s, and each rank's tables pickled to the client, while
+# the client and the workers share the cores: bench_import_scale.py), so `none` is the
+# default and `auto` is asked for
 AUTO_MIN_TRACES = 8
+AUTO_MIN_CPUS = 8
 
 
 def dask_available() -> bool:
@@ -42,10 +45,11 @@ def dask_available() -> bool:
 
 def choose_scheduler(scheduler: str, traces: int) -> str | None:
     """The scheduler a `--scheduler` value means for `traces` files: None (parse here),
-    "local" or a scheduler's address. "auto": a local cluster for many traces when Dask
-    is installed, else here."""
+    "local" or a scheduler's address. "auto": a local cluster for many traces on a machine
+    of many CPUs when Dask is installed, else here."""
     if scheduler == "auto":
-        return LOCAL if traces > AUTO_MIN_TRACES and dask_available() else None
+        many = traces > AUTO_MIN_TRACES and (os.cpu_count() or 1) >= AUTO_MIN_CPUS
+        return LOCAL if many and dask_available() else None
     if scheduler == "none":
         return None
     return scheduler
@@ -115,5 +119,5 @@ def _gather(client: Any, paths: list[PathLike], as_completed: Any,
     return [p for p in parts if p is not None]
 
 
-__all__ = ["AUTO_MIN_TRACES", "LOCAL", "choose_scheduler", "dask_available",
+__all__ = ["AUTO_MIN_CPUS", "AUTO_MIN_TRACES", "LOCAL", "choose_scheduler", "dask_available",
            "dask_rank_parts"]

@@ -65,6 +65,12 @@ def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
     assert "measured run has none" in note
     assert _svg_text(page, "#stages-time .xtick text") == ["rank 0", "rank 1"]
     _no_modelled_words(page, allowed=note)  # the note says AMP is an IPU option
+    # the ranks side by side: one heat map row per rank, the straggler verdict beside it
+    page.wait_for_selector("#stages-ranks .main-svg", timeout=30_000)
+    rows = _svg_text(page, "#stages-ranks .ytick text")
+    assert sorted(rows) == ["rank 0 · stage 0", "rank 1 · stage 1"], rows
+    assert "no rank has peers" in page.inner_text("#stages-stragglers")
+    page.locator("#stages-ranks").screenshot(path=str(SCREENSHOTS / "measured_ranks.png"))
     assert errors == []
     page.close()
 
