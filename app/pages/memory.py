@@ -25,6 +25,7 @@ from popviz.analysis.tile_contents import (
     with_tile_peaks,
 )
 from popviz.figures.memory import TILE_MAP_COLUMNS
+from popviz.figures.memory_counters import allocated_over_time
 from popviz.figures.style import fmt_bytes
 from popviz.vocab import ipu_label
 
@@ -171,6 +172,22 @@ NO_TILES_GPU = ("A GPU has no tiles: its memory is the Liveness page's curve (th
                 "memory.")
 
 
+def _counters(entry: Entry) -> list[Any]:
+    """A measured run without a CUDA memory snapshot: the allocated bytes its trace's own
+    memory events give, per rank over time (the snapshot's allocator view needs a
+    snapshot: `popviz import --memory-snapshot`)."""
+    words = naming(entry)
+    live = entry.profile.liveness
+    if words.timed != "measured" or alloc_view.available(entry) or live.empty \
+            or "time" not in live.columns:
+        return []
+    return [html.P("Without a memory snapshot, this is what the trace's memory events say: "
+                   "the caching allocator's allocated bytes over time, the peak starred "
+                   "(import a torch.cuda.memory._snapshot() with --memory-snapshot for its "
+                   "blocks and stacks).", className="hint"),
+            graph("mem-counters", allocated_over_time(live, words))]
+
+
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     tm = entry.profile.tile_memory
     if tm.empty:
@@ -180,6 +197,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                                  "record it)." + (" Its CUDA memory snapshot's allocator is "
                                                   "below." if alloc_view.available(entry)
                                                   else ""), "info"),
+                         *_counters(entry),
                          alloc_view.section(entry)])
     ipus = sorted(int(i) for i in tm["ipu"].unique())
     fit = insights(entry)["fit"]

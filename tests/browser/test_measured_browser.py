@@ -90,3 +90,15 @@ def test_compare_modelled_with_measured_names_each_side(browser_context: Any, ba
     page.screenshot(path=str(SCREENSHOTS / "compare_measured.png"), full_page=True)
     assert errors == []
     page.close()
+
+
+def test_measured_memory_without_a_snapshot_draws_the_traces_counters(
+        browser_context: Any, base_url: str, served: Path) -> None:
+    page, errors = _page(browser_context, base_url, served, "/memory")
+    page.wait_for_selector("#mem-counters .main-svg", timeout=30_000)
+    legend = _svg_text(page, "#mem-counters .legendtext")
+    assert sorted(legend) == ["rank 0", "rank 1"], legend
+    page.locator("#mem-counters").screenshot(path=str(SCREENSHOTS / "measured_counters.png"))
+    _no_modelled_words(page)
+    assert errors == []
+    page.close()
