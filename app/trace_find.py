@@ -60,7 +60,7 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
             f"trace-found-kernel-{i}")))
     shown = len(found) + len(kernels)
     if not shown:
-        return [html.Span(f"Nothing matches {typed!r}.", className="hint")]
+        return [html.Span(f"Nothing matches {str(typed)[:200]!r}.", className="hint")]
     counted = f"{total:,} op(s)" + (f" and {many:,} kernel(s)" if many else "")
     head = f"{counted} match; the first {shown} listed:" if total + many > shown \
         else f"{counted} match:"

@@ -204,7 +204,10 @@ def sampled_tree_peak(proc: subprocess.Popen, every: float = 0.02) -> int:
         import psutil
     except ImportError:
         return 0
-    root = psutil.Process(proc.pid)
+    try:
+        root = psutil.Process(proc.pid)
+    except psutil.Error:  # gone already
+        return 0
     while proc.poll() is None:
         with contextlib.suppress(psutil.Error):
             peak = max(peak, sum(p.memory_info().rss

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -113,13 +112,11 @@ def test_recomputation_lowers_peak_memory() -> None:
     assert rec.summary["step_cycles"] > plain.summary["step_cycles"]
 
 
-def test_gpt2_small_plan_compiles_under_a_second() -> None:
+def test_gpt2_small_plan_compiles_and_fits() -> None:
+    """GPT-2 small at batch 8 x 1,024 fits an H100. (Its compile time was asserted under a
+    second here: a timed unit test, flaky when CI's two workers share two cores.)"""
     program = gpu_program("gpt2", "small", 8, "adamw", sequence_length=1024)
-    options = Options(target="h100")
-    compile(program, options)  # warm imports
-    t0 = time.perf_counter()
-    r = compile(program, options)
-    assert time.perf_counter() - t0 < 1.0
+    r = compile(program, Options(target="h100"))
     assert r.summary["fits"] is True and r.summary["step_ms"] > 0
 
 

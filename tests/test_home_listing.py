@@ -152,7 +152,7 @@ def test_a_big_folder_being_vetted_is_listed_without_waiting(
         cache = app_cache.ProfileCache(root, vetter=vetter, vet_wait_s=2.0)
         began = time.monotonic()
         rows = cache.listing()
-        assert time.monotonic() - began < 1.0  # not the 2 s wait
+        assert time.monotonic() - began < 1.8  # not the 2 s wait (a loaded CI is slow)
         assert len(rows) == app_cache.LISTING_WAIT_FILES + 1
         assert all(r.get("checking") for r in rows)
     finally:

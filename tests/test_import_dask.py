@@ -58,8 +58,9 @@ def _cluster(folder: Path, workers: int, env: dict[str, str] | None = None,
                                  "--nanny" if nanny else "--no-nanny"], env))
         from distributed import Client
 
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(workers, timeout=60)
+        with Client(address, timeout=60) as client:  # the scheduler answers
+            if workers:
+                client.wait_for_workers(workers, timeout=60)
         yield address, procs[1:]
     finally:
         for p in procs:
@@ -142,11 +143,27 @@ def test_no_scheduler_there_is_one_line(traces: list[Path], tmp_path: Path,
     assert main(["import", str(traces[0]), "--to", str(tmp_path / "o"),
                  "--scheduler", "tcp://127.0.0.1:9"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("popviz: error: no Dask scheduler answers at tcp://127.0.0.1:9: ")
+    assert err.startswith("popviz: error: no Dask scheduler with workers answers at "
+                          "tcp://127.0.0.1:9: ")
     assert "\n" not in err
     assert main(["import", str(traces[0]), "--to", str(tmp_path / "o"),
                  "--scheduler", "somewhere"]) == 2
     assert "--scheduler must be auto, none, local" in capsys.readouterr().err
+
+
+def test_a_scheduler_without_workers_is_one_line_not_a_wait(
+        traces: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from popviz.ingest import import_dask
+
+    monkeypatch.setattr(import_dask, "CONNECT_SECONDS", 3)
+    for address, _ in _cluster(tmp_path, 0):
+        assert main(["import", str(traces[0]), "--to", str(tmp_path / "o"),
+                     "--scheduler", address]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"popviz: error: no Dask scheduler with workers answers at "
+                          f"{address}: ") and "\n" not in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_auto_takes_a_local_cluster_only_for_many_traces_on_many_cores(

@@ -43,8 +43,8 @@ def test_shares_add_up_and_the_slow_rank_is_named_with_its_cause() -> None:
     assert shares.loc[0, "waiting"] == pytest.approx(200e3 - 110e3)
     late = stragglers(shares)
     assert late["ipu"].tolist() == [2] and late.loc[0, "cause"] == "compute"
-    # busy (compute + 10 us all-reduce): 110, 112, 150, 109 us; median (110 + 112) / 2
-    assert late.loc[0, "over"] == pytest.approx(150 / 111 - 1)
+    # busy (compute + 10 us all-reduce): 110, 112, 150, 109 us; its peers' median 110
+    assert late.loc[0, "over"] == pytest.approx(150 / 110 - 1)
 
 
 def test_each_rank_is_held_against_its_own_stages_ranks() -> None:
@@ -55,6 +55,11 @@ def test_each_rank_is_held_against_its_own_stages_ranks() -> None:
     trace, stages = _job([100.0, 101.0, 160.0, 190.0], stages=[0, 0, 1, 1])
     late = stragglers(rank_shares(trace, stages))
     assert late["ipu"].tolist() == [3]
+    # a rank 10% busier than its one peer is late by 10%, not by the 5% a median that
+    # held itself would give
+    trace, stages = _job([100.0, 111.0], comm_us=0.0, stages=[0, 0])
+    late = stragglers(rank_shares(trace, stages))
+    assert late["ipu"].tolist() == [1] and late.loc[0, "over"] == pytest.approx(0.11)
 
 
 def test_a_real_two_rank_run_has_no_peers_to_be_late_against() -> None:

@@ -181,10 +181,11 @@ def _counters(entry: Entry) -> list[Any]:
     if words.timed != "measured" or alloc_view.available(entry) or live.empty \
             or "time" not in live.columns:
         return []
-    return [html.P("Without a memory snapshot, this is what the trace's memory events say: "
-                   "the caching allocator's allocated bytes over time, the peak starred "
-                   "(import a torch.cuda.memory._snapshot() with --memory-snapshot for its "
-                   "blocks and stacks).", className="hint"),
+    return [html.P("Without a memory snapshot, this is what the run's own memory events "
+                   "say: the bytes allocated over time per rank, the peak starred (an import "
+                   "of a CUDA run can add a torch.cuda.memory._snapshot() with "
+                   "--memory-snapshot for the allocator's blocks and stacks).",
+                   className="hint"),
             graph("mem-counters", allocated_over_time(live, words))]
 
 

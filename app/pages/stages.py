@@ -38,11 +38,6 @@ def amp(ctx: AppContext, entry: Entry) -> Any:
                               naming=naming(entry))
 
 
-def ranks(ctx: AppContext, entry: Entry) -> Any:
-    shares = rank_shares(entry.profile.trace, entry.profile.stages)
-    return rank_heatmap(shares, stragglers(shares), naming(entry))
-
-
 FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
 
 

@@ -45,7 +45,7 @@ def parse_query(typed: str | None) -> Query:
         found = _FILTER.match(word)
         if found and found.group(1).lower() == "pass":
             passes.append(PASS_WORDS.get(found.group(2).lower(), found.group(2).upper()))
-        elif found and found.group(2).isdigit() and len(found.group(2)) < 9:
+        elif found and re.fullmatch(r"[0-9]{1,8}", found.group(2)):
             microbatch = int(found.group(2))
         else:
             words.append(word)

@@ -7,7 +7,7 @@ In a synchronous job every rank shares the step's window, so a slow rank does no
 a longer step: it shows as less waiting than its peers, whose waiting is its extra work.
 A straggler is a rank whose busy time (the step less its waiting and untraced time) is
 more than `tolerance` above the median busy time of the other ranks of its stage (a job
-without stages is one stage), and what made it so is the part that grew most over that
+without stages is one stage), and what made it so is the part that grew most over their
 median.
 """
 
@@ -47,23 +47,36 @@ def rank_shares(trace: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.D
 
 
 def stragglers(shares: pd.DataFrame, tolerance: float = TOLERANCE) -> pd.DataFrame:
-    """The ranks whose busy time is more than `tolerance` above the median of their
-    stage's ranks (a rank alone in its stage is not judged), slowest first: `busy`,
-    `over` (the fraction above the median) and `cause`, the busy part that grew most over
-    its stage's median."""
+    """The ranks whose busy time is more than `tolerance` above the median of the other
+    ranks of their stage (a rank alone in its stage is not judged), slowest first:
+    `busy`, `over` (the fraction above that median) and `cause`, the busy part that grew
+    most over its peers' median."""
     columns = ["ipu", "stage", "busy", "over", "cause"]
     if len(shares) < 2:
         return pd.DataFrame(columns=columns)
     group = shares["stage"].to_numpy()
-    # a rank alone in its stage has no peers: a stage that does more by design is the
-    # stage load's question (analysis.stage_balance), not a straggler
-    peers = shares.groupby(group)["busy"].transform("size").to_numpy() > 1
-    medians = shares[list(BUSY)].groupby(group).transform("median")
-    busy_median = shares["busy"].groupby(group).transform("median")
-    over = shares["busy"] / busy_median.where(busy_median > 0, np.nan) - 1.0
-    slow = (over > tolerance) & peers
+    busy = shares["busy"].to_numpy(np.float64)
+    parts = shares[list(BUSY)].to_numpy(np.float64)
+    # each rank against its peers, itself left out (with two ranks a stage, one 10% busier
+    # than the other would sit only 5% over a median that holds itself); a rank alone in
+    # its stage has no peers: a stage that does more by design is the stage load's
+    # question (analysis.stage_balance), not a straggler
+    peer_busy = np.full(len(shares), np.nan)
+    peer_parts = np.full(parts.shape, np.nan)
+    for members in pd.Series(np.arange(len(shares))).groupby(group).indices.values():
+        if len(members) < 2:
+            continue
+        for i in members:
+            others = members[members != i]
+            peer_busy[i] = np.median(busy[others])
+            peer_parts[i] = np.median(parts[others], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        over = pd.Series(busy / np.where(peer_busy > 0, peer_busy, np.nan) - 1.0,
+                         index=shares.index)
+    slow = over > tolerance
     if not slow.any():
         return pd.DataFrame(columns=columns)
+    medians = pd.DataFrame(peer_parts, index=shares.index, columns=list(BUSY))
     grew = (shares[list(BUSY)] - medians)[slow]
     out = pd.DataFrame({"ipu": shares.index[slow].astype(np.int64),
                         "stage": shares.loc[slow, "stage"].to_numpy(),

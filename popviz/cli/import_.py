@@ -15,7 +15,7 @@ from popviz.ingest.import_dask import AUTO_MIN_CPUS, AUTO_MIN_TRACES, LOCAL, cho
 if TYPE_CHECKING:
     from popviz.ingest.import_rank import RankPart
 
-SCHEDULER = re.compile(r"^(auto|none|local|(tcp|tls|ucx|inproc)://\S+)$")
+SCHEDULER = re.compile(r"^(auto|none|local|(tcp|tls|ucx)://\S+)$")
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +38,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", default="none", metavar="WHERE",
                         help="parse the ranks on a Dask cluster (the dask extra): 'local' "
                         "(one started here with --workers processes, 0 or 1: one per CPU), "
-                        "or a running scheduler's address (tcp://HOST:PORT; its workers must "
-                        "read the traces at the same absolute paths); 'auto': local for "
+                        "or a running scheduler's address (tcp://HOST:PORT; its own workers, "
+                        "which must read the traces at the same absolute paths); 'auto': "
+                        "local for "
                         f"more than {AUTO_MIN_TRACES} traces on a machine of at least "
                         f"{AUTO_MIN_CPUS} CPUs when Dask is installed; 'none' (default): "
                         "here, or as --workers says (on 2 cores a local cluster is slower "

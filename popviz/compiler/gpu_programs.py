@@ -42,6 +42,8 @@ def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
         raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    if activation != "gelu_new" and model != "gpt2":
+        raise ValueError(f"activation is GPT-2's MLP activation; {model} has its own")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     default = torch.get_default_dtype()
@@ -83,7 +85,8 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
                                                init_weights=False, activation=activation)
             else:
                 net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
-                                         attn=attn, init_weights=False)
+                                         attn=attn, init_weights=False,
+                                         activation=activation)
         elif model in ("mlp", "pipe"):
             net, inputs = _mlp(int(size), batch, pipe=model == "pipe")
         else:

@@ -122,10 +122,11 @@ def _optimiser_by_parameters(program: Program, module_stage: dict[str, int], cou
 
 
 def repeated_block(modules: pd.Series) -> np.ndarray:
-    """Per module path: the repeated block it runs in, the path up to its first numbered
-    part (GPT-2's `transformer.h.3`, Llama's `model.layers.3`, a Sequential's `body.0`);
-    "" for a module outside any (embeddings, final norm, head, loss)."""
-    found = modules.astype(str).str.extract(r"^((?:[^.]*\.)*?\d+)(?:\.|$)")[0]
+    """Per module path: the repeated block it may run in, the path up to its first
+    numbered part (GPT-2's `transformer.h.3`, Llama's `model.layers.3`, ResNet's
+    `layer1.0`); "" for a module outside any (embeddings, final norm, head, loss).
+    plan_stages keeps only those that hold modules of their own (not `stem.1`, a norm)."""
+    found = modules.astype(str).str.extract(r"^((?:[^.]*\.)*?[0-9]+)(?:\.|$)")[0]
     return found.fillna("").to_numpy(str)
 
 
@@ -152,6 +153,11 @@ def plan_stages(program: Program, options: Options, checkpoint_blocks: bool = Fa
     blockwise = checkpoint_blocks and options.training and options.recomputation \
         and options.recompute_granularity == "full"
     block = repeated_block(fwd["module"]) if blockwise else np.zeros(0, str)
+    if blockwise:  # a numbered leaf module (a Sequential's conv or norm, a classifier's
+        # Linear) is a layer, not a block: a block holds modules of its own
+        inner = fwd["module"].astype(str).to_numpy() != block
+        holders = set(block[inner & (block != "")].tolist())
+        block = np.where(np.isin(block, list(holders)), block, "")
     blockwise = blockwise and bool((block != "").any())
     if blockwise and len(fwd):  # and a section per repeated block
         new_sec |= np.r_[False, block[1:] != block[:-1]]
@@ -174,8 +180,12 @@ def plan_stages(program: Program, options: Options, checkpoint_blocks: bool = Fa
         st = _lookup(sub["layer"], layer_stage, False)
         miss = st < 0
         st[miss] = _lookup(sub["module"][miss], module_stage, True)
-        sec = _lookup(sub["layer"], layer_section, False)
-        sec[sec < 0] = _lookup(sub["module"][sec < 0], module_section, True)
+        if blockwise:  # a layer may span blocks (a model's split-point names): by module
+            sec = _lookup(sub["module"], module_section, True)
+            sec[sec < 0] = _lookup(sub["layer"][sec < 0], layer_section, False)
+        else:
+            sec = _lookup(sub["layer"], layer_section, False)
+            sec[sec < 0] = _lookup(sub["module"][sec < 0], module_section, True)
         if ph == "optimiser" and (st < 0).all():
             st[:] = _optimiser_by_parameters(program, module_stage, len(st), num_stages)
         elif ph == "optimiser":  # an unowned op (e.g. momentum scaling) joins its neighbour

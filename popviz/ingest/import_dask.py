@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,31 +63,34 @@ def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
     one started here with `workers` processes, 0: one per CPU, and stopped after).
     `progress(done, total, part)` is called as each rank's part arrives. A file's own
     error is its ProfileError; a worker that dies, a scheduler that does not answer or a
-    missing Dask is a ProfileError too, and nothing is kept."""
+    missing Dask is a ProfileError too, and nothing is kept. A running cluster has its
+    own workers: `workers` is for a local one."""
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
         raise ProfileError("--scheduler needs Dask's distributed scheduler: pip install "
                            "'popviz[dask]' (or dask[distributed])") from None
     cluster: Any = None
+    client: Any = None
     try:
-        if scheduler == LOCAL:
-            count = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
-            cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
-                                   processes=True, dashboard_address=None,
-                                   silence_logs=logging.ERROR)
-            client = Client(cluster, set_as_default=False)
-        else:
-            client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as exc:
-        if cluster is not None:
-            cluster.close()
-        raise ProfileError(f"no Dask scheduler answers at {scheduler}: "
-                           f"{' '.join(str(exc).split())[:300]}") from None
-    try:
+        try:
+            if scheduler == LOCAL:
+                count = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
+                cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
+                                       processes=True, dashboard_address=None,
+                                       silence_logs=logging.ERROR)
+                client = Client(cluster, set_as_default=False)
+            else:
+                client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
+            # a scheduler with no workers would take the ranks and never parse them
+            client.wait_for_workers(1, timeout=CONNECT_SECONDS)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ProfileError(f"no Dask scheduler with workers answers at {scheduler}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
         return _gather(client, paths, as_completed, progress)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if cluster is not None:
             cluster.close()
 
@@ -98,8 +102,9 @@ def _gather(client: Any, paths: list[PathLike], as_completed: Any,
     from popviz.ingest.import_rank import rank_part
 
     absolute = [os.path.abspath(p) for p in paths]
-    futures = [client.submit(rank_part, p, key=f"popviz-rank-part-{i}-{os.getpid()}",
-                             pure=False) for i, p in enumerate(absolute)]
+    run = uuid.uuid4().hex  # keys of this import alone on a scheduler others share
+    futures = [client.submit(rank_part, p, key=f"popviz-rank-part-{run}-{i}", pure=False)
+               for i, p in enumerate(absolute)]
     index = {f.key: i for i, f in enumerate(futures)}
     parts: list[Any] = [None] * len(paths)
     try:
@@ -110,6 +115,12 @@ def _gather(client: Any, paths: list[PathLike], as_completed: Any,
             except KilledWorker:
                 raise ProfileError(f"{paths[i]}: the Dask worker parsing it died (the "
                                    "scheduler gave up on it); nothing was written") from None
+            except ProfileError as exc:  # the file as the user gave it, not as sent
+                raise ProfileError(str(exc).replace(absolute[i], str(paths[i]))) from None
+            except (OSError, TimeoutError) as exc:  # the scheduler lost mid-import
+                raise ProfileError(f"{paths[i]}: the Dask scheduler was lost while it was "
+                                   f"parsed ({' '.join(str(exc).split())[:200]}); nothing "
+                                   "was written") from None
             part.path = Path(paths[i])  # as given, as an import in this process says it
             parts[i] = part
             if progress is not None:

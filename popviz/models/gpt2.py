@@ -32,7 +32,7 @@ class Gpt2LM(nn.Module):
 
 
 def build_gpt2(size: str, batch: int, *, sequence_length: int = 1024, vocab_size: int = 50257,
-               attn: str = "eager", init_weights: bool = True
+               attn: str = "eager", init_weights: bool = True, activation: str = "gelu_new"
                ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A GPT-2 of `size` (small, medium, tiny) and one batch of token ids for it."""
     if size not in GPT2_SIZES:
@@ -40,7 +40,7 @@ def build_gpt2(size: str, batch: int, *, sequence_length: int = 1024, vocab_size
     hidden, layers, heads = GPT2_SIZES[size]
     return build_gpt2_shape(layers, hidden, heads, vocab_size, batch,
                             sequence_length=sequence_length, attn=attn,
-                            init_weights=init_weights)
+                            init_weights=init_weights, activation=activation)
 
 
 # MLP activations: HF GPT-2's own (the tanh approximation as five ops, each output kept
