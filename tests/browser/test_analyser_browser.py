@@ -65,8 +65,13 @@ def test_trace_zooms_down_to_ops(browser_context: Any, base_url: str, served: Pa
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(rel)}")
     before = page.inner_text("#trace-status")
     _shot(page, "trace_opening")
-    ticks = page.eval_on_selector_all("#trace-graph .ytick text", "e => e.map(t => t.textContent)")
-    assert any(t.endswith("· compute") for t in ticks) and "ops" in ticks
+    # the lane names once Plotly has drawn the y axis (under CI's two workers the page can
+    # settle a moment before its ticks are laid out)
+    ticks = page.wait_for_function("""() => {
+        const t = Array.from(document.querySelectorAll('#trace-graph .ytick text'))
+            .map(e => e.textContent);
+        return t.some(x => x.endsWith('· compute')) && t.includes('ops') ? t : null; }""",
+                                   timeout=30_000).json_value()
     assert "exchange" in ticks and "sync" in ticks
     # zoom to the first few ops of the first forward pass on IPU0
     after = _until_changed(page, "#trace-status", before, """(k) => {

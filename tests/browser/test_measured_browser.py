@@ -63,6 +63,7 @@ def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
     assert page.locator("#stages-amp").count() == 0
     note = page.inner_text("#stages-amp-note")
     assert "measured run has none" in note
+    page.wait_for_selector("#stages-time .xtick text", timeout=30_000)  # drawn, not settled
     assert _svg_text(page, "#stages-time .xtick text") == ["rank 0", "rank 1"]
     _no_modelled_words(page, allowed=note)  # the note says AMP is an IPU option
     # the ranks side by side: one heat map row per rank, the straggler verdict beside it

@@ -140,6 +140,7 @@ def test_clicking_any_tile_lists_what_is_on_it(browser_context: Any, base_url: s
     if not (served / rel).exists():
         pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/memory?profile={quote(rel)}")
+    page.wait_for_selector("#mem-map .g-ytitle", timeout=30_000)  # drawn, not just settled
     ticks = page.eval_on_selector_all("#mem-map .ytick text", "e => e.map(t => t.textContent)")
     title = page.eval_on_selector("#mem-map .g-ytitle", "e => e.textContent")
     assert "first tile of the row" in title and ticks[:2] == ["0", str(int(ticks[1]))]
