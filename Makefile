@@ -8,9 +8,10 @@ PIP     = $(VENV)/bin/pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
-# two pytest workers (pytest-xdist), each file's tests on one worker so that its module
-# fixtures are built once: a browser test mostly waits, and the other worker runs meanwhile
-PYTEST_WORKERS ?= 2
+# one pytest process by default: with two xdist workers a CI run once hung at 98% and never
+# said where. `make test PYTEST_WORKERS=2` splits the files over two workers (each file on
+# one, so its module fixtures are built once) for a quicker run at a desk
+PYTEST_WORKERS ?= 0
 
 .PHONY: serve test setup setup-test system-deps lint typecheck bench profiles clean
 
