@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,9 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[st
     thousands separators; headers in the profile's words (rank, ns when measured)."""
     out = []
     for c in frame.columns:
-        col: dict[str, Any] = {"name": words.column(str(c)), "id": c, "type": "text"}
+        # every column can be hidden and shown again ("Toggle Columns" above the table)
+        col: dict[str, Any] = {"name": words.column(str(c)), "id": c, "type": "text",
+                               "hideable": True}
         if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]):
             col["type"] = "numeric"
             integer = pd.api.types.is_integer_dtype(frame[c])
@@ -135,9 +138,12 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[st
 
 
 def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
-          words: Naming = MODELLED, **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined, unused-ignore]  # dash 4 builds dash_table's names at import
-    """A read-only, sortable table of a small frame (sorted and paged in the browser)."""
+          words: Naming = MODELLED, hidden: Sequence[str] = (),
+          **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined, unused-ignore]  # dash 4 builds dash_table's names at import
+    """A read-only, sortable table of a small frame (sorted and paged in the browser).
+    `hidden`: columns left out until the user shows them (Toggle Columns)."""
     columns = table_columns(frame, words)
+    kwargs.setdefault("hidden_columns", hidden_of(frame, hidden))
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
             "textAlign": "left", "maxWidth": 360, "overflow": "hidden",
             "textOverflow": "ellipsis"}
@@ -146,6 +152,11 @@ def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
               "style_header": {"fontWeight": 600, "backgroundColor": "#f3f5f8"}}
     params.update(kwargs)
     return dash_table.DataTable(id=id_, columns=columns, data=_format(frame), **params)  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
+
+
+def hidden_of(frame: pd.DataFrame, hidden: Sequence[str]) -> list[str]:
+    """The columns of `hidden` the frame has: shown on demand, not by default."""
+    return [c for c in hidden if c in frame.columns]
 
 
 # ---- derived data, built once per open profile ----

@@ -24,9 +24,10 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .row.two > * { flex: 1 1 0; }
 .half { flex: 1 1 0; min-width: 0; }
 /* a table in a half-width panel fits it: long text ends in an ellipsis (the full text is in
-   the CSV download), headers wrap; what still does not fit scrolls inside the panel */
+   the CSV download); what still does not fit scrolls inside the panel */
 .half .dash-spreadsheet td.dash-cell { max-width: 150px !important; }
-.half .dash-spreadsheet th.dash-header { white-space: normal !important; }
+/* every table: headers wrap rather than widen their column */
+.dash-spreadsheet th.dash-header { white-space: normal !important; }
 /* room for the filter cell's placeholder next to its case toggle */
 th.dash-filter { min-width: 88px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }

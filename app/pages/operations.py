@@ -23,6 +23,7 @@ from ..cache import Entry
 from ..common import (
     AppContext,
     gpu_timed,
+    hidden_of,
     message,
     naming,
     op_templates,
@@ -43,6 +44,13 @@ FIGURES: dict[str, Any] = {}
 # temporary bytes of each pass)
 FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "cycles",
          "flops", "temp_bytes", "amp_used", "passes", "plan", "bytes_read", "bytes_written")
+
+
+# shown when asked for (Toggle Columns): what the op is made of and how its cycles split,
+# which the sort and filter still reach and ops.csv still has
+DETAIL = ("layer", "block", "checkpoint", "out_shape", "dtype", "host_ns", "inputs",
+          "outputs", "section", "source_op", "tiles_used", "compute_cycles", "memory_cycles",
+          "exchange_cycles_internal", "temp_total_bytes", "amp_ignored", "step")
 
 
 # the contract's IPU columns a GPU plan fills with placeholders (a GPU has no AMP and no
@@ -172,6 +180,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         dash_table.DataTable(  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
+            hidden_columns=hidden_of(ops, DETAIL),
             filter_action="custom", filter_query="", sort_by=[],
             filter_options={"placeholder_text": "filter"},  # 'filter data...' is cut off
             style_table={"overflowX": "auto"},

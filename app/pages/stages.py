@@ -16,6 +16,12 @@ from popviz.figures.stages import amp_note
 from ..cache import Entry
 from ..common import AppContext, downloads, graph, message, naming, table, title_of
 
+# shown when asked for (Toggle Columns): per-micro-batch splits and bookkeeping; the
+# per-step columns and the split points (first and last layer) stay in view
+DETAIL = ("num_ops", "sync_cycles", "forward_cycles_per_microbatch",
+          "recompute_cycles_per_microbatch", "backward_cycles_per_microbatch", "stash_bytes",
+          "stash_depth", "stash_bytes_per_microbatch", "boundary_bytes", "amp_ignored_ops")
+
 PATH = "/stages"
 TITLE = "Stages"
 NEEDS_PROFILE = True
@@ -88,7 +94,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                   amp_box], className="row two"),
         html.H3("Stages" + (" (times: modelled ns per step)" if words.gpu_plan else
                             " (times: ns per recorded step, mean)" if words.measured else "")),
-        table("stages-table", shown, words=words),
+        table("stages-table", shown, words=words, hidden=DETAIL),
         *_ranks_section(ctx, entry),
         downloads(entry.rel, ["stages"],
                   [v for v in FIGURES if not (words.measured and v == "amp")]),
