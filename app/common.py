@@ -120,14 +120,18 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")  # type: ignore[return-value]  # pandas-stubs: keys are any Hashable; these are column names
 
 
-def table_columns(frame: pd.DataFrame, words: Naming = MODELLED) -> list[dict[str, Any]]:
+CHOOSER_MIN_COLUMNS = 6  # tables with more columns than this get "Toggle Columns"
+
+
+def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,
+                  hideable: bool = True) -> list[dict[str, Any]]:
     """DataTable columns: numbers typed (so they sort and filter as numbers) and shown with
     thousands separators; headers in the profile's words (rank, ns when measured)."""
     out = []
     for c in frame.columns:
-        # every column can be hidden and shown again ("Toggle Columns" above the table)
+        # a column that can be hidden and shown again ("Toggle Columns" above the table)
         col: dict[str, Any] = {"name": words.column(str(c)), "id": c, "type": "text",
-                               "hideable": True}
+                               "hideable": hideable}
         if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]):
             col["type"] = "numeric"
             integer = pd.api.types.is_integer_dtype(frame[c])
@@ -142,7 +146,9 @@ def table(id_: str, frame: pd.DataFrame, page_size: int = SMALL_TABLE_ROWS,
           **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined, unused-ignore]  # dash 4 builds dash_table's names at import
     """A read-only, sortable table of a small frame (sorted and paged in the browser).
     `hidden`: columns left out until the user shows them (Toggle Columns)."""
-    columns = table_columns(frame, words)
+    # a column chooser where there are columns to choose from, not over a three-column list
+    chooser = bool(hidden) or len(frame.columns) > CHOOSER_MIN_COLUMNS
+    columns = table_columns(frame, words, hideable=chooser)
     kwargs.setdefault("hidden_columns", hidden_of(frame, hidden))
     cell = {"fontFamily": "inherit", "fontSize": 12, "padding": "4px 8px",
             "textAlign": "left", "maxWidth": 360, "overflow": "hidden",

@@ -73,7 +73,9 @@ def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | No
         slices = entry.profile.table("host_slices")
         links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
         return thread_lanes_figure(slices, entry.profile.trace, links, lo, hi, mode=mode,
-                                   naming=naming(entry))
+                                   naming=naming(entry),
+                                   kernels=entry.get("kernels",
+                                                     lambda: entry.profile.table("kernels")))
     levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
                               templates=templates(entry), highlight=module or None,

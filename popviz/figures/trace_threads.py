@@ -10,6 +10,8 @@ status says to zoom in)."""
 
 from __future__ import annotations
 
+import html
+import textwrap
 import zlib
 
 import numpy as np
@@ -131,11 +133,44 @@ def _labels(names: pd.Series) -> np.ndarray:
     return text.str.replace(r"^aten::", "", regex=True).str.slice(0, 40).to_numpy()
 
 
-def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming) -> list[go.Bar]:
+def launch_lines(events: pd.DataFrame, kernels: pd.DataFrame | None) -> np.ndarray:
+    """Per GPU event: its kernel's launch as hover lines ("grid 1568×1×64 · block
+    256×1×1<br>32 registers a thread · 4,224 B shared memory<br>occupancy 100% (est.) ·
+    760.2 blocks and 6,081.9 warps per SM"), "" where `kernels` has no row for it."""
+    out = np.full(len(events), "", dtype=object)
+    if kernels is None or kernels.empty or events.empty or "correlation" not in events:
+        return out
+    keys = events[["ipu", "correlation"]].reset_index(drop=True)
+    found = keys.merge(kernels.drop_duplicates(["ipu", "correlation"]),
+                       on=["ipu", "correlation"], how="left")
+    dims = {c: found[c].astype(object).to_numpy() for c in ("grid", "block")}
+    num = {c: found[c].to_numpy(dtype=np.float64) for c in
+           ("registers", "shared_bytes", "occupancy_pct", "blocks_per_sm", "warps_per_sm")}
+    for i in range(len(found)):
+        shape = " · ".join(f"{c} {str(dims[c][i]).replace(',', '×')}" for c in dims
+                           if isinstance(dims[c][i], str) and dims[c][i])
+        use = " · ".join(text.format(num[c][i]) for c, text in
+                         (("registers", "{:,.0f} registers a thread"),
+                          ("shared_bytes", "{:,.0f} B shared memory"))
+                         if np.isfinite(num[c][i]))
+        per_sm = " and ".join(text.format(num[c][i]) for c, text in
+                              (("blocks_per_sm", "{:,.1f} blocks"),
+                               ("warps_per_sm", "{:,.1f} warps")) if np.isfinite(num[c][i]))
+        fill = " · ".join(
+            ([f"occupancy {num['occupancy_pct'][i]:,.0f}% (est.)"]
+             if np.isfinite(num["occupancy_pct"][i]) else [])
+            + ([f"{per_sm} per SM"] if per_sm else []))
+        out[i] = "<br>".join(x for x in (shape, use, fill) if x)
+    return out
+
+
+def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming,
+              kernels: pd.DataFrame | None = None) -> list[go.Bar]:
     unit = naming.unit
     hover = ("<b>%{customdata[0]}</b><br>%{customdata[1]}<br>launched by %{customdata[2]}"
              f"<br>%{{base:,.0f}} → %{{customdata[3]:,.0f}} {unit} "
-             f"(duration %{{customdata[4]:,.0f}} {unit})<extra>%{{fullData.name}}</extra>")
+             f"(duration %{{customdata[4]:,.0f}} {unit})%{{customdata[5]}}"
+             "<extra>%{fullData.name}</extra>")
     codes = category_codes(ev)
     out = []
     for k, cat in enumerate(CATEGORIES):
@@ -144,11 +179,12 @@ def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming) -> list[go.Bar]:
             continue
         host = sel["host_op"].astype(str).to_numpy() if "host_op" in sel else \
             np.full(len(sel), "")
-        custom = _stack([sel["op"].astype(str).to_numpy(),
+        custom = _stack([hover_names(sel["op"]),
                          [f"{naming.label(int(i))} stream {int(s)}" for i, s in
                           zip(sel["ipu"], sel["stream"])],
                          np.where(host == "", "(not recorded)", host),
-                         sel["end"].to_numpy(), (sel["end"] - sel["start"]).to_numpy()])
+                         sel["end"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
+                         [f"<br>{x}" if x else "" for x in launch_lines(sel, kernels)]])
         out.append(go.Bar(
             name=CATEGORY_NAMES[cat], orientation="h",
             y=_stream_rows(sel, index),
@@ -160,6 +196,26 @@ def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming) -> list[go.Bar]:
             text=kernel_labels(sel["op"]), textposition="inside", insidetextanchor="start",
             textfont={"color": "white"}, cliponaxis=True))
     return out
+
+
+HOVER_WIDTH = 90  # characters a hover line holds before it wraps
+HOVER_LINES = 4
+
+
+def hover_names(names: pd.Series) -> np.ndarray:
+    """Kernel names for a hover, wrapped at HOVER_WIDTH characters (at most HOVER_LINES
+    lines, the rest elided): a template kernel's name runs to hundreds of characters, and
+    one such line makes the hover wider than the plot, pushing its other lines out of
+    sight."""
+    codes, uniques = pd.factorize(names.astype(str))
+    wrapped = []
+    for name in uniques:
+        lines = textwrap.wrap(str(name), HOVER_WIDTH, break_on_hyphens=False) or [""]
+        if len(lines) > HOVER_LINES:
+            lines = [*lines[:HOVER_LINES - 1], lines[HOVER_LINES - 1][:HOVER_WIDTH - 1] + "…"]
+        wrapped.append("<br>".join(html.escape(x, quote=False) for x in lines))
+    return np.asarray(wrapped, dtype=object)[codes] if len(codes) else \
+        np.zeros(0, dtype=object)
 
 
 def kernel_labels(names: pd.Series) -> np.ndarray:
@@ -255,9 +311,11 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
                         mode: str = FLAME, naming: Naming | None = None,
                         max_events: int = MAX_EVENTS, max_flows: int = MAX_FLOWS,
                         pixels: int = PIXELS, min_px: float = MIN_PX,
-                        title: str = "Execution trace") -> go.Figure:
+                        title: str = "Execution trace",
+                        kernels: pd.DataFrame | None = None) -> go.Figure:
     """Threads, GPU idle and streams of [start, end) (everything by default). `links` is
-    `analysis.trace_threads.launch_links`. `layout.meta`: view (flame|flat), mode
+    `analysis.trace_threads.launch_links`; `kernels` (the profile's table of that name)
+    adds each kernel's launch to its hover. `layout.meta`: view (flame|flat), mode
     (events|merged), visible_events, drawn, range, flows_drawn, flows_hidden, rows."""
     naming = naming or Naming(device="rank", unit="ns", measured=True)
     rows: list[Row] = thread_rows(slices, trace, mode)
@@ -311,7 +369,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         vside = vside[sw].iloc[:max_events]
     data = _host_bars(vs, _slice_rows(vs, index, mode), naming) + data
     data += _side_bars(vside, index, naming, links, slices)
-    data += _gpu_bars(vg, index, naming)
+    data += _gpu_bars(vg, index, naming, kernels)
     shown, hidden = visible_links(links, lo, hi, max_flows)
     if hidden:  # a capped subset would crowd one end of the view: none until zoomed in
         shown, hidden = shown.iloc[:0], hidden + len(shown)

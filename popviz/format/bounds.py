@@ -70,6 +70,7 @@ COLUMNS: dict[str, dict[str, Bound]] = {
     "alloc_segments": {"ipu": ("device", 0), "segment": ("index", 0),
                        "stream": ("finite", -1)},
     "alloc_frames": {"ipu": ("device", 0), "stack": ("index", 0), "depth": ("index", 0)},
+    "kernels": {"ipu": ("device", 0), "correlation": ("finite", -1)},
     "host_slices": {"ipu": ("device", 0), "tid": ("index", 0), "depth": ("index", 0),
                     "correlation": ("finite", -1)},
     "p2p": {"rank": ("device", 0), "peer": ("device", -1), "stage": ("stage", -1),

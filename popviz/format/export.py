@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.format import tempfiles
+from popviz.format import schema, tempfiles
 from popviz.format.profile import Profile
 from popviz.vocab import is_measured, naming_for
 
@@ -74,12 +74,17 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     # an import's kernels name the host op that launched them
     launched = trace["host_op"].astype(str).tolist() if "host_op" in trace else \
         [""] * len(trace)
-    for ts, te, ipu, kind, stage, microbatch, pass_, op, host_op in zip(
-            starts, ends, *columns, launched, strict=True):
+    correlation = trace["correlation"].tolist() if "correlation" in trace else \
+        [-1] * len(trace)
+    launches = _launch_args(profile)
+    for ts, te, ipu, kind, stage, microbatch, pass_, op, host_op, corr in zip(
+            starts, ends, *columns, launched, correlation, strict=True):
         args: dict[str, Any] = {"stage": int(stage), "microbatch": int(microbatch),
                                 "pass": str(pass_)}
         if host_op and host_op != op:
             args["host_op"] = host_op
+        if corr >= 0 and (int(ipu), int(corr)) in launches:  # as CUPTI's args name them
+            args.update(launches[int(ipu), int(corr)])
         events.append({
             "name": str(op or f"{kind} {pass_}".strip()), "cat": str(kind), "ph": "X",
             "ts": float(ts), "dur": float(max(te - ts, 0.0)),
@@ -88,6 +93,26 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     events += _host_events(profile, scale, tid)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"profile": str(profile.path), "kind": profile.kind}}
+
+
+def _launch_args(profile: Profile) -> dict[tuple[int, int], dict[str, Any]]:
+    """(rank, correlation) -> a kernel's launch fields under torch.profiler's own arg names
+    (format 1.4 `kernels`; {} without it)."""
+    if "kernels" not in profile.table_names:
+        return {}
+    kernels = profile.table("kernels")
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in kernels.to_dict("records"):
+        args: dict[str, Any] = {}
+        for column, key in schema.LAUNCH_ARGS.items():
+            value = row[column]
+            if column in ("grid", "block"):
+                if value:
+                    args[key] = [int(v) for v in str(value).split(",")]
+            elif value == value:  # NaN: a field CUPTI did not give
+                args[key] = int(value) if float(value).is_integer() else float(value)
+        out[int(row["ipu"]), int(row["correlation"])] = args
+    return out
 
 
 HOST_TID0 = 1000  # host threads' tids: after the trace kinds'

@@ -25,7 +25,10 @@ FORMAT_NAME = "popviz-profile"
 # tiles, grain_bytes: where each variable sits on its IPU's tiles (whole grains over a
 # tile range, mapping.grain_split), so /memory lists a tile's own bytes; 1.2 files read
 # back without them (the listing then names the IPU's candidates, as before).
-FORMAT_VERSION = "1.3.0"
+# 1.4: the optional table `kernels`: each imported kernel's launch (grid, block, registers,
+# shared memory, CUPTI's occupancy estimates) by (rank, correlation); 1.3 files read
+# back without it (kernel hovers then give name, stream and times only).
+FORMAT_VERSION = "1.4.0"
 FORMAT_MAJOR = int(FORMAT_VERSION.split(".")[0])
 
 PROFILE_FILENAME = "profile.h5"
@@ -87,6 +90,7 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "alloc_segments": ("ipu", "segment", "bytes"),
     "alloc_frames": ("ipu", "stack", "depth"),
     "host_slices": ("ipu", "tid", "depth"),
+    "kernels": ("ipu",),  # the launch fields may be NaN: a field CUPTI did not give
 }
 # Contract columns that hold text (string-ref or int-or-string-ref); the rest are numbers.
 TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -114,6 +118,11 @@ CONTRACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "ops": ("op_id", "op", "phase"),
 }
 REQUIRED_TABLES = tuple(CONTRACT_COLUMNS)
+# The `kernels` columns of a launch and the names torch.profiler's kernel events give them
+# in their args (the import reads them, the Chrome-trace export writes them back).
+LAUNCH_ARGS = {"grid": "grid", "block": "block", "registers": "registers per thread",
+               "shared_bytes": "shared memory", "occupancy_pct": "est. achieved occupancy %",
+               "blocks_per_sm": "blocks per SM", "warps_per_sm": "warps per SM"}
 # Tables a profile may hold; absent ones read back empty with these columns.
 OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "tensors": ("tensor_id", "name", "bytes", "category"),
@@ -131,6 +140,8 @@ OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "alloc_frames": ("ipu", "stack", "depth", "name", "filename", "line"),
     "host_slices": ("ipu", "tid", "thread", "depth", "start", "end", "name", "cat",
                     "correlation"),
+    # an import's kernels as CUPTI launched them (1.4; grid and block "x,y,z")
+    "kernels": ("ipu", "correlation", *LAUNCH_ARGS),
 }
 
 

@@ -24,6 +24,7 @@ from popviz.ingest import kineto_events as kev
 from popviz.ingest import kineto_lanes, memsnap, memsnap_blocks
 from popviz.ingest.import_limits import MAX_MEMORY_BYTES, LimitError
 from popviz.ingest.kineto import read_trace
+from popviz.ingest.kineto_launch import launch_table
 from popviz.ingest.kineto_ops import op_classes, ops_table
 
 PathLike = str | os.PathLike[str]
@@ -47,6 +48,7 @@ class RankPart:
     liveness: pd.DataFrame = field(default_factory=pd.DataFrame)
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
     slices: pd.DataFrame = field(default_factory=pd.DataFrame)  # host spans by thread, depth
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernels' launch fields
     actions: list[str] = field(default_factory=list)  # pipelining's labels, in order
     first_ops: dict[int, tuple[str, str]] = field(default_factory=dict)  # see first_ops
     labeller: kev.Labeller | None = None
@@ -185,6 +187,7 @@ def _rank_part(path: PathLike) -> RankPart:
         part.device_memory = device_memory(t.meta, device)
     part.ops = ops_table(spans, t.rank, lab)
     part.slices = kineto_lanes.host_slices(spans, t.rank)
+    part.kernels = launch_table(spans, t.rank)
     part.stages = [int(s) for s in lab.stages]
     for frame in (part.events, part.ops):
         frame["step"] = part.step_of(frame["start"]) if len(frame) else 0

@@ -174,9 +174,12 @@ def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
         "host_slices": pd.concat([t.slices for t in parts], ignore_index=True),
     }
     result.update(allocation_tables(parts))
+    kernels = [t.kernels for t in parts if len(t.kernels)]
+    if kernels:  # CUPTI's launch fields (format 1.4); absent: no kernel carried any
+        result["kernels"] = pd.concat(kernels, ignore_index=True)
     del events
     for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
-        t.events = t.calls = t.liveness = t.ops = t.slices = pd.DataFrame()
+        t.events = t.calls = t.liveness = t.ops = t.slices = t.kernels = pd.DataFrame()
         t.labeller, t.allocations = None, {}
     return result, info
 

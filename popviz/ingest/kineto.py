@@ -30,6 +30,7 @@ import pandas as pd
 from popviz.errors import ProfileError
 from popviz.ingest import import_limits as limits
 from popviz.ingest import kineto_scan as scan
+from popviz.ingest.kineto_launch import launch_of
 
 try:  # optional: 3-4x faster than json on large traces
     import orjson
@@ -50,7 +51,7 @@ KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation", "kern
                        "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 SPAN_COLUMNS = ["cat", "name", "tid", "ts", "dur", "ext", "corr", "stream", "bytes",
                 "dims", "types", "concrete", "flops", "collective", "nelems", "dtype",
-                "src_rank", "dst_rank"]
+                "src_rank", "dst_rank", "launch"]
 
 
 @dataclass
@@ -194,6 +195,7 @@ def _span_columns(evs: list[dict]) -> dict[str, list]:
     cols["dtype"] = [a.get("dtype", "") if c else "" for a, c in zip(args, coll)]
     cols["src_rank"] = [a.get("Src Rank", -1) if c else -1 for a, c in zip(args, coll)]
     cols["dst_rank"] = [a.get("Dst Rank", -1) if c else -1 for a, c in zip(args, coll)]
+    cols["launch"] = [launch_of(a) if c == "kernel" else None for a, c in zip(args, cat)]
     return cols
 
 
@@ -393,6 +395,7 @@ def read_general(data: bytes, path: Path, warnings: list[str] | None = None,
             "collective": pd.Categorical(_texts(s["collective"])),
             "nelems": _int(s["nelems"], 0), "dtype": _texts(s["dtype"]),
             "src_rank": _int(s["src_rank"]), "dst_rank": _int(s["dst_rank"]),
+            "launch": pd.Series(s["launch"], dtype=object),
         })[ok].reset_index(drop=True)
     except TypeError as exc:  # an unhashable name (a list, an object)
         raise ProfileError(f"{path}: events of an unexpected shape "

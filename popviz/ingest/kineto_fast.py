@@ -19,6 +19,7 @@ import pandas as pd
 
 from popviz.ingest import import_limits as limits
 from popviz.ingest import kineto_scan as scan
+from popviz.ingest.kineto_launch import DIMENSIONS, LAUNCH_KEYS, dimensions_text, number_text
 from popviz.ingest.kineto_scan import NotKineto
 
 try:
@@ -43,7 +44,9 @@ NUMBER_KEYS = {b"ts": "ts", b"dur": "dur", b"External id": "ext", b"correlation"
                b"In msg nelems": "nelems", b"Src Rank": "src_rank",
                b"Dst Rank": "dst_rank", b"Total Allocated": "allocated",
                b"Device Type": "device_type", b"Device Id": "device_id"}
-TEXT_KEYS = {b"Input Dims": "dims"}  # nested lists of ints, kept as text
+TEXT_KEYS = {b"Input Dims": "dims",  # nested lists of ints, kept as text
+             # a kernel's launch (kineto_launch.LAUNCH_KEYS), each read from its raw text
+             **{k.encode(): f"launch{i}" for i, k in enumerate(LAUNCH_KEYS)}}
 MILLI = {"ts", "dur"}  # µs in the file, read as ns (3 decimals, exactly)
 WANTED = list(dict.fromkeys([b"ph", *STRING_KEYS, *NUMBER_KEYS, *TEXT_KEYS]))  # ph: 0
 
@@ -323,6 +326,8 @@ def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.Dat
         "nelems": _numbers(cols, "nelems", n, 0)[rows], "dtype": dtype_text[rows],
         "src_rank": _numbers(cols, "src_rank", n, -1)[rows],
         "dst_rank": _numbers(cols, "dst_rank", n, -1)[rows],
+        "launch": pd.Series(_launches(cols, rows, cat == (cat_u.index("kernel") if "kernel"
+                                                           in cat_u else -2)), dtype=object),
     })
     gpu = spans["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy()
     spans.loc[~gpu, "stream"] = -1  # only GPU rows carry a stream / bytes, as read_general
@@ -337,6 +342,30 @@ def fast_frames(data: bytes, begin: int, end: int) -> tuple[pd.DataFrame, pd.Dat
                            "device_type": _numbers(cols, "device_type", n, 0)[mem],
                            "device_id": _numbers(cols, "device_id", n, -1)[mem]})
     return spans, memory
+
+
+def _launches(cols: dict[str, Any], rows: np.ndarray, kernel: np.ndarray) -> list[Any]:
+    """Per row: a kernel's launch tuple (kineto_launch), None for other events or a
+    kernel without launch fields, each field read from its raw text as the general
+    reader reads the decoded value."""
+    fields, present = [], np.zeros(len(rows), dtype=bool)
+    for i in range(len(LAUNCH_KEYS)):
+        got = cols[f"launch{i}"]
+        convert = dimensions_text if i < DIMENSIONS else number_text
+        if got is None:
+            fields.append(np.full(len(rows), "" if i < DIMENSIONS else np.nan, dtype=object))
+            continue
+        codes, raw = got
+        values = np.array([*(convert(r) for r in raw), "" if i < DIMENSIONS else np.nan],
+                          dtype=object)
+        picked = codes[rows]
+        present |= picked >= 0
+        fields.append(values[picked])  # -1 (absent): the last entry
+    keep = present & kernel[rows]
+    out: list[Any] = [None] * len(rows)
+    for j in np.flatnonzero(keep):
+        out[j] = (fields[0][j], fields[1][j], *(float(f[j]) for f in fields[2:]))
+    return out
 
 
 def _whole_events(data: bytes, cols: dict[str, Any], rows: np.ndarray, name: np.ndarray,

@@ -168,6 +168,45 @@ def test_a_gpu_idle_gap_says_why_on_hover(browser_context: Any, base_url: str,
         shutil.rmtree(folder)
 
 
+def test_a_kernel_says_its_launch_on_hover(browser_context: Any, base_url: str,
+                                           served: Path) -> None:
+    """The widest kernel of the H100 recording, hovered in its stream lane: its grid,
+    block, registers and occupancy as the trace's kernel event gives them."""
+    folder = served / "imported_launch"
+    popviz.import_trace([RESNET], folder)
+    try:
+        with popviz.open(folder) as p:
+            tr, kernels = p.trace, p.table("kernels").set_index("correlation")
+            kern = tr[tr["correlation"].isin(kernels.index)]
+            widest = kern.loc[(kern["end"] - kern["start"]).idxmax()]
+        launch = kernels.loc[int(widest["correlation"])]
+        width = float(widest["end"] - widest["start"])
+        page, errors = _open(browser_context,
+                             f"{base_url}/trace?profile=imported_launch/profile.h5")
+        _zoom(page, float(widest["start"]) - width, float(widest["end"]) + width)
+        meta = _meta(page)
+        row = next(i for i, r in enumerate(meta["rows"])
+                   if r.endswith(f"stream {int(widest['stream'])}"))
+        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+        x = box["x"] + box["width"] * 0.5  # the kernel's middle: the window is 3 kernels wide
+        y = box["y"] + box["height"] * (row + 0.5) / len(meta["rows"])
+        page.mouse.move(x, y)
+        page.wait_for_selector(".hoverlayer .hovertext", timeout=10_000)
+        text = page.evaluate("() => document.querySelector('.hoverlayer').textContent")
+        # the whole name, wrapped (a template kernel's runs to hundreds of characters)
+        name = str(widest["op"])
+        assert name.replace(" ", "") in text.replace(" ", ""), text
+        assert f"grid {launch['grid'].replace(',', '×')}" in text, text
+        assert f"block {launch['block'].replace(',', '×')}" in text, text
+        assert f"{launch['registers']:,.0f} registers a thread" in text, text
+        assert f"occupancy {launch['occupancy_pct']:,.0f}% (est.)" in text, text
+        page.screenshot(path=str(SCREENSHOTS / "lanes_kernel_hover.png"), full_page=True)
+        assert errors == []
+        page.close()
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_a_modelled_pass_flame_then_flat(browser_context: Any, base_url: str,
                                          served: Path) -> None:
     rel = _rel(served, BUNDLED)
