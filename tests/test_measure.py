@@ -158,6 +158,24 @@ def test_interleaved_stages_and_liveness(runs: dict[str, Path]) -> None:
         assert (p.liveness["not_always_live_bytes"] > 0).any()
 
 
+def test_interleaved_stage_boundaries_are_stages_not_ranks(runs: dict[str, Path]) -> None:
+    """Two ranks, four stages: /exchange's rank matrix has one link each way, its stage
+    links the three boundaries, each with every micro-batch of every step once, and
+    together they carry what the exchange table does."""
+    from popviz.analysis.exchange import stage_links
+
+    with popviz.open(runs["Interleaved1F1B"]) as p:
+        links, exchange = stage_links(p.table("p2p"), p.exchange), p.exchange
+    assert [(r.src_stage, r.dst_stage, r.kind) for r in links.itertuples()] == [
+        (0, 1, "activation"), (1, 0, "gradient"), (1, 2, "activation"),
+        (2, 1, "gradient"), (2, 3, "activation"), (3, 2, "gradient")]
+    assert (links["transfers"] == MICROBATCHES * STEPS).all()
+    assert links["bytes"].sum() == exchange["bytes"].sum()
+    assert links["transfer_ns"].sum() == exchange["transfer_ns"].sum()
+    assert set(zip(exchange["src"].astype(str), exchange["dst"].astype(str))) == \
+        {("0", "1"), ("1", "0")}
+
+
 def test_live_run_equals_the_import_of_its_traces(runs: dict[str, Path],
                                                    tmp_path: Path) -> None:
     """One measured path: `popviz import` of the traces the live run saved gives the live

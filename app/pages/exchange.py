@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import dash
+import pandas as pd
 from dash import html
 
 from popviz import analysis, figures
-from popviz.analysis.exchange import trace_traffic
+from popviz.analysis.exchange import stage_links, trace_traffic
 from popviz.units import fmt_bytes
 
 from ..cache import Entry
@@ -30,7 +31,30 @@ def over_time(ctx: AppContext, entry: Entry) -> Any:
                                         naming=naming(entry))
 
 
-FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time}
+def links(entry: Entry) -> Any:
+    """Per stage boundary of a measured or imported job (empty for a modelled one)."""
+    profile = entry.profile
+    return entry.get("stage_links", lambda: stage_links(
+        profile.table("p2p") if "p2p" in profile.table_names else pd.DataFrame(),
+        profile.exchange))
+
+
+def between_stages(ctx: AppContext, entry: Entry) -> Any:
+    return figures.stage_links_figure(links(entry))
+
+
+FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time,
+           "exchange_stages": between_stages}
+
+
+def _links_table(entry: Entry) -> Any:
+    """The stage boundaries in words: times in the profile's unit, bytes readable too."""
+    frame = links(entry).rename(columns={
+        "transfer_ns": "on the wire ns", "receiver_wait_ns": "receiver waited ns",
+        "sender_wait_ns": "sender waited ns"})
+    frame.insert(list(frame.columns).index("bytes"), "size",
+                 [fmt_bytes(b) for b in frame["bytes"]])
+    return frame
 
 
 def _by_kind(entry: Entry) -> Any:
@@ -61,13 +85,24 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "own memsets and device copies).", "info"),
             html.H3("Exchange events in the trace"),
             table("exchange-trace", traffic, words=words)])
+    staged = not links(entry).empty  # a measured or imported job's p2p calls
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("exchange-matrix", matrix(ctx, entry)),
                   graph("exchange-time", over_time(ctx, entry))], className="row two"),
+        *([html.H3("Between stages"), html.P(
+            "What crosses each stage boundary (an interleaved schedule's stages, not only "
+            "its ranks): transfers, bytes, time on the wire and how long each side waited "
+            "for the other to post; a stage's collectives on the diagonal.",
+            className="hint"),
+           html.Div([graph("exchange-stages", between_stages(ctx, entry)),
+                     html.Div(table("exchange-stage-links", _links_table(entry),
+                                    words=naming(entry)), className="half")],
+                    className="row two")] if staged else []),
         html.H3("By kind"),
         table("exchange-kinds", _by_kind(entry), words=naming(entry)),
-        downloads(entry.rel, ["exchange"], list(FIGURES)),
+        downloads(entry.rel, ["exchange"],
+                  [f for f in FIGURES if staged or f != "exchange_stages"]),
     ])
 
 

@@ -92,3 +92,50 @@ def trace_traffic(trace: pd.DataFrame) -> pd.DataFrame:
     out = frame.groupby(["kind", "op"], sort=True).agg(
         events=("time", "size"), bytes=("bytes", "sum"), time=("time", "sum")).reset_index()
     return out.sort_values("time", ascending=False, kind="stable").reset_index(drop=True)[cols]
+
+
+STAGE_LINK_COLUMNS = ["src_stage", "dst_stage", "kind", "transfers", "bytes", "transfer_ns",
+                      "receiver_wait_ns", "sender_wait_ns"]
+
+
+def stage_links(p2p: pd.DataFrame, exchange: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What crosses each stage boundary of a measured or imported job: per (sending stage,
+    receiving stage, kind) the transfers, bytes, time on the wire and the time each side
+    waited for the other to post, from the `p2p` table's calls paired as the import pairs
+    them (the k-th send a -> b meets the k-th recv at b from a). Stages, not ranks: an
+    interleaved schedule's stage 1 -> 2 runs between two ranks that also carry 0 -> 1.
+    `exchange`'s collectives (NCCL kernels on a rank) add a row per stage with src_stage
+    == dst_stage and kind "collective". Rows ordered by stages, then kind."""
+    parts = []
+    if len(p2p) and "seq" in p2p:
+        cols = ["rank", "peer", "kind", "seq", "stage", "bytes", "waiting_ns", "transfer_ns"]
+        sends = p2p.loc[p2p["direction"] == "send", cols]
+        recvs = p2p.loc[p2p["direction"] == "recv", cols]
+        pairs = recvs.merge(sends, left_on=["peer", "rank", "seq"],
+                            right_on=["rank", "peer", "seq"], suffixes=("", "_send"))
+        if len(pairs):
+            parts.append(pd.DataFrame({
+                "src_stage": pairs["stage_send"].to_numpy(np.int64),
+                "dst_stage": pairs["stage"].to_numpy(np.int64),
+                "kind": pairs["kind"].astype(str).to_numpy(), "transfers": 1,
+                "bytes": pairs["bytes"].to_numpy(np.int64),
+                "transfer_ns": pairs["transfer_ns"].to_numpy(np.int64),
+                "receiver_wait_ns": pairs["waiting_ns"].to_numpy(np.int64),
+                "sender_wait_ns": pairs["waiting_ns_send"].to_numpy(np.int64)}))
+    if exchange is not None and len(exchange) and "kind" in exchange:
+        coll = exchange[exchange["kind"].astype(str) == "collective"]
+        if len(coll):
+            stage = coll["stage"].to_numpy(np.int64)
+            parts.append(pd.DataFrame({
+                "src_stage": stage, "dst_stage": stage, "kind": "collective",
+                "transfers": 1, "bytes": coll["bytes"].to_numpy(np.int64),
+                "transfer_ns": (coll["end"] - coll["start"]).to_numpy(np.int64),
+                "receiver_wait_ns": 0, "sender_wait_ns": 0}))
+    if not parts:
+        return pd.DataFrame({c: pd.Series([], dtype=object if c == "kind" else "int64")
+                             for c in STAGE_LINK_COLUMNS})
+    frame = pd.concat(parts, ignore_index=True)
+    frame = frame[(frame["src_stage"] >= 0) & (frame["dst_stage"] >= 0)]
+    out = frame.groupby(["src_stage", "dst_stage", "kind"], as_index=False, sort=True)[
+        STAGE_LINK_COLUMNS[3:]].sum()
+    return out[STAGE_LINK_COLUMNS].reset_index(drop=True)

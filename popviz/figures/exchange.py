@@ -63,3 +63,44 @@ def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
     widths = (over_time["bin_end"] - over_time["bin_start"]).to_numpy(dtype=float)
     width = f" · bins of {float(np.median(widths)):,.0f} {unit}" if len(widths) else ""
     return base_layout(fig, title + width, height=340)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.2f} ms" if ns >= 1e5 else f"{ns / 1e3:,.1f} µs"
+
+
+def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go.Figure:
+    """Heat map of the bytes each stage sends each other stage (rows: from), from
+    `analysis.exchange.stage_links`; the hover gives transfers, kinds, time on the wire
+    and how long each side waited for the other. A stage's own collectives sit on the
+    diagonal."""
+    if links.empty:
+        return empty_figure("No transfers between stages in this profile.", title)
+    stages = sorted(set(links["src_stage"]) | set(links["dst_stage"]))
+    at = {s: i for i, s in enumerate(stages)}
+    n = len(stages)
+    total = np.zeros((n, n))
+    hover = np.full((n, n), "", dtype=object)
+    cells: dict[tuple[int, int], list[str]] = {}
+    for row in links.to_dict("records"):
+        src, dst = int(row["src_stage"]), int(row["dst_stage"])
+        total[at[src], at[dst]] += float(row["bytes"])
+        lines = cells.setdefault((src, dst), [f"<b>stage {src} → stage {dst}</b>"])
+        lines.append(f"{row['kind']}: {int(row['transfers']):,} × · "
+                     f"{fmt_bytes(float(row['bytes']))} · on the wire "
+                     f"{_ms(float(row['transfer_ns']))}")
+        if row["kind"] != "collective":
+            lines.append(f"  receiver waited {_ms(float(row['receiver_wait_ns']))}, sender "
+                         f"waited {_ms(float(row['sender_wait_ns']))}")
+    for (src, dst), lines in cells.items():
+        hover[at[src], at[dst]] = "<br>".join(lines)
+    size, name = byte_unit(float(total.max()))
+    text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
+    labels = [f"stage {s}" for s in stages]
+    fig = go.Figure(go.Heatmap(
+        z=np.where(total > 0, total / size, np.nan), x=labels, y=labels, text=text,
+        texttemplate="%{text}", colorscale="Blues", colorbar={"title": name}, zmin=0,
+        customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=1, ygap=1))
+    fig.update_xaxes(side="bottom", title_text="to")
+    fig.update_yaxes(title_text="from", autorange="reversed")
+    return base_layout(fig, f"{title} ({name}, from row to column)", height=160 + 45 * n)

@@ -57,6 +57,29 @@ def test_measured_exchange_says_ranks_and_ns(browser_context: Any, base_url: str
     page.close()
 
 
+def test_measured_exchange_shows_what_crosses_each_stage_boundary(
+        browser_context: Any, base_url: str, served: Path) -> None:
+    import popviz
+    from popviz.analysis.exchange import stage_links
+
+    with popviz.open(served / REL) as profile:
+        want = stage_links(profile.table("p2p"), profile.exchange)
+    page, errors = _page(browser_context, base_url, served, "/exchange")
+    page.wait_for_selector("#exchange-stages .xtick text", timeout=30_000)
+    assert _svg_text(page, "#exchange-stages .xtick text") == ["stage 0", "stage 1"]
+    hover = page.evaluate("() => document.querySelector('#exchange-stages .js-plotly-plot')"
+                          ".data[0].customdata")
+    assert "stage 0 → stage 1" in hover[0][1] and "receiver waited" in hover[0][1]
+    kinds = page.locator("#exchange-stage-links td[data-dash-column='kind']").all_inner_texts()
+    counts = page.locator("#exchange-stage-links td[data-dash-column='transfers']")
+    assert kinds == want["kind"].tolist()
+    assert [int(c) for c in counts.all_inner_texts()] == want["transfers"].tolist()
+    page.screenshot(path=str(SCREENSHOTS / "measured_stage_links.png"), full_page=True)
+    _no_modelled_words(page)
+    assert errors == []
+    page.close()
+
+
 def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
                                           served: Path) -> None:
     page, errors = _page(browser_context, base_url, served, "/stages")
