@@ -120,7 +120,7 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")  # type: ignore[return-value]  # pandas-stubs: keys are any Hashable; these are column names
 
 
-CHOOSER_MIN_COLUMNS = 6  # tables with more columns than this get "Toggle Columns"
+CHOOSER_MIN_COLUMNS = 8  # tables with more columns than this get "Toggle Columns"
 
 
 def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,

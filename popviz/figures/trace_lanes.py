@@ -25,7 +25,7 @@ from popviz.figures.style import (
     base_layout,
     empty_figure,
 )
-from popviz.figures.trace import MAX_EVENTS, _stack
+from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
 from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
 
@@ -316,6 +316,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         data.append(go.Scatter(x=[lo, hi], y=[0, 0], mode="markers", name="select",
                                marker={"opacity": 0, "size": 1}, hoverinfo="skip",
                                showlegend=False))
+    drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     main_px = LANE_PX * len(lanes)
     ov_px = OVERVIEW_PX if overview else 0

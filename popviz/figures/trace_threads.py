@@ -31,7 +31,7 @@ from popviz.analysis.trace_threads import (
 )
 from popviz.figures.lod import CATEGORIES, category_codes
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
-from popviz.figures.trace import MAX_EVENTS, _stack
+from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
 from popviz.vocab import Naming
 
 MAX_FLOWS = 300  # arrows drawn at once; more means zoom in
@@ -375,6 +375,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         shown, hidden = shown.iloc[:0], hidden + len(shown)
     if len(shown):
         data.append(_flows(shown, index, mode, naming))
+    drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     labels = []
     for k, r in enumerate(rows):
