@@ -1,6 +1,7 @@
 """Time each page of the app drawn in Chromium through `popviz serve` on a 1M-event profile.
 
     .venv/bin/python bench/bench_app_browser.py [--events 1000000] [--steps 20000]
+    .venv/bin/python bench/bench_app_browser.py --bundled [DIR]   # issue 31's targets
 
 `bench/bench_app.py` times the server's side (layouts and callbacks called directly); this
 one times what a user waits for: from navigation until every figure on the page has been
@@ -16,12 +17,17 @@ The target (issue 21) is every page's figures drawn in under 2 s on the large pr
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,6 +35,7 @@ from popviz.format import write_report
 from popviz.testing.synthetic import synthetic_report
 from tests.serve_util import start_serve, stop
 
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader",
                  "--disable-background-networking", "--disable-component-update",
@@ -121,15 +128,127 @@ def time_pages(context: Any, base: str, rel: str, repeat: int) -> dict[str, list
     return out
 
 
+INTERACTION_TARGET_S = 0.5  # issue 31: each interaction, 95th percentile
+LOAD_TARGET_S = 1.5  # issue 31: each page drawn, 95th percentile
+
+
+def _after(page: Any, action: Any, changed_js: str, timeout_s: float = 60) -> float:
+    """Seconds from `action()` until the value `changed_js` reads differs and the page has
+    settled (no callback running, every figure drawn)."""
+    before = json.dumps(page.evaluate(changed_js))
+    t = time.perf_counter()
+    action()
+    page.wait_for_function(f"b => JSON.stringify(({changed_js})()) != b", arg=before,
+                           timeout=timeout_s * 1e3, polling=10)
+    page.wait_for_function(_SETTLED, timeout=timeout_s * 1e3, polling=10)
+    return time.perf_counter() - t
+
+
+_OPS_CELLS = ("() => [...document.querySelectorAll('#ops-table td.dash-cell')]"
+              ".slice(0, 40).map(e => e.innerText)")
+
+
+def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, list[float]]:
+    """/operations as a user works it: sort by a column (both ways), filter, page on,
+    group; each `repeat` times. Seconds per run."""
+    out: dict[str, list[float]] = {k: [] for k in ("sort", "filter", "next page", "group")}
+    navigate_drawn(page, f"/operations?{urlencode({'profile': rel})}")
+    if not page.query_selector("#ops-table"):
+        return {}
+    sort = '#ops-table th[data-dash-column="cycles"] .column-header--sort'
+    cell = page.locator('th.dash-filter[data-dash-column="op"] input').first
+    for k in range(repeat):
+        out["sort"].append(_after(page, lambda: page.click(sort), _OPS_CELLS))
+        word = ("conv", "add", "mm")[k % 3]
+        out["filter"].append(_after(page, lambda w=word: (cell.fill(w), cell.press("Enter")),
+                                    "() => document.querySelector('#ops-note').innerText"))
+        if page.query_selector("#ops-table .next-page:not([disabled])"):
+            out["next page"].append(_after(page, lambda: page.click("#ops-table .next-page"),
+                                           _OPS_CELLS))
+        out["filter"].append(_after(page, lambda: (cell.fill(""), cell.press("Enter")),
+                                    "() => document.querySelector('#ops-note').innerText"))
+        group = ("class", "pass", "(no grouping)")[k % 3]
+
+        def pick(label: str = group) -> None:
+            page.click("#ops-group-by")
+            page.locator("[role=option]", has_text=label).first.click()  # a portal
+
+        out["group"].append(_after(page, pick, "() => document.querySelector('#ops-groups')"
+                                               ".innerText.slice(0, 200)"))
+    return {k: v for k, v in out.items() if v}
+
+
+def _bundled_runs(folder: Path, rels: list[str], log: Any, repeat: int,
+                  loads: dict[tuple[str, str], float],
+                  acts: dict[tuple[str, str], list[float]]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    proc, port = start_serve(folder, log=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            for rel in rels:
+                q = urlencode({"profile": rel})  # as the app's own links write it
+                page, _ = open_drawn(context, f"{base}/summary?{q}")
+                for path in PAGES:
+                    away = "/stages" if path == "/summary" else "/summary"
+                    runs = []
+                    for _ in range(repeat):
+                        navigate_drawn(page, f"{away}?{q}")
+                        runs.append(navigate_drawn(page, f"{path}?{q}"))
+                    loads[rel, path] = statistics.median(runs)
+                for name, runs in time_interactions(page, base, rel, repeat).items():
+                    acts[rel, name] = runs
+                page.close()
+            browser.close()
+    finally:
+        stop(proc)
+
+
+def bundled(folder: Path, repeat: int) -> int:
+    """Every page of every profile in `folder` (the bundled profiles/) drawn through the
+    app's navigation, and /operations' interactions, against issue 31's targets."""
+    rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.h5"))
+    loads: dict[tuple[str, str], float] = {}
+    acts: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, (Path(tmp) / "serve.log").open("w") as log:
+        _bundled_runs(folder, rels, log, repeat, loads, acts)
+    load_avg = os.getloadavg()[0]
+    print(f"\nbundled profiles ({folder}): seconds until drawn through the app's navigation "
+          f"(median of {repeat}); load average {load_avg:.2f}")
+    print(f"{'profile':38} " + " ".join(f"{p.strip('/')[:9]:>9}" for p in PAGES))
+    for rel in rels:
+        print(f"{rel[:38]:38} " + " ".join(f"{loads[rel, p]:9.2f}" for p in PAGES))
+    print("\n/operations interactions, seconds (each run)")
+    for (rel, name), runs in acts.items():
+        print(f"{rel[:38]:38} {name:10} " + " ".join(f"{r:5.2f}" for r in runs))
+    every_load = np.array(list(loads.values()))
+    every_act = np.array([r for runs in acts.values() for r in runs])
+    p_load = float(np.percentile(every_load, 95))
+    p_act = float(np.percentile(every_act, 95)) if len(every_act) else 0.0
+    print(f"\n95th percentile: page drawn {p_load:.2f} s (target {LOAD_TARGET_S:g} s), "
+          f"interaction {p_act:.2f} s (target {INTERACTION_TARGET_S:g} s); load average "
+          f"{load_avg:.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--bundled", nargs="?", const=str(ROOT / "profiles"), default=None,
+                        metavar="DIR", help="time every page of every profile in DIR (the "
+                        "bundled profiles/ by default) and /operations' interactions "
+                        "instead of the synthetic large / small pair")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         print(f"{CHROMIUM} is not installed (apt-get install -y chromium)", file=sys.stderr)
         return 1
+    if args.bundled:
+        return bundled(Path(args.bundled), args.repeat)
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
