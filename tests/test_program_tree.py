@@ -11,7 +11,8 @@ import popviz
 from popviz.analysis.program_tree import node_ops, program_tree
 from popviz.figures.tree import program_tree_figure, stage_colour
 
-PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "rn50_recompute"
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+PROFILE = PROFILES / "rn50_recompute"
 
 
 def _ops() -> pd.DataFrame:
@@ -111,3 +112,43 @@ def test_tree_is_in_program_order_with_split_names_and_per_step_sums() -> None:
     assert "of one micro-batch's compute" in unweighted.data[0].hovertemplate
     starts = dict(zip(icicle.ids, [c[9] for c in icicle.customdata], strict=True))
     assert starts["blocks.4"] == "stage 1 starts at block2c"
+
+
+def _stages_by_hand(values: pd.Series) -> str:
+    got = sorted({int(v) for v in values.dropna() if int(v) >= 0})
+    if not got:
+        return ""
+    if got == list(range(got[0], got[-1] + 1)) and len(got) > 1:
+        return f"{got[0]}-{got[-1]}"
+    return ", ".join(str(g) for g in got)
+
+
+def _layers_by_hand(values: pd.Series) -> str:
+    got = [v for v in dict.fromkeys(values.astype(str)) if v]
+    return "" if not got else got[0] if len(got) == 1 else f"{got[0]}…{got[-1]}"
+
+
+def test_stage_and_layer_texts_equal_a_walk_over_each_node() -> None:
+    """The vectorised texts against one group at a time, on a hand case (gaps, -1, names
+    coming back) and on every bundled profile's modules and ops."""
+    from popviz.analysis.program_tree import _layer_texts, _normalised, _stage_texts
+
+    hand = pd.DataFrame({"module": ["a", "a", "a", "b", "b", "c", "c", "c"],
+                         "stage": [0, 3, 0, -1, -1, 2, 1, 3], "ipu": [0, 0, 0, 1, 1, 1, 2, 3],
+                         "layer": ["x", "y", "x", "", "", "p", "q", "p"], "pos": range(8)})
+    frames = [(hand, "module")]
+    for path in sorted(PROFILES.rglob("profile.h5")):
+        with popviz.open(path) as profile:
+            frame = _normalised(profile.ops)
+        frames += [(frame, "module"), (frame, "op")]
+    for frame, key in frames:
+        g = frame.groupby(key, sort=False)
+        index = g.size().index
+        for col in ("stage", "ipu"):
+            assert _stage_texts(frame, key, col, index).tolist() == \
+                g[col].agg(_stages_by_hand).tolist()
+        assert _layer_texts(frame, key, index).tolist() == \
+            g["layer"].agg(_layers_by_hand).tolist()
+    assert _stage_texts(hand, "module", "stage", pd.Index(["a", "b", "c"])).tolist() == \
+        ["0, 3", "", "1-3"]
+    assert _layer_texts(hand, "module", pd.Index(["a", "b", "c"])).tolist() == ["x…y", "", "p…q"]

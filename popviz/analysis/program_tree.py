@@ -50,23 +50,38 @@ def _short(op: str) -> str:
     return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(op)
 
 
-def _stages(values: pd.Series) -> str:
-    """'0', '0-2' or '0, 3' for the stages a node's ops ran on."""
-    got = sorted({int(v) for v in values.dropna() if int(v) >= 0})
-    if not got:
-        return ""
-    if got == list(range(got[0], got[-1] + 1)) and len(got) > 1:
-        return f"{got[0]}-{got[-1]}"
-    return ", ".join(str(g) for g in got)
+def _stage_texts(frame: pd.DataFrame, key: str, col: str, index: pd.Index) -> pd.Series:
+    """Per group of `key`: the stages (IPUs) its ops ran on, '0', '0-2' (a run) or '0, 3',
+    all groups at once: a run from the group's minimum, maximum and count; only groups
+    with gaps list their values."""
+    valid = frame.loc[pd.to_numeric(frame[col], errors="coerce") >= 0, [key, col]]
+    valid = valid.assign(**{col: valid[col].astype(np.int64)}).drop_duplicates()
+    g = valid.groupby(key, sort=False)[col]
+    lo, hi, n = g.min(), g.max(), g.size()
+    text = pd.Series("", index=index, dtype=object)
+    one, run = (n == 1), (n > 1) & (hi - lo + 1 == n)
+    text[one[one].index] = lo[one].astype(str)
+    text[run[run].index] = lo[run].astype(str) + "-" + hi[run].astype(str)
+    gaps = n[~(one | run)].index
+    if len(gaps):
+        sub = valid[valid[key].isin(gaps)].sort_values(col, kind="stable")
+        text[gaps] = sub.groupby(key, sort=False)[col].agg(
+            lambda v: ", ".join(map(str, v))).reindex(gaps)
+    return text.astype(str)  # the text dtype a per-group agg gives
 
 
-def _layers(values: pd.Series) -> str:
-    """'block2b', or 'block2a…block2d' for the first and last split names a node runs
-    (in program order: values arrive in op order)."""
-    got = [v for v in dict.fromkeys(values.astype(str)) if v]
-    if not got:
-        return ""
-    return got[0] if len(got) == 1 else f"{got[0]}…{got[-1]}"
+def _layer_texts(frame: pd.DataFrame, key: str, index: pd.Index) -> pd.Series:
+    """Per group of `key`: 'block2b', or 'block2a…block2d' for the first and the last new
+    split name in op order (by where each name first appears in the group)."""
+    named = frame.loc[frame["layer"].astype(str) != "", [key, "layer", "pos"]]
+    firsts = named.groupby([key, "layer"], sort=False)["pos"].min().reset_index()
+    firsts = firsts.sort_values("pos", kind="stable")
+    g = firsts.groupby(key, sort=False)["layer"]
+    first, last, n = g.first(), g.last(), g.size()
+    text = pd.Series("", index=index, dtype=object)
+    text[n.index] = np.where(n.to_numpy() == 1, first.astype(str).to_numpy(),
+                             (first.astype(str) + "…" + last.astype(str)).to_numpy())
+    return text.astype(str)
 
 
 def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
@@ -76,8 +91,12 @@ def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
         "cycles": g["cycles"].sum(), "flops": g["flops"].sum(min_count=1),
         "bytes_written": g["bytes_written"].sum(min_count=1),
         "temp_bytes": g["temp_bytes"].max(),
-        "ops": g.size(), "stages": g["stage"].agg(_stages), "ipus": g["ipu"].agg(_stages),
-        "first": g["pos"].min(), "layers": g["layer"].agg(_layers)})
+        "ops": g.size(), "first": g["pos"].min()})
+    out["stages"] = _stage_texts(frame, key, "stage", out.index)
+    out["ipus"] = _stage_texts(frame, key, "ipu", out.index)
+    out["layers"] = _layer_texts(frame, key, out.index)
+    out = out[["cycles", "flops", "bytes_written", "temp_bytes", "ops", "stages", "ipus",
+               "first", "layers"]]
     for code, name in PASS_NAMES.items():
         out[f"{name}_cycles"] = frame["cycles"].where(frame["pass"] == code, 0.0).groupby(
             frame[key], sort=False).sum()
