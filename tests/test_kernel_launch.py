@@ -63,6 +63,7 @@ def test_the_hover_says_the_launch_in_words(resnet: Any) -> None:
 
 ODD = [  # (args of a kernel event) -> what both readers keep
     ({"grid": [4, 2, 1], "block": [128], "registers per thread": 255}, ("4,2,1", "128", 255.0)),
+    ({"grid": [0, -1], "registers per thread": 10**400}, ("0,-1", "", math.nan)),
     ({"grid": "4,2,1", "block": [1.5, 1, 1], "shared memory": "48"}, ("", "", math.nan)),
     ({"grid": [1, 2, 3, 4], "est. achieved occupancy %": 1e999}, ("", "", math.nan)),
     ({"grid": [True, 1, 1], "warps per SM": -3.25}, ("", "", math.nan)),
@@ -103,6 +104,7 @@ def test_raw_text_reads_as_the_decoded_value() -> None:
         raw = (json.dumps(value, indent=1) + ",\n}").encode()
         assert dimensions_text(raw) == dimensions(value), value
     assert number_text(b"760.242432,\n") == 760.242432
+    assert dimensions_text(b"[--1],") == dimensions_text(b"[01],") == ""  # not JSON ints
     assert math.isnan(number_text(b'"32",')) and math.isnan(number_text(b"null}"))
 
 
@@ -127,3 +129,39 @@ def test_the_chrome_trace_export_gives_each_kernel_its_launch_back(resnet: Any) 
         for key in ("grid", "block", "registers per thread", "shared memory",
                     "est. achieved occupancy %", "blocks per SM", "warps per SM"):
             assert event["args"][key] == args[key], key
+
+
+def test_a_key_that_shares_a_launch_keys_first_16_bytes_is_not_it(tmp_path: Path) -> None:
+    """The vectorised reader confirms a key past 16 bytes on all of it: "registers per
+    thumbs" is not "registers per thread" (same length, same first 16 bytes)."""
+    path = _trace(tmp_path, {"grid": [1, 1, 1]})
+    text = path.read_text().replace('"grid"', '"registers per thumbs": 77, "grid"')
+    path.write_text(text)
+    data = kineto.read_bytes(path)
+    general, _, _ = kineto.read_general(data, path)
+    begin = kineto._KEY.search(data).end() - 1
+    fast, _ = kineto_fast.fast_frames(data, begin, kineto.array_end(data, begin, path)[0])
+    for spans in (general, fast):
+        assert math.isnan(spans["launch"][1][2])  # no registers read from the look-alike
+
+
+def test_kernels_sharing_a_correlation_get_no_launch(tmp_path: Path) -> None:
+    """Kernels replayed from one CUDA graph share their launch's correlation id: the table
+    keeps no launch for them rather than a neighbour's, and a copy without an id borrows
+    none."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7,
+               "ts": 10.0 + i, "dur": 0.5,
+               "args": {"stream": 7, "grid": [i + 1, 1, 1], **corr}}
+              for i, corr in enumerate([{"correlation": 9}, {"correlation": 9}, {},
+                                        {"correlation": 11}])]
+    events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0,
+                   "tid": 7, "ts": 20.0, "dur": 1.0, "args": {"stream": 7, "bytes": 64}})
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with popviz.open(popviz.import_trace([path], tmp_path / "out")) as profile:
+        kernels, trace = profile.table("kernels"), profile.trace
+    assert kernels["correlation"].tolist() == [11] and kernels["grid"].tolist() == ["4,1,1"]
+    gpu = trace[trace["stream"] >= 0]
+    lines = dict(zip(gpu["op"].astype(str), launch_lines(gpu, kernels), strict=True))
+    assert lines["k3"].startswith("grid 4×1×1")
+    assert lines["k0"] == lines["k1"] == lines["k2"] == lines["Memcpy HtoD"] == ""

@@ -77,3 +77,24 @@ def test_a_modelled_profile_has_no_stage_links() -> None:
     with popviz.open(PROFILES / "rn50_pipeline") as p:
         assert "p2p" not in p.table_names and len(p.exchange)
         assert stage_links(pd.DataFrame(), p.exchange).empty
+
+
+def test_an_exchange_table_without_stages_and_nccl_send_kernels() -> None:
+    """A profile whose exchange has only the contract's columns: no collectives row, no
+    error. An NCCL send / recv kernel is the p2p transfer's own kernel, not a collective:
+    the import names it apart (`exchange_rows`), so it is not counted twice."""
+    from popviz.ingest.importer import exchange_rows
+
+    bare = pd.DataFrame({"src": ["0"], "dst": ["0"], "bytes": [8], "start": [0], "end": [1],
+                         "kind": ["collective"]})
+    assert stage_links(pd.DataFrame(), bare).empty
+    trace = pd.DataFrame({
+        "ipu": [0, 0], "start": [0, 10], "end": [5, 20], "kind": "exchange",
+        "stage": [0, 0], "microbatch": -1, "pass": "", "step": 0, "bytes": [4096, 512],
+        "op": ["ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
+               "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"]})
+    rows = exchange_rows(pd.DataFrame(), trace)
+    assert rows["kind"].tolist() == ["p2p_kernel", "collective"]
+    links = stage_links(pd.DataFrame(), rows)
+    assert links[["src_stage", "dst_stage", "kind", "bytes"]].values.tolist() == \
+        [[0, 0, "collective", 512]]

@@ -122,7 +122,8 @@ def stage_links(p2p: pd.DataFrame, exchange: pd.DataFrame | None = None) -> pd.D
                 "transfer_ns": pairs["transfer_ns"].to_numpy(np.int64),
                 "receiver_wait_ns": pairs["waiting_ns"].to_numpy(np.int64),
                 "sender_wait_ns": pairs["waiting_ns_send"].to_numpy(np.int64)}))
-    if exchange is not None and len(exchange) and "kind" in exchange:
+    if exchange is not None and len(exchange) and {"kind", "stage", "start", "end",
+                                                   "bytes"} <= set(exchange.columns):
         coll = exchange[exchange["kind"].astype(str) == "collective"]
         if len(coll):
             stage = coll["stage"].to_numpy(np.int64)

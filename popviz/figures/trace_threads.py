@@ -32,7 +32,10 @@ from popviz.analysis.trace_threads import (
 from popviz.figures.lod import CATEGORIES, category_codes
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
+from popviz.format.schema import OPTIONAL_COLUMNS
 from popviz.vocab import Naming
+
+KERNEL_COLUMNS = OPTIONAL_COLUMNS["kernels"]
 
 MAX_FLOWS = 300  # arrows drawn at once; more means zoom in
 ROW_PX = 22
@@ -138,13 +141,16 @@ def launch_lines(events: pd.DataFrame, kernels: pd.DataFrame | None) -> np.ndarr
     256×1×1<br>32 registers a thread · 4,224 B shared memory<br>occupancy 100% (est.) ·
     760.2 blocks and 6,081.9 warps per SM"), "" where `kernels` has no row for it."""
     out = np.full(len(events), "", dtype=object)
-    if kernels is None or kernels.empty or events.empty or "correlation" not in events:
+    if kernels is None or kernels.empty or events.empty or "correlation" not in events \
+            or not set(KERNEL_COLUMNS) <= set(kernels.columns):
         return out
+    # a (rank, correlation) that names one kernel only (a damaged table may repeat one)
+    known = kernels[kernels["correlation"] >= 0].drop_duplicates(["ipu", "correlation"],
+                                                                 keep=False)
     keys = events[["ipu", "correlation"]].reset_index(drop=True)
-    found = keys.merge(kernels.drop_duplicates(["ipu", "correlation"]),
-                       on=["ipu", "correlation"], how="left")
+    found = keys.merge(known, on=["ipu", "correlation"], how="left")
     dims = {c: found[c].astype(object).to_numpy() for c in ("grid", "block")}
-    num = {c: found[c].to_numpy(dtype=np.float64) for c in
+    num = {c: pd.to_numeric(found[c], errors="coerce").to_numpy(dtype=np.float64) for c in
            ("registers", "shared_bytes", "occupancy_pct", "blocks_per_sm", "warps_per_sm")}
     for i in range(len(found)):
         shape = " · ".join(f"{c} {str(dims[c][i]).replace(',', '×')}" for c in dims

@@ -8,6 +8,7 @@ full disk or Ctrl-C never leaves a truncated or empty file under a final name.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +102,18 @@ def _launch_args(profile: Profile) -> dict[tuple[int, int], dict[str, Any]]:
     if "kernels" not in profile.table_names:
         return {}
     kernels = profile.table("kernels")
+    if not set(schema.OPTIONAL_COLUMNS["kernels"]) <= set(kernels.columns):
+        return {}
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for row in kernels.to_dict("records"):
         args: dict[str, Any] = {}
         for column, key in schema.LAUNCH_ARGS.items():
             value = row[column]
             if column in ("grid", "block"):
-                if value:
-                    args[key] = [int(v) for v in str(value).split(",")]
-            elif value == value:  # NaN: a field CUPTI did not give
+                parts = str(value).split(",") if value else []
+                if parts and all(p.lstrip("-").isdigit() for p in parts):
+                    args[key] = [int(v) for v in parts]
+            elif isinstance(value, int | float) and math.isfinite(value):
                 args[key] = int(value) if float(value).is_integer() else float(value)
         out[int(row["ipu"]), int(row["correlation"])] = args
     return out

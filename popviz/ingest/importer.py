@@ -84,8 +84,12 @@ def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
             "src": np.where(h2d, "host", rank), "dst": np.where(d2h, "host", rank),
             "bytes": dev["bytes"].to_numpy(), "start": dev["start"].to_numpy(),
             "end": dev["end"].to_numpy(),
-            "kind": np.where(h2d | d2h, "host", np.where(op.str.contains("nccl", case=False),
-                                                         "collective", "internal")),
+            # an NCCL send / recv kernel moves a p2p transfer (counted above, by its call),
+            # not a collective
+            "kind": np.where(h2d | d2h, "host", np.where(
+                op.str.contains(r"nccl\w*?(?:SendRecv|Send|Recv)\b|nccl\w*_(?:Send|Recv)",
+                                case=False, regex=True), "p2p_kernel",
+                np.where(op.str.contains("nccl", case=False), "collective", "internal"))),
             "stage": dev["stage"].to_numpy(), "microbatch": dev["microbatch"].to_numpy(),
             "step": dev["step"].to_numpy(), "waiting_ns": 0,
             "transfer_ns": (dev["end"] - dev["start"]).to_numpy()}))

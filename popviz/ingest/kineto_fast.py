@@ -75,6 +75,10 @@ def _slot(head: np.ndarray, length: np.ndarray, mult: int) -> np.ndarray:
 
 
 KEY_TABLE = _key_table()
+# every wanted key as four little-endian words (a key is at most 32 bytes), to confirm a hit
+assert max(len(k) for k in WANTED) <= 32, "a wanted key longer than _key_ids confirms"
+KEY_WORDS = [np.array([int.from_bytes(k[8 * i:8 * i + 8].ljust(8, b"\0"), "little")
+                       for k in WANTED], dtype=np.uint64) for i in range(4)]
 
 
 def _key_ids(w: np.ndarray, kstart: np.ndarray, klen: np.ndarray) -> np.ndarray:
@@ -90,6 +94,12 @@ def _key_ids(w: np.ndarray, kstart: np.ndarray, klen: np.ndarray) -> np.ndarray:
     at = hit[long_]
     tail = w[kstart[at] + 8] & scan.LOWB[np.clip(klen[at] - 8, 0, 8)]
     ok[long_] &= tail == tails[cand[long_]]
+    # keys past 16 bytes ("est. achieved occupancy %"): their third and fourth words too
+    for word in (2, 3):
+        more = np.flatnonzero(lens[cand] > 8 * word)
+        at = hit[more]
+        part = w[kstart[at] + 8 * word] & scan.LOWB[np.clip(klen[at] - 8 * word, 0, 8)]
+        ok[more] &= part == KEY_WORDS[word][cand[more]]
     kid[hit[~ok]] = -1
     return kid
 

@@ -12,6 +12,7 @@ A field the event lacks is "" (dimensions) or NaN (numbers)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from popviz.format.schema import LAUNCH_ARGS, OPTIONAL_COLUMNS
 # the args key of each field, in tuple order; the first two are lists of up to three ints
 LAUNCH_KEYS = tuple(LAUNCH_ARGS.values())
 DIMENSIONS = 2
+_INTEGER = re.compile(rb"-?(?:0|[1-9][0-9]*)")  # a JSON integer, nothing else
 KERNEL_COLUMNS = OPTIONAL_COLUMNS["kernels"]
 Launch = tuple[str, str, float, float, float, float, float]
 
@@ -38,7 +40,10 @@ def number(value: Any) -> float:
     """A finite number as a float; anything else NaN."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer past a double (10**400): as the raw text reads
+        return math.nan
     return out if math.isfinite(out) else math.nan
 
 
@@ -59,7 +64,7 @@ def dimensions_text(raw: bytes) -> str:
     if not (body.startswith(b"[") and body.endswith(b"]")):
         return ""
     parts = body[1:-1].split(b",")
-    if not parts or len(parts) > 3 or not all(p.lstrip(b"-").isdigit() for p in parts):
+    if not parts or len(parts) > 3 or not all(_INTEGER.fullmatch(p) for p in parts):
         return ""
     return ",".join(str(int(p)) for p in parts)
 
@@ -77,14 +82,23 @@ def number_text(raw: bytes) -> float:
 
 
 def launch_table(spans: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """The `kernels` table of one rank: a row per kernel span with launch fields."""
+    """The `kernels` table of one rank: a row per kernel span with launch fields whose
+    correlation id is its own."""
     if "launch" not in spans or spans.empty:
         return pd.DataFrame({c: [] for c in KERNEL_COLUMNS})
     launch = spans["launch"].to_numpy()
-    have = np.flatnonzero(np.fromiter((x is not None for x in launch), bool, len(launch)))
+    corr = spans["corr"].to_numpy(np.int64)
+    # a row per (rank, correlation) that names one kernel: kernels replayed from one CUDA
+    # graph share their launch's id, and -1 is no id; those get no launch rather than a
+    # neighbour's
+    kernel = (spans["cat"].astype(str) == "kernel").to_numpy() & (corr >= 0)
+    ids, counts = np.unique(corr[kernel], return_counts=True)
+    single = np.isin(corr, ids[counts == 1]) & kernel
+    have = np.flatnonzero(single & np.fromiter((x is not None for x in launch), bool,
+                                               len(launch)))
     fields = list(zip(*launch[have])) if len(have) else [()] * len(LAUNCH_KEYS)
     out: dict[str, Any] = {"ipu": np.full(len(have), rank, dtype=np.int64),
-                           "correlation": spans["corr"].to_numpy(np.int64)[have]}
+                           "correlation": corr[have]}
     for name, values in zip(KERNEL_COLUMNS[2:], fields, strict=True):
         out[name] = (np.asarray(values, dtype=object) if name in ("grid", "block")
                      else np.asarray(values, dtype=np.float64))
