@@ -9,14 +9,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import dash
+import numpy as np
 import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
 from popviz.analysis.links import op_span, op_window, ops_in_range
-from popviz.analysis.op_groups import GROUP_KEYS, group_ops
-from popviz.vocab import Naming
+from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time, self_and_inclusive
+from popviz.vocab import Naming, is_measured
 
 from .. import links
 from ..cache import Entry
@@ -43,7 +44,8 @@ FIGURES: dict[str, Any] = {}
 # conv / matmul its plan at the AMP in force (partition, serial slices, cycles and
 # temporary bytes of each pass)
 FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "cycles",
-         "flops", "temp_bytes", "amp_used", "passes", "plan", "bytes_read", "bytes_written")
+         "gpu_inclusive_ns", "host_ns", "host_self_ns", "flops", "temp_bytes", "amp_used",
+         "passes", "plan", "bytes_read", "bytes_written")
 
 
 # shown when asked for (Toggle Columns): what the op is made of and how its cycles split,
@@ -58,18 +60,28 @@ DETAIL = ("layer", "block", "checkpoint", "out_shape", "dtype", "host_ns", "inpu
 IPU_ONLY = ("amp_used", "amp_ignored", "temp_bytes", "passes", "plan")
 
 
-def ordered(ops: pd.DataFrame, gpu: bool = False) -> pd.DataFrame:
+def ordered(ops: pd.DataFrame, gpu: bool = False, measured: bool = False) -> pd.DataFrame:
     """The ops with the cost columns first (cycles is column 27 in the file); a GPU plan's
-    without the IPU-only columns."""
+    without the IPU-only columns. A measured run's ops nest (conv2d -> convolution -> ...
+    -> cudnn_convolution, the innermost launching the kernels): each row also gets its
+    host time less its children's (`host_self_ns`) and, when its ops launched kernels, the
+    GPU time of its own and its descendants' kernels (`gpu_inclusive_ns`; `cycles` is its
+    own), as PyTorch's profiler and Perfetto give them."""
     if gpu:
         ops = ops.drop(columns=[c for c in IPU_ONLY if c in ops.columns])
+    if measured and len(ops) and {"start", "end"} <= set(ops.columns):
+        times = self_and_inclusive(ops)
+        ops = ops.assign(host_self_ns=times["host_self"].to_numpy(np.int64))
+        if has_gpu_time(ops):
+            ops = ops.assign(gpu_inclusive_ns=times["gpu_inclusive"].to_numpy(np.int64))
     front = [c for c in FRONT if c in ops.columns]
     return ops[front + [c for c in ops.columns if c not in front]]
 
 
 def _ordered(entry: Entry) -> pd.DataFrame:
-    return entry.get("ops_ordered", lambda: ordered(entry.profile.ops,
-                                                    gpu=naming(entry).device == "GPU"))
+    gpu = naming(entry).device == "GPU"
+    return entry.get("ops_ordered", lambda: ordered(entry.profile.ops, gpu=gpu,
+                                                    measured=is_measured(entry.profile.kind)))
 
 
 def in_window(entry: Entry, window: links.Window | None) -> pd.DataFrame:
@@ -180,7 +192,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         dash_table.DataTable(  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
             id="ops-table", columns=columns, data=data, page_current=0, page_size=PAGE_SIZE,
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
-            hidden_columns=hidden_of(ops, DETAIL),
+            # a measured run's host time is its own; a modelled op's is the recording's
+            hidden_columns=hidden_of(ops, [c for c in DETAIL if not (
+                is_measured(entry.profile.kind) and c == "host_ns")]),
             filter_action="custom", filter_query="", sort_by=[],
             filter_options={"placeholder_text": "filter"},  # 'filter data...' is cut off
             style_table={"overflowX": "auto"},
