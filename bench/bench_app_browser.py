@@ -17,12 +17,14 @@ The target (issue 21) is every page's figures drawn in under 2 s on the large pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -178,39 +180,48 @@ def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, 
     return {k: v for k, v in out.items() if v}
 
 
-def _bundled_runs(folder: Path, rels: list[str], log: Any, repeat: int,
-                  loads: dict[tuple[str, str], float],
-                  acts: dict[tuple[str, str], list[float]]) -> None:
+@contextlib.contextmanager
+def served_browser(folder: Path, log: Any) -> Iterator[tuple[str, Any]]:
+    """`popviz serve folder` and a Chromium context: (the server's URL, the context)."""
     from playwright.sync_api import sync_playwright
 
     proc, port = start_serve(folder, log=log)
-    base = f"http://127.0.0.1:{port}"
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            for rel in rels:
-                q = urlencode({"profile": rel})  # as the app's own links write it
-                page, _ = open_drawn(context, f"{base}/summary?{q}")
-                for path in PAGES:
-                    away = "/stages" if path == "/summary" else "/summary"
-                    runs = []
-                    for _ in range(repeat):
-                        navigate_drawn(page, f"{away}?{q}")
-                        runs.append(navigate_drawn(page, f"{path}?{q}"))
-                    loads[rel, path] = statistics.median(runs)
-                for name, runs in time_interactions(page, base, rel, repeat).items():
-                    acts[rel, name] = runs
-                page.close()
+            yield f"http://127.0.0.1:{port}", browser.new_context(
+                viewport={"width": 1400, "height": 900})
             browser.close()
     finally:
         stop(proc)
+
+
+def _bundled_runs(folder: Path, rels: list[str], log: Any, repeat: int,
+                  loads: dict[tuple[str, str], float],
+                  acts: dict[tuple[str, str], list[float]]) -> None:
+    with served_browser(folder, log) as (base, context):
+        for rel in rels:
+            q = urlencode({"profile": rel})  # as the app's own links write it
+            page, _ = open_drawn(context, f"{base}/summary?{q}")
+            for path in PAGES:
+                away = "/stages" if path == "/summary" else "/summary"
+                runs = []
+                for _ in range(repeat):
+                    navigate_drawn(page, f"{away}?{q}")
+                    runs.append(navigate_drawn(page, f"{path}?{q}"))
+                loads[rel, path] = statistics.median(runs)
+            for name, runs in time_interactions(page, base, rel, repeat).items():
+                acts[rel, name] = runs
+            page.close()
 
 
 def bundled(folder: Path, repeat: int) -> int:
     """Every page of every profile in `folder` (the bundled profiles/) drawn through the
     app's navigation, and /operations' interactions, against issue 31's targets."""
     rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.h5"))
+    if not rels:
+        print(f"no profiles (*.h5) in {folder}", file=sys.stderr)
+        return 1
     loads: dict[tuple[str, str], float] = {}
     acts: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp, (Path(tmp) / "serve.log").open("w") as log:
@@ -249,7 +260,6 @@ def main() -> int:
         return 1
     if args.bundled:
         return bundled(Path(args.bundled), args.repeat)
-    from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -262,19 +272,10 @@ def main() -> int:
         print(f"wrote profiles in {time.perf_counter() - t:.1f} s "
               f"(large.h5 {(root / 'large.h5').stat().st_size / 2**20:.0f} MiB, "
               f"{args.events:,} trace events)", flush=True)
-        log = (root / "serve.log").open("w")
-        proc, port = start_serve(root, log=log)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                context = browser.new_context(viewport={"width": 1400, "height": 900})
-                results = {rel: time_pages(context, base, rel, args.repeat)
-                           for rel in ("small.h5", "large.h5")}
-                browser.close()
-        finally:
-            stop(proc)
-            log.close()
+        with (root / "serve.log").open("w") as log, \
+                served_browser(root, log) as (base, context):
+            results = {rel: time_pages(context, base, rel, args.repeat)
+                       for rel in ("small.h5", "large.h5")}
     print("\nseconds until every figure is drawn (Chromium, headless, software rendering)")
     print(f"{'page':30} {'small':>7} {'large':>7} {'large':>7} {'large':>9}")
     print(f"{'':30} {'in-app':>7} {'in-app':>7} {'new tab':>7} {'1st visit':>9}")
