@@ -14,10 +14,10 @@ from torch import nn
 import popviz
 from popviz.advise.tune import load_program
 from popviz.analysis.amp import AMP_STEPS, amp_effect, amp_steps
-from popviz.cli.tune import render_amp_steps
 from popviz.compiler import compile as compile_program
 from popviz.options import Options
 from popviz.recorder import record_program
+from popviz.reporters.tune import render_amp_steps
 from popviz.target.cost import AMP_CLASSES
 
 RN50 = "profiles/rn50_pipeline"

@@ -74,7 +74,7 @@ def test_runs_with_other_accumulation_say_so_first() -> None:
     assert "same work in less time" in v["headline"] and "more from each IPU" in \
         v["headline"]
     # the CLI says how to ask one (the page has its own control: test_compare_page)
-    from popviz.cli.compare import render_text
+    from popviz.reporters.compare import render_text
 
     assert v["questions_differ"] and "--judge" not in v["headline"]
     assert "Ask one with --judge total or --judge per-device." in render_text(compare(a, b))

@@ -134,7 +134,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, mlp: Any) -> Path:
 
 def test_summary_cli_words(served: Path) -> None:
     from popviz.analysis.facts import profile_facts
-    from popviz.cli.summary import render_text
+    from popviz.reporters.summary import render_text
 
     with popviz.open(served / "mlp_h100") as p:
         text = render_text(profile_facts(p))

@@ -185,8 +185,8 @@ def test_default_is_as_recorded_and_unchanged(gpt: Any) -> None:
 def test_plan_states_how_it_was_held(gpt: Any, tmp_path: Path) -> None:
     import popviz
     from popviz.analysis.facts import profile_facts
-    from popviz.cli.summary import render_text
     from popviz.format.writer import write_report
+    from popviz.reporters.summary import render_text
 
     r = compile(gpt, Options(target="a100", replication_factor=2,
                              gpu_precision="megatron-bf16-distopt"))

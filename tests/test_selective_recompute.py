@@ -97,7 +97,7 @@ def test_tune_on_a_gpu_tries_selective_recomputation() -> None:
     """Recomputation on a GPU is three-way: tune tries its best fully recomputing layouts
     with selective recomputation too, and says so in its flags and Python."""
     from popviz.advise.tune import tune
-    from popviz.cli.tune import python_lines
+    from popviz.reporters.tune import python_lines
 
     program = gpu_program("gpt2", (4, H, A, 4096), B, sequence_length=S)
     base = Options(target="a100", splits=SPLIT, num_ipus=2, schedule="1F1B",

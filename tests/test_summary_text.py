@@ -10,7 +10,7 @@ import pytest
 import popviz
 from popviz.analysis.insights import insights
 from popviz.cli.main import main
-from popviz.cli.summary import _duration
+from popviz.reporters.summary import _duration
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 

@@ -347,7 +347,7 @@ def test_text_says_keep_the_layout_when_nothing_faster_fits(program, options):
     one is the 'Best'."""
     import dataclasses
 
-    from popviz.cli.tune import _render_text
+    from popviz.reporters.tune import _render_text
 
     r = tune(program, options, 4, max_compiles=6)
     assert r.baseline.fits and r.best is not None

@@ -13,7 +13,7 @@ import pandas as pd
 from dash import Input, Output, State, dcc, html
 
 from popviz.analysis.compare import Comparison
-from popviz.analysis.compare.ops import GROUP_BY, OpDiff, compare_ops
+from popviz.analysis.compare.ops import GROUP_BY, OpDiff, compare_ops, time_unit
 from popviz.analysis.compare.overlay import liveness_overlay
 from popviz.errors import ProfileError
 from popviz.figures import compare_ops as cof
@@ -37,7 +37,7 @@ def op_diff(a: Entry, b: Entry, comp: Comparison, by: str, depth: int, per: str)
 
 def _frame(diff: OpDiff) -> pd.DataFrame:
     """The table as shown: times in the chosen unit, numbers kept numeric (they sort)."""
-    scale, unit = cof.time_unit(diff.per)
+    scale, unit = time_unit(diff.per)
     t = diff.table
     mib = 2.0 ** 20
     return pd.DataFrame({

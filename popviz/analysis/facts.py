@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from popviz.analysis.insights import insights
 from popviz.jsonsafe import jsonable as _plain
 from popviz.metrics import device_capacities, device_fit, fit_verdict, oom_tiles, peak_liveness
 from popviz.vocab import profile_words
@@ -66,3 +67,27 @@ def profile_facts(profile: Profile) -> dict[str, Any]:
     for key, value in stored.items():
         facts.setdefault(key, value)
     return _plain(facts)
+
+
+def insight_facts(profile: Profile) -> dict[str, Any]:
+    """What the summary page adds to the stored facts: whether fit is known, the fullest
+    tile, the bottleneck stage and the advice (JSON-safe)."""
+    found = insights(profile)
+    tiles = found["fullest_tiles"]
+    top = tiles.iloc[0] if len(tiles) else None
+    return _plain({
+        "fit_known": bool(found["fit"]["known"]),
+        "fullest_tile": None if top is None else {
+            k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
+                                "largest_category") if k in top},
+        "bottleneck": found["bottleneck"],
+        # the summary page's "pipeline bubbles": idle over rank-time of every device
+        "bubble_fraction": found["bubble_fraction"],
+        "advice": [a.text for a in found["advice"]],
+    })
+
+
+def summary_facts(profile: Profile) -> dict[str, Any]:
+    """What `popviz summary` says of one profile, text or JSON: the stored and
+    table-derived facts with what the summary page adds."""
+    return {**profile_facts(profile), **insight_facts(profile)}

@@ -1,30 +1,17 @@
 """`popviz compare A B [--json] [--ops]`: which of two layouts is better, why, and by how
-much; `--ops` compares them op by op (cli/compare_ops.py prints it)."""
+much; `--ops` compares them op by op (cli/compare_ops.py: its flags). reporters.compare
+prints both."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
-import pandas as pd
-
-from popviz.analysis.compare import Comparison, format_ratio, format_value
 from popviz.analysis.compare.verdict import JUDGES
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import EXIT_OK, Command, emit
 from popviz.cli.compare_ops import add_arguments as add_ops_arguments
-from popviz.cli.compare_ops import render_ops
 from popviz.cli.vetcache import add_no_vet_argument, check_vetted, open_vetted
-from popviz.vocab import naming_from_words
-
-CLI_IPU_METRICS = ("compute_ms", "idle_ms", "peak_bytes", "oom_tiles")
-
-
-def _fit_word(fits: object) -> str:
-    """A side's fit: unknown (no tiles: measured), fits, or does not fit."""
-    if fits is None or fits != fits:  # None, or NaN in a DataFrame cell
-        return "fit unknown"
-    return "fits" if fits else "DOES NOT FIT"
+from popviz.reporters.compare import CompareJson, CompareText, OpsJson, OpsText
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,70 +32,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_no_vet_argument(parser)
 
 
-def _rows(frame: pd.DataFrame, label: str) -> list[list[str]]:
-    return [[str(r[label]), str(r["unit"]).replace("bytes", "B"),
-             *(format_value(r[c], r["unit"]) for c in ("a", "b", "delta")),
-             format_ratio(r["ratio"])] for _, r in frame.iterrows()]
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w)
-                     for i, (h, w) in enumerate(zip(head, widths, strict=True)))
-    out = ["  " + line]
-    for r in rows:
-        out.append("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                                    for i, (c, w) in enumerate(zip(r, widths, strict=True))))
-    return out
-
-
-def render_text(comp: Comparison) -> str:
-    """The comparison as an aligned terminal table: verdict first, then the figures."""
-    v = comp.verdict
-    sides = comp.sides
-    lines = []
-    for _, s in sides.iterrows():
-        lines.append(f"{s['side']}: {s['name']}  ({s['kind']}, {s['model'] or 'model ?'} on "
-                     f"{s['target']} x{s['num_ipus']} x{s['replicas']} replica(s); "
-                     f"{_fit_word(s['fits'])})  {s['path']}")
-    ask = " Ask one with --judge total or --judge per-device." \
-        if v.get("questions_differ") else ""
-    lines += ["", v["headline"] + ask]
-    lines += [f"  - {r}" for r in v["reasons"]]
-    if v["differences"]:
-        lines += ["", "Layout differences (A vs B): " + "; ".join(v["differences"])]
-    head = ["", "unit", "A", "B", "B - A", "B / A"]
-    # what the sides run on, as each states it (IPU, GPU or rank); a mixed pair: devices
-    words = {naming_from_words(str(k), str(u)).device
-             for k, u in zip(sides["device_kind"], sides["time_unit"], strict=True)}
-    device = words.pop() if len(words) == 1 else "device"
-    metrics = comp.metrics
-    if device == "GPU":  # no tiles, and time in ns: step_ms says it; metric names say GPU
-        metrics = metrics[~metrics["metric"].isin(["oom_tiles", "step_cycles"])]
-        metrics = metrics.assign(metric=metrics["metric"].str.replace("ipu", "gpu"))
-    lines += ["", "Metrics", *_table(["metric", *head[1:]], _rows(metrics, "metric"))]
-    tps = comp.time_per_sample
-    tps = tps[(tps["a"] != 0) | (tps["b"] != 0)]
-    lines += ["", f"Where the {device} time per sample goes "
-              f"(sums to 1e6 / throughput per {device})"]
-    lines += _table(["category", *head[1:]], _rows(tps, "category"))
-    ipus = comp.ipus
-    if len(ipus):
-        ipus = ipus[ipus["metric"].isin(CLI_IPU_METRICS)]
-        if device == "GPU":
-            ipus = ipus[ipus["metric"] != "oom_tiles"]
-        prefix = device if device in ("IPU", "GPU") else f"{device} "
-        ipus = ipus.assign(key=prefix + ipus["ipu"].astype(str) + " " + ipus["metric"])
-        lines += ["", f"Per {device}",
-                  *_table([f"{device.lower()} metric", *head[1:]], _rows(ipus, "key"))]
-    ops = comp.op_classes.head(8)
-    if len(ops):
-        ops = ops.assign(key=ops["op_class"] + " " + ops["phase"])
-        lines += ["", "Compute per sample by op class (largest differences)"]
-        lines += _table(["op class", *head[1:]], _rows(ops, "key"))
-    return "\n".join(lines)
-
-
 def _run(args: argparse.Namespace) -> int:
     from popviz.api import compare
 
@@ -122,12 +45,10 @@ def _run(args: argparse.Namespace) -> int:
 
             diff = compare_ops(a, b, comp, by=args.by, depth=args.depth, per=args.per)
     if args.ops:
-        text = (json.dumps(diff.to_dict(), indent=2, sort_keys=True) if args.json
-                else render_ops(diff, args.top, comp.verdict.get("terms")))
+        ops_reporter = OpsJson() if args.json else OpsText(args.top, comp.verdict.get("terms"))
+        emit(ops_reporter.render(diff))
     else:
-        text = (json.dumps(comp.to_dict(), indent=2, sort_keys=True) if args.json
-                else render_text(comp))
-    emit(text)
+        emit((CompareJson() if args.json else CompareText()).render(comp))
     return EXIT_OK
 
 

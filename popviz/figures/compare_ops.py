@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from popviz.analysis.compare.ops import time_unit
 from popviz.figures.lod import minmax_indices
 from popviz.figures.style import base_layout, byte_unit, empty_figure
 from popviz.vocab import naming_of
@@ -23,11 +24,6 @@ SIDE_SHADES = {"A": ["#0072B2", "#56B4E9", "#009E73", "#004B75"],
 SIDE_DASH = {"A": "solid", "B": "dash"}
 FASTER, SLOWER = "#0072B2", "#D55E00"  # B takes less / more time than A
 PIXELS = 800
-
-
-def time_unit(per: str) -> tuple[float, str]:
-    """(multiplier from seconds, label): ms per step, µs per sample."""
-    return (1e3, "ms per step") if per == "step" else (1e6, "µs per sample")
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: str = ",.4g") -> str:

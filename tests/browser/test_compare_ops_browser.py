@@ -14,8 +14,7 @@ import pytest
 
 import popviz
 from popviz.analysis.compare import compare
-from popviz.analysis.compare.ops import GROUP_BY, compare_ops
-from popviz.figures.compare_ops import time_unit
+from popviz.analysis.compare.ops import GROUP_BY, compare_ops, time_unit
 
 from .conftest import SCREENSHOTS
 from .test_compare_page import _open, _pair

@@ -42,6 +42,12 @@ COLUMNS = ["group", "a_seconds", "b_seconds", "delta_seconds", "ratio", "a_count
            "b_count", "a_temp_bytes", "b_temp_bytes", "a_bytes_written", "b_bytes_written"]
 
 
+def time_unit(per: str) -> tuple[float, str]:
+    """(multiplier from seconds, label): ms per step, µs per sample."""
+    return (1e3, "ms per step") if per == "step" else (1e6, "µs per sample")
+
+
+
 @dataclass
 class OpDiff:
     """A vs B per group: `table` has COLUMNS (seconds and bytes written per step or per
