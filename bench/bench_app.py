@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from popviz_app import create_app, render
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tooling/: the repository's test and bench tools
 
-from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
+from popviz_app import create_app, render  # noqa: E402
+
+from popviz.format import write_report  # noqa: E402
+from tooling.testing.synthetic import synthetic_report  # noqa: E402
 
 PAGES = ["/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations"]
 

@@ -34,8 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

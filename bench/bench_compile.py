@@ -55,7 +55,7 @@ def record_resnet50(batch: int, image_size: int) -> tuple[object, float]:
 
 
 def synthetic(layers: int) -> tuple[object, float]:
-    from popviz.testing.programs import synthetic_program
+    from tooling.testing.programs import synthetic_program
 
     program = synthetic_program(layers=layers, batch=16, channels=64, hw=56)
     n = len(program.model["layers"])
@@ -68,16 +68,17 @@ def calibrate() -> int:
     then the checks (documented misses), the held-out points and the fits checks."""
     import numpy as np
 
-    from popviz.compiler.calibration import (
+    from popviz.target.costmodel import DEFAULT_COST, CostModel
+    from tooling.calibration import (
         FITTED,
         Evaluator,
         bandwidth,
         fits,
         leave_one_out,
+        load_points,
     )
-    from popviz.target.costmodel import DEFAULT_COST, CostModel, load_calibration
 
-    points = load_calibration()["points"]
+    points = load_points()
     fitted = [p for p in points if p.get("use") == "fit"]
     start = time.perf_counter()
     ev = Evaluator(fitted)
@@ -98,7 +99,7 @@ def calibrate() -> int:
           f"{np.mean(np.abs(inside)):.1%} | {np.mean(np.abs(loo)):.1%} | 15% / 25% |")
     print(f"| {'leave-one-out target: <= 10% over >= 25'.ljust(width)} | {counted} throughput "
           f"points | | | {np.mean(np.abs(loo)):.1%} | |")
-    from popviz.compiler.calibration import prepare
+    from tooling.calibration import prepare
 
     # out of sample, every published figure: fitted points left out of their own fit, the
     # others (checks, held out) as the fitted constants predict them

@@ -33,9 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from popviz.advise.tune import AMP_LADDER, Candidate, TuneResult, tune
-from popviz.compiler.calibration import point_options, point_program
 from popviz.options import Options
 from popviz.recorder.program import Program
+from tooling.calibration import point_options, point_program
 
 MiB = 1024 * 1024
 CLAIM = 1.15  # a speed-up over an expert layout above this needs explaining
@@ -114,9 +114,9 @@ CONFIGS: list[dict[str, Any]] = [
 
 
 def calibration_point(point_id: str) -> dict[str, Any]:
-    from popviz.target.costmodel import load_calibration
+    from tooling.calibration import load_points
 
-    for p in load_calibration()["points"]:
+    for p in load_points():
         if p["id"] == point_id:
             return p
     raise ValueError(f"calibration.json has no point {point_id!r}")

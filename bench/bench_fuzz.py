@@ -30,15 +30,18 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import h5py
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tooling/: the repository's test and bench tools
 
-import popviz
-import popviz.analysis.facts  # loaded before forking: workers start warm
-from popviz.format import schema
-from popviz.format.isolated import read_isolated
-from popviz.format.writer import write_profile
-from popviz.testing.fuzz import ATTRIBUTE_MUTANTS, Campaign, run_campaign
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+import popviz  # noqa: E402
+import popviz.analysis.facts  # loaded before forking: workers start warm  # noqa: E402
+from popviz.format import schema  # noqa: E402
+from popviz.format.isolated import read_isolated  # noqa: E402
+from popviz.format.writer import write_profile  # noqa: E402
+from tooling.testing.fuzz import ATTRIBUTE_MUTANTS, Campaign, run_campaign  # noqa: E402
 
 PROBE = "popviz.analysis.facts:profile_facts"
 SECRET = b"root:x:0:0:SECRET-MARKER:/root:/bin/bash\n" * 64

@@ -4,7 +4,7 @@
 
 Sources: slices of the H100 fixtures in tests/fixtures (the pipelining trace, every 3rd of
 its first events; the ResNet-50 trace, every 40th; the last 400 events of the ResNet-50
-snapshot), as popviz.cli.import_fuzz makes them. Each mutant (byte damage, hostile
+snapshot), as tooling.import_fuzz makes them. Each mutant (byte damage, hostile
 values in place of a key's value, gzip wrappings; for snapshots damaged pickles and
 replaced values) is imported by `popviz import` in a forked worker with a time limit and
 an address-space limit, and a profile it writes is then read whole.
@@ -23,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from popviz.cli import import_fuzz
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tooling/: the repository's test and bench tools
+
+from tooling import import_fuzz  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 

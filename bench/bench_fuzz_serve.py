@@ -32,10 +32,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from popviz.testing.semantic import Mutation, numeric_columns  # noqa: E402
 from tests.serve_pages import Outcome, requests_for, visit  # noqa: E402
 from tests.serve_util import start_serve, stop  # noqa: E402
 from tests.value_mutants import KINDS, file_name, make_sources, write_mutant  # noqa: E402
+from tooling.testing.semantic import Mutation, numeric_columns  # noqa: E402
 
 VALUES = (10**9, 10**18, 2**31, -1, -(10**9), float("nan"))
 STRINGS = (2 << 20, 30 << 20)

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # gpu_runs, the measured cases
 
 from popviz.compiler import compile  # noqa: E402
-from popviz.compiler.gpu_programs import gpu_program  # noqa: E402
 from popviz.options import Options  # noqa: E402
+from tooling.gpu_programs import gpu_program  # noqa: E402
 
 GIB = 1 << 30
 NEEDS_GPU = "needs a GPU"
@@ -104,7 +104,7 @@ def largest_predicted(name: str, target: str, start: int) -> int:
 def _real_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
     model, size, seq, _ = MODELS[name]
     if model == "mlp":
-        from popviz.compiler.gpu_programs import _mlp
+        from tooling.gpu_programs import _mlp
 
         return _mlp(int(size), batch)
     from gpu_runs import Case, build  # the measured cases' builder (bench/gpu_runs.py)

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from popviz.compiler import compile  # noqa: E402
-from popviz.compiler.gpu_programs import gpu_program  # noqa: E402
 from popviz.options import Options  # noqa: E402
+from tooling.gpu_programs import gpu_program  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, VOCAB, SEQUENCE, MICRO_BATCH, GLOBAL_BATCH, GPUS = \
     12, 512, 8, 50304, 1024, 4, 32, 8

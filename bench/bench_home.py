@@ -43,7 +43,7 @@ REFRESH_S = 5.0  # the home page's dcc.Interval
 def make_folder(root: Path, count: int) -> str:
     """`count` hard links of one small profile; the relative path of the first."""
     from popviz.format import write_report
-    from popviz.testing.synthetic import synthetic_report
+    from tooling.testing.synthetic import synthetic_report
 
     first = write_report(synthetic_report(num_ipus=2, events=200, steps=20, num_ops=20,
                                           seed=1), root / "original.h5")

@@ -34,15 +34,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from popviz.compiler.calibration import prepare  # noqa: E402
-from popviz.target.costmodel import load_calibration  # noqa: E402
+from tooling.calibration import load_points, prepare  # noqa: E402
 
 POINTS = ("mk2-rn50-train-16x1ipu-mb20", "bow-resnext101-train-pod16-2stage-mb6",
           "bow-bertlarge-ph1-train-pod16-batch65536")
 
 
 def class_table(point_id: str) -> tuple[pd.DataFrame, dict[str, float]]:
-    points = {p["id"]: p for p in load_calibration()["points"]}
+    points = {p["id"]: p for p in load_points()}
     if point_id not in points:
         raise SystemExit(f"unknown point {point_id!r}; e.g. {', '.join(POINTS)}")
     prepared = prepare(points[point_id])
@@ -91,8 +90,8 @@ def render(point_id: str, table: pd.DataFrame, facts: dict[str, float]) -> str:
 def vector_at(values: list[float]) -> list[str]:
     from scipy.optimize import minimize_scalar
 
-    from popviz.compiler.calibration import Evaluator, quantitative
     from popviz.target.costmodel import DEFAULT_COST
+    from tooling.calibration import Evaluator, quantitative
 
     points = [p for p in quantitative() if p["use"] == "fit" and p["kind"] == "throughput"]
     evaluator = Evaluator(points)

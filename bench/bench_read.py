@@ -19,8 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tooling/: the repository's test and bench tools
+
+from popviz.format import write_report  # noqa: E402
+from tooling.testing.synthetic import synthetic_report  # noqa: E402
 
 MEASURE = r"""
 import json, sys, time

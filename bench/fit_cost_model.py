@@ -4,7 +4,7 @@
     .venv/bin/python bench/fit_cost_model.py --write    # ... and store them in calibration.json
 
 Deterministic: the same points give the same constants (least squares on log error, each
-point weighted by 1 / its tolerance; see popviz.compiler.calibration.fit). Every fitted
+point weighted by 1 / its tolerance; see tooling.calibration.fit). Every fitted
 constant's provenance (popviz/target/costmodel.py) names this procedure.
 """
 
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from popviz.compiler.calibration import FITTED, Evaluator, fit, leave_one_out
 from popviz.target.costmodel import CALIBRATION_FILE, CostModel, load_calibration
+from tooling.calibration import FITTED, Evaluator, fit, leave_one_out, load_points
 
 PROCEDURE = ("bench/fit_cost_model.py: scipy least_squares (trf) on log(modelled / published) "
              "weighted by 1 / tolerance over the points with use='fit'; start: CostModel() "
@@ -33,7 +33,7 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="store the fit in calibration.json")
     args = parser.parse_args()
     doc = load_calibration()
-    points = [p for p in doc["points"] if p.get("use") == "fit"]
+    points = [p for p in load_points() if p.get("use") == "fit"]
     t0 = time.perf_counter()
     ev = Evaluator(points)
     start = CostModel()

@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from popviz.compiler import compile  # noqa: E402
-from popviz.compiler.gpu_fit import FITTED, compare_classes, fit_gpu_cost  # noqa: E402
-from popviz.compiler.gpu_programs import gpu_program  # noqa: E402
 from popviz.format.reader import open as open_profile  # noqa: E402
 from popviz.ingest.importer import import_trace  # noqa: E402
 from popviz.options import Options  # noqa: E402
 from popviz.target.gpu import H100_SXM  # noqa: E402
+from tooling.gpu_fit import FITTED, compare_classes, fit_gpu_cost  # noqa: E402
+from tooling.gpu_programs import gpu_program  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

@@ -51,8 +51,9 @@ def test_torch_actions_parse_as_torch_writes_them() -> None:
 
 def test_pass_codes_defined_once() -> None:
     from popviz.analysis import trace_detail
-    from popviz.compiler import calibration, schedule
+    from popviz.compiler import schedule
     from popviz.ingest import kineto_events
+    from tooling import calibration
 
     assert trace_detail.COMPUTE_PASSES is COMPUTE_PASSES
     assert schedule.PASS_RANK is PASS_RANK

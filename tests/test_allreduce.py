@@ -46,10 +46,10 @@ def test_replicas_of_several_ipus_count_every_ipu() -> None:
 def test_the_mk1_bandwidth_microbenchmark_is_a_32_bit_loop_on_the_model_figures() -> None:
     # Jia et al. 2019: 31.1 TB/s theoretical aggregate read on Mk1 (16 bytes a cycle a
     # tile), compiler-generated loops reach about a quarter: one 32-bit word a cycle a tile
-    from popviz.compiler.calibration import bandwidth
-    from popviz.target.costmodel import DEFAULT_COST, load_calibration
+    from popviz.target.costmodel import DEFAULT_COST
+    from tooling.calibration import bandwidth, load_points
 
-    point = next(p for p in load_calibration()["points"]
+    point = next(p for p in load_points()
                  if p["id"] == "mk1-vector-read-bandwidth")
     assert 16 * MK1.tiles_per_ipu * MK1.clock_hz == pytest.approx(31.1e12, rel=0.01)
     assert 4 * MK1.tiles_per_ipu * MK1.clock_hz == pytest.approx(point["value"], rel=0.01)
@@ -63,7 +63,7 @@ def test_the_mk1_bandwidth_microbenchmark_is_a_32_bit_loop_on_the_model_figures(
 def test_a_compile_spanning_two_racks_pays_the_gateway_stage() -> None:
     from popviz.compiler import compile
     from popviz.options import Options
-    from popviz.testing.programs import synthetic_program
+    from tooling.testing.programs import synthetic_program
 
     program = synthetic_program(layers=8, batch=4)
     runs = {r: compile(program, Options(target="bow", gradient_accumulation=2,

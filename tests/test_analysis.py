@@ -10,7 +10,7 @@ import pytest
 from popviz import analysis
 from popviz.analysis.advice import amp_for
 from popviz.format.memory import ReportProfile
-from popviz.testing.synthetic import synthetic_report
+from tooling.testing.synthetic import synthetic_report
 
 
 def _stages(busy: list[int], idle: list[int], ipus: list[int] | None = None) -> pd.DataFrame:

@@ -17,8 +17,8 @@ from popviz_app.pages import PAGES
 
 from popviz.cli.main import main
 from popviz.format import ReportProfile, write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_util import component_text as _text
+from tooling.testing.synthetic import synthetic_report
 
 GOOD = "run/training/profile.h5"
 OOM = "oom/profile.h5"

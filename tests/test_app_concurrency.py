@@ -14,7 +14,7 @@ from popviz_app.cache import Entry
 from popviz_app.pages.compare import body as compare_body
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
+from tooling.testing.synthetic import synthetic_report
 
 PAGES = ("/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations")
 

@@ -14,8 +14,8 @@ from popviz_app import create_app
 from popviz_app.pages import trace as trace_page
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
+from tooling.testing.synthetic import synthetic_report
 
 GOOD = "good/profile.h5"
 META42 = "meta42/profile.h5"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from popviz.compiler import compile
-from popviz.target.costmodel import load_calibration
+from tooling.calibration import load_points
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_expert_plans",
@@ -99,7 +99,7 @@ def test_a_claim_is_explained_only_when_tune_within_the_published_fill_is_under(
 
 
 def test_every_config_is_a_published_pipeline_with_its_source_copied() -> None:
-    points = {p["id"]: p for p in load_calibration()["points"]}
+    points = {p["id"]: p for p in load_points()}
     names = [c["name"] for c in bench.CONFIGS]
     assert len(set(names)) == len(names)
     for cfg in bench.CONFIGS:

@@ -79,10 +79,9 @@ def test_offloaded_adam_state_comes_in_at_its_weights_update_not_at_its_creation
 @pytest.fixture(scope="module")
 def ph1() -> dict:
     pytest.importorskip("transformers")
-    from popviz.compiler.calibration import point_options, point_program
-    from popviz.target.costmodel import load_calibration
+    from tooling.calibration import load_points, point_options, point_program
 
-    point = next(p for p in load_calibration()["points"]
+    point = next(p for p in load_points()
                  if p["id"] == "bow-bertlarge-ph1-train-pod16-mb8-fits")
     report = compile(point_program(point), point_options(point))
     return {"report": report, "point": point}

@@ -11,23 +11,24 @@ import numpy as np
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.calibration import (
+from popviz.target import get_target, make_target
+from popviz.target.cost import op_costs
+from popviz.target.costmodel import DEFAULT_COST, PROVENANCE, CostModel, load_calibration
+from tooling.calibration import (
     FITTED,
     TRANSFORMERS,
     Evaluator,
     fit,
     fits,
     leave_one_out,
+    load_points,
     point_options,
     point_program,
     prepare,
 )
-from popviz.target import get_target, make_target
-from popviz.target.cost import op_costs
-from popviz.target.costdoc import DOC, missing_provenance, render
-from popviz.target.costmodel import DEFAULT_COST, PROVENANCE, CostModel, load_calibration
+from tooling.costdoc import DOC, missing_provenance, render
 
-POINTS = load_calibration()["points"]
+POINTS = load_points()
 FIT_POINTS = [p for p in POINTS if p["use"] == "fit"]
 CHECKS = [p for p in POINTS if p["kind"] == "fits"]
 MISSED = [p for p in POINTS if p["use"] == "check" and p["kind"] == "throughput"]
@@ -164,7 +165,7 @@ def test_documented_throughput_misses_are_still_missed(point: dict) -> None:
 def test_every_constant_has_a_provenance_and_the_doc_is_current() -> None:
     assert missing_provenance() == []
     assert render(DOC.read_text()) == DOC.read_text(), \
-        "run python -m popviz.target.costdoc --write"
+        "run python -m tooling.costdoc --write"
 
 
 def test_cost_constants_override_per_target() -> None:

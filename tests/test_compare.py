@@ -123,7 +123,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from popviz.compiler.compiler import compile as compile_program
     from popviz.format.writer import write_report
     from popviz.options import Options
-    from popviz.testing.programs import synthetic_program
+    from tooling.testing.programs import synthetic_program
 
     prog = synthetic_program(layers=8, batch=4)
     d = tmp_path_factory.mktemp("compiled")

@@ -14,7 +14,7 @@ from popviz.compiler import compile
 from popviz.options import Options
 from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS
 from popviz.target import get_target
-from popviz.testing.programs import synthetic_program
+from tooling.testing.programs import synthetic_program
 
 CONTRACT = {
     "stages": ["stage", "ipu", "forward_cycles", "backward_cycles", "recompute_cycles",

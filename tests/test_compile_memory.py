@@ -8,7 +8,7 @@ import pytest
 from popviz.compiler import compile
 from popviz.options import Options
 from popviz.target import register_target
-from popviz.testing.programs import synthetic_program
+from tooling.testing.programs import synthetic_program
 
 AMPS = [0.6, 0.4, 0.2, 0.1, 0.05, 0.02, 0.01]
 

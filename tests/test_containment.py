@@ -18,8 +18,8 @@ from popviz_app import create_app, render
 
 import popviz
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_util import component_text
+from tooling.testing.synthetic import synthetic_report
 
 SECRET = b"root:x:0:0:SECRET-MARKER:/root:/bin/bash\n" * 8
 

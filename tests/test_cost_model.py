@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.calibration import BOUNDS, FITTED
 from popviz.options import Options
 from popviz.target import get_target, register_target
 from popviz.target.cost import Precision, op_costs
 from popviz.target.costmodel import DEFAULT_COST, KINDS, PROVENANCE, CostModel
-from popviz.testing.programs import synthetic_program
+from tooling.calibration import BOUNDS, FITTED
+from tooling.testing.programs import synthetic_program
 
 MK2 = get_target("mk2")
 

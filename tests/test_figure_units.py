@@ -10,7 +10,7 @@ import pandas as pd
 from popviz import analysis, figures
 from popviz.figures.style import CAPACITY_COLOUR, CATEGORY_COLOURS, MEMORY_COLOURS, OOM_COLOUR
 from popviz.format.memory import ReportProfile
-from popviz.testing.synthetic import synthetic_report
+from tooling.testing.synthetic import synthetic_report
 
 PROFILE = ReportProfile(synthetic_report(oom_ipu=1, model="units"))
 

@@ -17,7 +17,7 @@ from popviz.figures.lod import (
 )
 from popviz.figures.style import MiB
 from popviz.format.memory import ReportProfile
-from popviz.testing.synthetic import synthetic_report
+from tooling.testing.synthetic import synthetic_report
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import pytest
 
 import popviz.analysis.facts  # noqa: F401 - imported before forking, so workers start warm
 from popviz.format import write_report
-from popviz.testing.fuzz import run_campaign
-from popviz.testing.synthetic import synthetic_report
 from tests.profiles_util import to_format_1_0
 from tests.test_format import write_tiny
+from tooling.testing.fuzz import run_campaign
+from tooling.testing.synthetic import synthetic_report
 
 
 def _own_rss_bytes() -> int:

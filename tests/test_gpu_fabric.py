@@ -8,9 +8,9 @@ import pytest
 
 from popviz.compiler import compile
 from popviz.compiler.gpu_fabric import Fabric
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.options import Options
 from popviz.target.gpu import A100_80GB, H100_PCIE, H100_SXM
+from tooling.gpu_programs import gpu_program
 
 
 def test_one_server_is_all_nvlink() -> None:

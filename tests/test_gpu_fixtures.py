@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.gpu_fit import compare_classes, kernel_ns_total
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.metrics import peak_liveness
 from popviz.options import Options
 from tests.import_fixtures import RESNET, imported_profile, snapshot_inside_trace
+from tooling.gpu_fit import compare_classes, kernel_ns_total
+from tooling.gpu_programs import gpu_program
 
 pytest.importorskip("transformers")  # gpu_programs' transformer models share its import
 

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from popviz.compiler.gpu_fit import compare_classes
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.recorder import record_program
 from popviz.target.gpu import DEFAULT_GPU_COST, GPU_TARGETS
 from popviz.target.gpu_cost import host_bound
 from tests.import_fixtures import imported_profile
+from tooling.gpu_fit import compare_classes
+from tooling.gpu_programs import gpu_program
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]

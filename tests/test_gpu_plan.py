@@ -15,10 +15,10 @@ import pytest
 
 import popviz
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.format.writer import write_report
 from popviz.options import Options
 from popviz.target.gpu import H100_SXM
+from tooling.gpu_programs import gpu_program
 
 pytest.importorskip("transformers")
 

@@ -17,10 +17,10 @@ import pytest
 from popviz.compiler import compile
 from popviz.compiler.gpu_alloc import round_size
 from popviz.compiler.gpu_lowering import cuda_dropout
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.compiler.gpu_recipe import RECIPES, apply_recipe, recipe_named
 from popviz.options import Options
 from popviz.target.gpu import A100_80GB
+from tooling.gpu_programs import gpu_program
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.compiler.stages import repeated_block
 from popviz.options import Options
+from tooling.gpu_programs import gpu_program
 
 BLOCK = r"^((?:[^.]*\.)*?[0-9]+)(?:\.|$)"
 

@@ -12,8 +12,8 @@ import pytest
 from popviz.analysis.advice import advise
 from popviz.analysis.gpu_advice import micro_batch_advice
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.options import Options
+from tooling.gpu_programs import gpu_program
 
 
 def _meta(report: Any) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from popviz_app.pages import home
 import popviz
 import popviz.vet
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from popviz.vet import Verdict, Vetter
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 
 def _folder(root: Path, count: int) -> Path:

@@ -1,6 +1,6 @@
 """Seeded import fuzzing in the suite (issue 22): mutants of small slices of the real H100
 trace and snapshot fixtures, each imported by `popviz import` in a forked worker with a
-20 s limit and 3 GB more address space (popviz.cli.import_fuzz).
+20 s limit and 3 GB more address space (tooling.import_fuzz).
 
 Asserted: no traceback, hang or crash; every failure is one line naming the file (exit 1)
 and leaves nothing in the output folder; every profile written opens and reads whole; no
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from popviz.cli import import_fuzz
 from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT
+from tooling import import_fuzz
 
 MUTANTS = int(os.environ.get("POPVIZ_IMPORT_FUZZ_MUTANTS", "200"))
 SEED = 20261125

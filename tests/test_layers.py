@@ -117,13 +117,24 @@ def test_compare_package_has_no_import_circle() -> None:
         visit(mod, ())
 
 
-def test_no_runtime_module_imports_the_testing_package() -> None:
-    """Test data and tools (popviz/testing/) stay out of what `popviz` runs."""
-    comps = components()
-    users = [f"{path.relative_to(ROOT)}:{line}" for name, files in comps.items()
-             if name != "testing" for path in files
-             for line, target in imported(path, set(comps)) if target == "testing"]
-    assert "testing" in comps and not users, users
+def test_no_runtime_module_imports_the_tooling() -> None:
+    """Test data, fuzzers, calibration points and doc generation (tooling/) and the tests
+    stay out of what `popviz` runs, and out of the package users install."""
+    import tomllib
+
+    users = []
+    for path in [*(ROOT / "popviz").rglob("*.py"), *(ROOT / "app").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            users += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0] in ("tooling", "tests")]
+    assert not users, users
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]
+    assert not [p for p in packages if p.split(".")[0] in ("tooling", "tests")]
+    assert not [p for p in (ROOT / "popviz").rglob("*.py")
+                if p.stem in ("calibration", "costdoc", "gpu_fit", "gpu_programs", "fuzz")]
 
 
 def test_the_layout_drawing_names_every_package() -> None:

@@ -16,7 +16,7 @@ from popviz.compiler.tilecode import tile_code
 from popviz.options import Options
 from popviz.target import get_target, register_target
 from popviz.target.cost import Precision
-from popviz.testing.programs import synthetic_program
+from tooling.testing.programs import synthetic_program
 
 WEIGHTS = ("parameter", "gradient", "optimiser_state")
 

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from popviz.compiler.calibration import bandwidth
 from popviz.target import get_target
 from popviz.target.cost import Precision, op_costs
 from popviz.target.costmodel import CostModel
@@ -30,6 +29,7 @@ from popviz.target.popops import (
     kind_of,
     vector_cycles,
 )
+from tooling.calibration import bandwidth
 
 MK2 = get_target("mk2")
 

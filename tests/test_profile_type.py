@@ -13,7 +13,7 @@ from popviz_app import ProfileCache
 import popviz
 from popviz.errors import ProfileError
 from popviz.format import FileProfile, Profile, ReportProfile, write_report
-from popviz.testing.synthetic import synthetic_report
+from tooling.testing.synthetic import synthetic_report
 
 CONTRACT = ("stages", "trace", "liveness", "tile_memory", "exchange", "ops", "tensors",
             "variables", "oom")

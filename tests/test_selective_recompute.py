@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.options import Options
+from tooling.gpu_programs import gpu_program
 
 H, A, S, B = 512, 8, 512, 4  # hidden, heads, sequence, micro-batch
 SPLIT = ["lm.transformer.h.2.ln_1"]  # 4 layers: 2 and 2

@@ -17,9 +17,9 @@ import pytest
 from popviz_app import access, create_app
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = "run/profile.h5"

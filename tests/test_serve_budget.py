@@ -21,9 +21,9 @@ from popviz.cli.main import main
 from popviz.cli.serve_budget import FairDispatcher, Share, _Queued, callback_profile
 from popviz.errors import RequestStopped
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 THREADS = 4  # Share.of(4): 2 threads build views, 1 of them for one profile
 

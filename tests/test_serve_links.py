@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 IN_OPEN = 0x20
 IN_ACCESS = 0x01

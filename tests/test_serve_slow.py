@@ -17,8 +17,8 @@ from waitress import wasyncore
 
 from popviz.cli.serve_guard import Limits, create_server
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 LIMITS = Limits(header_s=1.0, body_s=2.5, per_address=4, unfinished=6)
 HEAD = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n"

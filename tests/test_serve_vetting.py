@@ -22,10 +22,10 @@ from popviz_app.cache import VET_WAITERS, ProfileCache
 
 import popviz.vet
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from popviz.vet import SIMULATE_ENV, Verdict, Vetter
 from tests.dash_http import find, payload
 from tests.serve_util import start_serve, stop
+from tooling.testing.synthetic import synthetic_report
 
 
 def _fake_vetting(monkeypatch: pytest.MonkeyPatch, slow_s: float) -> list[str]:

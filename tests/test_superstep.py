@@ -228,7 +228,7 @@ def test_a_modelled_profile_without_tiles_says_so(tmp_path: Path) -> None:
     from popviz_app.pages import trace as page
 
     from popviz.format import write_report
-    from popviz.testing.synthetic import synthetic_report
+    from tooling.testing.synthetic import synthetic_report
 
     write_report(synthetic_report(events=300, steps=30, model="small"), tmp_path / "s.h5")
     app = create_app(tmp_path, vetter=False)

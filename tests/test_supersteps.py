@@ -147,7 +147,7 @@ def test_inference_batch_norm_is_two_broadcasts_with_running_statistics() -> Non
 def test_an_inference_compile_runs_its_batch_norms_on_running_statistics() -> None:
     from popviz.compiler import compile
     from popviz.options import Options
-    from popviz.testing.programs import synthetic_program
+    from tooling.testing.programs import synthetic_program
 
     program = synthetic_program(layers=2, batch=4, channels=16, hw=16)
     ops = program.ops

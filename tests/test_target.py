@@ -49,7 +49,7 @@ def test_a_stage_copy_uses_the_links_to_its_neighbour_one_way() -> None:
 def test_a_pipelines_activation_copies_are_costed_at_the_stage_link() -> None:
     from popviz.compiler import compile
     from popviz.options import Options
-    from popviz.testing.programs import synthetic_program
+    from tooling.testing.programs import synthetic_program
 
     program = synthetic_program(layers=8, batch=8, channels=32, hw=32)
     options = Options(splits=["l4"], num_ipus=2, gradient_accumulation=4,

@@ -19,7 +19,6 @@ from popviz.errors import ProfileError
 from popviz.format import bounds, schema
 from popviz.format.isolated import read_everything
 from popviz.ingest.import_limits import LimitError, check_actions
-from popviz.testing.semantic import NAN, VALUES, Mutation
 from tests.serve_pages import visit
 from tests.serve_util import start_serve, stop
 from tests.value_mutants import (
@@ -32,6 +31,7 @@ from tests.value_mutants import (
     mutations,
     write_mutant,
 )
+from tooling.testing.semantic import NAN, VALUES, Mutation
 
 DIMS = bounds.Dimensions("IPU", devices=4, tiles=1472, stages=4, steps=161, rows=6000)
 

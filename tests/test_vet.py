@@ -14,9 +14,9 @@ from popviz_app import create_app, render
 
 from popviz.errors import ProfileError
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from popviz.vet import SIMULATE_ENV, Vetter, time_limit, vet
 from tests.dash_util import component_text
+from tooling.testing.synthetic import synthetic_report
 
 # profiles/tutorial_measured_2ranks/profile.h5 (format 1.0) with 4 bytes at 27,440 flipped:
 # popviz.open succeeds, then reading its tables kills the process with SIGSEGV in libhdf5.

@@ -17,8 +17,8 @@ from popviz.cli import vetcache
 from popviz.cli.main import main
 from popviz.errors import ProfileError
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from popviz.vet import Verdict, Vetter, stamp_of, vet
+from tooling.testing.synthetic import synthetic_report
 
 # popviz.open succeeds on it, then reading its tables kills the process with SIGSEGV
 FLIPPED = Path(__file__).parent / "data" / "flipped_segv.h5"

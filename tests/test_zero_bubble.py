@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.compiler.grad_parts import grad_parts
 from popviz.compiler.schedule import ZERO_BUBBLE, PassTimes, build_schedule
 from popviz.options import Options
+from tooling.gpu_programs import gpu_program
 
 
 def _makespan(actions: pd.DataFrame, p: int, split: bool, f: float = 1.0, b: float = 1.0,

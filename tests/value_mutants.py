@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from popviz.format.bounds import COLUMNS
-from popviz.testing.semantic import VALUES, Mutation, numeric_columns
+from tooling.testing.semantic import VALUES, Mutation, numeric_columns
 
 REPO = Path(__file__).resolve().parents[1]
 MODELLED_IPU = REPO / "profiles" / "tutorial_pipelined" / "inference" / "profile.h5"
@@ -21,10 +21,10 @@ def make_sources(folder: Path) -> dict[str, Path]:
     imported with its memory snapshot: ~10 s)."""
     from popviz import import_trace
     from popviz.compiler import compile
-    from popviz.compiler.gpu_programs import gpu_program
     from popviz.format.writer import write_report
     from popviz.options import Options
     from tests.import_fixtures import RESNET, snapshot_inside_trace
+    from tooling.gpu_programs import gpu_program
 
     folder.mkdir(parents=True, exist_ok=True)
     ipu = shutil.copyfile(MODELLED_IPU, folder / "ipu.h5")

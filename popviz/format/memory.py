@@ -1,7 +1,7 @@
 """`ReportProfile`: a compiled Report read through the `Profile` API, no file needed.
 
 The /tune page serves re-planned runs this way (app/pages/tune.py); tests and benches wrap
-synthetic reports (popviz.testing.synthetic) in it."""
+synthetic reports (tooling.testing.synthetic) in it."""
 
 from __future__ import annotations
 

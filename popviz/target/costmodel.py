@@ -6,13 +6,13 @@ Every number the compiler uses beyond the machine's published figures lives in o
 - published: a public figure (source and the figure),
 - derived: computed from other figures (from which),
 - fitted: set by `bench/fit_cost_model.py` to the calibration points of
-  `popviz/target/calibration.json` (which points),
+  `tooling/calibration_points.json` (which points; the values land in calibration.json),
 - assumed: no measurement behind it (why this value; docs/cost-model.md says which
   measurement would settle it).
 
 The fitted values are read from calibration.json, so re-running the fit script is the only
 way they change. docs/cost-model.md's constants table is generated from this module
-(`python -m popviz.target.costdoc --write`); a test checks that it is current.
+(`python -m tooling.costdoc --write`); a test checks that it is current.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ PROVENANCE: dict[str, Provenance] = {
 
 
 def load_calibration(path: Path = CALIBRATION_FILE) -> dict[str, Any]:
-    """The calibration file: published points and the fitted constants."""
+    """The fitted constants (`fit`: procedure, the points fitted, values); the published
+    points are tooling's (tooling.calibration.load_points)."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:

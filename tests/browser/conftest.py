@@ -29,7 +29,7 @@ def _profiles_dir(tmp: Path) -> Path:
         shutil.copytree(source, served, ignore=shutil.ignore_patterns("*.tmp*"))
     else:
         from popviz.format import write_report
-        from popviz.testing.synthetic import synthetic_report
+        from tooling.testing.synthetic import synthetic_report
 
         write_report(synthetic_report(oom_ipu=1, model="synthetic-oom"),
                      served / "pipeline_oom" / "profile.h5")

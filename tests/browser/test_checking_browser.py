@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from popviz.format import write_report
-from popviz.testing.synthetic import synthetic_report
 from popviz.vet import SIMULATE_ENV
 from tests.serve_util import start_serve
 from tests.test_serve_vetting import stop_with_workers
+from tooling.testing.synthetic import synthetic_report
 
 pytestmark = pytest.mark.browser
 

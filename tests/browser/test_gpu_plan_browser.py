@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from popviz.compiler import compile
-from popviz.compiler.gpu_programs import gpu_program
 from popviz.format.writer import write_report
 from popviz.options import Options
+from tooling.gpu_programs import gpu_program
 
 from .conftest import SCREENSHOTS, serving
 from .test_app_browser import _open

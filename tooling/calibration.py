@@ -1,4 +1,4 @@
-"""Calibration: the published points of popviz/target/calibration.json, modelled.
+"""Calibration: the published points of tooling/calibration_points.json, modelled.
 
 Each point names a target, a model and a configuration. `prepare` plans it once (record
 in plan mode, place stages, build the schedule); `Prepared.predict(cost)` then re-costs its
@@ -9,8 +9,10 @@ is exactly what `compile` reports for the same cost model (a test checks it).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,12 +33,19 @@ from popviz.target.cost import (
     op_costs,
     op_features,
 )
-from popviz.target.costmodel import CostModel, load_calibration
+from popviz.target.costmodel import CostModel
 from popviz.target.machines import Target, ipu_target
 
+POINTS_FILE = Path(__file__).with_name("calibration_points.json")
 PASSES = CONTRACT_PASSES  # the index order of `pass_code`
 FITTED = ("amp_efficiency", "conv_efficiency", "vector_efficiency")
 QUANTITATIVE = ("throughput", "bandwidth")
+
+
+def load_points(path: Path = POINTS_FILE) -> list[dict[str, Any]]:
+    """The published points: source, figure, configuration, tolerance, use (fit, check,
+    holdout)."""
+    return list(json.loads(Path(path).read_text())["points"])
 
 
 @lru_cache(maxsize=16)
@@ -220,7 +229,7 @@ def fits(point: dict[str, Any]) -> bool:
 
 
 def quantitative(points: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    points = load_calibration()["points"] if points is None else points
+    points = load_points() if points is None else points
     return [p for p in points if p["kind"] in QUANTITATIVE]
 
 

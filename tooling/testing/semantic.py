@@ -1,6 +1,6 @@
 """Semantic mutants of a profile: well-formed files whose VALUES are hostile (issue 34).
 
-A byte mutant (popviz.testing.fuzz) damages the file; these leave it valid HDF5 with a
+A byte mutant (tooling.testing.fuzz) damages the file; these leave it valid HDF5 with a
 valid popviz layout and change what a column says: an IPU of 10^9, a step of -1, a NaN
 tile, one 30 MB string. Used by tests/test_value_bounds*.py and bench/bench_fuzz_serve.py.
 
