@@ -232,7 +232,6 @@ def op_templates(entry: Any) -> dict:
     not measured): its ops are its kernels on the compute stream, in program order. One
     key and one value for /trace's op lanes, its BSP view and the links to an op."""
     from popviz.analysis.trace_detail import pass_ops
-    from popviz.vocab import is_measured
 
-    measured = is_measured(entry.profile.kind)
+    measured = naming(entry).measured
     return entry.get("pass_ops", lambda: pass_ops(entry.profile.ops, measured=measured))

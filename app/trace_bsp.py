@@ -15,7 +15,6 @@ from dash.exceptions import PreventUpdate
 
 from popviz.analysis.superstep import SuperstepError, has_tiles, superstep_at, superstep_view
 from popviz.figures.superstep import superstep_figure
-from popviz.vocab import is_gpu_target
 
 from .cache import Entry
 from .common import AppContext, error_text, graph, naming, op_templates, profile_of
@@ -39,7 +38,7 @@ PICK = """function(click) {
 def available(entry: Entry) -> bool:
     """A BSP view needs a modelled profile: ops that say their tiles, a trace of supersteps."""
     prof = entry.profile
-    return (has_tiles(prof.ops, naming(entry).measured)
+    return (has_tiles(prof.ops, not naming(entry).has_tiles)
             and "superstep" in prof.trace.columns and tiles_per_ipu(entry) > 0)
 
 
@@ -54,7 +53,7 @@ def tiles_per_ipu(entry: Entry) -> int:
 def section(entry: Entry) -> html.Div:
     """The BSP view's controls and (empty until asked) figure, below the trace."""
     pick = dcc.Store(id="trace-bsp-pick")
-    if is_gpu_target(entry.profile.meta):  # a GPU runs kernels, not BSP supersteps on tiles
+    if naming(entry).gpu_plan:  # a GPU runs kernels, not BSP supersteps on tiles
         return html.Div([pick, html.Div(id="trace-bsp-status"),
                          dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
                          dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN)],

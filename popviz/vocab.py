@@ -96,35 +96,66 @@ def rank_label(index: Any) -> str:
 
 @dataclass(frozen=True)
 class Naming:
-    """Words for one profile: `device` ("IPU" | "rank"), `unit` ("cycles" | "ns")."""
+    """What kind of profile this is, said once: the device its `ipu` column counts and the
+    unit its times hold, as the profile states them (`device_kind`, `time_unit`).
+
+    Three kinds: a modelled IPU plan ("IPU", cycles), a modelled GPU plan ("GPU", ns) and a
+    measured or imported run ("rank", ns). Pages, figures, reporters and advice ask it what
+    applies (tiles, AMP, supersteps, real times) and how to say it; they do not test the
+    target or the kind themselves."""
 
     device: str = "IPU"
     unit: str = "cycles"
-    measured: bool = False
 
     @property
     def devices(self) -> str:
         return self.device + "s"
 
     @property
+    def family(self) -> str:
+        """'ipu', 'gpu' or 'rank': what the `ipu` column counts (the stated device_kind)."""
+        return self.device.lower()
+
+    @property
+    def measured(self) -> bool:
+        """Times a real run took (popviz measure, popviz import), not a model's."""
+        return self.device == "rank"
+
+    @property
     def gpu_plan(self) -> bool:
-        """A modelled GPU target: ns and no tiles as a real run, but times modelled."""
-        return self.measured and self.device == "GPU"
+        """A modelled GPU target: GPUs, ns and no tiles, the times modelled."""
+        return self.device == "GPU"
+
+    @property
+    def has_tiles(self) -> bool:
+        """Tiles to fill: an IPU plan (per-tile memory, BSP supersteps, exchange between
+        tiles). A GPU plan and a run have device memory, not tiles."""
+        return self.device == "IPU" and self.unit == "cycles"
+
+    @property
+    def has_amp(self) -> bool:
+        """availableMemoryProportion applies (an IPU compiler option): IPU plans only."""
+        return self.has_tiles
+
+    @property
+    def in_ns(self) -> bool:
+        """Times in ns per step (a GPU plan or a run), not cycles."""
+        return self.unit == "ns"
 
     @property
     def timed(self) -> str:
         """How the times were got: 'measured', or 'modelled' (IPUs, GPU targets)."""
-        return "measured" if self.measured and not self.gpu_plan else "modelled"
+        return "measured" if self.measured else "modelled"
 
     @property
     def prefix(self) -> str:
         """What comes before a device's number: 'IPU' (IPU0) or 'rank ' (rank 0)."""
-        return self.device + (" " if self.measured else "")
+        return self.device + ("" if self.has_tiles else " ")
 
     def label(self, index: Any) -> str:
         """'IPU0' for a modelled IPU profile, 'rank 0' for a measured one, 'GPU 0' for a
         modelled GPU."""
-        if not self.measured:
+        if self.has_tiles:
             return ipu_label(index)
         return rank_label(index) if self.device == "rank" else f"{self.device} {int(index)}"
 
@@ -142,12 +173,12 @@ class Naming:
     @property
     def time_title(self) -> str:
         """Axis title of a time axis (the unit always shown)."""
-        return "time (ns)" if self.measured else self.unit
+        return "time (ns)" if self.in_ns else self.unit
 
     def column(self, name: str) -> str:
         """A table column's display name: `ipu` -> `rank`, `*_cycles` -> `* ns` when the
         numbers are ns; underscores as spaces."""
-        if self.measured:
+        if self.in_ns:
             if name == "ipu":
                 name = self.device.lower()
             if name in ("start", "end"):  # ops: times on the common clock
@@ -159,10 +190,8 @@ class Naming:
 _GPU_LANES = {"compute": "compute stream", "ops": "kernels", "exchange": "NCCL stream",
               "sync": "waiting"}
 MODELLED = Naming()
-MEASURED = Naming(device="rank", unit="ns", measured=True)
-# a modelled GPU target: devices are GPUs, times ns, no tiles (`measured` here means "ns and
-# no tiles", the words a real run has)
-MODELLED_GPU = Naming(device="GPU", unit="ns", measured=True)
+MEASURED = Naming(device="rank", unit="ns")
+MODELLED_GPU = Naming(device="GPU", unit="ns")  # a modelled GPU target: GPUs, ns, no tiles
 GPU_FAMILY = "gpu"
 
 
@@ -211,7 +240,7 @@ def naming_from_words(device_kind: str, time_unit: str) -> Naming:
     if known is not None:
         return known
     device = "rank" if device_kind == "rank" else device_kind.upper()
-    return Naming(device=device, unit=time_unit, measured=time_unit == "ns")
+    return Naming(device=device, unit=time_unit)
 
 
 def naming_of(kind: Any = None, meta: Mapping[str, Any] | None = None) -> Naming:

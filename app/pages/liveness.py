@@ -198,13 +198,13 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "y-axis fits the data; the IPU's memory is drawn when on scale, named when not. "
             "Click the curve to list live variables.")
     always = always_live_from_liveness(entry.profile.liveness)
-    stashed = "" if naming(entry).measured else stash_line(entry.profile.stages,
+    stashed = "" if not naming(entry).has_tiles else stash_line(entry.profile.stages,
                                                            naming(entry).label)
     return html.Div([
         html.H2(title_of(entry)),
         html.P(hint, className="hint"),
         *([html.P(always_live_text(always, naming(entry).label), id="always-live",
-                  className="hint")] if always and not naming(entry).measured else []),
+                  className="hint")] if always and naming(entry).has_tiles else []),
         *([html.P(stashed, id="live-stash", className="hint")] if stashed else []),
         html.Div(id="live-linked", className="status"),
         graph("live-graph", liveness(ctx, entry)),

@@ -178,7 +178,7 @@ def _counters(entry: Entry) -> list[Any]:
     snapshot: `popviz import --memory-snapshot`)."""
     words = naming(entry)
     live = entry.profile.liveness
-    if words.timed != "measured" or alloc_view.available(entry) or live.empty \
+    if not words.measured or alloc_view.available(entry) or live.empty \
             or "time" not in live.columns:
         return []
     return [html.P("Without a memory snapshot, this is what the run's own memory events "

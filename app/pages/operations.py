@@ -17,7 +17,7 @@ from dash.exceptions import PreventUpdate
 from popviz import analysis
 from popviz.analysis.links import op_span, op_window, ops_in_range
 from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time, self_and_inclusive
-from popviz.vocab import Naming, is_measured
+from popviz.vocab import Naming
 
 from .. import links
 from ..cache import Entry
@@ -79,9 +79,9 @@ def ordered(ops: pd.DataFrame, gpu: bool = False, measured: bool = False) -> pd.
 
 
 def _ordered(entry: Entry) -> pd.DataFrame:
-    gpu = naming(entry).device == "GPU"
-    return entry.get("ops_ordered", lambda: ordered(entry.profile.ops, gpu=gpu,
-                                                    measured=is_measured(entry.profile.kind)))
+    words = naming(entry)
+    return entry.get("ops_ordered", lambda: ordered(entry.profile.ops, gpu=words.gpu_plan,
+                                                    measured=words.measured))
 
 
 def in_window(entry: Entry, window: links.Window | None) -> pd.DataFrame:
@@ -134,7 +134,7 @@ def groups(entry: Entry, by: str | None, filter_query: str | None = "",
     if not by:
         return []
     words = naming(entry)
-    out = group_ops(filtered(entry, filter_query, window), by, measured=words.measured,
+    out = group_ops(filtered(entry, filter_query, window), by, measured=words.in_ns,
                     gpu=gpu_timed(entry))
     unit = words.unit
     out = out.rename(columns={"cycles": unit, "mean_cycles": f"mean {unit}",
@@ -194,7 +194,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             page_count=count, page_action="custom", sort_action="custom", sort_mode="multi",
             # a measured run's host time is its own; a modelled op's is the recording's
             hidden_columns=hidden_of(ops, [c for c in DETAIL if not (
-                is_measured(entry.profile.kind) and c == "host_ns")]),
+                naming(entry).measured and c == "host_ns")]),
             filter_action="custom", filter_query="", sort_by=[],
             filter_options={"placeholder_text": "filter"},  # 'filter data...' is cut off
             style_table={"overflowX": "auto"},

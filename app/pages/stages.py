@@ -50,7 +50,7 @@ FIGURES = {"ipu_time": ipu_time, "stage_load": load, "stash": stash, "amp": amp}
 def _ranks_section(ctx: AppContext, entry: Entry) -> list[Any]:
     """A measured job of several ranks: each rank's share of the step, the stragglers."""
     words = naming(entry)
-    if words.timed != "measured" or entry.profile.trace["ipu"].nunique() < 2:
+    if not words.measured or entry.profile.trace["ipu"].nunique() < 2:
         return []
     shares = rank_shares(entry.profile.trace, entry.profile.stages)
     late = stragglers(shares)
@@ -76,7 +76,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
     words = naming(entry)
     if "stash_bytes" in shown.columns:  # in words, as /liveness and /compare say it
-        measured = words.timed == "measured"
+        measured = words.measured
         shown.insert(list(shown.columns).index("stash_bytes"), "stash",
                      stash_column(shown, measured=measured))
         if measured:  # no stash in a run's traces: no zeros that read as none
@@ -84,7 +84,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                                         if c in shown.columns])
     # a measured run has no AMP: a note, not a chart of the compiler's default
     amp_box = (html.Div(message(amp_note(words), "info"), id="stages-amp-note",
-                        className="half") if words.measured
+                        className="half") if not words.has_amp
                else graph("stages-amp", amp(ctx, entry)))
     return html.Div([
         html.H2(title_of(entry)),
@@ -97,7 +97,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         table("stages-table", shown, words=words, hidden=DETAIL),
         *_ranks_section(ctx, entry),
         downloads(entry.rel, ["stages"],
-                  [v for v in FIGURES if not (words.measured and v == "amp")]),
+                  [v for v in FIGURES if words.has_amp or v != "amp"]),
     ])
 
 

@@ -37,7 +37,7 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
                                      f"{fmt_bytes(d['capacity_bytes'])} "
                                      f"({d['utilisation']:.0%})" for d in fit["devices"]),
                          "good" if fit["fits"] else "bad")
-    elif not fit.get("known", True) and words.measured:  # a CPU run has no tiles to fill
+    elif not fit.get("known", True) and not words.has_tiles:  # a CPU run: no device memory
         fit_card = _card("memory", "unknown (a measured run records no per-tile memory)", "")
     elif not fit.get("known", True):
         verdict = {None: "unknown", True: "fits", False: "OUT OF MEMORY"}[fit["fits"]]

@@ -168,7 +168,7 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
 
     def build() -> RangeStats:
         return range_statistics(entry.profile.trace, templates(entry), lo, hi,
-                                measured=words.measured)
+                                measured=words.in_ns)
 
     opening = opening_window(entry) or (trace_index(entry).start, trace_index(entry).end)
     same = abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6
@@ -279,7 +279,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                    "it). " if window else "")
     return html.Div([
         html.H2(title_of(entry)),
-        html.P(rows + opening + ZOOM_HINT[words.measured and not words.gpu_plan],
+        html.P(rows + opening + ZOOM_HINT[words.measured],
                className="hint"),
         html.Div([html.Span("Layout: ", className="label"), dcc.RadioItems(
             id="trace-mode", value=FLAME, inline=True, options=[

@@ -40,7 +40,7 @@ OP_COLUMNS = ["op_id", "op", "module", "pass", "stage", "cycles", "flops", "temp
 
 def _weights(entry: Entry) -> dict[str, float] | None:
     p = entry.profile
-    return step_weights(p.meta or {}, p.summary or {}, naming(entry).measured)
+    return step_weights(p.meta or {}, p.summary or {}, naming(entry).in_ns)
 
 
 def per_step(entry: Entry) -> str:
@@ -139,7 +139,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                          message("No ops in this profile, so no program tree.", "info")])
     words = naming(entry)
     # an import's op cost is its kernels' GPU time; a measured run's, its host time
-    cost = ("modelled cycles" if not words.measured else "modelled ns" if words.gpu_plan else
+    cost = ("modelled cycles" if words.has_tiles else "modelled ns" if words.gpu_plan else
             "measured GPU time (ns) of each op's kernels" if gpu_timed(entry) else
             "host time (ns) of each op")
     return html.Div([

@@ -21,7 +21,6 @@ from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
 from popviz.format.memory import ReportProfile
-from popviz.vocab import is_gpu_target
 
 from ..cache import VIRTUAL_PREFIX, Entry
 from ..common import (
@@ -159,7 +158,7 @@ def amp_section(entry: Entry) -> html.Div:
     """What each AMP step trades on each IPU: the profile's conv / matmul ops re-planned
     at every step (instant: no compile), as a figure and a table. None on a GPU plan:
     AMP is an IPU option."""
-    if is_gpu_target(entry.profile.meta):
+    if not naming(entry).has_amp:
         return html.Div(id="tune-amp")
     steps = entry.get("amp_steps", lambda: amp_steps(entry.profile.ops, entry.profile.meta))
     head = [html.H3("What each AMP step trades"), html.P(
@@ -184,7 +183,7 @@ def amp_section(entry: Entry) -> html.Div:
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
-    if entry.profile.kind != "modelled":
+    if naming(entry).measured:
         return html.Div([html.H2(title_of(entry)), message(
             "A measured profile holds no recorded program to re-plan; tune needs a modelled "
             "one (train.py --profile).", "info")])

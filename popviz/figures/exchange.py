@@ -20,7 +20,7 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     run has no host: its empty host row and column are left out."""
     if matrix.empty or int(matrix.to_numpy().sum()) == 0:
         return empty_figure(f"No exchange between {naming.devices} or with the host.", title)
-    if naming.measured and "host" in matrix.index and "host" in matrix.columns \
+    if naming.in_ns and "host" in matrix.index and "host" in matrix.columns \
             and not matrix.loc["host"].any() and not matrix["host"].any():
         matrix = matrix.drop(index="host", columns="host")
     matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)

@@ -285,7 +285,7 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
             yanchor="bottom", showarrow=False, font={"size": 11, "color": "#555"},
             name="fold-note")
     fig.update_xaxes(title_text="compute action on the rank" if naming.measured
-                     else "program step (each IPU counts its own)" if len(ipus) > 1
+                     else f"program step (each {naming.device} counts its own)" if len(ipus) > 1
                      else "program step", row=len(ipus), col=1)
     first_span = spans[ipus[0]]
     fig.update_layout(uirevision="liveness", hovermode="closest",

@@ -40,7 +40,7 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     fig.add_trace(go.Scatter(
         x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
         text=[f"{b:.0%} idle" for b in bal["bubble_fraction"]], textposition="top center"))
-    fig.update_yaxes(title_text=f"{unit} per step" if naming.measured else unit,
+    fig.update_yaxes(title_text=f"{unit} per step" if naming.in_ns else unit,
                      tickformat=",d")
     base_layout(fig, title + " (bubble fraction on top)", height=380)
     # six categories do not fit in one row above the plot: list them on the right
@@ -87,7 +87,7 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
     fig = go.Figure([
         go.Bar(x=labels, y=held["stash_bytes"] / MiB, name="stash",
                marker={"color": "#8e6bbf"},
-               customdata=stash_column(s, measured=naming.timed == "measured"),
+               customdata=stash_column(s, measured=naming.measured),
                hovertemplate="%{x}: stash %{customdata}<extra></extra>"),
         go.Bar(x=labels, y=s["peak_bytes"] / MiB, name="peak liveness",
                marker={"color": "#ef8636"},
@@ -112,7 +112,7 @@ def amp_figure(stages: pd.DataFrame, meta: dict, title: str = "availableMemoryPr
                naming: Naming = MODELLED) -> go.Figure:
     """AMP per stage (the stage table's `amp`, else the options in meta); a measured
     profile has no AMP, so it gets a note instead of the default."""
-    if naming.measured:
+    if not naming.has_amp:
         return empty_figure(amp_note(naming), title)
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)

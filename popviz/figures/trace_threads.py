@@ -33,7 +33,7 @@ from popviz.figures.lod import CATEGORIES, category_codes
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
 from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
 from popviz.format.schema import OPTIONAL_COLUMNS
-from popviz.vocab import Naming
+from popviz.vocab import MEASURED, Naming
 
 KERNEL_COLUMNS = OPTIONAL_COLUMNS["kernels"]
 
@@ -323,7 +323,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     `analysis.trace_threads.launch_links`; `kernels` (the profile's table of that name)
     adds each kernel's launch to its hover. `layout.meta`: view (flame|flat), mode
     (events|merged), visible_events, drawn, range, flows_drawn, flows_hidden, rows."""
-    naming = naming or Naming(device="rank", unit="ns", measured=True)
+    naming = naming or MEASURED
     rows: list[Row] = thread_rows(slices, trace, mode)
     if not rows:
         return empty_figure("This profile has no host slices or GPU events.", title)

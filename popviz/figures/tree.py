@@ -71,7 +71,7 @@ def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
                             title)
     unit = naming.unit
     share = tree["cycles"] / float(tree.loc[tree["id"] == "model", "cycles"].iloc[0])
-    device = "stage" if not naming.measured else "stage (rank)"
+    device = "stage" if naming.has_tiles else f"stage ({naming.device})"
     custom = np.empty((len(tree), 10), dtype=object)
     custom[:, 0] = tree["kind"].to_numpy()
     custom[:, 1] = share.to_numpy()
@@ -87,7 +87,7 @@ def program_tree_figure(tree: pd.DataFrame, naming: Naming | None = None,
     custom[:, 8] = [f"split names {v}" if v else "no split names" for v in layers]
     custom[:, 9] = [starts_text(v, stage_starts or {}) or "-" for v in tree["stages"]]
     whole = (f"of the step's compute ({per_step})" if per_step else
-             "of the recorded ops' compute (one step)" if naming.measured else
+             "of the recorded ops' compute (one step)" if naming.in_ns else
              "of one micro-batch's compute (each op once, the optimiser once)")
     hover = ("<b>%{id}</b> (%{customdata[0]}) · %{customdata[8]}<br>"
              f"%{{value:,.0f}} {unit} · %{{customdata[1]:.1%}} {whole}<br>"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import ipu_label, is_gpu_target, naming_of
+from popviz.vocab import ipu_label, naming_of
 
 _FIT_WORD = {True: "yes", False: "NO", None: "unknown (no per-tile data)"}
 
@@ -40,7 +40,7 @@ def _fit_line(facts: dict) -> str:
             f"{_fmt_bytes(d['capacity_bytes'])} device memory, {d['utilisation']:.1%}"
             for d in devices) + ")"
     if facts.get("fit_known") is False or facts.get("fits") is None:
-        if naming_of(facts).measured:  # a CPU run: no tiles, no device memory
+        if not naming_of(facts).has_tiles:  # a CPU run: no tiles, no device memory
             return "  fits: unknown (no tiles, no device memory recorded)"
         return f"  fits: {_FIT_WORD[None]}"
     return (f"  fits: {_FIT_WORD[bool(facts['fits'])]}"
@@ -84,7 +84,7 @@ def render_text(facts: dict) -> str:
     latency = facts.get("latency_ms")
     if latency:  # absent or 0 (a training step has no single-batch latency): left out
         lines.append(f"  latency: {_duration(float(latency))}")
-    reserved = facts.get("max_memory_reserved") if is_gpu_target(facts) else None
+    reserved = facts.get("max_memory_reserved") if words.gpu_plan else None
     if reserved is not None and facts.get("gpu_precision"):  # how the plan holds its state
         per = facts.get("gpu_precision_bytes_per_param")
         lines.append(f"  GPU precision: {facts['gpu_precision']}" + (

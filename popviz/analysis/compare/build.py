@@ -99,7 +99,7 @@ def device_units(sa: Side, sb: Side) -> dict[str, str]:
     def both(make: Callable[[Naming], str]) -> str:
         a, b = (make(w) for w in words)
         return a if a == b else f"{a} (A) / {b} (B)"
-    time = both(lambda w: f"{w.device}-µs" if w.measured else "IPU-us")
+    time = both(lambda w: f"{w.device}-µs" if w.in_ns else "IPU-us")
     return {"throughput_per_ipu": "samples/s per " + both(lambda w: w.device),
             "total_ipus": both(lambda w: w.devices),
             "ipu_us_per_sample": f"{time} per sample", "time_per_sample": f"{time} per sample"}
