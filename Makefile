@@ -8,10 +8,10 @@ PIP     = $(VENV)/bin/pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8050
 PYTEST_ARGS ?=
-# one pytest process by default: with two xdist workers a CI run once hung at 98% and never
-# said where. `make test PYTEST_WORKERS=2` splits the files over two workers (each file on
-# one, so its module fixtures are built once) for a quicker run at a desk
-PYTEST_WORKERS ?= 0
+# the suite runs as TEST_SHARDS plain pytest processes side by side, each over its own files,
+# balanced by tests/durations.json (scripts/shard_tests.py; not pytest-xdist, whose two
+# workers once hung a CI run at 98% without saying where). TEST_SHARDS=1: one process
+TEST_SHARDS ?= 2
 
 .PHONY: serve test setup setup-test system-deps lint typecheck bench profiles clean
 
@@ -38,7 +38,7 @@ serve: setup
 test: setup-test system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) scripts/shard_tests.py --shards $(TEST_SHARDS) -- -q $(PYTEST_ARGS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check .
