@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FACADE = "api"  # `import popviz` loads names from every layer: it counts as the api layer
 
@@ -89,32 +91,66 @@ def test_the_contract_catches_an_arrow_against_it(tmp_path: Path) -> None:
 
 
 def module_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports (at any depth in the file)."""
-    prefix = "popviz." + ".".join(package.relative_to(ROOT / "popviz").parts)
+    """Module -> the modules of the same package it imports (at any depth in the file;
+    `from .x import` and `from . import x` too)."""
+    in_app = package.relative_to(ROOT).parts[0] == "app"
+    inner = package.relative_to(ROOT / ("app" if in_app else "popviz")).parts
+    prefix = ".".join(("popviz_app" if in_app else "popviz", *inner))
     mods = {f"{prefix}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:
+                base = f"{prefix}.{node.module}" if node.module else prefix
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                names = []
             graph[mod] |= {n for n in names if n in mods and n != mod}
     return graph
 
 
-def test_compare_package_has_no_import_circle() -> None:
-    """analysis/compare was flat modules importing each other in a circle (issue 23)."""
-    graph = module_graph(ROOT / "popviz" / "analysis" / "compare")
-    assert len(graph) >= 6
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (its modules in order, the first again at the end)."""
     done: set[str] = set()
 
-    def visit(mod: str, path: tuple[str, ...]) -> None:
-        assert mod not in path, "import circle: " + " -> ".join((*path, mod))
-        if mod not in done:
-            for dep in sorted(graph[mod]):
-                visit(dep, (*path, mod))
-            done.add(mod)
+    def visit(mod: str, path: tuple[str, ...]) -> list[str]:
+        if mod in path:
+            return [*path[path.index(mod):], mod]
+        if mod in done:
+            return []
+        for dep in sorted(graph[mod]):
+            found = visit(dep, (*path, mod))
+            if found:
+                return found
+        done.add(mod)
+        return []
     for mod in sorted(graph):
-        visit(mod, ())
+        found = visit(mod, ())
+        if found:
+            return found
+    return []
+
+
+PACKAGES = sorted({p.parent for p in (ROOT / "popviz").rglob("__init__.py")}
+                  | {p.parent for p in (ROOT / "app").rglob("__init__.py")})
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_package_imports_itself_in_a_circle(package: Path) -> None:
+    """Within a package no module imports (even inside a function) one that imports it
+    back: compiler <-> gpu_compile and the compare page <-> its op table once did."""
+    circle = _circle(module_graph(package))
+    assert not circle, "import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set()}) == []
+    assert len(module_graph(ROOT / "popviz" / "analysis" / "compare")) >= 6
 
 
 def test_no_runtime_module_imports_the_tooling() -> None:

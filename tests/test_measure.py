@@ -15,7 +15,8 @@ import pytest
 import popviz
 from popviz.cli.main import main
 from popviz.ingest import clocks, p2p, waits
-from popviz.measure.runner import MeasureConfig, measure
+from popviz.measure.launch import measure
+from popviz.measure.runner import MeasureConfig
 from popviz.measure.split import check_splits, default_splits
 
 MICRO, MICROBATCHES, STEPS = 2, 4, 2

@@ -44,7 +44,6 @@ from popviz.vocab import (
     NEARLY_FULL,
     TILE_AMBER,
     ipu_label,
-    is_gpu_target,
     is_measured,
     naming_of,
 )
@@ -194,8 +193,8 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         return []
     moves = plan_moves(segs, current, proposed)
     ipu_of = dict(zip(ordered["stage"].astype(int), ordered["ipu"].astype(int)))
-    gpu = is_gpu_target(meta)  # a GPU plan: GPUs and ns, no tiles
-    label, unit = (naming_of(meta).label, "ns") if gpu else (ipu_label, "cycles")
+    words = naming_of(meta)  # a GPU plan: GPUs and ns, no tiles
+    label, unit = (words.label, words.unit) if words.gpu_plan else (ipu_label, "cycles")
     held = [label(ipu_of.get(s, s)) for s in sorted(frozen)]
     keep = (f" {', '.join(held)} take no layers: fullest tile at or past "
             f"{TILE_AMBER:.0%}." if held else "")
@@ -225,7 +224,7 @@ def _split_moves(meta: dict[str, Any], stages: pd.DataFrame, ops: pd.DataFrame,
         out.append(Advice("warning", "split", where, (
             f"{part}: move split '{m.old}' {'earlier' if m.earlier else 'later'} to "
             f"'{m.new}': stage {takes} ({label(where)}"
-            + ("" if gpu else f", fullest tile {tile_use.get(where, 0.0):.0%} used")
+            + ("" if not words.has_tiles else f", fullest tile {tile_use.get(where, 0.0):.0%} used")
             + f") takes {shown} from stage {gives}; with "
             f"the whole plan stage {takes} goes from {was[takes]:,.0f} to "
             f"{now[takes]:,.0f} {unit} per micro-batch.")))
@@ -248,8 +247,8 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     row = bal[bal["stage"] == top].iloc[0]
     ipu = int(row["ipu"])
     # a measured run is ranks and ns, a modelled one IPUs and cycles (a GPU plan: GPUs, ns)
-    gpu = is_gpu_target(meta)
     words = naming_of(MEASURED_KIND if measured else MODELLED_KIND, meta)  # meta's words win
+    gpu = words.gpu_plan
     where, others = words.label(ipu), words.devices
     busy_time = "busy time" if measured or gpu else "busy cycles"
     wait = "wait for its activations and gradients" if gpu else "wait at every sync"
@@ -279,8 +278,7 @@ def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bo
     ipu, load = ipu_imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
-    words = naming_of(meta) if is_gpu_target(meta) else \
-        naming_of(MEASURED_KIND if measured else MODELLED_KIND)
+    words = naming_of(MEASURED_KIND if measured else MODELLED_KIND, meta)  # meta's words win
     own = sorted(int(s) for s in stages.loc[stages["ipu"] == ipu, "stage"])
     return [Advice("warning", "split", ipu, (
         f"{words.label(ipu)} is the bottleneck: {load:.2f}x the mean busy load of all "

@@ -19,7 +19,7 @@ import pandas as pd
 from popviz.options import Options
 from popviz.target.cost import AMP_CLASSES, Precision, op_costs, op_features
 from popviz.target.machines import ipu_target
-from popviz.vocab import is_gpu_target
+from popviz.vocab import naming_of
 
 AMP_STEPS = (0.1, 0.15, 0.2, 0.3, 0.4, 0.6)
 COLUMNS = ["ipu", "amp", "in_force", "ops", "cycles", "temp_bytes", "serial_ops",
@@ -39,7 +39,7 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
     None when the profile cannot be re-costed (no conv / matmul op, a measured profile,
     a GPU target (AMP is an IPU option), an unknown target, missing columns)."""
     if ops is None or ops.empty or any(c not in ops.columns for c in _NEEDED) \
-            or is_gpu_target(meta):
+            or naming_of(meta).gpu_plan:
         return None
     sel = ops[ops["op_class"].isin(AMP_CLASSES)]
     if sel.empty:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from popviz.vocab import is_gpu_target
+from popviz.vocab import naming_of
 
 UNUSED = 0.25  # a fullest GPU below this share of its memory is mostly unused
 
@@ -32,7 +32,7 @@ def micro_batch_advice(meta: dict[str, Any], stages: pd.DataFrame
     if micro_batch == 1:
         micro_batch = int((meta.get("model") or {}).get("batch_size") or 1)
     needed = {"ipu", "peak_bytes", "stash_bytes_per_microbatch"}
-    if not is_gpu_target(target) or str(meta.get("kind", "")) != "modelled" or \
+    if not naming_of(meta).gpu_plan or \
             not options.get("training", True) or usable <= 0 or micro_batch < 1 or \
             stages.empty or not needed <= set(stages.columns):
         return []

@@ -17,7 +17,7 @@ from popviz.metrics import (
     fits_or_stored,
     stage_idle_fraction,
 )
-from popviz.vocab import is_gpu_target, is_measured
+from popviz.vocab import naming_for
 
 if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
     from popviz.format.profile import Profile
@@ -32,13 +32,14 @@ def insights(profile: Profile) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
     (the trace only of a measured run, which is small), so it is cheap on big profiles."""
     meta, summary = profile.meta or {}, profile.summary or {}
-    measured = is_measured(profile.kind)
+    words = naming_for(profile)  # what kind of profile: its stated words
+    measured = words.measured
     stages = timed_stages(profile.table("stages"),
                           profile.table("trace") if measured else None, measured)
     tile_memory = profile.table("tile_memory")
     fit = fit_summary(tile_memory, profile.table("oom"))
     live, capacity = profile.table("liveness"), device_capacities(meta)
-    gpu = measured or is_gpu_target(meta)  # an imported GPU or a GPU target's plan
+    gpu = not words.has_tiles  # an imported GPU or a GPU target's plan: device memory
     devices = device_fit(live, capacity) if not fit["known"] and gpu else pd.DataFrame()
     if len(devices):  # a GPU: its peak against its device memory
         fit = {**fit, "known": True, "basis": "device", "fits": device_fits(live, capacity),

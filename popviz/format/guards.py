@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from popviz.errors import ProfileError
+from popviz.format import schema, tempfiles
 
 PathLike = str | os.PathLike[str]
 
@@ -102,9 +103,7 @@ def check_target(to: PathLike, *, force: bool, inputs: Iterable[PathLike] = (),
     """Everything a command checks before it starts work that ends in writing a profile at
     `to` (a .h5 path or a folder for profile.h5); the profile's path. In order: not a
     FIFO / device / loop, not one of `inputs`, not a user's own file or folder
-    (writer.refuse_foreign), not an earlier profile unless `force`."""
-    from popviz.format.writer import profile_path, refuse_foreign
-
+    (refuse_foreign), not an earlier profile unless `force`."""
     refuse_special_output(to)
     target = profile_path(to)
     refuse_special_output(target)
@@ -116,8 +115,50 @@ def check_target(to: PathLike, *, force: bool, inputs: Iterable[PathLike] = (),
 
 def same_target(a: PathLike, b: PathLike) -> bool:
     """Whether two writers' targets (.h5 paths or folders) name one profile file."""
-    from popviz.format.writer import profile_path
-
     first, second = profile_path(a), profile_path(b)
     return same_file(first, second) or \
         os.path.realpath(first) == os.path.realpath(second)
+
+
+def profile_path(path: str | os.PathLike[str]) -> Path:
+    """A `.h5` path is used as is; anything else is a directory that gets profile.h5."""
+    target = Path(path)
+    if target.suffix == schema.PROFILE_SUFFIX:
+        return target
+    return target / schema.PROFILE_FILENAME
+
+
+def is_popviz_profile(path: Path) -> bool:
+    """Whether the file at `path` is a popviz profile (an HDF5 file whose root says so),
+    the only kind of file a write may replace."""
+    import h5py  # only when there is a file to look at: guards load without it
+
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(len(tempfiles.HDF5_SIGNATURE)) != tempfiles.HDF5_SIGNATURE:
+                return False
+        with h5py.File(path, "r") as h5:
+            fmt = h5.attrs.get("format")
+            return (fmt.decode() if isinstance(fmt, bytes) else fmt) == schema.FORMAT_NAME
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+
+
+def refuse_foreign(final: Path) -> None:
+    """A profile is written over an older profile, never over anything else a user keeps
+    at that path (their own file that happens to be called profile.h5, a folder), and
+    never into a FIFO or device (opening one would block or never end)."""
+    refuse_special_output(final)
+    for folder in (final.parent, *final.parent.parents):  # the first that exists
+        if folder.exists():
+            if not folder.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder: a profile "
+                                         "goes into a folder (or give a .h5 path)",
+                                         str(folder))
+            break
+    if not (final.exists() or final.is_symlink()):
+        return
+    if final.is_dir() or not is_popviz_profile(final):
+        what = "a folder" if final.is_dir() else "not a popviz profile"
+        raise FileExistsError(errno.EEXIST, f"already there and {what}, so not replaced; "
+                              "move it or write the profile elsewhere", str(final))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import io
 import json
 import os
@@ -32,56 +31,15 @@ import pandas as pd
 
 from popviz._version import __version__
 from popviz.errors import write_error
-from popviz.format import guards, schema, tempfiles
+from popviz.format import schema, tempfiles
 from popviz.format.chunks import ChunkJobs
+from popviz.format.guards import profile_path, refuse_foreign
 from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND, words_of
 
 # what a measured / imported profile states (ranks, ns): `write_profile(..., **MEASURED_WORDS)`
 MEASURED_WORDS = {"device_kind": "rank", "time_unit": "ns"}
-
-
-def profile_path(path: str | os.PathLike[str]) -> Path:
-    """A `.h5` path is used as is; anything else is a directory that gets profile.h5."""
-    target = Path(path)
-    if target.suffix == schema.PROFILE_SUFFIX:
-        return target
-    return target / schema.PROFILE_FILENAME
-
-
-def is_popviz_profile(path: Path) -> bool:
-    """Whether the file at `path` is a popviz profile (an HDF5 file whose root says so),
-    the only kind of file a write may replace."""
-    try:
-        with open(path, "rb") as handle:
-            if handle.read(len(tempfiles.HDF5_SIGNATURE)) != tempfiles.HDF5_SIGNATURE:
-                return False
-        with h5py.File(path, "r") as h5:
-            fmt = h5.attrs.get("format")
-            return (fmt.decode() if isinstance(fmt, bytes) else fmt) == schema.FORMAT_NAME
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-
-
-def refuse_foreign(final: Path) -> None:
-    """A profile is written over an older profile, never over anything else a user keeps
-    at that path (their own file that happens to be called profile.h5, a folder), and
-    never into a FIFO or device (opening one would block or never end)."""
-    guards.refuse_special_output(final)
-    for folder in (final.parent, *final.parent.parents):  # the first that exists
-        if folder.exists():
-            if not folder.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder: a profile "
-                                         "goes into a folder (or give a .h5 path)",
-                                         str(folder))
-            break
-    if not (final.exists() or final.is_symlink()):
-        return
-    if final.is_dir() or not is_popviz_profile(final):
-        what = "a folder" if final.is_dir() else "not a popviz profile"
-        raise FileExistsError(errno.EEXIST, f"already there and {what}, so not replaced; "
-                              "move it or write the profile elsewhere", str(final))
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *,

@@ -17,7 +17,7 @@ from typing import Any
 
 _LAZY = {
     "MeasureConfig": "popviz.measure.runner",
-    "measure": "popviz.measure.runner",
+    "measure": "popviz.measure.launch",
     "run_rank": "popviz.measure.runner",
     "merge_profiles": "popviz.measure.merge",
     "record": "popviz.measure.live",

@@ -106,7 +106,8 @@ def _check_target(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, command: list[str]) -> int:
     """Measure as the parsed flags say; 2 with one line for an error a user can cause."""
-    from popviz.measure.runner import MeasureConfig, measure
+    from popviz.measure.launch import measure
+    from popviz.measure.runner import MeasureConfig
 
     try:
         _check_target(args)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from popviz.measure import runner
+from popviz.measure import launch
 from popviz.measure.runner import MeasureConfig
 
 # train.py's schedule names (TF CNN app) -> the torch schedule with the same idea
@@ -42,7 +42,7 @@ def run_from_train_args(args: Any) -> int:
 
     config = config_from_train_args(args)
     try:
-        runner.measure(config)
+        launch.measure(config)
     except RankFailed as exc:  # one line naming the rank and its cause
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 1
