@@ -226,7 +226,7 @@ def x_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None
     return axis_range(relayout, "x")
 
 
-def op_templates(entry: Any) -> dict:
+def op_templates(entry: Entry) -> dict:
     """The modelled op layout of each pass, built once per profile (`trace_detail.pass_ops`;
     {} on a measured profile: no op level). A GPU plan is modelled too (its times are ns,
     not measured): its ops are its kernels on the compute stream, in program order. One

@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 from popviz.analysis.table import filter_table, sort_table
 from popviz.errors import ProfileError, RequestStopped
 
-from .cache import PathRefused, StillChecking
+from .cache import Entry, PathRefused, StillChecking
 from .common import AppContext, error_text
 
 log = logging.getLogger("popviz.app")
@@ -69,7 +69,7 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
 
     @server.route("/download/csv/<table>")
     @guarded
-    def download_csv(entry: Any, rel: str, table: str) -> flask.Response:
+    def download_csv(entry: Entry, rel: str, table: str) -> flask.Response:
         try:
             frame = entry.profile.table(table)
         except KeyError:
@@ -87,7 +87,7 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
         return _html(view=view)
 
     @guarded
-    def _html(entry: Any, rel: str, view: str) -> flask.Response:
+    def _html(entry: Entry, rel: str, view: str) -> flask.Response:
         html = views[view](ctx, entry).to_html(include_plotlyjs=True, full_html=True)
         return flask.Response(html, mimetype="text/html", headers={
             "Content-Disposition": f'attachment; filename="{_name(rel, view, ".html")}"'})

@@ -18,7 +18,7 @@ from popviz.errors import ProfileError
 from popviz.figures import compare as cf
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
-from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, PathRefused
+from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
 from .compare_pair import comparison, judge_of, pair_of, pair_query
@@ -166,7 +166,7 @@ def page(ctx: AppContext, search: str | None) -> html.Div:
                      html.Div(body(ctx, a, b, judge), id="compare-body")])
 
 
-def layout(ctx: AppContext, entry: Any = None) -> html.Div:
+def layout(ctx: AppContext, entry: Entry | None = None) -> html.Div:
     # The router passes no URL to pages without a profile; this one reads the pair from
     # the routing callback's own inputs.
     try:

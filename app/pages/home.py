@@ -15,7 +15,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from ..cache import LISTING_MAX_AGE_S
+from ..cache import LISTING_MAX_AGE_S, Entry
 from ..common import AppContext, profile_query
 
 PATH = "/"
@@ -102,7 +102,7 @@ def _rows(ctx: AppContext, page: int) -> list[dict[str, Any]]:
                              shown=(page * PAGE_ROWS, (page + 1) * PAGE_ROWS))
 
 
-def layout(ctx: AppContext, entry: Any = None) -> html.Div:
+def layout(ctx: AppContext, entry: Entry | None = None) -> html.Div:
     rows = _rows(ctx, 0)
     text, prev_off, next_off, style = _pager(len(rows), 0)
     return html.Div([

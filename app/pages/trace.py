@@ -28,6 +28,7 @@ from popviz.analysis.trace_threads import (
 )
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
+from popviz.vocab import Naming
 
 from .. import links, trace_bsp, trace_find
 from ..cache import Entry
@@ -229,7 +230,7 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     return blocks
 
 
-def _idle_block(entry: Entry, lo: float, hi: float, words: Any) -> html.Div:
+def _idle_block(entry: Entry, lo: float, hi: float, words: Naming) -> html.Div:
     """The GPU idle of the range by cause: what the launching thread was doing when each
     gap began (analysis.trace_threads.idle_by_cause)."""
     slices = entry.profile.table("host_slices")

@@ -16,6 +16,7 @@ from popviz.analysis.links import module_span, padded
 from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
+from popviz.vocab import Naming
 
 from .. import links
 from ..cache import Entry
@@ -116,7 +117,7 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
             table("tree-node-ops", ops[cols].head(25), words=words)]
 
 
-def _stage_key(entry: Entry, words: Any) -> html.Div:
+def _stage_key(entry: Entry, words: Naming) -> html.Div:
     """What each box colour means: one swatch per stage, with its device."""
     stages = entry.profile.stages
     if stages.empty:

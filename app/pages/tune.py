@@ -8,7 +8,7 @@ is written into the served folder."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import dash
@@ -34,6 +34,9 @@ from ..common import (
     title_of,
 )
 from ..tune_jobs import FULL
+
+if TYPE_CHECKING:
+    from popviz.advise.tune import TuneResult
 
 PATH = "/tune"
 TITLE = "Tune"
@@ -95,7 +98,7 @@ def _fits_words(plans: Any, fill: int) -> list[str]:
             for f, n in zip(plans["fits"], plans["oom_tiles"], strict=True)]
 
 
-def results(ctx: AppContext, entry: Entry, budget: int, result: Any,
+def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
             fill: int = FULL) -> list[Any]:
     """The ranked plans, the Pareto figure and a compare link per plan (its button names
     the run it came from: budget and fill)."""

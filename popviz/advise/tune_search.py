@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from popviz.advise.tune_layers import Segments
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.vocab import is_gpu_target
+
+if TYPE_CHECKING:
+    from popviz.compiler.report import Report
 
 DEFAULT_TARGET = Options().target  # train.py's --target default too: left out of the flags
 
@@ -247,7 +250,7 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="tune", unit="compile", file=sys.stderr, leave=False)
 
 
-def _candidate(report: Any, options: Options, source: str,
+def _candidate(report: Report, options: Options, source: str,
                fill_limit: float = 1.0) -> Candidate:
     """The compiled layout as a Candidate. Below a `fill_limit` of 1, a tile fuller than
     that share of its capacity counts as out of memory: the layout keeps headroom."""

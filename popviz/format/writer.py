@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -38,11 +38,14 @@ from popviz.format.lowlevel import create_chunked, fixed_text_attr
 from popviz.format.strings import StringTable
 from popviz.vocab import MODELLED_KIND, words_of
 
+if TYPE_CHECKING:  # the type only: the compiler returns it, the caller writes it
+    from popviz.compiler.report import Report
+
 # what a measured / imported profile states (ranks, ns): `write_profile(..., **MEASURED_WORDS)`
 MEASURED_WORDS = {"device_kind": "rank", "time_unit": "ns"}
 
 
-def write_report(report: Any, path: str | os.PathLike[str], *,
+def write_report(report: Report, path: str | os.PathLike[str], *,
                  command_line: str | None = None) -> Path:
     """Write a compiled `popviz.compiler.Report` (or anything with the same fields)."""
     return write_profile(
