@@ -10,6 +10,7 @@ collects nothing.
 
     python scripts/shard_tests.py                       # 2 shards, the whole suite
     python scripts/shard_tests.py --shards 1 -- -x      # one process, args after -- to pytest
+    python scripts/shard_tests.py -- tests/test_cli.py  # paths given: just those, one process
     python scripts/shard_tests.py --update-durations    # also rewrite tests/durations.json
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -31,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DURATIONS = ROOT / "tests" / "durations.json"
+NO_TESTS = 5  # pytest's exit status when it collected nothing
 
 
 @dataclass
@@ -71,41 +74,76 @@ def balance(files: list[str], durations: dict[str, float], count: int) -> list[S
 
 
 def _stream(shard: Shard, proc: subprocess.Popen[str], lock: threading.Lock) -> None:
+    """Copy a shard's lines out with its prefix. Keeps reading whatever happens to the
+    copy (our stdout closed, say): a shard whose pipe fills would block on its next write."""
     assert proc.stdout is not None
     for line in proc.stdout:
         text = line.rstrip("\n")
         if " passed" in text or " failed" in text or " error" in text:
             shard.summary = text.strip("= ")
-        with lock:
-            print(f"[{shard.index}] {text}", flush=True)
+        try:
+            with lock:
+                print(f"[{shard.index}] {text}", flush=True)
+        except (OSError, ValueError):
+            pass
 
 
-def run(shards: list[Shard], pytest_args: list[str], limit_s: float) -> None:
-    """Start every shard, stream their output, stop any past `limit_s`."""
+def _stop(proc: subprocess.Popen[str], grace_s: float = 20.0) -> None:
+    """Interrupt a shard as Ctrl-C would (pytest then names the test it was in and runs
+    its finalizers), and kill it and what it started if it is still there after `grace_s`."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            if sig == signal.SIGINT:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the tests left running
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def run(shards: list[Shard], pytest_args: list[str], limit_s: float, work: Path) -> None:
+    """Start every shard, stream their output, stop any past `limit_s` (and every shard
+    when this process is interrupted or terminated)."""
     lock = threading.Lock()
-    work = Path(tempfile.mkdtemp(prefix="popviz-shards-"))
-    procs, readers = [], []
+    procs: list[subprocess.Popen[str]] = []
+    readers: list[threading.Thread] = []
+    try:
+        _start(shards, pytest_args, work, lock, procs, readers)
+        deadline = time.monotonic() + limit_s
+        for shard, proc in zip(shards, procs, strict=True):
+            try:
+                shard.returncode = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                shard.timed_out = True
+                _stop(proc)
+                shard.returncode = proc.wait()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # interrupted: no shard outlives the run
+                _stop(proc, grace_s=5.0)
+        for reader in readers:
+            reader.join(timeout=10)
+
+
+def _start(shards: list[Shard], pytest_args: list[str], work: Path, lock: threading.Lock,
+           procs: list[subprocess.Popen[str]], readers: list[threading.Thread]) -> None:
     for shard in shards:
         shard.junit = work / f"junit-{shard.index}.xml"
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                f"--basetemp={work / f'tmp-{shard.index}'}", f"--junitxml={shard.junit}",
                *pytest_args, *shard.files]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, errors="replace", start_new_session=True)
+        procs.append(proc)
         reader = threading.Thread(target=_stream, args=(shard, proc, lock), daemon=True)
         reader.start()
-        procs.append(proc)
         readers.append(reader)
-    deadline = time.monotonic() + limit_s
-    for shard, proc in zip(shards, procs, strict=True):
-        try:
-            shard.returncode = proc.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            shard.timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)  # the shard and what it started
-            shard.returncode = proc.wait()
-    for reader in readers:
-        reader.join(timeout=10)
 
 
 def measured_durations(shards: list[Shard]) -> dict[str, float]:
@@ -139,27 +177,41 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
-    files = suite_files()
-    shards = balance(files, load_durations(), args.shards)
+    # paths among pytest's arguments: run just those, in one process
+    paths = [a for a in args.pytest_args if not a.startswith("-") and
+             Path(ROOT, a.split("::")[0]).exists()]
+    shards = [Shard(1)] if paths else balance(suite_files(), load_durations(), args.shards)
     for s in shards:
-        print(f"[{s.index}] {len(s.files)} files, about {s.seconds:,.0f} s", flush=True)
+        print(f"[{s.index}] " + (f"{len(s.files)} files, about {s.seconds:,.0f} s"
+                                 if s.files else " ".join(paths)), flush=True)
+    # -k / -m may leave a shard nothing to run (pytest's exit 5): not a failure then
+    filtered = any(a.startswith(("-k", "-m")) for a in args.pytest_args)
+    signal.signal(signal.SIGTERM, _terminated)  # stop the shards as Ctrl-C does
+    work = Path(tempfile.mkdtemp(prefix="popviz-shards-"))
     started = time.monotonic()
-    run(shards, args.pytest_args, args.limit)
-    wall = time.monotonic() - started
-    failed = False
-    for s in shards:
-        state = ("TIMED OUT" if s.timed_out else "ok" if s.returncode == 0
-                 else f"FAILED (exit {s.returncode})")
-        failed |= s.timed_out or s.returncode != 0
-        print(f"== shard {s.index}: {state}: {s.summary or 'no summary'}", flush=True)
-    if args.update_durations:
-        found = measured_durations(shards)
-        DURATIONS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {len(found)} files' seconds to {DURATIONS}")
+    try:
+        run(shards, args.pytest_args, args.limit, work)
+        wall = time.monotonic() - started
+        failed = False
+        for s in shards:
+            ok = s.returncode == 0 or (filtered and s.returncode == NO_TESTS)
+            state = "TIMED OUT" if s.timed_out else "ok" if ok else \
+                f"FAILED (exit {s.returncode})"
+            failed |= s.timed_out or not ok
+            print(f"== shard {s.index}: {state}: {s.summary or 'no summary'}", flush=True)
+        if args.update_durations and not failed and not paths and not filtered:
+            found = measured_durations(shards)
+            DURATIONS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+            print(f"wrote {len(found)} files' seconds to {DURATIONS}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"== tests {'FAILED' if failed else 'passed'} in {wall:,.0f} s over "
           f"{len(shards)} shard(s)", flush=True)
     return 1 if failed else 0
 
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 if __name__ == "__main__":
     raise SystemExit(main())

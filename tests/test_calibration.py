@@ -1,4 +1,4 @@
-"""The cost model against its published calibration points (popviz/target/calibration.json).
+"""The cost model against its published calibration points (tooling/calibration_points.json).
 
 Full-size models are recorded in plan mode once per session (fake tensors, a few seconds
 each); each throughput point is then re-costed in about a millisecond."""

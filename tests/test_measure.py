@@ -347,7 +347,7 @@ def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Pa
     itself is replaced here; the runs above cover it)."""
     import importlib.util
 
-    from popviz.measure import runner, train_flags
+    from popviz.measure import launch, train_flags
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("popviz_train_measure", root / "train.py")
@@ -355,8 +355,8 @@ def test_train_py_measure_flags_map_to_a_pipeline(monkeypatch: Any, tmp_path: Pa
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     seen: list[MeasureConfig] = []
-    monkeypatch.setattr(runner, "measure", lambda config: seen.append(config.validate()))
-    monkeypatch.setattr(train_flags, "run_from_train_args", lambda args: runner.measure(
+    monkeypatch.setattr(launch, "measure", lambda config: seen.append(config.validate()))
+    monkeypatch.setattr(train_flags, "run_from_train_args", lambda args: launch.measure(
         train_flags.config_from_train_args(args)) or 0)
     out = str(tmp_path / "p")
     assert script.main(["--model", "resnet", "--model-size", "18", "--shards", "2",

@@ -50,7 +50,7 @@ def test_a_failing_shard_fails_the_run_and_says_which(shards: ModuleType, tmp_pa
     ok.write_text("def test_ok():\n    assert True\n")
     bad.write_text("def test_bad():\n    assert 1 == 2\n")
     out = [shards.Shard(1, [str(ok)]), shards.Shard(2, [str(bad)])]
-    shards.run(out, ["-q"], limit_s=120)
+    shards.run(out, ["-q"], limit_s=120, work=tmp_path / "work")
     assert [s.returncode for s in out] == [0, 1]
     assert "1 passed" in out[0].summary and "1 failed" in out[1].summary
     assert "[2] " in capsys.readouterr().out
@@ -63,7 +63,7 @@ def test_a_shard_past_the_limit_is_killed(shards: ModuleType, tmp_path: Path) ->
     slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
     out = [shards.Shard(1, [str(slow)])]
     started = time.monotonic()
-    shards.run(out, ["-q", "-p", "no:timeout"], limit_s=3)
+    shards.run(out, ["-q", "-p", "no:timeout"], limit_s=3, work=tmp_path / "work")
     assert out[0].timed_out and out[0].returncode != 0
     assert time.monotonic() - started < 30
 

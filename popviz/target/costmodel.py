@@ -79,7 +79,7 @@ PROVENANCE: dict[str, Provenance] = {
         "bounded to [0.7, 1]: the plan's estimate is PopLibs' own, what it leaves out is "
         "layout rearrangement around the plan and exchange congestion, never work the "
         "plan does not do; scales the matmuls (transformers' work); fitted to the "
-        "throughput points of calibration.json"),
+        "throughput points of tooling/calibration_points.json"),
     "conv_efficiency": Provenance(
         "fitted", "amp_efficiency's counterpart for convolutions (dense, grouped, "
         "depthwise), bounded to [0.7, 1] likewise; apart from the matmuls because PopLibs "

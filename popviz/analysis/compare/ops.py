@@ -47,7 +47,6 @@ def time_unit(per: str) -> tuple[float, str]:
     return (1e3, "ms per step") if per == "step" else (1e6, "µs per sample")
 
 
-
 @dataclass
 class OpDiff:
     """A vs B per group: `table` has COLUMNS (seconds and bytes written per step or per
