@@ -14,7 +14,7 @@ import numpy as np
 from popviz.advise.tune_layers import Segments
 from popviz.options import Options
 from popviz.recorder.program import Program
-from popviz.vocab import is_gpu_target
+from popviz.vocab import naming_of
 
 if TYPE_CHECKING:
     from popviz.compiler.report import Report
@@ -278,7 +278,7 @@ def _candidate(report: Report, options: Options, source: str,
         recompute_granularity=str(options.recompute_granularity)
         if options.recomputation else "full",
         gradient_accumulation=int(options.gradient_accumulation),
-        target=str(options.target), gpu=is_gpu_target(report.meta),
+        target=str(options.target), gpu=naming_of(report.meta).gpu_plan,
         gpu_precision=str(options.gpu_precision),
         schedule=str(s.get("schedule") or options.schedule), num_ipus=n,
         replicas=int(s.get("replicas") or 1),

@@ -44,7 +44,6 @@ from popviz.vocab import (
     NEARLY_FULL,
     TILE_AMBER,
     ipu_label,
-    is_measured,
     naming_of,
 )
 
@@ -427,7 +426,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     `proposed_splits` (the tune search's best plan, from popviz.advise) replaces the
     balanced split of the stored per-layer costs."""
     if measured is None:
-        measured = is_measured(meta.get("kind", ""))
+        measured = naming_of(meta).measured
     options = meta.get("options") or {}
     splits = [str(s) for s in (options.get("splits") or [])]
     recomputation = bool(options.get("recomputation", False))

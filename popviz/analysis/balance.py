@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.metrics import idle_fractions, rank_time, retime_stages
-from popviz.vocab import COMPUTE, is_measured
+from popviz.vocab import COMPUTE, naming_for
 
 if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
     from popviz.format.profile import Profile
@@ -53,7 +53,7 @@ def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
 
 def profile_stages(profile: Profile) -> pd.DataFrame:
     """A profile's stage table as every view should read it (`timed_stages`)."""
-    measured = is_measured(profile.kind)
+    measured = naming_for(profile).measured
     return timed_stages(profile.stages, profile.trace if measured else None, measured)
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from popviz.format import schema, tempfiles
 from popviz.format.profile import Profile
-from popviz.vocab import is_measured, naming_for
+from popviz.vocab import naming_for
 
 # Chrome trace "ts"/"dur" are microseconds.
 _US_PER_S = 1e6
@@ -41,7 +41,7 @@ def export_csv(profile: Profile, out_dir: Path, tables: list[str] | None = None)
 
 def time_scale_us(profile: Profile) -> float:
     """Multiply a trace time by this to get microseconds (cycles or ns -> us)."""
-    if is_measured(profile.kind):
+    if naming_for(profile).in_ns:  # a run, or a GPU plan: ns
         return 1e-3
     clock = float(profile.meta.get("target", {}).get("clock_hz") or 0)
     if clock <= 0:

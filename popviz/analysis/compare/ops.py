@@ -24,7 +24,7 @@ import pandas as pd
 
 from popviz.analysis.compare.sides import PER_SAMPLE_PHASES, seconds_per_unit
 from popviz.jsonsafe import jsonable
-from popviz.vocab import is_measured
+from popviz.vocab import naming_for
 
 if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
     from popviz.analysis.compare.table import Comparison
@@ -115,7 +115,7 @@ def op_records(profile: Profile, comp: Comparison, side: str) -> pd.DataFrame:
     module, pass, seconds and count per replica step, temp_bytes, bytes_written per step."""
     scale, _ = seconds_per_unit(profile)
     per_replica, micro, accumulation = _side_facts(comp, side)
-    if not is_measured(profile.kind):
+    if not naming_for(profile).measured:
         ops = profile.ops
         phase = _text(ops, "phase")
         # executions per replica step: per micro-batch, or once per weight update

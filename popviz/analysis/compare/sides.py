@@ -25,7 +25,7 @@ from popviz.metrics import (
     stash,
     stash_per_ipu,
 )
-from popviz.vocab import ipu_label, is_measured, profile_words
+from popviz.vocab import ipu_label, naming_for, profile_words
 
 if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
     from popviz.format.profile import Profile
@@ -66,7 +66,7 @@ def _num(value: Any) -> float | None:
 def seconds_per_unit(profile: Profile) -> tuple[float, str]:
     """Seconds per trace time unit and the unit's name: ns when measured, else cycles at
     meta.target.clock_hz (a ValueError naming the profile when the clock is missing)."""
-    if is_measured(profile.kind):
+    if naming_for(profile).in_ns:  # a run, or a GPU plan: its trace is in ns
         return 1e-9, "ns"
     clock = _num((profile.meta.get("target") or {}).get("clock_hz"))
     if not clock or clock <= 0:
@@ -181,7 +181,7 @@ def load_side(profile: Profile, label: str) -> Side:
     ipus["oom_tiles"] = (over.groupby("ipu").size().reindex(ipus.index).fillna(0).astype(float)
                          if len(tile_memory) else np.nan)
     # a measured run's traces hold no stash: unknown (NaN), not none
-    stash_known = len(stages) > 0 and not is_measured(profile.kind)
+    stash_known = len(stages) > 0 and not naming_for(profile).measured
     ipus["stash_bytes"] = (stash_per_ipu(stages).astype(float).reindex(ipus.index)
                            .fillna(0.0) if stash_known else np.nan)
 
@@ -200,7 +200,7 @@ def load_side(profile: Profile, label: str) -> Side:
         # a modelled op runs once per micro-batch, the optimiser once per weight update; a
         # measured run's ops are every call of every recorded step
         per = (np.full(len(ops), float(per_replica * max(ops["step"].nunique(), 1)))
-               if is_measured(profile.kind) and "step" in ops.columns else
+               if naming_for(profile).measured and "step" in ops.columns else
                np.where(ops["phase"].astype(str).isin(PER_SAMPLE_PHASES), micro_batch,
                         micro_batch * accumulation))
         us = _col(ops, "cycles").to_numpy() * scale * 1e6 / per

@@ -13,7 +13,7 @@ from popviz.analysis.compare.sides import Side
 from popviz.analysis.compare.table import Comparison
 from popviz.analysis.compare.terms import on_equal_terms, shown
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import ipu_label, is_measured, naming_of, rank_label
+from popviz.vocab import ipu_label, naming_of, rank_label
 
 TIE = 0.02  # throughputs within 2% are "about the same"
 WHY = {
@@ -39,7 +39,7 @@ def _ok(value: Any) -> bool:
 
 
 def _measured(side: Side) -> bool:
-    return is_measured(side.facts.get("kind"))
+    return naming_of(side.facts).measured
 
 
 def _dev(*sides: Side) -> str:
