@@ -89,14 +89,22 @@ def graph(id_: str | dict, figure: go.Figure, config: dcc.Graph.Config | None = 
     return dcc.Graph(id=id_, figure=figure, config=merged, className="graph", **kwargs)
 
 
-def downloads(rel: str, tables: list[str], views: list[str]) -> html.Div:
-    """Links to CSV of tables and standalone HTML of figures (PNG is in each modebar)."""
+def view_name(view: str, words: Naming) -> str:
+    """A figure's name in the profile's words: 'ipu_time' is 'gpu_time' on a GPU plan and
+    'rank_time' on a run (the route keeps the view's own key)."""
+    return view if words.has_tiles else view.replace("ipu", words.family)
+
+
+def downloads(rel: str, tables: list[str], views: list[str],
+              words: Naming = MODELLED) -> html.Div:
+    """Links to CSV of tables (their contract column names, as `popviz export` writes
+    them) and standalone HTML of figures (PNG is in each modebar)."""
     q = "?profile=" + quote(rel)
     links: list[Any] = [html.Span("Download: ", className="label")]
     links += [html.A(f"{t}.csv", href=f"/download/csv/{t}{q}", className="download")
               for t in tables]
-    links += [html.A(f"{v}.html", href=f"/download/html/{v}{q}", className="download")
-              for v in views]
+    links += [html.A(f"{view_name(v, words)}.html", href=f"/download/html/{v}{q}",
+                     className="download") for v in views]
     return html.Div(links, className="downloads")
 
 

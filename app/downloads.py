@@ -17,7 +17,7 @@ from popviz.analysis.table import filter_table, sort_table
 from popviz.errors import ProfileError, RequestStopped
 
 from .cache import Entry, PathRefused, StillChecking
-from .common import AppContext, error_text
+from .common import AppContext, error_text, naming, view_name
 
 log = logging.getLogger("popviz.app")
 
@@ -90,7 +90,8 @@ def register(server: flask.Flask, ctx: AppContext, views: dict[str, Any]) -> Non
     def _html(entry: Entry, rel: str, view: str) -> flask.Response:
         html = views[view](ctx, entry).to_html(include_plotlyjs=True, full_html=True)
         return flask.Response(html, mimetype="text/html", headers={
-            "Content-Disposition": f'attachment; filename="{_name(rel, view, ".html")}"'})
+            "Content-Disposition":
+                f'attachment; filename="{_name(rel, view_name(view, naming(entry)), ".html")}"'})
 
     @server.errorhandler(Exception)
     def any_error(exc: Exception) -> Any:

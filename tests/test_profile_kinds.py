@@ -122,3 +122,17 @@ def test_views_ask_the_naming_not_the_target(folder: str) -> None:
                     and node.left.attr in ("timed", "kind", "device"):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.left.attr} ==")
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("kind,name", [("ipu", "ipu_time"), ("gpu", "gpu_time"),
+                                       ("rank", "rank_time")])
+def test_a_figure_download_is_named_in_the_profiles_words(served: Path, kind: str,
+                                                          name: str) -> None:
+    app = create_app(served)
+    rel = _profile(served, kind)
+    _, body = render(app.popviz_context, "/stages", f"?profile={rel}")
+    links = {a.children: a.href for a in find_components(body, "A")}
+    assert f"{name}.html" in links and links[f"{name}.html"].startswith("/download/html/ipu_time")
+    reply = app.server.test_client().get(links[f"{name}.html"])
+    assert reply.status_code == 200
+    assert f'{kind}_profile_{name}.html"' in reply.headers["Content-Disposition"]

@@ -102,7 +102,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.H3("By kind"),
         table("exchange-kinds", _by_kind(entry), words=naming(entry)),
         downloads(entry.rel, ["exchange"],
-                  [f for f in FIGURES if staged or f != "exchange_stages"]),
+                  [f for f in FIGURES if staged or f != "exchange_stages"], words=naming(entry)),
     ])
 
 

@@ -215,7 +215,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div(_box(entry, live), id="live-vars-box"),
         *heat,
         downloads(entry.rel, ["liveness", "variables"],
-                  list(FIGURES) if ipus else ["liveness"]),  # no tiles: no tile heat map
+                  list(FIGURES) if ipus else ["liveness"],  # no tiles: no tile heat map
+                  words=naming(entry)),
     ])
 
 

@@ -217,7 +217,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([html.Div(graph("mem-map", tile_map(ctx, entry, worst)), className="half"),
                   html.Div(breakdown(entry, worst, _first_tile(entry, worst)),
                            id="mem-breakdown", className="half")], className="row"),
-        downloads(entry.rel, ["tile_memory", "oom"], list(FIGURES)),
+        downloads(entry.rel, ["tile_memory", "oom"], list(FIGURES), words=naming(entry)),
     ])
 
 

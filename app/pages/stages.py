@@ -97,7 +97,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         table("stages-table", shown, words=words, hidden=DETAIL),
         *_ranks_section(ctx, entry),
         downloads(entry.rel, ["stages"],
-                  [v for v in FIGURES if words.has_amp or v != "amp"]),
+                  [v for v in FIGURES if words.has_amp or v != "amp"], words=naming(entry)),
     ])
 
 

@@ -130,8 +130,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div([graph("summary-histogram", histogram(ctx, entry)),
                   graph("summary-totals", totals(ctx, entry))], className="row two")
         if len(entry.profile.tile_memory) else html.Div(),
-        downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES))
-        if len(entry.profile.tile_memory) else downloads(entry.rel, ["stages"], []),
+        downloads(entry.rel, ["stages", "tile_memory", "oom"], list(FIGURES),
+                  words=naming(entry))
+        if len(entry.profile.tile_memory) else downloads(entry.rel, ["stages"], [],
+                                                         words=naming(entry)),
     ])
 
 

@@ -169,7 +169,7 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
 
     def build() -> RangeStats:
         return range_statistics(entry.profile.trace, templates(entry), lo, hi,
-                                measured=words.in_ns)
+                                measured=words.measured)
 
     opening = opening_window(entry) or (trace_index(entry).start, trace_index(entry).end)
     same = abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6
@@ -246,10 +246,15 @@ def _idle_block(entry: Entry, lo: float, hi: float, words: Naming) -> html.Div:
         table("trace-stats-idle", _pct(causes), words=words)])
 
 
-THREADS_HINT = ("Per rank as Perfetto draws it: each host thread (ops, annotations and CUDA "
-                "runtime calls), GPU idle gaps (hover one for its cause: what the host was "
-                "doing when the GPU ran dry) and each CUDA stream; arrows link a launch "
-                "to its kernel; times in ns from the first recorded event. ")
+THREADS_HINT = {  # by whether the ranks ran on GPUs
+    True: "Per rank as Perfetto draws it: each host thread (ops, annotations and CUDA "
+          "runtime calls), GPU idle gaps (hover one for its cause: what the host was "
+          "doing when the GPU ran dry) and each CUDA stream; arrows link a launch "
+          "to its kernel; times in ns from the first recorded event. ",
+    False: "Per rank as Perfetto draws it: each host thread with its ops and annotations "
+           "(on a CPU rank the ops are its compute); times in ns from the first recorded "
+           "event. ",
+}
 ZOOM_HINT = {
     False: "Drag to zoom (down to single ops, laid out in each pass in the compiler's "
            "modelled order), scroll to pan, double-click to reset; pick Box Select in the "
@@ -275,7 +280,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                if window else "")
     lo, hi = (float(v) for v in fig.layout.meta["range"])
     if threads(entry):  # no whole-run strip under these lanes
-        rows = THREADS_HINT
+        rows = THREADS_HINT[entry.get("compute_link", lambda: _compute_link(entry))[1]]
         opening = ("Opened on the first part of the run (double-click the trace for all of "
                    "it). " if window else "")
     return html.Div([
@@ -300,7 +305,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div(range_links(entry, lo, hi), id="trace-links", className="downloads"),
         html.Div(stats_panel(entry, lo, hi, "Shown window"), id="trace-stats"),
         trace_bsp.section(entry),
-        downloads(entry.rel, ["trace"], list(FIGURES)),
+        downloads(entry.rel, ["trace"], list(FIGURES), words=naming(entry)),
     ])
 
 

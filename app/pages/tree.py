@@ -152,7 +152,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         _stage_key(entry, words),
         graph("tree-graph", tree(ctx, entry)),
         html.Div(node_panel(entry, ROOT), id="tree-node"),
-        downloads(entry.rel, ["ops"], list(FIGURES)),
+        downloads(entry.rel, ["ops"], list(FIGURES), words=naming(entry)),
     ])
 
 
