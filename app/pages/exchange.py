@@ -47,24 +47,27 @@ FIGURES = {"exchange_matrix": matrix, "exchange_time": over_time,
            "exchange_stages": between_stages}
 
 
+def with_size(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with a readable `size` column before its `bytes` (which sorts)."""
+    frame = frame.copy()
+    frame.insert(list(frame.columns).index("bytes"), "size",
+                 [fmt_bytes(b) for b in frame["bytes"]])
+    return frame
+
+
 def _links_table(entry: Entry) -> Any:
     """The stage boundaries in words: times in the profile's unit, bytes readable too."""
     frame = links(entry).rename(columns={
         "transfer_ns": "on the wire ns", "receiver_wait_ns": "receiver waited ns",
         "sender_wait_ns": "sender waited ns"})
-    frame.insert(list(frame.columns).index("bytes"), "size",
-                 [fmt_bytes(b) for b in frame["bytes"]])
-    return frame
+    return with_size(frame)
 
 
 def _by_kind(entry: Entry) -> Any:
     """Bytes per kind in readable units beside the raw count (which sorts)."""
     frame = analysis.exchange_by_kind(entry.profile.exchange).rename(
         columns={"time": naming(entry).unit})
-    if "bytes" in frame:
-        frame.insert(list(frame.columns).index("bytes"), "size",
-                     [fmt_bytes(b) for b in frame["bytes"]])
-    return frame
+    return with_size(frame) if "bytes" in frame else frame
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -76,9 +79,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                 f"No exchange between {words.devices} or with the host in this profile.",
                 "info")])
         # the trace's exchange time is real even without transfers: say what it is
-        traffic = traffic.rename(columns={"time": words.unit})
-        traffic.insert(list(traffic.columns).index("bytes"), "size",
-                       [fmt_bytes(b) for b in traffic["bytes"]])
+        traffic = with_size(traffic.rename(columns={"time": words.unit}))
         return html.Div([html.H2(title_of(entry)), message(
             f"No transfers between {words.devices} or with the host are recorded in this "
             "profile; the exchange time on the trace is the events below (on a GPU: its "

@@ -18,15 +18,8 @@ from typing import Protocol, TypeVar
 
 Result = TypeVar("Result", contravariant=True)
 
-FORMATS = ("text", "json")
-
 
 class Reporter(Protocol[Result]):
     """What every reporter is: one result in, the text a command prints out."""
 
     def render(self, result: Result) -> str: ...
-
-
-def format_of(as_json: bool) -> str:
-    """The format a command's --json flag asks for."""
-    return "json" if as_json else "text"
