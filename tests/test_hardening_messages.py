@@ -201,7 +201,13 @@ def test_ctrl_c_in_a_vetting_worker_is_interrupted_and_not_cached(tmp_path: Path
             time.sleep(0.05)
         assert workers, "no vetting worker started"
         time.sleep(1.0)  # in its imports, its read or its (simulated) slow probe
-        os.kill(workers[0], signal.SIGINT)
+        # the worker alive now: a short-lived child seen first may be gone (a loaded CI)
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                os.kill(_children(proc.pid)[-1], signal.SIGINT)
+                break
+            except (IndexError, ProcessLookupError):
+                time.sleep(0.05)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
