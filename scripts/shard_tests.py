@@ -164,6 +164,26 @@ def measured_durations(shards: list[Shard]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
+def failures(shards: list[Shard]) -> list[str]:
+    """`[k] path::test: first line of its message` for each test a shard's JUnit report
+    marks failed or errored: printed again last, where a log's tail shows it."""
+    out: list[str] = []
+    for shard in shards:
+        if shard.junit is None or not shard.junit.exists():
+            continue
+        try:
+            cases = list(ET.parse(shard.junit).iter("testcase"))
+        except ET.ParseError:
+            continue
+        for case in cases:
+            for bad in (*case.iter("failure"), *case.iter("error")):
+                where = case.get("file") or case.get("classname", "").replace(".", "/")
+                message = (bad.get("message") or bad.tag).strip().splitlines()
+                out.append(f"[{shard.index}] {where}::{case.get('name')}: "
+                           f"{message[0][:300] if message else bad.tag}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=2,
@@ -199,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"FAILED (exit {s.returncode})"
             failed |= s.timed_out or not ok
             print(f"== shard {s.index}: {state}: {s.summary or 'no summary'}", flush=True)
+        for line in failures(shards):
+            print(f"== failed {line}", flush=True)
         if args.update_durations and not failed and not paths and not filtered:
             found = measured_durations(shards)
             DURATIONS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")

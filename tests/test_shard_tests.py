@@ -57,6 +57,9 @@ def test_a_failing_shard_fails_the_run_and_says_which(shards: ModuleType, tmp_pa
     times = shards.measured_durations(out)
     # JUnit names the files from pytest's root (here a folder above tmp_path)
     assert sorted(Path(name).name for name in times) == ["test_bad.py", "test_ok.py"]
+    # the failed test is named again at the end, with its message, where a log's tail shows it
+    (line,) = shards.failures(out)
+    assert line.startswith("[2] ") and "test_bad" in line and "assert 1 == 2" in line
 
 
 def test_a_shard_past_the_limit_is_killed(shards: ModuleType, tmp_path: Path) -> None:
