@@ -28,6 +28,18 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .half .dash-spreadsheet td.dash-cell { max-width: 150px !important; }
 /* every table: headers wrap rather than widen their column */
 .dash-spreadsheet th.dash-header { white-space: normal !important; }
+/* every table: its first column (what a row is) stays in view while a wide table scrolls
+   sideways inside its box. Collapsed borders let the scrolled cells' text show through the
+   sticky cell's edge, so borders are separate, each cell drawing only its right and bottom
+   (the first row and column add their top and left) */
+.dash-spreadsheet .cell-table { border-collapse: separate !important; border-spacing: 0; }
+.dash-spreadsheet .cell-table td, .dash-spreadsheet .cell-table th {
+  border-left-width: 0 !important; border-top-width: 0 !important; }
+.dash-spreadsheet .cell-table tr > :first-child { border-left-width: 1px !important; }
+.dash-spreadsheet .cell-table tr:first-child > * { border-top-width: 1px !important; }
+.dash-spreadsheet tr > td:first-child, .dash-spreadsheet tr > th:first-child {
+  position: sticky; left: 0; z-index: 1; background-color: #fff; }
+.dash-spreadsheet tr > th.dash-header:first-child { background-color: #f3f5f8; }
 /* room for the filter cell's placeholder next to its case toggle */
 th.dash-filter { min-width: 88px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }

@@ -18,7 +18,7 @@ from popviz.analysis.trace_threads import launch_links
 from tests.import_fixtures import RESNET
 
 from .conftest import SCREENSHOTS
-from .test_app_browser import _SETTLED, _open
+from .test_app_browser import _SETTLED, _open, go_by_nav
 
 pytestmark = pytest.mark.browser
 
@@ -86,14 +86,18 @@ def test_every_page_fits_1280_px(browser: Any, base_url: str, served: Path) -> N
     context = browser.new_context(viewport={"width": WIDTH, "height": 800})
     try:
         rel, other = _rel(served, BUNDLED), _rel(served, OTHER)
-        page, errors = _open(context, f"{base_url}/?profile={quote(rel)}")
+        page, errors = _open(context, f"{base_url}/summary?profile={quote(rel)}")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        for spec in PAGES:
-            url = f"{base_url}{spec.PATH}?profile={quote(rel)}"
-            url += f"&other={quote(other)}" if spec.PATH == "/compare" else ""
-            page.goto(url)
-            page.wait_for_selector("nav.nav", timeout=30_000)
-            page.wait_for_function(_SETTLED, timeout=60_000)
+        # a profile's pages through the nav links (no reload), then home and /compare
+        # (which takes a pair) by address
+        for spec in sorted(PAGES, key=lambda spec: not spec.NEEDS_PROFILE):
+            if not spec.NEEDS_PROFILE:
+                url = f"{base_url}{spec.PATH}?profile={quote(rel)}"
+                page.goto(url + (f"&other={quote(other)}" if spec.PATH == "/compare" else ""))
+                page.wait_for_selector("nav.nav", timeout=30_000)
+                page.wait_for_function(_SETTLED, timeout=60_000)
+            elif spec.PATH != "/summary":
+                go_by_nav(page, spec)
             fit = page.evaluate(_FITS)
             page.screenshot(path=str(SCREENSHOTS / f"lanes_1280_{spec.TITLE.lower()}.png"),
                             full_page=True)
