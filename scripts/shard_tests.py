@@ -91,7 +91,12 @@ def _stream(shard: Shard, proc: subprocess.Popen[str], lock: threading.Lock) -> 
 def _stop(proc: subprocess.Popen[str], grace_s: float = 20.0) -> None:
     """Interrupt a shard as Ctrl-C would (pytest then names the test it was in and runs
     its finalizers), and kill it and what it started if it is still there after `grace_s`."""
-    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
+    steps = [(signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started with Ctrl-C ignored (`trap '' INT; bash .ci/run`): the shards inherit
+        # that, so a SIGINT would only cost the grace period
+        steps = [(signal.SIGKILL, 10.0)]
+    for sig, wait_s in steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -177,7 +182,10 @@ def failures(shards: list[Shard]) -> list[str]:
             continue
         for case in cases:
             for bad in (*case.iter("failure"), *case.iter("error")):
-                where = case.get("file") or case.get("classname", "").replace(".", "/")
+                parts = [p for p in case.get("classname", "").split(".") if p]
+                while parts and not parts[-1].startswith("test_"):
+                    parts.pop()  # a test class
+                where = case.get("file") or "/".join(parts) + ".py"
                 message = (bad.get("message") or bad.tag).strip().splitlines()
                 out.append(f"[{shard.index}] {where}::{case.get('name')}: "
                            f"{message[0][:300] if message else bad.tag}")

@@ -5,6 +5,7 @@ back from JUnit reports."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,24 @@ def test_a_shard_past_the_limit_is_killed(shards: ModuleType, tmp_path: Path) ->
     shards.run(out, ["-q", "-p", "no:timeout"], limit_s=3, work=tmp_path / "work")
     assert out[0].timed_out and out[0].returncode != 0
     assert time.monotonic() - started < 30
+
+
+def test_a_shard_is_killed_at_once_when_ctrl_c_is_ignored(shards: ModuleType,
+                                                          tmp_path: Path) -> None:
+    """Started as `trap '' INT; bash .ci/run`, the shards ignore SIGINT too: a timed-out
+    one is killed without waiting out the grace period for an interrupt it cannot see."""
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
+    out = [shards.Shard(1, [str(slow)])]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = time.monotonic()
+        shards.run(out, ["-q", "-p", "no:timeout"], limit_s=3, work=tmp_path / "work")
+        took = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert out[0].timed_out and out[0].returncode == -signal.SIGKILL
+    assert took < 15, took  # 3 s limit, no 20 s grace
 
 
 def test_seconds_per_file_from_junit(shards: ModuleType, tmp_path: Path) -> None:
