@@ -45,6 +45,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe
 PAGES = ["/summary", "/trace", "/liveness", "/memory", "/stages", "/exchange", "/operations",
          "/tree"]
 TARGET_S = 2.0
+BUNDLED_PAGES = [*PAGES, "/tune"]
+NEW_TAB = ["/summary (new tab)", "/compare (new tab)"]
 
 # drawn: a heading or message, every dcc.Graph has a computed Plotly plot, no callback
 # running, and no "being checked" page waiting for the vetting worker
@@ -180,6 +182,61 @@ def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, 
     return {k: v for k, v in out.items() if v}
 
 
+_TREE = ("() => { const d = document.querySelector('#tree-graph .js-plotly-plot').data[0]; "
+         "return [d.level || 'model', d.ids.length]; }")
+_TRACE_STATUS = "() => (document.querySelector('#trace-status') || {}).innerText"
+
+
+def _click_tree_box(page: Any, node: str) -> None:
+    box = page.evaluate("""id => { const el = [...document.querySelectorAll(
+        '#tree-graph g.slice')].find(e => e.__data__ && e.__data__.data &&
+        e.__data__.data.data && e.__data__.data.data.id === id);
+        const r = el.getBoundingClientRect();
+        return {x: r.x + 5, y: r.y + r.height / 2}; }""", node)
+    page.mouse.click(box["x"], box["y"])
+
+
+def time_views(page: Any, rel: str, repeat: int) -> dict[str, list[float]]:
+    """The program tree zoomed into its widest top-level box and back up by that box, and
+    the trace zoomed into a tenth of the run and back to the whole run (double-click);
+    each `repeat` times. Seconds per run."""
+    out: dict[str, list[float]] = {k: [] for k in ("tree zoom in", "tree zoom out",
+                                                    "trace zoom in", "trace whole run")}
+    q = urlencode({"profile": rel})
+    navigate_drawn(page, f"/tree?{q}")
+    # the widest box under the model (Plotly's own hierarchy: the data's numbers arrive
+    # base64-encoded)
+    top = page.evaluate("""() => { let best = null, size = -1;
+        document.querySelectorAll('#tree-graph g.slice').forEach(e => {
+            const d = e.__data__; if (!d || !d.parent || !d.data) return;
+            const id = d.data.data.id;
+            if (d.parent.data.data.id === 'model' && !id.includes('/') && d.value > size) {
+                best = id; size = d.value; } });
+        return best; }""")
+    for _ in range(repeat if top else 0):
+        out["tree zoom in"].append(_after(page, lambda: _click_tree_box(page, top), _TREE))
+        page.wait_for_timeout(800)  # Plotly's zoom animation
+        out["tree zoom out"].append(_after(page, lambda: _click_tree_box(page, top), _TREE))
+        page.wait_for_timeout(800)
+    navigate_drawn(page, f"/trace?{q}")
+    span = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                         "._fullLayout.xaxis.range")
+    lo, hi = float(span[0]), float(span[1])
+    for k in range(repeat):
+        a = lo + (hi - lo) * (0.3 + 0.05 * k)
+
+        def zoom(a: float = a) -> None:
+            page.evaluate("""([a, b]) => Plotly.relayout(document.querySelector(
+                '#trace-graph .js-plotly-plot'), {'xaxis.range[0]': a, 'xaxis.range[1]': b})""",
+                          [a, a + (hi - lo) / 10])
+
+        out["trace zoom in"].append(_after(page, zoom, _TRACE_STATUS))
+        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+        out["trace whole run"].append(_after(page, lambda b=box: page.mouse.dblclick(
+            b["x"] + b["width"] / 2, b["y"] + b["height"] / 2), _TRACE_STATUS))
+    return {k: v for k, v in out.items() if v}
+
+
 @contextlib.contextmanager
 def served_browser(folder: Path, log: Any) -> Iterator[tuple[str, Any]]:
     """`popviz serve folder` and a Chromium context: (the server's URL, the context)."""
@@ -200,19 +257,30 @@ def _bundled_runs(folder: Path, rels: list[str], log: Any, repeat: int,
                   loads: dict[tuple[str, str], float],
                   acts: dict[tuple[str, str], list[float]]) -> None:
     with served_browser(folder, log) as (base, context):
-        for rel in rels:
+        for i, rel in enumerate(rels):
             q = urlencode({"profile": rel})  # as the app's own links write it
             page, _ = open_drawn(context, f"{base}/summary?{q}")
-            for path in PAGES:
+            for path in BUNDLED_PAGES:
                 away = "/stages" if path == "/summary" else "/summary"
                 runs = []
                 for _ in range(repeat):
                     navigate_drawn(page, f"{away}?{q}")
                     runs.append(navigate_drawn(page, f"{path}?{q}"))
                 loads[rel, path] = statistics.median(runs)
-            for name, runs in time_interactions(page, base, rel, repeat).items():
+            for name, runs in (time_interactions(page, base, rel, repeat)
+                               | time_views(page, rel, repeat)).items():
                 acts[rel, name] = runs
             page.close()
+            # a new tab (the browser has the app's scripts cached, as after a first visit)
+            other = urlencode({"profile": rel, "other": rels[(i + 1) % len(rels)]})
+            for column, url in zip(NEW_TAB, (f"{base}/summary?{q}",
+                                             f"{base}/compare?{other}"), strict=True):
+                runs = []
+                for _ in range(repeat):
+                    page, seconds = open_drawn(context, url)
+                    runs.append(seconds)
+                    page.close()
+                loads[rel, column] = statistics.median(runs)
 
 
 def bundled(folder: Path, repeat: int) -> int:
@@ -229,10 +297,13 @@ def bundled(folder: Path, repeat: int) -> int:
     load_avg = os.getloadavg()[0]
     print(f"\nbundled profiles ({folder}): seconds until drawn through the app's navigation "
           f"(median of {repeat}); load average {load_avg:.2f}")
-    print(f"{'profile':38} " + " ".join(f"{p.strip('/')[:9]:>9}" for p in PAGES))
+    columns = [*BUNDLED_PAGES, *NEW_TAB]
+    heads = [p.strip("/")[:9] for p in BUNDLED_PAGES] + ["summary*", "compare*"]
+    print(f"{'profile':38} " + " ".join(f"{h:>9}" for h in heads))
     for rel in rels:
-        print(f"{rel[:38]:38} " + " ".join(f"{loads[rel, p]:9.2f}" for p in PAGES))
-    print("\n/operations interactions, seconds (each run)")
+        print(f"{rel[:38]:38} " + " ".join(f"{loads[rel, p]:9.2f}" for p in columns))
+    print("* in a new tab (compare: against the next profile in the list)")
+    print("\ninteractions (/operations, /tree, /trace), seconds (each run)")
     for (rel, name), runs in acts.items():
         print(f"{rel[:38]:38} {name:10} " + " ".join(f"{r:5.2f}" for r in runs))
     every_load = np.array(list(loads.values()))

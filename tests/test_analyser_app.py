@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import dash
 import pytest
 from popviz_app import create_app
 
@@ -33,9 +34,27 @@ def test_selected_range_statistics(app: Any) -> None:
 
 def test_tree_click_lists_the_module_ops(app: Any) -> None:
     pick = app.popviz_callbacks["tree.pick"]
-    panel = pick({"points": [{"id": "layer2"}]}, f"?profile={REL}")
+    panel, figure, level = pick({"points": [{"id": "layer2"}]}, "model", f"?profile={REL}")
     text = " ".join(component_text(c) for c in panel)
     assert text.startswith("layer2: ") and "ops of layer2 in Operations" in text
+    # the icicle now holds the window below layer2 (and the path back up), viewed from it
+    icicle = figure.data[0]
+    ids = list(icicle.ids)
+    assert level == icicle.level == "layer2" and {"model", "layer2"} <= set(ids)
+    assert all(i in ("model", "layer2") or i.startswith(("layer2.", "layer2/")) for i in ids)
+    child = next(i for i in ids if i.startswith("layer2.") and "/" not in i)
+    # an op (a leaf) lists its ops and leaves the view where it is
+    leaf = next(i for i in ids if "/" in i and i.startswith("layer2."))
+    panel, figure, level = pick({"points": [{"id": leaf}]}, "layer2", f"?profile={REL}")
+    assert figure is dash.no_update and level == "layer2"
+    assert component_text(panel[0]).startswith(leaf)
+    # the viewed node's own box goes up to its parent, as Plotly does
+    _, figure, level = pick({"points": [{"id": child}]}, child, f"?profile={REL}")
+    assert level == "layer2" == figure.data[0].level
+    # a box of the path bar (an ancestor) goes to it
+    _, figure, level = pick({"points": [{"id": "model"}]}, child, f"?profile={REL}")
+    assert level == "model" and figure.data[0].level is None
+    assert {"layer1", "layer3"} <= set(figure.data[0].ids)  # layer2's siblings are back
 
 
 def test_operations_open_filtered_to_a_module(app: Any) -> None:

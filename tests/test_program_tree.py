@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import popviz
-from popviz.analysis.program_tree import node_ops, program_tree
+from popviz.analysis.program_tree import node_ops, program_tree, tree_window
 from popviz.figures.tree import program_tree_figure, stage_colour
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
@@ -35,6 +35,41 @@ def test_tree_of_a_hand_made_program() -> None:
     assert tree.loc["enc.0.conv/convolution (F)", "parent"] == "enc.0.conv"
     assert tree.loc["model/add (F)", "cycles"] == 5  # no module: under the model
     assert set(tree.loc[tree["kind"] == "op", "parent"]) <= set(tree.index)
+
+
+def _walk_window(tree: pd.DataFrame, root: str, levels: int) -> set[str]:
+    """The window by walking parent links: root's ancestors, and every node whose chain
+    of parents reaches root within `levels` steps."""
+    parent = dict(zip(tree["id"], tree["parent"], strict=True))
+    keep, node = set(), root
+    while node:
+        keep.add(node)
+        node = parent[node]
+    for start in tree["id"]:
+        node, steps = start, 0
+        while node and node != root and steps <= levels:
+            node, steps = parent[node], steps + 1
+        if node == root and 0 < steps <= levels:
+            keep.add(start)
+    return keep
+
+
+def test_a_window_holds_the_path_up_and_levels_below() -> None:
+    tree = program_tree(popviz.open(PROFILE).ops)
+    for root in ("model", "layer1", "layer2.0", "stem"):
+        for levels in (1, 2, 4):
+            got = set(tree_window(tree, root, levels)["id"])
+            assert got == _walk_window(tree, root, levels), (root, levels)
+    window = tree_window(tree, "layer2.0", 2)
+    # parents still hold their (whole) totals: an icicle with branchvalues="total" draws it
+    children = window.groupby("parent")["cycles"].sum()
+    for node, total in children.items():
+        if node:
+            assert window.loc[window["id"] == node, "cycles"].item() >= total - 1e-6
+    leaf = next(i for i in tree["id"] if i.startswith("layer2.0.") and "/" in i)
+    assert set(tree_window(tree, leaf, 2)["id"]) == _walk_window(
+        tree, leaf.split("/")[0], 2)  # a leaf is viewed from its module
+    assert set(tree_window(tree, "no.such", 2)["id"]) == _walk_window(tree, "model", 2)
 
 
 def test_every_parent_is_the_sum_of_its_children_on_a_profile() -> None:

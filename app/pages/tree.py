@@ -13,7 +13,13 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz.analysis.links import module_span, padded
-from popviz.analysis.program_tree import ROOT, node_ops, program_tree, step_weights
+from popviz.analysis.program_tree import (
+    ROOT,
+    node_ops,
+    program_tree,
+    step_weights,
+    tree_window,
+)
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
 from popviz.vocab import Naming
@@ -66,9 +72,20 @@ def stage_starts(entry: Entry) -> dict[int, str]:
     return {int(s): str(f) for s, f in zip(st["stage"], st["first_layer"], strict=True) if f}
 
 
-def tree(ctx: AppContext, entry: Entry) -> Any:
-    return program_tree_figure(tree_of(entry), naming=naming(entry), per_step=per_step(entry),
-                               stage_starts=stage_starts(entry))
+LEVELS = 4  # levels of boxes drawn at once: the viewed node and three below it
+
+
+def tree(ctx: AppContext, entry: Entry, root: str = ROOT) -> Any:
+    """The icicle viewed from `root`: only the nodes that view draws, so a large program
+    draws as fast as a small one; a click on a box sends the window below it (Plotly
+    zooms at once on the levels it holds, and the levels under them follow)."""
+    window = tree_window(tree_of(entry), root, LEVELS - 1)
+    viewed = root if root in set(window["id"]) and root != ROOT else None
+    if viewed and window.loc[window["id"] == viewed, "kind"].iloc[0] == "op":
+        viewed = str(window.loc[window["id"] == viewed, "parent"].iloc[0])
+    return program_tree_figure(window, naming=naming(entry), per_step=per_step(entry),
+                               stage_starts=stage_starts(entry), max_depth=LEVELS,
+                               selected=None if viewed in (None, ROOT) else viewed)
 
 
 FIGURES = {"tree": tree}
@@ -151,20 +168,63 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "bar at the top to go back up.", className="hint"),
         _stage_key(entry, words),
         graph("tree-graph", tree(ctx, entry)),
+        dcc.Store(id="tree-level", data=ROOT),  # the node the icicle shows
+        dcc.Store(id="tree-window"),  # the next figure, drawn once Plotly's zoom is over
         html.Div(node_panel(entry, ROOT), id="tree-node"),
         downloads(entry.rel, ["ops"], list(FIGURES), words=naming(entry)),
     ])
 
 
+AFTER_ZOOM = """async function(figure) {
+    if (!figure) { return window.dash_clientside.no_update; }
+    const plot = document.querySelector('#tree-graph .js-plotly-plot');
+    for (let i = 0; i < 60 && plot && plot._transitioning; i++) {
+        await new Promise(done => setTimeout(done, 50));
+    }
+    return figure;
+}"""
+
+
+def next_level(frame: pd.DataFrame, clicked: str, level: str) -> str:
+    """The node Plotly's icicle shows after a click on `clicked` while it shows `level`
+    (its rule, plotly.js sunburst/fx.js): the viewed node's own box goes up to its parent,
+    a box in the path bar (an ancestor) goes to that box, an op (a leaf) or the model at
+    the top stays, any other box is zoomed into."""
+    parent = dict(zip(frame["id"], frame["parent"], strict=True))
+    if clicked not in parent or level not in parent:
+        return level if level in parent else ROOT
+    if clicked == level:
+        return parent[level] or ROOT
+    node = parent[level]
+    while node:
+        if node == clicked:
+            return clicked
+        node = parent[node]
+    kind = frame.loc[frame["id"] == clicked, "kind"].iloc[0]
+    return level if kind == "op" else clicked
+
+
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
-    @app.callback(Output("tree-node", "children"), Input("tree-graph", "clickData"),
-                  State("url", "search"), prevent_initial_call=True)
-    def pick(click: dict | None, search: str) -> list[Any]:
+    @app.callback(Output("tree-node", "children"), Output("tree-window", "data"),
+                  Output("tree-level", "data"), Input("tree-graph", "clickData"),
+                  State("tree-level", "data"), State("url", "search"),
+                  prevent_initial_call=True)
+    def pick(click: dict | None, level: str | None, search: str
+             ) -> tuple[list[Any], Any, str]:
+        """The clicked box's panel, and the icicle's window below the node it now shows
+        (Plotly has zoomed already, on the levels it holds; this brings the ones under)."""
         points = (click or {}).get("points") or []
         if not points or not points[0].get("id"):
             raise PreventUpdate
         node = str(points[0]["id"])
         entry = ctx.cache.get(profile_of(search))
-        return node_panel(entry, node)
+        shown = level or ROOT
+        after = next_level(tree_of(entry), node, shown)
+        figure = dash.no_update if after == shown else tree(ctx, entry, after)
+        return node_panel(entry, node), figure, after
 
+    # a figure replaced while Plotly still animates its zoom leaves boxes where the
+    # animation had them (a gap in the column): wait for the zoom to end
+    app.clientside_callback(AFTER_ZOOM, Output("tree-graph", "figure"),
+                            Input("tree-window", "data"), prevent_initial_call=True)
     return {"pick": pick}

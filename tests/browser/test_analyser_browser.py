@@ -6,6 +6,7 @@ Screenshots go to test-artifacts/screenshots/analyser_*.png."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -194,6 +195,51 @@ def test_tree_click_lists_ops_and_links_to_table_and_trace(browser_context: Any,
         g.data.some(d => (d.name || '').includes('(selected module)')); }""", timeout=30_000)
     assert "ops laid out" in page.inner_text("#trace-status")
     _shot(page, "tree_to_trace")
+    assert errors == []
+    page.close()
+
+
+_ICICLE = """() => { const d = document.querySelector('#tree-graph .js-plotly-plot').data[0];
+    return {level: d.level || 'model', ids: [...d.ids]}; }"""
+
+
+def test_tree_holds_the_levels_it_shows_and_zooms_both_ways(browser_context: Any,
+                                                             base_url: str,
+                                                             served: Path) -> None:
+    """The icicle is sent the levels a view draws (a large program is slow to draw when
+    sent whole); a click brings the levels below, the view's own box and the path bar go
+    back up with the boxes beside it, and no box is left where the zoom moved it."""
+    rel = _modelled_with_ops(served)
+    with popviz.open(served / rel) as profile:
+        tree = program_tree(profile.ops)
+    depth = dict(zip(tree["id"], tree["depth"], strict=True))
+    page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
+    page.wait_for_selector("#tree-graph g.slice")
+    shown = page.evaluate(_ICICLE)
+    assert max(depth[i] for i in shown["ids"]) <= 3 < max(depth.values())
+    top = tree[(tree["parent"] == "model") & (tree["kind"] == "module")]
+    label = str(top.sort_values("cycles").iloc[-1]["id"])
+    _click_slice(page, label)
+    page.wait_for_function(f"() => ({_ICICLE})().level === {label!r} && ({_ICICLE})().ids"
+                           f".some(i => i.split('.').length > 3)", timeout=20_000)
+    below = page.evaluate(_ICICLE)["ids"]
+    assert all(i in ("model", label) or i.startswith((label + ".", label + "/"))
+               for i in below)
+    assert max(depth[i] for i in below) == min(depth[label] + 3, max(depth.values()))
+    # the view's own box: back up to the model, the other top-level modules back too
+    _click_slice(page, label)
+    page.wait_for_function(f"() => ({_ICICLE})().level === 'model' && ({_ICICLE})().ids"
+                           f".includes({str(top.iloc[0]['id'])!r})", timeout=20_000)
+    page.wait_for_timeout(1_000)  # the zoom's animation is over
+    # every top-level module's box sits in the column, none overlapping another
+    boxes = page.evaluate("""() => [...document.querySelectorAll('#tree-graph g.slice')]
+        .filter(e => e.__data__ && e.__data__.parent && e.__data__.parent.data &&
+                     e.__data__.parent.data.data.id === 'model')
+        .map(e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom]; })
+        .sort((a, b) => a[0] - b[0])""")
+    assert len(boxes) == int((tree["parent"] == "model").sum())
+    assert all(a[1] <= b[0] + 1 for a, b in pairwise(boxes)), boxes
+    _shot(page, "tree_back_up")
     assert errors == []
     page.close()
 
