@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1] / "profiles"
 BIG_PROPS = {"figure", "selectedData", "data", "derived_virtual_data",
              "derived_viewport_data", "contents", "extendData", "prependData"}
 # dcc.Stores of a range (per IPU for live-ranges), a clicked bar's IPU and end time, a
-# clicked allocator block's id, the (budget, fill) of the tune job a press started, or the
-# home list's page number and digest: a few bytes
+# clicked allocator block's id, the (budget, fill) of the tune job a press started, the
+# home list's page number and digest, or the node the program tree shows: a few bytes
 SMALL_STORES = {"trace-window", "trace-selection", "live-ranges", "trace-bsp-pick",
-                "alloc-pick", "tune-job", "home-page", "home-digest"}
+                "alloc-pick", "tune-job", "home-page", "home-digest", "tree-level"}
 
 
 def _server_side(root: Path) -> list[dict[str, Any]]:

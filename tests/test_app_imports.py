@@ -80,7 +80,8 @@ def test_the_program_tree_of_an_import_says_what_its_widths_are_and_what_is_unkn
     with popviz.open(root / "rn/profile.h5") as p:
         ops = p.ops
     assert "bytes_written" not in ops.columns and not (ops["flops"] > 0).any()  # premise
-    head = " ".join(component_text(c) for c in app.popviz_callbacks["tree.pick"](
-        {"points": [{"id": "model"}]}, "?profile=rn/profile.h5"))
+    panel, _, _ = app.popviz_callbacks["tree.pick"]({"points": [{"id": "model"}]}, "model",
+                                                    "?profile=rn/profile.h5")
+    head = " ".join(component_text(c) for c in panel)
     assert "unknown FLOPs, unknown written, largest temporary unknown" in head
     assert "0 FLOPs" not in head and "0 B" not in head

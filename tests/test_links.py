@@ -136,7 +136,7 @@ def test_operations_row_links_to_the_trace(cb: Any, prof: Any) -> None:
 
 
 def test_tree_box_links_to_its_first_pass(cb: Any, prof: Any) -> None:
-    panel = cb["tree.pick"]({"points": [{"id": "layer2"}]}, Q)
+    panel, _, _ = cb["tree.pick"]({"points": [{"id": "layer2"}]}, "model", Q)
     q = _query(panel, "tree-to-trace")
     assert q["module"] == "layer2"
     ipu, span = links.module_span(prof.ops, prof.trace, "layer2")
