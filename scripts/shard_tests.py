@@ -151,6 +151,15 @@ def _start(shards: list[Shard], pytest_args: list[str], work: Path, lock: thread
         readers.append(reader)
 
 
+def _test_file(case: ET.Element) -> str:
+    """A JUnit test case's file, from its classname: tests.test_x or
+    tests.browser.test_y[.Class] is tests/browser/test_y.py ("" if none)."""
+    parts = [p for p in case.get("classname", "").split(".") if p]
+    while parts and not parts[-1].startswith("test_"):
+        parts.pop()  # a test class
+    return "/".join(parts) + ".py" if parts else ""
+
+
 def measured_durations(shards: list[Shard]) -> dict[str, float]:
     """Seconds per test file from the shards' JUnit reports (setup, call and teardown)."""
     out: dict[str, float] = {}
@@ -158,13 +167,8 @@ def measured_durations(shards: list[Shard]) -> dict[str, float]:
         if shard.junit is None or not shard.junit.exists():
             continue
         for case in ET.parse(shard.junit).iter("testcase"):
-            name = case.get("classname", "").split(".")
-            # classname: tests.test_x or tests.browser.test_y[.Class]
-            parts = [p for p in name if p]
-            while parts and not parts[-1].startswith("test_"):
-                parts.pop()
-            if parts:
-                path = "/".join(parts) + ".py"
+            path = _test_file(case)
+            if path:
                 out[path] = out.get(path, 0.0) + float(case.get("time", 0.0))
     return {k: round(v, 1) for k, v in sorted(out.items())}
 
@@ -182,10 +186,7 @@ def failures(shards: list[Shard]) -> list[str]:
             continue
         for case in cases:
             for bad in (*case.iter("failure"), *case.iter("error")):
-                parts = [p for p in case.get("classname", "").split(".") if p]
-                while parts and not parts[-1].startswith("test_"):
-                    parts.pop()  # a test class
-                where = case.get("file") or "/".join(parts) + ".py"
+                where = case.get("file") or _test_file(case)
                 message = (bad.get("message") or bad.tag).strip().splitlines()
                 out.append(f"[{shard.index}] {where}::{case.get('name')}: "
                            f"{message[0][:300] if message else bad.tag}")

@@ -19,6 +19,7 @@ from popviz.analysis.program_tree import (
     program_tree,
     step_weights,
     tree_window,
+    viewed_node,
 )
 from popviz.figures.tree import program_tree_figure, stage_colour, starts_text
 from popviz.units import fmt_bytes, known_or
@@ -79,13 +80,11 @@ def tree(ctx: AppContext, entry: Entry, root: str = ROOT) -> Any:
     """The icicle viewed from `root`: only the nodes that view draws, so a large program
     draws as fast as a small one; a click on a box sends the window below it (Plotly
     zooms at once on the levels it holds, and the levels under them follow)."""
-    window = tree_window(tree_of(entry), root, LEVELS - 1)
-    viewed = root if root in set(window["id"]) and root != ROOT else None
-    if viewed and window.loc[window["id"] == viewed, "kind"].iloc[0] == "op":
-        viewed = str(window.loc[window["id"] == viewed, "parent"].iloc[0])
-    return program_tree_figure(window, naming=naming(entry), per_step=per_step(entry),
-                               stage_starts=stage_starts(entry), max_depth=LEVELS,
-                               selected=None if viewed in (None, ROOT) else viewed)
+    frame = tree_of(entry)
+    viewed = viewed_node(frame, root)
+    return program_tree_figure(tree_window(frame, viewed, LEVELS - 1), naming=naming(entry),
+                               per_step=per_step(entry), stage_starts=stage_starts(entry),
+                               max_depth=LEVELS, selected=None if viewed == ROOT else viewed)
 
 
 FIGURES = {"tree": tree}

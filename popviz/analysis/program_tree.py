@@ -194,24 +194,30 @@ def node_ops(ops: pd.DataFrame, node: str) -> pd.DataFrame:
     return sel
 
 
+def viewed_node(tree: pd.DataFrame, node: str) -> str:
+    """The node a view of `node` is drawn from: an op (a leaf) is viewed from its module,
+    an unknown id from the model."""
+    row = tree[tree["id"] == node]
+    if row.empty:
+        return ROOT
+    return str(row["parent"].iloc[0]) if row["kind"].iloc[0] == "op" else node
+
+
 def tree_window(tree: pd.DataFrame, root: str = ROOT, levels: int = 4) -> pd.DataFrame:
     """The rows of `program_tree` a view of `root` needs: its ancestors (the path back up),
-    itself, and its descendants down to `levels` below it. An icicle costs the browser
-    time per node it is given, drawn or not (effnet-b4: 3,400 nodes, about 0.9 s; the
-    first 5 levels, 0.16 s). A leaf (an op) is viewed from its parent."""
+    itself, and its descendants down to `levels` below it (`viewed_node` picks the root).
+    An icicle costs the browser time per node it is given, drawn or not (effnet-b4: 3,400
+    nodes, about 0.9 s; the first 5 levels, 0.16 s)."""
     if tree.empty:
         return tree
+    root = viewed_node(tree, root)
     ids = tree["id"].astype(str)
     parent = dict(zip(ids, tree["parent"].astype(str), strict=True))
-    if root not in parent:
-        root = ROOT
-    if dict(zip(ids, tree["kind"], strict=True))[root] == "op":
-        root = parent[root]
     chain, node = [], root
     while node:  # the model's parent is ""
         chain.append(node)
         node = parent.get(node, "")
-    depth = int(dict(zip(ids, tree["depth"], strict=True))[root])
+    depth = int(tree.loc[ids == root, "depth"].iloc[0])
     if root == ROOT:
         inside = pd.Series(True, index=tree.index)
     else:  # modules below root.x; ops below root/ or root.x/

@@ -186,7 +186,8 @@ def test_every_page_of_each_kind_of_profile_has_data(browser_context: Any, base_
         # /compare takes two: the first kind against each other family (an IPU plan
         # against a measured run); every bundled pair is compared without a browser
         if rel == kinds[0]:
-            for other in [k for k in kinds if _kind(served, k)[1] != _kind(served, rel)[1]]:
+            family = {k: _kind(served, k)[1] for k in kinds}
+            for other in [k for k in kinds if family[k] != family[rel]]:
                 page.goto(f"{base_url}/compare?profile={quote(rel)}&other={quote(other)}")
                 page.wait_for_function(_SETTLED, timeout=60_000)
                 where = f"/compare of {rel} and {other}"
