@@ -16,7 +16,10 @@ DEFAULT_AMP = 0.6
 STRATEGIES = ("pipelined", "sharded")
 # PopART's names, then torch.distributed.pipelining's (GPU plans; IPU plans read them too)
 SCHEDULES = ("Grouped", "Interleaved", "Sequential", "GPipe", "1F1B", "Interleaved1F1B", "ZB1P",
-             "ZB2P")
+             "ZB2P", "InterleavedZB", "ZBV")
+# GPU schedules that may run several stages on each device (num_ipus: the GPUs, splits + 1
+# a multiple of them; ZBV exactly two per GPU): placed by compiler.schedule_zb.stage_gpus
+SEVERAL_STAGES_PER_GPU = ("Interleaved1F1B", "InterleavedZB", "ZBV")
 PRECISIONS = ("16.16", "16.32", "32.32")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 # how a GPU plan holds its training state (popviz.compiler.gpu_recipe.RECIPES, same order)

@@ -132,3 +132,19 @@ def test_the_trace_of_a_gpu_plan_shows_its_kernels(small: Any, tmp_path: Any) ->
     fig = trace_page.trace(ctx, entry, float(forward["start"]), float(forward["end"]))
     lanes = {d.get("name") for d in fig.to_plotly_json()["data"]}
     assert {"op: conv", "op: norm", "modules"} <= lanes
+
+
+def test_a_gpu_holding_several_stages_is_advised_in_gpu_words() -> None:
+    """ZBV folds four stages onto two GPUs; the busier GPU's advice names GPUs only."""
+    report = compile(gpu_program("mlp", 64, 8),
+                     Options(target="h100", splits=["body.1", "body.2", "body.3"],
+                             num_ipus=2, gradient_accumulation=4, schedule="ZBV"))
+    stages = report.tables["stages"]
+    busy = stages.assign(load=stages["forward_cycles"] + stages["backward_cycles"])
+    # make GPU 1's stages the heavy ones, as a bad fold would
+    busy.loc[busy["ipu"] == 1, ["forward_cycles", "backward_cycles"]] *= 5
+    advice = advise(report.meta, busy.drop(columns="load"), report.tables["tile_memory"],
+                    report.tables["ops"])
+    split = [a.text for a in advice if a.topic == "split"]
+    assert split and any("GPU 1 is the bottleneck" in t for t in split), split
+    assert not any("IPU" in t for t in split), split

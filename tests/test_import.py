@@ -214,6 +214,23 @@ def test_schedule_family_from_the_order_of_actions() -> None:
     looped = ["PP:0F0", "PP:0F1", "PP:2F0", "PP:2F1", "PP:2B0", "PP:2B1", "PP:0B0", "PP:0B1"]
     assert schedule_seen([part(looped, [0, 2])]) == "LoopedBFS"
     assert schedule_seen([part(["PP:0F0", "PP:0I0", "PP:0W0"], [0])]) is None  # split B
+    # torch's zero-bubble orders (`test_zero_bubble_torch.py` checks them against
+    # torch's own code), written as its PP: annotations with I for an input gradient
+    from popviz.compiler.schedule_zb import interleaved_zb_orders, zbv_orders
+
+    def ranks(orders: list[list[Any]], stages: list[list[int]]) -> list[RankPart]:
+        return [RankPart(path=Path("x"), meta={}, rank=r, world_size=2, backend="",
+                         base_ns=0, first_ns=0, stages=s,
+                         actions=[f"PP:{a.stage}{'I' if a.pass_ == 'B' else a.pass_}"
+                                  f"{a.microbatch}" for a in o])
+                for r, (o, s) in enumerate(zip(orders, stages, strict=True))]
+
+    zbv = zbv_orders(2, 4)
+    assert schedule_seen(ranks(zbv, [[0, 3], [1, 2]])) == "ZBV"
+    assert schedule_seen(ranks(interleaved_zb_orders(2, 2, 4), [[0, 2], [1, 3]])) == \
+        "InterleavedZB"
+    swapped = [zbv[0][:3] + zbv[0][4:5] + zbv[0][3:4] + zbv[0][5:], zbv[1]]
+    assert schedule_seen(ranks(swapped, [[0, 3], [1, 2]])) is None  # not torch's order
     assert schedule_seen([part([], [0]), part([], [1])]) is None  # Schedule1F1B
 
 

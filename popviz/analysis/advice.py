@@ -282,7 +282,7 @@ def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bo
     return [Advice("warning", "split", ipu, (
         f"{words.label(ipu)} is the bottleneck: {load:.2f}x the mean busy load of all "
         f"{words.devices} (its stages {own} run in turn). Move layers off it; stages that "
-        f"come back to an earlier IPU get no split plan here: try `popviz tune`."))]
+        f"come back to an earlier {words.device} get no split plan here: try `popviz tune`."))]
 
 
 def _bubble_advice(meta: dict[str, Any], stages: pd.DataFrame) -> list[Advice]:

@@ -24,7 +24,8 @@ from popviz.compiler.plan_common import (
     step_rates,
 )
 from popviz.compiler.report import Report
-from popviz.compiler.schedule import ZERO_BUBBLE, Schedule, build_schedule
+from popviz.compiler.schedule import Schedule, build_schedule
+from popviz.compiler.schedule_zb import ZERO_BUBBLE
 from popviz.compiler.shared import (
     add_copies,
     drop_copies,

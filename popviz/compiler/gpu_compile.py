@@ -42,12 +42,13 @@ from popviz.compiler.plan_common import (
     step_rates,
 )
 from popviz.compiler.report import Report
-from popviz.compiler.schedule import PassTimes, build_schedule
+from popviz.compiler.schedule import build_schedule
+from popviz.compiler.schedule_zb import PassTimes, stage_gpus
 from popviz.compiler.shared import find_shared
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
 from popviz.metrics import device_fits, idle_fraction, stage_columns, stage_time
-from popviz.options import Options
+from popviz.options import SEVERAL_STAGES_PER_GPU, Options
 from popviz.recorder.program import Program
 from popviz.target.cost import Precision
 from popviz.target.gpu import GPU_FAMILY, LINKS, GpuTarget
@@ -77,7 +78,8 @@ def as_recorded(program: Program) -> Program:
 def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
                     ) -> tuple[Program, int, StagePlan, pd.DataFrame]:
     """The front half of `compile_gpu` (the fit's too): the program at the micro-batch,
-    its stages (looped round the GPUs for Interleaved1F1B) and each op's ns, in program
+    its stages (looped round the GPUs for Interleaved1F1B and InterleavedZB, in a V for
+    ZBV) and each op's ns, in program
     order. The program is held as `options.gpu_precision` says (`gpu_recipe.py`)."""
     program, micro_batch = _rescale(program, options)
     if not options.training:
@@ -89,13 +91,14 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         program = megatron_fused_softmax(program)
     if recipe.cast_cache:
         program = autocast_casts(program)
-    looped = options.schedule == "Interleaved1F1B" and len(options.splits) + 1 > \
+    several = options.schedule in SEVERAL_STAGES_PER_GPU
+    looped = several and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below
     plan = plan_stages(program, options.copy(num_ipus=None) if looped else options,
                        checkpoint_blocks=True)
-    if options.schedule == "Interleaved1F1B" and len(plan.stages) > 1:
+    if several and len(plan.stages) > 1:
         gpus = options.num_ipus or max(1, len(plan.stages) // 2)
-        ipus = np.arange(len(plan.stages)) % gpus
+        ipus = stage_gpus(options.schedule, len(plan.stages), gpus)
         plan.stages["ipu"] = ipus
         plan.ops["ipu"] = ipus[plan.ops["stage"].to_numpy(np.int64)]
         plan.num_ipus = gpus

@@ -16,22 +16,15 @@ import numpy as np
 import pandas as pd
 
 from popviz.actions import PASS_RANK, Action, Pass
-
-ZERO_BUBBLE = {"ZB1P": 1, "ZB2P": 2}  # name -> in-flight limit in pipeline depths
-
-
-@dataclass(frozen=True)
-class PassTimes:
-    """Per stage, the modelled time of one micro-batch's forward, input gradient, weight
-    gradient, and of the p2p transfer into the stage (any unit, one for all); and the share
-    of a forward's activation bytes that its input gradient leaves for the weight gradient
-    (Zero Bubble's M_W / M_F: 32h of 34h + 5as per token and layer with eager attention)."""
-
-    forward: np.ndarray
-    input_grad: np.ndarray
-    weight_grad: np.ndarray
-    p2p: np.ndarray
-    weight_share: np.ndarray
+from popviz.compiler.schedule_zb import (
+    PAPER,
+    TORCH,
+    ZERO_BUBBLE,
+    PassTimes,
+    interleaved_zb_orders,
+    paper_orders,
+    zbv_orders,
+)
 
 
 @dataclass
@@ -176,68 +169,6 @@ def _merge(seqs: list[list[Action]], n: int, m: int) -> list[tuple[int, int, int
     return rows
 
 
-def _zero_bubble(n: int, m: int, depths: int, pass_ns: PassTimes | None
-                 ) -> list[tuple[int, int, int, str]]:
-    """Zero Bubble's heuristic (Qi et al., ICLR 2024, §3.1; ZB-1p / ZB-2p), one stage per
-    GPU: each GPU, whenever it is free, runs an input-gradient B if one is ready, else a
-    forward if one is ready and its activations fit under `depths` x n forwards' worth
-    (the paper's memory limit, the same on every stage: a forward adds one, its B frees
-    all but the weight gradient's share, its W the rest), else a deferred weight gradient
-    W, which fills what would be a bubble (or frees memory for the next forward); else it
-    waits. Decided in time order with the stages' modelled times (`pass_ns`; unit times
-    and shares without them), as the paper's scheduler uses its profiled F, B, W and p2p."""
-    one = np.ones(n)
-    f, b, w, comm, share = ((one, one, one, np.zeros(n), one) if pass_ns is None else
-                            (pass_ns.forward, pass_ns.input_grad, pass_ns.weight_grad,
-                             pass_ns.p2p, pass_ns.weight_share))
-    limit = depths * n + 1e-9
-    free = np.zeros(n)
-    held = np.zeros(n)  # forwards' worth of activations on each stage
-    nf, nb, nw = [0] * n, [0] * n, [0] * n
-    f_end = np.full((n, m), np.inf)
-    b_end = np.full((n, m), np.inf)
-    seqs: list[list[Action]] = [[] for _ in range(n)]
-
-    def ready(s: int) -> tuple[float, float]:
-        rb = rf = np.inf
-        if nb[s] < nf[s]:
-            rb = f_end[s, nb[s]] if s == n - 1 else b_end[s + 1, nb[s]] + comm[s + 1]
-        if nf[s] < m and held[s] + 1 <= limit:
-            rf = 0.0 if s == 0 else f_end[s - 1, nf[s]] + comm[s]
-        return float(rb), float(rf)
-
-    while any(nw[s] < m for s in range(n)):
-        best: tuple[float, int] | None = None
-        for s in range(n):
-            if nw[s] >= m:
-                continue
-            rb, rf = ready(s)
-            at = free[s] if nw[s] < nb[s] else max(free[s], min(rb, rf))
-            if np.isfinite(at) and (best is None or at < best[0]):
-                best = (float(at), s)
-        if best is None:
-            raise RuntimeError("zero-bubble schedule made no progress")  # a bug, not input
-        t, s = best
-        rb, rf = ready(s)
-        if rb <= t:
-            kind, mb, dur = Pass.B, nb[s], b[s]
-            b_end[s, mb] = t + dur
-            nb[s] += 1
-            held[s] -= 1 - share[s]
-        elif rf <= t:
-            kind, mb, dur = Pass.F, nf[s], f[s]
-            f_end[s, mb] = t + dur
-            nf[s] += 1
-            held[s] += 1
-        else:
-            kind, mb, dur = Pass.W, nw[s], w[s]
-            nw[s] += 1
-            held[s] -= share[s]
-        seqs[s].append(Action(s, kind, mb))
-        free[s] = t + dur
-    return _merge(seqs, n, m)
-
-
 def _gpipe(n: int, m: int, training: bool) -> list[tuple[int, int, int, str]]:
     """GPipe (torch.distributed.pipelining's ScheduleGPipe): every micro-batch's forward
     through the pipeline, then every backward, the last stage first: the most stash."""
@@ -263,6 +194,26 @@ def _sequential(n: int, m: int, training: bool) -> list[tuple[int, int, int, str
                 rows.append((k, s, b, "B"))
                 k += 1
     return rows
+
+
+def _zero_bubble_orders(kind: str, n: int, m: int, ranks: int, pass_ns: PassTimes | None
+                        ) -> list[list[Action]]:
+    """Each device's actions in the zero-bubble schedule `kind` (a ValueError says what
+    a stage count the schedule cannot run needs)."""
+    if kind in PAPER:
+        if ranks != n:
+            raise ValueError(f"{kind} runs one pipeline stage per GPU: {n} stages on "
+                             f"{ranks} GPUs (give as many splits as GPUs - 1)")
+        return paper_orders(n, m, PAPER[kind], pass_ns)
+    if TORCH[kind] == "v":
+        if n != 2 * ranks:
+            raise ValueError(f"{kind} runs exactly two stages per GPU in a V: {n} stages "
+                             f"on {ranks} GPUs (give {2 * ranks - 1} splits)")
+        return zbv_orders(ranks, m)
+    if n % ranks:
+        raise ValueError(f"{kind} loops the stages round the GPUs, the same number on "
+                         f"each: {n} stages on {ranks} GPUs")
+    return interleaved_zb_orders(ranks, n // ranks, m)
 
 
 def stash_depth(actions: pd.DataFrame, num_stages: int) -> np.ndarray:
@@ -293,17 +244,17 @@ def build_schedule(num_stages: int, microbatches: int, device_iterations: int,
     or torch.distributed.pipelining's names: 'GPipe', '1F1B' (= Interleaved) and
     'Interleaved1F1B' (stages looped round `ranks` devices, placed by the compiler: stage
     s on s mod ranks; in Megatron-LM's interleaved order when each of several ranks holds
-    several stages, else 1F1B over the stages), or Zero Bubble's 'ZB1P' / 'ZB2P' (one
-    stage per device, the backward split into B and W, ordered with `pass_ns`);
+    several stages, else 1F1B over the stages), or the zero-bubble ones, which split the
+    backward into B and W (`schedule_zb`): the paper's 'ZB1P' / 'ZB2P' (one stage per
+    device, ordered with `pass_ns`), torch's 'InterleavedZB' (stages looped round the
+    devices) and 'ZBV' (two stages per device in a V);
     `recompute[s]` says whether stage s recomputes before its backward."""
     makers = {"Grouped": _grouped, "Interleaved": _interleaved, "Sequential": _sequential,
               "GPipe": _gpipe, "1F1B": _interleaved, "Interleaved1F1B": _interleaved}
     split = kind in ZERO_BUBBLE and training
     if split:
-        if ranks != num_stages:
-            raise ValueError(f"{kind} runs one pipeline stage per GPU: {num_stages} stages "
-                             f"on {ranks} GPUs (give as many splits as GPUs - 1)")
-        rows = _zero_bubble(num_stages, microbatches, ZERO_BUBBLE[kind], pass_ns)
+        rows = _merge(_zero_bubble_orders(kind, num_stages, microbatches, ranks, pass_ns),
+                      num_stages, microbatches)
     elif kind in ZERO_BUBBLE:
         rows = _interleaved(num_stages, microbatches, False)
     elif kind == "Interleaved1F1B" and training and 1 < ranks < num_stages and \

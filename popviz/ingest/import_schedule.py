@@ -5,8 +5,10 @@ Schedule family, from the order of the forward / backward actions pipelining ann
 each rank (`PP:{stage}{F|B|I|W}{mb}`, or ScheduleGPipe's `Forward i` / `Backward i`):
 a rank that runs a backward before its last forward interleaves them (1F1B), else every
 forward comes first (GPipe); with several stages on a rank those are Interleaved1F1B and
-LoopedBFS. Split backwards (I / W actions: the zero-bubble schedules) and a trace without
-actions (Schedule1F1B writes none) give None.
+LoopedBFS. Split backwards (I / W actions) are one of torch's zero-bubble schedules when
+every rank's first step runs exactly that schedule's order (`compiler.schedule_zb`, which
+is torch's): ZBV or InterleavedZB; any other order, and a trace without actions
+(Schedule1F1B writes none), gives None.
 
 Micro-batch size: the leading dimension of the first input of stage 0's first top-level
 forward op inside an annotated micro-batch. Without annotations only a single rank with a
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 
+from popviz.compiler.schedule_zb import interleaved_zb_orders, zbv_orders
 from popviz.ingest.import_rank import RankPart
 from popviz.ingest.kineto_events import PP_ACTION, SINGLE_STAGE
 
@@ -42,15 +45,52 @@ def _passes(actions: list[str]) -> list[str] | None:
     return out
 
 
+def _computes(actions: list[str]) -> list[str]:
+    """The forward, input-gradient and weight-gradient actions as popviz writes them
+    ("3F0", "3B0", "3W0": torch's I is B), in order."""
+    out = []
+    for label in actions:
+        m = PP_ACTION.match(label)
+        if m and m[2] in ("F", "I", "W"):
+            out.append(f"{m[1]}{'B' if m[2] == 'I' else m[2]}{m[3]}")
+    return out
+
+
+def zero_bubble_seen(parts: list[RankPart]) -> str | None:
+    """ZBV or InterleavedZB when every rank's first step is that schedule's order for the
+    ranks and micro-batches the trace holds, else None (also for one rank, whose order
+    any split-backward schedule could give)."""
+    runs = {part.rank: _computes(part.actions) for part in parts}
+    ranks = len(parts)
+    if ranks < 2 or sorted(runs) != list(range(ranks)):
+        return None
+    stages = sorted({s for part in parts for s in part.stages})
+    forwards = {a for run in runs.values() for a in run if "F" in a}
+    if not stages or len(stages) % ranks or not forwards:
+        return None
+    m = len(forwards) // len(stages)  # every stage runs each micro-batch's forward once
+    candidates: dict[str, list[list[str]]] = {}
+    if len(stages) == 2 * ranks:
+        candidates["ZBV"] = [[str(a) for a in o] for o in zbv_orders(ranks, m)]
+    if m % max(1, m // ranks) == 0:
+        candidates["InterleavedZB"] = [[str(a) for a in o] for o in
+                                       interleaved_zb_orders(ranks, len(stages) // ranks, m)]
+    for name, orders in candidates.items():
+        if all(runs[r][:len(order)] == order for r, order in enumerate(orders)):
+            return name
+    return None
+
+
 def schedule_seen(parts: list[RankPart]) -> str | None:
-    """GPipe, 1F1B, LoopedBFS or Interleaved1F1B as the ranks' annotated actions show it
-    (the schedule family a trace shows; `measure.split.canonical_schedule` is the name a
-    user typed, which a live run keeps in meta.options.schedule)."""
+    """GPipe, 1F1B, LoopedBFS, Interleaved1F1B, ZBV or InterleavedZB as the ranks'
+    annotated actions show it (the schedule family a trace shows;
+    `measure.split.canonical_schedule` is the name a user typed, which a live run keeps
+    in meta.options.schedule)."""
     interleaved = False
     for part in parts:
         passes = _passes(part.actions)
         if passes is None:
-            return None
+            return zero_bubble_seen(parts)
         if "F" in passes and "B" in passes:
             last_f = len(passes) - 1 - passes[::-1].index("F")
             interleaved |= "B" in passes[:last_f]

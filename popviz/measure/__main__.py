@@ -42,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", default="1F1B", choices=SCHEDULE_NAMES,
                         type=lambda s: next((k for k in SCHEDULE_NAMES
                                              if k.lower() == s.lower()), s),
-                        help="torch.distributed.pipelining schedule; Interleaved1F1B and "
-                        "LoopedBFS place 2 stages on each rank")
+                        help="torch.distributed.pipelining schedule; Interleaved1F1B, "
+                        "LoopedBFS and InterleavedZB (ScheduleInterleavedZeroBubble) loop 2 "
+                        "stages round the ranks, ZBV (ScheduleZBVZeroBubble) places them in "
+                        "a V")
     parser.add_argument("--pipeline-splits", "--splits", nargs="+", default=[],
                         dest="splits", metavar="NAME",
                         help="split names (first layer of each next stage): B2 B3 B4 for the "

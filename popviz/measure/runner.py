@@ -206,8 +206,8 @@ def build_rank(config: MeasureConfig, rank: int, world: int) -> RankPipeline:
     channels = 1 if config.model == "tutorial" else 3
     example = torch.zeros(config.micro_batch_size, channels, size, size)
     cut = splitting.split_model(model, example, config.splits)
-    mine = [rank + k * world for k in range(config.stages_per_rank)]
-    stages = [cut.pipe.build_stage(i, torch.device("cpu")) for i in mine]
+    mine = splitting.rank_stages(config.schedule, rank, world, config.stages_per_rank)
+    stages = splitting.build_stages(cut, config.schedule, mine, torch.device("cpu"))
     params = [p for s in stages for p in s.submod.parameters()]
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate) \
         if config.model == "tutorial" else \

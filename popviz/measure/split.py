@@ -16,9 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
-# schedules that place several (virtual) stages on each rank
-MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS")
+SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZB", "ZBV")
+# schedules that place several (virtual) stages on each rank (two here)
+MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZB", "ZBV")
+ZERO_BUBBLE = ("InterleavedZB", "ZBV")  # the backward split into input and weight gradients
+
+
+def rank_stages(schedule: str, rank: int, world: int, per_rank: int) -> list[int]:
+    """The stages `rank` holds: looped (rank, rank + world, ...), or for ZBV a V (rank and
+    2 world - 1 - rank, torch's `generate_stage_to_rank_mapping(style="v")`)."""
+    if schedule == "ZBV":
+        return [rank, 2 * world - 1 - rank]
+    return [rank + k * world for k in range(per_rank)]
 
 
 def canonical_schedule(name: str) -> str:
@@ -37,6 +46,8 @@ def schedule_class(name: str) -> type:
         "1F1B": schedules.Schedule1F1B,
         "Interleaved1F1B": schedules.ScheduleInterleaved1F1B,
         "LoopedBFS": schedules.ScheduleLoopedBFS,
+        "InterleavedZB": schedules.ScheduleInterleavedZeroBubble,
+        "ZBV": schedules.ScheduleZBVZeroBubble,
     }[canonical_schedule(name)]
 
 
@@ -114,6 +125,38 @@ def split_model(model: nn.Module, example: torch.Tensor, splits: list[str]) -> S
         raise ValueError(f"splitting at {' '.join(splits)} gave {pipe.num_stages} stages, "
                          f"expected {len(splits) + 1}")
     return SplitModel(pipe, list(splits), stage_layers(model, splits))
+
+
+class OwnedOutputs(nn.Module):
+    """A traced stage whose outputs are tensors of their own: an output that is a view
+    (the flatten before a classifier) is copied. torch's split backward
+    (`stage_backward_input`, which the zero-bubble schedules run) detaches each stage
+    output in place, which a view refuses."""
+
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args: Any) -> Any:
+        out = self.stage(*args)
+        if isinstance(out, torch.Tensor):
+            return out.clone() if out._is_view() else out
+        return type(out)(o.clone() if isinstance(o, torch.Tensor) and o._is_view() else o
+                         for o in out)
+
+
+def build_stages(cut: SplitModel, schedule: str, mine: list[int],
+                 device: torch.device) -> list[Any]:
+    """This rank's stages of `cut`. The zero-bubble schedules get torch's manual
+    PipelineStage around each traced stage (outputs of their own, `OwnedOutputs`): its
+    set-up talks to each neighbour rank, where the traced stage's own would send to
+    itself across ZBV's fold (stages r and 2p - 1 - r on one rank), which gloo refuses."""
+    if schedule not in ZERO_BUBBLE:
+        return [cut.pipe.build_stage(i, device) for i in mine]
+    from torch.distributed.pipelining import PipelineStage
+
+    return [PipelineStage(OwnedOutputs(cut.pipe.get_stage_module(i)), i, cut.pipe.num_stages,
+                          device) for i in mine]
 
 
 def loss_function(model: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from popviz.options import SEVERAL_STAGES_PER_GPU
 from popviz.recorder.program import Program
 
 
@@ -51,7 +52,8 @@ def check_split_names(model: torch.nn.Module, options: Any) -> None:
     if len(set(splits)) != len(splits):
         raise ValueError(f"pipeline splits repeat a name: {splits}")
     ipus = options.num_ipus
-    if ipus is not None and ipus > 1 and len(splits) != ipus - 1:
+    several = getattr(options, "schedule", None) in SEVERAL_STAGES_PER_GPU  # the compiler checks
+    if ipus is not None and ipus > 1 and len(splits) != ipus - 1 and not several:
         raise ValueError(f"{ipus} IPUs need {ipus - 1} pipeline split names, got "
                          f"{len(splits)}: {splits}")
 

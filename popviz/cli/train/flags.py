@@ -16,9 +16,10 @@ import popviz.models as models
 from popviz.argtypes import non_empty_path
 from popviz.cli.command import UsageError
 from popviz.compiler.gpu_recipe import RECIPES
-from popviz.options import RECOMPUTE_GRANULARITIES, SCHEDULES
+from popviz.options import RECOMPUTE_GRANULARITIES, SCHEDULES, SEVERAL_STAGES_PER_GPU
 
 TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "h200", "a100")  # 3 IPUs, then GPUs
+
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,9 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--shards 1 the recomputation sections")
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default=None,
                    help="IPU: Grouped (default), Interleaved, Sequential (the default on one "
-                   "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B, and Zero "
-                   "Bubble's ZB1P / ZB2P (one stage per GPU, the weight gradients deferred); "
-                   "docs/hardware.md")
+                   "IPU with splits); GPU targets: GPipe, 1F1B, Interleaved1F1B, Zero "
+                   "Bubble's ZB1P / ZB2P (one stage per GPU, the weight gradients deferred) "
+                   "and torch's InterleavedZB and ZBV (ScheduleInterleavedZeroBubble, "
+                   "ScheduleZBVZeroBubble). Interleaved1F1B and InterleavedZB loop k stages "
+                   "round the --shards GPUs, ZBV places 2 per GPU in a V: give k x shards - "
+                   "1 splits; docs/hardware.md")
     g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES,
                    default="full",
                    help="with --enable-recomputation: full (IPU: each section's forward; "
@@ -216,6 +220,16 @@ def _check_splits(args: argparse.Namespace) -> None:
         if order != sorted(order):
             _error(f"--pipeline-splits must be in forward order: "
                          f"{' '.join(args.pipeline_splits)}")
+    stages = len(args.pipeline_splits) + 1
+    if args.target in TARGETS[3:] and args.pipeline_schedule in SEVERAL_STAGES_PER_GPU \
+            and args.shards > 1:  # --shards is the GPUs, each holding several stages
+        per_gpu = 2 if args.pipeline_schedule == "ZBV" else max(1, stages // args.shards)
+        if stages != per_gpu * args.shards:
+            want = "2 x" if args.pipeline_schedule == "ZBV" else "a multiple of"
+            _error(f"--pipeline-schedule {args.pipeline_schedule} on {args.shards} GPUs "
+                   f"runs {want} {args.shards} stages: give {per_gpu * args.shards - 1} "
+                   f"--pipeline-splits names, got {len(args.pipeline_splits)}")
+        return
     if args.shards > 1 and len(args.pipeline_splits) != args.shards - 1:
         _error(f"--shards {args.shards} needs {args.shards - 1} --pipeline-splits "
                      f"names, got {len(args.pipeline_splits)}")
