@@ -32,7 +32,7 @@ from popviz.compiler.gpu_recipe import (
     step_bytes_per_stage,
 )
 from popviz.compiler.gpu_timing import GpuTiming, time_gpu_schedule
-from popviz.compiler.grad_parts import WEIGHT, grad_parts, weight_share
+from popviz.compiler.grad_parts import WEIGHT, grad_parts, split_conv_backward, weight_share
 from popviz.compiler.order import program_order
 from popviz.compiler.plan_common import (
     _forward_only,
@@ -43,7 +43,7 @@ from popviz.compiler.plan_common import (
 )
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import build_schedule
-from popviz.compiler.schedule_zb import PassTimes, stage_gpus
+from popviz.compiler.schedule_zb import ZERO_BUBBLE, PassTimes, stage_gpus
 from popviz.compiler.shared import find_shared
 from popviz.compiler.stages import StagePlan, plan_stages
 from popviz.jsonsafe import jsonable as _py
@@ -91,6 +91,8 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         program = megatron_fused_softmax(program)
     if recipe.cast_cache:
         program = autocast_casts(program)
+    if options.training and options.schedule in ZERO_BUBBLE:  # dgrad in I, wgrad in W
+        program = split_conv_backward(program)
     several = options.schedule in SEVERAL_STAGES_PER_GPU
     looped = several and len(options.splits) + 1 > \
         (options.num_ipus or 1) > 1  # more stages than GPUs: placed round them below

@@ -20,7 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from popviz.compiler.gpu_lowering import _ids
 from popviz.compiler.memory import _parse_ids
+from popviz.recorder.program import Program
 
 INPUT, WEIGHT = "input", "weight"
 
@@ -101,3 +103,76 @@ def weight_share(ops: pd.DataFrame, tensors: pd.DataFrame, parts: np.ndarray,
     ok = total[:num_stages] > 0
     out[ok] = for_w[:num_stages][ok] / total[:num_stages][ok]
     return out
+
+
+def split_conv_backward(program: Program) -> Program:
+    """Each convolution's backward as a zero-bubble schedule runs it: two calls. torch's
+    split backward (`stage_backward_input`, then `stage_backward_weight`) runs autograd's
+    ConvolutionBackward once for the input gradient and again, later, for the weight and
+    bias gradients, so cuDNN's dgrad and wgrad kernels land in I and W; eager PyTorch's
+    one `convolution_backward` call computes both. A recorded call that makes both becomes
+    the dgrad call (reads dY and the weight, writes dX) and a new wgrad row after the
+    program's ops (reads dY and the forward's input, writes dW and db), each with half the
+    FLOPs (one pass's, as the recorder counts them), the bytes it moves and half the
+    recorded call's kernels (`conv_part`); the gradients' producer and the input's last
+    use move to the new row. `grad_parts` then places the halves."""
+    ops, t = program.ops, program.tensors
+    name = ops["op"].astype(str)
+    calls = np.flatnonzero(name.str.contains("convolution_backward").to_numpy()
+                           & (ops["phase"].astype(str) == "backward").to_numpy())
+    if not len(calls):
+        return program
+    cat = dict(zip(t["tensor_id"].to_numpy(np.int64).tolist(),
+                   t["category"].astype(str).tolist(), strict=True))
+    size = dict(zip(t["tensor_id"].to_numpy(np.int64).tolist(),
+                    t["bytes"].to_numpy(np.int64).tolist(), strict=True))
+    ins = ops["inputs"].astype(str).tolist()
+    outs = ops["outputs"].astype(str).tolist()
+    op_ids = ops["op_id"].to_numpy(np.int64)
+    flops = ops["flops"].to_numpy(np.int64).copy()
+    host = ops["host_ns"].to_numpy(np.int64).copy()
+    read = ops["bytes_read"].to_numpy(np.int64).copy()
+    written = ops["bytes_written"].to_numpy(np.int64).copy()
+    part = np.full(len(ops), "", dtype=object)
+    new_inputs, new_outputs = list(ins), list(outs)
+    new_rows, producer, last_use = [], {}, {}
+    next_id = int(op_ids.max()) + 1
+    for i in calls.tolist():
+        grad_out, x, w = [*_ids(ins[i]), -1, -1, -1][:3]
+        made = _ids(outs[i])
+        weight_grads = [g for g in made if cat.get(g) == "gradient"]
+        input_grads = [g for g in made if cat.get(g) != "gradient"]
+        if not weight_grads or not input_grads or x < 0:
+            continue  # one gradient only (the stem's): one call either way
+        row = ops.iloc[i].copy()
+        half_flops, half_host = int(flops[i]) // 2, int(host[i]) // 2
+        row["op_id"], row["conv_part"] = next_id, WEIGHT
+        row["inputs"], row["outputs"] = f"{grad_out};{x}", ";".join(map(str, weight_grads))
+        row["flops"], row["host_ns"] = half_flops, half_host
+        row["bytes_read"] = size.get(grad_out, 0) + size.get(x, 0)
+        row["bytes_written"] = sum(size.get(g, 0) for g in weight_grads)
+        new_rows.append(row)
+        for g in weight_grads:
+            producer[g] = next_id
+        last_use[x] = (int(op_ids[i]), next_id)
+        new_inputs[i], new_outputs[i] = f"{grad_out};{w}", ";".join(map(str, input_grads))
+        flops[i] -= half_flops
+        host[i] -= half_host
+        read[i] = size.get(grad_out, 0) + size.get(w, 0)
+        written[i] = sum(size.get(g, 0) for g in input_grads)
+        part[i] = INPUT
+        next_id += 1
+    first = ops.assign(inputs=new_inputs, outputs=new_outputs, flops=flops, host_ns=host,
+                       bytes_read=read, bytes_written=written, conv_part=part)
+    if not new_rows:
+        return program
+    out = pd.concat([first, pd.DataFrame(new_rows)], ignore_index=True)
+    out = out.astype({c: first[c].dtype for c in first.columns})
+    t = t.copy()
+    ids = t["tensor_id"].to_numpy(np.int64)
+    t["producer"] = [producer.get(int(k), int(p)) for k, p in zip(ids, t["producer"],
+                                                                   strict=True)]
+    t["last_use"] = [last_use[int(k)][1] if int(k) in last_use and int(u) ==
+                     last_use[int(k)][0] else int(u)
+                     for k, u in zip(ids, t["last_use"], strict=True)]
+    return Program(out, t, program.model, program.mode)

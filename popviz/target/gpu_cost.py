@@ -42,6 +42,9 @@ def kernel_counts(ops: pd.DataFrame, cost: GpuCost) -> np.ndarray:
     backward = name.str.contains("backward").to_numpy()
     kernels = np.where(conv & ~backward, cost.conv_forward_kernels, kernels)
     kernels = np.where(conv & backward, cost.conv_backward_kernels, kernels)
+    if "conv_part" in ops:  # dgrad and wgrad as two calls (grad_parts.split_conv_backward)
+        halved = ops["conv_part"].astype(str).isin(["input", "weight"]).to_numpy()
+        kernels = np.where(conv & backward & halved, cost.conv_backward_kernels / 2, kernels)
     update = (ops["phase"].to_numpy(str) == "optimiser") & (kernels > 0)
     foreach = name.str.contains("_foreach_").to_numpy()
     # per-parameter update ops (a CPU recording) run fused on CUDA: a share of a kernel;
