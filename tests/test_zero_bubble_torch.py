@@ -156,3 +156,27 @@ def test_train_py_takes_the_gpus_and_their_stages(tmp_path: Path) -> None:
     with popviz_open(tmp_path / "p") as profile:
         assert profile.meta["options"]["schedule"] == "ZBV"
         assert profile.stages.sort_values("stage")["ipu"].tolist() == [0, 1, 1, 0]
+
+
+def test_tune_on_gpus_tries_two_stages_per_gpu() -> None:
+    """tune cuts the model into 2n balanced stages for n GPUs and tries them folded in a
+    V (ZBV) and looped (InterleavedZB, Interleaved1F1B); each such layout's flags are the
+    GPUs as --shards and 2n - 1 splits, and a compile of its options gives what tune says."""
+    from popviz.advise.tune import TWO_PER_GPU, tune
+    from popviz.compiler import compile
+    from popviz.options import Options
+    from tooling.gpu_programs import gpu_program
+
+    program = gpu_program("mlp", 64, 8)
+    base = Options(target="h100", splits=["body.2"], num_ipus=2, schedule="1F1B",
+                   gradient_accumulation=4)
+    result = tune(program, base, 2, max_compiles=40, progress=False, top=50)
+    folded = {c.schedule: c for c in [result.baseline, *result.candidates]
+              if c.schedule in TWO_PER_GPU}
+    assert set(folded) == set(TWO_PER_GPU), [c.schedule for c in result.candidates]
+    for kind, c in folded.items():
+        assert c.num_ipus == 2 and len(c.splits) == 3 and len(c.peak_bytes) == 2
+        assert f"--shards 2 --pipeline --pipeline-schedule {kind} --pipeline-splits " \
+            f"{' '.join(c.splits)}" in c.train_args()
+        again = compile(program, base.copy(splits=c.splits, schedule=kind))
+        assert again.summary["throughput"] == pytest.approx(c.throughput, rel=1e-9)

@@ -309,7 +309,8 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
             by_rc[rc].append(search.fit(current, rc, schedule, "current splits"))
     order = sorted(rcs, key=lambda rc: min(by_rc[rc], key=Candidate.key).key())
     reserve = (SCHEDULE_RESERVE if pipelined else 0) + \
-        (SELECTIVE_TRIES if gpu and options.training else 0)
+        (SELECTIVE_TRIES if gpu and options.training else 0) + \
+        (len(TWO_PER_GPU) if gpu and pipelined else 0)
     for rc in order:
         local_search(search, min(by_rc[rc], key=Candidate.key), segs, "local", reserve)
     if pipelined:
@@ -322,7 +323,23 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
                 search.fit(splits, rc, other, f"{other} schedule")
     if gpu and options.training:
         _selective(search)
+    if gpu and pipelined and 2 * n <= segs.count:  # after selective: the budget's last
+        best = _rank(list(search.fitted.values()), baseline)
+        _two_stages_per_gpu(search, segs, n, best[0].recomputation if best else False)
     return list(search.fitted.values()), notes
+
+
+# GPU schedules that run two stages on each GPU, tried on the balanced 2n-stage layout
+TWO_PER_GPU = ("ZBV", "InterleavedZB", "Interleaved1F1B")
+
+
+def _two_stages_per_gpu(search: Search, segs: Segments, n: int, rc: bool) -> None:
+    """On n GPUs, the model cut into 2n balanced stages, run two per GPU: ZB-V folded in a
+    V (GPU r: stages r and 2n - 1 - r), torch's interleaved zero-bubble and Interleaved1F1B
+    looped (GPU r: stages r and n + r); with the recomputation of the best layout."""
+    splits = segs.splits(balanced_bounds(segs, 2 * n, rc))
+    for kind in TWO_PER_GPU:
+        search.fit(splits, rc, kind, f"{kind}: 2 stages per GPU")
 
 
 SELECTIVE_TRIES = 2  # the best layouts with full recomputation tried with selective

@@ -46,8 +46,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None,
                         help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
                         "h100-pcie, h200, a100, whose schedules are 1F1B, GPipe and Zero Bubble's "
-                        "ZB1P and ZB2P, whose recomputation may be selective (attention cores "
-                        "only) and which have no AMP; default: the profile's)")
+                        "ZB1P and ZB2P, and with 2 stages per GPU ZBV, InterleavedZB and "
+                        "Interleaved1F1B, whose recomputation may be selective (attention "
+                        "cores only) and which have no AMP; default: the profile's)")
     parser.add_argument("--write", default=None, metavar="DIR", type=non_empty_path,
                         help="write the best candidate's profile to DIR (for popviz compare "
                         "and the app)")
@@ -124,7 +125,8 @@ COMMAND = Command(
     description="Re-plan the program recorded in PROFILE (a modelled profile) over --ipus "
     "IPUs: balanced split points, the highest AMP per IPU that fits, with and without "
     "recomputation, Grouped and Interleaved schedules (GPU targets: 1F1B, GPipe, ZB1P and "
-    "ZB2P). Every candidate is compiled; the "
+    "ZB2P, and 2n balanced stages on n GPUs as ZBV, InterleavedZB and Interleaved1F1B). "
+    "Every candidate is compiled; the "
     "list shows fit, throughput (total and per IPU), the ratio to the current layout, "
     "step time, idle share, cycles per stage, peak memory per IPU and the fullest tile; "
     "then, per IPU, what each AMP step (--amp-steps) trades: the conv / matmul cycles and "
