@@ -170,6 +170,7 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
         a.reset_peaks()
     # (gpu, stage, tensor) -> {micro-batch: step made}: a stage's own copy of a tensor
     live: dict[tuple[int, int, int], dict[int, int]] = defaultdict(dict)
+    sizes: dict[tuple[int, int, int, int], int] = {}  # (gpu, stage, tensor, mb) -> block
     steps = np.zeros(num_gpus, dtype=np.int64)
     rows: list[tuple] = []
     var_rows: list[tuple] = []
@@ -183,7 +184,7 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
         alloc = allocators[g]
         transient = int(step_bytes[s]) if key == "WU" else 0
         if transient:  # for the whole step, after the pipeline freed its activations
-            alloc.malloc(_handle(-1, s, -1), transient)
+            transient = alloc.malloc(_handle(-1, s, -1), transient)
             made = int(steps[g])
         for k, r in enumerate(lists.get((s, key), ())):
             step = int(steps[g])
@@ -192,7 +193,9 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
                 held = live[(g, s, ti)]
                 if mb in held:
                     continue  # a gradient accumulates into the one it has
-                alloc.malloc(_handle(ti, s, mb), int(nbytes[ti]))
+                # the block it is given: a block the allocator does not split holds more
+                # than the request, and `allocated` (the liveness) counts all of it
+                sizes[(g, s, ti, mb)] = alloc.malloc(_handle(ti, s, mb), int(nbytes[ti]))
                 held[mb] = step
             peak = alloc.allocated
             for ti in frees.get((s, key, k), ()):
@@ -200,7 +203,7 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
                 for mb in ([m] if m >= 0 and key != "WU" else list(held)):
                     if mb in held:
                         alloc.free(_handle(ti, s, mb))
-                        var_rows.append((g, names[ti], cats[ti], round_size(int(nbytes[ti])),
+                        var_rows.append((g, names[ti], cats[ti], sizes.pop((g, s, ti, mb)),
                                          held.pop(mb), step, s))
             rows.append((g, step, PHASE_OF[key], int(always[g]), int(peak - always[g]),
                          int(alloc.reserved), op_names[r], int(op_ids[r]), m, s,
@@ -209,7 +212,7 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
         if transient:
             alloc.free(_handle(-1, s, -1))
             var_rows.append((g, "optimiser step: fp32 copies of the grads", "temporary",
-                             round_size(transient), made, max(int(steps[g]) - 1, made), s))
+                             transient, made, max(int(steps[g]) - 1, made), s))
     for ti, gpus in sorted(copies.items()):
         for g in gpus:
             if 0 <= g < num_gpus and (persistent[ti] or cats[ti] == "gradient"):
@@ -217,8 +220,8 @@ def _replay(ops: pd.DataFrame, t: pd.DataFrame, allocs: dict, frees: dict, lists
                                  round_size(int(nbytes[ti])), 0, max(int(steps[g]) - 1, 0),
                                  int(tensor_stage[ti])))
     for (g, s, ti), held in live.items():  # still held at the end (gradients, outputs)
-        for first in held.values():
-            var_rows.append((g, names[ti], cats[ti], round_size(int(nbytes[ti])), first,
+        for mb, first in held.items():
+            var_rows.append((g, names[ti], cats[ti], sizes.pop((g, s, ti, mb)), first,
                              max(int(steps[g]) - 1, first), s))
     liveness = pd.DataFrame(rows, columns=["ipu", "step", "phase", "always_live_bytes",
                                            "not_always_live_bytes", "reserved_bytes", "label",
