@@ -136,13 +136,17 @@ INTERACTION_TARGET_S = 0.5  # issue 31: each interaction, 95th percentile
 LOAD_TARGET_S = 1.5  # issue 31: each page drawn, 95th percentile
 
 
-def _after(page: Any, action: Any, changed_js: str, timeout_s: float = 60) -> float:
-    """Seconds from `action()` until the value `changed_js` reads differs and the page has
-    settled (no callback running, every figure drawn)."""
+def _after(page: Any, action: Any, changed_js: str, timeout_s: float = 60,
+           every: bool = False) -> float:
+    """Seconds from `action()` until the value `changed_js` reads differs (`every`: each
+    item of the list it reads) and the page has settled (no callback running, every figure
+    drawn)."""
     before = json.dumps(page.evaluate(changed_js))
     t = time.perf_counter()
     action()
-    page.wait_for_function(f"b => JSON.stringify(({changed_js})()) != b", arg=before,
+    differs = ("(now, b) => now.every((x, i) => JSON.stringify(x) != JSON.stringify(b[i]))"
+               if every else "(now, b) => JSON.stringify(now) != JSON.stringify(b)")
+    page.wait_for_function(f"b => ({differs})(({changed_js})(), JSON.parse(b))", arg=before,
                            timeout=timeout_s * 1e3, polling=10)
     page.wait_for_function(_SETTLED, timeout=timeout_s * 1e3, polling=10)
     return time.perf_counter() - t
@@ -214,9 +218,13 @@ def time_views(page: Any, rel: str, repeat: int) -> dict[str, list[float]]:
                 best = id; size = d.value; } });
         return best; }""")
     for _ in range(repeat if top else 0):
-        out["tree zoom in"].append(_after(page, lambda: _click_tree_box(page, top), _TREE))
-        page.wait_for_timeout(800)  # Plotly's zoom animation
-        out["tree zoom out"].append(_after(page, lambda: _click_tree_box(page, top), _TREE))
+        # until the level below the clicked box is drawn: the node shown and the number
+        # of boxes (the window the server sends) both change
+        out["tree zoom in"].append(_after(page, lambda: _click_tree_box(page, top), _TREE,
+                                          every=True))
+        page.wait_for_timeout(800)
+        out["tree zoom out"].append(_after(page, lambda: _click_tree_box(page, top), _TREE,
+                                           every=True))
         page.wait_for_timeout(800)
     navigate_drawn(page, f"/trace?{q}")
     span = page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"

@@ -73,7 +73,7 @@ def stage_starts(entry: Entry) -> dict[int, str]:
     return {int(s): str(f) for s, f in zip(st["stage"], st["first_layer"], strict=True) if f}
 
 
-LEVELS = 4  # levels of boxes drawn at once: the viewed node and three below it
+LEVELS = 3  # levels of boxes drawn at once: the viewed node and two below it
 
 
 def tree(ctx: AppContext, entry: Entry, root: str = ROOT) -> Any:
@@ -169,10 +169,37 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         graph("tree-graph", tree(ctx, entry)),
         dcc.Store(id="tree-level", data=ROOT),  # the node the icicle shows
         dcc.Store(id="tree-window"),  # the next figure, drawn once Plotly's zoom is over
+        dcc.Store(id="tree-hooked"),  # set once the click hook (NO_ANIMATION) is on the plot
         html.Div(node_panel(entry, ROOT), id="tree-node"),
         downloads(entry.rel, ["ops"], list(FIGURES), words=naming(entry)),
     ])
 
+
+# Plotly animates an icicle's click-zoom for 750 ms (plotly.js sunburst/constants.js
+# CLICK_TRANSITION_TIME, not a setting), and the levels below arrive only after it. The hook
+# cancels the animation (a handler returning false), shows the level Plotly would go to at
+# once (`nextLevel`, on the levels the plot holds) and passes the click on to Dash, which
+# then sends the levels below: the zoom is drawn in one frame, the rest in one round trip.
+NO_ANIMATION = """async function(figure) {
+    let plot = null;
+    for (let i = 0; i < 100; i++) {
+        plot = document.querySelector('#tree-graph .js-plotly-plot');
+        if (plot && plot.on) { break; }
+        await new Promise(done => setTimeout(done, 50));
+    }
+    if (!plot || !plot.on || plot._popvizNoAnimation) {
+        return window.dash_clientside.no_update;
+    }
+    plot._popvizNoAnimation = true;
+    plot.on('plotly_icicleclick', function(event) {
+        if (event.nextLevel !== undefined) {
+            Plotly.restyle(plot, {level: [event.nextLevel]}, [0]);
+        }
+        plot.emit('plotly_click', {points: event.points, event: event.event});
+        return false;
+    });
+    return true;
+}"""
 
 AFTER_ZOOM = """async function(figure) {
     if (!figure) { return window.dash_clientside.no_update; }
@@ -211,7 +238,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     def pick(click: dict | None, level: str | None, search: str
              ) -> tuple[list[Any], Any, str]:
         """The clicked box's panel, and the icicle's window below the node it now shows
-        (Plotly has zoomed already, on the levels it holds; this brings the ones under)."""
+        (the hook has zoomed already, on the levels it holds; this brings the ones under)."""
         points = (click or {}).get("points") or []
         if not points or not points[0].get("id"):
             raise PreventUpdate
@@ -226,4 +253,6 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     # animation had them (a gap in the column): wait for the zoom to end
     app.clientside_callback(AFTER_ZOOM, Output("tree-graph", "figure"),
                             Input("tree-window", "data"), prevent_initial_call=True)
+    app.clientside_callback(NO_ANIMATION, Output("tree-hooked", "data"),
+                            Input("tree-graph", "figure"))
     return {"pick": pick}

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from popviz_app.pages.tree import LEVELS
 
 import popviz
 from popviz.analysis.program_tree import program_tree
@@ -207,8 +208,9 @@ def test_tree_holds_the_levels_it_shows_and_zooms_both_ways(browser_context: Any
                                                              base_url: str,
                                                              served: Path) -> None:
     """The icicle is sent the levels a view draws (a large program is slow to draw when
-    sent whole); a click brings the levels below, the view's own box and the path bar go
-    back up with the boxes beside it, and no box is left where the zoom moved it."""
+    sent whole); a click zooms at once, without Plotly's 750 ms animation, and brings the
+    levels below; the view's own box and the path bar go back up with the boxes beside
+    it, and no box is left where the zoom moved it."""
     rel = _modelled_with_ops(served)
     with popviz.open(served / rel) as profile:
         tree = program_tree(profile.ops)
@@ -216,16 +218,27 @@ def test_tree_holds_the_levels_it_shows_and_zooms_both_ways(browser_context: Any
     page, errors = _open(browser_context, f"{base_url}/tree?profile={quote(rel)}")
     page.wait_for_selector("#tree-graph g.slice")
     shown = page.evaluate(_ICICLE)
-    assert max(depth[i] for i in shown["ids"]) <= 3 < max(depth.values())
+    assert max(depth[i] for i in shown["ids"]) <= LEVELS - 1 < max(depth.values())
     top = tree[(tree["parent"] == "model") & (tree["kind"] == "module")]
     label = str(top.sort_values("cycles").iloc[-1]["id"])
+    deepest = min(depth[label] + LEVELS - 1, max(depth.values()))
+    deeper = [i for i in tree["id"] if depth[i] == deepest
+              and str(i).startswith((label + ".", label + "/"))]
+    page.wait_for_function("() => document.querySelector('#tree-graph .js-plotly-plot')"
+                           "._popvizNoAnimation === true")
+    page.evaluate("""() => { const p = document.querySelector('#tree-graph .js-plotly-plot');
+        window._animated = false; const t0 = performance.now();
+        const tick = () => { window._animated ||= !!p._transitioning;
+            if (performance.now() - t0 < 3000) requestAnimationFrame(tick); };
+        requestAnimationFrame(tick); }""")
     _click_slice(page, label)
     page.wait_for_function(f"() => ({_ICICLE})().level === {label!r} && ({_ICICLE})().ids"
-                           f".some(i => i.split('.').length > 3)", timeout=20_000)
+                           f".some(i => {deeper!r}.includes(i))", timeout=20_000)
+    assert page.evaluate("() => window._animated") is False
     below = page.evaluate(_ICICLE)["ids"]
     assert all(i in ("model", label) or i.startswith((label + ".", label + "/"))
                for i in below)
-    assert max(depth[i] for i in below) == min(depth[label] + 3, max(depth.values()))
+    assert max(depth[i] for i in below) == deepest
     # the view's own box: back up to the model, the other top-level modules back too
     _click_slice(page, label)
     page.wait_for_function(f"() => ({_ICICLE})().level === 'model' && ({_ICICLE})().ids"
