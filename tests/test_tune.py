@@ -233,6 +233,41 @@ def test_tune_is_deterministic(program, options):
     assert a == b
 
 
+def test_side_by_side_fits_give_the_same_search(program, options):
+    """With two worker processes the independent layouts (and the next moves of the local
+    search) are fitted side by side; the search takes the same path, finds the same
+    layouts and counts the same compiles as one fit after another."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    class Counted:  # the pool, counting the layouts sent to it
+        def __init__(self, pool: ProcessPoolExecutor) -> None:
+            self.pool, self.sent, self._max_workers = pool, 0, 2
+
+        def submit(self, *args):  # type: ignore[no-untyped-def]
+            self.sent += 1
+            return self.pool.submit(*args)
+
+    a = tune(program, options, 2, max_compiles=24).to_dict()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        counted = Counted(pool)
+        b = tune(program, options, 2, max_compiles=24, executor=counted).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert counted.sent >= 4 and a["compiles"] >= 8 and a == b
+
+
+def test_cli_on_a_local_dask_cluster_gives_the_same_json(recorded, capsys):
+    pytest.importorskip("distributed")
+    path, _ = recorded
+    args = ["tune", str(path), "--ipus", "2", "--json", "--no-progress", "--max-compiles", "12"]
+    assert main(args) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert main([*args, "--scheduler", "local", "--workers", "2"]) == 0
+    there = json.loads(capsys.readouterr().out)
+    here.pop("seconds"), there.pop("seconds")
+    assert here == there
+
+
 def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsys):
     path, _ = recorded
     out = tmp_path / "best"
@@ -267,6 +302,8 @@ def test_cli_json_has_the_evidence_and_writes_the_best(recorded, tmp_path, capsy
     (["--max-tile-fill", "1.5"], 2, "--max-tile-fill must be in (0, 1]"),
     (["--max-tile-fill", "0"], 2, "--max-tile-fill must be in (0, 1]"),
     (["--target", "h100", "--max-tile-fill", "0.5"], 2, "--max-tile-fill is an IPU option"),
+    (["--workers", "-1"], 2, "--workers must be >= 0, got -1"),
+    (["--scheduler", "nowhere"], 2, "--scheduler must be none, local or a scheduler's"),
 ])
 def test_cli_usage_errors(recorded, capsys, args, code, message):
     path, _ = recorded

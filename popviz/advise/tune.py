@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from popviz.advise.tune_layers import Segments, balanced_bounds, segments, split_positions
+from popviz.advise.tune_local import local_search
 from popviz.advise.tune_search import (
     Candidate,
+    Layout,
     Search,
     SearchBudget,
     candidate_options,
     layout_options,
-    local_search,
 )
 from popviz.errors import ProfileError
 from popviz.format.profile import Profile
@@ -122,12 +123,15 @@ class TuneResult:
 def tune(program: Program, options: Options, num_ipus: int | None = None, *,
          amp_ladder: tuple[float, ...] = AMP_LADDER, top: int = 5,
          max_compiles: int = DEFAULT_MAX_COMPILES, target: str | None = None,
-         progress: bool = False, max_tile_fill: float = 1.0) -> TuneResult:
+         progress: bool = False, max_tile_fill: float = 1.0,
+         executor: Any = None) -> TuneResult:
     """Search layouts of `program` over `num_ipus` IPUs (default: as `options` place it)
     and rank them; the layout of `options` is the baseline. A layout fits when no tile is
     fuller than `max_tile_fill` of its memory (below 1: headroom kept on every IPU, as
     experts balance memory; the baseline is judged the same way). Raises ValueError for an
-    impossible request (more IPUs than split names + 1, empty ladder, ...)."""
+    impossible request (more IPUs than split names + 1, empty ladder, ...). `executor` (a
+    process pool or a Dask client: `submit` and futures) fits the search's independent
+    layouts side by side; the local search's moves, each decided by the last, stay here."""
     t0 = time.perf_counter()
     ladder = _check_ladder(amp_ladder)
     if top < 1:
@@ -146,7 +150,8 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
     usable = len(split_positions(program)[0])
     if num_ipus is not None:
         _check_ipus(program, int(num_ipus), usable)
-    search = Search(program, options, target, ladder, max_compiles, progress, max_tile_fill)
+    search = Search(program, options, target, ladder, max_compiles, progress, max_tile_fill,
+                    executor)
     try:
         base_opts = options.copy(target=target)
         baseline, report = search.run(base_opts, "baseline")
@@ -301,12 +306,15 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
     schedule = first if pipelined else options.schedule
     current = list(options.splits) if len(options.splits) == n - 1 and \
         segs.bounds(list(options.splits)) is not None else None
-    by_rc: dict[bool, list[Candidate]] = {}
+    starts: list[Layout] = []
     for rc in rcs:
-        by_rc[rc] = [search.fit(segs.splits(balanced_bounds(segs, n, rc)), rc, schedule,
-                                "balanced")]
+        starts.append((segs.splits(balanced_bounds(segs, n, rc)), rc, schedule, "balanced",
+                       "full"))
         if current is not None:
-            by_rc[rc].append(search.fit(current, rc, schedule, "current splits"))
+            starts.append((current, rc, schedule, "current splits", "full"))
+    search.fit_many(starts)  # side by side with an executor; cached for the fits below
+    by_rc = {rc: [search.fit(list(s), r, sch, src) for s, r, sch, src, _ in starts
+                  if r == rc] for rc in rcs}
     order = sorted(rcs, key=lambda rc: min(by_rc[rc], key=Candidate.key).key())
     reserve = (SCHEDULE_RESERVE if pipelined else 0) + \
         (SELECTIVE_TRIES if gpu and options.training else 0) + \
@@ -318,9 +326,9 @@ def _search(search: Search, options: Options, segs: Segments, n: int,
         for c in _rank(list(search.fitted.values()), baseline):
             if (c.splits, c.recomputation) not in layouts:
                 layouts.append((c.splits, c.recomputation))
-        for other in (s for s in pair if s != schedule):
-            for splits, rc in layouts[:2]:
-                search.fit(splits, rc, other, f"{other} schedule")
+        search.fit_many([(splits, rc, other, f"{other} schedule", "full")
+                         for other in pair if other != schedule
+                         for splits, rc in layouts[:2]])
     if gpu and options.training:
         _selective(search)
     if gpu and pipelined and 2 * n <= segs.count:  # after selective: the budget's last
@@ -338,8 +346,8 @@ def _two_stages_per_gpu(search: Search, segs: Segments, n: int, rc: bool) -> Non
     V (GPU r: stages r and 2n - 1 - r), torch's interleaved zero-bubble and Interleaved1F1B
     looped (GPU r: stages r and n + r); with the recomputation of the best layout."""
     splits = segs.splits(balanced_bounds(segs, 2 * n, rc))
-    for kind in TWO_PER_GPU:
-        search.fit(splits, rc, kind, f"{kind}: 2 stages per GPU")
+    search.fit_many([(splits, rc, kind, f"{kind}: 2 stages per GPU", "full")
+                     for kind in TWO_PER_GPU])
 
 
 SELECTIVE_TRIES = 2  # the best layouts with full recomputation tried with selective
@@ -358,11 +366,11 @@ def _selective(search: Search) -> None:
         return
     full = [c for c in sorted(search.fitted.values(), key=Candidate.key)
             if c.recomputation and c.recompute_granularity == "full"]
-    for c in full[:SELECTIVE_TRIES]:
-        try:
-            search.fit(c.splits, True, c.schedule, "selective recomputation", "selective")
-        except SearchBudget:
-            return
+    try:
+        search.fit_many([(c.splits, True, c.schedule, "selective recomputation", "selective")
+                         for c in full[:SELECTIVE_TRIES]])
+    except SearchBudget:
+        return
 
 
 def _rank(found: list[Candidate], baseline: Candidate) -> list[Candidate]:

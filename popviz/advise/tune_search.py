@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from popviz.advise.tune_layers import Segments
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.vocab import naming_of
@@ -149,12 +148,18 @@ class SearchBudget(Exception):
     """The compile budget ran out."""
 
 
+# one layout to fit: splits, recomputation, schedule, source, recompute granularity
+Layout = tuple[list[str], bool, str, str, str]
+
+
 class Search:
-    """Compiles layouts (cached, counted against the budget) and fits AMP per IPU."""
+    """Compiles layouts (cached, counted against the budget) and fits AMP per IPU.
+    `executor` (anything with `submit(fn, *args)` returning a future with `result()`: a
+    process pool, a Dask client) fits independent layouts side by side (`fit_many`)."""
 
     def __init__(self, program: Program, base: Options, target: str,
                  ladder: tuple[float, ...], max_compiles: int, progress: bool,
-                 max_tile_fill: float = 1.0) -> None:
+                 max_tile_fill: float = 1.0, executor: Any = None) -> None:
         from popviz.compiler import compile as compile_program
 
         self.compile = compile_program
@@ -166,6 +171,59 @@ class Search:
         self.cache: dict[tuple, Candidate] = {}
         self.fitted: dict[tuple, Candidate] = {}
         self.bar = _progress_bar(max_compiles, progress)
+        self.executor = executor
+        self._shipped: Any = None  # the program as the executor holds it (Dask: scattered)
+        self._compiles: dict[tuple, int] = {}  # compiles of each layout fitted apart
+
+    @property
+    def width(self) -> int:
+        """How many layouts the executor fits at once (1 without one)."""
+        if self.executor is None:
+            return 1
+        workers = getattr(self.executor, "_max_workers", None)  # a process pool
+        if workers is None and hasattr(self.executor, "scheduler_info"):  # a Dask client
+            workers = sum(w.get("nthreads", 1) for w in
+                          self.executor.scheduler_info()["workers"].values())
+        return max(1, int(workers or 1))
+
+    def fit_many(self, layouts: list[Layout]) -> list[Candidate | None]:
+        """`fit` of each layout; with an executor, the ones not fitted yet side by side,
+        each in a worker with what is left of the budget, their compiles counted here as
+        they come back (a batch can pass the budget by the compiles of its own fits; the
+        search stops after it). The same candidates as one `fit` after another."""
+        todo = [lay for lay in dict.fromkeys(
+            (tuple(s), rc, sch, src, g) for s, rc, sch, src, g in layouts)
+            if (lay[0], lay[1], lay[2], lay[4]) not in self.fitted]
+        self._compiles = {}  # this batch's alone: `forget` drops only what it fitted
+        if self.executor is None or len(todo) < 2:
+            out: list[Candidate | None] = []
+            for s, rc, sch, src, g in layouts:
+                key, before = (tuple(s), rc, sch, g), self.count
+                fresh = key not in self.fitted
+                out.append(self.fit(list(s), rc, sch, src, g))
+                if fresh:
+                    self._compiles[key] = self.count - before
+            return out
+        # (the same order as one `fit` after another: None where the budget ran out)
+        if self.count >= self.max:
+            raise SearchBudget
+        if self._shipped is None:
+            scatter = getattr(self.executor, "scatter", None)  # Dask: send it once
+            self._shipped = scatter(self.program, broadcast=True) if scatter else self.program
+        left = self.max - self.count
+        futures = [self.executor.submit(_fit_apart, self._shipped, self.base, self.target,
+                                        self.ladder, left, self.fill_limit, self.n,
+                                        (list(s), rc, sch, src, g))
+                   for s, rc, sch, src, g in todo]
+        for (s, rc, sch, _, g), future in zip(todo, futures, strict=True):
+            candidate, compiles = future.result()
+            self.count += compiles
+            if self.bar is not None:
+                self.bar.update(compiles)
+            if candidate is not None:
+                self.fitted[(s, rc, sch, g)] = candidate
+                self._compiles[(s, rc, sch, g)] = compiles
+        return [self.fitted.get((tuple(s), rc, sch, g)) for s, rc, sch, _, g in layouts]
 
     def run(self, options: Options, source: str) -> tuple[Candidate, Any]:
         if self.count >= self.max:
@@ -184,6 +242,16 @@ class Search:
                                      self.blocks, granularity)
             self.cache[key] = self.run(options, source)[0]
         return self.cache[key]
+
+    def forget(self, layouts: list[Layout]) -> None:
+        """Drop layouts the last `fit_many` fitted apart that a search one at a time would
+        not have fitted (moves after the one taken), with their compiles: the search's
+        result and count stay those of one fit after another."""
+        for s, rc, sch, _, g in layouts:
+            key = (tuple(s), rc, sch, g)
+            if key in self._compiles:
+                self.count -= self._compiles.pop(key)
+                self.fitted.pop(key, None)
 
     def fit(self, splits: list[str], rc: bool, schedule: str, source: str,
             granularity: str = "full") -> Candidate:
@@ -242,6 +310,20 @@ class Search:
             self.bar.close()
 
 
+def _fit_apart(program: Program, base: Options, target: str, ladder: tuple[float, ...],
+               budget: int, fill_limit: float, n: int, layout: Layout
+               ) -> tuple[Candidate | None, int]:
+    """One layout fitted in a worker (`Search.fit_many`): its candidate (None when the
+    budget ran out first) and the compiles it took."""
+    search = Search(program, base, target, ladder, budget, False, fill_limit)
+    search.n = n
+    splits, rc, schedule, source, granularity = layout
+    try:
+        return search.fit(splits, rc, schedule, source, granularity), search.count
+    except SearchBudget:
+        return None, search.count
+
+
 def _progress_bar(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
@@ -288,49 +370,3 @@ def _candidate(report: Report, options: Options, source: str,
         stage_cycles=[int(x) for x in per_mb],
         peak_bytes=[int(peak.get(str(i), 0)) for i in range(n)],
         max_tile_fill=[round(float(x), 6) for x in fill], amp_ignored=int(s["amp_ignored"]))
-
-
-def _better(new: Candidate, old: Candidate) -> bool:
-    return new.key() < old.key() and (not new.fits or not old.fits
-                                      or new.throughput > old.throughput * (1 + 1e-9))
-
-
-def _moves(c: Candidate, last: tuple[int, int] | None) -> list[tuple[int, int]]:
-    """(split index, +-1) moves: the last successful move again, then those shrinking
-    the out-of-memory or bottleneck stage (stage b starts at split b-1 and ends before
-    split b), then every other."""
-    k = len(c.splits)
-    first = [last] if last else []
-    if c.num_ipus > 1:
-        focus = c.oom_ipus[0] if c.oom_ipus else int(np.argmax(c.stage_cycles))
-        first += [(focus - 1, +1), (focus, -1)]
-    every = [(i, d) for i in range(k) for d in (-1, +1)]
-    return [m for m in first + every if 0 <= m[0] < k]
-
-
-def local_search(search: Search, start: Candidate, segs: Segments, source: str,
-                  reserve: int) -> Candidate:
-    cur = start
-    bounds = segs.bounds(cur.splits)
-    if bounds is None:
-        return cur
-    improved, last = True, None
-    while improved and search.count < search.max - reserve:
-        improved = False
-        tried = set()
-        for i, d in _moves(cur, last):
-            if (i, d) in tried or search.count >= search.max - reserve:
-                continue
-            tried.add((i, d))
-            b = list(bounds)
-            b[i] += d
-            lo = b[i - 1] if i else 0
-            hi = b[i + 1] if i + 1 < len(b) else segs.count
-            if not lo < b[i] < hi:
-                continue
-            c = search.fit(segs.splits(b), cur.recomputation, cur.schedule, source,
-                           cur.recompute_granularity)
-            if _better(c, cur):
-                cur, bounds, improved, last = c, b, True, (i, d)
-                break
-    return cur

@@ -4,8 +4,11 @@ to use, each candidate with its modelled evidence (see docs/tune.md); reporters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from popviz.argtypes import non_empty_path, positive_int
 from popviz.cli.command import EXIT_OK, Command, UsageError, emit
@@ -17,6 +20,9 @@ if TYPE_CHECKING:
 
     from popviz.options import Options
     from popviz.recorder.program import Program
+
+SCHEDULER = re.compile(r"^(none|local|(tcp|tls|ucx)://\S+)$")
+
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     from popviz.advise.tune import AMP_LADDER, DEFAULT_MAX_COMPILES
@@ -58,6 +64,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="let --write / --write-now replace a profile already there "
                         "(default: refuse before tuning); never PROFILE itself")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="fit the search's independent layouts in N worker processes "
+                        "side by side (0: one per CPU; default 1: one after another here); "
+                        "the result is the same, sooner on idle cores")
+    parser.add_argument("--scheduler", default="none", metavar="WHERE",
+                        help="fit them on a Dask cluster instead (the dask extra): 'local' "
+                        "(one started here with --workers processes, 0 or 1: one per CPU) "
+                        "or a running scheduler's address (tcp://HOST:PORT), whose workers "
+                        "need popviz installed; 'none' (default): --workers decides")
     parser.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object")
     parser.add_argument("--no-progress", action="store_true",
@@ -88,20 +103,49 @@ def _check_writes(args: argparse.Namespace) -> None:
                          "profile would replace the first; give two places")
 
 
+@contextlib.contextmanager
+def _executor(scheduler: str, workers: int) -> Iterator[Any]:
+    """What fits layouts side by side: None (here, one after another), a pool of worker
+    processes (--workers), or a Dask client (--scheduler)."""
+    if scheduler != "none":
+        from popviz.ingest.import_dask import dask_client
+
+        with dask_client(scheduler, workers if workers > 1 else 0) as client:
+            yield client
+        return
+    count = workers if workers > 0 else os.cpu_count() or 1
+    if count <= 1:
+        yield None
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawned: a forked child would share this process's torch threads and locks
+    with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.advise.tune import load_program, tune
     from popviz.analysis.amp import amp_steps
 
     if any(not 0 < a <= 1 for a in args.amp_steps):
         raise ValueError("--amp-steps: every value must be in (0, 1]")
+    if args.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {args.workers}")
+    if not SCHEDULER.match(args.scheduler):
+        raise UsageError(f"--scheduler must be none, local or a scheduler's address "
+                         f"(tcp://HOST:PORT), got {args.scheduler!r}")
     _check_writes(args)  # before minutes of tuning, not after
     with open_vetted(args.profile, vet=not args.no_vet) as profile:  # as summary does
         program, options = load_program(profile)
         stored = float((profile.summary or {}).get("throughput") or 0.0)
         steps = amp_steps(profile.ops, profile.meta, tuple(args.amp_steps))
-    result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
-                  top=args.top, max_compiles=args.max_compiles, target=args.target,
-                  progress=not args.no_progress, max_tile_fill=args.max_tile_fill)
+    with _executor(args.scheduler, args.workers) as executor:
+        result = tune(program, options, args.ipus, amp_ladder=tuple(args.amp_ladder),
+                      top=args.top, max_compiles=args.max_compiles, target=args.target,
+                      progress=not args.no_progress, max_tile_fill=args.max_tile_fill,
+                      executor=executor)
     if args.target is None and stored and abs(result.baseline.throughput - stored) > \
             SAME * stored:
         result.notes.append(f"the profile stores {stored:,.0f} samples/s but its layout "

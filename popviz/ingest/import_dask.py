@@ -12,10 +12,11 @@ an optional package: the `dask` extra.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,43 @@ def choose_scheduler(scheduler: str, traces: int) -> str | None:
     return scheduler
 
 
+@contextlib.contextmanager
+def dask_client(scheduler: str, workers: int = 0, tasks: int = 0) -> Iterator[Any]:
+    """A Dask client of `scheduler` ("local": a cluster started here with `workers`
+    processes, 0: one per CPU, at most `tasks` when given, stopped after; else a running
+    scheduler's address), with at least one worker. A missing Dask, or a scheduler that
+    does not answer, is a one-line ProfileError."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ProfileError("--scheduler needs Dask's distributed scheduler: pip install "
+                           "'popviz[dask]' (or dask[distributed])") from None
+    cluster: Any = None
+    client: Any = None
+    try:
+        try:
+            if scheduler == LOCAL:
+                count = workers if workers > 0 else os.cpu_count() or 1
+                count = min(count, tasks) if tasks > 0 else count
+                cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
+                                       processes=True, dashboard_address=None,
+                                       silence_logs=logging.ERROR)
+                client = Client(cluster, set_as_default=False)
+            else:
+                client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
+            # a scheduler with no workers would take the work and never do it
+            client.wait_for_workers(1, timeout=CONNECT_SECONDS)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ProfileError(f"no Dask scheduler with workers answers at {scheduler}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
+        yield client
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+
 def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
                     progress: Callable[[int, int, RankPart], None] | None = None
                     ) -> list[RankPart]:
@@ -65,34 +103,10 @@ def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
     error is its ProfileError; a worker that dies, a scheduler that does not answer or a
     missing Dask is a ProfileError too, and nothing is kept. A running cluster has its
     own workers: `workers` is for a local one."""
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise ProfileError("--scheduler needs Dask's distributed scheduler: pip install "
-                           "'popviz[dask]' (or dask[distributed])") from None
-    cluster: Any = None
-    client: Any = None
-    try:
-        try:
-            if scheduler == LOCAL:
-                count = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
-                cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
-                                       processes=True, dashboard_address=None,
-                                       silence_logs=logging.ERROR)
-                client = Client(cluster, set_as_default=False)
-            else:
-                client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
-            # a scheduler with no workers would take the ranks and never parse them
-            client.wait_for_workers(1, timeout=CONNECT_SECONDS)
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise ProfileError(f"no Dask scheduler with workers answers at {scheduler}: "
-                               f"{' '.join(str(exc).split())[:300]}") from None
+    with dask_client(scheduler, workers, len(paths)) as client:
+        from distributed import as_completed  # there: dask_client says when it is missing
+
         return _gather(client, paths, as_completed, progress)
-    finally:
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
 
 
 def _gather(client: Any, paths: list[PathLike], as_completed: Any,
@@ -131,4 +145,4 @@ def _gather(client: Any, paths: list[PathLike], as_completed: Any,
 
 
 __all__ = ["AUTO_MIN_CPUS", "AUTO_MIN_TRACES", "LOCAL", "choose_scheduler", "dask_available",
-           "dask_rank_parts"]
+           "dask_client", "dask_rank_parts"]
