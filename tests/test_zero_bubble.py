@@ -45,6 +45,18 @@ def _makespan(actions: pd.DataFrame, p: int, split: bool, f: float = 1.0, b: flo
     return float(free.max())
 
 
+def check_dependencies(actions: pd.DataFrame, n: int, m: int) -> None:
+    """Every micro-batch's F before its input gradient B before its W on each of the `n`
+    stages; a forward after the previous stage's, an input gradient after the next's."""
+    k = actions.set_index(["pass", "stage", "microbatch"])["superstep"]
+    for st in range(n):
+        for mb in range(m):
+            assert k[("F", st, mb)] < k[("B", st, mb)] < k[("W", st, mb)]
+            if st:
+                assert k[("F", st - 1, mb)] < k[("F", st, mb)]
+                assert k[("B", st, mb)] < k[("B", st - 1, mb)]
+
+
 @pytest.mark.parametrize("kind", sorted(PAPER))
 @pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 5), (4, 8), (8, 3), (8, 24)])
 def test_every_action_once_and_after_what_it_needs(kind: str, p: int, m: int) -> None:
@@ -54,13 +66,7 @@ def test_every_action_once_and_after_what_it_needs(kind: str, p: int, m: int) ->
     for ps in "FBW":
         mine = a[a["pass"] == ps]
         assert len(mine) == p * m and not mine.duplicated(["stage", "microbatch"]).any()
-    k = a.set_index(["pass", "stage", "microbatch"])["superstep"]
-    for st in range(p):
-        for mb in range(m):
-            assert k[("F", st, mb)] < k[("B", st, mb)] < k[("W", st, mb)]
-            if st:
-                assert k[("F", st - 1, mb)] < k[("F", st, mb)]
-                assert k[("B", st, mb)] < k[("B", st - 1, mb)]
+    check_dependencies(a, p, m)
     # one action per stage per superstep, and the weight update after every W
     assert not a.duplicated(["superstep", "stage"]).any()
     wu = s.actions[s.actions["pass"] == "WU"]

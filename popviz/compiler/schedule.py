@@ -23,6 +23,7 @@ from popviz.compiler.schedule_zb import (
     PassTimes,
     interleaved_zb_orders,
     paper_orders,
+    torch_round,
     zbv_orders,
 )
 
@@ -116,12 +117,7 @@ def _megatron_interleaved(n: int, m: int, ranks: int) -> list[tuple[int, int, in
     §6a, §6b). The ranks' lists are merged into supersteps: an action runs once the
     actions it needs ran in an earlier one."""
     p, v = ranks, n // ranks
-    rounds = max(1, m // p)
-    if m % rounds:
-        raise ValueError(f"Interleaved1F1B over {p} GPUs needs micro-batches divisible by "
-                         f"{rounds} (torch.distributed.pipelining groups them m // "
-                         f"max(1, m // GPUs) at a time), got {m}")
-    group = m // rounds
+    group = torch_round(p, m, "Interleaved1F1B")
     table = [(b, c) for g in range(0, m, group) for c in range(v)
              for b in range(g, g + group)]
     seqs: list[list[Action]] = []

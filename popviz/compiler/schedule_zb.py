@@ -47,6 +47,18 @@ class PassTimes:
     weight_share: np.ndarray
 
 
+def torch_round(p: int, m: int, kind: str) -> int:
+    """Micro-batches per round of torch's interleaved schedules (`_get_warmup_ops`'s
+    microbatches_per_round: m // max(1, m // p)); a ValueError when m does not split into
+    whole rounds, which torch refuses too."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ValueError(f"{kind} over {p} GPUs needs micro-batches divisible by {rounds} "
+                         f"(torch.distributed.pipelining groups them m // max(1, m // "
+                         f"GPUs) at a time), got {m}")
+    return m // rounds
+
+
 def stage_gpus(kind: str, stages: int, gpus: int) -> np.ndarray:
     """The GPU each stage runs on: looped (stage s on s mod gpus) for the interleaved
     schedules, a V for ZBV (stages r and 2 gpus - 1 - r on GPU r, so the last stage sits
@@ -141,12 +153,7 @@ def interleaved_zb_orders(p: int, v: int, m: int) -> list[list[Action]]:
     forwards, then a forward and an input gradient in turn, then the remaining input
     gradients; from its (r + 1)-th input gradient on, each is followed by the weight
     gradient of the oldest one not yet run, and the rest of the W close the step."""
-    rounds = max(1, m // p)
-    if m % rounds:
-        raise ValueError(f"InterleavedZB over {p} GPUs needs micro-batches divisible by "
-                         f"{rounds} (torch groups them m // max(1, m // GPUs) at a time), "
-                         f"got {m}")
-    per_round = m // rounds
+    per_round = torch_round(p, m, "InterleavedZB")
     total = v * m
     orders = []
     for r in range(p):
