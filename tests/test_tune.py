@@ -256,6 +256,50 @@ def test_side_by_side_fits_give_the_same_search(program, options):
     assert counted.sent >= 4 and a["compiles"] >= 8 and a == b
 
 
+class InProcess:
+    """An executor that runs each job at once here, in a fresh Search as a worker does:
+    the side-by-side path without processes."""
+
+    def __init__(self, width: int, broken: bool = False) -> None:
+        self._max_workers, self.sent, self.broken = width, 0, broken
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+        from concurrent.futures.process import BrokenProcessPool
+
+        self.sent += 1
+        future: Future = Future()
+        if self.broken:
+            future.set_exception(BrokenProcessPool("a process in the pool was terminated"))
+        else:
+            future.set_result(fn(*args))
+        return future
+
+
+@pytest.mark.parametrize("budget", [2, 4, 8, 24])
+@pytest.mark.parametrize("layout", ["four", "current is balanced"])
+def test_side_by_side_stops_at_the_budget_where_one_at_a_time_does(program, options,
+                                                                   budget, layout):
+    """At every budget the same layouts, compiles and best (a batch runs side by side only
+    when the budget holds all of it; moves after the one taken are forgotten), also when
+    the current splits are the balanced ones (one layout under two names: fitted once)."""
+    if layout != "four":
+        options = options.copy(splits=["b3/0"], num_ipus=2, available_memory_proportion={})
+    a = tune(program, options, 2, max_compiles=budget).to_dict()
+    executor = InProcess(3)
+    b = tune(program, options, 2, max_compiles=budget, executor=executor).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+    assert executor.sent > 0 or budget < 24  # (a small budget holds no batch)
+
+
+def test_a_worker_that_dies_is_one_line(program, options):
+    with pytest.raises(ProfileError) as err:
+        tune(program, options, 2, max_compiles=24, executor=InProcess(2, broken=True))
+    assert "a tune worker failed" in str(err.value) and "BrokenProcessPool" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+
+
 def test_cli_on_a_local_dask_cluster_gives_the_same_json(recorded, capsys):
     pytest.importorskip("distributed")
     path, _ = recorded

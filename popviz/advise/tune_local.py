@@ -47,17 +47,24 @@ def local_search(search: Search, start: Candidate, segs: Segments, source: str,
             hi = b[i + 1] if i + 1 < len(b) else segs.count
             if lo < b[i] < hi and (i, d) not in dict(moved):
                 moved.append(((i, d), b))
-        # first improvement, in the moves' order; with an executor the next `width` moves
-        # are fitted side by side and the first better one taken, as one at a time would
-        for at in range(0, len(moved), search.width):
-            if search.count >= search.max - reserve:
-                break
-            chunk = moved[at:at + search.width]
+        # first improvement, in the moves' order; with an executor the next moves the
+        # budget holds at their most are fitted side by side and the first better one is
+        # taken, the others forgotten: the path and count of one move at a time
+        at = 0
+        while at < len(moved) and search.count < search.max - reserve:
+            room = search.max - reserve - search.count
+            size = max(1, min(search.width, room // max(1, len(search.ladder))))
+            chunk, at = moved[at:at + size], at + size
             layouts: list[Layout] = [(segs.splits(b), cur.recomputation, cur.schedule, source,
                                       cur.recompute_granularity) for _, b in chunk]
-            found = search.fit_many(layouts)
-            taken = next(((k, c) for k, c in enumerate(found)
-                          if c is not None and _better(c, cur)), None)
+            found = search.fit_many(layouts, limit=search.max - reserve)
+            taken = None
+            for k, c in enumerate(found):
+                if c is None:  # the budget's end, where one at a time stops too
+                    return cur
+                if _better(c, cur):
+                    taken = (k, c)
+                    break
             if taken is not None:
                 search.forget(layouts[taken[0] + 1:])
                 (last, bounds), cur = chunk[taken[0]], taken[1]

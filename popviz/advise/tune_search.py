@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from popviz.errors import ProfileError
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.vocab import naming_of
@@ -186,43 +187,58 @@ class Search:
                           self.executor.scheduler_info()["workers"].values())
         return max(1, int(workers or 1))
 
-    def fit_many(self, layouts: list[Layout]) -> list[Candidate | None]:
-        """`fit` of each layout; with an executor, the ones not fitted yet side by side,
-        each in a worker with what is left of the budget, their compiles counted here as
-        they come back (a batch can pass the budget by the compiles of its own fits; the
-        search stops after it). The same candidates as one `fit` after another."""
-        todo = [lay for lay in dict.fromkeys(
-            (tuple(s), rc, sch, src, g) for s, rc, sch, src, g in layouts)
-            if (lay[0], lay[1], lay[2], lay[4]) not in self.fitted]
+    def fit_many(self, layouts: list[Layout], limit: int | None = None
+                 ) -> list[Candidate | None]:
+        """`fit` of each layout, in order. With an executor, the ones not fitted yet go
+        side by side, each to a worker, when the budget (`limit`: the compiles the caller
+        may spend in all, default `max`) holds every one of them at its most (a fit
+        compiles at most once per AMP rung); else one after another here. Either way the
+        same candidates, compiles and budget stops: past `max`, SearchBudget as `fit`
+        raises it; past a `limit` given, None for that layout and the ones after it."""
+        stop_at_limit = limit is not None
+        limit = self.max if limit is None else limit
+        todo: dict[tuple, Layout] = {}  # a layout twice (another source): fitted once
+        for s, rc, sch, src, g in layouts:
+            key = (tuple(s), rc, sch, g)
+            if key not in self.fitted and key not in todo:
+                todo[key] = (list(s), rc, sch, src, g)
         self._compiles = {}  # this batch's alone: `forget` drops only what it fitted
-        if self.executor is None or len(todo) < 2:
+        room = limit - self.count
+        if self.executor is None or len(todo) < 2 or len(todo) * len(self.ladder) > room:
             out: list[Candidate | None] = []
             for s, rc, sch, src, g in layouts:
                 key, before = (tuple(s), rc, sch, g), self.count
                 fresh = key not in self.fitted
+                if fresh and self.count >= limit and stop_at_limit:
+                    out += [None] * (len(layouts) - len(out))
+                    return out
                 out.append(self.fit(list(s), rc, sch, src, g))
                 if fresh:
                     self._compiles[key] = self.count - before
             return out
-        # (the same order as one `fit` after another: None where the budget ran out)
-        if self.count >= self.max:
-            raise SearchBudget
         if self._shipped is None:
             scatter = getattr(self.executor, "scatter", None)  # Dask: send it once
             self._shipped = scatter(self.program, broadcast=True) if scatter else self.program
-        left = self.max - self.count
         futures = [self.executor.submit(_fit_apart, self._shipped, self.base, self.target,
-                                        self.ladder, left, self.fill_limit, self.n,
-                                        (list(s), rc, sch, src, g))
-                   for s, rc, sch, src, g in todo]
-        for (s, rc, sch, _, g), future in zip(todo, futures, strict=True):
-            candidate, compiles = future.result()
+                                        self.ladder, room, self.fill_limit, self.n, layout)
+                   for layout in todo.values()]
+        try:
+            results = [f.result() for f in futures]
+        except Exception as exc:  # a worker that died: one line, as imports say it
+            for f in futures:
+                f.cancel()
+            if isinstance(exc, SearchBudget):
+                raise
+            raise ProfileError(f"a tune worker failed while it fitted a layout "
+                               f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                               "nothing was written") from None
+        for key, (candidate, compiles) in zip(todo, results, strict=True):
             self.count += compiles
             if self.bar is not None:
                 self.bar.update(compiles)
             if candidate is not None:
-                self.fitted[(s, rc, sch, g)] = candidate
-                self._compiles[(s, rc, sch, g)] = compiles
+                self.fitted[key] = candidate
+                self._compiles[key] = compiles
         return [self.fitted.get((tuple(s), rc, sch, g)) for s, rc, sch, _, g in layouts]
 
     def run(self, options: Options, source: str) -> tuple[Candidate, Any]:
@@ -250,8 +266,14 @@ class Search:
         for s, rc, sch, _, g in layouts:
             key = (tuple(s), rc, sch, g)
             if key in self._compiles:
-                self.count -= self._compiles.pop(key)
+                dropped = self._compiles.pop(key)
+                self.count -= dropped
                 self.fitted.pop(key, None)
+                for k in [k for k in self.cache  # its AMP rungs, if it was fitted here
+                          if (k[0], k[2], k[3], k[4]) == key]:
+                    del self.cache[k]
+                if self.bar is not None:
+                    self.bar.update(-dropped)
 
     def fit(self, splits: list[str], rc: bool, schedule: str, source: str,
             granularity: str = "full") -> Candidate:

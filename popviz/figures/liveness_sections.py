@@ -149,6 +149,8 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
     points: dict[str, int] = {}
     drawn_bands = 0
     band_shapes: list[dict[str, object]] = []
+    band_notes: list[dict[str, object]] = []  # the bands' labels, added at once too
+    axes: dict[str, dict[str, object]] = {}  # each panel's x and y axis
     for row, ipu in enumerate(ipus, start=1):
         lo, hi = spans[ipu]
         g = layers[layers["ipu"] == ipu].sort_values("step")
@@ -191,11 +193,10 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                             shown["first_step"].tolist(), shown["last_step"].tolist(),
                             shown["phase"].tolist(), strict=True)]
         drawn_bands += len(shown)
-        for x_label, text in band_labels(mine, lo, hi, pixels):
-            fig.add_annotation(
-                x=x_label, y=0.99, xref=f"x{row if row > 1 else ''}",
-                yref=f"y{row if row > 1 else ''} domain", yanchor="top", text=text,
-                showarrow=False, font={"size": 10, "color": "#444"}, name="band-label")
+        band_notes += [{"x": x_label, "y": 0.99, "xref": f"x{axis}", "yref": f"y{axis} domain",
+                        "yanchor": "top", "text": text, "showarrow": False,
+                        "font": {"size": 10, "color": "#444"}, "name": "band-label"}
+                       for x_label, text in band_labels(mine, lo, hi, pixels)]
         bp = bumps[(bumps["ipu"] == ipu) & (bumps["step"] >= lo) & (bumps["step"] <= hi)] \
             if len(bumps) else bumps
         if len(bp):
@@ -247,14 +248,19 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
                                  ipu]],
                     hovertemplate=f"peak · %{{customdata[0]}}<br>%{{y:,.1f}} MiB in all"
                     f"<extra>{dev}</extra>"), row=row, col=1)
-        fig.update_xaxes(range=[lo, hi], row=row, col=1)
+        axes[f"xaxis{axis}"] = {"range": [lo, hi]}  # set at once below, as the shapes
         if capacity_bytes and cap_on:
-            fig.add_hline(y=capacity_bytes / MiB, line={"color": CAPACITY_COLOUR,
-                                                        "dash": "dash", "width": 1.5},
-                          row=row, col=1)
-        fig.update_yaxes(title_text="MiB", range=[y0 / MiB, y1 / MiB], row=row, col=1)
+            band_shapes.append({"type": "line", "xref": f"x{axis} domain", "x0": 0, "x1": 1,
+                                "yref": f"y{axis}", "y0": capacity_bytes / MiB,
+                                "y1": capacity_bytes / MiB,
+                                "line": {"color": CAPACITY_COLOUR, "dash": "dash",
+                                         "width": 1.5}})
+        axes[f"yaxis{axis}"] = {"title": {"text": "MiB"}, "range": [y0 / MiB, y1 / MiB]}
+    fig.update_layout(axes)  # per panel: one update, not a scan of every axis per panel
     if band_shapes:
         fig.update_layout(shapes=[*fig.layout.shapes, *band_shapes])
+    if band_notes:  # one list: add_annotation per label re-validates every one so far
+        fig.update_layout(annotations=[*fig.layout.annotations, *band_notes])
     if capacity_bytes:
         cap_text = f"{naming.device} capacity ({capacity_bytes / MiB:,.0f} MiB)"
         if cap_on:

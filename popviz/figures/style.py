@@ -63,6 +63,15 @@ def base_layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
+def add_row_lines(fig: go.Figure, lines: list[tuple[float, str]]) -> None:
+    """Horizontal lines across the plot at (y, colour), added as one list: `add_hline`
+    per line re-validates every shape so far (511 lines between a 128-rank job's lanes
+    took 160 s)."""
+    fig.layout.shapes = (*fig.layout.shapes, *(
+        {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": y,
+         "y1": y, "line": {"color": colour, "width": 1}} for y, colour in lines))
+
+
 def empty_figure(message: str, title: str = "") -> go.Figure:
     """A figure that says why there is nothing to draw (never blank axes)."""
     fig = go.Figure()

@@ -22,6 +22,7 @@ from popviz.figures.style import (
     CATEGORY_COLOURS,
     CATEGORY_NAMES,
     WEIGHT_GRAD_COLOUR,
+    add_row_lines,
     base_layout,
     empty_figure,
 )
@@ -356,9 +357,8 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                              "fixedrange": True, "showgrid": False, "zeroline": False,
                              "tickfont": {"size": 10}})
     # a thin line between devices
-    for r, (ipu, _lane) in enumerate(lanes):
-        if r and lanes[r - 1][0] != ipu:
-            fig.add_hline(y=r - 0.5, line={"color": "#999", "width": 1})
+    add_row_lines(fig, [(r - 0.5, "#999") for r, (ipu, _lane) in enumerate(lanes)
+                        if r and lanes[r - 1][0] != ipu])
     detail = (f"{visible:,} events" if view.mode == "events"
               else f"{visible:,} events in {pixels} buckets per lane")
     base_layout(fig, f"{title} ({'flat' if flat else 'flame'}) · {detail}", height=height)

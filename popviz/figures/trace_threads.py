@@ -30,7 +30,13 @@ from popviz.analysis.trace_threads import (
     visible_links,
 )
 from popviz.figures.lod import CATEGORIES, category_codes
-from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, base_layout, empty_figure
+from popviz.figures.style import (
+    CATEGORY_COLOURS,
+    CATEGORY_NAMES,
+    add_row_lines,
+    base_layout,
+    empty_figure,
+)
 from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
 from popviz.format.schema import OPTIONAL_COLUMNS
 from popviz.vocab import MEASURED, Naming
@@ -399,11 +405,11 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))), ticktext=labels,
                      range=[len(rows) - 0.5, -0.5], fixedrange=True, showgrid=False,
                      zeroline=False, tickfont={"size": 10}, automargin=True)
-    for k in range(1, len(rows)):  # a line between ranks, a lighter one between lanes
-        if rows[k].ipu != rows[k - 1].ipu or rows[k].lane != rows[k - 1].lane or \
-                rows[k].key != rows[k - 1].key:
-            colour = "#999" if rows[k].ipu != rows[k - 1].ipu else "#ddd"
-            fig.add_hline(y=k - 0.5, line={"color": colour, "width": 1})
+    # a line between ranks, a lighter one between lanes
+    add_row_lines(fig, [(k - 0.5, "#999" if rows[k].ipu != rows[k - 1].ipu else "#ddd")
+                        for k in range(1, len(rows))
+                        if rows[k].ipu != rows[k - 1].ipu or rows[k].lane != rows[k - 1].lane
+                        or rows[k].key != rows[k - 1].key])
     detail = (f"{total:,} slices and events" if view == "events" else
               f"{total:,} slices and events, short ones merged per pixel")
     base_layout(fig, f"{title} ({mode}) · {detail}", height=150 + ROW_PX * len(rows))
