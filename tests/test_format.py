@@ -269,11 +269,12 @@ def test_killed_writer_leaves_no_profile(tmp_path: Path) -> None:
         out_dir = tmp_path / "out"
         if out_dir.exists() and any(schema.TEMP_MARKER in p.name for p in out_dir.iterdir()):
             break
-        time.sleep(0.02)
+        time.sleep(0.005)
     else:
         proc.kill()
         pytest.fail("writer never started its temporary file")
-    time.sleep(0.3)
+    # at once: the writer builds the file in memory and only then writes the temporary
+    # one (290 MB here, a few hundred ms), so a pause here could let it finish first
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     leftovers = list((tmp_path / "out").iterdir())
