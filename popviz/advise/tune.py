@@ -131,7 +131,8 @@ def tune(program: Program, options: Options, num_ipus: int | None = None, *,
     experts balance memory; the baseline is judged the same way). Raises ValueError for an
     impossible request (more IPUs than split names + 1, empty ladder, ...). `executor` (a
     process pool or a Dask client: `submit` and futures) fits the search's independent
-    layouts side by side; the local search's moves, each decided by the last, stay here."""
+    layouts, and the local search's next moves, side by side (`Search.fit_many`), with
+    the result of one fit after another."""
     t0 = time.perf_counter()
     ladder = _check_ladder(amp_ladder)
     if top < 1:

@@ -40,12 +40,12 @@ def local_search(search: Search, start: Candidate, segs: Segments, source: str,
     while improved and search.count < search.max - reserve:
         improved = False
         moved: list[tuple[tuple[int, int], list[int]]] = []
-        for i, d in _moves(cur, last):
+        for i, d in dict.fromkeys(_moves(cur, last)):  # each move once, in order
             b = list(bounds)
             b[i] += d
             lo = b[i - 1] if i else 0
             hi = b[i + 1] if i + 1 < len(b) else segs.count
-            if lo < b[i] < hi and (i, d) not in dict(moved):
+            if lo < b[i] < hi:
                 moved.append(((i, d), b))
         # first improvement, in the moves' order; with an executor the next moves the
         # budget holds at their most are fitted side by side and the first better one is

@@ -227,8 +227,6 @@ class Search:
         except Exception as exc:  # a worker that died: one line, as imports say it
             for f in futures:
                 f.cancel()
-            if isinstance(exc, SearchBudget):
-                raise
             raise ProfileError(f"a tune worker failed while it fitted a layout "
                                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                                "nothing was written") from None
