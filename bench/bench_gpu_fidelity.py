@@ -8,10 +8,11 @@ available, runs the same step for real and measures it.
     PYTHONPATH=. python bench/bench_gpu_fidelity.py --measured bench/data/gpu_measured_h200*.json
 
 `--measured FILE...` plans each case that bench/gpu_runs.py measured on a GPU (the file
-names the device; bench/data/gpu_measured_h200.json and _run2.json: two H200 machines,
-2026-11-28) and prints predicted against measured step time, forward / backward time and
-peak allocated memory per case, with the mean errors. That table needs no GPU: the
-measurements are in the file.
+names the device; bench/data/gpu_measured_h200.json, _run2.json and _run3.json: three
+H200 machines, 2026-11-28 and -29) and prints predicted against measured step time,
+forward / backward time (a recomputed forward counts in the backward, as CUDA events around
+`backward()` see it) and peak allocated memory per case, with the mean errors. That
+table needs no GPU: the measurements are in the file.
 
 Per model and batch: predicted vs measured step time (ms), max_memory_allocated and
 max_memory_reserved (GiB) and their errors; a two-stage torch.distributed.pipelining-style
@@ -197,6 +198,8 @@ def case_plan(case: dict[str, Any], target: str) -> Any:
     options: dict[str, Any] = {"target": target}
     if case["precision"] == "amp-bf16":
         options["gpu_precision"] = "amp"
+    if case.get("recompute"):  # HF gradient checkpointing: every block, as a GPU plan does
+        options["recomputation"] = True
     if model == "gpt2-custom":
         shape = (case["layers"], case["hidden"], case["heads"], case["vocab"])
         program = gpu_program("gpt2", shape, batch, "adamw", sequence_length=seq,
@@ -227,7 +230,9 @@ def measured_table(path: Path) -> tuple[str, dict[str, float]]:
         report = case_plan(case, target)
         s = report.summary
         passes = report.tables["ops"].groupby("pass")["cycles"].sum() / 1e6
-        fwd, bwd = float(passes.get("F", 0.0)), float(passes.get("B", 0.0))
+        # a measured backward includes its recomputed forwards (CUDA events around it)
+        fwd = float(passes.get("F", 0.0))
+        bwd = float(passes.get("B", 0.0)) + float(passes.get("R", 0.0))
         e_f, e_b = fwd / case["forward_ms"] - 1, bwd / case["backward_ms"] - 1
         errors["forward"].append(abs(e_f))
         errors["backward"].append(abs(e_b))

@@ -51,6 +51,7 @@ class Case:
     hidden: int = 0
     heads: int = 0
     vocab: int = 50257
+    recompute: bool = False  # HF gradient checkpointing: each block's forward run again
 
 
 CASES: tuple[Case, ...] = (
@@ -73,6 +74,14 @@ CASES: tuple[Case, ...] = (
          "half-fp16", layers=4, hidden=2304, heads=24, vocab=32000),
     Case("zb1.5b-4layers-fp16-sdpa-b6", "gpt2-custom", "zb1.5b", 6, 1024, "sdpa",
          "half-fp16", layers=4, hidden=2304, heads=24, vocab=32000),
+    # Zero Bubble's 6.2B shape (h 4096, 32 heads), 4 layers, fp16, b = 3: the same at the
+    # other published size
+    Case("zb6.2b-4layers-fp16-eager-b3", "gpt2-custom", "zb6.2b", 3, 1024, "eager",
+         "half-fp16", layers=4, hidden=4096, heads=32, vocab=32000),
+    # full recomputation as HF runs it (torch.utils.checkpoint per block, non-reentrant)
+    Case("gpt2-small-sdpa-s1024-b8-recompute", "gpt2", "small", 8, 1024, "sdpa",
+         recompute=True),
+    Case("gpt2-small-eager-s1024-b8-recompute", "gpt2", "small", 8, 1024, recompute=True),
     # small steps, where the host (eager PyTorch issuing kernels) sets the pace
     Case("resnet50-b8", "resnet", "50", 8),
     Case("gpt2-small-sdpa-s256-b2", "gpt2", "small", 2, 256, "sdpa"),
@@ -101,7 +110,12 @@ def build(case: Case) -> tuple[Any, dict[str, Any]]:
     if case.model == "gpt2":
         from popviz.models.gpt2 import build_gpt2
 
-        return build_gpt2(case.size, case.batch, sequence_length=case.sequence, attn=case.attn)
+        net, inputs = build_gpt2(case.size, case.batch, sequence_length=case.sequence,
+                                 attn=case.attn)
+        if case.recompute:
+            net.lm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        return net, inputs
     if case.model == "gpt2-custom":
         from popviz.models.gpt2 import build_gpt2_shape
 
@@ -114,16 +128,28 @@ def build(case: Case) -> tuple[Any, dict[str, Any]]:
 
 
 def run_case(case: Case, steps: int, trace_dir: Path | None,
-             trace_cases: tuple[str, ...] = TRACE_CASES) -> dict[str, Any]:
+             trace_cases: tuple[str, ...] = TRACE_CASES, snapshots: bool = True
+             ) -> dict[str, Any]:
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base_allocated = torch.cuda.memory_allocated()
-    snapshot = trace_dir is not None and case.name in trace_cases
+    snapshot = snapshots and trace_dir is not None and case.name in trace_cases
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        return _run_case(case, steps, trace_dir, trace_cases, snapshot, base_allocated)
+    finally:  # a failed case must not leave the next one recording its allocations
+        if snapshot:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _run_case(case: Case, steps: int, trace_dir: Path | None, trace_cases: tuple[str, ...],
+              snapshot: bool, base_allocated: int) -> dict[str, Any]:
+    import torch
+
     net, inputs = build(case)
     half = case.precision == "half-fp16"
     net = net.cuda().half() if half else net.cuda()
@@ -232,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                    "snapshot of the --trace-cases")
     p.add_argument("--trace-cases", nargs="+", default=list(TRACE_CASES),
                    help=f"cases --trace records (default {', '.join(TRACE_CASES)})")
+    p.add_argument("--no-snapshot", action="store_true",
+                   help="--trace writes the kineto traces only, no allocator snapshots")
     args = p.parse_args(argv)
     import torch
 
@@ -248,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         t0 = time.perf_counter()
         try:
-            row = run_case(case, args.steps, args.trace, tuple(args.trace_cases))
+            row = run_case(case, args.steps, args.trace, tuple(args.trace_cases),
+                           snapshots=not args.no_snapshot)
             doc["cases"].append(row)
             print(f"{case.name:<34} {row['step_ms']:9.2f} ms  first peak "
                   f"{row['first_peak_allocated'] / 2**30:7.2f} GiB  steady "

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 import popviz
 from popviz.recorder import Recorder, record_program, train_step
-from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS
+from popviz.recorder.program import OP_COLUMNS, OP_EXTRA_COLUMNS, TENSOR_COLUMNS
 
 
 def _ids(cell: str) -> list[int]:
@@ -116,7 +116,7 @@ def _program(mode: str | None = None, optimiser=torch.optim.Adam, fake: bool = F
 
 def test_program_has_exactly_the_documented_columns() -> None:
     program, _ = _program()
-    assert list(program.ops.columns) == list(OP_COLUMNS)
+    assert list(program.ops.columns) == [*OP_COLUMNS, *OP_EXTRA_COLUMNS]
     assert list(program.tensors.columns) == list(TENSOR_COLUMNS)
     assert program.ops.op_id.tolist() == list(range(len(program.ops)))
     assert program.mode == "measured"

@@ -371,7 +371,9 @@ def test_bundled_profile_program_round_trip():
     program, opts = load_program(stored)
     assert opts.splits == ["b1/2/relu", "b2/3/relu", "b3/3/relu"] and opts.recomputation
     again = compile(program, opts)
-    placed = [*program.ops.columns, "stage", "section", "source_op", "ipu"]
+    # a profile written before a column existed (kernel_path) compares on the ones it has
+    placed = [c for c in [*program.ops.columns, "stage", "section", "source_op", "ipu"]
+              if c in stored.ops.columns]
     pd.testing.assert_frame_equal(again.tables["ops"][placed], stored.ops[placed],
                                   check_dtype=False)
     pd.testing.assert_frame_equal(again.tables["tensors"], stored.tensors, check_dtype=False)

@@ -36,7 +36,7 @@ from popviz.errors import ProfileError
 from popviz.format.profile import Profile
 from popviz.format.reader import open as open_profile
 from popviz.options import Options
-from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, Program
+from popviz.recorder.program import OP_COLUMNS, OP_EXTRA_COLUMNS, TENSOR_COLUMNS, Program
 from popviz.target.gpu import GpuTarget
 from popviz.target.machines import get_target
 from popviz.vocab import MODELLED_KIND
@@ -75,7 +75,8 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
         raise ProfileError(f"{where}: the recorded program cannot be rebuilt (ops/tensors "
                            f"{what}); record it again with train.py --profile")
     ops = ops[ops["source_op"] < 0].sort_values("op_id", kind="stable")
-    ops = ops[list(OP_COLUMNS)].reset_index(drop=True)
+    ops = ops[[*OP_COLUMNS, *(c for c in OP_EXTRA_COLUMNS if c in ops.columns)]]
+    ops = ops.reset_index(drop=True)
     tensors = tensors[list(TENSOR_COLUMNS)].reset_index(drop=True)
     mode = "plan" if not (ops["host_ns"] > 0).any() else "measured"
     try:

@@ -18,11 +18,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.compiler.gpu_fabric import Fabric
-from popviz.compiler.gpu_lowering import (
-    autocast_casts,
-    cuda_dropout,
-    megatron_fused_softmax,
-)
+from popviz.compiler.gpu_lowering import lower_for_cuda
 from popviz.compiler.gpu_memory import GpuMemory, replay_memory
 from popviz.compiler.gpu_recipe import (
     GpuRecipe,
@@ -86,11 +82,7 @@ def costed_gpu_plan(program: Program, options: Options, target: GpuTarget
         program = _forward_only(program)
     recipe = recipe_named(options.gpu_precision)
     program = apply_recipe(program, recipe, options.replication_factor, options.training)
-    program = cuda_dropout(program)  # what CUDA runs: gpu_lowering.py
-    if recipe.fused_softmax:
-        program = megatron_fused_softmax(program)
-    if recipe.cast_cache:
-        program = autocast_casts(program)
+    program = lower_for_cuda(program, recipe)  # what CUDA runs: gpu_lowering.py
     if options.training and options.schedule in ZERO_BUBBLE:  # dgrad in I, wgrad in W
         program = split_conv_backward(program)
     several = options.schedule in SEVERAL_STAGES_PER_GPU

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from popviz.compiler.gpu_recipe import COMPUTE_PHASES, ITEMSIZE
+from popviz.compiler.gpu_autocast import autocast_types
+from popviz.compiler.gpu_recipe import COMPUTE_PHASES, ITEMSIZE, GpuRecipe
 from popviz.recorder.program import Program
 
 ELEMENTWISE_CHAIN = ("aten.mul.", "aten.div.", "aten.add.", "aten.sub.", "aten.where.",
@@ -34,6 +35,20 @@ VIEWS = ("aten._unsafe_view.", "aten.view.", "aten.reshape.", "aten.expand.")
 
 def _ids(cell: object) -> list[int]:
     return [int(x) for x in str(cell).split(";") if x.strip().lstrip("-").isdigit()]
+
+
+def lower_for_cuda(program: Program, recipe: GpuRecipe) -> Program:
+    """`program` (already held as `recipe`) as CUDA runs it: autocast's per-op dtypes
+    (gpu_autocast.py) under `amp`, each dropout one kernel, Megatron's fused softmax under
+    its recipes, and autocast's casts."""
+    if recipe.cast_cache and recipe.half and "widen_kernels" not in program.ops:
+        program = autocast_types(program, recipe.half)
+    program = cuda_dropout(program)
+    if recipe.fused_softmax:
+        program = megatron_fused_softmax(program)
+    if recipe.cast_cache:
+        program = autocast_casts(program)
+    return program
 
 
 def cuda_dropout(program: Program) -> Program:

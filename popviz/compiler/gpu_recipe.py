@@ -48,11 +48,14 @@ HALF_DTYPES = ("float16", "bfloat16")
 COMPUTE_PHASES = ("forward", "backward", "recompute")
 TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
 # torch.autocast's CUDA ops that run (and output) in fp32 (PyTorch AMP docs, "CUDA Ops that
-# can autocast to float32"): their outputs keep 4 B under `amp`
+# can autocast to float32", as the aten ops a recording names; batch norm is not among
+# them: cuDNN's takes half activations with fp32 statistics and answers in half)
 AUTOCAST_FP32 = re.compile(
-    r"^aten\.(?:native_layer_norm|layer_norm|native_group_norm|group_norm|native_batch_norm"
+    r"^aten\.(?:native_layer_norm|layer_norm|native_group_norm|group_norm"
     r"|_softmax|softmax|_log_softmax|log_softmax|nll_loss|nll_loss_forward|nll_loss2d_forward"
-    r"|cross_entropy|exp|log|pow|sum|mse_loss|norm)(?:_backward(?:_data)?)?\.")
+    r"|cross_entropy|exp|expm1|log|log1p|log2|log10|pow|sum|prod|cumsum|cumprod|rsqrt"
+    r"|reciprocal|softplus|erfinv|mse_loss|l1_loss|smooth_l1_loss|kl_div"
+    r"|binary_cross_entropy_with_logits|norm|linalg_vector_norm)(?:_backward(?:_data)?)?\.")
 
 
 @dataclass(frozen=True)
@@ -163,14 +166,11 @@ def apply_recipe(program: Program, recipe: GpuRecipe, replicas: int = 1,
     new_dtype = dtype.astype(object)
     new_dtype[param], new_dtype[grad], new_dtype[state] = weights_dtype, grads_dtype, "float32"
 
-    # activations and temporaries the forward / backward make: half, unless autocast keeps
-    # the op that makes them in fp32
+    # activations and temporaries the forward / backward make: half (under autocast, the
+    # dtype each op runs in is gpu_autocast.autocast_types's, applied after this)
     phase = ops["phase"].astype(str).to_numpy()
-    name = ops["op"].astype(str).to_numpy()
-    keep32 = np.array([recipe.cast_cache and bool(AUTOCAST_FP32.match(n)) for n in name],
-                      dtype=bool)
     half_op = np.isin(phase, COMPUTE_PHASES) & (ops["dtype"].astype(str).to_numpy()
-                                                 == "float32") & ~keep32
+                                                 == "float32") & (not recipe.cast_cache)
     half_ids = set(ops["op_id"].to_numpy(np.int64)[half_op].tolist())
     made_half = t["producer"].isin(half_ids).to_numpy()
     act = np.isin(cat, ("activation", "temporary")) & (dtype == "float32") & made_half

@@ -10,13 +10,13 @@ import pandas as pd
 import torch
 
 from popviz.annotate import STATE
-from popviz.recorder.program import OP_COLUMNS, TENSOR_COLUMNS, frame
+from popviz.recorder.program import OP_COLUMNS, OP_EXTRA_COLUMNS, TENSOR_COLUMNS, frame
 from popviz.recorder.tensors import Storage, shape_str
 
 Register = Callable[[torch.Tensor], Storage]  # the Recorder's row for a pre-existing tensor
 
 # indices into an op row (a list, so a checkpoint mark can be set after the fact)
-OP_FIELDS = list(OP_COLUMNS)
+OP_FIELDS = [*OP_COLUMNS, *OP_EXTRA_COLUMNS]
 CHECKPOINT = OP_FIELDS.index("checkpoint")
 PHASE = OP_FIELDS.index("phase")
 MODULE = OP_FIELDS.index("module")
@@ -90,7 +90,8 @@ def build_tables(ops: list[list[Any]], storages: dict[int, Storage], rows: list[
             "last_use": max(last_op, rec.last) if alive else rec.last,
         })
     tensor_rows.sort(key=lambda r: cast(int, r["tensor_id"]))
-    ops_df = frame([dict(zip(OP_FIELDS, row)) for row in ops], OP_COLUMNS)
+    ops_df = frame([dict(zip(OP_FIELDS, row)) for row in ops],
+                   {**OP_COLUMNS, **OP_EXTRA_COLUMNS})
     return ops_df, frame(tensor_rows, TENSOR_COLUMNS)
 
 

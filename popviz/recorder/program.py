@@ -28,6 +28,13 @@ OP_COLUMNS: dict[str, str] = {
     "outputs": "str",
 }
 
+# columns a recording adds beside the contract's: a Program made without them (by hand, or
+# from a profile written before they existed) gets their empty value
+OP_EXTRA_COLUMNS: dict[str, str] = {
+    # the CUDA kernel family an element-wise op or copy runs (popviz/recorder/kernel_path.py)
+    "kernel_path": "str",
+}
+
 TENSOR_COLUMNS: dict[str, str] = {
     "tensor_id": "int64",
     "name": "str",
@@ -78,6 +85,9 @@ class Program:
         missing = [c for c in OP_COLUMNS if c not in self.ops.columns]
         if missing:
             raise ValueError(f"Program.ops lacks columns {missing}")
+        absent = [c for c in OP_EXTRA_COLUMNS if c not in self.ops.columns]
+        if absent:
+            self.ops = self.ops.assign(**{c: "" for c in absent})
         missing = [c for c in TENSOR_COLUMNS if c not in self.tensors.columns]
         if missing:
             raise ValueError(f"Program.tensors lacks columns {missing}")

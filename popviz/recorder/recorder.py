@@ -36,6 +36,7 @@ from popviz.recorder import flops as _flops
 from popviz.recorder.attention import FusedAttentionMode
 from popviz.recorder.build import CHECKPOINT, all_params, build_tables, model_facts
 from popviz.recorder.dispatch import OpMode, progress_bar
+from popviz.recorder.kernel_path import kernel_path
 from popviz.recorder.overloads import FuncInfo, func_info
 from popviz.recorder.owners import (
     latest_owner,
@@ -57,6 +58,7 @@ from popviz.recorder.tensors import (
 )
 
 _SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+_PATH_CLASSES = ("elementwise", "data_movement")  # ops TensorIterator (or cat) runs
 _HOST_COPIES = {"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy", "clone", "contiguous"}
 
 
@@ -329,6 +331,8 @@ class Recorder:
             self._dtype(dtype) if dtype is not None else "", host_ns,
             ";".join(dict.fromkeys(read)) if len(read) > 1 else "".join(read),
             ";".join(dict.fromkeys(written)) if len(written) > 1 else "".join(written),
+            kernel_path(name, inputs, outputs)
+            if op_class in _PATH_CLASSES and bytes_written and not is_view else "",
         ])
         # also with grad mode off: a custom Function's forward, whose output gets its node
         # (the Function's backward) once apply returns

@@ -61,6 +61,28 @@ class GpuCost:
     # from Zero Bubble's Table 9 (1.5B: 28.3 MB in 0.601 ms, 47.5 GB/s over A100 NVLink's
     # 300 GB/s); its 6.2B p2p (25.2 MB in 0.527 ms) is the check (docs/cost-model.md)
     p2p_efficiency: float = 0.158
+    # measured: SM cycles per element of PyTorch's element-wise kernels that are not the
+    # vectorized one (popviz/recorder/kernel_path.py), fitted per path on an H200
+    # (bench/gpu_kernel_paths.py -> bench/data/gpu_kernel_paths_h200.json; the fit:
+    # bench/fit_gpu_paths.py). They count instructions, not bytes, so another GPU runs
+    # them in proportion to its SMs x clock. The unrolled kernel (a dtype conversion):
+    # base + per operand; the offset-computing one (strided): per thread (spread over the
+    # 4 elements a thread takes in 2-byte dtypes, 2 in wider ones) + per element + per
+    # merged dimension; a transposed fastest dimension and cat's slow path: per element
+    # fitted: the fixed time of a reduction over leading dimensions (a bias gradient's
+    # sum over the tokens): PyTorch's reduce kernel splits each output over several blocks
+    # that meet through a global buffer and semaphores (Reduce.cuh, global reduce), on the
+    # H200 GPT-2 small s512 trace's 48 bias-gradient sums (14.5-27 us against 3-12 us of
+    # bytes); the Zero Bubble-shape and bf16 GPT-2 traces are the check
+    global_reduce_ns: float = 10500.0
+    unrolled_cycles: float = 0.30
+    unrolled_operand_cycles: float = 0.21
+    strided_thread_cycles: float = 0.50
+    strided_element_cycles: float = 0.43
+    strided_dim_cycles: float = 0.04
+    strided_cast_cycles: float = 0.20
+    transpose_cycles: float = 1.80
+    cat_dim_cycles: float = 0.40
 
     def to_dict(self) -> dict[str, float]:
         return {f"gpu_{k}": float(v) for k, v in asdict(self).items()}
@@ -98,6 +120,7 @@ class GpuTarget:
     p2p_latency_s: float = 5e-6  # assumed
     host_latency_s: float = 10e-6  # assumed
     sms: int = 132
+    sm_clock_hz: float = 1.98e9  # boost clock of the SMs (kernels bound by instructions)
     clock_hz: float = 1e9  # times are ns: one "cycle" is one ns
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     cost: GpuCost = DEFAULT_GPU_COST
@@ -203,6 +226,8 @@ H100_SXM = GpuTarget(
         "nvlink_bytes_per_s": _DS_H100 + "NVLink 900 GB/s (both directions); 450 GB/s each",
         "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
         "sms": "published: 132 SMs (numSms of the fixture's deviceProperties)",
+        "sm_clock_hz": "derived: FP32 67 TFLOPS / (132 SMs x 128 FMA x 2) = 1.98 GHz, the "
+                       "boost clock nvidia-smi reports as clocks.max.sm on the H200 (same GPU)",
         "nvlink_gpus": "published: 8 GPUs per HGX H100 board, all joined by NVLink / NVSwitch "
                        "(NVIDIA HGX H100 product page)",
         **_ASSUMED})
@@ -211,7 +236,8 @@ H100_PCIE = GpuTarget(
     name="h100-pcie", description="NVIDIA H100 PCIe 80GB (HBM2e)",
     memory_bytes=85_017_493_504, hbm_bytes_per_s=2.0 * TB,
     fp32_flops=51e12, tf32_flops=378e12, bf16_flops=756e12, fp8_flops=1513e12,
-    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114, nvlink_gpus=2,
+    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=64 * GB, sms=114, sm_clock_hz=1.755e9,
+    nvlink_gpus=2,
     network_bytes_per_s=25 * GB,
     sources={
         "network_bytes_per_s": "assumed: one 200 Gb/s InfiniBand / RoCE NIC per GPU (servers "
@@ -226,6 +252,7 @@ H100_PCIE = GpuTarget(
         "nvlink_bytes_per_s": _DS_H100 + "NVLink bridge 600 GB/s (both directions); 300 each",
         "pcie_bytes_per_s": _DS_H100 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
         "sms": "published: 114 SMs (NVIDIA Hopper architecture whitepaper)",
+        "sm_clock_hz": "derived: FP32 51 TFLOPS / (114 SMs x 128 FMA x 2) = 1.75 GHz",
         "nvlink_gpus": "published: the NVLink bridge joins two H100 PCIe cards " + "(" +
                        _DS_H100.strip(": ") + ")",
         **_ASSUMED})
@@ -253,6 +280,8 @@ H200_SXM = GpuTarget(
         "nvlink_bytes_per_s": _DS_H200 + "NVLink 900 GB/s (both directions); 450 GB/s each",
         "pcie_bytes_per_s": _DS_H200 + "PCIe Gen5 128 GB/s (both directions); 64 GB/s each",
         "sms": "measured: 132 multiprocessors (bench/data/gpu_measured_h200.json)",
+        "sm_clock_hz": "measured: clocks.max.sm 1980 MHz, and 1980 MHz under load "
+                       "(nvidia-smi, bench/data/gpu_kernel_paths_h200.json)",
         "nvlink_gpus": "published: 8 GPUs per HGX H200 board joined by NVLink / NVSwitch "
                        "(NVIDIA HGX product page)",
         **_ASSUMED})
@@ -261,7 +290,7 @@ A100_80GB = GpuTarget(
     name="a100", description="NVIDIA A100 SXM4 80GB (HBM2e)",
     memory_bytes=85_198_045_184, hbm_bytes_per_s=2.039 * TB,
     fp32_flops=19.5e12, tf32_flops=156e12, bf16_flops=312e12, fp8_flops=0.0,
-    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=32 * GB, sms=108,
+    nvlink_bytes_per_s=300 * GB, pcie_bytes_per_s=32 * GB, sms=108, sm_clock_hz=1.41e9,
     network_bytes_per_s=25 * GB,
     sources={
         "network_bytes_per_s": "published: NVIDIA DGX A100 datasheet: 8x single-port "
@@ -277,6 +306,8 @@ A100_80GB = GpuTarget(
         "nvlink_bytes_per_s": _DS_A100 + "NVLink 600 GB/s (both directions); 300 GB/s each",
         "pcie_bytes_per_s": _DS_A100 + "PCIe Gen4 64 GB/s (both directions); 32 GB/s each",
         "sms": "published: 108 SMs (NVIDIA A100 Tensor Core GPU architecture whitepaper)",
+        "sm_clock_hz": "published: 1410 MHz boost clock (A100 architecture whitepaper); "
+                       "FP32 19.5 TFLOPS / (108 SMs x 64 FMA x 2) agrees",
         "nvlink_gpus": "published: 8 GPUs per HGX A100 board joined by NVSwitch (NVIDIA "
                        "HGX A100 product page)",
         **_ASSUMED})

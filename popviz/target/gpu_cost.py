@@ -2,6 +2,7 @@
 
     time = kernels * kernel_ns + max(compute, memory)
     compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns
+            (element-wise ops off the vectorized kernel: elements * cycles(path) / (SMs * clock))
     memory = bytes moved / (HBM bandwidth * memory_efficiency)
 
 Tensor-core ops (conv, matmul, fused attention) are compute-bound when large; a GEMM also
@@ -68,6 +69,94 @@ def misaligned_gemm(shapes: pd.Series) -> np.ndarray:
     return out
 
 
+def path_cycles(path: str, itemsize: int, operands: int, cost: GpuCost) -> float:
+    """SM cycles per element of one element-wise op on `path` (popviz/recorder/
+    kernel_path.py: "", "cast", "strided:N", "strided-cast:N", "transpose:N", "cat:N"),
+    with `itemsize`-byte elements and `operands` tensors (inputs and output); 0 for the
+    vectorized kernel, whose time is its bytes."""
+    kind, _, dims_text = path.partition(":")
+    dims = int(dims_text) if dims_text.isdigit() else 1
+    if kind == "cast":
+        return cost.unrolled_cycles + cost.unrolled_operand_cycles * operands
+    if kind in ("strided", "strided-cast"):
+        # PyTorch's legacy kernel takes 4 elements per thread in 2-byte dtypes (and in
+        # every conversion), 2 in wider ones (CUDALoops.cuh: elementwise_kernel<128, 4 | 2>)
+        per_thread = 4 if itemsize < 4 or kind == "strided-cast" else 2
+        cycles = (cost.strided_thread_cycles / per_thread + cost.strided_element_cycles
+                  + cost.strided_dim_cycles * dims)
+        return cycles + (cost.strided_cast_cycles if kind == "strided-cast" else 0.0)
+    if kind == "transpose":
+        return cost.transpose_cycles
+    if kind == "cat":
+        return cost.cat_dim_cycles * dims
+    return 0.0
+
+
+ITEMSIZE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "bfloat16": 2,
+            "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
+
+
+def _elements(shape: str) -> int:
+    numbers = [int(x) for x in shape.strip("[]").split(",") if x.strip().isdigit()]
+    out = 1
+    for n in numbers:
+        out *= n
+    return out
+
+
+def path_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
+    """ns each op's element-wise kernel takes by its instructions (0 on the vectorized
+    path or without a recorded `kernel_path`), indexed like `ops`."""
+    out = np.zeros(len(ops))
+    if "kernel_path" not in ops:
+        return out
+    paths = ops["kernel_path"].astype(str).to_numpy()
+    rows = np.flatnonzero(paths != "")
+    if not len(rows):
+        return out
+    rate = target.sms * target.sm_clock_hz / 1e9  # SM cycles per ns
+    for i in rows:
+        row = ops.iloc[i]
+        shapes = str(row["shapes"])
+        operands = 1 + sum(1 for part in shapes.split(";") if part not in ("", "[]"))
+        cycles = path_cycles(paths[i], ITEMSIZE.get(str(row["dtype"]), 4), operands, cost)
+        out[i] = _elements(str(row["out_shape"])) * cycles / rate
+    return out
+
+
+def outer_reduction(ops: pd.DataFrame) -> np.ndarray:
+    """True for a sum or mean over leading dimensions (its output is the input's trailing
+    dimensions: a bias gradient), which PyTorch reduces across blocks in two passes."""
+    out = np.zeros(len(ops), dtype=bool)
+    if "out_shape" not in ops or "shapes" not in ops:
+        return out
+    name = ops["op"].astype(str)
+    candidates = np.flatnonzero(name.str.match(r"^aten\.(?:sum|mean)\.").to_numpy())
+    shapes, outs = ops["shapes"].astype(str), ops["out_shape"].astype(str)
+    for i in candidates:
+        first = shapes.iloc[i].split(";")[0].strip("[]")
+        dims = [int(x) for x in first.split(",") if x.strip().isdigit()]
+        kept = [int(x) for x in outs.iloc[i].strip("[]").split(",") if x.strip().isdigit()]
+        if len(kept) == len(dims):  # keepdim: the reduced dimensions are 1s
+            reduced = [d for d in range(len(dims)) if kept[d] == 1 and dims[d] > 1]
+            out[i] = bool(reduced) and reduced == list(range(len(reduced))) and \
+                len(reduced) < len(dims)
+        else:
+            out[i] = 0 < len(kept) < len(dims) and dims[len(dims) - len(kept):] == kept
+    return out
+
+
+def gathered_bytes(shapes: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """For the NLL loss ops at `rows`: the bytes of its targets and the one value it takes
+    per target (an int64 index and an fp32 log-probability each)."""
+    out = np.zeros(len(shapes))
+    for i in np.flatnonzero(rows):
+        parts = [p for p in str(shapes.iloc[i]).split(";") if p not in ("", "[]")]
+        targets = _elements(parts[-1]) if len(parts) >= 2 else 0
+        out[i] = targets * (8 + 4)
+    return out
+
+
 def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = None
                  ) -> pd.DataFrame:
     """ns per op (column `cycles`: one cycle is one ns on a GPU target) and its terms,
@@ -113,17 +202,34 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
                       attention_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
     compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
+    # element-wise kernels off the vectorized path are bound by their per-element work
+    compute = np.where(tensor, compute, path_ns(ops, target, cost))
     # a norm, and a softmax's forward, read their input once per statistic and once to
     # normalise (max, sum of exponentials, scale: the same `norm_reads`)
     softmax = name.str.contains(r"^aten\._(?:safe_)?(?:log_)?softmax\.", regex=True).to_numpy()
     moved = np.where((cls == "norm") | softmax, cost.norm_reads * read + written,
                      read + written)
+    # the NLL loss gathers one log-probability per row: its forward reads the targets and
+    # those, not the [rows, classes] input; its backward writes the zeroed gradient and
+    # scatters into it, reading none of the log-probabilities
+    nll = name.str.contains(r"^aten\.nll_loss2?d?_(?:forward|backward)\.", regex=True).to_numpy()
+    if nll.any():
+        moved = np.where(nll, written + gathered_bytes(ops["shapes"], nll), moved)
     bandwidth = target.hbm_bytes_per_s * cost.memory_efficiency
     memory = np.where(kernels > 0, moved / bandwidth * 1e9, 0.0)
+    outer = (cls == "reduction") & outer_reduction(ops)
+    memory = np.where(outer & (kernels > 0), memory + cost.global_reduce_ns, memory)
     # the casts are kernels of their own, run before (or after) the GEMM: their time adds
     memory = memory + cast_bytes / bandwidth * 1e9
     compute = compute + cast_bytes / bandwidth * 1e9
     kernels = kernels + casts
+    if "widen_elements" in ops:  # autocast's half-to-fp32 casts: the unrolled kernel
+        widen = ops["widen_elements"].to_numpy(np.float64)
+        rate = target.sms * target.sm_clock_hz / 1e9
+        widen_ns = np.maximum(widen * path_cycles("cast", 2, 2, cost) / rate,
+                              widen * 6 / bandwidth * 1e9)
+        memory, compute = memory + widen_ns, compute + widen_ns
+        kernels = kernels + ops["widen_kernels"].to_numpy(np.float64)
     launch = kernels * cost.kernel_ns
     total = np.where(kernels > 0, launch + np.maximum(compute, memory), 0.0)
     out = pd.DataFrame({"cycles": np.ceil(total).astype(np.int64), "kernels": kernels,

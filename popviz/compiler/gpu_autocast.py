@@ -1,0 +1,133 @@
+"""The dtype each op runs in under torch.autocast on CUDA (the `amp` recipe), from a CPU
+recording that ran everything in fp32.
+
+Autocast decides per op, not per model (PyTorch's autocast op lists, "CUDA Ops that can
+autocast to float16 / float32", aten/src/ATen/autocast_mode.cpp):
+- GEMMs, convolutions and fused attention run in half: their inputs are cast (weights once
+  per forward, the cast cache) and their outputs are half;
+- the ops on the fp32 list (layer and group norm, softmax and log-softmax, the losses, exp,
+  log, pow, sum) cast half inputs up to fp32 and output fp32; batch norm is on no list and
+  runs mixed (half activations, fp32 statistics, half output);
+- every other op runs in its inputs' dtype, promoted: one fp32 input makes it fp32, the
+  other inputs converted element by element inside its kernel (TensorIterator's unrolled
+  path). A model's fp32 region therefore spreads from an fp32-list op through the
+  element-wise ops after it until the next GEMM: GPT-2's embeddings and residual stream
+  stay fp32 (embedding is on no list), and its MLP's tanh-GELU runs in fp32 after `pow`.
+The backward runs in the dtypes of what the forward saved (GEMMs' gradients half, the rest
+promoted). This module propagates those dtypes through the program in order and rewrites
+the ops' dtype and bytes, the activations' dtype and size, each mixed-dtype element-wise
+op's kernel path, and the widening casts (half to fp32, the unrolled copy kernel) before
+each fp32-list op: columns `widen_kernels` and `widen_elements`, which `gpu_op_costs`
+times. The narrowing casts before GEMMs are `gpu_lowering.autocast_casts`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from popviz.compiler.gpu_recipe import AUTOCAST_FP32, COMPUTE_PHASES, ITEMSIZE, TENSOR_CLASSES
+from popviz.recorder.program import Program
+
+FLOATS = ("float32", "float16", "bfloat16")
+SCALAR_SHAPES = ("[]", "()", "")
+ATTENTION = re.compile(r"attention")
+# batch norm runs mixed: half activations, fp32 weights and statistics, a half output
+MIXED_NORM = re.compile(r"^aten\.(?:native_batch_norm|_native_batch_norm_legit"
+                        r"|cudnn_batch_norm|batch_norm)")
+
+
+def _ids(cell: object) -> list[int]:
+    return [int(x) for x in str(cell).split(";") if x.strip().lstrip("-").isdigit()]
+
+
+def _with_cast(path: str) -> str:
+    """A kernel path for the same op with an operand converted per element."""
+    if path == "":
+        return "cast"
+    if path.startswith("strided:"):
+        return "strided-cast:" + path.split(":", 1)[1]
+    return path
+
+
+def autocast_types(program: Program, half: str) -> Program:
+    """`program` with every op and activation in the dtype autocast runs it in (module
+    docstring). Parameters, gradients and optimiser state keep the recipe's dtypes."""
+    ops, t = program.ops.copy(), program.tensors.copy()
+    tids = t["tensor_id"].to_numpy(np.int64).tolist()
+    dtype = dict(zip(tids, t["dtype"].astype(str).tolist(), strict=True))
+    old_bytes = dict(zip(tids, t["bytes"].to_numpy(np.int64).tolist(), strict=True))
+    # scalars do not promote (a 0-dim tensor yields to a dimensioned one), nor do empty
+    # tensors (HF's cache starts from one made in the keys' own dtype, which the fp32
+    # recording cannot show)
+    scalar = {tid for tid, shape, size in zip(tids, t["shape"].astype(str),
+                                              t["bytes"].to_numpy(np.int64), strict=True)
+              if shape in SCALAR_SHAPES or size == 0}
+    recorded_size = {tid: max(ITEMSIZE.get(d, 4), 1) for tid, d in zip(tids, dtype.values(),
+                                                                      strict=True)}
+    category = t["category"].astype(str).to_numpy()
+    typed = np.isin(category, ("activation", "temporary"))
+    retypable = {tid for tid, ok in zip(tids, typed, strict=True) if ok}
+
+    names = ops["op"].astype(str).tolist()
+    classes = ops["op_class"].astype(str).tolist()
+    phases = ops["phase"].astype(str).tolist()
+    ins_of = [_ids(x) for x in ops["inputs"].tolist()]
+    outs_of = [_ids(x) for x in ops["outputs"].tolist()]
+    paths = ops["kernel_path"].astype(str).tolist() if "kernel_path" in ops else [""] * len(ops)
+    op_dtype = ops["dtype"].astype(str).tolist()
+    widen_kernels = np.zeros(len(ops))
+    widen_elements = np.zeros(len(ops))
+    order = np.argsort(ops["op_id"].to_numpy(np.int64), kind="stable")
+    for i in order.tolist():
+        if phases[i] not in COMPUTE_PHASES:
+            continue
+        ins, outs = ins_of[i], outs_of[i]
+        floats = [dtype[x] for x in ins if dtype.get(x) in FLOATS and x not in scalar]
+        lower = classes[i] in TENSOR_CLASSES or bool(ATTENTION.search(names[i]))
+        fp32_op = bool(AUTOCAST_FP32.match(names[i]))
+        if lower:
+            runs = half
+        elif fp32_op:
+            runs = "float32"
+            if phases[i] != "backward":  # autocast casts half inputs up before the op
+                for x in ins:
+                    if dtype.get(x) == half and x not in scalar:
+                        widen_kernels[i] += 1
+                        widen_elements[i] += old_bytes.get(x, 0) // recorded_size[x]
+        elif floats and MIXED_NORM.match(names[i]):
+            runs = floats[0]  # the activation's (or its gradient's) dtype, fp32 statistics
+        elif floats:
+            runs = "float32" if "float32" in floats else half
+            if len(set(floats)) > 1:
+                paths[i] = _with_cast(paths[i])
+        else:
+            continue  # no floating input: made in the dtype it was recorded in
+        op_dtype[i] = runs
+        for x in outs:
+            if x in retypable and x not in ins and dtype.get(x) in FLOATS:
+                dtype[x] = runs
+
+    # sizes follow the dtypes: activations, then the bytes each op moves
+    itemsize = {tid: ITEMSIZE.get(dtype[tid], 0) for tid in tids}
+    was = {tid: ITEMSIZE.get(d, 0) for tid, d in zip(tids, t["dtype"].astype(str),
+                                                      strict=True)}
+    new_bytes = {tid: (old_bytes[tid] // was[tid] * itemsize[tid]
+                       if tid in retypable and was[tid] and itemsize[tid] else old_bytes[tid])
+                 for tid in tids}
+    t["dtype"] = [dtype[x] for x in tids]
+    t["bytes"] = np.array([new_bytes[x] for x in tids], dtype=np.int64)
+    for col, lists in (("bytes_read", ins_of), ("bytes_written", outs_of)):
+        values = ops[col].to_numpy(np.int64).copy()
+        for i, members in enumerate(lists):
+            before = sum(old_bytes.get(x, 0) for x in members)
+            if values[i] and before:
+                after = sum(new_bytes.get(x, 0) for x in members)
+                values[i] = int(values[i] * (after / before))
+        ops[col] = values
+    ops["dtype"] = op_dtype
+    ops["kernel_path"] = paths
+    ops["widen_kernels"] = widen_kernels
+    ops["widen_elements"] = widen_elements
+    return Program(ops, t, program.model, program.mode)
