@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_record.py                  # both models, 5 rounds
     .venv/bin/python bench/bench_record.py --models resnet50 --batch 32 --image 64
     .venv/bin/python bench/bench_record.py --models gpt2 --gpt2-batch 8 --gpt2-seq 512
+    python bench/bench_record.py --device cuda --batch 32 --gpt2-batch 8 --gpt2-seq 512
 
 GPT-2 small is built from transformers' GPT2Config (random weights, no download) and
 called as its users call it, model(input_ids=..., labels=...), with AdamW.
@@ -48,39 +49,47 @@ from popviz.options import Options
 from popviz.recorder import Recorder
 
 
-def make(batch: int, image: int, classes: int = 1000) -> tuple[Any, Callable[[], None], str]:
+def _sync(device: str) -> None:
+    if device == "cuda":  # a step ends when its kernels do
+        torch.cuda.synchronize()
+
+
+def make(batch: int, image: int, classes: int = 1000, device: str = "cpu"
+         ) -> tuple[Any, Callable[[], None], str]:
     torch.manual_seed(0)
-    model = build("resnet", 50, num_classes=classes, image_size=image)
+    model = build("resnet", 50, num_classes=classes, image_size=image).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, image, image)
-    y = torch.randint(0, classes, (batch,))
+    x = torch.randn(batch, 3, image, image, device=device)
+    y = torch.randint(0, classes, (batch,), device=device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         _, loss = model(x, y)
         loss.backward()
         opt.step()
+        _sync(device)
 
-    return model, step, f"ResNet-50 training step, batch {batch} at {image}x{image}"
+    return model, step, f"ResNet-50 training step, batch {batch} at {image}x{image} on {device}"
 
 
-def make_gpt2(batch: int, seq: int) -> tuple[Any, Callable[[], None], str]:
+def make_gpt2(batch: int, seq: int, device: str = "cpu") -> tuple[Any, Callable[[], None], str]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     config = transformers.GPT2Config(attn_implementation="sdpa")  # GPT-2 small, 124M
-    model = transformers.GPT2LMHeadModel(config)
+    model = transformers.GPT2LMHeadModel(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
+        _sync(device)
 
-    return model, step, f"GPT-2 small training step, batch {batch} x {seq} tokens"
+    return model, step, f"GPT-2 small training step, batch {batch} x {seq} tokens on {device}"
 
 
 def timed(context: Callable[[], Any], run: Callable[[], None]) -> tuple[float, float, float]:
@@ -99,10 +108,11 @@ def timed(context: Callable[[], Any], run: Callable[[], None]) -> tuple[float, f
     return t2 - t1, t3 - t0, c2 - c1
 
 
-def profiler() -> Any:
+def profiler(device: str = "cpu") -> Any:
     from torch.profiler import ProfilerActivity, profile
 
-    return profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    return profile(activities=activities, record_shapes=True, profile_memory=True,
                    with_flops=True)
 
 
@@ -123,7 +133,8 @@ class _Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Path) -> float:
+def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Path,
+          device: str = "cpu") -> float:
     """Print the table for one model; return the plain step's median wall seconds."""
     for _ in range(2):  # warm-up: oneDNN primitives, optimiser state, allocator
         run()
@@ -133,7 +144,7 @@ def bench(model: Any, run: Callable[[], None], title: str, rounds: int, out: Pat
         "dispatch floor": _Passthrough,
         "popviz": lambda: Recorder(model, progress=False),
         "popviz+write": lambda: record(options, profile_dir=out, model=model, progress=False),
-        "torch.profiler": profiler,
+        "torch.profiler": lambda: profiler(device),
     }
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in contexts}
     names = list(contexts)
@@ -212,16 +223,23 @@ def main() -> int:
     parser.add_argument("--skip-plan", action="store_true")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the steps run (cuda: each step synchronised at its end; "
+                             "torch.profiler also records CUDA kernels)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
     if args.threads:
         torch.set_num_threads(args.threads)
 
     base_step = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         if "resnet50" in args.models:
-            base_step = bench(*make(args.batch, args.image), args.rounds, Path(tmp) / "rn50")
+            base_step = bench(*make(args.batch, args.image, device=args.device), args.rounds,
+                              Path(tmp) / "rn50", args.device)
         if "gpt2" in args.models:
-            bench(*make_gpt2(args.gpt2_batch, args.gpt2_seq), args.rounds, Path(tmp) / "gpt2")
+            bench(*make_gpt2(args.gpt2_batch, args.gpt2_seq, args.device), args.rounds,
+                  Path(tmp) / "gpt2", args.device)
 
     if not args.skip_plan and base_step:
         t0 = time.perf_counter()

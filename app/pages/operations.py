@@ -52,12 +52,16 @@ FRONT = ("op_id", "op", "op_class", "module", "phase", "pass", "stage", "ipu", "
 # which the sort and filter still reach and ops.csv still has
 DETAIL = ("layer", "block", "checkpoint", "out_shape", "dtype", "host_ns", "inputs",
           "outputs", "section", "source_op", "tiles_used", "compute_cycles", "memory_cycles",
-          "exchange_cycles_internal", "temp_total_bytes", "amp_ignored", "step")
+          "exchange_cycles_internal", "temp_total_bytes", "amp_ignored", "step",
+          "kernel_path", "widen_kernels", "widen_elements", "cast_kernels", "cast_bytes")
 
 
 # the contract's IPU columns a GPU plan fills with placeholders (a GPU has no AMP and no
 # per-tile temporaries): not shown on a GPU plan
 IPU_ONLY = ("amp_used", "amp_ignored", "temp_bytes", "passes", "plan")
+# what CUDA would run each op as (the recording names it for every target): on an IPU
+# plan it means nothing
+GPU_ONLY = ("kernel_path",)
 
 
 def ordered(ops: pd.DataFrame, gpu: bool = False, measured: bool = False) -> pd.DataFrame:
@@ -67,8 +71,8 @@ def ordered(ops: pd.DataFrame, gpu: bool = False, measured: bool = False) -> pd.
     host time less its children's (`host_self_ns`) and, when its ops launched kernels, the
     GPU time of its own and its descendants' kernels (`gpu_inclusive_ns`; `cycles` is its
     own), as PyTorch's profiler and Perfetto give them."""
-    if gpu:
-        ops = ops.drop(columns=[c for c in IPU_ONLY if c in ops.columns])
+    dropped = IPU_ONLY if gpu else GPU_ONLY
+    ops = ops.drop(columns=[c for c in dropped if c in ops.columns])
     if measured and len(ops) and {"start", "end"} <= set(ops.columns):
         times = self_and_inclusive(ops)
         ops = ops.assign(host_self_ns=times["host_self"].to_numpy(np.int64))
