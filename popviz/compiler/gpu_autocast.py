@@ -14,11 +14,16 @@ autocast to float16 / float32", aten/src/ATen/autocast_mode.cpp):
   element-wise ops after it until the next GEMM: GPT-2's embeddings and residual stream
   stay fp32 (embedding is on no list), and its MLP's tanh-GELU runs in fp32 after `pow`.
 The backward runs in the dtypes of what the forward saved (GEMMs' gradients half, the rest
-promoted). This module propagates those dtypes through the program in order and rewrites
-the ops' dtype and bytes, the activations' dtype and size, each mixed-dtype element-wise
-op's kernel path, and the widening casts (half to fp32, the unrolled copy kernel) before
-each fp32-list op: columns `widen_kernels` and `widen_elements`, which `gpu_op_costs`
-times. The narrowing casts before GEMMs are `gpu_lowering.autocast_casts`.
+promoted), and the autograd engine casts each gradient to the dtype of the tensor it is the
+gradient of: every cast of the forward has its mirror in the backward, and so has the
+per-element conversion of each mixed-dtype op (its half operand's gradient comes back in
+fp32 and is cast down). `autocast_types` propagates the dtypes through the program in order
+and rewrites the ops' dtype and bytes, the activations' dtype and size, each mixed-dtype
+element-wise op's kernel path, and the widening casts before each fp32-list op;
+`autocast_casts` adds the narrowing casts before each GEMM (weights once per forward: the
+cast cache) and every backward mirror. A narrowing cast (fp32 to half) has its own
+vectorized kernel, memory-bound: columns `cast_kernels`, `cast_bytes`; a widening one runs
+the unrolled kernel: `widen_kernels`, `widen_elements` (`gpu_op_costs` times both).
 """
 
 from __future__ import annotations
@@ -130,4 +135,94 @@ def autocast_types(program: Program, half: str) -> Program:
     ops["kernel_path"] = paths
     ops["widen_kernels"] = widen_kernels
     ops["widen_elements"] = widen_elements
+    return Program(ops, t, program.model, program.mode)
+
+
+def autocast_casts(program: Program) -> Program:
+    """The casts autocast and the autograd engine launch (module docstring), on the op
+    that needs each: forward, a GEMM's fp32 inputs cast down (each weight once: the cast
+    cache); backward, each such weight's gradient cast up for `.grad` (on the op that makes
+    it), each activation's cast's mirror and each forward widening's and mixed-dtype op's
+    mirror (on the first backward op of the forward op's module). In the H200 bf16 GPT-2
+    small step: 134 narrowing and 13 widening casts forward, 134 widening and 61 narrowing
+    backward, as the trace shows them."""
+    ops, t = program.ops, program.tensors
+    tids = t["tensor_id"].to_numpy(np.int64).tolist()
+    dtype = dict(zip(tids, t["dtype"].astype(str).tolist(), strict=True))
+    nbytes = dict(zip(tids, t["bytes"].to_numpy(np.int64).tolist(), strict=True))
+    category = dict(zip(tids, t["category"].astype(str).tolist(), strict=True))
+    names = ops["op"].astype(str)
+    gemm = (ops["op_class"].astype(str) == "matmul").to_numpy() & \
+        ~names.str.contains("attention").to_numpy()
+    phase = ops["phase"].astype(str).to_numpy()
+    modules = ops["module"].astype(str).tolist()
+    kernels = np.zeros(len(ops))
+    moved = np.zeros(len(ops), dtype=np.int64)
+    widen_k = ops["widen_kernels"].to_numpy(np.float64).copy() if "widen_kernels" in ops \
+        else np.zeros(len(ops))
+    widen_e = ops["widen_elements"].to_numpy(np.float64).copy() if "widen_elements" in ops \
+        else np.zeros(len(ops))
+    first_backward: dict[str, int] = {}
+    for i in np.flatnonzero(phase == "backward").tolist():
+        first_backward.setdefault(modules[i], i)
+    op_inputs = [_ids(x) for x in ops["inputs"].tolist()]
+
+    def numel(tid: int) -> int:
+        return nbytes.get(tid, 0) // max(ITEMSIZE.get(dtype.get(tid, ""), 4), 1)
+
+    def backward_of(module: str) -> int | None:
+        """The first backward op of `module`, else of a module inside it (a block's own
+        residual add has no backward kernel of its own)."""
+        if module not in first_backward:
+            inside = [i for m, i in first_backward.items() if m.startswith(module + ".")]
+            first_backward[module] = min(inside) if inside else -1
+        found = first_backward[module]
+        return None if found < 0 else found
+
+    def mirror(i: int, elements: int, widen: bool) -> None:
+        j = backward_of(modules[i])
+        if j is None or elements <= 0:
+            return
+        if widen:
+            widen_k[j] += 1
+            widen_e[j] += elements
+        else:
+            kernels[j] += 1
+            moved[j] += elements * 6  # read fp32, write half
+
+    cached: set[int] = set()
+    forward = np.isin(phase, ("forward", "recompute"))
+    for i in np.flatnonzero(gemm & forward).tolist():
+        for tid in op_inputs[i]:
+            if dtype.get(tid) != "float32" or tid in cached:
+                continue
+            if category.get(tid) == "parameter":
+                cached.add(tid)  # the cast cache: once per forward; its mirror is below
+            elif phase[i] == "forward":
+                mirror(i, numel(tid), widen=True)  # the activation's gradient, cast up
+            kernels[i] += 1
+            moved[i] += nbytes[tid] + nbytes[tid] // 2  # read fp32, write half
+    paths = ops["kernel_path"].astype(str).tolist() if "kernel_path" in ops else []
+    for i in np.flatnonzero(phase == "forward").tolist():
+        if widen_k[i] > 0:  # an fp32-list op's input cast up: its gradient cast down
+            mirror(i, int(widen_e[i]), widen=False)
+        if (paths and paths[i] in ("cast",)) or (paths and paths[i].startswith("strided-cast")):
+            for tid in op_inputs[i]:  # a mixed op's half operands: gradients cast down
+                if dtype.get(tid) in ("float16", "bfloat16") and \
+                        category.get(tid) in ("activation", "temporary"):
+                    mirror(i, numel(tid), widen=False)
+    # the gradient of each cast weight comes back in half: its op's output is cast up to
+    # fp32 for `.grad` (AccumulateGrad); gradients are named after their parameter
+    cast_names = set(t.loc[t["tensor_id"].isin(cached), "name"].astype(str))
+    row_of = {int(op): i for i, op in enumerate(ops["op_id"].to_numpy(np.int64).tolist())}
+    grads = t[(t["category"].astype(str) == "gradient").to_numpy()
+              & (t["dtype"].astype(str) == "float32").to_numpy()]
+    for name, producer, size in zip(grads["name"].astype(str), grads["producer"],
+                                    grads["bytes"].to_numpy(np.int64), strict=True):
+        i = row_of.get(int(producer), -1)
+        if name.removesuffix(".grad") in cast_names and i >= 0 and phase[i] == "backward":
+            widen_k[i] += 1
+            widen_e[i] += int(size) // 4
+    ops = ops.assign(cast_kernels=kernels, cast_bytes=moved, widen_kernels=widen_k,
+                     widen_elements=widen_e)
     return Program(ops, t, program.model, program.mode)

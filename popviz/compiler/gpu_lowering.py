@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from popviz.compiler.gpu_autocast import autocast_types
+from popviz.compiler.gpu_autocast import autocast_casts, autocast_types
 from popviz.compiler.gpu_recipe import COMPUTE_PHASES, ITEMSIZE, GpuRecipe
 from popviz.recorder.program import Program
 
@@ -155,51 +155,3 @@ def megatron_fused_softmax(program: Program) -> Program:
         values[absorbed] = 0
         ops[col] = values
     return Program(ops, program.tensors, program.model, program.mode)
-
-
-def autocast_casts(program: Program) -> Program:
-    """What torch.autocast launches around each GEMM (the `amp` recipe): a cast of every
-    fp32 input to half before a forward GEMM (weights once per forward: the cast cache;
-    activations that an fp32 op made, such as a layer norm's output), and the cast of each
-    such parameter's gradient (weights and biases alike) back to fp32 for `.grad`, on the
-    backward op that makes it. Each cast is one memory-bound kernel: columns
-    `cast_kernels` and `cast_bytes` (read and written), which `gpu_op_costs` adds to the
-    op's own. In a
-    CUDA trace they are the `direct_copy_kernel_cuda` / `bfloat16_copy_kernel_cuda`
-    launches between the GEMMs (342 in the H200 GPT-2 small bf16 step)."""
-    ops, t = program.ops, program.tensors
-    dtype = dict(zip(t["tensor_id"].to_numpy(np.int64).tolist(),
-                     t["dtype"].astype(str).tolist(), strict=True))
-    nbytes = dict(zip(t["tensor_id"].to_numpy(np.int64).tolist(),
-                      t["bytes"].to_numpy(np.int64).tolist(), strict=True))
-    category = dict(zip(t["tensor_id"].to_numpy(np.int64).tolist(),
-                        t["category"].astype(str).tolist(), strict=True))
-    gemm = (ops["op_class"].astype(str) == "matmul").to_numpy() & \
-        ~ops["op"].astype(str).str.contains("attention").to_numpy()
-    phase = ops["phase"].astype(str).to_numpy()
-    kernels = np.zeros(len(ops))
-    moved = np.zeros(len(ops), dtype=np.int64)
-    cached: set[int] = set()
-    op_inputs: list[str] = ops["inputs"].astype(str).tolist()
-    for i in np.flatnonzero(gemm & np.isin(phase, ("forward", "recompute"))).tolist():
-        for tid in _ids(op_inputs[i]):
-            if dtype.get(tid) != "float32" or tid in cached:
-                continue
-            if category.get(tid) == "parameter":
-                cached.add(tid)  # the cast cache: once per forward
-            kernels[i] += 1
-            moved[i] += nbytes[tid] + nbytes[tid] // 2  # read fp32, write half
-    # the gradient of each cast weight comes back in half: its op's output is cast to fp32
-    # for `.grad` (AccumulateGrad); gradients are named after their parameter
-    cast_names = set(t.loc[t["tensor_id"].isin(cached), "name"].astype(str))
-    row_of = {int(op): i for i, op in enumerate(ops["op_id"].to_numpy(np.int64).tolist())}
-    grads = t[(t["category"].astype(str) == "gradient").to_numpy()
-              & (t["dtype"].astype(str) == "float32").to_numpy()]
-    for name, producer, size in zip(grads["name"].astype(str), grads["producer"],
-                                    grads["bytes"].to_numpy(np.int64), strict=True):
-        i = row_of.get(int(producer), -1)
-        if name.removesuffix(".grad") in cast_names and i >= 0 and phase[i] == "backward":
-            kernels[i] += 1
-            moved[i] += int(size) // 2 + int(size)  # read half, write fp32
-    ops = ops.assign(cast_kernels=kernels, cast_bytes=moved)
-    return Program(ops, t, program.model, program.mode)
