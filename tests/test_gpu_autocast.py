@@ -19,7 +19,6 @@ from tooling.gpu_programs import gpu_program
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
-AMP_TRACE = ROOT / "tests" / "fixtures" / "kineto_gpt2-small-sdpa-amp-s1024-b8_h200.json.gz"
 
 
 def _measured(run: str) -> dict[str, dict[str, Any]]:
@@ -87,16 +86,22 @@ def _copy_kernels(trace: Path) -> Counter[tuple[str, str]]:
     return kinds
 
 
-def test_the_casts_are_the_traces() -> None:
-    """GPT-2 small, bf16 autocast, s1024 b8 on the H200: the plan launches exactly the
-    casts the trace shows, forward and backward, each kind on its own kernel: autocast's
-    (weights once per forward), and the autograd engine's mirror of each (every gradient
-    cast to its tensor's dtype), of the fp32 ops' inputs and of the mixed-dtype ops'."""
-    case = _measured("")["gpt2-small-sdpa-amp-s1024-b8"]
+@pytest.mark.parametrize(("name", "expected"), [
+    ("gpt2-small-sdpa-amp-s1024-b8", {("F", "widen"): 13, ("F", "narrow"): 134,
+                                      ("B", "widen"): 134, ("B", "narrow"): 61}),
+    ("resnet50-amp-b64", {("F", "widen"): 1, ("F", "narrow"): 56, ("B", "widen"): 55,
+                          ("B", "narrow"): 1}),
+])
+def test_the_casts_are_the_traces(name: str, expected: dict[tuple[str, str], int]) -> None:
+    """bf16 autocast steps on the H200 (GPT-2 small s1024 b8, ResNet-50 b64): the plan
+    launches exactly the casts each trace shows, forward and backward, each kind on its
+    own kernel: autocast's (weights once per forward, the convolutions' too), and the
+    autograd engine's mirror of each (every gradient cast to its tensor's dtype), of the
+    fp32 ops' inputs and of the mixed-dtype ops'."""
+    case = _measured("")[name]
     ops = _plan(case).tables["ops"]
-    kinds = _copy_kernels(AMP_TRACE)
-    assert kinds == {("F", "widen"): 13, ("F", "narrow"): 134, ("B", "widen"): 134,
-                     ("B", "narrow"): 61}
+    kinds = _copy_kernels(ROOT / "tests" / "fixtures" / f"kineto_{name}_h200.json.gz")
+    assert kinds == expected
     for step_pass in ("F", "B"):
         mine = ops[ops["pass"] == step_pass]
         assert int(mine["widen_kernels"].sum()) == kinds[(step_pass, "widen")], step_pass

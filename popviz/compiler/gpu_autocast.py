@@ -152,7 +152,9 @@ def autocast_casts(program: Program) -> Program:
     nbytes = dict(zip(tids, t["bytes"].to_numpy(np.int64).tolist(), strict=True))
     category = dict(zip(tids, t["category"].astype(str).tolist(), strict=True))
     names = ops["op"].astype(str)
-    gemm = (ops["op_class"].astype(str) == "matmul").to_numpy() & \
+    # GEMMs and convolutions (autocast's lower-precision list; fused attention takes half
+    # inputs from GEMMs already)
+    gemm = ops["op_class"].astype(str).isin(TENSOR_CLASSES).to_numpy() & \
         ~names.str.contains("attention").to_numpy()
     phase = ops["phase"].astype(str).to_numpy()
     modules = ops["module"].astype(str).tolist()
@@ -198,7 +200,7 @@ def autocast_casts(program: Program) -> Program:
                 continue
             if category.get(tid) == "parameter":
                 cached.add(tid)  # the cast cache: once per forward; its mirror is below
-            elif phase[i] == "forward":
+            elif phase[i] == "forward" and category.get(tid) in ("activation", "temporary"):
                 mirror(i, numel(tid), widen=True)  # the activation's gradient, cast up
             kernels[i] += 1
             moved[i] += nbytes[tid] + nbytes[tid] // 2  # read fp32, write half
