@@ -151,3 +151,18 @@ def test_a_recording_names_each_ops_path() -> None:
     assert paths["aten.clone.default"] == "strided:4"
     assert paths["aten.add.Tensor"] == "strided:3"
     assert forward["kernel_path"].isin(["", "strided:4", "strided:3"]).all()
+
+
+def test_tensors_without_strides_record_no_path() -> None:
+    sparse = torch.eye(4).to_sparse()
+    assert kernel_path("add", [sparse, sparse], [sparse + sparse]) == ""
+    dense = torch.eye(4)
+    assert kernel_path("add", [dense, sparse], [dense + sparse]) == ""
+    assert kernel_path("mul", [sparse, dense], [sparse * dense]) == ""
+
+    class NoStrides(torch.Tensor):  # a subclass whose strides cannot be read
+        def stride(self, *args: object) -> tuple[int, ...]:  # type: ignore[override]
+            raise RuntimeError("no strides")
+
+    odd = torch.randn(4, 4).as_subclass(NoStrides)
+    assert kernel_path("add", [odd, dense], [torch.randn(4, 4).t()]) == ""

@@ -76,7 +76,16 @@ def merged_dims(shape: tuple[int, ...], operands: list[tuple[int, ...]]
 
 def kernel_path(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
     """The CUDA kernel family `name` (an aten op's base name) runs with these tensors
-    (module docstring); "" for the vectorized kernel or an op it does not apply to."""
+    (module docstring); "" for the vectorized kernel or an op it does not apply to, and
+    for tensors without plain strides (sparse, nested, some subclasses): the recording
+    goes on whatever they are."""
+    try:
+        return _kernel_path(name, inputs, outputs)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        return ""
+
+
+def _kernel_path(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
     if not outputs:
         return ""
     out = outputs[0]
@@ -84,8 +93,8 @@ def kernel_path(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tenso
     if name in CAT_OPS:
         dense = all(t.is_contiguous() for t in inputs if t.numel())
         return "" if dense else f"cat:{max(1, out.dim())}"
-    if out.numel() <= 1 or out.is_sparse:
-        return ""
+    if out.numel() <= 1 or out.is_sparse or any(t.is_sparse for t in inputs):
+        return ""  # sparse kernels are their own
     tensors = [t for t in inputs if t.dim() > 0]  # 0-dim: a scalar argument on CUDA
     if out.is_contiguous() and all(t.shape == out.shape and t.dtype == out.dtype
                                    and t.is_contiguous() for t in tensors):
