@@ -32,7 +32,13 @@ import re
 
 import numpy as np
 
-from popviz.compiler.gpu_recipe import AUTOCAST_FP32, COMPUTE_PHASES, ITEMSIZE, TENSOR_CLASSES
+from popviz.compiler.gpu_recipe import (
+    AUTOCAST_FP32,
+    COMPUTE_PHASES,
+    ITEMSIZE,
+    TENSOR_CLASSES,
+    tensor_ids,
+)
 from popviz.recorder.program import Program
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -41,10 +47,6 @@ ATTENTION = re.compile(r"attention")
 # batch norm runs mixed: half activations, fp32 weights and statistics, a half output
 MIXED_NORM = re.compile(r"^aten\.(?:native_batch_norm|_native_batch_norm_legit"
                         r"|cudnn_batch_norm|batch_norm)")
-
-
-def _ids(cell: object) -> list[int]:
-    return [int(x) for x in str(cell).split(";") if x.strip().lstrip("-").isdigit()]
 
 
 def _with_cast(path: str) -> str:
@@ -69,8 +71,7 @@ def autocast_types(program: Program, half: str) -> Program:
     scalar = {tid for tid, shape, size in zip(tids, t["shape"].astype(str),
                                               t["bytes"].to_numpy(np.int64), strict=True)
               if shape in SCALAR_SHAPES or size == 0}
-    recorded_size = {tid: max(ITEMSIZE.get(d, 4), 1) for tid, d in zip(tids, dtype.values(),
-                                                                      strict=True)}
+    recorded = {tid: ITEMSIZE.get(d, 0) for tid, d in dtype.items()}  # 0: not floating
     category = t["category"].astype(str).to_numpy()
     typed = np.isin(category, ("activation", "temporary"))
     retypable = {tid for tid, ok in zip(tids, typed, strict=True) if ok}
@@ -78,8 +79,8 @@ def autocast_types(program: Program, half: str) -> Program:
     names = ops["op"].astype(str).tolist()
     classes = ops["op_class"].astype(str).tolist()
     phases = ops["phase"].astype(str).tolist()
-    ins_of = [_ids(x) for x in ops["inputs"].tolist()]
-    outs_of = [_ids(x) for x in ops["outputs"].tolist()]
+    ins_of = [tensor_ids(x) for x in ops["inputs"].tolist()]
+    outs_of = [tensor_ids(x) for x in ops["outputs"].tolist()]
     paths = ops["kernel_path"].astype(str).tolist() if "kernel_path" in ops else [""] * len(ops)
     op_dtype = ops["dtype"].astype(str).tolist()
     widen_kernels = np.zeros(len(ops))
@@ -100,7 +101,7 @@ def autocast_types(program: Program, half: str) -> Program:
                 for x in ins:
                     if dtype.get(x) == half and x not in scalar:
                         widen_kernels[i] += 1
-                        widen_elements[i] += old_bytes.get(x, 0) // recorded_size[x]
+                        widen_elements[i] += old_bytes.get(x, 0) // max(recorded[x], 1)
         elif floats and MIXED_NORM.match(names[i]):
             runs = floats[0]  # the activation's (or its gradient's) dtype, fp32 statistics
         elif floats:
@@ -116,10 +117,9 @@ def autocast_types(program: Program, half: str) -> Program:
 
     # sizes follow the dtypes: activations, then the bytes each op moves
     itemsize = {tid: ITEMSIZE.get(dtype[tid], 0) for tid in tids}
-    was = {tid: ITEMSIZE.get(d, 0) for tid, d in zip(tids, t["dtype"].astype(str),
-                                                      strict=True)}
-    new_bytes = {tid: (old_bytes[tid] // was[tid] * itemsize[tid]
-                       if tid in retypable and was[tid] and itemsize[tid] else old_bytes[tid])
+    new_bytes = {tid: (old_bytes[tid] // recorded[tid] * itemsize[tid]
+                       if tid in retypable and recorded[tid] and itemsize[tid]
+                       else old_bytes[tid])
                  for tid in tids}
     t["dtype"] = [dtype[x] for x in tids]
     t["bytes"] = np.array([new_bytes[x] for x in tids], dtype=np.int64)
@@ -167,7 +167,7 @@ def autocast_casts(program: Program) -> Program:
     first_backward: dict[str, int] = {}
     for i in np.flatnonzero(phase == "backward").tolist():
         first_backward.setdefault(modules[i], i)
-    op_inputs = [_ids(x) for x in ops["inputs"].tolist()]
+    op_inputs = [tensor_ids(x) for x in ops["inputs"].tolist()]
 
     def numel(tid: int) -> int:
         return nbytes.get(tid, 0) // max(ITEMSIZE.get(dtype.get(tid, ""), 4), 1)
@@ -204,11 +204,12 @@ def autocast_casts(program: Program) -> Program:
                 mirror(i, numel(tid), widen=True)  # the activation's gradient, cast up
             kernels[i] += 1
             moved[i] += nbytes[tid] + nbytes[tid] // 2  # read fp32, write half
-    paths = ops["kernel_path"].astype(str).tolist() if "kernel_path" in ops else []
+    paths = ops["kernel_path"].astype(str).tolist() if "kernel_path" in ops \
+        else [""] * len(ops)
     for i in np.flatnonzero(phase == "forward").tolist():
         if widen_k[i] > 0:  # an fp32-list op's input cast up: its gradient cast down
             mirror(i, int(widen_e[i]), widen=False)
-        if (paths and paths[i] in ("cast",)) or (paths and paths[i].startswith("strided-cast")):
+        if paths[i] == "cast" or paths[i].startswith("strided-cast"):
             for tid in op_inputs[i]:  # a mixed op's half operands: gradients cast down
                 if dtype.get(tid) in ("float16", "bfloat16") and \
                         category.get(tid) in ("activation", "temporary"):

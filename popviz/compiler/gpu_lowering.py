@@ -25,16 +25,12 @@ import numpy as np
 import pandas as pd
 
 from popviz.compiler.gpu_autocast import autocast_casts, autocast_types
-from popviz.compiler.gpu_recipe import COMPUTE_PHASES, ITEMSIZE, GpuRecipe
+from popviz.compiler.gpu_recipe import COMPUTE_PHASES, ITEMSIZE, GpuRecipe, tensor_ids
 from popviz.recorder.program import Program
 
 ELEMENTWISE_CHAIN = ("aten.mul.", "aten.div.", "aten.add.", "aten.sub.", "aten.where.",
                      "aten.masked_fill.")
 VIEWS = ("aten._unsafe_view.", "aten.view.", "aten.reshape.", "aten.expand.")
-
-
-def _ids(cell: object) -> list[int]:
-    return [int(x) for x in str(cell).split(";") if x.strip().lstrip("-").isdigit()]
 
 
 def lower_for_cuda(program: Program, recipe: GpuRecipe) -> Program:
@@ -60,7 +56,7 @@ def cuda_dropout(program: Program) -> Program:
     draws = np.flatnonzero(name.str.startswith("aten.bernoulli_").to_numpy() & compute)
     if not len(draws):
         return program
-    inputs = [_ids(x) for x in ops["inputs"].to_numpy()]
+    inputs = [tensor_ids(x) for x in ops["inputs"].to_numpy()]
     mask_of = {inputs[i][0]: i for i in draws if inputs[i]}
     names: list[str] = name.tolist()
     ops = ops.copy()
@@ -109,8 +105,8 @@ def megatron_fused_softmax(program: Program) -> Program:
     ops = program.ops
     name = ops["op"].astype(str)
     phase = ops["phase"].astype(str).to_numpy()
-    inputs = [_ids(x) for x in ops["inputs"].to_numpy()]
-    outputs = [_ids(x) for x in ops["outputs"].to_numpy()]
+    inputs = [tensor_ids(x) for x in ops["inputs"].to_numpy()]
+    outputs = [tensor_ids(x) for x in ops["outputs"].to_numpy()]
     producer: dict[int, int] = {}
     consumers: dict[int, list[int]] = {}
     for i, (ins, outs) in enumerate(zip(inputs, outputs, strict=True)):

@@ -58,6 +58,11 @@ AUTOCAST_FP32 = re.compile(
     r"|binary_cross_entropy_with_logits|norm|linalg_vector_norm)(?:_backward(?:_data)?)?\.")
 
 
+def tensor_ids(cell: object) -> list[int]:
+    """The tensor ids of an ops-table `inputs` / `outputs` cell ("12;3")."""
+    return [int(x) for x in str(cell).split(";") if x.strip().lstrip("-").isdigit()]
+
+
 @dataclass(frozen=True)
 class GpuRecipe:
     """One way of holding training state on a GPU. Bytes are per parameter."""
@@ -239,7 +244,7 @@ def _cast_copies(params: pd.DataFrame, numel: np.ndarray, ops: pd.DataFrame, hal
                                           tensor_op, strict=True):
         if not gemm or not inputs:
             continue
-        for tid in (int(x) for x in inputs.split(";") if x.strip().lstrip("-").isdigit()):
+        for tid in tensor_ids(inputs):
             if tid not in wanted:
                 continue
             if phase == "forward":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from popviz.compiler.gpu_lowering import _ids
+from popviz.compiler.gpu_recipe import tensor_ids
 from popviz.compiler.memory import _parse_ids
 from popviz.recorder.program import Program
 
@@ -138,8 +138,8 @@ def split_conv_backward(program: Program) -> Program:
     new_rows, producer, last_use = [], {}, {}
     next_id = int(op_ids.max()) + 1
     for i in calls.tolist():
-        grad_out, x, w = [*_ids(ins[i]), -1, -1, -1][:3]
-        made = _ids(outs[i])
+        grad_out, x, w = [*tensor_ids(ins[i]), -1, -1, -1][:3]
+        made = tensor_ids(outs[i])
         weight_grads = [g for g in made if cat.get(g) == "gradient"]
         input_grads = [g for g in made if cat.get(g) != "gradient"]
         if not weight_grads or not input_grads or x < 0:

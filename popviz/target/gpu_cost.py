@@ -17,9 +17,12 @@ so each costs a share of a kernel. The constants and their fit: `GpuCost`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
+from popviz.target.convparams import dims_of
 from popviz.target.gpu import GpuCost, GpuTarget
 
 TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
@@ -96,14 +99,6 @@ ITEMSIZE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "b
             "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
 
 
-def _elements(shape: str) -> int:
-    numbers = [int(x) for x in shape.strip("[]").split(",") if x.strip().isdigit()]
-    out = 1
-    for n in numbers:
-        out *= n
-    return out
-
-
 def path_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
     """ns each op's element-wise kernel takes by its instructions (0 on the vectorized
     path or without a recorded `kernel_path`), indexed like `ops`."""
@@ -117,10 +112,9 @@ def path_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
     rate = target.sms * target.sm_clock_hz / 1e9  # SM cycles per ns
     for i in rows:
         row = ops.iloc[i]
-        shapes = str(row["shapes"])
-        operands = 1 + sum(1 for part in shapes.split(";") if part not in ("", "[]"))
+        operands = 1 + sum(1 for dims in dims_of(row["shapes"]) if dims)  # not scalars
         cycles = path_cycles(paths[i], ITEMSIZE.get(str(row["dtype"]), 4), operands, cost)
-        out[i] = _elements(str(row["out_shape"])) * cycles / rate
+        out[i] = math.prod(dims_of(row["out_shape"])[0]) * cycles / rate
     return out
 
 
@@ -134,9 +128,7 @@ def outer_reduction(ops: pd.DataFrame) -> np.ndarray:
     candidates = np.flatnonzero(name.str.match(r"^aten\.(?:sum|mean)\.").to_numpy())
     shapes, outs = ops["shapes"].astype(str), ops["out_shape"].astype(str)
     for i in candidates:
-        first = shapes.iloc[i].split(";")[0].strip("[]")
-        dims = [int(x) for x in first.split(",") if x.strip().isdigit()]
-        kept = [int(x) for x in outs.iloc[i].strip("[]").split(",") if x.strip().isdigit()]
+        dims, kept = dims_of(shapes.iloc[i])[0], dims_of(outs.iloc[i])[0]
         if len(kept) == len(dims):  # keepdim: the reduced dimensions are 1s
             reduced = [d for d in range(len(dims)) if kept[d] == 1 and dims[d] > 1]
             out[i] = bool(reduced) and reduced == list(range(len(reduced))) and \
@@ -151,8 +143,8 @@ def gathered_bytes(shapes: pd.Series, rows: np.ndarray) -> np.ndarray:
     per target (an int64 index and an fp32 log-probability each)."""
     out = np.zeros(len(shapes))
     for i in np.flatnonzero(rows):
-        parts = [p for p in str(shapes.iloc[i]).split(";") if p not in ("", "[]")]
-        targets = _elements(parts[-1]) if len(parts) >= 2 else 0
+        parts = [dims for dims in dims_of(shapes.iloc[i]) if dims]
+        targets = math.prod(parts[-1]) if len(parts) >= 2 else 0
         out[i] = targets * (8 + 4)
     return out
 
