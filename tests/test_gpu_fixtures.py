@@ -68,9 +68,10 @@ def test_resnet50_b32_peak_against_the_memory_snapshot(tmp_path: Any) -> None:
 
 def test_pipelining_run_kept_out_of_the_fit(pipeline: Any) -> None:
     """Two stages of 4 x Linear(1024) + ReLU on one H100, 4 micro-batches of 8: tiny
-    fp32 GEMMs (M = 8) that the FLOP-based efficiency curve makes too slow. The held-out
-    error is large and asserted as it is, so that a better model shows here."""
-    plan = compile(gpu_program("pipe", 1024, 32, "sgd"),
+    fp32 GEMMs (M = 8), kept out of every fit. With a fixed ramp per GEMM (before the wave
+    model, popviz/target/gpu_gemm.py) the kernels were modelled at 2.35x the measured;
+    asserted as it is now, so that a change shows here."""
+    plan = compile(gpu_program("pipe", 1024, 8, "sgd"),  # one micro-batch of 8 rows
                    Options(target="h100", splits=["stage1"], stage_ipus=[0, 0],
                            gradient_accumulation=4, micro_batch_size=8,
                            schedule="Interleaved1F1B"))
@@ -80,6 +81,8 @@ def test_pipelining_run_kept_out_of_the_fit(pipeline: Any) -> None:
     measured = pipeline.ops[pipeline.ops["pass"].isin(["F", "B"])]
     table = compare_classes(measured, modelled[modelled["pass"].isin(["F", "B"])])
     ratio = table["modelled_ns"].sum() / table["measured_ns"].sum()
-    assert 1.5 <= ratio <= 2.5, table
+    assert 0.7 <= ratio <= 1.15, table
+    gemms = table.xs("matmul", level="op_class")
+    assert ((gemms["error"] > -0.5) & (gemms["error"] < 0.7)).all(), gemms
     # both stages on the one GPU, scheduled as pipelining's interleaved 1F1B
     assert plan.summary["num_gpus"] == 1 and len(plan.tables["stages"]) == 2

@@ -100,6 +100,9 @@ def test_activations_halve_under_half_recipes(gpt: Any) -> None:
 
 
 def test_gemms_run_at_the_half_rate(gpt: Any) -> None:
+    """Each GEMM at most at its kernel family's rate (fp32 on the CUDA cores, half on the
+    tensor cores, a half GEMM of an odd size on the align1 kernels), the largest close
+    to it (the wave model's last wave and fixed time are a small part of it)."""
     cost = A100_80GB.cost
     fp32, half = (compile(gpt, Options(target="a100", gpu_precision=n))
                   for n in ("as-recorded", "megatron-fp16"))
@@ -111,9 +114,11 @@ def test_gemms_run_at_the_half_rate(gpt: Any) -> None:
         # the LM head's vocabulary (50,257) is no multiple of 8: a half GEMM's align1 rate
         vocab = mm["shapes"].astype(str).str.contains("50257").to_numpy()
         assert vocab.sum() == 1
-        rate = np.where(vocab, slow, peak)
-        expect = mm["flops"].to_numpy(np.float64) / rate * 1e9 + cost.ramp_ns
-        np.testing.assert_allclose(mm["compute_ns"].to_numpy(), expect, rtol=1e-9)
+        at_rate = mm["flops"].to_numpy(np.float64) / np.where(vocab, slow, peak) * 1e9
+        compute = mm["compute_ns"].to_numpy()
+        assert (compute >= at_rate).all()
+        big = int(np.argmax(mm["flops"].to_numpy()))  # the LM head
+        assert compute[big] <= 1.3 * at_rate[big]
     assert half.summary["step_ms"] < fp32.summary["step_ms"]
 
 

@@ -41,7 +41,17 @@ def test_a_cuda_step_records_the_same_program(tmp_path: Path) -> None:
     for op_class in ("conv", "matmul"):
         assert cuda.ops.loc[cuda.ops["op_class"] == op_class, "flops"].sum() == \
             cpu.ops.loc[cpu.ops["op_class"] == op_class, "flops"].sum(), op_class
-    assert abs(len(cuda.ops) - len(cpu.ops)) <= 0.1 * len(cpu.ops)
+    # the forward and backward are the same ops but for batch norm: cuDNN's takes no
+    # `empty` output op as the CPU kernel does (ResNet-18: 476 ops on the CPU, 395 on an
+    # H200, 20 of them this, the rest the optimiser's)
+    cpu_fb, cuda_fb = (p.ops[p.ops["phase"] != "optimiser"] for p in (cpu, cuda))
+    norms = int((cpu_fb["op_class"] == "norm").sum() / 2)  # a forward and a backward each
+    assert abs(len(cuda_fb) - len(cpu_fb)) <= norms, (
+        cpu_fb["op"].value_counts().to_dict(), cuda_fb["op"].value_counts().to_dict())
+    # SGD steps CUDA parameters with foreach ops (one per list), CPU ones one by one
+    cpu_opt, cuda_opt = (p.ops[p.ops["phase"] == "optimiser"] for p in (cpu, cuda))
+    assert cuda_opt["op"].str.contains("_foreach_").any(), cuda_opt["op"].value_counts()
+    assert len(cuda_opt) < len(cpu_opt)
     params = cpu.tensors[cpu.tensors["category"] == "parameter"]["bytes"].sum()
     assert cuda.tensors[cuda.tensors["category"] == "parameter"]["bytes"].sum() == params
     profile = popviz.open(tmp_path / "cuda")

@@ -28,26 +28,36 @@ class GpuCost:
     the fit as a check. The others are assumed (docs/cost-model.md, "GPU targets")."""
 
     kernel_ns: float = 1456.0  # fitted: fixed GPU time per kernel (launch, ramp, tail)
-    # fitted: share of dense bf16 / fp16 a large cuBLAS GEMM gets, on the H200 trace of
-    # Zero Bubble's 1.5B shape in fp16 (tests/fixtures/kineto_zb1.5b-...-eager-b6_h200);
-    # Zero Bubble's Table 9 weight-gradient passes (GEMMs only) give 0.80-0.81 on A100
-    matmul_efficiency: float = 0.80
+    # measured: share of dense bf16 / fp16 one SM's tile of a cuBLAS GEMM gets on the tensor
+    # cores, and the rest of popviz/target/gpu_gemm.py's wave model (fixed time past the
+    # launch, split-K's extra pass, an SM's operand loads per cycle, the share of HBM a
+    # GEMM streams at), per kernel family, on 264 GEMMs timed kernel by kernel on an H200
+    # (bench/gpu_gemm_shapes.py -> bench/data/gpu_gemm_shapes_h200.json; fit:
+    # bench/fit_gpu_gemm.py). Large GEMMs reach 0.83 less their last wave, as Zero Bubble's
+    # Table 9 weight-gradient passes do on A100 (0.80-0.81 of the whole GEMM)
+    matmul_efficiency: float = 0.83
+    tensor_gemm_fixed_ns: float = 1044.0
+    tensor_gemm_split_k_ns: float = 2000.0
+    tensor_gemm_load_bytes_per_cycle: float = 76.0
+    tensor_gemm_memory_efficiency: float = 0.80
+    simt_gemm_fixed_ns: float = 1544.0
+    simt_gemm_split_k_ns: float = 3000.0
+    simt_gemm_load_bytes_per_cycle: float = 8.0
+    simt_gemm_memory_efficiency: float = 0.70
     # fitted: the same for a half GEMM with a size that is not a multiple of 8 (align1
     # kernels), on the H200 bf16 GPT-2 trace's three LM-head GEMMs (vocabulary 50,257:
     # 1.90 TFLOP in 15.5 ms; tests/fixtures/kineto_gpt2-small-sdpa-amp-s1024-b8_h200)
     misaligned_matmul_efficiency: float = 0.124
     conv_efficiency: float = 0.312  # fitted: the same for cuDNN convolutions (fp32: TF32)
     conv_backward_efficiency: float = 0.216  # fitted: cuDNN dgrad + wgrad
-    ramp_ns: float = 18950.0  # fitted: a GEMM's fixed time (SM fill / drain) on top of its rate
+    ramp_ns: float = 18950.0  # fitted: a convolution's fixed time (SM fill / drain)
     memory_efficiency: float = 0.840  # fitted: share of HBM bandwidth an elementwise op gets
     norm_reads: float = 3.31  # fitted: times a norm reads its input (statistics, normalising)
     attention_efficiency: float = 0.45  # assumed: fused (flash) attention, FA2 on H100
     vector_efficiency: float = 0.60  # assumed: share of the non-tensor FP32 rate
-    # fitted: an fp32 GEMM's share of the CUDA cores' FP32 rate (cuBLAS SGEMM, FFMA: fp32
-    # matmuls may not use TF32 by default), on the H200 GPT-2 small trace
-    # (tests/fixtures/kineto_gpt2-small-sdpa-s512-b8_h200.json.gz); the other measured H200
-    # cases are the check (bench/bench_gpu_fidelity.py --measured)
-    fp32_matmul_efficiency: float = 0.75
+    # measured: an fp32 GEMM tile's share of the CUDA cores' FP32 rate (cuBLAS SGEMM, FFMA:
+    # fp32 matmuls may not use TF32 by default), with the SIMT constants above
+    fp32_matmul_efficiency: float = 0.72
     # fitted: host time per kernel eager PyTorch issues (dispatch, autograd, launch), on
     # the host-bound steps of two H200 machines (ResNet-50 b32 on both, b8, GPT-2 small
     # s256 b2: least mean |log error|); a property of the host CPU: the same step ran in

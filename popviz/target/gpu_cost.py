@@ -1,11 +1,12 @@
 """Per-op time on a GPU: a roofline per op class and shape plus a fixed cost per kernel.
 
     time = kernels * kernel_ns + max(compute, memory)
-    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns
+    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns   (conv, attention)
+            (a GEMM: its output tiles in waves over the SMs, gpu_gemm.py)
             (element-wise ops off the vectorized kernel: elements * cycles(path) / (SMs * clock))
     memory = bytes moved / (HBM bandwidth * memory_efficiency)
 
-Tensor-core ops (conv, matmul, fused attention) are compute-bound when large; a GEMM also
+Tensor-core ops (conv, fused attention) are compute-bound when large; a convolution also
 pays a fixed `ramp_ns` (filling and draining the SMs, prologue and epilogue: a time, the
 same whatever its rate), so its achieved rate rises with its size towards `efficiency` of
 the peak: the efficiency curve. Elementwise, norm, reduction and copies are
@@ -24,6 +25,7 @@ import pandas as pd
 
 from popviz.target.convparams import dims_of
 from popviz.target.gpu import GpuCost, GpuTarget
+from popviz.target.gpu_gemm import gemm_dims, gemm_ns
 
 TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
 ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention",
@@ -118,9 +120,14 @@ def path_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
     return out
 
 
+GLOBAL_REDUCE_VALUES = 4096  # Reduce.cuh's setReduceConfig: 16 rows of threads x 256 values
+
+
 def outer_reduction(ops: pd.DataFrame) -> np.ndarray:
     """True for a sum or mean over leading dimensions (its output is the input's trailing
-    dimensions: a bias gradient), which PyTorch reduces across blocks in two passes."""
+    dimensions: a bias gradient) of at least GLOBAL_REDUCE_VALUES values per output, which
+    PyTorch reduces across blocks in two passes (a thread that would take 256 values or
+    more splits its output over several blocks); a shorter one is one block's work."""
     out = np.zeros(len(ops), dtype=bool)
     if "out_shape" not in ops or "shapes" not in ops:
         return out
@@ -135,6 +142,7 @@ def outer_reduction(ops: pd.DataFrame) -> np.ndarray:
                 len(reduced) < len(dims)
         else:
             out[i] = 0 < len(kept) < len(dims) and dims[len(dims) - len(kept):] == kept
+        out[i] = out[i] and math.prod(dims) >= GLOBAL_REDUCE_VALUES * math.prod(kept)
     return out
 
 
@@ -193,7 +201,13 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
                       tensor_peak * cost.conv_efficiency, matmul_peak,
                       attention_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
-    compute = np.where(tensor, flops / peak * 1e9 + cost.ramp_ns, 0.0)
+    compute = np.where(conv | attention, flops / peak * 1e9 + cost.ramp_ns, 0.0)
+    if matmul.any():  # cuBLAS: output tiles in waves over the SMs (gpu_gemm.py)
+        rows = np.flatnonzero(matmul)
+        dims = gemm_dims(ops.iloc[rows])
+        itemsize = np.where(half[rows], 2.0, 4.0)
+        compute[rows] = gemm_ns(*dims, read[rows] + written[rows], itemsize, matmul_peak[rows],
+                                half[rows], target, cost)
     # element-wise kernels off the vectorized path are bound by their per-element work
     compute = np.where(tensor, compute, path_ns(ops, target, cost))
     # a norm, and a softmax's forward, read their input once per statistic and once to

@@ -1,0 +1,100 @@
+"""Batch norm's CUDA kernels timed over ResNet-50's shapes, in fp32 (cuDNN) and in bf16
+(PyTorch's native kernels, which autocast's mixed batch norm runs): the measured half of
+a shape-aware batch-norm term.
+
+    python bench/gpu_norm_kernels.py --out norms.json      # on a GPU machine (~30 s)
+
+Per case (batch, channels, height, width, dtype): each kernel the training-mode forward
+and the backward launch (name and median GPU time over the timed calls, from
+torch.profiler's CUDA activity) and their sums. Needs only torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+# ResNet-50's batch-norm inputs per image (channels, side) at 224 x 224
+SHAPES = ((64, 112), (64, 56), (256, 56), (128, 28), (512, 28), (256, 14), (1024, 14),
+          (512, 7), (2048, 7))
+BATCHES = (16, 64)
+
+
+def kernels_of(fn: Any, reps: int) -> list[tuple[str, float]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    events = [(e.name, e.time_range.elapsed_us() * 1e3) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    per_call = len(events) // reps
+    if not per_call or len(events) % reps:
+        return events[:1]
+    return [(events[j][0], statistics.median(ns for _, ns in events[j::per_call]))
+            for j in range(per_call)]
+
+
+def measure(batch: int, channels: int, side: int, dtype: Any, reps: int) -> dict[str, Any]:
+    """One training-mode batch norm's forward and backward kernels."""
+    import torch
+
+    bn = torch.nn.BatchNorm2d(channels).cuda()  # fp32 weights, as under autocast
+    x = torch.randn(batch, channels, side, side, device="cuda", dtype=dtype,
+                    requires_grad=True)
+    dy = torch.randn_like(bn(x))
+
+    def backward() -> None:
+        torch.autograd.grad(bn(x), (x, bn.weight, bn.bias), dy)
+
+    forward = kernels_of(lambda: bn(x), reps)
+    back = kernels_of(backward, reps)[len(forward):]
+    return {"dtype": str(dtype).removeprefix("torch."), "batch": batch,
+            "channels": channels, "side": side,
+            "forward_ns": sum(ns for _, ns in forward),
+            "backward_ns": sum(ns for _, ns in back), "forward": forward, "backward": back}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    doc: dict[str, Any] = {"environment": {"device": torch.cuda.get_device_name(0),
+                                           "torch": torch.__version__,
+                                           "date": time.strftime("%Y-%m-%d")},
+                           "cases": [], "errors": {}}
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in BATCHES:
+            for channels, side in SHAPES:
+                label = f"{str(dtype).removeprefix('torch.')} {batch}x{channels}x{side}x{side}"
+                try:
+                    row = measure(batch, channels, side, dtype, args.reps)
+                    doc["cases"].append(row)
+                    print(f"{label:28} F {row['forward_ns'] / 1e3:8.1f} us "
+                          f"B {row['backward_ns'] / 1e3:8.1f} us  "
+                          f"{' | '.join(n[:40] for n, _ in row['forward'])}", flush=True)
+                    torch.cuda.empty_cache()
+                except Exception as exc:  # recorded, not fatal
+                    doc["errors"][label] = f"{type(exc).__name__}: {exc}"
+                    print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}: {len(doc['cases'])} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
