@@ -85,6 +85,27 @@ class GpuCost:
     # H200 GPT-2 small s512 trace's 48 bias-gradient sums (14.5-27 us against 3-12 us of
     # bytes); the Zero Bubble-shape and bf16 GPT-2 traces are the check
     global_reduce_ns: float = 10500.0
+    # measured: training-mode batch norm as its kernels run it, a block per channel
+    # (popviz/target/gpu_norm.py), on 36 shapes of ResNet-50's in fp32 and bf16 timed
+    # kernel by kernel on an H200 (bench/gpu_norm_kernels.py -> bench/data/
+    # gpu_norm_kernels_h200.json). cuDNN (fp32 / fp16): the times a value is read or
+    # written and the bytes a block streams per SM cycle, forward and backward, the share
+    # of HBM, the fixed time past the launch; PyTorch's native kernels (bf16): values per
+    # cycle of a block's serial statistics, blocks to an SM, bytes per value of the
+    # element-wise pass, its cost per (image, channel) plane, the fixed time
+    cudnn_bn_forward_reads: float = 3.5
+    cudnn_bn_backward_reads: float = 6.0
+    cudnn_bn_forward_block_bytes_per_cycle: float = 13.0
+    cudnn_bn_backward_block_bytes_per_cycle: float = 8.0
+    cudnn_bn_memory_efficiency: float = 0.80
+    cudnn_bn_fixed_ns: float = 1044.0
+    native_bn_forward_values_per_cycle: float = 0.8
+    native_bn_backward_values_per_cycle: float = 0.4
+    native_bn_blocks_per_sm: float = 4.0
+    native_bn_forward_bytes: float = 10.5
+    native_bn_backward_bytes: float = 14.0
+    native_bn_plane_ns: float = 80.0
+    native_bn_fixed_ns: float = 2044.0
     unrolled_cycles: float = 0.30
     unrolled_operand_cycles: float = 0.21
     strided_thread_cycles: float = 0.50

@@ -26,6 +26,7 @@ import pandas as pd
 from popviz.target.convparams import dims_of
 from popviz.target.gpu import GpuCost, GpuTarget
 from popviz.target.gpu_gemm import gemm_dims, gemm_ns
+from popviz.target.gpu_norm import batch_norm_ns, batch_norm_rows
 
 TENSOR_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
 ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention",
@@ -223,6 +224,9 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
         moved = np.where(nll, written + gathered_bytes(ops["shapes"], nll), moved)
     bandwidth = target.hbm_bytes_per_s * cost.memory_efficiency
     memory = np.where(kernels > 0, moved / bandwidth * 1e9, 0.0)
+    bn = batch_norm_rows(ops) & (kernels > 0)
+    if bn.any():  # a block per channel (gpu_norm.py): its time is its memory term
+        memory = np.where(bn, batch_norm_ns(ops, target, cost), memory)
     outer = (cls == "reduction") & outer_reduction(ops)
     memory = np.where(outer & (kernels > 0), memory + cost.global_reduce_ns, memory)
     # the casts are kernels of their own, run before (or after) the GEMM: their time adds
