@@ -85,6 +85,12 @@ CASES: tuple[Case, ...] = (
     # small steps, where the host (eager PyTorch issuing kernels) sets the pace
     Case("resnet50-b8", "resnet", "50", 8),
     Case("gpt2-small-sdpa-s256-b2", "gpt2", "small", 2, 256, "sdpa"),
+    # held out from the convolution and batch-norm microbenchmarks (ResNet-50's shapes):
+    # basic blocks' 3x3 convolutions, strided 3x3 ones, other batches, a deeper ResNet
+    Case("resnet18-b128", "resnet", "18", 128),
+    Case("resnet34-b64", "resnet", "34", 64),
+    Case("resnet18-amp-b128", "resnet", "18", 128, precision="amp-bf16"),
+    Case("resnet101-b32", "resnet", "101", 32),
 )
 TRACE_CASES = ("gpt2-small-sdpa-s512-b8", "resnet50-b32")  # --trace's default
 

@@ -32,8 +32,10 @@ def test_resnet50_kernel_time_per_op_class(resnet: Any, rn50_plan: Any) -> None:
     assert set(big.index) >= {("F", "conv"), ("B", "conv"), ("F", "norm"), ("B", "norm"),
                               ("F", "elementwise"), ("B", "elementwise")}
     assert (big["error"].abs() <= 0.15).all(), big
+    # the convolutions and batch norms were fitted here (all kernels +0.9%); they now come
+    # from their kernels measured on an H200 (gpu_conv.py, gpu_norm.py): +4.1%
     total = table["modelled_ns"].sum() / table["measured_ns"].sum() - 1
-    assert abs(total) <= 0.03
+    assert abs(total) <= 0.05
     # the step: modelled kernels against the GPU's busy time; with the waits for the host
     # (host_launch_ns, fitted on another machine's host) it lies between the busy time and
     # the profiled step's kernel span (48.8 ms: 12 ms of GPU idle waiting on this host)

@@ -85,6 +85,20 @@ class GpuCost:
     # H200 GPT-2 small s512 trace's 48 bias-gradient sums (14.5-27 us against 3-12 us of
     # bytes); the Zero Bubble-shape and bf16 GPT-2 traces are the check
     global_reduce_ns: float = 10500.0
+    # measured: 2-D convolutions as cuDNN runs them on NCHW tensors (popviz/target/
+    # gpu_conv.py): the share of the tensor cores' peak its GEMM's tiles get, times another
+    # share for a weight gradient, for an input of channels that are no multiple of 8, and
+    # for a half 1x1 one of pixels that are not (4-aligned kernels); the NHWC copies around
+    # an implicit GEMM (times a read and a write of what it reads and writes) and their
+    # kernels' fixed time; on ResNet-50's 23 convolutions timed kernel by kernel on an H200
+    # (bench/gpu_conv_shapes.py -> bench/data/gpu_conv_shapes_h200.json; fit:
+    # bench/fit_gpu_conv.py)
+    conv_gemm_efficiency: float = 0.45
+    conv_weight_grad_efficiency: float = 0.80
+    conv_misaligned_efficiency: float = 0.15
+    conv_align4_efficiency: float = 0.45
+    conv_copy_passes: float = 1.2
+    conv_copy_fixed_ns: float = 4000.0
     # measured: training-mode batch norm as its kernels run it, a block per channel
     # (popviz/target/gpu_norm.py), on 36 shapes of ResNet-50's in fp32 and bf16 timed
     # kernel by kernel on an H200 (bench/gpu_norm_kernels.py -> bench/data/

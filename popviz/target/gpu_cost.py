@@ -1,13 +1,14 @@
 """Per-op time on a GPU: a roofline per op class and shape plus a fixed cost per kernel.
 
     time = kernels * kernel_ns + max(compute, memory)
-    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns   (conv, attention)
-            (a GEMM: its output tiles in waves over the SMs, gpu_gemm.py)
+    compute = flops / (peak(dtype) * efficiency(op class)) + ramp_ns   (attention, grouped
+            convolutions; a GEMM: its output tiles in waves over the SMs, gpu_gemm.py; a
+            2-D convolution: cuDNN's GEMM with or without NHWC copies, gpu_conv.py)
             (element-wise ops off the vectorized kernel: elements * cycles(path) / (SMs * clock))
     memory = bytes moved / (HBM bandwidth * memory_efficiency)
 
-Tensor-core ops (conv, fused attention) are compute-bound when large; a convolution also
-pays a fixed `ramp_ns` (filling and draining the SMs, prologue and epilogue: a time, the
+Tensor-core ops (grouped convolutions, fused attention) are compute-bound when large and
+pay a fixed `ramp_ns` (filling and draining the SMs, prologue and epilogue: a time, the
 same whatever its rate), so its achieved rate rises with its size towards `efficiency` of
 the peak: the efficiency curve. Elementwise, norm, reduction and copies are
 memory-bound. Views and aliases launch nothing. The optimiser's per-parameter ops, recorded
@@ -25,6 +26,7 @@ import pandas as pd
 
 from popviz.target.convparams import dims_of
 from popviz.target.gpu import GpuCost, GpuTarget
+from popviz.target.gpu_conv import conv_ns
 from popviz.target.gpu_gemm import gemm_dims, gemm_ns
 from popviz.target.gpu_norm import batch_norm_ns, batch_norm_rows
 
@@ -203,6 +205,9 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
                       attention_peak * cost.attention_efficiency], fp32)
     tensor = conv | matmul | attention
     compute = np.where(conv | attention, flops / peak * 1e9 + cost.ramp_ns, 0.0)
+    if (cls == "conv").any():  # cuDNN: a GEMM, with NHWC copies or without (gpu_conv.py)
+        modelled = conv_ns(ops, target, cost)
+        compute = np.where(np.isnan(modelled), compute, modelled)
     if matmul.any():  # cuBLAS: output tiles in waves over the SMs (gpu_gemm.py)
         rows = np.flatnonzero(matmul)
         dims = gemm_dims(ops.iloc[rows])
