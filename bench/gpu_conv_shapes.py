@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from cuda_kernels import environment, kernel_times
 
 # (in channels, out channels, kernel, stride, input side) of ResNet-50's convolutions
 LAYERS = ((3, 64, 7, 2, 224),
@@ -31,26 +31,6 @@ LAYERS = ((3, 64, 7, 2, 224),
           (1024, 512, 1, 1, 14), (512, 512, 3, 2, 14), (512, 2048, 1, 1, 7),
           (1024, 2048, 1, 2, 14), (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7))
 BATCHES = (32, 64)
-
-
-def kernels_of(fn: Callable[[], Any], reps: int) -> list[tuple[str, float]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    events = [(e.name, e.time_range.elapsed_us() * 1e3) for e in prof.events()
-              if e.device_type == torch.autograd.DeviceType.CUDA]
-    per_call = len(events) // reps
-    if not per_call or len(events) % reps:
-        return events[:1]
-    return [(events[j][0], statistics.median(ns for _, ns in events[j::per_call]))
-            for j in range(per_call)]
 
 
 def measure(layer: tuple[int, int, int, int, int], batch: int, dtype: Any, reps: int
@@ -76,7 +56,7 @@ def measure(layer: tuple[int, int, int, int, int], batch: int, dtype: Any, reps:
                      ("weight_grad", backward([False, True, False]))):
         if kind == "input_grad" and cin == 3:
             continue  # the stem's input needs no gradient
-        kernels = kernels_of(fn, reps)
+        kernels = kernel_times(fn, reps)
         rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, "cin": cin,
                      "cout": cout, "kernel": k, "stride": stride, "side": side,
                      "out_side": int(y.shape[-1]), "kind": kind,
@@ -95,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics choose
-    doc: dict[str, Any] = {"environment": {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(), "date": time.strftime("%Y-%m-%d"),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}, "cases": [], "errors": {}}
+    doc: dict[str, Any] = {"environment": environment(
+        cudnn=torch.backends.cudnn.version(),
+        cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32)), "cases": [], "errors": {}}
     for dtype in (torch.float32, torch.bfloat16):
         for batch in BATCHES:
             for layer in LAYERS:

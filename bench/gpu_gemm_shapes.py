@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from cuda_kernels import environment, kernel_times
 
 LINEARS = ((1024, 1024), (768, 2304), (768, 3072), (3072, 768), (4096, 4096),
            (4096, 16384), (768, 50257))
@@ -54,48 +53,6 @@ def attention_cases(bh: int, s: int, d: int, dtype: Any) -> list[
             ("bmm_context", (s, d, s), lambda: torch.bmm(p, q))]
 
 
-def kernel_times(fn: Callable[[], Any], reps: int) -> list[tuple[str, float]]:
-    """(name, median ns) of each kernel one call launches, in launch order."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [(e.name, e.time_range.elapsed_us() * 1e3) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
-    per_call = len(kernels) // reps if reps else 0
-    if not per_call or len(kernels) % reps:
-        return [(name, ns) for name, ns in kernels[:1]]
-    out = []
-    for j in range(per_call):
-        calls = kernels[j::per_call]
-        out.append((calls[0][0], statistics.median(ns for _, ns in calls)))
-    return out
-
-
-def environment() -> dict[str, Any]:
-    import torch
-
-    props = torch.cuda.get_device_properties(0)
-    env: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
-                           "sms": int(props.multi_processor_count), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
-                           "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20)
-        env["clocks"] = smi.stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        env["clocks"] = f"unread: {exc}"
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
@@ -105,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    doc: dict[str, Any] = {"environment": environment(), "cases": [], "errors": {}}
+    doc: dict[str, Any] = {"environment": environment(
+        tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32)), "cases": [], "errors": {}}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         groups = [(f"linear {k}->{n} rows {m}", lambda m=m, k=k, n=n, dt=dtype: linear_cases(

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from cuda_kernels import environment  # noqa: E402  (bench/, beside this file)
 
 Case = tuple[str, Callable[[], tuple[Callable[[], Any], list[Any]]]]
 
@@ -158,23 +158,6 @@ def measure(name: str, make: Callable[[], Any], reps: int) -> dict[str, Any]:
     del fn, inputs, out
     torch.cuda.empty_cache()
     return row
-
-
-def environment() -> dict[str, Any]:
-    import torch
-
-    props = torch.cuda.get_device_properties(0)
-    env: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
-                           "sms": int(props.multi_processor_count), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d")}
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20)
-        env["clocks"] = smi.stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        env["clocks"] = f"unread: {exc}"
-    return env
 
 
 def main(argv: list[str] | None = None) -> int:

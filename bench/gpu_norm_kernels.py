@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
+
+from cuda_kernels import environment, kernel_times
 
 # ResNet-50's batch-norm inputs per image (channels, side) at 224 x 224
 SHAPES = ((64, 112), (64, 56), (256, 56), (128, 28), (512, 28), (256, 14), (1024, 14),
@@ -24,26 +24,6 @@ SHAPES = ((64, 112), (64, 56), (256, 56), (128, 28), (512, 28), (256, 14), (1024
 BATCHES = (16, 64)
 LAYER_NORMS = ((4096, 768), (8192, 768), (8192, 1024), (6144, 1600), (3072, 4096),
                (8192, 4096))  # (rows = tokens, hidden)
-
-
-def kernels_of(fn: Any, reps: int) -> list[tuple[str, float]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    events = [(e.name, e.time_range.elapsed_us() * 1e3) for e in prof.events()
-              if e.device_type == torch.autograd.DeviceType.CUDA]
-    per_call = len(events) // reps
-    if not per_call or len(events) % reps:
-        return events[:1]
-    return [(events[j][0], statistics.median(ns for _, ns in events[j::per_call]))
-            for j in range(per_call)]
 
 
 def measure(batch: int, channels: int, side: int, dtype: Any, reps: int) -> dict[str, Any]:
@@ -58,8 +38,8 @@ def measure(batch: int, channels: int, side: int, dtype: Any, reps: int) -> dict
     def backward() -> None:
         torch.autograd.grad(bn(x), (x, bn.weight, bn.bias), dy)
 
-    forward = kernels_of(lambda: bn(x), reps)
-    back = kernels_of(backward, reps)[len(forward):]
+    forward = kernel_times(lambda: bn(x), reps)
+    back = kernel_times(backward, reps)[len(forward):]
     return {"dtype": str(dtype).removeprefix("torch."), "batch": batch,
             "channels": channels, "side": side,
             "forward_ns": sum(ns for _, ns in forward),
@@ -77,8 +57,8 @@ def measure_layer_norm(rows: int, hidden: int, dtype: Any, reps: int) -> dict[st
     def backward() -> None:
         torch.autograd.grad(ln(x), (x, ln.weight, ln.bias), dy)
 
-    forward = kernels_of(lambda: ln(x), reps)
-    back = kernels_of(backward, reps)[len(forward):]
+    forward = kernel_times(lambda: ln(x), reps)
+    back = kernel_times(backward, reps)[len(forward):]
     return {"dtype": str(dtype).removeprefix("torch."), "rows": rows, "hidden": hidden,
             "forward_ns": sum(ns for _, ns in forward),
             "backward_ns": sum(ns for _, ns in back), "forward": forward, "backward": back}
@@ -93,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    doc: dict[str, Any] = {"environment": {"device": torch.cuda.get_device_name(0),
-                                           "torch": torch.__version__,
-                                           "date": time.strftime("%Y-%m-%d")},
-                           "cases": [], "errors": {}}
+    doc: dict[str, Any] = {"environment": environment(), "cases": [], "errors": {}}
     for dtype in (torch.float32, torch.bfloat16):
         for batch in BATCHES:
             for channels, side in SHAPES:
