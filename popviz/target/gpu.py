@@ -48,11 +48,14 @@ class GpuCost:
     # kernels), on the H200 bf16 GPT-2 trace's three LM-head GEMMs (vocabulary 50,257:
     # 1.90 TFLOP in 15.5 ms; tests/fixtures/kineto_gpt2-small-sdpa-amp-s1024-b8_h200)
     misaligned_matmul_efficiency: float = 0.124
-    conv_efficiency: float = 0.312  # fitted: the same for cuDNN convolutions (fp32: TF32)
-    conv_backward_efficiency: float = 0.216  # fitted: cuDNN dgrad + wgrad
-    ramp_ns: float = 18950.0  # fitted: a convolution's fixed time (SM fill / drain)
+    # fitted on ResNet-50's convolutions and batch norms before they had their own models
+    # (gpu_conv.py, gpu_norm.py); kept for grouped / depthwise convolutions, fused
+    # attention and layer norms, whose kernels have not been measured apart
+    conv_efficiency: float = 0.312  # share of the peak for a convolution (fp32: TF32)
+    conv_backward_efficiency: float = 0.216  # the same, dgrad + wgrad
+    ramp_ns: float = 18950.0  # a tensor-core op's fixed time (SM fill / drain)
     memory_efficiency: float = 0.840  # fitted: share of HBM bandwidth an elementwise op gets
-    norm_reads: float = 3.31  # fitted: times a norm reads its input (statistics, normalising)
+    norm_reads: float = 3.31  # (as conv_efficiency) times a norm reads its input
     attention_efficiency: float = 0.45  # assumed: fused (flash) attention, FA2 on H100
     vector_efficiency: float = 0.60  # assumed: share of the non-tensor FP32 rate
     # measured: an fp32 GEMM tile's share of the CUDA cores' FP32 rate (cuBLAS SGEMM, FFMA:
