@@ -47,8 +47,10 @@ def modelled_ns(cases: list[dict[str, Any]], cost: GpuCost) -> np.ndarray:
     b, m, n, k = arr["batch"], arr["rows"], arr["cols"], arr["inner"]
     moved = b * (m * k + k * n + m * n) * itemsize
     odd = np.array([VOCAB in (c["rows"], c["cols"], c["inner"]) for c in cases])
-    rate = np.where(half, t.bf16_flops * np.where(odd, cost.misaligned_matmul_efficiency,
-                                                  cost.matmul_efficiency),
+    odd_out = np.array([c["cols"] == VOCAB for c in cases])
+    odd_rate = np.where(odd_out, cost.misaligned_output_matmul_efficiency,
+                        cost.misaligned_matmul_efficiency)
+    rate = np.where(half, t.bf16_flops * np.where(odd, odd_rate, cost.matmul_efficiency),
                     t.fp32_flops * cost.fp32_matmul_efficiency)
     return gemm_ns(b, m, n, k, moved, itemsize, rate, half, t, cost) + cost.kernel_ns
 

@@ -109,9 +109,10 @@ def test_gemms_run_at_the_half_rate(gpt: Any) -> None:
     for r, peak, slow in ((fp32, A100_80GB.fp32_flops * cost.fp32_matmul_efficiency,
                            A100_80GB.fp32_flops * cost.fp32_matmul_efficiency),
                           (half, A100_80GB.bf16_flops * cost.matmul_efficiency,
-                           A100_80GB.bf16_flops * cost.misaligned_matmul_efficiency)):
+                           A100_80GB.bf16_flops * cost.misaligned_output_matmul_efficiency)):
         mm = r.tables["ops"].query("op_class == 'matmul' and phase == 'forward' and flops > 0")
-        # the LM head's vocabulary (50,257) is no multiple of 8: a half GEMM's align1 rate
+        # the LM head's vocabulary (50,257) is no multiple of 8: a half GEMM's align1 rate,
+        # its forward's output rows of that size
         vocab = mm["shapes"].astype(str).str.contains("50257").to_numpy()
         assert vocab.sum() == 1
         at_rate = mm["flops"].to_numpy(np.float64) / np.where(vocab, slow, peak) * 1e9

@@ -44,10 +44,15 @@ class GpuCost:
     simt_gemm_split_k_ns: float = 3000.0
     simt_gemm_load_bytes_per_cycle: float = 8.0
     simt_gemm_memory_efficiency: float = 0.70
-    # fitted: the same for a half GEMM with a size that is not a multiple of 8 (align1
-    # kernels), on the H200 bf16 GPT-2 trace's three LM-head GEMMs (vocabulary 50,257:
-    # 1.90 TFLOP in 15.5 ms; tests/fixtures/kineto_gpt2-small-sdpa-amp-s1024-b8_h200)
-    misaligned_matmul_efficiency: float = 0.124
+    # measured: the same for a half GEMM with a size that is not a multiple of 8 (the align1
+    # kernels, `cutlass_75_tensorop_bf16_s1688gemm_bf16_*_align1`), per whole GEMM: its
+    # output's rows of such a size (GPT-2's LM head forward, [tokens x 50,257]) 0.095, an
+    # operand's only (its input and weight gradients) 0.14, on the H200 microbenchmark
+    # (bench/data/gpu_gemm_shapes_h200.json, 768 x 50,257 at 2,048 and 8,192 rows:
+    # 0.094-0.095 and 0.139-0.147). One 0.124 had been fitted on the three of the H200 bf16
+    # GPT-2 trace (tests/fixtures/kineto_gpt2-small-sdpa-amp-s1024-b8_h200)
+    misaligned_matmul_efficiency: float = 0.14
+    misaligned_output_matmul_efficiency: float = 0.095
     # fitted on ResNet-50's convolutions and batch norms before they had their own models
     # (gpu_conv.py, gpu_norm.py); kept for grouped / depthwise convolutions, fused
     # attention and layer norms, whose kernels have not been measured apart

@@ -191,8 +191,12 @@ def gpu_op_costs(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost | None = No
     # aligned tensor-core kernels: cuBLAS falls back to align1 ones (GPT-2's vocabulary,
     # 50,257: `cutlass_75_tensorop_bf16_s1688gemm_bf16_*_align1` in the H200 trace)
     misaligned = half & matmul & misaligned_gemm(ops["shapes"])
+    # the output's rows of such a size too (an LM head's forward): slower still
+    out_odd = ops["out_shape"].astype(str).str.extract(r"(\d+)\]$")[0].fillna("8").astype(
+        int).to_numpy() % 8 != 0 if "out_shape" in ops else np.zeros(n, dtype=bool)
     matmul_peak = np.where(half, target.bf16_flops * np.where(
-        misaligned, cost.misaligned_matmul_efficiency, cost.matmul_efficiency),
+        misaligned, np.where(out_odd, cost.misaligned_output_matmul_efficiency,
+                             cost.misaligned_matmul_efficiency), cost.matmul_efficiency),
         target.fp32_flops * cost.fp32_matmul_efficiency)
     backward = name.str.contains("backward").to_numpy()
     # fused attention in fp32 is the memory-efficient kernel, which runs on CUDA cores
