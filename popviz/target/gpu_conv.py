@@ -81,16 +81,14 @@ def conv_shape(op: str, shapes: str, out_shape: str = "") -> ConvShape | None:
     return ConvShape(n, cin, cout, r * s, h * wd, p * q, stride, r * s == 1)
 
 
-def _gemm(rows: float, cols: float, inner: float, batch: float, moved: float, itemsize: float,
-          rate: float, target: GpuTarget, cost: GpuCost) -> float:
-    return float(gemm_ns(np.array([batch]), np.array([rows]), np.array([cols]),
-                         np.array([inner]), np.array([moved]), np.array([itemsize]),
-                         np.array([rate]), np.array([True]), target, cost)[0])
+# one pass as a GEMM: (batch, rows, cols, inner, bytes moved, item size, FLOP/s) and the
+# ns it takes besides (the NHWC copies of an implicit GEMM)
+PassGemm = tuple[tuple[float, float, float, float, float, float, float], float]
 
 
-def pass_ns(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: GpuCost
-            ) -> float:
-    """ns of one pass ("forward", "input", "weight") past its launches."""
+def pass_gemm(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: GpuCost
+              ) -> PassGemm:
+    """The GEMM one pass ("forward", "input", "weight") runs, and its other ns."""
     itemsize = 2.0 if half else 4.0
     peak = (target.bf16_flops if half else target.tf32_flops) * cost.conv_gemm_efficiency
     if shape.cin % 8:
@@ -98,6 +96,7 @@ def pass_ns(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: Gp
     x = shape.batch * shape.cin * shape.pixels * itemsize
     y = shape.batch * shape.cout * shape.out_pixels * itemsize
     w = shape.cout * shape.cin * shape.kernel * itemsize
+    moved = x + y + w
     gemm_path = shape.one_by_one and shape.stride == 1 and \
         shape.pixels >= GEMM_PATH_MIN_PIXELS and (kind != "weight" or shape.pixels > 14 * 14)
     if kind == "weight":
@@ -106,12 +105,11 @@ def pass_ns(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: Gp
         if half and shape.pixels % 8:  # 14 x 14 = 196: the 4-element-aligned kernels
             peak *= cost.conv_align4_efficiency
         if kind == "weight":
-            return _gemm(shape.cout, shape.cin, shape.batch * shape.pixels, 1, x + y + w,
-                         itemsize, peak, target, cost)
+            return (1, shape.cout, shape.cin, shape.batch * shape.pixels, moved, itemsize,
+                    peak), 0.0
         rows = shape.cout if kind == "forward" else shape.cin
         inner = shape.cin if kind == "forward" else shape.cout
-        return _gemm(rows, shape.pixels, inner, shape.batch, x + y + w, itemsize, peak,
-                     target, cost)
+        return (shape.batch, rows, shape.pixels, inner, moved, itemsize, peak), 0.0
     if kind == "forward":
         dims = (shape.batch * shape.out_pixels, shape.cout, shape.cin * shape.kernel)
     elif kind == "input":
@@ -119,9 +117,27 @@ def pass_ns(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: Gp
                 max(1, shape.cout * shape.kernel // shape.stride ** 2))
     else:
         dims = (shape.cout, shape.cin * shape.kernel, shape.batch * shape.out_pixels)
-    gemm = _gemm(*dims, 1, x + y + w, itemsize, peak, target, cost)
     copies = 2 * (x + y) / (target.hbm_bytes_per_s * cost.memory_efficiency) * 1e9
-    return gemm + cost.conv_copy_passes * copies + cost.conv_copy_fixed_ns
+    return (1, *dims, moved, itemsize, peak), \
+        cost.conv_copy_passes * copies + cost.conv_copy_fixed_ns
+
+
+def _gemms_ns(passes: list[PassGemm], target: GpuTarget, cost: GpuCost) -> np.ndarray:
+    """ns of each pass: its GEMM on the wave model (all of them in one vectorised call)
+    plus its other ns."""
+    if not passes:
+        return np.zeros(0)
+    cols = np.array([gemm for gemm, _ in passes], dtype=np.float64).T
+    batch, rows, width, inner, moved, itemsize, rate = cols
+    gemms = gemm_ns(batch, rows, width, inner, moved, itemsize, rate,
+                    np.ones(len(passes), dtype=bool), target, cost)
+    return gemms + np.array([extra for _, extra in passes])
+
+
+def pass_ns(shape: ConvShape, kind: str, half: bool, target: GpuTarget, cost: GpuCost
+            ) -> float:
+    """ns of one pass ("forward", "input", "weight") past its launches."""
+    return float(_gemms_ns([pass_gemm(shape, kind, half, target, cost)], target, cost)[0])
 
 
 def conv_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
@@ -133,18 +149,25 @@ def conv_ns(ops: pd.DataFrame, target: GpuTarget, cost: GpuCost) -> np.ndarray:
         np.full(len(ops), "")
     half = ops["dtype"].astype(str).isin(["float16", "bfloat16"]).to_numpy()
     flops = ops["flops"].to_numpy(np.float64)
+    rows: list[int] = []  # the op of each pass
+    passes: list[PassGemm] = []
     for i in np.flatnonzero(cls == "conv"):
         out_shape = str(ops["out_shape"].iloc[i]) if "out_shape" in ops else ""
         shape = conv_shape(name.iloc[i], str(ops["shapes"].iloc[i]), out_shape)
         if shape is None:
             continue
         if "backward" not in name.iloc[i]:
-            out[i] = pass_ns(shape, "forward", bool(half[i]), target, cost)
-            continue
-        if parts[i] in ("input", "weight"):
+            kinds = ["forward"]
+        elif parts[i] in ("input", "weight"):
             kinds = [parts[i]]
         else:  # both gradients, or the weight's alone where the input needs none
             both = flops[i] > 1.5 * shape.forward_flops
             kinds = ["input", "weight"] if both else ["weight"]
-        out[i] = sum(pass_ns(shape, k, bool(half[i]), target, cost) for k in kinds)
+        for kind in kinds:
+            rows.append(int(i))
+            passes.append(pass_gemm(shape, kind, bool(half[i]), target, cost))
+    if rows:
+        index = np.array(rows)
+        out[np.unique(index)] = 0.0
+        np.add.at(out, index, _gemms_ns(passes, target, cost))
     return out
