@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_compile.py [--batch 16] [--image-size 224] [--repeat 3]
     .venv/bin/python bench/bench_compile.py --synthetic      # no recorder: ~3000-op chain
-    .venv/bin/python bench/bench_compile.py --calibrate      # every calibration point, both errors
+    .venv/bin/python bench/bench_compile.py --calibrate      # every calibration point, both errors,
+                                                             # per kind, per op class
     .venv/bin/python bench/bench_compile.py --baseline 730be3b~1   # and that revision's compile
 
 Prints the best-of-N compile time (4 IPUs x 1472 tiles, per-tile liveness included) as a
@@ -155,6 +156,8 @@ def calibrate() -> int:
     print(per_kind_table(points, outside))
     print()
     print(per_class_tables())
+    print()
+    print(poplibs_layer_table())
     print(f"({time.perf_counter() - start:.0f} s; constants: "
           + ", ".join(f"{k}={getattr(DEFAULT_COST, k):.4g}" for k in
                       FITTED) + ")")
@@ -204,6 +207,25 @@ def per_class_tables() -> str:
             continue
         out.append(classes.render(point_id, table, facts))
     return "\n\n".join(out)
+
+
+def poplibs_layer_table() -> str:
+    """Per op class, popviz's plan against PopLibs' own estimate of 146 whole layers on its
+    Mk1 / Mk2 IPU models, every fitted factor 1 (bench/bench_poplibs_layers.py: the
+    evidence that isolates a class)."""
+    from popviz.target.machines import ipu_target
+    from tooling.poplibs_layers import class_errors, compare, load_layers
+
+    unit = ipu_target("mk2").cost.with_values(amp_efficiency=1.0, conv_efficiency=1.0,
+                                              vector_efficiency=1.0)
+    table = class_errors(compare(load_layers(), ("mk1", "mk2"), cost=unit))
+    lines = ["PopLibs' layer benchmarks (popviz at factor 1 / PopLibs' IPU-model cycles):",
+             "| IPU | class | layers | mean abs log error | geometric-mean ratio | worst |",
+             "|---|---|---|---|---|---|"]
+    for (target, cls), row in table.iterrows():
+        lines.append(f"| {target} | {cls} | {int(row['layers'])} | {row['mean_abs_log']:.3f} | "
+                     f"{row['geomean_ratio']:.2f} | {row['worst_ratio']:.2f} |")
+    return "\n".join(lines)
 
 
 def timed_compiles(program: object, options: Options, repeat: int
@@ -276,7 +298,8 @@ def main() -> int:
                         "730be3b~1, before IPU model v3) and print the ratio")
     parser.add_argument("--calibrate", action="store_true",
                         help="print every calibration point with its in-sample and "
-                        "leave-one-out error (docs/cost-model.md)")
+                        "leave-one-out error, the per-kind and per-class tables and the "
+                        "PopLibs layer benchmarks per op class (docs/cost-model.md)")
     args = parser.parse_args()
     if args.calibrate:
         return calibrate()

@@ -83,10 +83,27 @@ def reference_grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np
         split, r * pi * arch.partial_bytes, 0))
     cast = np.where(arch.partial_bytes != arch.out_bytes,
                     cast_cycles(np.where(split, r, partial_elems), arch.vector_width), 0)
-    # the weight update reads the activations transposed: a rearranging copy
-    transform = 0.0
+    # rearranging copies: the weight update's operands (read transposed), another pass's
+    # input and weights when its channels are padded to the grouping, its weights and
+    # output when its output channels are padded to the units
+    rearranged = 0
     if p.kind == WU:
-        share = (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes / used
+        rearranged = (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes
+    elif p.expanded:  # expandDims: the gathered input and the weights
+        rearranged = (p.expanded + p.in_chans * p.out_chans * p.kernel[0] * p.kernel[1]
+                      * p.groups) * arch.elem_bytes
+    else:
+        kernel = p.kernel[0] * p.kernel[1]
+        if p.in_chans % in_group:
+            rearranged += (p.batch * p.field[0] * p.field[1] * p.stride[0] * p.stride[1]
+                           + p.out_chans * kernel) * p.in_chans
+        if p.out_chans % arch.units:
+            rearranged += (p.in_chans * kernel + p.batch * p.field[0] * p.field[1]) \
+                * p.out_chans
+        rearranged = rearranged * p.groups * arch.elem_bytes
+    transform = 0.0
+    if rearranged:
+        share = rearranged / used
         transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
     # temporary memory: what the plan adds to a tile, the bytes AMP bounds. The input slice
     # already on a tile is no copy (the conv lays out its own input, as PopLibs' createInput

@@ -93,9 +93,23 @@ def by_hand(p: ConvParams, target: Target, method: str,
     in_rate = 0.5 if o % 2 == 0 else 1.0  # IPU2: tile pairs share an exchange bus
     tiles = b * h * w * g * i * o
     exchange = math.ceil((in_copy * in_rate + w_copy) / xbpc)
-    if p.kind == WU:  # both operands rearranged: the expanded activations and the
-        # output gradient (poplin addTransformCycleEstimate, rearrangeInput / Weights)
-        share = (p.batch + p.out_chans) * p.in_chans * p.groups * eb / tiles
+    # rearranging copies before the pass (poplin addTransformCycleEstimate), spread over
+    # the tiles used: a WU both operands, the expanded activations and the output gradient
+    # (rearrangeInput / Weights); another pass its input and weights when its channels do
+    # not fill the grouping (padInChannels), its weights and output when its output
+    # channels do not fill the units (padPartialChannels)
+    if p.kind == WU:
+        rearranged = (p.batch + p.out_chans) * p.in_chans * p.groups * eb
+    else:
+        weights = p.in_chans * p.out_chans * kh * kw
+        elements = 0
+        if p.in_chans % in_group:
+            elements += p.positions * p.stride[0] * p.stride[1] * p.in_chans + weights
+        if p.out_chans % units:
+            elements += weights + p.positions * p.out_chans
+        rearranged = elements * p.groups * eb
+    if rearranged:
+        share = rearranged / tiles
         exchange += math.ceil(share * 5 / (eb * 4)) + math.ceil(share / xbpc)
     outputs = ceil(p.positions * p.groups * p.out_chans, tiles)  # spread over all tiles
     partials_in = outputs * i * pb_ if i > 1 else 0

@@ -167,6 +167,28 @@ def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, 
                    incoming, depth)
 
 
+def rearranged_bytes(p: ConvParams, arch: TileArch, in_group: int) -> int:
+    """Bytes a pass rearranges before it runs (poplin addTransformCycleEstimate): a weight
+    update both its operands (rearrangeInput and rearrangeWeights are set for every WU
+    pass: the activations expanded over the kernel, batch = Ci x Kh x Kw rows, and the
+    output gradient); any other pass its input and weights when its input channels do not
+    fill the grouping (padInChannels), its weights and output when its output channels do
+    not fill the conv units (padPartialChannels); an expanded pass (expandDims) the input
+    it gathers and its weights (the expanded channels are padded in that copy)."""
+    if p.kind == WU:
+        return (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes
+    weights = p.in_chans * p.out_chans * p.kernel[0] * p.kernel[1]
+    inputs = p.positions * p.stride[0] * p.stride[1] * p.in_chans
+    if p.expanded:  # expandDims rearranges the gathered input and the weights
+        return (p.expanded + weights * p.groups) * arch.elem_bytes
+    elements = 0
+    if p.in_chans % in_group:
+        elements += inputs + weights
+    if p.out_chans % arch.units:
+        elements += weights + p.positions * p.out_chans
+    return elements * p.groups * arch.elem_bytes
+
+
 @lru_cache(maxsize=4096)
 def _used_tables(outputs: int, wu_bytes: int, arch: TileArch) -> tuple[np.ndarray, ...]:
     """Per number of tiles used (1 .. tiles): outputs per tile, the reduction's loops per
@@ -198,13 +220,8 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     loops, blocks, out_blocks, in_bytes_c, w_bytes, in_share, in_rate, split, incoming, \
         depth = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel, p.stride, arch,
                              in_group)
-    # a weight update rearranges both operands (poplin addTransformCycleEstimate:
-    # rearrangeInput and rearrangeWeights are set for every WU pass): the activations,
-    # expanded over the kernel (batch = Ci x Kh x Kw rows), and the output gradient
-    wu_bytes = (p.batch + p.out_chans) * p.in_chans * p.groups * arch.elem_bytes \
-        if p.kind == WU else 0
     per_used, loops_used, transform = _used_tables(
-        p.positions * p.groups * p.out_chans, wu_bytes, arch)
+        p.positions * p.groups * p.out_chans, rearranged_bytes(p, arch, in_group), arch)
     # the partitions: gathers and the few operations that mix the three sides
     u = used - 1
     split_r, depth_r, out_blocks_r = split[ci], depth[ci], out_blocks[ci]

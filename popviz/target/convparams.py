@@ -40,6 +40,9 @@ class ConvParams:
     kernel: tuple[int, int]  # (Kh, Kw): more reduction, and a halo on the input field
     stride: tuple[int, int] = (1, 1)
     kind: str = FWD
+    # elements of an input PopLibs' expandDims gathered over the kernel before the pass
+    # (its rearrangement: convplan's expand variants), all groups; 0: none
+    expanded: int = 0
 
     @property
     def positions(self) -> int:

@@ -38,7 +38,7 @@ import numpy as np
 
 from popviz.target.convgrid import cands as _cands
 from popviz.target.convgrid import grid as _grid
-from popviz.target.convparams import ConvParams
+from popviz.target.convparams import WU, ConvParams
 from popviz.target.vertices import (
     TileArch,
     cast_cycles,
@@ -129,6 +129,39 @@ def _variants(p: ConvParams, arch: TileArch) -> list[tuple[str, ConvParams, int]
     if p.kernel == (1, 1) and p.field == (1, 1) and p.batch != p.out_chans:
         swapped = replace(p, batch=p.out_chans, out_chans=p.batch)
         out += [(f"amp{g}-swapped", swapped, g) for g in groupings]
+    for name, expanded in _expansions(p, widest):
+        grouped = arch.in_groups if expanded.in_chans < widest else (widest,)
+        out += [(f"amp{g}-{name}", expanded, g) for g in grouped]
+    return out
+
+
+def _expansions(p: ConvParams, widest: int) -> list[tuple[str, ConvParams]]:
+    """PopLibs' expandDims (poplin ConvPlan.cpp getExpandDimsCandidates, ConvUtil
+    expandDim): a kernel dimension folded into the input channels, so a pass of few
+    channels and a wide kernel (a stem, a 1-channel 5 x 200 filter) fills the conv units'
+    chain; its input is gathered over that kernel dimension first (a copy of kernel x the
+    input's elements along it, which the grid charges as a rearrangement). Tried for
+    forward and input-gradient passes whose channels do not fill the widest grouping, each
+    subset of the dimensions whose input is at least as long as the kernel."""
+    if p.kind == WU or p.in_chans >= widest or p.expanded:
+        return []
+    dims = [d for d in (0, 1) if p.kernel[d] > 1
+            and p.field[d] * p.stride[d] + p.kernel[d] - 1 >= p.kernel[d]]
+    out = []
+    for subset in ((0,), (1,), (0, 1)):
+        if not set(subset) <= set(dims):
+            continue
+        kernel, stride, chans = list(p.kernel), list(p.stride), p.in_chans
+        for d in subset:
+            chans, kernel[d], stride[d] = chans * kernel[d], 1, 1
+        # the gathered input: its expanded dimensions at the output's length, the others
+        # as the input's (the output's strided length plus the kernel's halo)
+        along = [p.field[d] if d in subset else p.field[d] * p.stride[d] + p.kernel[d] - 1
+                 for d in (0, 1)]
+        gathered = p.batch * p.groups * chans * along[0] * along[1]
+        name = "expand" + "".join("hw"[d] for d in subset)
+        out.append((name, replace(p, in_chans=chans, kernel=(kernel[0], kernel[1]),
+                                  stride=(stride[0], stride[1]), expanded=gathered)))
     return out
 
 
