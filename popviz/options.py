@@ -116,6 +116,13 @@ class Options:
     # with recomputation, what is recomputed: "full" (each section's forward) or, GPU
     # targets, "selective" (the attention core only: Megatron-LM's --recompute-granularity)
     recompute_granularity: str = "full"
+    # IPU tiles set aside for host streams (PopTorch TensorLocations.numIOTiles, PopART
+    # numIOTiles, PopRT num_iotiles): the program computes on the others and the host
+    # copies of the next device iteration overlap this one's compute
+    io_tiles: int = 0
+    # inference: each batch norm folded into its convolution (an ONNX export in eval mode,
+    # PopRT): a per-channel bias add instead of the running-statistics scale and shift
+    fold_batch_norms: bool = False
 
     # ---- PopTorch-like setters (each returns self so calls chain) ----
     def set_available_memory_proportion(self, value: Any) -> Options:
@@ -213,6 +220,22 @@ class Options:
         self.replicated_tensor_sharding = bool(enabled)
         return self
 
+    def set_io_tiles(self, count: int) -> Options:
+        """Tiles of each IPU kept for host streams (PopTorch's
+        `TensorLocations.numIOTiles`): the program runs on the rest, and with device
+        iterations the next iteration's host copies overlap this one's compute."""
+        self.io_tiles = count
+        self.validate()
+        return self
+
+    def set_fold_batch_norms(self, enabled: bool = True) -> Options:
+        """Inference: batch norms folded into their convolutions (what an ONNX export in
+        eval mode gives PopRT): a bias add where the running statistics' scale and shift
+        would be."""
+        self.fold_batch_norms = bool(enabled)
+        self.validate()
+        return self
+
     def set_outlining(self, enabled: bool = True) -> Options:
         """Identical ops of repeated layers share one copy of their code, vertex state and
         exchange code (PopART / PopTorch outlining, on by default there; TensorFlow's CNN
@@ -256,6 +279,12 @@ class Options:
                 raise ValueError(
                     f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}"
                 )
+        if isinstance(self.io_tiles, bool) or not isinstance(self.io_tiles, int) \
+                or self.io_tiles < 0:
+            raise ValueError(f"io tiles must be a whole number >= 0, got {self.io_tiles!r}")
+        if self.fold_batch_norms and self.training:
+            raise ValueError("folding batch norms into convolutions is for inference "
+                             "(training=False): training computes batch statistics")
         if self.num_ipus is not None and self.num_ipus < 1:
             raise ValueError(f"num_ipus must be >= 1, got {self.num_ipus!r}")
         self.available_memory_proportion = normalise_amp(self.available_memory_proportion)

@@ -21,6 +21,7 @@ import pandas as pd
 from popviz.actions import CONTRACT_PASSES
 from popviz.compiler.bsp import time_schedule
 from popviz.compiler.compiler import _stage_costs, compile, costed_plan
+from popviz.compiler.plan_common import compute_target
 from popviz.compiler.schedule import build_schedule
 from popviz.options import Options
 from popviz.recorder.program import Program
@@ -165,7 +166,7 @@ class Prepared:
 def prepare(point: dict[str, Any]) -> Prepared:
     """Plan a throughput point as `compile` does, keeping what re-costing needs."""
     options = point_options(point).copy()
-    target = ipu_target(options.target)
+    target = compute_target(ipu_target(options.target), options.io_tiles)
     precision = Precision.parse(options.precision, options.half_partials)
     program, micro_batch, plan, ops, amp = costed_plan(point_program(point), options,
                                                        target, precision)
@@ -179,7 +180,8 @@ def prepare(point: dict[str, Any]) -> Prepared:
     has_wu = options.training and bool((ops["pass"] == "WU").any())
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
                               options.replication_factor, has_wu, costs.recompute > 0)
-    timing = time_schedule(schedule, costs, target, plan.num_ipus, options.replication_factor)
+    timing = time_schedule(schedule, costs, target, plan.num_ipus, options.replication_factor,
+                           overlap_host=options.io_tiles > 0)
     raw = ops.drop(columns=[c for c in ("tiles_used", "compute_cycles", "memory_cycles",
                                         "exchange_cycles_internal", "passes", "cycles",
                                         "temp_bytes", "temp_total_bytes", "amp_used",

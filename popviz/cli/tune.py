@@ -50,7 +50,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "headroom, as experts balance memory across IPUs; the current "
                         "layout is judged the same way")
     parser.add_argument("--target", default=None,
-                        help="plan for another target (mk1, mk2, bow, or a GPU: h100, "
+                        help="plan for another target (mk1, mk2, bow, c600, or a GPU: h100, "
                         "h100-pcie, h200, a100, whose schedules are 1F1B, GPipe and Zero Bubble's "
                         "ZB1P and ZB2P, and with 2 stages per GPU ZBV, InterleavedZB and "
                         "Interleaved1F1B, whose recomputation may be selective (attention "

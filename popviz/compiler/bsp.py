@@ -107,7 +107,7 @@ def _transfers(schedule: Schedule, costs: StageCosts, target: Target,
 
 
 def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipus: int,
-                  replicas: int) -> Timing:
+                  replicas: int, overlap_host: bool = False) -> Timing:
     a = schedule.actions
     K, n = schedule.num_supersteps, len(costs.ipu)
     s = a["stage"].to_numpy()
@@ -146,6 +146,10 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
             hm = on & is_host
             np.add.at(host_x, (tk[hm], idx[hm]), tc[hm])
         np.add.at(host_total, tk[is_host], tc[is_host])
+    if overlap_host:  # I/O tiles copy the next iteration's streams during this compute:
+        # only what the compute does not cover waits (PopTorch's overlapped I/O)
+        host_x = np.maximum(host_x - busy, 0)
+        host_total = np.maximum(host_total - compute_len, 0)
     if K and num_ipus:  # the host call's fixed cost (stream setup, program start) opens it
         call = int(np.ceil(getattr(target, "host_call_cycles", 0.0)))
         host_x[0, int(costs.ipu[0])] += call

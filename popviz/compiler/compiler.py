@@ -20,6 +20,7 @@ from popviz.compiler.plan_common import (
     _forward_only,
     _rescale,
     _stage_costs,
+    compute_target,
     inference_norms,
     step_rates,
 )
@@ -49,7 +50,11 @@ def compile(program: Program, options: Options | None = None) -> Report:
     options = (options or Options()).copy()
     target = get_target(options.target)
     if isinstance(target, GpuTarget):  # the GPU family: kernels on streams, no tiles
+        if options.io_tiles:
+            raise ValueError(f"io tiles are an IPU's tiles kept for host streams; "
+                             f"{options.target} is a GPU")
         return compile_gpu(program, options, target)
+    target = compute_target(target, options.io_tiles)
     if options.gpu_precision != "as-recorded":
         raise ValueError(f"GPU precision {options.gpu_precision!r} is for GPU targets; "
                          f"{options.target} takes precision (16.16, 16.32, 32.32) instead")
@@ -81,7 +86,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
     schedule = build_schedule(n_stages, microbatches, iterations, options.training, kind,
                               options.replication_factor, has_wu, stage_costs.recompute > 0)
     timing = time_schedule(schedule, stage_costs, target, plan.num_ipus,
-                           options.replication_factor)
+                           options.replication_factor, overlap_host=options.io_tiles > 0)
     # tied weights read on several IPUs: a copy on each, their gradients exchanged
     shared = find_shared(ops, program.tensors, plan) if options.training else None
     exchange = timing.exchange if shared is None else gradient_exchange(
@@ -117,7 +122,7 @@ def costed_plan(program: Program, options: Options, target: Target, precision: P
     order. Returns (program, micro_batch, plan, costed ops, each op's requested AMP)."""
     program, micro_batch = _rescale(program, options)
     if not options.training:
-        program = inference_norms(_forward_only(program))
+        program = inference_norms(_forward_only(program), fold=options.fold_batch_norms)
     plan = plan_stages(program, options)
     ops = plan.ops
     # the AMP of each op: one look-up per (IPU, conv or matmul), spread over the ops

@@ -6,7 +6,7 @@ build on these; neither imports the other for them."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,7 @@ from popviz.compiler.stages import StagePlan
 from popviz.options import Options
 from popviz.recorder.program import Program
 from popviz.target.cost import Precision, dtype_scale
+from popviz.target.machines import Target
 
 PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
 PER_SAMPLE_CATEGORIES = ("activation", "temporary", "input")
@@ -58,21 +59,41 @@ def _forward_only(program: Program) -> Program:
 # a batch norm in inference uses its running statistics: torch records it as this op (eval
 # mode), PopLibs runs it as batchNormalise with the folded scale and shift (popnn BatchNorm)
 INFERENCE_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
+# folded into the convolution before it (Options.fold_batch_norms): the bias it leaves,
+# costed as popops' per-channel broadcast add (popops.BIAS_ADD)
+FOLDED_BATCH_NORM = "popviz.folded_batch_norm"
 
 
-def inference_norms(program: Program) -> Program:
+def inference_norms(program: Program, fold: bool = False) -> Program:
     """An inference program's batch norms as inference runs them: with running statistics
-    (a step recorded in training mode computes batch statistics)."""
+    (a step recorded in training mode computes batch statistics), or, `fold`, folded into
+    their convolutions as an ONNX export in eval mode leaves them for PopRT: the
+    convolution's bias, added to its output per channel (poplin addBias, a broadcast
+    add), named FOLDED_BATCH_NORM."""
     ops = program.ops
-    train_bn = ops["op"].astype(str).isin(["aten.native_batch_norm.default",
-                                           "aten._native_batch_norm_legit.default",
-                                           "aten._native_batch_norm_legit_functional.default",
-                                           "aten.cudnn_batch_norm.default"])
-    if not train_bn.any():
+    names = ops["op"].astype(str)
+    bn = names.isin(["aten.native_batch_norm.default",
+                     "aten._native_batch_norm_legit.default",
+                     "aten._native_batch_norm_legit_functional.default",
+                     "aten.cudnn_batch_norm.default"])
+    if fold:
+        bn |= names == INFERENCE_BATCH_NORM
+    if not bn.any():
         return program
     ops = ops.copy()
-    ops.loc[train_bn, "op"] = INFERENCE_BATCH_NORM
+    ops.loc[bn, "op"] = FOLDED_BATCH_NORM if fold else INFERENCE_BATCH_NORM
     return Program(ops, program.tensors, program.model, program.mode)
+
+
+def compute_target(target: Target, io_tiles: int) -> Target:
+    """The IPU a program runs on when `io_tiles` of each IPU's tiles serve host streams:
+    the rest (one-line ValueError when none would be left)."""
+    if io_tiles <= 0:
+        return target
+    if io_tiles >= target.tiles_per_ipu:
+        raise ValueError(f"io tiles {io_tiles:,} leave no tiles for the program on "
+                         f"{target.name} ({target.tiles_per_ipu:,} tiles an IPU)")
+    return replace(target, tiles_per_ipu=target.tiles_per_ipu - io_tiles)
 
 
 def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: Options,

@@ -101,12 +101,15 @@ NORM_BACKWARD = VectorKind("norm backward", 7 * FAST_BINARY.half + 2 * REDUCE.ha
 # batchNormalise): two per-channel broadcast ops
 NORM_INFERENCE = VectorKind("norm, inference (running statistics)", 2 * 2 / 8, 2 * 2 / 4,
                             passes=2, steps="norm inference")
+# a batch norm folded into its convolution (Options.fold_batch_norms): the bias it leaves
+BIAS_ADD = VectorKind("bias add (a folded batch norm)", 2 / 8, 2 / 4, passes=1,
+                      steps="bias add")
 COPY = VectorKind("copy (exchange, per byte)", 0.25, 0.25, basis="byte", exchanges=1)
 OTHER = BINARY
 
 KINDS = (FAST_BINARY, BINARY, SELECT, RELU, EXP, TANH, SIGMOID, DIVIDE, SQRT, RSQRT, GELU,
          GELU_BACKWARD, CAST, REDUCE, LOCAL_REDUCE, SOFTMAX, SOFTMAX_BACKWARD, NORM,
-         NORM_BACKWARD, NORM_INFERENCE, COPY)
+         NORM_BACKWARD, NORM_INFERENCE, BIAS_ADD, COPY)
 
 # aten op base names (no namespace, overload or trailing underscore; `_foreach_` and
 # `native_` prefixes dropped) -> kind
@@ -137,6 +140,7 @@ for _kind, _names in (
     (NORM, "batch_norm layer_norm group_norm"),
     (NORM_BACKWARD, "batch_norm_backward layer_norm_backward group_norm_backward"),
     (NORM_INFERENCE, "batch_norm_legit_no_training"),
+    (BIAS_ADD, "folded_batch_norm"),
     (COPY, "clone copy cat stack contiguous index_select gather embedding index "
            "slice_scatter select_scatter constant_pad_nd pad repeat roll flip "
            "new_zeros split_with_sizes_copy unbind_copy dropout bernoulli"),
@@ -150,7 +154,7 @@ _PREFIX = re.compile(r"^(?:_foreach_|native_|_fused_|_)+")
 def base_name(op: str) -> str:
     """`aten.add_.Tensor` / `aten::native_batch_norm` -> `add` / `batch_norm`."""
     name = re.split(r"::|\.", str(op))
-    name = [part for part in name if part and part != "aten"]
+    name = [part for part in name if part and part not in ("aten", "popviz")]
     core = name[0] if name else ""
     return _PREFIX.sub("", core).rstrip("_")
 
@@ -228,6 +232,8 @@ def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: 
     layout = supersteps.norm_layout(name, out_shape, elements_out, tiles)
     if steps == "norm inference":
         return supersteps.norm_inference(layout, fp16, rate)
+    if steps == "bias add":
+        return supersteps.bias_add(layout, fp16, rate)
     if steps == "norm backward":
         return supersteps.norm_backward(layout, tiles, fp16, rate)
     return supersteps.norm_forward(layout, tiles, fp16, rate)

@@ -224,6 +224,13 @@ def norm_inference(layout: Layout, fp16: bool, rate: float) -> ComputeSets:
     return _broadcast(layout, fp16, True, rate) + _broadcast(layout, fp16, True, rate)
 
 
+def bias_add(layout: Layout, fp16: bool, rate: float) -> ComputeSets:
+    """A batch norm folded into its convolution (an ONNX export in eval mode): the scale
+    is in the weights, the shift the convolution's bias, one per-channel broadcast add
+    (poplin addBias)."""
+    return _broadcast(layout, fp16, True, rate)
+
+
 def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
     """The whitened input again (subtract, scale), gamma x gradient, x-hat x gradient, one
     reduction of both (also gamma's and beta's gradients), the statistics' deltas, a copy

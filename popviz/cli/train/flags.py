@@ -18,7 +18,9 @@ from popviz.cli.command import UsageError
 from popviz.compiler.gpu_recipe import RECIPES
 from popviz.options import RECOMPUTE_GRANULARITIES, SCHEDULES, SEVERAL_STAGES_PER_GPU
 
-TARGETS = ("mk1", "mk2", "bow", "h100", "h100-pcie", "h200", "a100")  # 3 IPUs, then GPUs
+IPU_TARGETS = ("mk1", "mk2", "bow", "c600")
+GPU_TARGET_NAMES = ("h100", "h100-pcie", "h200", "a100")
+TARGETS = IPU_TARGETS + GPU_TARGET_NAMES
 
 
 
@@ -63,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("placement (modelled IPUs)")
     g.add_argument("--target", choices=TARGETS, default="mk2",
-                   help="IPU (mk1, mk2, bow) or GPU (h100, h100-pcie, h200, a100: kernels on "
+                   help="IPU (mk1, mk2, bow, c600) or GPU (h100, h100-pcie, h200, a100: kernels on "
                    "streams, PyTorch's caching allocator, times in ns; --shards are GPUs; "
                    "docs/cost-model.md, GPU targets); default mk2")
     g.add_argument("--strategy", choices=("pipelined", "sharded"), default="pipelined",
@@ -115,6 +117,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shard the optimiser state over the replicas")
     g.add_argument("--outlining", action="store_true",
                    help="repeated layers share their code (PopART / PopTorch outlining)")
+    g.add_argument("--io-tiles", type=int, default=0, metavar="N",
+                   help="tiles of each IPU kept for host streams (PopTorch numIOTiles): the "
+                   "model runs on the rest and the next device iteration's input copies "
+                   "overlap this one's compute (default 0: none); IPU only")
+    g.add_argument("--fold-batch-norms", action="store_true",
+                   help="with --inference: batch norms folded into their convolutions, as "
+                   "an ONNX export in eval mode leaves them for PopRT (a bias add each)")
 
     g = p.add_argument_group("profiling")
     g.add_argument("--profile", action="store_true", help="record one step after a warm-up")
@@ -167,6 +176,12 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         _error("several --batch-size values are only for --inference")
     if args.inference and tutorial:
         _error("--inference needs --model (the tutorial always runs its test pass)")
+    if args.fold_batch_norms and not args.inference:
+        _error("--fold-batch-norms is for --inference (training computes batch statistics)")
+    if args.io_tiles < 0:
+        _error(f"--io-tiles must be >= 0, got {args.io_tiles}")
+    if args.io_tiles and args.target in GPU_TARGET_NAMES:
+        _error(f"--io-tiles are an IPU's tiles kept for host streams; {args.target} is a GPU")
     if args.inference:
         for b in args.batch_size:
             if b % args.replicas:
@@ -178,9 +193,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     if args.image_size < minimum:
         _error(f"--image-size {args.image_size} is too small for {args.name} "
                      f"(needs >= {minimum})")
-    if args.gpu_precision != "as-recorded" and args.target not in TARGETS[3:]:
+    if args.gpu_precision != "as-recorded" and args.target not in GPU_TARGET_NAMES:
         _error(f"--gpu-precision {args.gpu_precision} is for GPU targets "
-               f"({', '.join(TARGETS[3:])}); {args.target} takes --precision instead")
+               f"({', '.join(GPU_TARGET_NAMES)}); {args.target} takes --precision instead")
     _check_splits(args)
     _check_amp(args)
     return args
@@ -221,7 +236,7 @@ def _check_splits(args: argparse.Namespace) -> None:
             _error(f"--pipeline-splits must be in forward order: "
                          f"{' '.join(args.pipeline_splits)}")
     stages = len(args.pipeline_splits) + 1
-    if args.target in TARGETS[3:] and args.pipeline_schedule in SEVERAL_STAGES_PER_GPU \
+    if args.target in GPU_TARGET_NAMES and args.pipeline_schedule in SEVERAL_STAGES_PER_GPU \
             and args.shards > 1:  # --shards is the GPUs, each holding several stages
         per_gpu = 2 if args.pipeline_schedule == "ZBV" else max(1, stages // args.shards)
         if stages != per_gpu * args.shards:
@@ -243,7 +258,7 @@ def _check_amp(args: argparse.Namespace) -> None:
     if bad:
         _error(f"--available-memory-proportion {bad[0]:g} is outside (0, 1]; "
                      "a reasonable range is 0.05-0.6")
-    if args.target in TARGETS[3:]:  # a GPU: said, not an error (a script may pass it)
+    if args.target in GPU_TARGET_NAMES:  # a GPU: said, not an error (a script may pass it)
         print(f"popviz: warning: --available-memory-proportion is an IPU compiler option; "
               f"a GPU target ({args.target}) has none, so it is ignored", file=sys.stderr)
         return
@@ -279,6 +294,8 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         optimiser_offload=args.offload_optimiser,
         replicated_tensor_sharding=args.replicated_tensor_sharding,
         outlining=args.outlining,
+        io_tiles=args.io_tiles,
+        fold_batch_norms=args.fold_batch_norms and not training,
         training=training,
         gpu_precision=args.gpu_precision,
     )
