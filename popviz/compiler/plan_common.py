@@ -16,7 +16,7 @@ from popviz.compiler.memory import consumers
 from popviz.compiler.stages import StagePlan
 from popviz.options import Options
 from popviz.recorder.program import Program
-from popviz.target.cost import Precision, dtype_scale
+from popviz.target.cost import Precision, dtype_scale, element_bytes
 from popviz.target.machines import Target
 
 PER_SAMPLE_PHASES = ("forward", "backward", "recompute", "host_io")
@@ -82,6 +82,10 @@ def inference_norms(program: Program, fold: bool = False) -> Program:
         return program
     ops = ops.copy()
     ops.loc[bn, "op"] = FOLDED_BATCH_NORM if fold else INFERENCE_BATCH_NORM
+    if fold:  # one add an output element, not the norm's FLOPs
+        written = ops.loc[bn, "bytes_written"].to_numpy(np.float64)
+        ops.loc[bn, "flops"] = np.round(written / element_bytes(ops.loc[bn, "dtype"])
+                                        ).astype(np.int64)
     return Program(ops, program.tensors, program.model, program.mode)
 
 
