@@ -76,6 +76,8 @@ def test_io_tiles_must_leave_tiles_and_are_ipu_only(resnet18) -> None:
         compile(resnet18, _inference(io_tiles=1472))
     with pytest.raises(ValueError, match="is a GPU"):
         compile(resnet18, _inference(target="h100", io_tiles=32))
+    with pytest.raises(ValueError, match="is a GPU"):
+        compile(resnet18, _inference(target="h100", fold_batch_norms=True))
 
 
 def test_the_c600_is_a_mk2_ipu_at_its_own_clock() -> None:

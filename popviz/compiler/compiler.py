@@ -53,6 +53,9 @@ def compile(program: Program, options: Options | None = None) -> Report:
         if options.io_tiles:
             raise ValueError(f"io tiles are an IPU's tiles kept for host streams; "
                              f"{options.target} is a GPU")
+        if options.fold_batch_norms:
+            raise ValueError(f"folded batch norms are modelled as PopRT runs an ONNX "
+                             f"export on an IPU; {options.target} is a GPU")
         return compile_gpu(program, options, target)
     target = compute_target(target, options.io_tiles)
     if options.gpu_precision != "as-recorded":

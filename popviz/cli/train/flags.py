@@ -182,6 +182,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         _error(f"--io-tiles must be >= 0, got {args.io_tiles}")
     if args.io_tiles and args.target in GPU_TARGET_NAMES:
         _error(f"--io-tiles are an IPU's tiles kept for host streams; {args.target} is a GPU")
+    if args.fold_batch_norms and args.target in GPU_TARGET_NAMES:
+        _error(f"--fold-batch-norms models PopRT's ONNX export on an IPU; {args.target} is "
+               "a GPU")
     if args.inference:
         for b in args.batch_size:
             if b % args.replicas:
