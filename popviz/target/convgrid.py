@@ -190,16 +190,17 @@ def rearranged_bytes(p: ConvParams, arch: TileArch, in_group: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _used_tables(outputs: int, wu_bytes: int, arch: TileArch) -> tuple[np.ndarray, ...]:
+def _used_tables(outputs: int, rearranged: int, arch: TileArch) -> tuple[np.ndarray, ...]:
     """Per number of tiles used (1 .. tiles): outputs per tile, the reduction's loops per
-    worker, and a weight update's transposing copy (0 for other passes)."""
+    worker, and the pass's rearranging copies (`rearranged_bytes` spread over the tiles:
+    copy and exchange; 0 where it rearranges nothing)."""
     used = np.arange(1, arch.tiles + 1)
     per_used = ceil_div(outputs, used)
     acc = 4 if arch.partial_bytes == 4 else 8
     loops = ceil_div(ceil_div(per_used, acc), WORKERS)
     transform = np.zeros(len(used))
-    if wu_bytes:
-        share = wu_bytes / used
+    if rearranged:
+        share = rearranged / used
         transform = copy_cycles(arch, share) + exchange_cycles(arch, share)
     return _frozen(per_used, loops, transform)
 

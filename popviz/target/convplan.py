@@ -20,9 +20,12 @@ cycles therefore falls out of the search: a lower bound rules out the faster, mo
 
 The search tries the AMP vertex with each input-channel grouping (a small grouping packs
 several kernel rows into one weight block, which is how a 3-channel stem keeps its conv
-units busy), the operands swapped for matmul-shaped passes, and SLIC / HMAC for depthwise
-convolutions. PopLibs' further transforms (expandDims, flattening, combining groups, kernel
-splits) are left out; docs/cost-model.md says what that misses. The grid of partitions of
+units busy), the operands swapped for matmul-shaped passes, expandDims (a kernel dimension
+folded into few input channels, its input gathered first) and SLIC / HMAC for depthwise
+convolutions. PopLibs' further transforms (flattening output dimensions into channels,
+combining groups, kernel splits) and its VMAC vertex are left out; docs/cost-model.md says
+what that misses, and bench/bench_poplibs_layers.py measures it against PopLibs' own
+estimates of whole layers. The grid of partitions of
 one variant, costed, and its frontier are convgrid.py's; this module picks among them.
 Plans and grids are cached by their parameters (ResNet repeats its conv shapes, and a tune
 search re-plans the same shapes often); `clear_caches` empties them.
