@@ -213,12 +213,9 @@ def poplibs_layer_table() -> str:
     """Per op class, popviz's plan against PopLibs' own estimate of 146 whole layers on its
     Mk1 / Mk2 IPU models, every fitted factor 1 (bench/bench_poplibs_layers.py: the
     evidence that isolates a class)."""
-    from popviz.target.machines import ipu_target
     from tooling.poplibs_layers import class_errors, compare, load_layers
 
-    unit = ipu_target("mk2").cost.with_values(amp_efficiency=1.0, conv_efficiency=1.0,
-                                              vector_efficiency=1.0)
-    table = class_errors(compare(load_layers(), ("mk1", "mk2"), cost=unit))
+    table = class_errors(compare(load_layers(), ("mk1", "mk2"), at_estimates=True))
     lines = ["PopLibs' layer benchmarks (popviz at factor 1 / PopLibs' IPU-model cycles):",
              "| IPU | class | layers | mean abs log error | geometric-mean ratio | worst |",
              "|---|---|---|---|---|---|"]

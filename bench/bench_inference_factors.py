@@ -39,17 +39,12 @@ def main() -> int:
                  and not p["config"].get("training", True)]
     evaluator = calibration.Evaluator(training + inference)
     committed = ipu_target("mk2").cost
-    saved = dict(calibration.BOUNDS)
-    rows = [("as committed (training fit)", committed)]
-    try:
-        rows.append(("fitted on all 32", calibration.fit(evaluator, training + inference,
-                                                         committed)))
-        calibration.BOUNDS.update(conv_efficiency=(0.999, 1.0), vector_efficiency=(0.1, 1.0))
-        rows.append(("conv at 1, vector free (training fit)",
-                     calibration.fit(evaluator, training, committed)))
-    finally:
-        calibration.BOUNDS.clear()
-        calibration.BOUNDS.update(saved)
+    rows = [("as committed (training fit)", committed),
+            ("fitted on all 32", calibration.fit(evaluator, training + inference, committed)),
+            ("conv at 1, vector free (training fit)",
+             calibration.fit(evaluator, training, committed,
+                             {**calibration.BOUNDS, "conv_efficiency": (0.999, 1.0),
+                              "vector_efficiency": (0.1, 1.0)}))]
     print(f"{len(training)} training points, {len(inference)} inference points "
           f"({time.perf_counter() - start:.0f} s)\n")
     print(f"{'fit':<40}{'amp':>6}{'conv':>6}{'vector':>8}{'training':>10}{'inference':>11}"

@@ -46,7 +46,7 @@ def class_table(point_id: str) -> tuple[pd.DataFrame, dict[str, float]]:
         raise SystemExit(f"unknown point {point_id!r}; e.g. {', '.join(POINTS)}")
     prepared = prepare(points[point_id])
     fitted = prepared.target.cost
-    unit = fitted.with_values(amp_efficiency=1.0, conv_efficiency=1.0, vector_efficiency=1.0)
+    unit = fitted.at_estimates()
     ops = prepared.ops
     compute = prepared.pass_code >= 0
     frame = pd.DataFrame({"op_class": ops["op_class"].astype(str).to_numpy()[compute],

@@ -30,13 +30,6 @@ sys.path.insert(0, str(ROOT))
 from tooling.poplibs_layers import class_errors, compare, load_layers  # noqa: E402
 
 
-def unit_cost(target: str):
-    from popviz.target.machines import ipu_target
-
-    return ipu_target(target).cost.with_values(amp_efficiency=1.0, conv_efficiency=1.0,
-                                               vector_efficiency=1.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", nargs="+", default=["mk1", "mk2"],
@@ -47,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     pd.set_option("display.width", 160)
     layers = load_layers()
     start = time.perf_counter()
-    at_estimates = compare(layers, tuple(args.targets), cost=unit_cost("mk2"))
+    at_estimates = compare(layers, tuple(args.targets), at_estimates=True)
     fitted = compare(layers, tuple(args.targets))
     took = time.perf_counter() - start
     print(f"{len(layers)} PopLibs layers x {len(args.targets)} IPU models, planned twice "

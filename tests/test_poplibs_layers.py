@@ -18,11 +18,7 @@ from tooling.poplibs_layers import class_errors, compare, layer_class, load_laye
 
 @pytest.fixture(scope="module")
 def at_estimates():
-    from popviz.target.machines import ipu_target
-
-    unit = ipu_target("mk2").cost.with_values(amp_efficiency=1.0, conv_efficiency=1.0,
-                                              vector_efficiency=1.0)
-    frame = compare(load_layers(), ("mk1", "mk2"), cost=unit)
+    frame = compare(load_layers(), ("mk1", "mk2"), at_estimates=True)
     return frame, class_errors(frame)
 
 

@@ -258,14 +258,16 @@ BOUNDS = {"amp_efficiency": (0.7, 1.0), "conv_efficiency": (0.7, 1.0),
           "vector_efficiency": (0.7, 1.0)}  # docs/cost-model.md
 
 
-def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel) -> CostModel:
+def fit(evaluator: Evaluator, points: list[dict[str, Any]], start: CostModel,
+        bounds: dict[str, tuple[float, float]] = BOUNDS) -> CostModel:
     """Least squares on log(modelled / published), each point weighted by 1 / its
-    tolerance, over the FITTED constants within BOUNDS, from `start` (deterministic:
-    scipy's trust-region reflective method, fixed tolerances)."""
+    tolerance, over the FITTED constants within `bounds` (BOUNDS: the documented ones),
+    from `start` (deterministic: scipy's trust-region reflective method, fixed
+    tolerances)."""
     from scipy.optimize import least_squares
 
-    lo = np.array([BOUNDS[k][0] for k in FITTED])
-    hi = np.array([BOUNDS[k][1] for k in FITTED])
+    lo = np.array([bounds[k][0] for k in FITTED])
+    hi = np.array([bounds[k][1] for k in FITTED])
     scale = hi - lo
     weights = np.array([1.0 / float(p["tolerance"]) for p in points])
     values = np.array([float(p["value"]) for p in points])

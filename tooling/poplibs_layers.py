@@ -6,7 +6,7 @@ default availableMemoryProportion 0.6, and its forward, gradient and weight-upda
 cycles summed: what Poplar's cycle estimate of the same program counted. The loss's own
 ops (the sum and its gradient's broadcast) are left out; single_conv_layer has none.
 
-    frame = compare(load_layers(), ("mk2",))   # one row per layer and target
+    frame = compare(load_layers(), ("mk2",), at_estimates=True)  # a row per layer, target
 """
 
 from __future__ import annotations
@@ -102,21 +102,24 @@ def _program(name: str) -> Any:
         return record_program(_step, model, opt, x, model=model, mode="plan", progress=False)
 
 
-def modelled(layer: dict[str, Any], target_name: str, cost: Any = None) -> dict[str, Any]:
+def modelled(layer: dict[str, Any], target_name: str, at_estimates: bool = False
+             ) -> dict[str, Any]:
     """popviz's cycles of one layer's training step on `target_name` (loss ops left out),
-    per pass, with the plans it chose."""
+    per pass, with the plans it chose; `at_estimates`: every fitted factor at 1."""
+    from dataclasses import replace
+
     from popviz.compiler.compiler import costed_plan
     from popviz.options import Options
-    from popviz.target.cost import Precision, op_costs
+    from popviz.target.cost import Precision
     from popviz.target.machines import ipu_target
 
     float_data = layer["params"].get("data-type") == "float"
     options = Options(target=target_name, precision="32.32" if float_data else "16.16")
     target = ipu_target(options.target)
+    if at_estimates:
+        target = replace(target, cost=target.cost.at_estimates())
     precision = Precision.parse(options.precision, False)
-    _, _, _, ops, amp = costed_plan(_program(layer["name"]), options, target, precision)
-    if cost is not None:
-        ops = ops.assign(cycles=op_costs(ops, target, precision, amp, cost)["cycles"])
+    _, _, _, ops, _ = costed_plan(_program(layer["name"]), options, target, precision)
     kept = ops[~ops["op"].astype(str).str.startswith(LOSS_OPS)]
     per_pass = kept.groupby(kept["pass"].astype(str))["cycles"].sum()
     plans = [p for p in kept["plan"].astype(str) if p]
@@ -125,12 +128,12 @@ def modelled(layer: dict[str, Any], target_name: str, cost: Any = None) -> dict[
 
 
 def compare(layers: list[dict[str, Any]], targets: tuple[str, ...] = ("mk1", "mk2"),
-            cost: Any = None) -> pd.DataFrame:
+            at_estimates: bool = False) -> pd.DataFrame:
     """One row per (layer, target): PopLibs' cycles, popviz's, their ratio and log error."""
     rows = []
     for layer in layers:
         for name in targets:
-            ours = modelled(layer, name, cost)
+            ours = modelled(layer, name, at_estimates)
             theirs = layer["models"][MODELS[name]]["cycles"]
             rows.append({"layer": layer["name"], "class": layer_class(layer), "target": name,
                          "poplibs": theirs, "popviz": ours["cycles"],

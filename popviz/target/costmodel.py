@@ -65,6 +65,11 @@ class CostModel:
                              f"{', '.join(sorted(f.name for f in fields(self)))}")
         return replace(self, **values)
 
+    def at_estimates(self) -> CostModel:
+        """This model with every fitted factor at 1: PopLibs' own estimate of each plan and
+        popops' of each vertex (what the factors scale)."""
+        return replace(self, amp_efficiency=1.0, conv_efficiency=1.0, vector_efficiency=1.0)
+
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
