@@ -55,6 +55,14 @@ def test_io_tiles_take_tiles_from_the_program_and_hide_host_copies(resnet18) -> 
     io = compile(resnet18, _inference(io_tiles=32))
     assert none.meta["target"]["tiles_per_ipu"] == 1472
     assert io.meta["target"]["tiles_per_ipu"] == 1440
+    # the tiles left run as fast as before: per-tile rates do not take the I/O tiles' share
+    from popviz.compiler.plan_common import compute_target
+
+    c600 = get_target("c600")
+    left = compute_target(c600, 32)
+    for rate in ("flops_per_tile_cycle_fp16", "memory_bytes_per_tile_cycle",
+                 "exchange_bytes_per_tile_cycle"):
+        assert getattr(left, rate) == pytest.approx(getattr(c600, rate))
     assert io.meta["options"]["io_tiles"] == 32
 
     def host(report) -> int:

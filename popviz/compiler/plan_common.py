@@ -91,13 +91,21 @@ def inference_norms(program: Program, fold: bool = False) -> Program:
 
 def compute_target(target: Target, io_tiles: int) -> Target:
     """The IPU a program runs on when `io_tiles` of each IPU's tiles serve host streams:
-    the rest (one-line ValueError when none would be left)."""
+    the rest, each tile as fast as before (the IPU-wide compute, memory and exchange rates
+    shrink with the tiles; the links to the host and other IPUs do not). A one-line
+    ValueError when no tile would be left."""
     if io_tiles <= 0:
         return target
-    if io_tiles >= target.tiles_per_ipu:
+    tiles = target.tiles_per_ipu
+    if io_tiles >= tiles:
         raise ValueError(f"io tiles {io_tiles:,} leave no tiles for the program on "
-                         f"{target.name} ({target.tiles_per_ipu:,} tiles an IPU)")
-    return replace(target, tiles_per_ipu=target.tiles_per_ipu - io_tiles)
+                         f"{target.name} ({tiles:,} tiles an IPU)")
+    share = (tiles - io_tiles) / tiles
+    return replace(target, tiles_per_ipu=tiles - io_tiles,
+                   peak_fp16_flops=target.peak_fp16_flops * share,
+                   peak_fp32_flops=target.peak_fp32_flops * share,
+                   memory_bytes_per_s=target.memory_bytes_per_s * share,
+                   exchange_bytes_per_s=target.exchange_bytes_per_s * share)
 
 
 def _stage_costs(ops: pd.DataFrame, program: Program, plan: StagePlan, options: Options,
