@@ -7,9 +7,10 @@ reader of the same bytes pays here, and the budget that HTA's time sets for a 20
 Floors (best of --rounds, all ranks summed): reading the files' bytes; one numpy pass over
 them (the cheapest whole-file look a vectorised reader can take); the general JSON decoders
 installed here (json, and orjson / msgspec when present). popviz's phases, in one process:
-parse (`kineto.read_trace`), the per-rank tables, the merged tables (trace, stages,
-exchange, ops), the summary, the .h5 write. With --hta-seconds (HTA's work time from
-bench_import.py on the same machine) it prints the budget a 20x import would have.
+parse (`kineto.read_trace`), the per-rank tables, the merge streamed into the .h5 rank by
+rank (trace, ops, exchange, stages), the meta and summary, the file's finish. With
+--hta-seconds (HTA's work time from bench_import.py on the same machine) it prints the
+budget a 20x import would have.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ def floors(files: list[Path], rounds: int) -> dict[str, float]:
 
 
 def phases(files: list[Path]) -> dict[str, float]:
-    from popviz.format.writer import write_profile
-    from popviz.ingest import clocks, import_rank, importer
+    from popviz.format.stream import ProfileStream
+    from popviz.format.writer import MEASURED_WORDS
+    from popviz.ingest import import_rank, importer
     from popviz.ingest import tables as tbl
+    from popviz.ingest.import_merge import JobPlan, merge_ranks
+    from popviz.ingest.part_store import PartStore
 
     out: dict[str, float] = {"parse (kineto.read_trace)": 0.0}
     read_trace = import_rank.read_trace
@@ -76,18 +80,20 @@ def phases(files: list[Path]) -> dict[str, float]:
     finally:
         import_rank.read_trace = read_trace
     t0 = time.perf_counter()
-    origin = clocks.align(parts)
-    result, info = importer.import_tables(parts)
-    out["merged tables (trace, stages, exchange, ops)"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    meta = importer.import_meta(parts, info, origin, [None] * len(parts), result["trace"])
-    summary = tbl.summary(result, meta)
-    out["meta and summary"] = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        write_profile(Path(tmp) / "p.h5", meta=meta, tables=result, summary=summary,
-                      kind="measured", command_line="bench")
-        out["write the .h5"] = time.perf_counter() - t0
+    with PartStore() as store, tempfile.TemporaryDirectory() as tmp:
+        lights = [store.put(p) for p in parts]
+        counts = {k: store.rows(t) for k, t in enumerate(lights)}
+        plan = JobPlan.of(lights)
+        meta = importer.import_meta(lights, plan.info, plan.origin, [None] * len(lights))
+        with ProfileStream(Path(tmp) / "p.h5", kind="measured", **MEASURED_WORDS) as stream:
+            small, facts = merge_ranks(plan, store, stream, plan.rows(counts), meta, "bench")
+            out["merged tables, streamed into the .h5"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            summary = tbl.summary_of(facts, small, meta)
+            out["meta and summary"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            stream.finish(meta=meta, summary=summary, tables=small, command_line="bench")
+            out["finish the .h5"] = time.perf_counter() - t0
     return out
 
 

@@ -82,8 +82,8 @@ def test_a_modelled_profile_has_no_stage_links() -> None:
 def test_an_exchange_table_without_stages_and_nccl_send_kernels() -> None:
     """A profile whose exchange has only the contract's columns: no collectives row, no
     error. An NCCL send / recv kernel is the p2p transfer's own kernel, not a collective:
-    the import names it apart (`exchange_rows`), so it is not counted twice."""
-    from popviz.ingest.importer import exchange_rows
+    the import names it apart (`device_transfers`), so it is not counted twice."""
+    from popviz.ingest.import_merge import device_transfers, exchange_table
 
     bare = pd.DataFrame({"src": ["0"], "dst": ["0"], "bytes": [8], "start": [0], "end": [1],
                          "kind": ["collective"]})
@@ -93,7 +93,7 @@ def test_an_exchange_table_without_stages_and_nccl_send_kernels() -> None:
         "stage": [0, 0], "microbatch": -1, "pass": "", "step": 0, "bytes": [4096, 512],
         "op": ["ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
                "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"]})
-    rows = exchange_rows(pd.DataFrame(), trace)
+    rows = exchange_table([device_transfers(trace)])
     assert rows["kind"].tolist() == ["p2p_kernel", "collective"]
     links = stage_links(pd.DataFrame(), rows)
     assert links[["src_stage", "dst_stage", "kind", "bytes"]].values.tolist() == \

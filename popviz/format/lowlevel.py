@@ -34,15 +34,19 @@ def _dcpl(chunks: tuple[int, ...], level: int) -> h5p.PropDCID:
 def create_chunked(group: h5py.Group, name: str, data: np.ndarray | None,
                    chunks: tuple[int, ...], level: int, *,
                    shape: tuple[int, ...] | None = None,
-                   dtype: np.dtype | None = None) -> h5d.DatasetID:
+                   dtype: np.dtype | None = None,
+                   maxshape: tuple[int | None, ...] | None = None) -> h5d.DatasetID:
     """A chunked, shuffled, gzip'd, Fletcher-32 dataset, written from `data` when given
-    (else empty, of `shape` and `dtype`). Returns the low-level id."""
+    (else empty, of `shape` and `dtype`); `maxshape` (None: unlimited) lets it grow.
+    Returns the low-level id."""
     if data is not None:
         data = np.ascontiguousarray(data)
         shape, dtype = data.shape, data.dtype
     assert shape is not None and dtype is not None
     tid = h5t.py_create(np.dtype(dtype), logical=1)
-    dsid = h5d.create(group.id, _name(name), tid, h5s.create_simple(shape),
+    dsid = h5d.create(group.id, _name(name), tid, h5s.create_simple(
+        shape, None if maxshape is None else tuple(h5s.UNLIMITED if m is None else m
+                                                   for m in maxshape)),
                       dcpl=_dcpl(tuple(chunks), level))
     if data is not None:
         dsid.write(h5s.ALL, h5s.ALL, data)

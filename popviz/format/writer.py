@@ -252,6 +252,19 @@ def _column_kind(series: pd.Series) -> str:
     return schema.ENC_INT_OR_STRING if has_int else schema.ENC_STRING_REF
 
 
+def encode_column(series: pd.Series, strings: StringTable) -> tuple[str, np.ndarray]:
+    """A column's encoding (schema.ENC_*) and the array stored for it: numbers as they
+    are, bools as uint8, text as int32 codes into `strings`."""
+    kind = _column_kind(series)
+    if kind == schema.ENC_BOOL:
+        return kind, series.to_numpy(dtype=np.uint8)
+    if kind == schema.ENC_NUMERIC:
+        return kind, series.to_numpy()
+    if isinstance(series.dtype, pd.StringDtype):
+        return kind, strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
+    return kind, strings.encode(series.fillna("").tolist())
+
+
 def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
                  strings: StringTable) -> None:
     group = parent.create_group(name)
@@ -261,15 +274,7 @@ def _write_table(parent: h5py.Group, name: str, frame: pd.DataFrame,
     put_names(group.attrs, "column-order", columns)
     group.attrs["n_rows"] = len(frame)
     for column, (_, series) in zip(columns, frame.items(), strict=True):
-        kind = _column_kind(series)
-        if kind == schema.ENC_BOOL:
-            data = series.to_numpy(dtype=np.uint8)
-        elif kind == schema.ENC_NUMERIC:
-            data = series.to_numpy()
-        elif isinstance(series.dtype, pd.StringDtype):
-            data = strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
-        else:
-            data = strings.encode(series.fillna("").tolist())
+        kind, data = encode_column(series, strings)
         put_text(_chunked(group, column, data), "encoding", kind)
 
 
@@ -277,9 +282,14 @@ def _write_trace_index(index: h5py.Group, trace: pd.DataFrame) -> None:
     """Per-IPU row ranges of the sorted trace, so one IPU's events read alone."""
     ipus = trace["ipu"].to_numpy()
     values, starts = np.unique(ipus, return_index=True)
-    offsets = np.append(starts, len(ipus)).astype(np.int64)
-    _chunked(index, "trace_ipus", values.astype(np.int64))
-    _chunked(index, "trace_offsets", offsets)
+    write_trace_offsets(index, values, np.append(starts, len(ipus)))
+
+
+def write_trace_offsets(index: h5py.Group, ipus: np.ndarray, offsets: np.ndarray) -> None:
+    """The trace index: each IPU (ascending) and where its rows start, one more offset
+    closing the last."""
+    _chunked(index, "trace_ipus", np.asarray(ipus).astype(np.int64))
+    _chunked(index, "trace_offsets", np.asarray(offsets).astype(np.int64))
 
 
 def _array_chunks(array: np.ndarray) -> tuple[int, ...]:

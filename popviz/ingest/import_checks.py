@@ -47,33 +47,46 @@ def _encodable(text: str) -> str:
 
 def check_tables(tables: dict[str, pd.DataFrame], meta: dict[str, Any], label: str) -> None:
     """ProfileError naming `label` (the inputs) if a table or meta would be refused."""
+    dims = bounds.dimensions(meta, "rank", {n: len(f) for n, f in tables.items()}, {})
+    for name, frame in tables.items():
+        check_rows(name, frame, dims, label)
+    check_meta(meta, label)
+
+
+def check_rows(name: str, frame: pd.DataFrame, dims: bounds.Dimensions, label: str) -> None:
+    """ProfileError naming `label` if a row of table `name` (all of it, or one rank's
+    slice) would be refused by a reader bounding the profile by `dims`."""
     try:
-        for name, frame in tables.items():
-            for column in schema.NON_NEGATIVE.get(name, ()):
-                if column not in frame.columns:
-                    continue
-                values = frame[column].to_numpy()
-                if values.dtype.kind not in "iuf":
-                    raise ProfileError(f"{label}: table '{name}' column '{column}' holds "
-                                       f"{values.dtype}, not numbers")
-                validate.check_values(name, column, values, label)
-        for name in ("trace", "ops"):
-            frame = tables.get(name)
-            if frame is not None and len(frame) and "end" in frame and "start" in frame \
-                    and (frame["end"].to_numpy() < frame["start"].to_numpy()).any():
-                raise ProfileError(f"{label}: table '{name}' has a row ending before it "
-                                   "starts")
-        dims = bounds.dimensions(meta, "rank", {n: len(f) for n, f in tables.items()}, {})
-        for name, frame in tables.items():
-            for column in bounds.COLUMNS.get(name, {}):
-                if column in frame.columns and frame[column].dtype.kind in "iuf":
-                    bounds.check_column(name, column, frame[column].to_numpy(), dims, label)
+        for column in schema.NON_NEGATIVE.get(name, ()):
+            if column not in frame.columns:
+                continue
+            values = frame[column].to_numpy()
+            if values.dtype.kind not in "iuf":
+                raise ProfileError(f"{label}: table '{name}' column '{column}' holds "
+                                   f"{values.dtype}, not numbers")
+            validate.check_values(name, column, values, label)
+        if name in ("trace", "ops") and len(frame) and "end" in frame and "start" in frame \
+                and (frame["end"].to_numpy() < frame["start"].to_numpy()).any():
+            raise ProfileError(f"{label}: table '{name}' has a row ending before it starts")
+        for column in bounds.COLUMNS.get(name, {}):
+            if column in frame.columns and frame[column].dtype.kind in "iuf":
+                bounds.check_column(name, column, frame[column].to_numpy(), dims, label)
+    except ProfileError as exc:
+        raise _refused(exc) from None
+
+
+def check_meta(meta: dict[str, Any], label: str) -> None:
+    """ProfileError naming `label` if the meta would be refused."""
+    try:
         text = json.dumps(meta, default=str)
         if len(text) > schema.MAX_JSON_CHARS:
             raise ProfileError(f"{label}: meta is {len(text):,} characters, more than "
                                f"{schema.MAX_JSON_CHARS:,}")
         validate.check_meta(meta, label)
     except ProfileError as exc:
-        raise ProfileError(f"{exc} (the import would write a profile the reader refuses; "
-                           "nothing written)") from None
+        raise _refused(exc) from None
 
+
+def _refused(exc: ProfileError) -> ProfileError:
+    return ProfileError(f"{exc} (the import would write a profile the reader refuses; "
+                        "nothing written)")

@@ -95,22 +95,25 @@ def dask_client(scheduler: str, workers: int = 0, tasks: int = 0) -> Iterator[An
 
 
 def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
-                    progress: Callable[[int, int, RankPart], None] | None = None
-                    ) -> list[RankPart]:
+                    progress: Callable[[int, int, RankPart], None] | None = None,
+                    keep: Callable[[RankPart], RankPart] | None = None) -> list[RankPart]:
     """`rank_part` of every file, in order, parsed on the Dask cluster `scheduler` ("local":
     one started here with `workers` processes, 0: one per CPU, and stopped after).
-    `progress(done, total, part)` is called as each rank's part arrives. A file's own
+    `progress(done, total, part)` is called as each rank's part arrives, then `keep(part)`,
+    whose return is what the list holds (part_store.PartStore.put: the part without its
+    tables, so the client never holds every rank's at once). A file's own
     error is its ProfileError; a worker that dies, a scheduler that does not answer or a
     missing Dask is a ProfileError too, and nothing is kept. A running cluster has its
     own workers: `workers` is for a local one."""
     with dask_client(scheduler, workers, len(paths)) as client:
         from distributed import as_completed  # there: dask_client says when it is missing
 
-        return _gather(client, paths, as_completed, progress)
+        return _gather(client, paths, as_completed, progress, keep)
 
 
 def _gather(client: Any, paths: list[PathLike], as_completed: Any,
-            progress: Callable[[int, int, RankPart], None] | None) -> list[RankPart]:
+            progress: Callable[[int, int, RankPart], None] | None,
+            keep: Callable[[RankPart], RankPart] | None) -> list[RankPart]:
     from distributed import KilledWorker
 
     from popviz.ingest.import_rank import rank_part
@@ -136,9 +139,11 @@ def _gather(client: Any, paths: list[PathLike], as_completed: Any,
                                    f"parsed ({' '.join(str(exc).split())[:200]}); nothing "
                                    "was written") from None
             part.path = Path(paths[i])  # as given, as an import in this process says it
-            parts[i] = part
+            future.release()  # the worker may forget it now
             if progress is not None:
                 progress(done, len(paths), part)
+            parts[i] = keep(part) if keep is not None else part
+            del part
     finally:
         client.cancel([f for f in futures if not f.done()])
     return [p for p in parts if p is not None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,13 +72,22 @@ class RankPart:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
         by = self.base_ns - origin
         self.step_starts = self.step_starts + by
-        for frame, cols in ((self.events, ("start", "end")), (self.calls, ("start", "end")),
-                            (self.ops, ("start", "end")), (self.slices, ("start", "end")),
-                            (self.liveness, ("time",)),
-                            *((f, ("start", "end")) for f in self.allocations.values())):
-            for c in cols:
-                if c in frame.columns and len(frame):
-                    frame[c] = frame[c].astype("int64") + by
+        _shift(((self.calls, ("start", "end")),), by)
+        self.shift_tables(by)
+
+    def shift_tables(self, by: int) -> None:
+        """Move the rank's tables (not its calls or steps) by `by` ns: `shift` of a part
+        whose tables were kept apart while the rest was shifted (part_store)."""
+        _shift(((self.events, ("start", "end")), (self.ops, ("start", "end")),
+                (self.slices, ("start", "end")), (self.liveness, ("time",)),
+                *((f, ("start", "end")) for f in self.allocations.values())), by)
+
+
+def _shift(frames: Any, by: int) -> None:
+    for frame, cols in frames:
+        for c in cols:
+            if c in frame.columns and len(frame):
+                frame[c] = frame[c].astype("int64") + by
 
 
 def liveness_of(part: RankPart, time: np.ndarray, allocated: np.ndarray) -> pd.DataFrame:
@@ -236,15 +246,17 @@ def first_ops(ops: pd.DataFrame, annotated: bool) -> dict[int, tuple[str, str]]:
                                                           fwd["shapes"])}
 
 
-def rank_parts(paths: list[PathLike], workers: int = 1) -> list[RankPart]:
-    """`rank_part` of every file, in order: in this process (workers=1, the default), else
-    in up to `workers` worker processes (0: one per CPU), at most one per file. Workers
-    cut the wall time on idle cores but each holds a parse's temporaries at once, so the
-    process tree's peak memory grows with their number (docs/import.md)."""
+def rank_parts(paths: list[PathLike], workers: int = 1) -> Iterator[RankPart]:
+    """`rank_part` of every file, in order, each as it is ready: in this process
+    (workers=1, the default), else in up to `workers` worker processes (0: one per CPU),
+    at most one per file. Workers cut the wall time on idle cores but each holds a parse's
+    temporaries at once, so the process tree's peak memory grows with their number
+    (docs/import.md)."""
     workers = min(len(paths), workers if workers > 0 else os.cpu_count() or 1)
     if workers < 2:
-        return [rank_part(p) for p in paths]
+        yield from (rank_part(p) for p in paths)
+        return
     # fork: the workers start without importing popviz again (Linux); spawn elsewhere
     method = "fork" if sys.platform == "linux" else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method)) as pool:
-        return list(pool.map(rank_part, paths))
+        yield from pool.map(rank_part, paths)

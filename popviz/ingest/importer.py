@@ -10,6 +10,7 @@ docs/import.md.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -17,36 +18,39 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from popviz.errors import ProfileError
-from popviz.ingest import kineto_events as kev
-from popviz.ingest import kineto_lanes, waits
+from popviz.format import bounds, tempfiles
+from popviz.format.stream import ProfileStream
+from popviz.format.writer import MEASURED_WORDS
 from popviz.ingest import tables as tbl
-from popviz.ingest.clocks import align
-from popviz.ingest.import_checks import check_tables, clean_text
+from popviz.ingest.import_checks import check_meta, check_rows, check_tables, clean_text
+from popviz.ingest.import_merge import JobPlan, MemorySink, merge_ranks
 from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
 from popviz.ingest.import_schedule import micro_batch_size, schedule_seen
-from popviz.ingest.p2p import match_p2p
+from popviz.ingest.part_store import PartStore
+from popviz.vocab import MEASURED_KIND
 
 PathLike = str | os.PathLike[str]
 
 
-def read_ranks(paths: list[PathLike], workers: int = 1, scheduler: str | None = None,
+def read_ranks(paths: list[PathLike], store: PartStore, workers: int = 1,
+               scheduler: str | None = None,
                progress: Callable[[int, int, RankPart], None] | None = None
                ) -> list[RankPart]:
     """Every file parsed into its rank's tables (a missing or unreadable one is named in a
-    ProfileError), sorted by rank; a rank given twice or missing from the world the traces
-    name is refused. `scheduler`: parse them on that Dask cluster (`import_dask`)."""
+    ProfileError), kept in `store` as each is parsed; returns the light parts (the store
+    holds the tables) sorted by rank. A rank given twice or missing from the world the
+    traces name is refused. `scheduler`: parse them on that Dask cluster (`import_dask`)."""
     if not paths:
         raise ProfileError("no trace file given")
     if scheduler is not None:
         from popviz.ingest.import_dask import dask_rank_parts
 
-        parts = dask_rank_parts(paths, scheduler, workers, progress)
+        parts = dask_rank_parts(paths, scheduler, workers, progress, keep=store.put)
     else:
-        parts = rank_parts(paths, workers)
+        parts = [store.put(part) for part in rank_parts(paths, workers)]
     if len(parts) > 1 and not all(t.meta.get("distributedInfo") for t in parts):
         bare = next(t for t in parts if not t.meta.get("distributedInfo"))
         raise ProfileError(f"{bare.path}: no distributedInfo (rank); several traces must "
@@ -69,78 +73,6 @@ def read_ranks(paths: list[PathLike], workers: int = 1, scheduler: str | None = 
     return sorted(parts, key=lambda t: t.rank)
 
 
-def exchange_rows(p2p: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
-    """Transfers: each p2p once (its recv), collectives (NCCL kernels with bytes), and
-    device copies ('host' for host <-> device)."""
-    parts = [waits.transfers(p2p)] if len(p2p) else []
-    dev = trace[(trace["kind"].isin(["exchange", "host_io"]))
-                & ~trace["op"].astype(str).str.startswith(("wait:", "send ", "recv "))]
-    dev = dev[dev["op"].astype(str).str.contains("nccl|Memcpy", case=False, regex=True)]
-    if len(dev):
-        op = dev["op"].astype(str)
-        h2d, d2h = op.str.contains("HtoD").to_numpy(), op.str.contains("DtoH").to_numpy()
-        rank = dev["ipu"].astype(object).to_numpy()
-        parts.append(pd.DataFrame({
-            "src": np.where(h2d, "host", rank), "dst": np.where(d2h, "host", rank),
-            "bytes": dev["bytes"].to_numpy(), "start": dev["start"].to_numpy(),
-            "end": dev["end"].to_numpy(),
-            # an NCCL send / recv kernel moves a p2p transfer (counted above, by its call),
-            # not a collective
-            "kind": np.where(h2d | d2h, "host", np.where(
-                op.str.contains(r"nccl\w*?(?:SendRecv|Send|Recv)\b|nccl\w*_(?:Send|Recv)",
-                                case=False, regex=True), "p2p_kernel",
-                np.where(op.str.contains("nccl", case=False), "collective", "internal"))),
-            "stage": dev["stage"].to_numpy(), "microbatch": dev["microbatch"].to_numpy(),
-            "step": dev["step"].to_numpy(), "waiting_ns": 0,
-            "transfer_ns": (dev["end"] - dev["start"]).to_numpy()}))
-    if not parts:
-        return pd.DataFrame({c: pd.Series([], dtype="int64" if c not in ("src", "dst", "kind")
-                                          else object) for c in tbl.EXCHANGE_COLUMNS})
-    frame = pd.concat(parts, ignore_index=True)[tbl.EXCHANGE_COLUMNS]
-    return frame.sort_values("start", kind="stable").reset_index(drop=True)
-
-
-def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
-    """Micro-batch of compute no annotation numbered (Schedule1F1B writes none): on a rank
-    with one stage, a forward (backward) belongs to the micro-batch of the next activation
-    (gradient) it sends, or on the stage that sends none, of the last one it received."""
-    if p2p.empty:
-        return
-    for (rank, ps), rows in trace[(trace["kind"] == "compute") & (trace["microbatch"] < 0)
-                                  & trace["pass"].isin(["F", "B"])].groupby(["ipu", "pass"]):
-        mine = p2p[(p2p["rank"] == rank) & (p2p["pass"] == ps)]
-        sends = mine[mine["direction"] == "send"].sort_values("start")
-        recvs = mine[mine["direction"] == "recv"].sort_values("end")
-        if len(sends):
-            at = np.searchsorted(sends["start"].to_numpy(), rows["end"].to_numpy(), "left")
-            mb = np.append(sends["microbatch"].to_numpy(), -1)[at]
-        elif len(recvs):
-            at = np.searchsorted(recvs["end"].to_numpy(), rows["start"].to_numpy(),
-                                 "right") - 1
-            mb = np.where(at >= 0, recvs["microbatch"].to_numpy()[np.maximum(at, 0)], -1)
-        else:
-            continue
-        trace.loc[rows.index, "microbatch"] = mb
-
-
-def boundary_bytes(info: list[dict[str, Any]], p2p: pd.DataFrame) -> None:
-    """Each stage's activation bytes sent per micro-batch (what a split point costs)."""
-    if p2p.empty:
-        return
-    sent = p2p[(p2p["direction"] == "send") & (p2p["pass"] == "F")]
-    for i in info:
-        mine = sent[sent["stage"] == i["stage"]]
-        count = len(mine[["step", "microbatch"]].drop_duplicates())
-        i["boundary_bytes"] = int(mine["bytes"].sum() // count) if count else 0
-
-
-def renumber(ops: pd.DataFrame) -> pd.DataFrame:
-    """op_id in (rank, start) order; keeps the import's extra columns (gpu_ns, shapes...)."""
-    ops = ops.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
-    ops["op_id"] = np.arange(len(ops), dtype=np.int64)
-    return ops
-
-
 def _snapshots(memory_snapshot: Any, n: int) -> list[Path | None]:
     if memory_snapshot is None:
         return [None] * n
@@ -150,50 +82,6 @@ def _snapshots(memory_snapshot: Any, n: int) -> list[Path | None]:
         raise ProfileError(f"{len(items)} memory snapshots for {n} rank trace(s): give at "
                            "most one per rank, in rank order")
     return [Path(p) for p in items] + [None] * (n - len(items))
-
-
-def import_tables(parts: list[RankPart]) -> tuple[dict[str, pd.DataFrame],
-                                                  list[dict[str, Any]]]:
-    events = [t.events for t in parts]
-    info = [{"stage": s, "ipu": t.rank} for t in parts for s in t.stages]
-    p2p = match_p2p([t.calls for t in parts])
-    if len(p2p):
-        events.append(waits.p2p_events(p2p[~p2p["on_gpu"].astype(bool)], kev.EVENT_COLUMNS))
-    trace = pd.concat([e for e in events if len(e)] or events[:1], ignore_index=True)
-    trace = trace.astype({c: "int64" for c in ("ipu", "start", "end", "stage", "microbatch",
-                                              "step", "bytes", "peer")})
-    trace["op_class"] = trace["op_class"].fillna("") if "op_class" in trace else ""
-    trace = kineto_lanes.fill_links(trace)
-    trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
-    number_by_transfers(trace, p2p)
-    liveness = pd.concat([t.liveness for t in parts], ignore_index=True)
-    steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
-    boundary_bytes(info, p2p)
-    result = {
-        "trace": trace, "liveness": liveness, "p2p": waits.p2p_table(p2p),
-        "stages": tbl.stages_table(trace, liveness, info, steps),
-        "exchange": exchange_rows(p2p, trace),
-        "ops": renumber(pd.concat([t.ops for t in parts], ignore_index=True)),
-        "tile_memory": tbl.empty_tile_memory(),
-        "host_slices": pd.concat([t.slices for t in parts], ignore_index=True),
-    }
-    result.update(allocation_tables(parts))
-    kernels = [t.kernels for t in parts if len(t.kernels)]
-    if kernels:  # CUPTI's launch fields (format 1.4); absent: no kernel carried any
-        result["kernels"] = pd.concat(kernels, ignore_index=True)
-    del events
-    for t in parts:  # held once, in the tables, from here on (the peak is still ahead)
-        t.events = t.calls = t.liveness = t.ops = t.slices = t.kernels = pd.DataFrame()
-        t.labeller, t.allocations = None, {}
-    return result, info
-
-
-def allocation_tables(parts: list[RankPart]) -> dict[str, pd.DataFrame]:
-    """Every rank's snapshot blocks, segments and stacks as one table each ({} when no
-    rank had a snapshot: the tables stay absent, as in a profile of format 1.1)."""
-    have = [t.allocations for t in parts if t.allocations]
-    return {name: pd.concat([a[name] for a in have], ignore_index=True)
-            for name in ("alloc_blocks", "alloc_segments", "alloc_frames")} if have else {}
 
 
 def run_name(paths: list[Path]) -> str:
@@ -208,7 +96,10 @@ def run_name(paths: list[Path]) -> str:
 
 
 def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
-                snapshots: list[Path | None], trace: pd.DataFrame) -> dict[str, Any]:
+                snapshots: list[Path | None], microbatches: int = 0, steps: int = 1
+                ) -> dict[str, Any]:
+    """The profile's meta; `microbatches` (numbered in the trace) and `steps` come from
+    the trace once it is merged (`TraceFacts`), and only change counts in options."""
     first = traces[0]
     props = first.meta.get("deviceProperties")
     device = props[0].get("name") if isinstance(props, list) and props \
@@ -217,7 +108,7 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
     backend = first.backend or ("cuda" if device else "cpu")
     name = device or ("cpu" if backend == "cpu" else f"cpu-{backend}")
     ranks = [t.rank for t in traces]
-    mbs = trace.loc[trace["microbatch"] >= 0, "microbatch"].nunique()
+    mbs = microbatches
     stages = sorted({i["stage"] for i in info})
     options: dict[str, Any] = {"strategy": "pipelined" if len(stages) > 1 else "single",
                "schedule": schedule_seen(traces), "gradient_accumulation": max(1, mbs),
@@ -226,7 +117,7 @@ def import_meta(traces: list[RankPart], info: list[dict[str, Any]], origin: int,
                "recomputation": False, "splits": [], "microbatches": max(1, mbs),
                "micro_batch_size": micro_batch_size(traces),
                "stages_per_rank": max(1, len(stages) // len(ranks)),
-               "steps": max(1, int(trace["step"].nunique())) if len(trace) else 1}
+               "steps": max(1, steps)}
     memory = {str(t.rank): t.device_memory for t in traces if t.device_memory}
     return {
         "kind": "measured",
@@ -256,30 +147,59 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     (0: one per CPU) the ranks are parsed in that many worker processes; with `scheduler`
     ("local", or a Dask scheduler's address) on a Dask cluster (`import_dask`), calling
     `on_progress(done, total, part)` as each arrives. `on_warning` is called with each
-    one-line warning (also kept in meta.warnings)."""
-    from popviz.format.writer import write_profile
-
+    one-line warning (also kept in meta.warnings). The profile is written rank by rank
+    (import_merge, format/stream.py): memory holds a few ranks' tables, not the job's."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     snapshots = _snapshots(memory_snapshot, len(paths))
+    label = ", ".join(str(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
     # millions of short-lived dicts and lists, none in a cycle: the cyclic collector would
     # rescan them all again and again (4x the parse time on a 300k-event trace)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        traces = read_ranks(paths, workers, scheduler, on_progress)
-        for t, snap in zip(traces, snapshots):  # in rank order
-            if snap is not None:
-                use_snapshot(t, snap)
-        label = ", ".join(str(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
-        result, meta, summary = import_parts(traces, label, snapshots)
+        with PartStore() as store:
+            traces = read_ranks(paths, store, workers, scheduler, on_progress)
+            counts = {}
+            for k, (t, snap) in enumerate(zip(traces, snapshots)):  # in rank order
+                if snap is not None:
+                    traces[k] = t = store.update(t, functools.partial(use_snapshot, snapshot=snap))
+                counts[k] = store.rows(t)
+            path, meta = _write_job(traces, store, counts, to, label, snapshots,
+                                    command_line or " ".join(sys.argv))
     finally:
         if collecting:
             gc.enable()
     if on_warning is not None:
         for warning in meta["warnings"]:
             on_warning(warning)
-    return write_profile(to, meta=meta, tables=result, summary=summary,
-                         kind="measured", command_line=command_line or " ".join(sys.argv))
+    return path
+
+
+def _write_job(traces: list[RankPart], store: PartStore, counts: dict[int, dict[str, int]],
+               to: PathLike, label: str, snapshots: list[Path | None], command_line: str
+               ) -> tuple[Path, dict[str, Any]]:
+    try:  # across the ranks: what the data makes go wrong names every input
+        plan = JobPlan.of(traces)
+        meta = import_meta(traces, plan.info, plan.origin, snapshots)
+    except DATA_ERRORS as exc:
+        raise data_error(label, exc) from None
+    stream = ProfileStream(to, kind=MEASURED_KIND, **MEASURED_WORDS)
+    with stream, tempfiles.deferred_interrupt() as check:
+        try:
+            small, facts = merge_ranks(plan, store, stream, plan.rows(counts), meta, label,
+                                       between=check)
+            meta = import_meta(traces, plan.info, plan.origin, snapshots,
+                               len(facts.microbatches), facts.steps)
+            summary = tbl.summary_of(facts, small, meta)
+        except DATA_ERRORS as exc:
+            raise data_error(label, exc) from None
+        for name, frame in small.items():
+            check_rows(name, frame, bounds.dimensions(meta, "rank", plan.rows(counts), {}),
+                       label)
+        check_meta(meta, label)
+        path = stream.finish(meta=meta, summary=summary, tables=small,
+                             command_line=command_line)
+    return path, meta
 
 
 def import_parts(traces: list[RankPart], label: str,
@@ -287,20 +207,28 @@ def import_parts(traces: list[RankPart], label: str,
                  offsets: dict[int, int] | None = None,
                  adjust: Callable[[dict[str, pd.DataFrame], dict[str, Any]], None] | None
                  = None) -> tuple[dict[str, pd.DataFrame], dict[str, Any], dict[str, Any]]:
-    """Every rank's parsed trace (rank order) -> tables, meta and summary, checked as the
-    reader would (a ProfileError naming `label` otherwise). `offsets`: each rank's clock
-    minus rank 0's, where a live run measured them (`clocks`). `adjust(tables, meta)` may
-    add what a live run knows beyond the traces (layers, losses) before the summary."""
+    """Every rank's parsed trace (rank order) -> tables, meta and summary in memory,
+    checked as the reader would (a ProfileError naming `label` otherwise). `offsets`:
+    each rank's clock minus rank 0's, where a live run measured them (`clocks`).
+    `adjust(tables, meta)` may add what a live run knows beyond the traces (layers,
+    losses) before the summary."""
     snapshots = snapshots if snapshots is not None else [None] * len(traces)
-    try:  # across the ranks: what the data makes go wrong names every input
-        origin = align(traces, offsets)
-        result, info = import_tables(traces)
-        meta = import_meta(traces, info, origin, snapshots, result["trace"])
-        if adjust is not None:
-            adjust(result, meta)
-        clean_text(result)  # before the summary, which quotes op names
-        summary = tbl.summary(result, meta)
-    except DATA_ERRORS as exc:
-        raise data_error(label, exc) from None
+    with PartStore(memory_bytes=1 << 62) as store:  # a live run's few ranks: in memory
+        lights = [store.put(t) for t in traces]
+        counts = {k: store.rows(t) for k, t in enumerate(lights)}
+        try:  # across the ranks: what the data makes go wrong names every input
+            plan = JobPlan.of(lights, offsets)
+            meta = import_meta(lights, plan.info, plan.origin, snapshots)
+            sink = MemorySink()
+            small, facts = merge_ranks(plan, store, sink, plan.rows(counts), meta, label)
+            result = {**sink.tables(), **small}
+            meta = import_meta(lights, plan.info, plan.origin, snapshots,
+                               len(facts.microbatches), facts.steps)
+            if adjust is not None:
+                adjust(result, meta)
+            clean_text(result)  # before the summary, which quotes op names
+            summary = tbl.summary_of(facts, result, meta)
+        except DATA_ERRORS as exc:
+            raise data_error(label, exc) from None
     check_tables(result, meta, label)
     return result, meta, summary

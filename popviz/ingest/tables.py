@@ -7,18 +7,14 @@ Times are ns on the common clock (`clocks`). The `*_cycles` columns of `stages` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from popviz.metrics import (
-    fit_verdict,
-    idle_fraction,
-    peak_liveness,
-    stage_table_times,
-    step_time,
-)
+from popviz.metrics import fit_verdict, idle_fractions, peak_liveness, stage_table_times
+from popviz.metrics.timeline import TimelineTally
 from popviz.vocab import MEASURED_KIND
 
 EXCHANGE_COLUMNS = ["src", "dst", "bytes", "start", "end", "kind", "stage", "microbatch",
@@ -40,33 +36,76 @@ def renumber_ops(ops: pd.DataFrame) -> pd.DataFrame:
     return ops[OPS_COLUMNS]
 
 
-def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[dict],
-                 steps: int) -> pd.DataFrame:
+@dataclass
+class TraceFacts:
+    """What the stages table, the summary and the meta take from the trace and the
+    liveness, gathered one rank's rows at a time (`add`: a job's import never holds its
+    whole trace) or from whole tables (`of`); the same figures either way."""
+
+    timeline: TimelineTally = field(default_factory=TimelineTally)
+    peaks: dict[int, int] = field(default_factory=dict)  # peak liveness per device
+    ranks: set[int] = field(default_factory=set)  # devices with trace events
+    trace_steps: set[int] = field(default_factory=set)
+    liveness_steps: set[int] = field(default_factory=set)
+    microbatches: set[int] = field(default_factory=set)  # numbered ones in the trace
+    forward: dict[int, set[int]] = field(default_factory=dict)  # stage: micro-batches
+
+    @classmethod
+    def of(cls, trace: pd.DataFrame, liveness: pd.DataFrame) -> TraceFacts:
+        facts = cls()
+        facts.add(trace, liveness)
+        return facts
+
+    def add(self, trace: pd.DataFrame, liveness: pd.DataFrame) -> None:
+        """Rows of devices not added before (each device's rows whole)."""
+        self.timeline.add(trace)
+        for ipu, peak in peak_liveness(liveness).items():
+            self.peaks[int(ipu)] = max(int(peak), self.peaks.get(int(ipu), 0))  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
+        if len(liveness):
+            self.liveness_steps.update(pd.unique(liveness["step"]).tolist())
+        if not len(trace):
+            return
+        self.ranks.update(int(r) for r in pd.unique(trace["ipu"]))
+        self.trace_steps.update(pd.unique(trace["step"]).tolist())
+        mb = trace["microbatch"].to_numpy()
+        self.microbatches.update(pd.unique(mb[mb >= 0]).tolist())
+        forward = trace[(trace["kind"].astype(str) == "compute").to_numpy()
+                        & (trace["pass"].astype(str) == "F").to_numpy()]
+        pairs = forward[["stage", "microbatch"]].drop_duplicates().to_numpy(np.int64)
+        for stage, mb in pairs.tolist():
+            self.forward.setdefault(stage, set()).add(mb)
+
+    @property
+    def steps(self) -> int:
+        return max(1, len(self.trace_steps))
+
+    def peak_series(self) -> pd.Series:
+        """Peak liveness by device, as `metrics.peak_liveness` gives it."""
+        ipus = sorted(self.peaks)
+        return pd.Series([self.peaks[i] for i in ipus], dtype="int64",
+                         index=pd.Index(ipus, name="ipu"))
+
+
+def stages_table(facts: TraceFacts, stage_info: list[dict], steps: int) -> pd.DataFrame:
     """Per stage: mean ns per recorded step of forward, backward, transfer, waiting and
     the rest of the rank's step, from the metrics core (popviz.metrics.stage_table_times:
     each instant of a rank counted once, a rank's columns adding up to the step time)."""
     steps = max(1, steps)
     pairs = pd.DataFrame({"stage": [int(i["stage"]) for i in stage_info],
                           "ipu": [int(i["ipu"]) for i in stage_info]})
-    times = stage_table_times(trace, pairs, steps)
-    peaks = peak_liveness(liveness)
-    # micro-batches each stage's forward saw, in one pass over the trace (a filter per
-    # stage made 512 ranks cost 512 passes: 17 s of a 60 s import)
-    forward = trace[(trace["kind"].astype(str) == "compute").to_numpy()
-                    & (trace["pass"].astype(str) == "F").to_numpy()]
-    seen = forward.groupby("stage")["microbatch"].nunique()
+    times = stage_table_times(facts.timeline, pairs, steps)
     rows = []
     for k, info in enumerate(stage_info):
         s, rank = info["stage"], info["ipu"]
         t = times.iloc[k]
-        microbatches = max(1, int(seen.get(s, 0)))
+        microbatches = max(1, len(facts.forward.get(int(s), ())))
         rows.append({
             "stage": s, "ipu": rank, "forward_cycles": t["forward_cycles"],
             "backward_cycles": t["backward_cycles"],
             "recompute_cycles": t["recompute_cycles"],
             "exchange_cycles": t["exchange_cycles"], "idle_cycles": t["idle_cycles"],
             "stash_bytes": int(info.get("stash_bytes", 0)),
-            "peak_bytes": int(peaks.get(rank, 0)),
+            "peak_bytes": int(facts.peaks.get(int(rank), 0)),
             "optimiser_cycles": t["optimiser_cycles"], "other_cycles": t["other_cycles"],
             "sync_cycles": t["sync_cycles"],
             "first_layer": info.get("first_layer", ""),
@@ -81,35 +120,44 @@ def stages_table(trace: pd.DataFrame, liveness: pd.DataFrame, stage_info: list[d
 
 
 def summary(tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> dict[str, Any]:
-    """Headline figures of a measured profile (rank file or merged), from the metrics
-    core: step time, idle, peaks and fit (a rank has no tiles: an imported GPU's peak
-    against its device memory, else unknown)."""
-    trace, stages, live = tables["trace"], tables["stages"], tables["liveness"]
+    """Headline figures of a measured profile (rank file or merged) from its tables."""
+    facts = TraceFacts.of(tables["trace"], tables["liveness"])
+    return summary_of(facts, tables, meta)
+
+
+def summary_of(facts: TraceFacts, tables: dict[str, pd.DataFrame], meta: dict[str, Any]
+               ) -> dict[str, Any]:
+    """Headline figures of a measured profile, from the metrics core: step time, idle,
+    peaks and fit (a rank has no tiles: an imported GPU's peak against its device
+    memory, else unknown). `tables` need hold only stages and exchange (and tile_memory
+    where there is one): the trace and liveness are `facts`."""
+    stages = tables["stages"]
     opts = meta.get("options", {})
-    step_ns = step_time(trace)
+    times = facts.timeline.rank_time()
+    step_ns = float(times["step_time"].iloc[0]) if len(times) else 0.0
     # an imported trace may not tell its micro-batch size (None): then no sample count
     micro_batch = opts.get("micro_batch_size", 1)
     samples = int(micro_batch) * int(opts.get("microbatches", 1)) if micro_batch else None
-    ranks = sorted(int(r) for r in trace["ipu"].unique()) if len(trace) else []
-    steps = max(1, int(trace["step"].nunique())) if len(trace) else 1
     work = stages["forward_cycles"] + stages["backward_cycles"]
-    peaks = peak_liveness(live)
+    peaks = facts.peak_series()
     return {
         "kind": MEASURED_KIND,
-        "fits": fit_verdict(tables.get("tile_memory", empty_tile_memory()), live, meta),
+        "fits": fit_verdict(tables.get("tile_memory", empty_tile_memory()), peaks, meta),
         "oom_tiles": 0, "oom_ipus": [],
-        "num_ipus": len(ranks), "ranks": ranks, "replicas": 1, "total_ipus": len(ranks),
+        "num_ipus": len(facts.ranks), "ranks": sorted(facts.ranks), "replicas": 1,
+        "total_ipus": len(facts.ranks),
         "step_cycles": step_ns, "step_ns": step_ns, "step_seconds": step_ns / 1e9,
         "step_ms": step_ns / 1e6, "samples_per_step": samples,
         "throughput": samples / (step_ns / 1e9) if samples and step_ns > 0 else None,
         "latency_ms": None, "training": True,
-        "idle_fraction": idle_fraction(trace),
+        "idle_fraction": idle_fractions(times)[1],
         "bottleneck_stage": int(stages.loc[work.idxmax(), "stage"]) if len(stages) else None,  # type: ignore[call-overload, index]  # pandas-stubs: a cell is any scalar
         "peak_liveness_bytes": {str(int(k)): int(v) for k, v in peaks.items()},  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
         "schedule": opts.get("schedule"), "strategy": "pipelined",
         "micro_batch_size": int(micro_batch) if micro_batch else None,
-        "microbatches": int(opts.get("microbatches", 1)), "recorded_steps": steps,
-        "liveness_steps": int(live["step"].nunique()) if len(live) else 0,
+        "microbatches": int(opts.get("microbatches", 1)),
+        "recorded_steps": facts.steps if facts.ranks else 1,
+        "liveness_steps": len(facts.liveness_steps),
         "exchange_bytes": int(tables["exchange"]["bytes"].sum()),
         "stages": stages.to_dict(orient="records"),
     }

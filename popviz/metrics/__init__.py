@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from popviz.vocab import CATEGORIES, COMPUTE, WAITING, category_codes
+from popviz.metrics.timeline import TimelineTally, sweep
+from popviz.vocab import CATEGORIES, COMPUTE, WAITING
 
 __all__ = ["CATEGORIES", "COMPUTE", "STAGE_TIME_COLUMNS", "device_capacities", "device_fit",
            "device_fits", "fit_verdict", "fits", "fits_or_stored", "idle_fraction",
@@ -42,75 +43,12 @@ STAGE_TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "idle_cycles": WAITING, "sync_cycles": ("sync",)}
 
 
-def _codes(trace: pd.DataFrame) -> np.ndarray:
-    """Each event's category index in CATEGORIES (popviz.vocab.category_codes)."""
-    return category_codes(trace["kind"].to_numpy(),
-                          trace["pass"].to_numpy() if "pass" in trace.columns else None)
-
-
-def sweep(group: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray,
-          n_groups: int, n_codes: int) -> np.ndarray:
-    """Time per (group, code) with each instant counted once, for the lowest code active.
-    Vectorised: one sort, one cumsum. When no two events of a group overlap (every
-    modelled trace) it is the plain sum of durations, taken without the cumsum."""
-    n = len(start)
-    out = np.zeros((n_groups, n_codes))
-    if n == 0:
-        return out
-    order = np.lexsort((start, group))
-    gs, s0, e0 = group[order], start[order], end[order]
-    # sorted by start, no event starts before the previous one ends: no overlap at all
-    if not ((gs[1:] == gs[:-1]) & (s0[1:] < e0[:-1])).any():
-        np.add.at(out, (gs.astype(np.int64), code[order].astype(np.int64)),
-                  (e0 - s0).astype(np.float64))
-        return out
-    g = np.concatenate([group, group]).astype(np.int64)
-    t = np.concatenate([start, end]).astype(np.float64)
-    c = np.concatenate([code, code]).astype(np.int64)
-    step = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
-    order = np.lexsort((t, g))
-    g, t, c, step = g[order], t[order], c[order], step[order]
-    delta = np.zeros((2 * n, n_codes), dtype=np.int64)
-    delta[np.arange(2 * n), c] = step
-    active = np.cumsum(delta, axis=0)[:-1] > 0  # coverage between point i and i + 1
-    length = np.diff(t)
-    ok = (g[:-1] == g[1:]) & (length > 0) & active.any(axis=1)
-    winner = np.argmax(active, axis=1)  # the first (highest-priority) active code
-    np.add.at(out, (g[:-1][ok], winner[ok]), length[ok])
-    return out
-
-
 def rank_time(trace: pd.DataFrame) -> pd.DataFrame:
     """Per device (index ipu): mean time per step in each of CATEGORIES + "untraced",
     summing to the step time (column step_time) in the trace's unit. A step's window runs
     from its first start to its last end over all devices (a trace without a step column
     is one step), so every device shares the same rank-time."""
-    cols = [*CATEGORIES, "untraced"]
-    if trace.empty:
-        return pd.DataFrame(columns=[*cols, "step_time", "steps"],
-                            index=pd.Index([], name="ipu"), dtype=float)
-    ipu = trace["ipu"].astype(int).to_numpy()
-    step = (pd.to_numeric(trace["step"], errors="coerce").fillna(0).astype(int).to_numpy()
-            if "step" in trace.columns else np.zeros(len(trace), dtype=int))
-    start = trace["start"].to_numpy(np.float64)
-    end = trace["end"].to_numpy(np.float64)
-    steps, step_idx = np.unique(step, return_inverse=True)
-    w_start = np.full(len(steps), np.inf)
-    w_end = np.full(len(steps), -np.inf)
-    np.minimum.at(w_start, step_idx, start)
-    np.maximum.at(w_end, step_idx, end)
-    ipus, ipu_idx = np.unique(ipu, return_inverse=True)
-    n_groups = len(ipus) * len(steps)
-    group = ipu_idx * len(steps) + step_idx
-    times = sweep(group, start, end, _codes(trace), n_groups, len(cols))
-    # what no event covers: the (device, step) window less the time attributed in it
-    window = (w_end - w_start)[np.arange(n_groups) % len(steps)]
-    times[:, -1] = window - times[:, :-1].sum(axis=1)
-    per = times.reshape(len(ipus), len(steps), len(cols)).mean(axis=1)
-    out = pd.DataFrame(per, columns=cols, index=pd.Index(ipus, name="ipu"))
-    out["step_time"] = float((w_end - w_start).mean())
-    out["steps"] = float(len(steps))
-    return out
+    return TimelineTally.of(trace).rank_time()
 
 
 def idle_fractions(times: pd.DataFrame) -> tuple[pd.Series, float]:
@@ -146,20 +84,7 @@ def stage_time(trace: pd.DataFrame, n_stages: int) -> pd.DataFrame:
     """Per stage (index 0..n_stages-1): total time over the trace in each of CATEGORIES,
     each instant of a device counted once (the sweep per (device, stage)); events with
     stage < 0 are left out. A modelled trace never overlaps, so these are plain sums."""
-    out = pd.DataFrame(0.0, index=pd.RangeIndex(n_stages, name="stage"),
-                       columns=list(CATEGORIES))
-    if trace.empty or not n_stages:
-        return out
-    stage = trace["stage"].to_numpy(np.int64)
-    keep = (stage >= 0) & (stage < n_stages)
-    ipu = trace["ipu"].to_numpy(np.int64)[keep]
-    ipus, ipu_idx = np.unique(ipu, return_inverse=True)
-    group = ipu_idx * n_stages + stage[keep]
-    times = sweep(group, trace["start"].to_numpy(np.float64)[keep],
-                  trace["end"].to_numpy(np.float64)[keep], _codes(trace)[keep],
-                  len(ipus) * n_stages, len(CATEGORIES))
-    out.loc[:, :] = times.reshape(len(ipus), n_stages, len(CATEGORIES)).sum(axis=0)
-    return out
+    return TimelineTally.of(trace).stage_time(n_stages)
 
 
 def stage_columns(times: pd.DataFrame) -> pd.DataFrame:
@@ -168,27 +93,29 @@ def stage_columns(times: pd.DataFrame) -> pd.DataFrame:
                          for col, cats in STAGE_TIME_COLUMNS.items()}, index=times.index)
 
 
-def stage_table_times(trace: pd.DataFrame, stages: pd.DataFrame, steps: int = 1
-                      ) -> pd.DataFrame:
+def stage_table_times(trace: pd.DataFrame | TimelineTally, stages: pd.DataFrame,
+                      steps: int = 1) -> pd.DataFrame:
     """The stage table's time columns (STAGE_TIME_COLUMNS) for each (stage, ipu) row of
     `stages` (same index), mean per step. Each column is the stage's `stage_time`;
     other_cycles is the rest of its device's step (rank_time's window, shared by every
     device) that no other column covers: compute without a known pass, host time between
     traced events, events of no stage. A device holding several stages shares it equally,
     so a device's columns (sync_cycles is part of idle_cycles) add up to the step time."""
+    tally = trace if isinstance(trace, TimelineTally) else TimelineTally.of(trace)
     steps = max(1, int(steps))
     cols = list(STAGE_TIME_COLUMNS)
     if stages.empty:
         return pd.DataFrame(columns=cols, index=stages.index, dtype=float)
     stage = stages["stage"].astype(int).to_numpy()
     n = int(stage.max()) + 1 if len(stage) else 0
-    out = stage_columns(stage_time(trace, n)).reindex(stage).fillna(0.0) / steps
+    out = stage_columns(tally.stage_time(n)).reindex(stage).fillna(0.0) / steps
     out.index = stages.index
     ipu = stages["ipu"].astype(int)
     busy = out[[c for c in cols if c not in ("other_cycles", "sync_cycles")]].sum(axis=1)
     per_device = busy.groupby(ipu).transform("sum")
     count = ipu.groupby(ipu).transform("size").astype(float)
-    step = float(rank_time(trace)["step_time"].iloc[0]) if len(trace) else 0.0
+    times = tally.rank_time()
+    step = float(times["step_time"].iloc[0]) if len(times) else 0.0
     out["other_cycles"] = np.maximum(0.0, step - per_device) / count
     return out[cols]
 
@@ -357,11 +284,12 @@ def device_capacities(meta: dict) -> dict[int, int]:
     return out
 
 
-def device_fit(liveness: pd.DataFrame, capacity: dict[int, int]) -> pd.DataFrame:
+def device_fit(liveness: pd.DataFrame | pd.Series, capacity: dict[int, int]) -> pd.DataFrame:
     """Per device with a known capacity and a liveness curve: its peak liveness
-    (`peak_liveness`), capacity and utilisation (peak over capacity). A device without
-    liveness is left out: nothing says how full it was."""
-    peaks = peak_liveness(liveness)
+    (`peak_liveness`, or the peaks given as a Series by device), capacity and utilisation
+    (peak over capacity). A device without liveness is left out: nothing says how full it
+    was."""
+    peaks = liveness if isinstance(liveness, pd.Series) else peak_liveness(liveness)
     rows = [(rank, int(peaks[rank]), cap) for rank, cap in sorted(capacity.items())
             if rank in peaks.index]
     frame = pd.DataFrame(rows, columns=["ipu", "peak_bytes", "capacity_bytes"])
@@ -369,15 +297,17 @@ def device_fit(liveness: pd.DataFrame, capacity: dict[int, int]) -> pd.DataFrame
     return frame.astype({"ipu": "int64", "peak_bytes": "int64", "capacity_bytes": "int64"})
 
 
-def device_fits(liveness: pd.DataFrame, capacity: dict[int, int]) -> bool | None:
+def device_fits(liveness: pd.DataFrame | pd.Series, capacity: dict[int, int]) -> bool | None:
     """True when every device's peak is within its memory; None when no device has both
     a capacity and a liveness curve."""
     rows = device_fit(liveness, capacity)
     return bool((rows["utilisation"] <= 1.0).all()) if len(rows) else None
 
 
-def fit_verdict(tile_memory: pd.DataFrame, liveness: pd.DataFrame, meta: dict) -> bool | None:
+def fit_verdict(tile_memory: pd.DataFrame, liveness: pd.DataFrame | pd.Series,
+                meta: dict) -> bool | None:
     """Does the profile fit: its tiles against their capacity when it has tiles, else an
-    imported GPU's peak liveness against its device memory; None when neither is known."""
+    imported GPU's peak liveness (a liveness table, or its peaks by device) against its
+    device memory; None when neither is known."""
     known = fits(tile_memory)
     return known if known is not None else device_fits(liveness, device_capacities(meta))

@@ -1,0 +1,226 @@
+"""The ranks of an import merged into one profile's tables, one rank at a time.
+
+First what spans the ranks, from their light fields only (part_store): the common clock,
+each send matched to its receive, the stages. Then each rank in order: its tables taken
+back from the store, moved onto the common clock, finished (its p2p waits added to its
+trace, micro-batches numbered by its transfers, op ids continued from the rank before),
+checked as the reader will check them, handed to a sink (a `ProfileStream` writing the
+file, or `MemorySink`) and forgotten; what the stages table, summary and meta need of
+them stays in a `TraceFacts`. The small tables that span the ranks (p2p, exchange,
+stages) are built last, whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from popviz.format import bounds
+from popviz.ingest import kineto_events as kev
+from popviz.ingest import kineto_lanes, waits
+from popviz.ingest import tables as tbl
+from popviz.ingest.clocks import align
+from popviz.ingest.import_checks import check_rows, clean_text
+from popviz.ingest.import_rank import RankPart
+from popviz.ingest.p2p import match_p2p
+from popviz.ingest.part_store import PartStore
+
+# the trace's integer columns (a rank's events and its p2p waits concatenated)
+TRACE_INTS = ("ipu", "start", "end", "stage", "microbatch", "step", "bytes", "peer")
+# tables with rows of every rank, streamed rank by rank
+RANK_TABLES = ("trace", "ops", "liveness", "host_slices", "kernels", "alloc_blocks",
+               "alloc_segments", "alloc_frames")
+
+
+class TableSink(Protocol):
+    def append(self, name: str, frame: pd.DataFrame) -> None: ...
+
+
+@dataclass
+class MemorySink:
+    """Each table's slices concatenated (`popviz.measure`'s few ranks, tests)."""
+
+    frames: dict[str, list[pd.DataFrame]] = field(default_factory=dict)
+
+    def append(self, name: str, frame: pd.DataFrame) -> None:
+        held = self.frames.setdefault(name, [])
+        if len(frame) or not held:
+            held.append(frame)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        out = {}
+        for name, frames in self.frames.items():
+            full = [f for f in frames if len(f)]
+            out[name] = pd.concat(full, ignore_index=True) if full else frames[0]
+        return out
+
+
+@dataclass
+class JobPlan:
+    """What spans the ranks, from their light parts (rank order)."""
+
+    parts: list[RankPart]
+    origin: int
+    p2p: pd.DataFrame  # every call, matched
+    waits: dict[int, pd.DataFrame]  # a CPU rank's p2p calls as trace events, by rank
+    info: list[dict[str, Any]]  # stage, ipu (and boundary_bytes) per stage
+
+    @classmethod
+    def of(cls, parts: list[RankPart], offsets: dict[int, int] | None = None) -> JobPlan:
+        origin = align(parts, offsets)
+        info = [{"stage": s, "ipu": t.rank} for t in parts for s in t.stages]
+        p2p = match_p2p([t.calls for t in parts])
+        found: dict[int, pd.DataFrame] = {}
+        if len(p2p):
+            events = waits.p2p_events(p2p[~p2p["on_gpu"].astype(bool)], kev.EVENT_COLUMNS)
+            ranks = events["ipu"].to_numpy(np.int64)
+            found = {r: events[ranks == r] for r in np.unique(ranks).tolist()}
+        boundary_bytes(info, p2p)
+        return cls(parts, origin, p2p, found, info)
+
+    def rows(self, store_rows: dict[int, dict[str, int]]) -> dict[str, int]:
+        """Every table's row count (rank tables from the store's counts): the reader's
+        bounds depend on them. exchange is at most a row per p2p call and trace event."""
+        rows: dict[str, int] = {}
+        for counts in store_rows.values():
+            for name, n in counts.items():
+                rows[name] = rows.get(name, 0) + n
+        rows["trace"] = rows.get("trace", 0) + sum(len(w) for w in self.waits.values())
+        rows["p2p"] = len(self.p2p)
+        rows["stages"] = len(self.info)
+        rows["exchange"] = rows["trace"] + len(self.p2p)
+        return rows
+
+
+def rank_tables(part: RankPart, waiting: pd.DataFrame | None, p2p: pd.DataFrame,
+                first_op: int) -> dict[str, pd.DataFrame]:
+    """One rank's share of every rank table, finished (common clock): its trace with its
+    p2p waits, sorted, micro-batches numbered by its transfers; ops numbered from
+    `first_op` in (start, end) order."""
+    events = [part.events] + ([waiting] if waiting is not None and len(waiting) else [])
+    trace = pd.concat([e for e in events if len(e)] or events[:1], ignore_index=True)
+    trace = trace.astype({c: "int64" for c in TRACE_INTS})
+    trace["op_class"] = trace["op_class"].fillna("") if "op_class" in trace else ""
+    trace = kineto_lanes.fill_links(trace)
+    trace = trace.sort_values(["ipu", "start", "end"], kind="stable").reset_index(drop=True)
+    number_by_transfers(trace, p2p)
+    ops = part.ops.sort_values(["ipu", "start", "end"], kind="stable") \
+        .reset_index(drop=True) if len(part.ops) else part.ops
+    ops["op_id"] = np.arange(first_op, first_op + len(ops), dtype=np.int64)
+    out = {"trace": trace, "ops": ops, "liveness": part.liveness,
+           "host_slices": part.slices}
+    if len(part.kernels):  # CUPTI's launch fields (format 1.4)
+        out["kernels"] = part.kernels
+    out.update(part.allocations)
+    return out
+
+
+def merge_ranks(plan: JobPlan, store: PartStore, sink: TableSink, rows: dict[str, int],
+                meta: dict[str, Any], label: str,
+                between: Callable[[], None] = lambda: None
+                ) -> tuple[dict[str, pd.DataFrame], tbl.TraceFacts]:
+    """Every rank's tables through `sink`, in rank order; returns the small tables that
+    span the ranks (p2p, exchange, stages, tile_memory) and the facts of the trace.
+    `meta` (its counts) and `rows` bound what each rank's rows may hold (a ProfileError
+    naming `label` otherwise); `between()` runs before each rank (Ctrl-C's check)."""
+    facts = tbl.TraceFacts()
+    dims = bounds.dimensions(meta, "rank", rows, {})
+    transfers: list[pd.DataFrame] = [waits.transfers(plan.p2p)] if len(plan.p2p) else []
+    first_op = 0
+    for light in plan.parts:
+        between()
+        part = store.take(light)
+        part.shift_tables(part.base_ns - plan.origin)
+        tables = rank_tables(part, plan.waits.get(part.rank), plan.p2p, first_op)
+        del part
+        clean_text(tables)
+        for name, frame in tables.items():
+            check_rows(name, frame, dims, label)
+        first_op += len(tables["ops"])
+        facts.add(tables["trace"], tables["liveness"])
+        found = device_transfers(tables["trace"])
+        if found is not None:
+            transfers.append(found)
+        for name in RANK_TABLES:
+            if name in tables:
+                sink.append(name, tables[name])
+        del tables
+    small = {"p2p": waits.p2p_table(plan.p2p), "exchange": exchange_table(transfers),
+             "stages": tbl.stages_table(facts, plan.info, facts.steps),
+             "tile_memory": tbl.empty_tile_memory()}
+    clean_text(small)
+    return small, facts
+
+
+def device_transfers(trace: pd.DataFrame) -> pd.DataFrame | None:
+    """A rank's collectives (NCCL kernels with bytes) and device copies ('host' for host
+    <-> device) as exchange rows; None when it has none."""
+    dev = trace[(trace["kind"].isin(["exchange", "host_io"]))
+                & ~trace["op"].astype(str).str.startswith(("wait:", "send ", "recv "))]
+    dev = dev[dev["op"].astype(str).str.contains("nccl|Memcpy", case=False, regex=True)]
+    if not len(dev):
+        return None
+    op = dev["op"].astype(str)
+    h2d, d2h = op.str.contains("HtoD").to_numpy(), op.str.contains("DtoH").to_numpy()
+    rank = dev["ipu"].astype(object).to_numpy()
+    return pd.DataFrame({
+        "src": np.where(h2d, "host", rank), "dst": np.where(d2h, "host", rank),
+        "bytes": dev["bytes"].to_numpy(), "start": dev["start"].to_numpy(),
+        "end": dev["end"].to_numpy(),
+        # an NCCL send / recv kernel moves a p2p transfer (counted by its call), not a
+        # collective
+        "kind": np.where(h2d | d2h, "host", np.where(
+            op.str.contains(r"nccl\w*?(?:SendRecv|Send|Recv)\b|nccl\w*_(?:Send|Recv)",
+                            case=False, regex=True), "p2p_kernel",
+            np.where(op.str.contains("nccl", case=False), "collective", "internal"))),
+        "stage": dev["stage"].to_numpy(), "microbatch": dev["microbatch"].to_numpy(),
+        "step": dev["step"].to_numpy(), "waiting_ns": 0,
+        "transfer_ns": (dev["end"] - dev["start"]).to_numpy()})
+
+
+def exchange_table(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Transfers: each p2p once (its recv; the first part), then each rank's collectives
+    and copies, by start."""
+    if not parts:
+        return pd.DataFrame({c: pd.Series([], dtype="int64" if c not in ("src", "dst", "kind")
+                                          else object) for c in tbl.EXCHANGE_COLUMNS})
+    frame = pd.concat(parts, ignore_index=True)[tbl.EXCHANGE_COLUMNS]
+    return frame.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def number_by_transfers(trace: pd.DataFrame, p2p: pd.DataFrame) -> None:
+    """Micro-batch of compute no annotation numbered (Schedule1F1B writes none): on a rank
+    with one stage, a forward (backward) belongs to the micro-batch of the next activation
+    (gradient) it sends, or on the stage that sends none, of the last one it received."""
+    if p2p.empty:
+        return
+    for (rank, ps), rows in trace[(trace["kind"] == "compute") & (trace["microbatch"] < 0)
+                                  & trace["pass"].isin(["F", "B"])].groupby(["ipu", "pass"]):
+        mine = p2p[(p2p["rank"] == rank) & (p2p["pass"] == ps)]
+        sends = mine[mine["direction"] == "send"].sort_values("start")
+        recvs = mine[mine["direction"] == "recv"].sort_values("end")
+        if len(sends):
+            at = np.searchsorted(sends["start"].to_numpy(), rows["end"].to_numpy(), "left")
+            mb = np.append(sends["microbatch"].to_numpy(), -1)[at]
+        elif len(recvs):
+            at = np.searchsorted(recvs["end"].to_numpy(), rows["start"].to_numpy(),
+                                 "right") - 1
+            mb = np.where(at >= 0, recvs["microbatch"].to_numpy()[np.maximum(at, 0)], -1)
+        else:
+            continue
+        trace.loc[rows.index, "microbatch"] = mb
+
+
+def boundary_bytes(info: list[dict[str, Any]], p2p: pd.DataFrame) -> None:
+    """Each stage's activation bytes sent per micro-batch (what a split point costs)."""
+    if p2p.empty:
+        return
+    sent = p2p[(p2p["direction"] == "send") & (p2p["pass"] == "F")]
+    for i in info:
+        mine = sent[sent["stage"] == i["stage"]]
+        count = len(mine[["step", "microbatch"]].drop_duplicates())
+        i["boundary_bytes"] = int(mine["bytes"].sum() // count) if count else 0

@@ -1,0 +1,120 @@
+"""Each rank's tables between its parse and the write, kept off the heap once they add up.
+
+`popviz import` of a job needs every rank's p2p calls and first events before it can
+write any rank (the clocks and the matching of sends to receives span the ranks), but
+not every rank's tables at once. `PartStore.put` keeps a parsed rank's light fields in
+memory (its calls, stages, meta: what the cross-rank steps read) and its tables, the
+bulk, in memory until `MEMORY_BYTES` are held, then in a pickle file per rank in a
+temporary folder, removed when the store closes. `take` hands a rank back whole, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from popviz.ingest.import_rank import RankPart
+
+# what the store holds in memory before it spills to disk: a few ranks of a job, or all
+# of a small one (4 ranks x 300k events stay in memory: no disk round trip)
+MEMORY_BYTES = 96 << 20
+HEAVY = ("events", "liveness", "ops", "slices", "kernels", "allocations", "labeller")
+
+
+def frame_bytes(value: Any) -> int:
+    """About what a table holds: its arrays, and ~64 bytes a text cell (a shallow count;
+    a deep one reads every string)."""
+    if isinstance(value, pd.DataFrame):
+        return sum(int(value[c].to_numpy().nbytes) if value[c].dtype.kind in "iufbmM"
+                   else 64 * len(value) for c in value.columns)
+    if isinstance(value, dict):
+        return sum(frame_bytes(v) for v in value.values())
+    return 0
+
+
+def rank_rows(part: RankPart) -> dict[str, int]:
+    """The rows a rank adds to each profile table (its trace before its p2p waits)."""
+    return {"trace": len(part.events), "ops": len(part.ops), "liveness": len(part.liveness),
+            "host_slices": len(part.slices), "kernels": len(part.kernels),
+            **{name: len(f) for name, f in part.allocations.items()}}
+
+
+class PartStore:
+    """Ranks' heavy tables by rank, in memory up to `memory_bytes`, then on disk."""
+
+    def __init__(self, memory_bytes: int | None = None) -> None:
+        self.memory_bytes = MEMORY_BYTES if memory_bytes is None else memory_bytes
+        self.held = 0
+        # by id() of the light part handed out, which each entry also holds (so the id
+        # is not reused while the entry lives)
+        self._memory: dict[int, tuple[RankPart, dict[str, Any]]] = {}
+        self._spilled: dict[int, tuple[RankPart, Path]] = {}
+        self._rows: dict[int, dict[str, int]] = {}
+        self._folder: Path | None = None
+
+    def __enter__(self) -> PartStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def put(self, part: RankPart) -> RankPart:
+        """Keep `part`'s tables; returns the part without them (what stays in memory)."""
+        heavy = {name: getattr(part, name) for name in HEAVY}
+        size = sum(frame_bytes(v) for v in heavy.values())
+        light = replace(part, events=pd.DataFrame(), liveness=pd.DataFrame(),
+                        ops=pd.DataFrame(), slices=pd.DataFrame(), kernels=pd.DataFrame(),
+                        allocations={}, labeller=None)
+        key = id(light)
+        self._rows[key] = rank_rows(part)
+        if self.held + size <= self.memory_bytes:
+            self._memory[key] = (light, heavy)
+            self.held += size
+        else:
+            if self._folder is None:
+                self._folder = Path(tempfile.mkdtemp(prefix="popviz-import-"))
+            path = self._folder / f"rank-{len(self._spilled)}.pickle"
+            with path.open("wb") as f:
+                pickle.dump(heavy, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self._spilled[key] = (light, path)
+        return light
+
+    def rows(self, light: RankPart) -> dict[str, int]:
+        """The rows the rank's tables hold, by the profile table each one becomes."""
+        return self._rows[id(light)]
+
+    def take(self, light: RankPart) -> RankPart:
+        """`light` with its tables back (each rank taken once: the store forgets it)."""
+        key = id(light)
+        if key in self._memory:
+            heavy = self._memory.pop(key)[1]
+            self.held -= sum(frame_bytes(v) for v in heavy.values())
+        else:
+            path = self._spilled.pop(key)[1]
+            with path.open("rb") as f:
+                heavy = pickle.load(f)  # our own file, written by put()
+            path.unlink()
+        return replace(light, **heavy)
+
+    def update(self, light: RankPart, change: Callable[[RankPart], None]) -> RankPart:
+        """Apply `change` to the whole part and keep it again; the new light part."""
+        part = self.take(light)
+        change(part)
+        return self.put(part)
+
+    def close(self) -> None:
+        self._memory.clear()
+        self._rows.clear()
+        self._spilled.clear()
+        if self._folder is not None:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self._folder)
+            self._folder = None

@@ -1,0 +1,251 @@
+"""Issue 33: a job's import written rank by rank. The streamed profile is the one the
+in-memory merge writes, table for table, whether the ranks' tables stay in memory or
+spill to disk and however the columns' chunks fall; the store never holds more than its
+budget; the stream widens and fills columns as pandas' concat does, and a failed or
+interrupted stream leaves nothing behind. The timeline tally gives one sweep's figures
+from per-device slices."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import popviz
+import popviz.format.stream as stream_module
+import popviz.ingest.part_store as store_module
+from popviz.format import schema
+from popviz.format.reader import open as open_profile
+from popviz.format.stream import ProfileStream
+from popviz.format.writer import MEASURED_WORDS, write_profile
+from popviz.ingest.import_rank import rank_parts
+from popviz.ingest.importer import import_parts
+from popviz.ingest.part_store import PartStore
+from popviz.metrics import rank_time, stage_time
+from popviz.metrics.timeline import TimelineTally
+from tests.bench_util import load_bench
+from tests.import_fixtures import PIPELINE, RESNET
+
+RANKS = 5
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Five synthetic ranks shaped like torch.profiler's (bench/bench_import.py)."""
+    return list(load_bench("bench_import").write_traces(tmp_path_factory.mktemp("job"),
+                                                         RANKS, 1500))
+
+
+def _in_memory(paths: list[Path], to: Path) -> Path:
+    """The merge in memory, written whole (what `popviz.measure` does)."""
+    parts = list(rank_parts(paths))
+    tables, meta, summary = import_parts(parts, "job")
+    return write_profile(to, meta=meta, tables=tables, summary=summary, kind="measured",
+                         command_line="test")
+
+
+def _same_profiles(a_path: Path, b_path: Path) -> None:
+    a, b = open_profile(a_path), open_profile(b_path)
+    try:
+        assert sorted(a.table_names) == sorted(b.table_names)
+        for name in a.table_names:
+            pd.testing.assert_frame_equal(a.table(name), b.table(name), check_exact=True,
+                                          obj=name)
+        assert a.meta == b.meta
+        assert a.summary == b.summary
+        for ipu in a.table("trace")["ipu"].unique().tolist():  # the per-rank index
+            pd.testing.assert_frame_equal(a.trace_for(ipu), b.trace_for(ipu))
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("memory_bytes", [store_module.MEMORY_BYTES, 0])
+def test_a_streamed_import_is_the_in_memory_merge(job: list[Path], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  memory_bytes: int) -> None:
+    """Small chunks (a column's chunks cross the ranks), ranks held in memory or all
+    spilled: the file reads back as the in-memory merge's, byte for byte in every cell."""
+    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(store_module, "MEMORY_BYTES", memory_bytes)
+    streamed = popviz.import_trace(job, tmp_path / "streamed")
+    _same_profiles(_in_memory(job, tmp_path / "memory"), streamed)
+
+
+def test_real_recordings_stream_as_they_merge(tmp_path: Path) -> None:
+    """Real torch.profiler files (an H100 ResNet-50 step, an interleaved pipeline)."""
+    for k, path in enumerate((RESNET, PIPELINE)):
+        streamed = popviz.import_trace([path], tmp_path / f"s{k}")
+        _same_profiles(_in_memory([path], tmp_path / f"m{k}"), streamed)
+
+
+def test_the_store_holds_no_more_than_its_budget(job: list[Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget of about one rank: the rest go to disk while the job is read, come back
+    whole, and the folder they went to is gone after."""
+    budget = 600_000
+    held: list[int] = []
+    folders: list[Path] = []
+    put = PartStore.put
+
+    def watched(self: PartStore, part: Any) -> Any:
+        light = put(self, part)
+        held.append(self.held)
+        if self._folder is not None:
+            folders.append(self._folder)
+        return light
+
+    monkeypatch.setattr(store_module, "MEMORY_BYTES", budget)
+    monkeypatch.setattr(PartStore, "put", watched)
+    path = popviz.import_trace(job, tmp_path / "p")
+    assert len(held) == RANKS and max(held) <= budget
+    assert folders and not folders[-1].exists()
+    with popviz.open(path) as profile:
+        assert sorted(profile.table("trace")["ipu"].unique()) == list(range(RANKS))
+
+
+def test_store_round_trip_on_disk(job: list[Path]) -> None:
+    part = next(iter(rank_parts(job[:1])))
+    events = part.events.copy()
+    with PartStore(memory_bytes=0) as store:
+        light = store.put(part)
+        assert light.events.empty and store.rows(light)["trace"] == len(events)
+        back = store.take(light)
+        pd.testing.assert_frame_equal(back.events, events)
+        assert back.calls is light.calls
+
+
+def _write(path: Path, slices: list[pd.DataFrame]) -> pd.DataFrame:
+    with ProfileStream(path, kind="measured", **MEASURED_WORDS) as out:
+        for frame in slices:
+            out.append("notes", frame)
+        out.finish(meta={}, summary={}, tables=_required(), command_line="test")
+    with popviz.open(path) as profile:
+        return profile.table("notes")
+
+
+def _required() -> dict[str, pd.DataFrame]:
+    trace = pd.DataFrame({"ipu": [0], "start": [0], "end": [1], "kind": ["compute"],
+                          "stage": [0], "microbatch": [0], "pass": ["F"], "op": ["x"]})
+    stages = pd.DataFrame({c: [0] for c in schema.CONTRACT_COLUMNS["stages"]})
+    live = pd.DataFrame({"ipu": [0], "step": [0], "phase": ["F"], "always_live_bytes": [0],
+                         "not_always_live_bytes": [0], "label": [""]})
+    tiles = pd.DataFrame({"ipu": pd.Series([], dtype="int64"),
+                          "tile": pd.Series([], dtype="int64"),
+                          "capacity_bytes": pd.Series([], dtype="int64"),
+                          "total_bytes": pd.Series([], dtype="int64")})
+    exchange = pd.DataFrame({"src": ["0"], "dst": ["0"], "bytes": [0], "start": [0],
+                             "end": [1], "kind": ["p2p"]})
+    ops = pd.DataFrame({"op_id": [0], "op": ["x"], "phase": ["F"]})
+    return {"trace": trace, "stages": stages, "liveness": live, "tile_memory": tiles,
+            "exchange": exchange, "ops": ops}
+
+
+def test_the_stream_widens_and_fills_columns_as_concat_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int column that turns float later is rewritten as float; a column one slice
+    lacks is NaN / "" there; text that gains an int reads back as int-or-string."""
+    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 64)  # 8 int64 rows a chunk
+    slices = [pd.DataFrame({"a": np.arange(20, dtype=np.int64), "t": ["x"] * 20}),
+              pd.DataFrame({"a": np.full(5, 0.5), "t": ["y"] * 5, "b": np.arange(5)}),
+              pd.DataFrame({"a": np.arange(3), "t": pd.Series([7, "z", 8], dtype=object)})]
+    got = _write(tmp_path / "p.h5", slices)
+    assert got["a"].dtype == np.float64
+    assert got["a"].tolist() == [*range(20), *[0.5] * 5, 0.0, 1.0, 2.0]
+    assert got["b"].isna().sum() == 23 and got["b"].iloc[20:25].tolist() == list(range(5))
+    assert got["t"].tolist() == ["x"] * 20 + ["y"] * 5 + [7, "z", 8]
+
+
+def test_trace_slices_must_come_in_device_order(tmp_path: Path) -> None:
+    with ProfileStream(tmp_path / "p.h5", kind="measured", **MEASURED_WORDS) as out:
+        out.append("trace", _required()["trace"].assign(ipu=1))
+        with pytest.raises(ValueError, match="device order"):
+            out.append("trace", _required()["trace"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_inside_the_stream_leaves_no_file(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), \
+            ProfileStream(tmp_path / "p.h5", kind="measured", **MEASURED_WORDS) as out:
+        out.append("notes", pd.DataFrame({"a": [1, 2]}))
+        raise RuntimeError("stopped")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_that_fills_mid_stream_is_one_oserror_and_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk refuses a write part-way: HDF5 never sees it (the image drops the rest),
+    `finish` raises ENOSPC naming the profile, and the temporary file is gone."""
+    real = os.pwrite
+    room = [200_000]
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if offset + len(data) > room[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(stream_module, "RESERVE_BYTES", 0)
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, at, n: None, raising=False)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    rng = np.random.default_rng(0)
+    with pytest.raises(OSError) as caught:
+        _write(tmp_path / "p.h5", [pd.DataFrame({"a": rng.integers(0, 2**62, 50_000)})
+                                   for _ in range(4)])
+    assert caught.value.errno == errno.ENOSPC
+    assert caught.value.filename == str(tmp_path / "p.h5")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _random_trace(seed: int, devices: int = 4) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    n = 400
+    start = rng.integers(0, 10_000, n)
+    return pd.DataFrame({
+        "ipu": rng.integers(0, devices, n), "start": start,
+        "end": start + rng.integers(1, 900, n),  # overlapping, whole ns
+        "kind": rng.choice(["compute", "exchange", "idle", "sync", "host_io"], n),
+        "pass": rng.choice(["F", "B", "WU", ""], n), "stage": rng.integers(-1, 5, n),
+        "step": rng.integers(0, 3, n)})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_tally_of_device_slices_is_one_sweep(seed: int) -> None:
+    """Any devices in any slices: the step windows merge and the figures are exactly
+    those of the whole trace at once (whole-number times)."""
+    trace = _random_trace(seed)
+    tally = TimelineTally()
+    for _, rows in sorted(trace.groupby("ipu"), key=lambda g: -int(g[0])):  # any order
+        tally.add(rows)
+    pd.testing.assert_frame_equal(tally.rank_time(), rank_time(trace), check_exact=True)
+    pd.testing.assert_frame_equal(tally.stage_time(5), stage_time(trace, 5),
+                                  check_exact=True)
+    times = rank_time(trace)  # and it is a sweep: each device's parts add up to the step
+    parts = times.drop(columns=["step_time", "steps"]).sum(axis=1)
+    assert np.allclose(parts, times["step_time"])
+
+
+def test_a_device_in_two_slices_is_refused() -> None:
+    trace = _random_trace(0)
+    tally = TimelineTally.of(trace[trace["ipu"] == 1])
+    with pytest.raises(ValueError, match="two slices"):
+        tally.add(trace[trace["ipu"] == 1])
+
+
+def test_importing_a_job_does_not_load_torch(job: list[Path], tmp_path: Path) -> None:
+    """torch is ~250 MiB and seconds to import, and an import never needs it (the zero-
+    bubble orders it compares against are popviz.compiler.schedule_zb's, torch-free)."""
+    code = ("import sys; from popviz.cli.main import main; "
+            f"assert main(['import', *{[str(p) for p in job]!r}, '--to', "
+            f"{str(tmp_path / 'p')!r}]) == 0; "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("no torch")
