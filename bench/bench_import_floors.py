@@ -60,7 +60,7 @@ def phases(files: list[Path]) -> dict[str, float]:
     from popviz.format.writer import MEASURED_WORDS
     from popviz.ingest import import_rank, importer
     from popviz.ingest import tables as tbl
-    from popviz.ingest.import_merge import JobPlan, merge_ranks
+    from popviz.ingest.import_merge import JobPlan, finished_here, merge_ranks
     from popviz.ingest.part_store import PartStore
 
     out: dict[str, float] = {"parse (kineto.read_trace)": 0.0}
@@ -82,11 +82,11 @@ def phases(files: list[Path]) -> dict[str, float]:
     t0 = time.perf_counter()
     with PartStore() as store, tempfile.TemporaryDirectory() as tmp:
         lights = [store.put(p) for p in parts]
-        counts = {k: store.rows(t) for k, t in enumerate(lights)}
         plan = JobPlan.of(lights)
         meta = importer.import_meta(lights, plan.info, plan.origin, [None] * len(lights))
+        args = plan.rank_args(meta, "bench")
         with ProfileStream(Path(tmp) / "p.h5", kind="measured", **MEASURED_WORDS) as stream:
-            small, facts = merge_ranks(plan, store, stream, plan.rows(counts), meta, "bench")
+            small, facts = merge_ranks(plan, finished_here(plan, store, args), stream)
             out["merged tables, streamed into the .h5"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             summary = tbl.summary_of(facts, small, meta)

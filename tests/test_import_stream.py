@@ -116,7 +116,7 @@ def test_store_round_trip_on_disk(job: list[Path]) -> None:
     events = part.events.copy()
     with PartStore(memory_bytes=0) as store:
         light = store.put(part)
-        assert light.events.empty and store.rows(light)["trace"] == len(events)
+        assert light.events.empty and light.row_counts["trace"] == len(events)
         back = store.take(light)
         pd.testing.assert_frame_equal(back.events, events)
         assert back.calls is light.calls
@@ -249,3 +249,38 @@ def test_importing_a_job_does_not_load_torch(job: list[Path], tmp_path: Path) ->
                          cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("no torch")
+
+
+def test_categorical_text_is_written_as_the_text(tmp_path: Path) -> None:
+    """A Dask worker hands text columns over as categories (`finish_rank_packed`): they
+    read back as the text, missing as "", ints among them as int-or-string."""
+    text = pd.Series(["conv", None, "relu", "conv"], dtype=object)
+    mixed = pd.Series([3, "host", 3, "host"], dtype=object)
+    got = _write(tmp_path / "p.h5", [pd.DataFrame({"t": text.astype("category"),
+                                                   "m": mixed.astype("category")})])
+    assert got["t"].tolist() == ["conv", "", "relu", "conv"]
+    assert got["m"].tolist() == [3, "host", 3, "host"]
+
+
+def test_facts_of_ranks_merged_are_the_facts_of_the_whole(job: list[Path]) -> None:
+    """TraceFacts per rank (as each worker makes them), merged: the stages table and the
+    summary of the whole job's trace and liveness."""
+    from popviz.ingest import tables as tbl
+
+    with popviz.open(popviz.import_trace(job, Path(job[0]).parent / "facts")) as profile:
+        trace, live = profile.table("trace"), profile.table("liveness")
+        info = [{"stage": int(s), "ipu": int(i)} for s, i in
+                zip(profile.table("stages")["stage"], profile.table("stages")["ipu"],
+                    strict=True)]
+        tables = {"stages": profile.table("stages"), "exchange": profile.table("exchange")}
+        meta = profile.meta
+    whole = tbl.TraceFacts.of(trace, live)
+    merged = tbl.TraceFacts()
+    for ipu in sorted(trace["ipu"].unique(), reverse=True):
+        merged.merge(tbl.TraceFacts.of(trace[trace["ipu"] == ipu],
+                                       live[live["ipu"] == ipu]))
+    pd.testing.assert_frame_equal(tbl.stages_table(merged, info, merged.steps),
+                                  tbl.stages_table(whole, info, whole.steps))
+    assert tbl.summary_of(merged, tables, meta) == tbl.summary_of(whole, tables, meta)
+    with pytest.raises(ValueError, match="two slices"):
+        merged.merge(tbl.TraceFacts.of(trace[trace["ipu"] == 0], live[live["ipu"] == 0]))

@@ -239,6 +239,14 @@ def _chunked(group: h5py.Group, name: str, data: np.ndarray
 
 
 def _column_kind(series: pd.Series) -> str:
+    if isinstance(series.dtype, pd.CategoricalDtype):  # the kind of its categories
+        categories = series.cat.categories
+        if categories.dtype.kind in "iufb":
+            return _column_kind(pd.Series(categories))
+        inferred = pd.api.types.infer_dtype(categories, skipna=True)
+        if inferred in ("string", "empty"):
+            return schema.ENC_STRING_REF
+        return _column_kind(pd.Series(categories, dtype=object))
     if pd.api.types.is_bool_dtype(series.dtype):
         return schema.ENC_BOOL
     if pd.api.types.is_numeric_dtype(series.dtype):
@@ -260,6 +268,14 @@ def encode_column(series: pd.Series, strings: StringTable) -> tuple[str, np.ndar
         return kind, series.to_numpy(dtype=np.uint8)
     if kind == schema.ENC_NUMERIC:
         return kind, series.to_numpy()
+    if isinstance(series.dtype, pd.CategoricalDtype):  # each category once, then indexing
+        if kind in (schema.ENC_STRING_REF, schema.ENC_INT_OR_STRING):
+            categories = series.cat.categories
+            lookup = strings.encode([*(str(c) for c in categories), ""])
+            codes = series.cat.codes.to_numpy()
+            return kind, lookup[np.where(codes < 0, len(categories), codes)]
+        series = series.astype(series.cat.categories.dtype)
+        return encode_column(series, strings)
     if isinstance(series.dtype, pd.StringDtype):
         return kind, strings.encode(series.to_numpy(dtype=object, na_value=""), all_str=True)
     return kind, strings.encode(series.fillna("").tolist())

@@ -1,9 +1,12 @@
-"""A job's ranks parsed on a Dask cluster (`popviz import --scheduler`): each trace is read
-and reduced to its rank's tables (`import_rank.rank_part`) on a worker, and the client
-gathers the parts as they finish, saying each one.
+"""A job's ranks on a Dask cluster (`popviz import --scheduler`): each trace is read and
+reduced to its rank's tables (`import_rank.rank_part`) on a worker, which keeps them; the
+client gathers only each rank's light part (calls, stages, steps), saying each one,
+plans what spans the ranks, then has each rank finished on its worker
+(`import_merge.finish_rank`) and writes the finished ranks in order as they come.
 
-    parts = dask_rank_parts(paths, "local", workers=2)          # an embedded local cluster
-    parts = dask_rank_parts(paths, "tcp://10.0.0.5:8786")       # a running cluster
+    with dask_ranks(paths, "local", workers=2) as job:          # an embedded local cluster
+        lights = job.parse()                                     # (or "tcp://10.0.0.5:8786")
+        for finished in job.finished(order, args, p2p): ...
 
 A remote cluster's workers read the traces themselves, so the paths go to them absolute
 and must name the same files there (a shared file system). Dask (`dask.distributed`) is
@@ -12,7 +15,9 @@ an optional package: the `dask` extra.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import logging
 import os
 import uuid
@@ -94,60 +99,123 @@ def dask_client(scheduler: str, workers: int = 0, tasks: int = 0) -> Iterator[An
             cluster.close()
 
 
-def dask_rank_parts(paths: list[PathLike], scheduler: str, workers: int = 0,
-                    progress: Callable[[int, int, RankPart], None] | None = None,
-                    keep: Callable[[RankPart], RankPart] | None = None) -> list[RankPart]:
-    """`rank_part` of every file, in order, parsed on the Dask cluster `scheduler` ("local":
-    one started here with `workers` processes, 0: one per CPU, and stopped after).
-    `progress(done, total, part)` is called as each rank's part arrives, then `keep(part)`,
-    whose return is what the list holds (part_store.PartStore.put: the part without its
-    tables, so the client never holds every rank's at once). A file's own
-    error is its ProfileError; a worker that dies, a scheduler that does not answer or a
-    missing Dask is a ProfileError too, and nothing is kept. A running cluster has its
-    own workers: `workers` is for a local one."""
+@contextlib.contextmanager
+def dask_ranks(paths: list[PathLike], scheduler: str, workers: int = 0
+               ) -> Iterator[DaskRanks]:
+    """A job's ranks on the Dask cluster `scheduler` ("local": one started here with
+    `workers` processes, 0: one per CPU, and stopped after; else a running scheduler's
+    address, whose own workers read the files). A missing Dask or a scheduler that does not
+    answer is a ProfileError."""
     with dask_client(scheduler, workers, len(paths)) as client:
-        from distributed import as_completed  # there: dask_client says when it is missing
+        job = DaskRanks(client, paths)
+        try:
+            yield job
+        finally:
+            job.cancel()
 
-        return _gather(client, paths, as_completed, progress, keep)
 
+class DaskRanks:
+    """The ranks parsed on the cluster and kept there (`parse`: only each rank's light
+    part comes back), then finished there in rank order (`finished`): each rank's tables
+    cross to the client once, ready to write, and the client holds a few at a time. A
+    file's own error is its ProfileError; a worker that dies or a scheduler lost is a
+    ProfileError naming the file, and nothing is kept."""
 
-def _gather(client: Any, paths: list[PathLike], as_completed: Any,
-            progress: Callable[[int, int, RankPart], None] | None,
-            keep: Callable[[RankPart], RankPart] | None) -> list[RankPart]:
-    from distributed import KilledWorker
+    def __init__(self, client: Any, paths: list[PathLike]) -> None:
+        self.client = client
+        self.paths = paths
+        self.absolute = [os.path.abspath(p) for p in paths]
+        self.run = uuid.uuid4().hex  # keys of this import alone on a scheduler others share
+        self.parts: list[Any] = []  # each rank's parsed part, on a worker
 
-    from popviz.ingest.import_rank import rank_part
+    def parse(self, progress: Callable[[int, int, RankPart], None] | None = None
+              ) -> list[RankPart]:
+        """Every file's light part (`light_of`), in the order given; `progress(done,
+        total, light)` as each arrives."""
+        from distributed import as_completed
 
-    absolute = [os.path.abspath(p) for p in paths]
-    run = uuid.uuid4().hex  # keys of this import alone on a scheduler others share
-    futures = [client.submit(rank_part, p, key=f"popviz-rank-part-{run}-{i}", pure=False)
-               for i, p in enumerate(absolute)]
-    index = {f.key: i for i, f in enumerate(futures)}
-    parts: list[Any] = [None] * len(paths)
-    try:
-        for done, future in enumerate(as_completed(futures, loop=client.loop), start=1):
+        from popviz.ingest.import_rank import light_of, rank_part
+
+        submit = self.client.submit
+        self.parts = [submit(rank_part, p, key=f"popviz-rank-part-{self.run}-{i}", pure=False)
+                      for i, p in enumerate(self.absolute)]
+        lights = [submit(light_of, f, key=f"popviz-rank-light-{self.run}-{i}", pure=False)
+                  for i, f in enumerate(self.parts)]
+        index = {f.key: i for i, f in enumerate(lights)}
+        out: list[Any] = [None] * len(self.paths)
+        for done, future in enumerate(as_completed(lights, loop=self.client.loop), start=1):
             i = index[future.key]
-            try:
-                part = future.result()
-            except KilledWorker:
-                raise ProfileError(f"{paths[i]}: the Dask worker parsing it died (the "
-                                   "scheduler gave up on it); nothing was written") from None
-            except ProfileError as exc:  # the file as the user gave it, not as sent
-                raise ProfileError(str(exc).replace(absolute[i], str(paths[i]))) from None
-            except (OSError, TimeoutError) as exc:  # the scheduler lost mid-import
-                raise ProfileError(f"{paths[i]}: the Dask scheduler was lost while it was "
-                                   f"parsed ({' '.join(str(exc).split())[:200]}); nothing "
-                                   "was written") from None
-            part.path = Path(paths[i])  # as given, as an import in this process says it
-            future.release()  # the worker may forget it now
+            light = self._result(future, i, "parsing")
+            future.release()
+            light.path = Path(self.paths[i])  # as given, as an import here says it
             if progress is not None:
-                progress(done, len(paths), part)
-            parts[i] = keep(part) if keep is not None else part
-            del part
-    finally:
-        client.cancel([f for f in futures if not f.done()])
-    return [p for p in parts if p is not None]
+                progress(done, len(self.paths), light)
+            out[i] = light
+        return out
+
+    def update(self, i: int, change: Callable[..., Any], *args: Any) -> RankPart:
+        """`change(part, *args)` applied to file i's part where it is; its new light."""
+        from popviz.ingest.import_rank import light_of
+
+        self.parts[i] = self.client.submit(_changed, self.parts[i], change, *args,
+                                           key=f"popviz-rank-part-{self.run}-{i}-changed",
+                                           pure=False)
+        light = self._result(self.client.submit(light_of, self.parts[i], pure=False), i,
+                             "reading")
+        light.path = Path(self.paths[i])
+        return light
+
+    def finished(self, order: list[int], args: list[Any], p2p: Any) -> Iterator[Any]:
+        """`finish_rank` of file order[k] with args[k] on its worker (text as
+        categories: `finish_rank_packed`), yielded in that order; a few ranks in flight,
+        each part forgotten once finished."""
+        from popviz.ingest.import_merge import finish_rank_packed
+
+        shared = self.client.scatter(p2p, broadcast=True)
+        window = 2 * max(1, len(self.client.scheduler_info().get("workers", {}))) + 1
+        pending: collections.deque[tuple[int, Any]] = collections.deque()
+        todo = iter(zip(order, args, strict=True))
+
+        def submit() -> None:
+            for i, rank_args in itertools.islice(todo, 1):
+                pending.append((i, self.client.submit(
+                    finish_rank_packed, self.parts[i], rank_args, shared,
+                    key=f"popviz-rank-finish-{self.run}-{i}", pure=False)))
+
+        for _ in range(window):
+            submit()
+        while pending:
+            i, future = pending.popleft()
+            done = self._result(future, i, "finishing")
+            future.release()
+            self.parts[i].release()
+            submit()
+            yield done
+
+    def cancel(self) -> None:
+        self.client.cancel([f for f in self.parts if not f.done()])
+
+    def _result(self, future: Any, i: int, doing: str) -> Any:
+        from distributed import KilledWorker
+
+        try:
+            return future.result()
+        except KilledWorker:
+            raise ProfileError(f"{self.paths[i]}: the Dask worker {doing} it died (the "
+                               "scheduler gave up on it); nothing was written") from None
+        except ProfileError as exc:  # the file as the user gave it, not as sent
+            raise ProfileError(str(exc).replace(self.absolute[i], str(self.paths[i]))
+                               ) from None
+        except (OSError, TimeoutError) as exc:  # the scheduler lost mid-import
+            raise ProfileError(f"{self.paths[i]}: the Dask scheduler was lost while "
+                               f"{doing} it ({' '.join(str(exc).split())[:200]}); nothing "
+                               "was written") from None
 
 
-__all__ = ["AUTO_MIN_CPUS", "AUTO_MIN_TRACES", "LOCAL", "choose_scheduler", "dask_available",
-           "dask_client", "dask_rank_parts"]
+def _changed(part: RankPart, change: Callable[..., Any], *args: Any) -> RankPart:
+    change(part, *args)
+    return part
+
+
+__all__ = ["AUTO_MIN_CPUS", "AUTO_MIN_TRACES", "LOCAL", "DaskRanks", "choose_scheduler",
+           "dask_available", "dask_client", "dask_ranks"]

@@ -1,18 +1,19 @@
 """The ranks of an import merged into one profile's tables, one rank at a time.
 
-First what spans the ranks, from their light fields only (part_store): the common clock,
-each send matched to its receive, the stages. Then each rank in order: its tables taken
-back from the store, moved onto the common clock, finished (its p2p waits added to its
-trace, micro-batches numbered by its transfers, op ids continued from the rank before),
-checked as the reader will check them, handed to a sink (a `ProfileStream` writing the
-file, or `MemorySink`) and forgotten; what the stages table, summary and meta need of
-them stays in a `TraceFacts`. The small tables that span the ranks (p2p, exchange,
-stages) are built last, whole.
+First what spans the ranks, from their light parts only (`light_of`): the common clock,
+each send matched to its receive, the stages (`JobPlan`). Then each rank is finished
+where its tables are (`finish_rank`: here from the part_store, or on the Dask worker that
+parsed it): moved onto the common clock, its p2p waits added to its trace, micro-batches
+numbered by its transfers, op ids continued from the rank before, checked as the reader
+will check them. `merge_ranks` hands each finished rank, in rank order, to a sink (a
+`ProfileStream` writing the file, or `MemorySink`) and forgets it; what the stages table,
+summary and meta need stays in a `TraceFacts`. The small tables that span the ranks (p2p,
+exchange, stages) are built last, whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,7 +26,7 @@ from popviz.ingest import kineto_lanes, waits
 from popviz.ingest import tables as tbl
 from popviz.ingest.clocks import align
 from popviz.ingest.import_checks import check_rows, clean_text
-from popviz.ingest.import_rank import RankPart
+from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error
 from popviz.ingest.p2p import match_p2p
 from popviz.ingest.part_store import PartStore
 
@@ -82,18 +83,85 @@ class JobPlan:
         boundary_bytes(info, p2p)
         return cls(parts, origin, p2p, found, info)
 
-    def rows(self, store_rows: dict[int, dict[str, int]]) -> dict[str, int]:
-        """Every table's row count (rank tables from the store's counts): the reader's
+    def rows(self) -> dict[str, int]:
+        """Every table's row count (the rank tables from the parts' counts): the reader's
         bounds depend on them. exchange is at most a row per p2p call and trace event."""
         rows: dict[str, int] = {}
-        for counts in store_rows.values():
-            for name, n in counts.items():
+        for part in self.parts:
+            for name, n in part.row_counts.items():
                 rows[name] = rows.get(name, 0) + n
         rows["trace"] = rows.get("trace", 0) + sum(len(w) for w in self.waits.values())
         rows["p2p"] = len(self.p2p)
         rows["stages"] = len(self.info)
         rows["exchange"] = rows["trace"] + len(self.p2p)
         return rows
+
+    def rank_args(self, meta: dict[str, Any], label: str) -> list[RankArgs]:
+        """What finishing each rank takes besides its tables (rank order)."""
+        dims = bounds.dimensions(meta, "rank", self.rows(), {})
+        first = np.cumsum([0] + [t.row_counts.get("ops", 0) for t in self.parts])
+        return [RankArgs(t.base_ns - self.origin, self.waits.get(t.rank), int(first[k]),
+                         dims, label) for k, t in enumerate(self.parts)]
+
+
+@dataclass
+class RankArgs:
+    """One rank's finishing, beside its part and the job's p2p (`finish_rank`)."""
+
+    shift_ns: int  # its clock onto the common one
+    waiting: pd.DataFrame | None  # its p2p calls as trace events (a CPU rank)
+    first_op: int  # its first op's id
+    dims: bounds.Dimensions  # what the reader will bound the profile by
+    label: str  # the inputs, as errors name them
+
+
+@dataclass
+class FinishedRank:
+    """A rank's share of every rank table, ready to write, and what the small tables, the
+    summary and the meta take from it."""
+
+    tables: dict[str, pd.DataFrame]
+    facts: tbl.TraceFacts
+    transfers: pd.DataFrame | None  # its collectives and copies (exchange rows)
+
+
+def finish_rank(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRank:
+    """`part` on the common clock, its tables finished (`rank_tables`), text cleaned and
+    checked against the reader's bounds; runs where the part is (a Dask worker, or
+    here). A data error is a ProfileError naming the inputs."""
+    try:
+        part.shift_tables(args.shift_ns)
+        tables = rank_tables(part, args.waiting, p2p, args.first_op)
+        clean_text(tables)
+        facts = tbl.TraceFacts.of(tables["trace"], tables["liveness"])
+        transfers = device_transfers(tables["trace"])
+    except DATA_ERRORS as exc:
+        raise data_error(args.label, exc) from None
+    for name, frame in tables.items():
+        check_rows(name, frame, args.dims, args.label)
+    return FinishedRank({n: tables[n] for n in RANK_TABLES if n in tables}, facts,
+                        transfers)
+
+
+def finish_rank_packed(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRank:
+    """`finish_rank` with each text column as a pandas Categorical: on a worker, so the
+    tables cross to the client as codes and each distinct text once, and the writer
+    interns each distinct text once (format/writer.encode_column), not every cell."""
+    done = finish_rank(part, args, p2p)
+    for frame in done.tables.values():
+        for column in frame.columns:
+            if frame[column].dtype.kind not in "iufbmM":
+                frame[column] = frame[column].astype("category")
+    return done
+
+
+def finished_here(plan: JobPlan, store: PartStore, args: list[RankArgs],
+                  between: Callable[[], None] = lambda: None) -> Iterator[FinishedRank]:
+    """Each rank finished in this process, in rank order, its tables taken from `store`
+    (and forgotten there); `between()` runs before each (Ctrl-C's check)."""
+    for light, rank_args in zip(plan.parts, args, strict=True):
+        between()
+        yield finish_rank(store.take(light), rank_args, plan.p2p)
 
 
 def rank_tables(part: RankPart, waiting: pd.DataFrame | None, p2p: pd.DataFrame,
@@ -119,36 +187,20 @@ def rank_tables(part: RankPart, waiting: pd.DataFrame | None, p2p: pd.DataFrame,
     return out
 
 
-def merge_ranks(plan: JobPlan, store: PartStore, sink: TableSink, rows: dict[str, int],
-                meta: dict[str, Any], label: str,
-                between: Callable[[], None] = lambda: None
+def merge_ranks(plan: JobPlan, finished: Iterable[FinishedRank], sink: TableSink
                 ) -> tuple[dict[str, pd.DataFrame], tbl.TraceFacts]:
-    """Every rank's tables through `sink`, in rank order; returns the small tables that
-    span the ranks (p2p, exchange, stages, tile_memory) and the facts of the trace.
-    `meta` (its counts) and `rows` bound what each rank's rows may hold (a ProfileError
-    naming `label` otherwise); `between()` runs before each rank (Ctrl-C's check)."""
+    """Every finished rank's tables through `sink`, in rank order; returns the small
+    tables that span the ranks (p2p, exchange, stages, tile_memory) and the facts of the
+    trace."""
     facts = tbl.TraceFacts()
-    dims = bounds.dimensions(meta, "rank", rows, {})
     transfers: list[pd.DataFrame] = [waits.transfers(plan.p2p)] if len(plan.p2p) else []
-    first_op = 0
-    for light in plan.parts:
-        between()
-        part = store.take(light)
-        part.shift_tables(part.base_ns - plan.origin)
-        tables = rank_tables(part, plan.waits.get(part.rank), plan.p2p, first_op)
-        del part
-        clean_text(tables)
-        for name, frame in tables.items():
-            check_rows(name, frame, dims, label)
-        first_op += len(tables["ops"])
-        facts.add(tables["trace"], tables["liveness"])
-        found = device_transfers(tables["trace"])
-        if found is not None:
-            transfers.append(found)
-        for name in RANK_TABLES:
-            if name in tables:
-                sink.append(name, tables[name])
-        del tables
+    for done in finished:
+        facts.merge(done.facts)
+        if done.transfers is not None:
+            transfers.append(done.transfers)
+        for name, frame in done.tables.items():
+            sink.append(name, frame)
+        del done
     small = {"p2p": waits.p2p_table(plan.p2p), "exchange": exchange_table(transfers),
              "stages": tbl.stages_table(facts, plan.info, facts.steps),
              "tile_memory": tbl.empty_tile_memory()}

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,9 @@ class RankPart:
             return np.zeros(len(t), dtype=np.int64)
         return np.maximum(np.searchsorted(self.step_starts, t, "right") - 1, 0)
     allocations: dict[str, pd.DataFrame] = field(default_factory=dict)  # snapshot_allocations
+    # the rows its tables add to each profile table (trace: before its p2p waits), kept
+    # when the tables are set apart (`light_of`)
+    row_counts: dict[str, int] = field(default_factory=dict)
 
     def shift(self, origin: int) -> None:
         """Move every time from the rank's clock onto the common one (0 = `origin`)."""
@@ -81,6 +84,21 @@ class RankPart:
         _shift(((self.events, ("start", "end")), (self.ops, ("start", "end")),
                 (self.slices, ("start", "end")), (self.liveness, ("time",)),
                 *((f, ("start", "end")) for f in self.allocations.values())), by)
+
+
+HEAVY = ("events", "liveness", "ops", "slices", "kernels", "allocations", "labeller")
+
+
+def light_of(part: RankPart) -> RankPart:
+    """`part` without its tables (what spans the ranks reads only the rest: calls, stages,
+    steps, meta), with the rows they hold in `row_counts`."""
+    counts = {"trace": len(part.events), "ops": len(part.ops),
+              "liveness": len(part.liveness), "host_slices": len(part.slices),
+              "kernels": len(part.kernels),
+              **{name: len(f) for name, f in part.allocations.items()}}
+    return replace(part, events=pd.DataFrame(), liveness=pd.DataFrame(), ops=pd.DataFrame(),
+                   slices=pd.DataFrame(), kernels=pd.DataFrame(), allocations={},
+                   labeller=None, row_counts=counts)
 
 
 def _shift(frames: Any, by: int) -> None:

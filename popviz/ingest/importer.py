@@ -10,11 +10,12 @@ docs/import.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,14 @@ from popviz.format.stream import ProfileStream
 from popviz.format.writer import MEASURED_WORDS
 from popviz.ingest import tables as tbl
 from popviz.ingest.import_checks import check_meta, check_rows, check_tables, clean_text
-from popviz.ingest.import_merge import JobPlan, MemorySink, merge_ranks
+from popviz.ingest.import_merge import (
+    FinishedRank,
+    JobPlan,
+    MemorySink,
+    RankArgs,
+    finished_here,
+    merge_ranks,
+)
 from popviz.ingest.import_rank import DATA_ERRORS, RankPart, data_error, rank_parts, use_snapshot
 from popviz.ingest.import_schedule import micro_batch_size, schedule_seen
 from popviz.ingest.part_store import PartStore
@@ -35,22 +43,10 @@ from popviz.vocab import MEASURED_KIND
 PathLike = str | os.PathLike[str]
 
 
-def read_ranks(paths: list[PathLike], store: PartStore, workers: int = 1,
-               scheduler: str | None = None,
-               progress: Callable[[int, int, RankPart], None] | None = None
-               ) -> list[RankPart]:
-    """Every file parsed into its rank's tables (a missing or unreadable one is named in a
-    ProfileError), kept in `store` as each is parsed; returns the light parts (the store
-    holds the tables) sorted by rank. A rank given twice or missing from the world the
-    traces name is refused. `scheduler`: parse them on that Dask cluster (`import_dask`)."""
-    if not paths:
-        raise ProfileError("no trace file given")
-    if scheduler is not None:
-        from popviz.ingest.import_dask import dask_rank_parts
-
-        parts = dask_rank_parts(paths, scheduler, workers, progress, keep=store.put)
-    else:
-        parts = [store.put(part) for part in rank_parts(paths, workers)]
+def check_ranks(parts: list[RankPart]) -> list[RankPart]:
+    """The parsed ranks (light or whole) sorted by rank; a file without a rank among
+    several, one without events, a rank given twice or missing from the world the traces
+    name is refused."""
     if len(parts) > 1 and not all(t.meta.get("distributedInfo") for t in parts):
         bare = next(t for t in parts if not t.meta.get("distributedInfo"))
         raise ProfileError(f"{bare.path}: no distributedInfo (rank); several traces must "
@@ -145,11 +141,14 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
     (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
     (0: one per CPU) the ranks are parsed in that many worker processes; with `scheduler`
-    ("local", or a Dask scheduler's address) on a Dask cluster (`import_dask`), calling
-    `on_progress(done, total, part)` as each arrives. `on_warning` is called with each
-    one-line warning (also kept in meta.warnings). The profile is written rank by rank
-    (import_merge, format/stream.py): memory holds a few ranks' tables, not the job's."""
+    ("local", or a Dask scheduler's address) on a Dask cluster (`import_dask`), which also
+    finishes each rank, calling `on_progress(done, total, part)` as each is parsed.
+    `on_warning` is called with each one-line warning (also kept in meta.warnings). The
+    profile is written rank by rank (import_merge, format/stream.py): memory holds a few
+    ranks' tables, not the job's."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise ProfileError("no trace file given")
     snapshots = _snapshots(memory_snapshot, len(paths))
     label = ", ".join(str(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
     # millions of short-lived dicts and lists, none in a cycle: the cyclic collector would
@@ -157,14 +156,36 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        with PartStore() as store:
-            traces = read_ranks(paths, store, workers, scheduler, on_progress)
-            counts = {}
-            for k, (t, snap) in enumerate(zip(traces, snapshots)):  # in rank order
-                if snap is not None:
-                    traces[k] = t = store.update(t, functools.partial(use_snapshot, snapshot=snap))
-                counts[k] = store.rows(t)
-            path, meta = _write_job(traces, store, counts, to, label, snapshots,
+        with contextlib.ExitStack() as stack:
+            if scheduler is None:
+                store = stack.enter_context(PartStore())
+                lights = [store.put(part) for part in rank_parts(paths, workers)]
+            else:
+                from popviz.ingest.import_dask import dask_ranks
+
+                job = stack.enter_context(dask_ranks(paths, scheduler, workers))
+                lights = job.parse(on_progress)
+            given = {id(t): i for i, t in enumerate(lights)}  # each rank's file
+            traces = check_ranks(lights)
+            for k, snap in enumerate(snapshots):  # in rank order
+                if snap is not None and k < len(traces):
+                    i = given.pop(id(traces[k]))
+                    traces[k] = store.update(traces[k], functools.partial(
+                        use_snapshot, snapshot=snap)) if scheduler is None \
+                        else job.update(i, use_snapshot, snap)
+                    given[id(traces[k])] = i
+            order = [given[id(t)] for t in traces]
+
+            def finisher(plan: JobPlan, args: list[RankArgs], between: Callable[[], None]
+                         ) -> Iterator[FinishedRank]:
+                if scheduler is None:
+                    yield from finished_here(plan, store, args, between)
+                    return
+                for done in job.finished(order, args, plan.p2p):
+                    between()
+                    yield done
+
+            path, meta = _write_job(traces, finisher, to, label, snapshots,
                                     command_line or " ".join(sys.argv))
     finally:
         if collecting:
@@ -175,27 +196,32 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
     return path
 
 
-def _write_job(traces: list[RankPart], store: PartStore, counts: dict[int, dict[str, int]],
-               to: PathLike, label: str, snapshots: list[Path | None], command_line: str
+Finisher = Callable[[JobPlan, list[RankArgs], Callable[[], None]], Iterable[FinishedRank]]
+
+
+def _write_job(traces: list[RankPart], finisher: Finisher, to: PathLike, label: str,
+               snapshots: list[Path | None], command_line: str
                ) -> tuple[Path, dict[str, Any]]:
+    """Plan what spans the ranks, stream each finished rank into the profile, then the
+    tables that span them, meta and summary."""
     try:  # across the ranks: what the data makes go wrong names every input
         plan = JobPlan.of(traces)
         meta = import_meta(traces, plan.info, plan.origin, snapshots)
+        args = plan.rank_args(meta, label)
     except DATA_ERRORS as exc:
         raise data_error(label, exc) from None
     stream = ProfileStream(to, kind=MEASURED_KIND, **MEASURED_WORDS)
     with stream, tempfiles.deferred_interrupt() as check:
         try:
-            small, facts = merge_ranks(plan, store, stream, plan.rows(counts), meta, label,
-                                       between=check)
+            small, facts = merge_ranks(plan, finisher(plan, args, check), stream)
             meta = import_meta(traces, plan.info, plan.origin, snapshots,
                                len(facts.microbatches), facts.steps)
             summary = tbl.summary_of(facts, small, meta)
         except DATA_ERRORS as exc:
             raise data_error(label, exc) from None
+        dims = bounds.dimensions(meta, "rank", plan.rows(), {})
         for name, frame in small.items():
-            check_rows(name, frame, bounds.dimensions(meta, "rank", plan.rows(counts), {}),
-                       label)
+            check_rows(name, frame, dims, label)
         check_meta(meta, label)
         path = stream.finish(meta=meta, summary=summary, tables=small,
                              command_line=command_line)
@@ -215,12 +241,12 @@ def import_parts(traces: list[RankPart], label: str,
     snapshots = snapshots if snapshots is not None else [None] * len(traces)
     with PartStore(memory_bytes=1 << 62) as store:  # a live run's few ranks: in memory
         lights = [store.put(t) for t in traces]
-        counts = {k: store.rows(t) for k, t in enumerate(lights)}
         try:  # across the ranks: what the data makes go wrong names every input
             plan = JobPlan.of(lights, offsets)
             meta = import_meta(lights, plan.info, plan.origin, snapshots)
             sink = MemorySink()
-            small, facts = merge_ranks(plan, store, sink, plan.rows(counts), meta, label)
+            small, facts = merge_ranks(plan, finished_here(plan, store, plan.rank_args(
+                meta, label)), sink)
             result = {**sink.tables(), **small}
             meta = import_meta(lights, plan.info, plan.origin, snapshots,
                                len(facts.microbatches), facts.steps)

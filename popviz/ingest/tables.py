@@ -75,6 +75,18 @@ class TraceFacts:
         for stage, mb in pairs.tolist():
             self.forward.setdefault(stage, set()).add(mb)
 
+    def merge(self, other: TraceFacts) -> None:
+        """Add another slice's facts (devices not in this one): as `add` of its rows."""
+        self.timeline.merge(other.timeline)
+        for ipu, peak in other.peaks.items():
+            self.peaks[ipu] = max(peak, self.peaks.get(ipu, 0))
+        self.ranks |= other.ranks
+        self.trace_steps |= other.trace_steps
+        self.liveness_steps |= other.liveness_steps
+        self.microbatches |= other.microbatches
+        for stage, mbs in other.forward.items():
+            self.forward.setdefault(stage, set()).update(mbs)
+
     @property
     def steps(self) -> int:
         return max(1, len(self.trace_steps))

@@ -14,6 +14,7 @@ Part of the metrics core (popviz.metrics): numpy, pandas and popviz.vocab only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -98,9 +99,7 @@ class TimelineTally:
         hi = np.full(len(steps), -np.inf)
         np.minimum.at(lo, step_idx, start)
         np.maximum.at(hi, step_idx, end)
-        for s, a, b in zip(steps.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            was = self.windows.get(s)
-            self.windows[s] = (a, b) if was is None else (min(was[0], a), max(was[1], b))
+        self._widen(zip(steps.tolist(), lo.tolist(), hi.tolist(), strict=True))
         ipus, ipu_idx = np.unique(ipu, return_inverse=True)
         if any(int(i) in self.devices for i in ipus):
             raise ValueError("a device's events came in two slices")
@@ -120,6 +119,19 @@ class TimelineTally:
             seen = np.unique(stage[keep & (ipu_idx == k)])
             self.devices[int(device)] = _Device(steps[has], times[k][has], seen,
                                                 per_stage[k][seen])
+
+    def merge(self, other: TimelineTally) -> None:
+        """Add another tally's devices (none of them in this one)."""
+        if set(other.devices) & set(self.devices):
+            raise ValueError("a device's events came in two slices")
+        self.devices.update(other.devices)
+        self._widen((s, lo, hi) for s, (lo, hi) in other.windows.items())
+
+    def _widen(self, windows: Any) -> None:
+        for step, lo, hi in windows:
+            was = self.windows.get(step)
+            self.windows[step] = (lo, hi) if was is None else (min(was[0], lo),
+                                                               max(was[1], hi))
 
     def rank_time(self) -> pd.DataFrame:
         """`metrics.rank_time` of everything added."""
