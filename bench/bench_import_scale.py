@@ -1,6 +1,7 @@
 """`popviz import` of a whole job: 16, 64 and 512 synthetic ranks, parsed in this process,
-on a local Dask cluster of 1 and of 2 workers (`--scheduler local`), and by Holistic Trace
-Analysis where it is installed (the bench extra) and the job is small enough.
+in a pool of 2 worker processes (`--workers 2`), on a local Dask cluster of 1 and of 2
+workers (`--scheduler local`), and by Holistic Trace Analysis (which parses in a pool of
+its own) where it is installed (the bench extra) and the job is small enough.
 
     PYTHONPATH=. python bench/bench_import_scale.py                  # 16 64 512 ranks
     PYTHONPATH=. python bench/bench_import_scale.py --ranks 16 64 --events 8000
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_import import run_hta, sampled_tree_peak, write_traces
 
-MODES = ("here", "dask-1", "dask-2", "hta")
+MODES = ("here", "pool-2", "dask-1", "dask-2", "hta")
 HTA_MAX_RANKS = 64  # HTA holds every rank's frame at once: larger jobs are not tried
 
 
@@ -42,7 +43,7 @@ def _child(mode: str, folder: Path, result: Path) -> None:
         run_hta(folder)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            workers = int(mode.split("-")[1]) if mode.startswith("dask") else 1
+            workers = int(mode.split("-")[1]) if "-" in mode else 1
             popviz.import_trace(files, Path(tmp) / "profile.h5", workers=workers,
                                 scheduler="local" if mode.startswith("dask") else None)
     seconds = time.perf_counter() - t0
@@ -103,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         one, two = rows[(ranks, "dask-1")], rows[(ranks, "dask-2")]
         print(f"{ranks} ranks: 2 workers {one['seconds'] / two['seconds']:.2f}x faster than "
               f"1 (target 1.7x at 64); in process {rows[(ranks, 'here')]['seconds']:.2f} s")
+        theirs, pool = rows.get((ranks, "hta")), rows[(ranks, "pool-2")]
+        if theirs is not None:
+            here = rows[(ranks, "here")]
+            print(f"{ranks} ranks vs HTA: in a pool of 2 "
+                  f"{theirs['seconds'] / pool['seconds']:.2f}x less wall, "
+                  f"{theirs['tree_peak'] / pool['tree_peak']:.2f}x less memory (tree); in "
+                  f"process {theirs['seconds'] / here['seconds']:.2f}x, "
+                  f"{theirs['tree_peak'] / here['tree_peak']:.2f}x")
     small, large = min(args.ranks), max(args.ranks)
     for mode in ("here", "dask-2"):
         ratio = rows[(large, mode)]["client_peak"] / rows[(small, mode)]["client_peak"]

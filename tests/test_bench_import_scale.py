@@ -21,6 +21,6 @@ def test_the_bench_prints_each_mode_and_the_ratios(tmp_path: Path,
     rows = [line.split() for line in out.splitlines() if "|" in line and line[:5].strip()
             .isdigit()]
     assert {(r[0], r[1]) for r in rows} >= {(n, m) for n in ("2", "3")
-                                              for m in ("here", "dask-1", "dask-2")}
+                                              for m in ("here", "pool-2", "dask-1", "dask-2")}
     assert all(float(r[3]) > 0 and float(r[6]) > 0 for r in rows)
     assert "3 ranks: 2 workers" in out and "client peak, 3 ranks / 2 ranks (dask-2)" in out
