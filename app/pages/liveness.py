@@ -20,6 +20,7 @@ from popviz.analysis.stash import stash_line, stash_variable_name
 from popviz.figures.liveness_sections import liveness_sections_figure
 from popviz.figures.lod import StepPyramid
 from popviz.figures.style import fmt_bytes
+from popviz.metrics import peak_liveness
 from popviz.vocab import ipu_label
 
 from .. import links
@@ -43,14 +44,23 @@ PATH = "/liveness"
 TITLE = "Liveness"
 NEEDS_PROFILE = True
 HEAT_ROWS = 400
+# a job of more devices draws the panels of this many, the fullest (a panel per rank of
+# 1,024: 24 s to build and 190 px each to scroll; 16 panels: 0.3 s)
+MAX_PANELS = 16
 
 
 def sections(entry: Entry) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(layers, phase bands, section bumps), built once per profile."""
+    """(layers, phase bands, section bumps) of the devices drawn, built once per profile."""
     def build() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        p = entry.profile
-        layers = liveness_layers(p.liveness, p.variables)
-        bands = phase_bands(p.liveness, p.ops)
+        p, shown = entry.profile, _ipus(entry)
+        live, ops, variables = p.liveness, p.ops, p.variables
+        if len(shown) < _count(entry):
+            live = live[live["ipu"].isin(shown)]
+            ops = ops[ops["ipu"].isin(shown)] if "ipu" in ops else ops
+            if "ipu" in variables:
+                variables = variables[variables["ipu"].isin(shown)]
+        layers = liveness_layers(live, variables)
+        bands = phase_bands(live, ops)
         return layers, bands, section_bumps(layers, bands)
     return entry.get("liveness_sections", build)
 
@@ -66,9 +76,31 @@ def liveness(ctx: AppContext, entry: Entry, lo: float | None = None,
                                     naming=naming(entry), ranges=ranges, **extra)
 
 
-def _ipus(entry: Entry) -> list[int]:
+def _count(entry: Entry) -> int:
     live = entry.profile.liveness
-    return sorted(int(i) for i in live["ipu"].unique()) if len(live) else []
+    return int(live["ipu"].nunique()) if len(live) else 0
+
+
+def _ipus(entry: Entry) -> list[int]:
+    """The devices drawn, in order: all of them, or the MAX_PANELS with the highest peak."""
+    def build() -> list[int]:
+        peaks = peak_liveness(entry.profile.liveness)
+        if len(peaks) <= MAX_PANELS:
+            return sorted(int(i) for i in peaks.index)
+        fullest = peaks.sort_values(ascending=False, kind="stable").index[:MAX_PANELS]
+        return sorted(int(i) for i in fullest)
+    return entry.get("liveness_shown", build)
+
+
+def shown_note(entry: Entry) -> str:
+    """What a job of more devices than panels draws, or ""."""
+    total, shown = _count(entry), _ipus(entry)
+    if len(shown) >= total:
+        return ""
+    words = naming(entry)
+    return (f"{total:,} {words.devices}: the {len(shown)} with the highest peak are drawn "
+            f"({', '.join(words.label(i) for i in shown)}); every {words.device}'s peak "
+            "is on /stages and /memory.")
 
 
 def panel_ranges(relayout: dict | None, ipus: list[int],
@@ -206,6 +238,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         *([html.P(always_live_text(always, naming(entry).label), id="always-live",
                   className="hint")] if always and naming(entry).has_tiles else []),
         *([html.P(stashed, id="live-stash", className="hint")] if stashed else []),
+        *([html.P(note, id="live-shown", className="hint")] if (note := shown_note(entry))
+          else []),
         html.Div(id="live-linked", className="status"),
         graph("live-graph", liveness(ctx, entry)),
         dcc.Store(id="live-ranges", data={}),

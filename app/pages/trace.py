@@ -45,6 +45,7 @@ from ..common import (
     trace_index,
     x_range,
 )
+from ..trace_ranks import default_ranks, drawn_ranks, rank_picker
 
 PATH = "/trace"
 TITLE = "Trace"
@@ -68,7 +69,9 @@ def threads(entry: Entry) -> bool:
 
 
 def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | None = None,
-          module: str | None = None, mode: str = FLAME, op: int | None = None) -> Any:
+          module: str | None = None, mode: str = FLAME, op: int | None = None,
+          ranks: list[int] | None = None) -> Any:
+    """The trace figure of [lo, hi); `ranks`: only those ranks' lanes (an import of many)."""
     mode = mode if mode in MODES else FLAME
     if threads(entry):
         slices = entry.profile.table("host_slices")
@@ -76,7 +79,8 @@ def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | No
         return thread_lanes_figure(slices, entry.profile.trace, links, lo, hi, mode=mode,
                                    naming=naming(entry),
                                    kernels=entry.get("kernels",
-                                                     lambda: entry.profile.table("kernels")))
+                                                     lambda: entry.profile.table("kernels")),
+                                   ranks=ranks)
     levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
                               templates=templates(entry), highlight=module or None,
@@ -270,7 +274,9 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         return html.Div([html.H2(title_of(entry)),
                          message("This profile has no trace events.", "info")])
     window = opening_window(entry)
-    fig = trace(ctx, entry, *(window or (None, None)))
+    shown = default_ranks(entry, threads(entry))
+    lo0, hi0 = window or (None, None)
+    fig = trace(ctx, entry, lo0, hi0, ranks=shown)
     words = naming(entry)
     rows = ("Lanes per GPU; modelled times in ns. " if words.gpu_plan else
             "Lanes per rank (process); times in ns from the first recorded step. "
@@ -294,6 +300,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             html.Button("Whole run", id="trace-whole", n_clicks=0, className="button",
                         title="zoom out to the whole run (so does a double-click)")],
             className="controls"),
+        rank_picker(entry, shown),
         trace_find.section(),
         html.Div(_status(fig, words.unit), id="trace-status", className="status"),
         html.Div(id="trace-init", style={"display": "none"}),
@@ -324,6 +331,12 @@ def _op_param(search: str | None) -> int | None:
     return int(text) if text.isdigit() and len(text) < 19 else None
 
 
+def _linked_rank(search: str | None) -> int | None:
+    """`&ipu=R` of a link to a range on one rank."""
+    linked = links.window_of(search or "")
+    return linked[2] if linked is not None else None
+
+
 def _param(search: str | None, name: str) -> str:
     values = parse_qs((search or "").lstrip("?")).get(name, [])
     return values[0] if values else ""
@@ -352,52 +365,69 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
                   Output("trace-window", "data"),
                   Input("trace-graph", "relayoutData"), State("url", "search"),
-                  State("trace-mode", "value"), prevent_initial_call=True)
-    def zoom(relayout: dict | None, search: str,
-             mode: str | None = FLAME) -> tuple[Any, str, dict[str, Any]]:
+                  State("trace-mode", "value"), State("trace-ranks", "value"),
+                  prevent_initial_call=True)
+    def zoom(relayout: dict | None, search: str, mode: str | None = FLAME,
+             picked: list | None = None) -> tuple[Any, str, dict[str, Any]]:
         wanted = x_range(relayout)
         if wanted is None:
             raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         module = _param(search, "module")
         op = _op_param(search)
+        ranks = drawn_ranks(entry, threads(entry), picked, _linked_rank(search))
         if isinstance(wanted, str):  # "auto": the whole run
-            fig = trace(ctx, entry, module=module, mode=mode or FLAME, op=op)
+            fig = trace(ctx, entry, module=module, mode=mode or FLAME, op=op, ranks=ranks)
         else:
             fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME,
-                        op=op)
+                        op=op, ranks=ranks)
         return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
                   Output("trace-window", "data", allow_duplicate=True),
                   Input("trace-whole", "n_clicks"), State("url", "search"),
-                  State("trace-mode", "value"), prevent_initial_call=True)
-    def whole(clicks: int | None, search: str,
-              mode: str | None = FLAME) -> tuple[Any, str, dict[str, Any]]:
+                  State("trace-mode", "value"), State("trace-ranks", "value"),
+                  prevent_initial_call=True)
+    def whole(clicks: int | None, search: str, mode: str | None = FLAME,
+              picked: list | None = None) -> tuple[Any, str, dict[str, Any]]:
         """The "Whole run" button: the same as a double-click's autorange."""
         if not clicks:
             raise PreventUpdate
-        return zoom({"xaxis.autorange": True}, search, mode)
+        return zoom({"xaxis.autorange": True}, search, mode, picked)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
                   Input("trace-mode", "value"), State("trace-window", "data"),
-                  State("url", "search"), prevent_initial_call=True)
-    def relayout_mode(mode: str, window: dict | None, search: str) -> tuple[Any, str]:
-        """Flame or flat, over the window shown now."""
+                  State("url", "search"), State("trace-ranks", "value"),
+                  prevent_initial_call=True)
+    def relayout_mode(mode: str, window: dict | None, search: str,
+                      picked: list | None = None) -> tuple[Any, str]:
+        """Flame or flat, or other ranks, over the window shown now."""
         entry = ctx.cache.get(profile_of(search))
         shown = (window or {}).get("range") or [None, None]
         fig = trace(ctx, entry, shown[0], shown[1], module=_param(search, "module"), mode=mode,
-                    op=_op_param(search))
+                    op=_op_param(search),
+                    ranks=drawn_ranks(entry, threads(entry), picked, _linked_rank(search)))
         return fig, _status(fig, naming(entry).unit)
+
+    @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
+                  Output("trace-status", "children", allow_duplicate=True),
+                  Input("trace-ranks", "value"), State("trace-mode", "value"),
+                  State("trace-window", "data"), State("url", "search"),
+                  prevent_initial_call=True)
+    def pick_ranks(picked: list | None, mode: str | None, window: dict | None,
+                   search: str) -> tuple[Any, str]:
+        """Other ranks picked (an import of many): their lanes over the window shown."""
+        return relayout_mode(mode or FLAME, window, search, picked)
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
                   Output("trace-window", "data", allow_duplicate=True),
                   Input("trace-init", "children"), State("url", "search"),
-                  prevent_initial_call="initial_duplicate")
-    def focus(_init: Any, search: str) -> tuple[Any, str, dict[str, Any]]:
+                  State("trace-ranks", "value"), prevent_initial_call="initial_duplicate")
+    def focus(_init: Any, search: str, picked: list | None = None
+              ) -> tuple[Any, str, dict[str, Any]]:
         """With `&t0=&t1=` (`&ipu=`): open on that range; with `&module=PATH`: on that
         module's first pass, its ops outlined."""
         module = _param(search, "module")
@@ -407,11 +437,13 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         entry = ctx.cache.get(profile_of(search))
         if linked is not None:
             t0, t1, ipu = linked
-            fig = trace(ctx, entry, t0, t1, module=module, op=_op_param(search))
+            fig = trace(ctx, entry, t0, t1, module=module, op=_op_param(search),
+                        ranks=drawn_ranks(entry, threads(entry), picked, ipu))
             on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
             return fig, _status(fig, naming(entry).unit), _drawn(fig, f"Linked range{on}")
         window = module_window(entry, module) or opening_window(entry) or (None, None)
-        fig = trace(ctx, entry, window[0], window[1], module=module)
+        fig = trace(ctx, entry, window[0], window[1], module=module,
+                    ranks=drawn_ranks(entry, threads(entry), picked))
         return (fig, _status(fig, naming(entry).unit),
                 _drawn(fig, f"First pass running {module}"))
 
@@ -448,7 +480,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         return range_links(entry, float(shown[0]), float(shown[1]))
 
     return {"zoom": zoom, "whole": whole, "focus": focus, "stats": stats, "follow": follow,
-            "mode": relayout_mode,
+            "mode": relayout_mode, "ranks": pick_ranks,
             **trace_bsp.register(app, ctx), **trace_find.register(app, ctx)}
 
 

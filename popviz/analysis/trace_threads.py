@@ -8,7 +8,7 @@ Pure functions over the profile's `trace` and `host_slices` tables (format 1.2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -120,14 +120,53 @@ def visible_links(links: pd.DataFrame, lo: float, hi: float,
 def deepest_at(slices: pd.DataFrame, ipu: int, tid: int, t: np.ndarray) -> np.ndarray:
     """Name of the innermost slice of a thread running at each time ("" when none): at
     each depth slices do not overlap, so one binary search per depth finds the candidate."""
+    mine = np.flatnonzero((slices["ipu"].to_numpy() == ipu)
+                          & (slices["tid"].to_numpy() == tid))
+    return _deepest(_SliceArrays.of(slices), mine, t)
+
+
+@dataclass
+class _SliceArrays:
+    """The host slices' columns `deepest_at` reads, as arrays (read once per table)."""
+
+    depth: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+
+    @classmethod
+    def of(cls, slices: pd.DataFrame) -> _SliceArrays:
+        return cls(slices["depth"].to_numpy(), slices["start"].to_numpy(),
+                   slices["end"].to_numpy(), slices["name"].to_numpy(dtype=object))
+
+
+def _deepest(arrays: _SliceArrays, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """`deepest_at` over the slices at `rows` (one thread's)."""
     out = np.full(len(t), "", dtype=object)
-    mine = slices[(slices["ipu"].to_numpy() == ipu) & (slices["tid"].to_numpy() == tid)]
-    for d in sorted(set(mine["depth"].tolist())):
-        level = mine[mine["depth"].to_numpy() == d].sort_values("start", kind="stable")
-        s, e = level["start"].to_numpy(), level["end"].to_numpy()
+    depth = arrays.depth[rows]
+    for d in np.unique(depth).tolist():
+        level = rows[depth == d]
+        level = level[np.argsort(arrays.start[level], kind="stable")]
+        s, e = arrays.start[level], arrays.end[level]
         at = np.searchsorted(s, t, side="right") - 1
         ok = (at >= 0) & (e[np.clip(at, 0, None)] > t)
-        out[ok] = level["name"].to_numpy(dtype=object)[at[ok]]
+        out[ok] = arrays.name[level][at[ok]]
+    return out
+
+
+def _rows_by(*keys: np.ndarray) -> dict[Any, np.ndarray]:
+    """Row numbers by key (a value, or a tuple of values of several columns), each in
+    row order: one sort, where a filter per key would scan every row each time."""
+    if not len(keys[0]):
+        return {}
+    order = np.lexsort(keys[::-1])
+    ordered = [k[order] for k in keys]
+    cut = np.flatnonzero(np.any([k[1:] != k[:-1] for k in ordered], axis=0)) + 1
+    bounds = np.concatenate([[0], cut, [len(order)]])
+    out = {}
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        key = tuple(k[a].item() for k in ordered)
+        out[key[0] if len(keys) == 1 else key] = order[a:b]
     return out
 
 
@@ -144,33 +183,39 @@ def idle_reasons(gaps: pd.DataFrame, links: pd.DataFrame,
     first GPU event after the gap). Late: the host queued that kernel only after the GPU
     ran dry. Queued before: the GPU waited on something else (a stream, an event, a copy)."""
     n = len(gaps)
-    out = pd.DataFrame({"cause": np.full(n, UNKNOWN, dtype=object),
-                        "host": np.full(n, "", dtype=object), "late_ns": np.zeros(n, np.int64),
-                        "kernel": np.full(n, "", dtype=object)})
-    if gaps.empty or links.empty:
-        return out
-    for ipu in {int(i) for i in gaps["ipu"]}:
-        rows = np.flatnonzero(gaps["ipu"].to_numpy() == ipu)
-        mine = links[links["ipu"].to_numpy() == ipu]
-        if mine.empty:
-            continue
-        g_start = gaps["start"].to_numpy()[rows]
-        nxt = np.searchsorted(mine["start"].to_numpy(), gaps["end"].to_numpy()[rows], "left")
-        found = nxt < len(mine)
-        nxt = np.clip(nxt, 0, len(mine) - 1)
-        late = mine["launch_start"].to_numpy()[nxt] - g_start
-        tid = mine["tid"].to_numpy()[nxt]
-        doing = np.full(len(rows), "", dtype=object)
-        for t in set(tid.tolist()):
-            sel = tid == t
-            doing[sel] = deepest_at(slices, ipu, int(t), g_start[sel])
-        hit = rows[found]
-        out.loc[hit, "cause"] = np.where(late[found] > 0, LATE, QUEUED)
-        out.loc[hit, "host"] = np.where(late[found] > 0, np.where(
-            doing[found] == "", BETWEEN_OPS, doing[found]), "")
-        out.loc[hit, "late_ns"] = late[found]
-        out.loc[hit, "kernel"] = mine["kernel"].astype(str).to_numpy()[nxt][found]
-    return out
+    cause = np.full(n, UNKNOWN, dtype=object)
+    host = np.full(n, "", dtype=object)
+    late_ns = np.zeros(n, np.int64)
+    kernel = np.full(n, "", dtype=object)
+    if n and len(links):
+        link_start, launch = links["start"].to_numpy(), links["launch_start"].to_numpy()
+        link_tid, names = links["tid"].to_numpy(), links["kernel"].astype(str).to_numpy()
+        by_ipu = _rows_by(links["ipu"].to_numpy(np.int64))  # each in start order
+        threads = _rows_by(slices["ipu"].to_numpy(np.int64), slices["tid"].to_numpy(np.int64))
+        arrays = _SliceArrays.of(slices)
+        g_start, g_end = gaps["start"].to_numpy(), gaps["end"].to_numpy()
+        for ipu, rows in _rows_by(gaps["ipu"].to_numpy(np.int64)).items():
+            mine = by_ipu.get(ipu)
+            if mine is None:
+                continue
+            nxt = np.searchsorted(link_start[mine], g_end[rows], "left")
+            found = nxt < len(mine)
+            nxt = mine[np.clip(nxt, 0, len(mine) - 1)]
+            late = launch[nxt] - g_start[rows]
+            tid = link_tid[nxt]
+            doing = np.full(len(rows), "", dtype=object)
+            for t in set(tid.tolist()):
+                sel = tid == t
+                own = threads.get((ipu, int(t)))
+                if own is not None:
+                    doing[sel] = _deepest(arrays, own, g_start[rows][sel])
+            hit, was_late = rows[found], late[found] > 0
+            cause[hit] = np.where(was_late, LATE, QUEUED)
+            host[hit] = np.where(was_late, np.where(doing[found] == "", BETWEEN_OPS,
+                                                    doing[found]), "")
+            late_ns[hit] = late[found]
+            kernel[hit] = names[nxt][found]
+    return pd.DataFrame({"cause": cause, "host": host, "late_ns": late_ns, "kernel": kernel})
 
 
 def idle_causes(gaps: pd.DataFrame, links: pd.DataFrame,

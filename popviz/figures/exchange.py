@@ -26,17 +26,33 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)
     size, name = byte_unit(float(matrix.to_numpy().max()))
     z = matrix.to_numpy(dtype=float) / size
-    # cells in the colour bar's unit (never MiB on the bar and GiB in a cell)
-    text = np.vectorize(lambda b: f"{b / size:,.1f}" if b else "")(matrix.to_numpy())
-    fig = go.Figure(go.Heatmap(
-        z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
-        texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
-        customdata=np.vectorize(lambda b: fmt_bytes(b))(matrix.to_numpy()),
-        hovertemplate="%{y} → %{x}: %{customdata}<extra></extra>"))
+    if len(matrix) > LABELLED_CELLS:  # a job's ranks: no cell text, the hover's number
+        fig = go.Figure(go.Heatmap(
+            z=z, x=list(matrix.columns), y=list(matrix.index), colorscale="Blues",
+            colorbar={"title": name},
+            hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
+    else:
+        # cells in the colour bar's unit (never MiB on the bar and GiB in a cell)
+        text = np.vectorize(lambda b: f"{b / size:,.1f}" if b else "")(matrix.to_numpy())
+        fig = go.Figure(go.Heatmap(
+            z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
+            texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
+            customdata=np.vectorize(lambda b: fmt_bytes(b))(matrix.to_numpy()),
+            hovertemplate="%{y} → %{x}: %{customdata}<extra></extra>"))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
     return base_layout(fig, f"{title} ({name}, from row to column)",
-                       height=160 + 45 * len(matrix))
+                       height=_height(len(matrix)))
+
+
+# a matrix of more rows than this (a job's ranks or stages) has no text in its cells and a
+# plain number in its hover (1,024 ranks: a million labels and 46,000 px); its height stops
+# growing there too
+LABELLED_CELLS = 64
+
+
+def _height(rows: int) -> int:
+    return 160 + 45 * rows if rows <= LABELLED_CELLS else 160 + 12 * LABELLED_CELLS
 
 
 def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
@@ -92,15 +108,21 @@ def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go
         if row["kind"] != "collective":
             lines.append(f"  receiver waited {_ms(float(row['receiver_wait_ns']))}, sender "
                          f"waited {_ms(float(row['sender_wait_ns']))}")
-    for (src, dst), lines in cells.items():
-        hover[at[src], at[dst]] = "<br>".join(lines)
     size, name = byte_unit(float(total.max()))
-    text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
     labels = [f"stage {s}" for s in stages]
-    fig = go.Figure(go.Heatmap(
-        z=np.where(total > 0, total / size, np.nan), x=labels, y=labels, text=text,
-        texttemplate="%{text}", colorscale="Blues", colorbar={"title": name}, zmin=0,
-        customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=1, ygap=1))
+    z = np.where(total > 0, total / size, np.nan)
+    if n > LABELLED_CELLS:  # a job's stages: the hover's number, no cell text
+        fig = go.Figure(go.Heatmap(
+            z=z, x=labels, y=labels, colorscale="Blues", colorbar={"title": name}, zmin=0,
+            hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
+    else:
+        for (src, dst), lines in cells.items():
+            hover[at[src], at[dst]] = "<br>".join(lines)
+        text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
+        fig = go.Figure(go.Heatmap(
+            z=z, x=labels, y=labels, text=text, texttemplate="%{text}", colorscale="Blues",
+            colorbar={"title": name}, zmin=0, customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>", xgap=1, ygap=1))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
-    return base_layout(fig, f"{title} ({name}, from row to column)", height=160 + 45 * n)
+    return base_layout(fig, f"{title} ({name}, from row to column)", height=_height(n))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import textwrap
 import zlib
+from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
@@ -324,12 +325,23 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
                         max_events: int = MAX_EVENTS, max_flows: int = MAX_FLOWS,
                         pixels: int = PIXELS, min_px: float = MIN_PX,
                         title: str = "Execution trace",
-                        kernels: pd.DataFrame | None = None) -> go.Figure:
+                        kernels: pd.DataFrame | None = None,
+                        ranks: Collection[int] | None = None) -> go.Figure:
     """Threads, GPU idle and streams of [start, end) (everything by default). `links` is
     `analysis.trace_threads.launch_links`; `kernels` (the profile's table of that name)
-    adds each kernel's launch to its hover. `layout.meta`: view (flame|flat), mode
-    (events|merged), visible_events, drawn, range, flows_drawn, flows_hidden, rows."""
+    adds each kernel's launch to its hover; `ranks`: only theirs (a job of many). The
+    x range is the whole run's either way. `layout.meta`: view (flame|flat), mode
+    (events|merged), visible_events, drawn, range, flows_drawn, flows_hidden, rows,
+    ranks (those drawn, or None: all)."""
     naming = naming or MEASURED
+    run = [f for f in (slices, trace) if len(f)]
+    first_all = float(min(f["start"].min() for f in run)) if run else 0.0
+    last_all = float(max(f["end"].max() for f in run)) if run else 0.0
+    if ranks is not None:
+        keep = np.asarray(sorted(set(int(r) for r in ranks)), dtype=np.int64)
+        slices = slices[np.isin(slices["ipu"].to_numpy(), keep)]
+        trace = trace[np.isin(trace["ipu"].to_numpy(), keep)]
+        links = links[np.isin(links["ipu"].to_numpy(), keep)]
     rows: list[Row] = thread_rows(slices, trace, mode)
     if not rows:
         return empty_figure("This profile has no host slices or GPU events.", title)
@@ -337,6 +349,8 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     starts = [f["start"].min() for f in (slices, side, gpu) if len(f)]
     ends = [f["end"].max() for f in (slices, side, gpu) if len(f)]
     first, last = float(min(starts)), float(max(ends))
+    if ranks is not None:  # the run's span, not the drawn ranks' own
+        first, last = min(first, first_all), max(last, last_all)
     lo = first if start is None else max(float(start), first)
     hi = last if end is None else min(float(end), last)
     if hi <= lo:
@@ -399,7 +413,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         uniformtext={"minsize": 8, "mode": "hide"},
         meta={"view": mode, "mode": view, "visible_events": int(total), "drawn": int(drawn),
               "range": [lo, hi], "flows_drawn": len(shown), "flows_hidden": int(hidden),
-              "rows": labels})
+              "rows": labels, "ranks": None if ranks is None else [int(r) for r in keep]})
     fig.update_xaxes(title_text=naming.time_title, range=[lo, hi], showgrid=True,
                      tickformat=",d")
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))), ticktext=labels,
