@@ -86,7 +86,7 @@ def phases(files: list[Path]) -> dict[str, float]:
         meta = importer.import_meta(lights, plan.info, plan.origin, [None] * len(lights))
         args = plan.rank_args(meta, "bench")
         with ProfileStream(Path(tmp) / "p.h5", kind="measured", **MEASURED_WORDS) as stream:
-            small, facts = merge_ranks(plan, finished_here(plan, store, args), stream)
+            small, facts, _ = merge_ranks(plan, finished_here(plan, store, args), stream)
             out["merged tables, streamed into the .h5"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             summary = tbl.summary_of(facts, small, meta)

@@ -151,7 +151,9 @@ def _required() -> dict[str, pd.DataFrame]:
 def test_the_stream_widens_and_fills_columns_as_concat_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An int column that turns float later is rewritten as float; a column one slice
-    lacks is NaN / "" there; text that gains an int reads back as int-or-string."""
+    lacks is NaN / "" there, as pandas' concat makes it (a bool column one slice lacks is
+    False there, where concat would make text: the import's ranks share their columns);
+    text that gains an int reads back as int-or-string."""
     monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 64)  # 8 int64 rows a chunk
     slices = [pd.DataFrame({"a": np.arange(20, dtype=np.int64), "t": ["x"] * 20}),
               pd.DataFrame({"a": np.full(5, 0.5), "t": ["y"] * 5, "b": np.arange(5)}),
@@ -284,3 +286,73 @@ def test_facts_of_ranks_merged_are_the_facts_of_the_whole(job: list[Path]) -> No
     assert tbl.summary_of(merged, tables, meta) == tbl.summary_of(whole, tables, meta)
     with pytest.raises(ValueError, match="two slices"):
         merged.merge(tbl.TraceFacts.of(trace[trace["ipu"] == 0], live[live["ipu"] == 0]))
+
+
+def test_a_rank_changed_in_a_spilling_store_keeps_every_ranks_tables(
+        job: list[Path]) -> None:
+    """`update` (a memory snapshot applied) takes a rank out and puts it back: the spill
+    file it gets must not be another rank's (names once came from the count held)."""
+    parts = list(rank_parts(job[:3]))
+    with PartStore(memory_bytes=0) as store:
+        lights = [store.put(p) for p in parts]
+        lights[0] = store.update(lights[0], lambda part: None)
+        back = [store.take(light) for light in lights]
+    assert [sorted(set(b.events["ipu"])) for b in back] == [[0], [1], [2]]
+
+
+def test_stale_spill_folders_of_dead_imports_are_removed(tmp_path: Path) -> None:
+    from popviz.ingest.part_store import remove_stale_spills
+
+    def spill(name: str, files: tuple[str, ...] = ("rank-0.pickle",)) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        for f in files:
+            (folder / f).write_bytes(b"x")
+        os.utime(folder, (1, 1))
+        return folder
+
+    dead = spill("popviz-import-999999999-abcd1234")
+    alive = spill(f"popviz-import-{os.getpid()}-abcd1234")
+    foreign = spill("popviz-import-999999999-efgh5678", ("notes.txt",))
+    other = spill("my-popviz-import-999999999-abcd")
+    remove_stale_spills(str(tmp_path))
+    assert not dead.exists() and alive.exists() and foreign.exists() and other.exists()
+
+
+def test_a_full_disk_reports_itself_not_what_h5py_says_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column widened after the disk filled reads back chunks that were never written:
+    the error is still the disk's (ENOSPC naming the profile), and nothing is left."""
+    real = os.pwrite
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if offset + len(data) > 150_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(stream_module, "RESERVE_BYTES", 0)
+    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 8192)
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, at, n: None, raising=False)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    rng = np.random.default_rng(1)
+    ints = [pd.DataFrame({f"c{k}": rng.integers(0, 2**62, 4000) for k in range(30)})
+            for _ in range(3)]
+    floats = pd.DataFrame({f"c{k}": rng.random(4000) for k in range(30)})
+    with pytest.raises(OSError) as caught:
+        _write(tmp_path / "p.h5", [*ints, floats])
+    assert caught.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rows_are_bounded_by_the_exact_counts_at_the_end() -> None:
+    """Each rank is checked against bounds from an upper bound of the rows; the written
+    rows' largest values are checked again against the exact counts."""
+    from popviz.errors import ProfileError
+    from popviz.ingest.import_merge import Written
+
+    written = Written()
+    written.add("ops", pd.DataFrame({"op_id": [0, 1], "microbatch": [0, 1]}))
+    written.check({}, {}, "job")  # within 2 rows: fine
+    written.add("ops", pd.DataFrame({"op_id": [2], "microbatch": [50]}))
+    with pytest.raises(ProfileError, match=r"job: ops\.microbatch"):
+        written.check({}, {}, "job")

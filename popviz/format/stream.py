@@ -334,8 +334,13 @@ class ProfileStream:
             if table is None:
                 table = self.tables[name] = _Table(self.tables_group, name)
             table.append(frame, self.strings)
-        except OSError as exc:
-            self._fail(exc)
+        except Exception as exc:  # h5py after a full disk: the disk's error, not h5py's
+            if isinstance(exc, OSError) or (self.image is not None
+                                            and self.image.error is not None):
+                self._fail(exc)
+            raise
+        if self.image is not None and self.image.error is not None:  # the disk is full:
+            self._fail(self.image.error)  # stop now, not after the rest of the job
 
     def finish(self, *, meta: Mapping[str, Any], summary: Mapping[str, Any],
                tables: Mapping[str, pd.DataFrame], command_line: str) -> Path:
@@ -392,6 +397,9 @@ class ProfileStream:
             self.temp.unlink()
 
     def _fail(self, exc: BaseException) -> None:
+        if self.image is not None and self.image.error is not None \
+                and not isinstance(exc, KeyboardInterrupt):
+            exc = self.image.error  # what h5py says next (reading dropped data) is not why
         self.abort()
         if isinstance(exc, OSError):  # a full disk: name the profile, not the temp file
             raise write_error(exc, self.final) from exc

@@ -153,16 +153,23 @@ class DaskRanks:
             out[i] = light
         return out
 
-    def update(self, i: int, change: Callable[..., Any], *args: Any) -> RankPart:
-        """`change(part, *args)` applied to file i's part where it is; its new light."""
+    def update(self, i: int, change: Callable[..., Any], path: PathLike, *,
+               given: str) -> RankPart:
+        """`change(part, path)` applied to file i's part where it is (`path`, a file the
+        workers read, goes to them absolute; errors name it as `given`); its new light."""
         from popviz.ingest.import_rank import light_of
 
-        self.parts[i] = self.client.submit(_changed, self.parts[i], change, *args,
+        absolute = os.path.abspath(path)
+        self.parts[i] = self.client.submit(_changed, self.parts[i], change, Path(absolute),
                                            key=f"popviz-rank-part-{self.run}-{i}-changed",
                                            pure=False)
-        light = self._result(self.client.submit(light_of, self.parts[i], pure=False), i,
-                             "reading")
+        try:
+            light = self._result(self.client.submit(light_of, self.parts[i], pure=False),
+                                 i, "reading")
+        except ProfileError as exc:
+            raise ProfileError(str(exc).replace(absolute, given)) from None
         light.path = Path(self.paths[i])
+        light.warnings = [w.replace(absolute, given) for w in light.warnings]
         return light
 
     def finished(self, order: list[int], args: list[Any], p2p: Any) -> Iterator[Any]:

@@ -187,25 +187,54 @@ def rank_tables(part: RankPart, waiting: pd.DataFrame | None, p2p: pd.DataFrame,
     return out
 
 
+@dataclass
+class Written:
+    """What went through the sink: rows per table and each bounded column's largest value.
+    Each rank's rows were checked against bounds from an upper bound of the row counts;
+    the reader bounds them by the exact counts, known only at the end (`check`)."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    largest: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def add(self, name: str, frame: pd.DataFrame) -> None:
+        self.rows[name] = self.rows.get(name, 0) + len(frame)
+        for column in bounds.COLUMNS.get(name, {}):
+            if column in frame.columns and len(frame) and frame[column].dtype.kind in "iuf":
+                values = frame[column].to_numpy(np.float64)
+                values = values[np.isfinite(values)]  # the rest was refused per rank
+                if len(values):
+                    key, top = (name, column), float(values.max())
+                    self.largest[key] = max(top, self.largest.get(key, top))
+
+    def check(self, small: dict[str, pd.DataFrame], meta: dict[str, Any], label: str) -> None:
+        """ProfileError naming `label` if a bound of the exact counts refuses a value."""
+        rows = {**self.rows, **{name: len(frame) for name, frame in small.items()}}
+        dims = bounds.dimensions(meta, "rank", rows, {})
+        for (name, column), top in self.largest.items():
+            check_rows(name, pd.DataFrame({column: [top]}), dims, label)
+
+
 def merge_ranks(plan: JobPlan, finished: Iterable[FinishedRank], sink: TableSink
-                ) -> tuple[dict[str, pd.DataFrame], tbl.TraceFacts]:
+                ) -> tuple[dict[str, pd.DataFrame], tbl.TraceFacts, Written]:
     """Every finished rank's tables through `sink`, in rank order; returns the small
-    tables that span the ranks (p2p, exchange, stages, tile_memory) and the facts of the
-    trace."""
+    tables that span the ranks (p2p, exchange, stages, tile_memory), the facts of the
+    trace and what was written."""
     facts = tbl.TraceFacts()
+    written = Written()
     transfers: list[pd.DataFrame] = [waits.transfers(plan.p2p)] if len(plan.p2p) else []
     for done in finished:
         facts.merge(done.facts)
         if done.transfers is not None:
             transfers.append(done.transfers)
         for name, frame in done.tables.items():
+            written.add(name, frame)
             sink.append(name, frame)
         del done
     small = {"p2p": waits.p2p_table(plan.p2p), "exchange": exchange_table(transfers),
              "stages": tbl.stages_table(facts, plan.info, facts.steps),
              "tile_memory": tbl.empty_tile_memory()}
     clean_text(small)
-    return small, facts
+    return small, facts, written
 
 
 def device_transfers(trace: pd.DataFrame) -> pd.DataFrame | None:

@@ -175,7 +175,7 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                     i = given.pop(id(traces[k]))
                     traces[k] = store.update(traces[k], functools.partial(
                         use_snapshot, snapshot=snap)) if scheduler is None \
-                        else job.update(i, use_snapshot, snap)
+                        else job.update(i, use_snapshot, snap, given=str(snap))
                     given[id(traces[k])] = i
             order = [given[id(t)] for t in traces]
 
@@ -216,15 +216,17 @@ def _write_job(traces: list[RankPart], finisher: Finisher, to: PathLike, label: 
     stream = ProfileStream(to, kind=MEASURED_KIND, **MEASURED_WORDS)
     with stream, tempfiles.deferred_interrupt() as check:
         try:
-            small, facts = merge_ranks(plan, finisher(plan, args, check), stream)
+            small, facts, written = merge_ranks(plan, finisher(plan, args, check), stream)
             meta = import_meta(traces, plan.info, plan.origin, snapshots,
                                len(facts.microbatches), facts.steps)
             summary = tbl.summary_of(facts, small, meta)
         except DATA_ERRORS as exc:
             raise data_error(label, exc) from None
-        dims = bounds.dimensions(meta, "rank", plan.rows(), {})
+        rows = {**written.rows, **{name: len(frame) for name, frame in small.items()}}
+        dims = bounds.dimensions(meta, "rank", rows, {})
         for name, frame in small.items():
             check_rows(name, frame, dims, label)
+        written.check(small, meta, label)  # the ranks' rows against the exact counts
         check_meta(meta, label)
         path = stream.finish(meta=meta, summary=summary, tables=small,
                              command_line=command_line)
@@ -248,7 +250,7 @@ def import_parts(traces: list[RankPart], label: str,
             plan = JobPlan.of(lights, offsets)
             meta = import_meta(lights, plan.info, plan.origin, snapshots)
             sink = MemorySink()
-            small, facts = merge_ranks(plan, finished_here(plan, store, plan.rank_args(
+            small, facts, _ = merge_ranks(plan, finished_here(plan, store, plan.rank_args(
                 meta, label)), sink)
             result = {**sink.tables(), **small}
             meta = import_meta(lights, plan.info, plan.origin, snapshots,

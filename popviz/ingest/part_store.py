@@ -5,15 +5,21 @@ write any rank (the clocks and the matching of sends to receives span the ranks)
 not every rank's tables at once. `PartStore.put` keeps a parsed rank's light fields in
 memory (its calls, stages, meta: what the cross-rank steps read) and its tables, the
 bulk, in memory until `MEMORY_BYTES` are held, then in a pickle file per rank in a
-temporary folder, removed when the store closes. `take` hands a rank back whole, once.
+temporary folder (`popviz-import-<pid>-...` in the system's), removed when the store
+closes; one a killed import left is removed by the next store that spills. `take` hands
+a rank back whole, once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import pickle
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from popviz.format.tempfiles import STALE_AFTER_S, pid_alive
 from popviz.ingest.import_rank import HEAVY, RankPart, light_of
 
 # what the store holds in memory before it spills to disk: a test's or a live run's small
@@ -40,6 +47,31 @@ def frame_bytes(value: Any) -> int:
     return 0
 
 
+SPILL_PREFIX = "popviz-import-"
+SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(?P<pid>[1-9][0-9]{0,9})-[A-Za-z0-9_]{4,16}")
+SPILL_FILE = re.compile(r"rank-[0-9]+\.pickle")
+
+
+def remove_stale_spills(folder: str | None = None) -> None:
+    """Remove the spill folders an import killed before its clean-up left in the temp
+    folder: only a folder named as a store names it, whose process is gone, over a minute
+    old, not a link, holding nothing but the store's rank files."""
+    where = Path(folder or tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in where.iterdir():
+            found = SPILL_NAME.fullmatch(entry.name)
+            if found is None or pid_alive(int(found["pid"])):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_symlink() or not entry.is_dir() \
+                        or time.time() - entry.stat().st_mtime < STALE_AFTER_S:
+                    continue
+                files = list(entry.iterdir())
+                if all(SPILL_FILE.fullmatch(f.name) and f.is_file() and not f.is_symlink()
+                       for f in files):
+                    shutil.rmtree(entry)
+
+
 class PartStore:
     """Ranks' heavy tables by rank, in memory up to `memory_bytes`, then on disk."""
 
@@ -50,6 +82,7 @@ class PartStore:
         # is not reused while the entry lives)
         self._memory: dict[int, tuple[RankPart, dict[str, Any]]] = {}
         self._spilled: dict[int, tuple[RankPart, Path]] = {}
+        self._names = itertools.count()
         self._folder: Path | None = None
 
     def __enter__(self) -> PartStore:
@@ -69,8 +102,9 @@ class PartStore:
             self.held += size
         else:
             if self._folder is None:
-                self._folder = Path(tempfile.mkdtemp(prefix="popviz-import-"))
-            path = self._folder / f"rank-{len(self._spilled)}.pickle"
+                remove_stale_spills()
+                self._folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-"))
+            path = self._folder / f"rank-{next(self._names)}.pickle"  # never reused
             with path.open("wb") as f:
                 pickle.dump(heavy, f, protocol=pickle.HIGHEST_PROTOCOL)
             self._spilled[key] = (light, path)
