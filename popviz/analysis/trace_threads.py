@@ -8,7 +8,7 @@ Pure functions over the profile's `trace` and `host_slices` tables (format 1.2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -154,22 +154,6 @@ def _deepest(arrays: _SliceArrays, rows: np.ndarray, t: np.ndarray) -> np.ndarra
     return out
 
 
-def _rows_by(*keys: np.ndarray) -> dict[Any, np.ndarray]:
-    """Row numbers by key (a value, or a tuple of values of several columns), each in
-    row order: one sort, where a filter per key would scan every row each time."""
-    if not len(keys[0]):
-        return {}
-    order = np.lexsort(keys[::-1])
-    ordered = [k[order] for k in keys]
-    cut = np.flatnonzero(np.any([k[1:] != k[:-1] for k in ordered], axis=0)) + 1
-    bounds = np.concatenate([[0], cut, [len(order)]])
-    out = {}
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        key = tuple(k[a].item() for k in ordered)
-        out[key[0] if len(keys) == 1 else key] = order[a:b]
-    return out
-
-
 LATE, QUEUED, UNKNOWN = "launched late", "queued before the gap", "launch not recorded"
 BETWEEN_OPS = "no recorded op (Python between ops)"
 
@@ -190,11 +174,13 @@ def idle_reasons(gaps: pd.DataFrame, links: pd.DataFrame,
     if n and len(links):
         link_start, launch = links["start"].to_numpy(), links["launch_start"].to_numpy()
         link_tid, names = links["tid"].to_numpy(), links["kernel"].astype(str).to_numpy()
-        by_ipu = _rows_by(links["ipu"].to_numpy(np.int64))  # each in start order
-        threads = _rows_by(slices["ipu"].to_numpy(np.int64), slices["tid"].to_numpy(np.int64))
+        # row positions by key, each in row order (links: start order): one hash pass,
+        # where a filter per rank scanned every row each time
+        by_ipu = links.groupby("ipu", sort=False).indices
+        threads = slices.groupby(["ipu", "tid"], sort=False).indices
         arrays = _SliceArrays.of(slices)
         g_start, g_end = gaps["start"].to_numpy(), gaps["end"].to_numpy()
-        for ipu, rows in _rows_by(gaps["ipu"].to_numpy(np.int64)).items():
+        for ipu, rows in gaps.groupby("ipu", sort=False).indices.items():
             mine = by_ipu.get(ipu)
             if mine is None:
                 continue
@@ -208,7 +194,7 @@ def idle_reasons(gaps: pd.DataFrame, links: pd.DataFrame,
                 sel = tid == t
                 own = threads.get((ipu, int(t)))
                 if own is not None:
-                    doing[sel] = _deepest(arrays, own, g_start[rows][sel])
+                    doing[sel] = _deepest(arrays, np.asarray(own), g_start[rows][sel])
             hit, was_late = rows[found], late[found] > 0
             cause[hit] = np.where(was_late, LATE, QUEUED)
             host[hit] = np.where(was_late, np.where(doing[found] == "", BETWEEN_OPS,

@@ -17,7 +17,6 @@ OSError naming the profile and removes the temporary file.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
 from collections.abc import Mapping
@@ -111,14 +110,10 @@ class DiskImage(io.RawIOBase):
         return None
 
     def _reserve(self, end: int) -> None:
-        if end <= self._reserved or not hasattr(os, "posix_fallocate"):
+        if end <= self._reserved:
             return
         want = end + RESERVE_BYTES
-        try:
-            os.posix_fallocate(self._fd, self._reserved, want - self._reserved)
-        except OSError as exc:  # a file system that cannot reserve: the write will say
-            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
+        tempfiles.reserve(self._fd, self._reserved, want - self._reserved)
         self._reserved = want
 
     def finish(self) -> None:

@@ -128,6 +128,18 @@ def remove_stale_in(folder: Path) -> list[Path]:
     return removed
 
 
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve `length` bytes of disk at `offset` of `fd` (a full disk: OSError ENOSPC);
+    nothing where the file system cannot reserve (the writes will say)."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+
+
 def write_whole(temp: Path, data: memoryview | bytes) -> None:
     """Create `temp` (never an existing file, never through a link) holding `data`, synced.
     The space is reserved first, so a full disk fails here, before a byte is written, as
@@ -136,12 +148,8 @@ def write_whole(temp: Path, data: memoryview | bytes) -> None:
                  | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         view = memoryview(data).cast("B")
-        if len(view) and hasattr(os, "posix_fallocate"):
-            try:
-                os.posix_fallocate(fd, 0, len(view))
-            except OSError as exc:  # a file system that cannot reserve: write and see
-                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
+        if len(view):
+            reserve(fd, 0, len(view))
         while len(view):
             view = view[os.write(fd, view):]
         os.fsync(fd)
