@@ -110,25 +110,3 @@ def test_a_big_exchange_matrix_has_no_cell_labels() -> None:
     assert big.layout.height == exchange_matrix_figure(matrix(300), naming=MEASURED) \
         .layout.height
     assert small.data[0].text is not None and small.data[0].customdata is not None
-
-
-def test_liveness_without_tiles_has_the_heat_maps_ids(app: Any) -> None:
-    """Clicking the curve sets `live-ipu` and zooming redraws `tile-live-graph`: a page
-    without tiles (an import) must still hold both, or Dash refuses the click's update."""
-    page = render(app.popviz_context, "/liveness", SEARCH)[1]
-    ids = set()
-
-    def walk(node: Any) -> None:
-        if hasattr(node, "id") and isinstance(getattr(node, "id", None), str):
-            ids.add(node.id)
-        children = getattr(node, "children", None)
-        for child in children if isinstance(children, list) else [children]:
-            if child is not None and not isinstance(child, str | int | float):
-                walk(child)
-
-    walk(page)
-    assert {"live-ipu", "tile-live-graph"} <= ids
-    from dash.exceptions import PreventUpdate
-
-    with pytest.raises(PreventUpdate):  # the placeholder's None: nothing to draw
-        app.popviz_callbacks["liveness.heat"](None, None, SEARCH)

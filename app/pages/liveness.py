@@ -213,9 +213,6 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                                                      for i in ipus],
                              value=ipus[0], clearable=False, className="picker"),
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
-    else:  # no tiles (a GPU, an import): the heat map's callbacks still name these
-        heat = [html.Div([dcc.Dropdown(id="live-ipu", value=None),
-                          dcc.Graph(id="tile-live-graph")], style={"display": "none"})]
     hint = (GPU_LIVENESS if naming(entry).gpu_plan else
             "Always-live: the rank's parameters, gradients and optimiser state; "
             "not-always-live: the activations it stashes for the backward pass, per compute "
@@ -300,11 +297,9 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     def click(click: dict | None, search: str) -> tuple[str, Any]:
         return click_at(click, search)[:2]
 
-    def heat(ipu: int | None, relayout: dict | None, search: str, held: dict | None = None) -> Any:
+    def heat(ipu: int, relayout: dict | None, search: str, held: dict | None = None) -> Any:
         """The heat map of the picked IPU over the steps its liveness panel shows; its own
         zoom (steps on y) refines that."""
-        if ipu is None:  # no tiles: the hidden placeholder
-            raise PreventUpdate
         entry = ctx.cache.get(profile_of(search))
         source = triggered()  # None when called directly (tests, bench): use the relayout
         from_zoom = source == "tile-live-graph" or (source is None and relayout is not None)
@@ -321,7 +316,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     @app.callback(Output("tile-live-graph", "figure"), Input("live-ipu", "value"),
                   Input("tile-live-graph", "relayoutData"), Input("live-ranges", "data"),
                   State("url", "search"), prevent_initial_call=True)
-    def heat_cb(ipu: int | None, relayout: dict | None, held: dict | None, search: str) -> Any:
+    def heat_cb(ipu: int, relayout: dict | None, held: dict | None, search: str) -> Any:
         return heat(ipu, relayout, search, held)
 
     @app.callback(Output("live-to-trace", "children"), Input("live-graph", "clickData"),
