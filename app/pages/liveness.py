@@ -286,13 +286,18 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         # the heat map below follows the clicked IPU (when the profile has one)
         shape = entry.profile.array_shape("tile_liveness")
         has_heat = len(shape) == 3 and ipu < shape[0]
-        return head, _box(entry, live), ipu if has_heat else dash.no_update
+        return head, _box(entry, live), ipu if has_heat else None
 
     @app.callback(Output("live-vars-head", "children"), Output("live-vars-box", "children"),
-                  Output("live-ipu", "value"), Input("live-graph", "clickData"),
-                  State("url", "search"), prevent_initial_call=True)
-    def click_cb(click: dict | None, search: str) -> tuple[str, Any, Any]:
-        return click_at(click, search)
+                  Input("live-graph", "clickData"), State("url", "search"),
+                  prevent_initial_call=True)
+    def click_cb(click: dict | None, search: str) -> tuple[str, Any]:
+        head, box, ipu = click_at(click, search)
+        # the IPU picker exists only where there are tiles: a declared Output on a page
+        # without it is a Dash error, so it is set only when it is there
+        if ipu is not None:
+            dash.set_props("live-ipu", {"value": ipu})
+        return head, box
 
     def click(click: dict | None, search: str) -> tuple[str, Any]:
         return click_at(click, search)[:2]

@@ -125,3 +125,34 @@ def test_a_zero_bubble_plan_shows_its_deferred_weight_gradients(browser_context:
         assert not errors, errors
     finally:
         page.close()
+
+
+def test_a_click_on_a_gpu_plans_liveness_lists_its_tensors(browser_context: Any,
+                                                           gpu_url: str) -> None:
+    """A GPU plan has no tile heat map, so no IPU picker: a click on its curve (away from
+    the peak the page opens on) lists the tensors live there, with no Dash error about the
+    missing picker."""
+    page, errors = _open(browser_context, f"{gpu_url}/liveness?profile={REL}")
+    try:
+        graph = "#live-graph .js-plotly-plot"
+        star = f"""() => {{ const g = document.querySelector('{graph}');
+            const i = g.data.findIndex(d => d.name.startsWith('activations'));
+            const c = g.calcdata[i], p = c[Math.floor(c.length / 4)];
+            const L = g._fullLayout, b = g.getBoundingClientRect();
+            return [b.left + L.xaxis._offset + L.xaxis.l2p(p.x),
+                    b.top + L.yaxis._offset + L.yaxis.l2p(p.y)]; }}"""
+        page.evaluate(f"() => window.scrollBy(0, ({star})()[1] - 450)")
+        page.wait_for_timeout(300)
+        spot = page.evaluate(star)
+        head = page.inner_text("#live-vars-head")
+        page.mouse.move(spot[0], spot[1])
+        page.mouse.click(spot[0], spot[1])
+        page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
+                               arg=head, timeout=20_000)
+        assert page.inner_text("#live-vars-head").startswith("GPU 0, step")
+        assert page.locator("#live-vars-box td").count() > 0
+        assert page.locator("#live-ipu").count() == 0
+        page.wait_for_timeout(500)  # a Dash error would reach the console after the update
+        assert not errors, errors
+    finally:
+        page.close()
