@@ -167,6 +167,47 @@ def test_cuda_dropout_is_one_kernel_with_a_bool_mask() -> None:
     out = ops.loc[kernel, "bytes_written"]
     assert (low.loc[kernel, "bytes_read"] == out).all()
     assert (low.loc[kernel, "bytes_written"] == out + out // 4).all()
+    assert (low.loc[kernel, "kernel_path"] == "dropout").all()
+    assert not (low.loc[~kernel, "kernel_path"] == "dropout").any()
+
+
+def _fixture_kernels(path: Path, marker: str) -> list[float]:
+    import gzip
+
+    with gzip.open(path) as f:
+        events = json.loads(f.read())["traceEvents"]
+    return [float(e["dur"]) for e in events
+            if e.get("cat") == "kernel" and marker in e["name"]]
+
+
+def test_a_fused_dropout_is_timed_by_its_philox_draws_on_an_h200() -> None:
+    """The Zero Bubble-shape H200 trace's attention dropouts ([6, 24, 1024, 1024] fp16,
+    the kernels over 100 us) and their backward (masked_scale, the same 5 bytes an
+    element): the forward draws its mask slower than HBM moves it, the backward does not."""
+    from popviz.target.gpu import A100_80GB, H200_SXM
+    from popviz.target.gpu_cost import gpu_op_costs
+
+    trace = ROOT / "tests" / "fixtures" / "kineto_zb1.5b-4layers-fp16-eager-b6_h200.json.gz"
+    forward = [d for d in _fixture_kernels(trace, "fused_dropout_kernel_vec") if d > 100]
+    backward = [d for d in _fixture_kernels(trace, "masked_scale_kernel") if d > 100]
+    assert len(forward) == len(backward) == 4
+    shape, numel = "[6,24,1024,1024]", 6 * 24 * 1024 * 1024
+
+    def kernel_us(path: str, target: Any) -> float:
+        ops = pd.DataFrame({"op": ["aten.mul.Tensor"], "op_class": ["elementwise"],
+                            "phase": ["forward"], "flops": [numel],
+                            "bytes_read": [2 * numel], "bytes_written": [3 * numel],
+                            "dtype": ["float16"], "shapes": [f"{shape};{shape}"],
+                            "out_shape": [shape], "kernel_path": [path]})
+        costs = gpu_op_costs(ops, target).iloc[0]
+        return float(costs["cycles"] - costs["launch_ns"]) / 1e3
+
+    drawn = kernel_us("dropout", H200_SXM)
+    assert drawn == pytest.approx(np.median(forward), rel=0.05)
+    assert kernel_us("", H200_SXM) == pytest.approx(np.median(backward), rel=0.15)
+    assert np.median(forward) / np.median(backward) > 1.3
+    # an A100 has less bandwidth for each SM cycle: its bytes, not the draws, set the pace
+    assert kernel_us("dropout", A100_80GB) == pytest.approx(kernel_us("", A100_80GB))
 
 
 def test_megatron_fuses_the_scale_and_mask_into_the_softmax() -> None:

@@ -7,7 +7,9 @@ whatever the precision recipe, and some differently under a recipe's framework:
   `empty_like`, scaled by `div_`) and multiplies; CUDA's `native_dropout` is one kernel
   (`fused_dropout_kernel_vec` in a CUDA trace) that reads the input once and writes the
   output and a bool mask (1 B per element), which is what the backward keeps. The mask's
-  draw and scale become part of that kernel (no bytes, no launch of their own).
+  draw and scale become part of that kernel (no bytes, no launch of their own); the
+  kernel's path is `dropout`, timed by its Philox draws where they outlast its bytes
+  (`GpuCost.dropout_cycles`).
 - **Megatron's fused masked softmax** (the `megatron-*` recipes: `masked_softmax_fusion`,
   on by default; Megatron-LM `megatron/model/fused_softmax.py`,
   `ScaledUpperTriangMaskedSoftmax`). The scale and the causal mask before the attention's
@@ -64,6 +66,8 @@ def cuda_dropout(program: Program) -> Program:
     written = ops["bytes_written"].to_numpy(np.int64).copy()
     flops = ops["flops"].to_numpy(np.int64).copy()
     op_dtype = ops["dtype"].astype(str).to_numpy()
+    paths = ops["kernel_path"].astype(str).to_numpy(object).copy() if "kernel_path" in ops \
+        else np.full(len(ops), "", dtype=object)
     absorbed = np.zeros(len(ops), dtype=bool)
     absorbed[draws] = True
     for i, ins in enumerate(inputs):
@@ -78,8 +82,10 @@ def cuda_dropout(program: Program) -> Program:
             size = max(ITEMSIZE.get(op_dtype[i], 4), 1)
             read[i] = written[i]  # the input, once
             written[i] = written[i] + written[i] // size  # the output and a bool mask
+            paths[i] = "dropout"
     read[absorbed] = written[absorbed] = flops[absorbed] = 0
     ops["bytes_read"], ops["bytes_written"], ops["flops"] = read, written, flops
+    ops["kernel_path"] = paths
     return Program(ops, _bool_masks(t, set(mask_of)), program.model, program.mode)
 
 

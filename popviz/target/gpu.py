@@ -136,6 +136,16 @@ class GpuCost:
     strided_cast_cycles: float = 0.20
     transpose_cycles: float = 1.80
     cat_dim_cycles: float = 0.40
+    # measured: SM cycles per element of CUDA's fused dropout (`fused_dropout_kernel_vec`),
+    # which draws each element's uniform from Philox4x32-10: 10 rounds of two 32-bit wide
+    # multiplies and XORs per 4 draws, ~25 integer instructions an element at an SM's 64
+    # INT32 lanes a cycle (A100 and H100 alike), 0.4 cycles. On the H200 Zero Bubble-shape
+    # traces (tests/fixtures/kineto_zb*_h200) the 94-151 M-element attention dropouts ran
+    # 597-617 G elements/s, 0.43 cycles, against 840-855 G/s for the backward's
+    # masked_scale that moves the same 5 bytes an element (HBM-bound); so on an H100 / H200
+    # the draw, not HBM, sets the forward's pace, and on an A100 (less bandwidth per SM
+    # cycle) the two are within 5%
+    dropout_cycles: float = 0.43
 
     def to_dict(self) -> dict[str, float]:
         return {f"gpu_{k}": float(v) for k, v in asdict(self).items()}

@@ -79,7 +79,8 @@ def misaligned_gemm(shapes: pd.Series) -> np.ndarray:
 
 def path_cycles(path: str, itemsize: int, operands: int, cost: GpuCost) -> float:
     """SM cycles per element of one element-wise op on `path` (popviz/recorder/
-    kernel_path.py: "", "cast", "strided:N", "strided-cast:N", "transpose:N", "cat:N"),
+    kernel_path.py: "", "cast", "strided:N", "strided-cast:N", "transpose:N", "cat:N";
+    "dropout" from gpu_lowering.cuda_dropout),
     with `itemsize`-byte elements and `operands` tensors (inputs and output); 0 for the
     vectorized kernel, whose time is its bytes."""
     kind, _, dims_text = path.partition(":")
@@ -97,6 +98,8 @@ def path_cycles(path: str, itemsize: int, operands: int, cost: GpuCost) -> float
         return cost.transpose_cycles
     if kind == "cat":
         return cost.cat_dim_cycles * dims
+    if kind == "dropout":  # the Philox draw of each element's mask
+        return cost.dropout_cycles
     return 0.0
 
 
