@@ -91,22 +91,59 @@ def test_a_link_to_a_rank_not_drawn_brings_it_in(app: Any) -> None:
     assert window["range"] == fig.layout.meta["range"]
 
 
-def test_a_big_exchange_matrix_has_no_cell_labels() -> None:
-    """1,024 ranks' matrix: a million cell labels and 46,000 px before; now the numbers
-    are in the hover and the height stops growing. A small one keeps its labels."""
+def test_a_big_exchange_matrix_is_drawn_in_blocks_of_ranks() -> None:
+    """1,024 ranks' matrix: a million cells, most under a pixel (Chromium drew it in 18 s
+    and it looked empty); now 64 blocks of 16 consecutive ranks a side, each the sum of
+    its cells, the host kept apart. A small one is drawn rank by rank."""
     import numpy as np
     import pandas as pd
 
     from popviz.figures.exchange import LABELLED_CELLS, exchange_matrix_figure
-    from popviz.vocab import MEASURED
+    from popviz.vocab import MEASURED, MODELLED
 
     def matrix(n: int) -> pd.DataFrame:
-        values = np.arange(n * n, dtype=np.int64).reshape(n, n) * 1024
-        return pd.DataFrame(values, index=range(n), columns=range(n))
+        labels = [f"IPU{i}" for i in range(n)] + ["host"]
+        values = np.arange((n + 1) ** 2, dtype=np.int64).reshape(n + 1, n + 1) * 1024
+        return pd.DataFrame(values, index=labels, columns=labels)
 
-    big = exchange_matrix_figure(matrix(LABELLED_CELLS + 1), naming=MEASURED)
+    full = matrix(1024)
+    big = exchange_matrix_figure(full, naming=MODELLED)
+    heat = big.data[0]
+    assert list(heat.y[:2]) == ["IPU0–15", "IPU16–31"] and heat.y[-1] == "host"
+    assert len(heat.y) == LABELLED_CELLS + 1 and "in blocks of 16" in big.layout.title.text
+    scale = float(full.to_numpy()[:1024, :1024].reshape(64, 16, 64, 16).sum(axis=(1, 3))
+                  .max()) / float(np.nanmax(np.asarray(heat.z, dtype=float)[:64, :64]))
+    z = np.asarray(heat.z, dtype=float) * scale  # back to bytes
+    want = full.to_numpy(dtype=float)
+    assert z[1, 2] == want[16:32, 32:48].sum()
+    assert z[64, 3] == want[1024, 48:64].sum() and z[64, 64] == want[1024, 1024]
+    assert z.sum() == want.sum()
+    ranks = exchange_matrix_figure(matrix(65).drop(index="host", columns="host"),
+                                   naming=MEASURED)
+    assert ranks.data[0].y[0] == "rank 0–1" and len(ranks.data[0].y) == 33
     small = exchange_matrix_figure(matrix(4), naming=MEASURED)
-    assert big.data[0].text is None and "%{z:,.2f}" in big.data[0].hovertemplate
-    assert big.layout.height == exchange_matrix_figure(matrix(300), naming=MEASURED) \
-        .layout.height
+    assert list(small.data[0].y) == ["rank 0", "rank 1", "rank 2", "rank 3", "host"]
     assert small.data[0].text is not None and small.data[0].customdata is not None
+
+
+def test_between_stages_of_a_big_job_in_blocks_and_timed_without_bytes() -> None:
+    """200 stages: blocks of 4; a job whose links carry no bytes (collectives only) is
+    coloured by time on the wire instead of drawn blank."""
+    import numpy as np
+    import pandas as pd
+
+    from popviz.figures.exchange import stage_links_figure
+
+    stages = np.arange(200)
+    links = pd.DataFrame({"src_stage": stages, "dst_stage": stages, "kind": "collective",
+                          "transfers": 2, "bytes": 0, "transfer_ns": 1000 * (stages + 1),
+                          "receiver_wait_ns": 0, "sender_wait_ns": 0})
+    fig = stage_links_figure(links)
+    heat = fig.data[0]
+    assert heat.x[0] == "stages 0–3" and heat.x[-1] == "stages 196–199" and len(heat.x) == 50
+    assert "ms on the wire, no bytes" in fig.layout.title.text
+    assert "blocks of 4" in fig.layout.title.text
+    z = np.asarray(heat.z, dtype=float)
+    assert z[0, 0] * 1e6 == 1000 + 2000 + 3000 + 4000 and np.isnan(z[0, 1])
+    assert "stages 0–3 → stages 0–3" in heat.customdata[0][0]
+    assert "collective: 8 ×" in heat.customdata[0][0]

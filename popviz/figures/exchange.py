@@ -3,6 +3,8 @@ time."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,10 +25,13 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     if naming.in_ns and "host" in matrix.index and "host" in matrix.columns \
             and not matrix.loc["host"].any() and not matrix["host"].any():
         matrix = matrix.drop(index="host", columns="host")
+    matrix, block = _in_blocks(matrix, naming)
+    if block > 1:
+        title += f", {naming.devices} in blocks of {block}"
     matrix = matrix.rename(index=naming.relabel, columns=naming.relabel)
     size, name = byte_unit(float(matrix.to_numpy().max()))
     z = matrix.to_numpy(dtype=float) / size
-    if len(matrix) > LABELLED_CELLS:  # a job's ranks: no cell text, the hover's number
+    if len(matrix) > TEXT_ROWS:  # small cells: no text in them, the hover's number
         fig = go.Figure(go.Heatmap(
             z=z, x=list(matrix.columns), y=list(matrix.index), colorscale="Blues",
             colorbar={"title": name},
@@ -45,14 +50,46 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
                        height=_height(len(matrix)))
 
 
-# a matrix of more rows than this (a job's ranks or stages) has no text in its cells and a
-# plain number in its hover (1,024 ranks: a million labels and 46,000 px); its height stops
-# growing there too
+# a matrix of more rows than this (a job's ranks or stages) is drawn in blocks of
+# consecutive devices, at most this many a side (1,024 ranks: a million cells, most far
+# under a pixel, that Chromium took 18 s to draw and that looked empty)
 LABELLED_CELLS = 64
+TEXT_ROWS = 24  # a matrix of more rows has no text in its cells and rows of ROW_PX
+ROW_PX = 14
+_DEVICE = re.compile(r"^IPU\d+$")  # an analysis table's device label
+
+
+def block_size(n: int) -> int:
+    """Devices per block for a matrix of `n` a side (1: none)."""
+    return 1 if n <= LABELLED_CELLS else -(-n // LABELLED_CELLS)
+
+
+def _in_blocks(matrix: pd.DataFrame, naming: Naming) -> tuple[pd.DataFrame, int]:
+    """`matrix` (devices "IPU<n>" and perhaps the host, the same labels on both axes)
+    summed over blocks of consecutive devices, labelled in the profile's words ("rank
+    0–15"); the host stays a row and column of its own. (matrix, devices per block)."""
+    labels = [str(x) for x in matrix.index]
+    devices = [x for x in labels if _DEVICE.match(x)]
+    block = block_size(len(devices))
+    if block == 1 or labels != [str(x) for x in matrix.columns]:
+        return matrix, 1
+    others = [x for x in labels if not _DEVICE.match(x)]
+    order = devices + others
+    z = matrix.set_axis(labels, axis=0).set_axis(labels, axis=1).loc[order, order] \
+        .to_numpy(dtype=float)
+    firsts = np.arange(0, len(devices), block)
+    starts = np.r_[firsts, np.arange(len(others)) + len(devices)]
+    z = np.add.reduceat(np.add.reduceat(z, starts, axis=0), starts, axis=1)
+
+    count = len(devices)
+    # "rank 0–15": the block's first device in the profile's words, its last's number
+    names = [f"{naming.relabel(devices[int(a)])}–{devices[min(int(a) + block, count) - 1][3:]}"
+             for a in firsts] + others
+    return pd.DataFrame(z, index=names, columns=names), block
 
 
 def _height(rows: int) -> int:
-    return 160 + 45 * rows if rows <= LABELLED_CELLS else 160 + 12 * LABELLED_CELLS
+    return 160 + (45 if rows <= TEXT_ROWS else ROW_PX) * rows
 
 
 def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
@@ -89,40 +126,57 @@ def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go
     """Heat map of the bytes each stage sends each other stage (rows: from), from
     `analysis.exchange.stage_links`; the hover gives transfers, kinds, time on the wire
     and how long each side waited for the other. A stage's own collectives sit on the
-    diagonal."""
+    diagonal. More than LABELLED_CELLS stages are drawn in blocks of consecutive stages;
+    a job whose links carry no bytes (collectives timed, not sized) is coloured by time
+    on the wire."""
     if links.empty:
         return empty_figure("No transfers between stages in this profile.", title)
     stages = sorted(set(links["src_stage"]) | set(links["dst_stage"]))
-    at = {s: i for i, s in enumerate(stages)}
-    n = len(stages)
+    block = block_size(len(stages))
+    cell_of = {s: i // block for i, s in enumerate(stages)}
+    firsts = stages[::block]
+    lasts = [stages[min(i + block, len(stages)) - 1] for i in range(0, len(stages), block)]
+    labels = [f"stage {a}" if a == b else f"stages {a}–{b}" for a, b in zip(firsts, lasts,
+                                                                             strict=True)]
+    n = len(labels)
+    src = links["src_stage"].map(cell_of).to_numpy()
+    dst = links["dst_stage"].map(cell_of).to_numpy()
+    sized = float(links["bytes"].sum()) > 0
+    value = links["bytes" if sized else "transfer_ns"].to_numpy(dtype=float)
     total = np.zeros((n, n))
+    np.add.at(total, (src, dst), value)
+    # one hover line per kind of each cell (a block's links summed)
+    per_kind = links.assign(src=src, dst=dst).groupby(["src", "dst", "kind"], sort=True).agg(
+        transfers=("transfers", "sum"), bytes=("bytes", "sum"),
+        transfer_ns=("transfer_ns", "sum"), receiver_wait_ns=("receiver_wait_ns", "sum"),
+        sender_wait_ns=("sender_wait_ns", "sum")).reset_index()
     hover = np.full((n, n), "", dtype=object)
-    cells: dict[tuple[int, int], list[str]] = {}
-    for row in links.to_dict("records"):
-        src, dst = int(row["src_stage"]), int(row["dst_stage"])
-        total[at[src], at[dst]] += float(row["bytes"])
-        lines = cells.setdefault((src, dst), [f"<b>stage {src} → stage {dst}</b>"])
-        lines.append(f"{row['kind']}: {int(row['transfers']):,} × · "
-                     f"{fmt_bytes(float(row['bytes']))} · on the wire "
-                     f"{_ms(float(row['transfer_ns']))}")
+    for row in per_kind.to_dict("records"):
+        i, j = int(row["src"]), int(row["dst"])
+        lines = [f"{row['kind']}: {int(row['transfers']):,} × · "
+                 f"{fmt_bytes(float(row['bytes']))} · on the wire "
+                 f"{_ms(float(row['transfer_ns']))}"]
         if row["kind"] != "collective":
             lines.append(f"  receiver waited {_ms(float(row['receiver_wait_ns']))}, sender "
                          f"waited {_ms(float(row['sender_wait_ns']))}")
-    size, name = byte_unit(float(total.max()))
-    labels = [f"stage {s}" for s in stages]
-    z = np.where(total > 0, total / size, np.nan)
-    if n > LABELLED_CELLS:  # a job's stages: the hover's number, no cell text
-        fig = go.Figure(go.Heatmap(
-            z=z, x=labels, y=labels, colorscale="Blues", colorbar={"title": name}, zmin=0,
-            hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
-    else:
-        for (src, dst), lines in cells.items():
-            hover[at[src], at[dst]] = "<br>".join(lines)
+        head = "" if hover[i, j] else f"<b>{labels[i]} → {labels[j]}</b><br>"
+        hover[i, j] = hover[i, j] + ("<br>" if hover[i, j] else "") + head + "<br>".join(lines)
+    if sized:
+        size, name = byte_unit(float(total.max()))
         text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
-        fig = go.Figure(go.Heatmap(
-            z=z, x=labels, y=labels, text=text, texttemplate="%{text}", colorscale="Blues",
-            colorbar={"title": name}, zmin=0, customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>", xgap=1, ygap=1))
+    else:
+        size, name = 1e6, "ms on the wire"
+        text = np.where(total > 0, np.vectorize(lambda t: _ms(t))(total), "")
+    z = np.where(total > 0, total / size, np.nan)
+    small = n <= TEXT_ROWS
+    fig = go.Figure(go.Heatmap(
+        z=z, x=labels, y=labels, text=text if small else None,
+        texttemplate="%{text}" if small else None, colorscale="Blues",
+        colorbar={"title": name}, zmin=0, customdata=hover,
+        hovertemplate="%{customdata}<extra></extra>", xgap=int(small), ygap=int(small)))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
-    return base_layout(fig, f"{title} ({name}, from row to column)", height=_height(n))
+    # short enough for half the page's width: the axes say from and to
+    what = name if sized else f"{name}, no bytes recorded"
+    blocks = f", blocks of {block}" if block > 1 else ", from row to column"
+    return base_layout(fig, f"{title} ({what}{blocks})", height=_height(n))
