@@ -430,5 +430,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     fig.update_layout(margin={"l": 150, "r": 20, "t": 90, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0,
                               "xanchor": "left", "font": {"size": 10}},
-                      title={"y": 0.98, "yanchor": "top"})
+                      # the title at the top, whatever the height (0.98 of a tall figure
+                      # falls under the legend)
+                      title={"y": 1.0, "yanchor": "top", "pad": {"t": 10}})
     return fig
