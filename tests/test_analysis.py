@@ -317,3 +317,33 @@ def test_no_split_move_onto_a_neighbour_that_is_itself_over() -> None:
     tm = _tiles([(0, 0, 100, 1000), (1, 0, 100, 1000), (2, 0, 100, 150)])
     texts = [a.text for a in analysis.advise(_meta({"all": 0.4}), stages, tm)]
     assert any("IPU2 (25% used) takes layers from IPU1" in t for t in texts)
+
+
+def test_stage_figures_of_many_ranks_are_areas_with_their_figures_in_the_hover() -> None:
+    """200 stages: each series one stepped area (stacked for the time), no text a bar, the
+    idle share in the hover, the bottleneck a red point; 4 stages keep their bars."""
+    from popviz import figures
+    from popviz.figures.stages import LABELLED_BARS
+    from popviz.vocab import MEASURED
+
+    busy = [100] * 200
+    busy[137] = 300  # the bottleneck
+    many = _stages(busy=busy, idle=[50] * 200)
+    many["peak_bytes"] = 2 << 20
+    time = figures.ipu_time_figure(many, naming=MEASURED)
+    parts = [t for t in time.data if t.showlegend is not False]
+    assert parts and all(t.type == "scatter" and t.stackgroup == "time" for t in parts)
+    assert not any(t.mode == "text" for t in time.data)
+    assert "(%{customdata})" in parts[-1].hovertemplate and parts[-1].customdata[137] == \
+        f"{50 / 350:.0%} idle"
+    load = figures.stage_load_figure(many, naming=MEASURED)
+    assert load.data[0].type == "scatter" and load.data[0].text is None
+    red = [t for t in load.data if t.mode == "markers"]
+    assert len(red) == 1 and red[0].x[0] == "stage 137 (rank 137)"
+    stash = figures.stash_figure(many, naming=MEASURED)
+    assert {t.type for t in stash.data} == {"scatter"}
+    few = _stages(busy=[100, 300, 100, 100], idle=[50] * 4)
+    assert len(few) <= LABELLED_BARS
+    assert figures.stage_load_figure(few, naming=MEASURED).data[0].type == "bar"
+    assert any(getattr(t, "mode", None) == "text"
+               for t in figures.ipu_time_figure(few, naming=MEASURED).data)

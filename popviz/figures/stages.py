@@ -3,6 +3,8 @@ stash, AMP (modelled profiles only)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -17,6 +19,23 @@ _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B
           ("recompute_cycles", "recompute", "R"), ("optimiser_cycles", "weight update", "WU"),
           ("other_cycles", "other compute", "compute"),
           ("exchange_cycles", "exchange", "exchange"), ("idle_cycles", "idle", "idle")]
+# a chart of more bars than this (a job's ranks) draws each series as one stepped area
+# (bars a pixel wide: Chromium took 1.4 s for 1,024 stacked bars, and a label a bar
+# overlapped), its figures in the hover
+LABELLED_BARS = 64
+
+
+def _bars(labels: list[str], y: Any, name: str, colour: str, hover: str,
+          stack: str | None = None, **bar: Any) -> go.Bar | go.Scatter:
+    """A bar a label, or past LABELLED_BARS one stepped area (stacked in `stack`)."""
+    if len(labels) <= LABELLED_BARS:
+        return go.Bar(x=labels, y=y, name=name, marker={"color": colour},
+                      hovertemplate=hover, **bar)
+    area = {"stackgroup": stack} if stack else {"fill": "tozeroy"}
+    return go.Scatter(x=labels, y=y, name=name, mode="lines", hovertemplate=hover,
+                      line={"shape": "hvh", "width": 1, "color": colour},
+                      fillcolor=colour, **area, **{k: v for k, v in bar.items()
+                                                    if k in ("customdata", "showlegend")})
 
 
 def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
@@ -33,13 +52,19 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     fig = go.Figure()
     for col, name, colour in _PARTS:
         if col in bal.columns and bal[col].sum() > 0:
-            fig.add_trace(go.Bar(x=labels, y=bal[col], name=name,
-                                 marker={"color": CATEGORY_COLOURS[colour]},
-                                 hovertemplate="%{x}: %{y:,.0f} " + unit + "<extra>" + name
-                                 + "</extra>"))
-    fig.add_trace(go.Scatter(
-        x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
-        text=[f"{b:.0%} idle" for b in bal["bubble_fraction"]], textposition="top center"))
+            fig.add_trace(_bars(labels, bal[col], name, CATEGORY_COLOURS[colour],
+                                "%{x}: %{y:,.0f} " + unit + "<extra>" + name + "</extra>",
+                                stack="time"))
+    idle = [f"{b:.0%} idle" for b in bal["bubble_fraction"]]
+    if len(labels) <= LABELLED_BARS:
+        fig.add_trace(go.Scatter(
+            x=labels, y=bal["total_cycles"], mode="text", showlegend=False, hoverinfo="skip",
+            text=idle, textposition="top center"))
+    else:  # no room for a label a bar: the idle share in the top part's hover
+        top = fig.data[-1] if fig.data else None
+        if top is not None:
+            top.customdata = idle
+            top.hovertemplate = top.hovertemplate.replace("<extra>", " (%{customdata})<extra>")
     fig.update_yaxes(title_text=f"{unit} per step" if naming.in_ns else unit,
                      tickformat=",d")
     base_layout(fig, title + " (bubble fraction on top)", height=380)
@@ -62,13 +87,23 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
     unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT and not one_device
     colours = ["#c53a32" if i == top and unbalanced else "#3b75af" for i in bal.index]
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
-    fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
-                           text=[f"{x:.2f}x" for x in bal["relative_load"]],
-                           # inside the bar's top: an outside label of a bar near the
-                           # mean (0.97x) sat on the mean line
-                           textposition="inside", insidetextanchor="end",
-                           textfont={"color": "white"}, showlegend=False,
-                           hovertemplate="%{x}: %{y:.2f}x the mean busy time<extra></extra>"))
+    hover = "%{x}: %{y:.2f}x the mean busy time<extra></extra>"
+    if len(labels) <= LABELLED_BARS:
+        fig = go.Figure(go.Bar(x=labels, y=bal["relative_load"], marker={"color": colours},
+                               text=[f"{x:.2f}x" for x in bal["relative_load"]],
+                               # inside the bar's top: an outside label of a bar near the
+                               # mean (0.97x) sat on the mean line
+                               textposition="inside", insidetextanchor="end",
+                               textfont={"color": "white"}, showlegend=False,
+                               hovertemplate=hover))
+    else:  # one area, the bottleneck a red point on it when it is one
+        fig = go.Figure(_bars(labels, bal["relative_load"], "load", "#3b75af", hover,
+                              showlegend=False))
+        if unbalanced:
+            at = list(bal.index).index(top)
+            fig.add_trace(go.Scatter(x=[labels[at]], y=[bal["relative_load"].iloc[at]],
+                                     mode="markers", marker={"color": "#c53a32", "size": 9},
+                                     showlegend=False, hovertemplate=hover))
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
     note = (f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
@@ -85,13 +120,17 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
     labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
     held = stash(s)  # the metrics core's definition: depth x bytes per micro-batch
     fig = go.Figure([
-        go.Bar(x=labels, y=held["stash_bytes"] / MiB, name="stash",
-               marker={"color": "#8e6bbf"},
-               customdata=stash_column(s, measured=naming.measured),
-               hovertemplate="%{x}: stash %{customdata}<extra></extra>"),
-        go.Bar(x=labels, y=s["peak_bytes"] / MiB, name="peak liveness",
-               marker={"color": "#ef8636"},
-               hovertemplate="%{x}: peak %{y:,.1f} MiB<extra></extra>"),
+        _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
+              "%{x}: peak %{y:,.1f} MiB<extra></extra>"),
+        _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
+              "%{x}: stash %{customdata}<extra></extra>",
+              customdata=stash_column(s, measured=naming.measured)),
+    ] if len(labels) > LABELLED_BARS else [  # areas: the smaller one drawn over the larger
+        _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
+              "%{x}: stash %{customdata}<extra></extra>",
+              customdata=stash_column(s, measured=naming.measured)),
+        _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
+              "%{x}: peak %{y:,.1f} MiB<extra></extra>"),
     ])
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="MiB")
