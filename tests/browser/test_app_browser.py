@@ -112,6 +112,20 @@ def box_select_trace(page: Any, start: float, width: float) -> None:
                            ".innerText.startsWith('Selected range')", timeout=20_000)
 
 
+def click_liveness_point(page: Any, point_js: str) -> None:
+    """A real click on /liveness' curve at the pixel `point_js` (a JS function returning
+    [x, y] in the page) gives, scrolled into view first; waits until the variables'
+    heading has changed."""
+    page.evaluate(f"() => window.scrollBy(0, ({point_js})()[1] - 450)")  # in the viewport
+    page.wait_for_timeout(300)
+    spot = page.evaluate(point_js)
+    head = page.inner_text("#live-vars-head")
+    page.mouse.move(spot[0], spot[1])
+    page.mouse.click(spot[0], spot[1])
+    page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
+                           arg=head, timeout=20_000)
+
+
 def _plot_traces(page: Any) -> list[int]:
     """Number of traces with at least one computed point, per Plotly graph on the page
     (calcdata: numpy arrays arrive base64-encoded, so `data[i].x.length` would lie)."""

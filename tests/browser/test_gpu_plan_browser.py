@@ -17,7 +17,7 @@ from popviz.options import Options
 from tooling.gpu_programs import gpu_program
 
 from .conftest import SCREENSHOTS, serving
-from .test_app_browser import _open
+from .test_app_browser import _open, click_liveness_point
 from .test_lanes_browser import _zoom
 
 pytestmark = pytest.mark.browser
@@ -141,14 +141,7 @@ def test_a_click_on_a_gpu_plans_liveness_lists_its_tensors(browser_context: Any,
             const L = g._fullLayout, b = g.getBoundingClientRect();
             return [b.left + L.xaxis._offset + L.xaxis.l2p(p.x),
                     b.top + L.yaxis._offset + L.yaxis.l2p(p.y)]; }}"""
-        page.evaluate(f"() => window.scrollBy(0, ({star})()[1] - 450)")
-        page.wait_for_timeout(300)
-        spot = page.evaluate(star)
-        head = page.inner_text("#live-vars-head")
-        page.mouse.move(spot[0], spot[1])
-        page.mouse.click(spot[0], spot[1])
-        page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
-                               arg=head, timeout=20_000)
+        click_liveness_point(page, star)
         assert page.inner_text("#live-vars-head").startswith("GPU 0, step")
         assert page.locator("#live-vars-box td").count() > 0
         assert page.locator("#live-ipu").count() == 0

@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import SCREENSHOTS
 from .test_analyser_browser import _modelled_with_ops
-from .test_app_browser import _open
+from .test_app_browser import _open, click_liveness_point
 
 pytestmark = pytest.mark.browser
 
@@ -202,14 +202,7 @@ def test_liveness_per_ipu_axes_and_a_heat_map_that_follows(browser_context: Any,
         const p = g.calcdata[i][0], L = g._fullLayout, b = g.getBoundingClientRect();
         return [b.left + L.xaxis3._offset + L.xaxis3.l2p(p.x),
                 b.top + L.yaxis3._offset + L.yaxis3.l2p(p.y)]; }}"""
-    page.evaluate(f"() => window.scrollBy(0, ({star})()[1] - 450)")  # in the viewport
-    page.wait_for_timeout(300)
-    spot = page.evaluate(star)
-    head = page.inner_text("#live-vars-head")
-    page.mouse.move(spot[0], spot[1])
-    page.mouse.click(spot[0], spot[1])
-    page.wait_for_function("b => document.querySelector('#live-vars-head').innerText != b",
-                           arg=head, timeout=20_000)
+    click_liveness_point(page, star)
     page.wait_for_function("b => document.querySelector('#tile-live-graph .gtitle')"
                            ".textContent != b", arg=before, timeout=20_000)
     assert page.text_content("#tile-live-graph .gtitle").endswith("IPU2")
