@@ -356,3 +356,32 @@ def test_rows_are_bounded_by_the_exact_counts_at_the_end() -> None:
     written.add("ops", pd.DataFrame({"op_id": [2], "microbatch": [50]}))
     with pytest.raises(ProfileError, match=r"job: ops\.microbatch"):
         written.check({}, {}, "job")
+
+
+def test_import_says_each_rank_parsed_and_the_writing_at_most_once_a_second(
+        job: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal (a log or a pipe gets the result or the one-line error alone)."""
+    from popviz.cli.import_ import _Written
+    from popviz.cli.main import main
+
+    assert main(["import", *map(str, job), "--to", str(tmp_path / "quiet")]) == 0
+    assert "popviz: parsed" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["import", *map(str, job), "--to", str(tmp_path / "p")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    parsed = [line for line in err if line.startswith("popviz: parsed rank")]
+    written = [line for line in err if line.startswith("popviz: written rank")]
+    assert len(parsed) == len(job) and parsed[-1].startswith("popviz: parsed rank")
+    assert f"({len(job)}/{len(job)})" in parsed[-1]
+    # the first and the last at least; never more than one a rank
+    assert 1 <= len(written) <= len(job) and written[-1].endswith(f"({len(job)}/{len(job)})")
+    # the throttle, on a fake clock: 10 ranks written 0.3 s apart -> the first, those a
+    # second after the last shown, and the last
+    now = [0.0]
+    shown = _Written(clock=lambda: now[0])
+    for k in range(1, 11):
+        shown(k, 10, k - 1)
+        now[0] += 0.3
+    lines = [line for line in capsys.readouterr().err.splitlines() if "written" in line]
+    assert [line.split("(")[1] for line in lines] == ["1/10)", "5/10)", "9/10)", "10/10)"]

@@ -4,8 +4,11 @@ per rank) into a measured profile."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from popviz.argtypes import non_empty_path
@@ -55,6 +58,23 @@ def _said(done: int, total: int, part: RankPart) -> None:
           flush=True)
 
 
+class _Written:
+    """`popviz: written rank R (i/n)` on stderr, at most once a second and for the last:
+    a job of a thousand ranks writes a few a second, and a line for each would bury the
+    parse lines and any warning."""
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.every_s, self.clock, self.last = every_s, clock, -math.inf
+
+    def __call__(self, done: int, total: int, rank: int) -> None:
+        now = self.clock()
+        if done == total or now - self.last >= self.every_s:
+            self.last = now
+            print(f"popviz: written rank {rank} ({done}/{total})", file=sys.stderr,
+                  flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     from popviz.format.guards import check_target, refuse_special_input
     from popviz.ingest.import_rank import DATA_ERRORS, data_error
@@ -72,13 +92,17 @@ def _run(args: argparse.Namespace) -> int:
         refuse_special_input(given)
     # a FIFO, an input, a user's own file or folder: never written; a profile: with --force
     check_target(args.to, force=args.force, inputs=inputs)
+    # a job's progress on a terminal (a log or a pipe gets the result or the one-line
+    # error alone); on a cluster the parsed ranks are said as they always were
+    progress = len(args.traces) > 1 and sys.stderr.isatty()
     try:
         path = import_trace(args.traces, args.to, memory_snapshot=args.memory_snapshot,
                             command_line=args.command_line,
                             workers=workers, scheduler=scheduler,
                             on_warning=lambda w: print(f"popviz: warning: {w}",
                                                        file=sys.stderr),
-                            on_progress=_said if scheduler else None)
+                            on_progress=_said if scheduler or progress else None,
+                            on_written=_Written() if progress else None)
     except DATA_ERRORS as exc:  # a data error the importer did not name: still one line
         return fail(str(data_error(" ".join(args.traces[:4]), exc)), EXIT_BAD_PROFILE)
     print(f"imported {len(args.traces)} trace(s) into {path}")

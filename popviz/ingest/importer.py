@@ -137,13 +137,15 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
                  command_line: str | None = None, workers: int = 1,
                  scheduler: str | None = None,
                  on_warning: Callable[[str], None] | None = None,
-                 on_progress: Callable[[int, int, RankPart], None] | None = None) -> Path:
+                 on_progress: Callable[[int, int, RankPart], None] | None = None,
+                 on_written: Callable[[int, int, int], None] | None = None) -> Path:
     """Import torch.profiler traces (one file per rank) into a measured profile at `to`
     (a .h5 path or a directory to hold profile.h5); returns its path. With `workers` > 1
     (0: one per CPU) the ranks are parsed in that many worker processes; with `scheduler`
     ("local", or a Dask scheduler's address) on a Dask cluster (`import_dask`), which also
-    finishes each rank, calling `on_progress(done, total, part)` as each is parsed.
-    `on_warning` is called with each one-line warning (also kept in meta.warnings). The
+    finishes each rank. `on_progress(done, total, part)` is called as each rank is parsed
+    (here or on the cluster), `on_written(done, total, rank)` as each is written into the
+    profile. `on_warning` is called with each one-line warning (also kept in meta.warnings). The
     profile is written rank by rank (import_merge, format/stream.py): memory holds a few
     ranks' tables, not the job's."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -162,7 +164,11 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
         with contextlib.ExitStack() as stack:
             if scheduler is None:
                 store = stack.enter_context(PartStore())
-                lights = [store.put(part) for part in rank_parts(paths, workers)]
+                lights = []
+                for part in rank_parts(paths, workers):
+                    lights.append(store.put(part))
+                    if on_progress is not None:
+                        on_progress(len(lights), len(paths), part)
             else:
                 from popviz.ingest.import_dask import dask_ranks
 
@@ -181,12 +187,12 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
 
             def finisher(plan: JobPlan, args: list[RankArgs], between: Callable[[], None]
                          ) -> Iterator[FinishedRank]:
-                if scheduler is None:
-                    yield from finished_here(plan, store, args, between)
-                    return
-                for done in job.finished(order, args, plan.p2p):
-                    between()
-                    yield done
+                ranks = finished_here(plan, store, args, between) if scheduler is None \
+                    else _checked(job.finished(order, args, plan.p2p), between)
+                for k, done in enumerate(ranks, 1):
+                    yield done  # written when the merge asks for the next one
+                    if on_written is not None:
+                        on_written(k, len(traces), traces[k - 1].rank)
 
             path, meta = _write_job(traces, finisher, to, label, snapshots,
                                     command_line or " ".join(sys.argv))
@@ -200,6 +206,14 @@ def import_trace(paths: PathLike | Iterable[PathLike], to: PathLike,
 
 
 Finisher = Callable[[JobPlan, list[RankArgs], Callable[[], None]], Iterable[FinishedRank]]
+
+
+def _checked(ranks: Iterable[FinishedRank], between: Callable[[], None]
+             ) -> Iterator[FinishedRank]:
+    """`ranks`, with `between` (an interrupt check) before each."""
+    for done in ranks:
+        between()
+        yield done
 
 
 def _write_job(traces: list[RankPart], finisher: Finisher, to: PathLike, label: str,
