@@ -51,3 +51,38 @@ def test_one_rank_or_one_stage_per_rank_keeps_the_old_order() -> None:
         a = build_schedule(n, 4, 1, True, "Interleaved1F1B", 1, True, ranks=ranks)
         b = build_schedule(n, 4, 1, True, "1F1B", 1, True)
         pd.testing.assert_frame_equal(a.actions, b.actions)
+
+
+def test_megatron_blocks_each_send_until_it_is_done() -> None:
+    """Megatron-LM's batched p2p waits for every send (`_communicate`: req.wait(), then
+    torch.cuda.synchronize()): a stage's next action starts when its send has finished,
+    so an interleaved schedule, which sends at every chunk, pays for its sends; without
+    blocking the sender goes on at once."""
+    import numpy as np
+
+    from popviz.compiler.bsp import StageCosts
+    from popviz.compiler.gpu_timing import time_gpu_schedule
+    from popviz.target.gpu import A100_80GB
+
+    p, v, m = 2, 2, 4
+    n = p * v
+    costs = StageCosts(
+        ipu=np.arange(n) % p, forward=np.full(n, 1_000_000), recompute=np.zeros(n),
+        backward=np.full(n, 2_000_000), optimiser=np.zeros(n),
+        boundary_bytes=np.array([0] + [64 << 20] * (n - 1)), grad_bytes=np.zeros(n),
+        offload_bytes=np.zeros(n), input_bytes=0, output_bytes=0)
+    schedule = build_schedule(n, m, 1, True, "Interleaved1F1B", 1, False, ranks=p)
+    free = time_gpu_schedule(schedule, costs, A100_80GB, p, 1)
+    held = time_gpu_schedule(schedule, costs, A100_80GB, p, 1, blocking_sends=True)
+    send = A100_80GB.p2p_ns(64 << 20, "nvlink")
+    assert send > 100_000
+    assert held.total_ns > free.total_ns
+    acts = held.actions.sort_values(["gpu", "start"])
+    for _, rows in acts.groupby("gpu"):
+        rows = rows.reset_index(drop=True)
+        for k in range(len(rows) - 1):
+            a = rows.iloc[k]
+            sends = (a["pass"] == "F" and a["stage"] < n - 1) or \
+                (a["pass"] == "B" and a["stage"] > 0)
+            if sends:  # the next action waits at least for the send
+                assert rows.iloc[k + 1]["start"] >= a["end"] + send - 1

@@ -193,10 +193,11 @@ def compile_gpu(program: Program, options: Options, target: GpuTarget) -> Report
     schedule = build_schedule(n, microbatches, iterations, options.training, kind,
                               options.replication_factor, has_wu, costs.recompute > 0,
                               ranks=plan.num_ipus, pass_ns=pass_ns)
-    timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
-                               options.replication_factor, fabric)
-    stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
     recipe = recipe_named(options.gpu_precision)
+    timing = time_gpu_schedule(schedule, costs, target, plan.num_ipus,
+                               options.replication_factor, fabric,
+                               blocking_sends=recipe.blocking_p2p)
+    stage_gpu = plan.stages["ipu"].to_numpy(np.int64)
     step_bytes = step_bytes_per_stage(program.tensors, t_stage, n, recipe,
                                       options.replication_factor) if has_wu else None
     memory = replay_memory(ops, _lifetimes(program, options), t_stage, timing.actions,

@@ -84,6 +84,10 @@ class GpuRecipe:
     # accumulates into the grad buffer in its epilogue (fused_weight_gradient_mlp_cuda's
     # wgrad_gemm_accum_fp16 / _fp32), no add kernel per micro-batch
     fused_wgrad: bool = False
+    # Megatron-LM's pipeline p2p (batch_p2p_comm, batch_p2p_sync by default): each send /
+    # recv is waited for and followed by torch.cuda.synchronize() (p2p_communication.py
+    # `_communicate`), so a stage's next action starts after its send has finished
+    blocking_p2p: bool = False
 
     def bytes_per_param(self, replicas: int = 1, states: int = 2) -> float:
         """Persistent bytes per parameter with `states` optimiser states (Adam: 2)."""
@@ -103,20 +107,20 @@ RECIPES: dict[str, GpuRecipe] = {r.name: r for r in (
               "master and Adam m, v = 16 B/param (+4 fp32 grads in the step), fp16 "
               "activations and GEMMs", "float16", weight_bytes=2, grad_bytes=2,
               master_bytes=4, step_bytes=4, persistent_grads=True, fused_optimiser=True,
-              fused_softmax=True, fused_wgrad=True),
+              fused_softmax=True, fused_wgrad=True, blocking_p2p=True),
     GpuRecipe("megatron-bf16", f"{_MEGATRON} --bf16: bf16 weights, fp32 main grads, fp32 "
               "master and Adam m, v = 18 B/param, bf16 activations and GEMMs", "bfloat16",
               weight_bytes=2, grad_bytes=4, master_bytes=4, persistent_grads=True,
-              fused_optimiser=True, fused_softmax=True, fused_wgrad=True),
+              fused_optimiser=True, fused_softmax=True, fused_wgrad=True, blocking_p2p=True),
     GpuRecipe("megatron-fp16-distopt", f"{_MEGATRON} --fp16 --use-distributed-optimizer: "
               "4 + 12/d B/param over d data-parallel replicas (+4/d in the step)", "float16",
               weight_bytes=2, grad_bytes=2, master_bytes=4, step_bytes=4,
               persistent_grads=True, sharded=True, fused_optimiser=True, fused_softmax=True,
-              fused_wgrad=True),
+              fused_wgrad=True, blocking_p2p=True),
     GpuRecipe("megatron-bf16-distopt", f"{_MEGATRON} --bf16 --use-distributed-optimizer: "
               "6 + 12/d B/param over d data-parallel replicas", "bfloat16", weight_bytes=2,
               grad_bytes=4, master_bytes=4, persistent_grads=True, sharded=True,
-              fused_optimiser=True, fused_softmax=True, fused_wgrad=True),
+              fused_optimiser=True, fused_softmax=True, fused_wgrad=True, blocking_p2p=True),
     GpuRecipe("amp", "plain torch.autocast (bf16; fp16 holds the same bytes): fp32 weights, "
               ".grad, Adam m, v = 16 B/param, plus a half copy of each GEMM weight per "
               "micro-batch in flight; half activations and GEMMs, autocast's fp32 ops in "

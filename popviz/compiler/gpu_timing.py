@@ -1,5 +1,6 @@
 """Timing a schedule on GPUs: each GPU runs its actions in schedule order on one compute
-stream; NCCL transfers run on their own stream (asynchronous: the sender goes on).
+stream; NCCL transfers run on their own stream (asynchronous: the sender goes on), or,
+under Megatron-LM's recipes, block the sender until they are done (`blocking_sends`).
 
 Unlike the IPUs' BSP there is no global sync: an action starts when its GPU is free and
 its inputs have arrived: F(s, m) after F(s-1, m) plus the activation's P2P transfer, B(s, m)
@@ -38,10 +39,12 @@ class GpuTiming:
 
 
 def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
-                      num_gpus: int, replicas: int, fabric: Fabric | None = None
-                      ) -> GpuTiming:
+                      num_gpus: int, replicas: int, fabric: Fabric | None = None,
+                      blocking_sends: bool = False) -> GpuTiming:
     """`fabric` says which link each transfer crosses (gpu_fabric.py; default: the ranks
-    laid out on `target`'s servers)."""
+    laid out on `target`'s servers). `blocking_sends`: the sender's compute waits for its
+    send to finish before its next action, as Megatron-LM's batched p2p does
+    (`_communicate`: `req.wait()` on every request, then `torch.cuda.synchronize()`)."""
     fabric = fabric or Fabric(target, num_gpus, replicas)
     a = schedule.actions.reset_index(drop=True)
     n = len(costs.ipu)
@@ -94,6 +97,12 @@ def time_gpu_schedule(schedule: Schedule, costs: StageCosts, target: GpuTarget,
             ready = t0 + ar
         start[i], end[i] = ready, ready + dur[i]
         free_at[g] = end[i]
+        if blocking_sends:  # F sends its activation on, B its gradient back
+            to, nbytes = (s + 1, costs.boundary_bytes[s + 1]) if p == "F" and s < n - 1 \
+                else (s - 1, costs.boundary_bytes[s]) if p == "B" and s > 0 else (s, 0)
+            if nbytes > 0 and int(costs.ipu[to]) != g:
+                free_at[g] = end[i] + target.p2p_ns(int(nbytes), fabric.p2p_link(
+                    g, int(costs.ipu[to])))
         done[(s, m, p)] = end[i]
         if p in ("B", "W"):
             last_b[s] = max(last_b.get(s, 0.0), end[i])
