@@ -166,7 +166,7 @@ def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go
         text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
     else:
         size, name = 1e6, "ms on the wire"
-        text = np.where(total > 0, np.vectorize(lambda t: _ms(t))(total), "")
+        text = np.where(total > 0, np.vectorize(_ms)(total), "")
     z = np.where(total > 0, total / size, np.nan)
     small = n <= TEXT_ROWS
     fig = go.Figure(go.Heatmap(

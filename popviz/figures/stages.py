@@ -27,15 +27,15 @@ LABELLED_BARS = 64
 
 def _bars(labels: list[str], y: Any, name: str, colour: str, hover: str,
           stack: str | None = None, **bar: Any) -> go.Bar | go.Scatter:
-    """A bar a label, or past LABELLED_BARS one stepped area (stacked in `stack`)."""
+    """A bar a label, or past LABELLED_BARS one stepped area (stacked in `stack`);
+    `bar`: what both take (customdata, showlegend)."""
     if len(labels) <= LABELLED_BARS:
         return go.Bar(x=labels, y=y, name=name, marker={"color": colour},
                       hovertemplate=hover, **bar)
     area = {"stackgroup": stack} if stack else {"fill": "tozeroy"}
     return go.Scatter(x=labels, y=y, name=name, mode="lines", hovertemplate=hover,
                       line={"shape": "hvh", "width": 1, "color": colour},
-                      fillcolor=colour, **area, **{k: v for k, v in bar.items()
-                                                    if k in ("customdata", "showlegend")})
+                      fillcolor=colour, **area, **bar)
 
 
 def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
@@ -119,19 +119,14 @@ def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per s
     s = stages.sort_values("stage")
     labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
     held = stash(s)  # the metrics core's definition: depth x bytes per micro-batch
-    fig = go.Figure([
-        _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
-              "%{x}: peak %{y:,.1f} MiB<extra></extra>"),
-        _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
-              "%{x}: stash %{customdata}<extra></extra>",
-              customdata=stash_column(s, measured=naming.measured)),
-    ] if len(labels) > LABELLED_BARS else [  # areas: the smaller one drawn over the larger
-        _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
-              "%{x}: stash %{customdata}<extra></extra>",
-              customdata=stash_column(s, measured=naming.measured)),
-        _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
-              "%{x}: peak %{y:,.1f} MiB<extra></extra>"),
-    ])
+    stash_part = _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
+                       "%{x}: stash %{customdata}<extra></extra>",
+                       customdata=stash_column(s, measured=naming.measured))
+    peak_part = _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
+                      "%{x}: peak %{y:,.1f} MiB<extra></extra>")
+    # grouped bars: stash first; areas: the smaller one drawn over the larger
+    fig = go.Figure([peak_part, stash_part] if len(labels) > LABELLED_BARS
+                    else [stash_part, peak_part])
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="MiB")
     return base_layout(fig, title, height=340)
