@@ -101,8 +101,31 @@ def test_efficientnet_g16_variant_groups_16_channels_and_expands_4x() -> None:
     assert conv.in_channels == 4 * g16.blocks[2].expand[0].in_channels
     assert g16.blocks[0].depthwise[0].in_channels == 48  # block1a keeps expand ratio 1
     assert "block4a" in g16.popviz_split_names  # the published 2-stage split
-    with pytest.raises(ValueError, match="no variants"):
+    with pytest.raises(ValueError, match="no variant group_dim"):
         models.build("resnet", 50, variant={"group_dim": 16})
+
+
+def test_the_group_norm_variant_normalises_as_graphcores_tensorflow_cnns() -> None:
+    import torch
+    from torch import nn
+
+    rx = models.build("resnext", 50, num_classes=2, variant={"group_norm": 32})
+    norms = [m for m in rx.modules() if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm))]
+    assert norms and all(isinstance(m, nn.GroupNorm) for m in norms)
+    assert {m.num_groups for m in norms} == {32}
+    # the last norm of each residual branch keeps its zero gamma (every unit the identity)
+    assert float(rx.layer1[0].bn3.weight.detach().abs().sum()) == 0.0
+    # EfficientNet's 4 groups (its configurations' `groups: 4`); 48 channels split 4 ways
+    ef = models.build("efficientnet", 0, num_classes=2, variant={"group_norm": 4})
+    assert {m.num_groups for m in ef.modules() if isinstance(m, nn.GroupNorm)} == {4}
+    # a model of it trains: the step runs and the loss is finite
+    _logits, loss = rx(torch.randn(2, 3, 32, 32), torch.tensor([0, 1]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="positive number of groups"):
+        models.build("resnet", 18, variant={"group_norm": 0})
+    with pytest.raises(ValueError, match="no variant group_norm"):
+        models.build("tutorial", variant={"group_norm": 4})
 
 
 def test_efficientnet_scaling_and_block_names() -> None:

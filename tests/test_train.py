@@ -139,6 +139,16 @@ def test_plan_only_records_without_computing(tmp_path: Path,
     assert prof.meta["model"]["input_shape"] == [2, 3, 64, 64]
 
 
+def test_group_norm_records_the_group_norms_graphcores_cnns_train_with(tmp_path: Path) -> None:
+    assert main(["--model", "resnext", "--model-size", "50", "--group-norm", "32",
+                 "--image-size", "64", "--batch-size", "2", "--plan-only", "--quiet",
+                 "--profile", "--profile-dir", str(tmp_path)]) == 0
+    ops = popviz.open(tmp_path).ops
+    norms = ops.loc[ops["op_class"] == "norm", "op"]
+    assert norms.str.contains("group_norm").all() and len(norms) > 100
+    assert not norms.str.contains("batch_norm").any()
+
+
 ERRORS = [
     (["--model", "resnet", "--model-size", "50", "--shards", "2", "--pipeline",
       "--pipeline-splits", "b9/9"], ["unknown split name", "b1/2/relu"]),
@@ -161,6 +171,10 @@ ERRORS = [
     (["--learning-rate", "0"], ["--learning-rate must be a finite number > 0"]),
     (["--learning-rate", "nan"], ["--learning-rate must be a finite number > 0, got nan"]),
     (["--learning-rate", "inf"], ["--learning-rate must be a finite number > 0, got inf"]),
+    (["--group-norm", "4"], ["--group-norm is for the CNN app"]),
+    (["--model", "resnet", "--group-norm", "0"], ["give a positive number of groups"]),
+    (["--model", "resnet", "--inference", "--group-norm", "32", "--fold-batch-norms"],
+     ["no batch norm for --fold-batch-norms"]),
 ]
 
 

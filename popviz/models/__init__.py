@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from popviz.models.common import SyntheticImages
+from popviz.models.common import SyntheticImages, with_group_norm
 from popviz.models.efficientnet import SIZES as EFFICIENTNET_SIZES
 from popviz.models.efficientnet import EfficientNet
 from popviz.models.mnist import TutorialNet
@@ -47,20 +47,30 @@ def build(name: str, size: Any = None, num_classes: int | None = None,
           image_size: int | None = None, variant: dict[str, Any] | None = None) -> nn.Module:
     """A freshly initialised reference model. `num_classes` defaults to 10 for the tutorial
     and 1000 (ImageNet) otherwise; `image_size` only matters for the tutorial CNN (the CNNs
-    pool globally and take any input of at least 32x32). `variant`: EfficientNet's
-    `group_dim` / `expand_ratio` (Graphcore's G16 variant)."""
+    pool globally and take any input of at least 32x32). `variant`: `group_norm` (a
+    number of groups: every batch norm a group norm, as Graphcore's TensorFlow CNNs train
+    by default) for the CNNs, and EfficientNet's `group_dim` / `expand_ratio` (Graphcore's
+    G16 variant)."""
     size = check(name, size)
-    if variant and name != "efficientnet":
-        raise ValueError(f"model {name!r} has no variants (only efficientnet: group_dim, "
-                         "expand_ratio)")
+    variant = dict(variant or {})
+    groups = variant.pop("group_norm", None)
+    allowed = ("group_dim", "expand_ratio") if name == "efficientnet" else ()
+    unknown = sorted(set(variant) - set(allowed)) + (["group_norm"] if groups is not None
+                                                     and name == "tutorial" else [])
+    if unknown:
+        valid = ", ".join(("group_norm", *allowed)) if name != "tutorial" else "none"
+        raise ValueError(f"model {name!r} has no variant {', '.join(unknown)} "
+                         f"(valid: {valid})")
     if name == "tutorial":
         return TutorialNet(image_size or 28, num_classes or 10)
     classes = num_classes or 1000
     if name == "resnet":
-        return resnet(size, classes)
-    if name == "resnext":
-        return resnext(size, classes)
-    return EfficientNet(size, classes, **(variant or {}))
+        model: nn.Module = resnet(size, classes)
+    elif name == "resnext":
+        model = resnext(size, classes)
+    else:
+        model = EfficientNet(size, classes, **variant)
+    return model if groups is None else with_group_norm(model, int(groups))
 
 
 def native_resolution(name: str, size: Any = None) -> int:

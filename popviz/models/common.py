@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -56,3 +57,26 @@ class SyntheticImages:
         labels = torch.randint(0, self.num_classes, (batch_size,), generator=self._gen)
         noise = torch.randn((batch_size, *self.shape), generator=self._gen)
         return self.templates[labels] + self.noise * noise, labels
+
+
+def with_group_norm(model: nn.Module, groups: int) -> nn.Module:
+    """`model` with every BatchNorm2d replaced by a GroupNorm of min(`groups`, channels)
+    groups, as Graphcore's TensorFlow CNN application normalises by default (Models/
+    resnet.py, resnext.py, efficientnet.py at graphcore/examples b30108f: `group_norm`
+    unless `--batch-norm`; `groups` 32 for ResNet / ResNeXt, 4 in the EfficientNet-B4
+    configurations). Each norm keeps its epsilon and its affine parameters' values (a
+    zero-initialised gamma stays zero)."""
+    if groups < 1:
+        raise ValueError(f"group_norm must be a positive number of groups, got {groups}")
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.BatchNorm2d):
+            channels = child.num_features
+            norm = nn.GroupNorm(math.gcd(min(groups, channels), channels), channels,
+                                eps=child.eps)
+            with torch.no_grad():
+                norm.weight.copy_(child.weight)
+                norm.bias.copy_(child.bias)
+            setattr(model, name, norm)
+        else:
+            with_group_norm(child, groups)
+    return model

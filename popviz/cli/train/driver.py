@@ -42,8 +42,9 @@ def _data(args: argparse.Namespace, stream: int) -> SyntheticImages:
 
 def _model(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(args.seed)
+    variant = {} if args.group_norm is None else {"group_norm": args.group_norm}
     return build(args.name, args.model_size, num_classes=args.num_classes,
-                 image_size=args.image_size)
+                 image_size=args.image_size, variant=variant)
 
 
 def _debug(args: argparse.Namespace, options: Any, model: torch.nn.Module) -> None:

@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CNN application model (default: the PopTorch tutorial's MNIST CNN)")
     g.add_argument("--model-size", type=int, help="ResNet 18/34/50/101/152, ResNeXt "
                    "50/101, EfficientNet 0-4 (default 50, 101, 0)")
+    g.add_argument("--group-norm", type=int, metavar="GROUPS",
+                   help="CNN app: group norm of GROUPS groups (fewer where a layer has "
+                   "fewer channels) in place of every batch norm, as Graphcore's TensorFlow "
+                   "CNNs train by default (32 for ResNet / ResNeXt, 4 for EfficientNet)")
     g.add_argument("--dataset", choices=("imagenet",), default="imagenet",
                    help="CNN app dataset shape (1000 classes); data is always synthetic")
     g.add_argument("--num-classes", type=int, help="classes (default 10 tutorial, 1000 CNN)")
@@ -150,6 +154,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     args.name = "tutorial" if tutorial else args.model
+    if args.group_norm is not None and (tutorial or args.group_norm < 1):
+        _error("--group-norm is for the CNN app (--model)" if tutorial else
+               f"--group-norm {args.group_norm}: give a positive number of groups")
+    if args.group_norm is not None and args.fold_batch_norms:
+        _error("--group-norm leaves no batch norm for --fold-batch-norms to fold")
     # the TF CNN app feeds EfficientNet its native resolution (B4: 380)
     native = models.native_resolution(args.name, args.model_size)
     _default(args, "image_size", native)
