@@ -92,8 +92,8 @@ PROVENANCE: dict[str, Provenance] = {
         "weight-update rearrangements) is PopLibs' own estimate of each dense layer within "
         "8% (bench/bench_poplibs_layers.py: 81 layers against PopLibs' pinned IpuModel "
         "cycles), and ResNet-50 inference on a C600 runs at that estimate (the held-out "
-        "PopRT / ByteMLPerf points: -0.1% / +5% / -4% at 1, -17% to -24% as fitted). So "
-        "0.79 is not the convolutions' own rate on hardware: it carries training work the "
+        "PopRT / ByteMLPerf points: -0.1% / +5% / -4% at 1, -15% to -23% as fitted). So "
+        "0.81 is not the convolutions' own rate on hardware: it carries training work the "
         "model misses outside them (vector_efficiency sits at its 0.7 bound), the open "
         "mechanism of docs/cost-model.md section 6"),
     "vector_efficiency": Provenance(

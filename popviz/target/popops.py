@@ -235,5 +235,6 @@ def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: 
     if steps == "bias add":
         return supersteps.bias_add(layout, fp16, rate)
     if steps == "norm backward":
-        return supersteps.norm_backward(layout, tiles, fp16, rate)
+        params = supersteps.param_layout(name, out_shape, elements_out, tiles)
+        return supersteps.norm_backward(layout, tiles, fp16, rate, params)
     return supersteps.norm_forward(layout, tiles, fp16, rate)

@@ -13,16 +13,21 @@ from graphcore/poplibs at 7eac0f2 (docs/notes/ipu-model-v4-research.md section 2
   stage when `s < 2 sqrt(tiles)`, else through an intermediate stage (its depth about
   sqrt(s): the plan minimises the messages of both stages), each stage an exchange of
   float partials, a sync and a reduce vertex;
-- a norm's forward (poplin `Norms.cpp` `normStatisticsImpl`, `normWhiten`, `normalise`):
-  both statistics (sum and sum of squares) in one pass, their cross-tile stages, the
-  inverse standard deviation, then four broadcast ops (subtract the mean, scale by it,
-  scale by gamma, add beta), each exchanging the per-channel operand to every tile;
+- a norm's forward (poplin `Norms.cpp` `normStatisticsImpl`): both statistics (sum and
+  sum of squares) in one pass, their cross-tile stages, the inverse standard deviation,
+  then as PopART and TensorFlow call PopLibs (popart `batchnormx.cpp`, tensorflow
+  `popnn/norm.cc`): a batch norm's gamma, beta and statistics folded over the channels
+  into one scale and one shift, two broadcast ops (popnn `batchNormalise` with a combined
+  multiplicand); a group or layer norm whitened per statistic then scaled and shifted per
+  channel (popnn `groupNormalise`: `normWhiten`, `normalise`), four;
 - in inference, with running statistics (popnn `batchNormalise`), the statistics and the
   affine folded into one scale and one shift: two broadcast ops;
-- its backward (`normGradients`, `normStatisticsGradientsImpl`, `normParamGradients`):
-  the whitened input recomputed (two broadcast ops), gamma times the gradient, the
-  gradient times the whitened input, one reduction of both products (which also gives
-  gamma's and beta's gradients), a copy and four more broadcast / scaled-add steps;
+- its backward (`normGradients`, `normStatisticsGradientsImpl`), as the frameworks call
+  it: the whitened input recomputed (two broadcast ops), gamma times the gradient, the
+  gradient times the whitened input, one reduction of both products, a copy and four
+  more broadcast / scaled-add steps; then gamma's and beta's gradients on their own
+  (`normParamGradients` on the unscaled gradient: one more product and one more
+  reduction, per channel);
 - a broadcast of a per-channel operand (popops `BroadcastVectorInner2D`): a channel-grouped
   activation (16 channels innermost, as a convolution lays out its output) runs the
   vertex's 8-wide path, 2 cycles per 8 halves (`vectorInnerAddCoreCycles_half`);
@@ -205,14 +210,23 @@ def _small(values: float, tiles: int, per_element: float) -> ComputeSets:
 
 
 def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
-    """Statistics, inverse standard deviation, then subtract, scale, gamma, beta."""
-    per_channel = layout.per_channel
+    """Statistics and the inverse standard deviation, then the normalisation as the
+    frameworks call PopLibs. Batch norm (PopART's and TensorFlow's BatchNormOpx /
+    NormTrainingOp): gamma x inv-std and beta - mean x that, two ops over the channels,
+    folded into one scale and one shift (popnn `batchNormalise` with a combined
+    multiplicand): two broadcast ops over the values. Group and layer norm (popnn
+    `groupNormalise`): whiten (subtract the mean, scale by the inverse std, per
+    statistic) then gamma and beta per channel: four."""
     stats = _statistics(layout, STATISTICS, tiles, fp16, rate)
     inv_std = _small(layout.groups, tiles, 19 / 4 if fp16 else 8 / 2)  # rsqrt
-    whiten = [_broadcast(layout, fp16, per_channel, rate) for _ in range(2)]
-    affine = [_broadcast(layout, fp16, True, rate) for _ in range(2)]
     total = stats + inv_std
-    for step in (*whiten, *affine):
+    if layout.per_channel:
+        binary = BINARY_HALF if fp16 else BINARY_FLOAT
+        steps = [_small(layout.groups, tiles, binary), _small(layout.groups, tiles, binary)]
+    else:
+        steps = [_broadcast(layout, fp16, False, rate) for _ in range(2)]
+    steps += [_broadcast(layout, fp16, True, rate) for _ in range(2)]
+    for step in steps:
         total += step
     return total
 
@@ -231,11 +245,15 @@ def bias_add(layout: Layout, fp16: bool, rate: float) -> ComputeSets:
     return _broadcast(layout, fp16, True, rate)
 
 
-def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
-    """The whitened input again (subtract, scale), gamma x gradient, x-hat x gradient, one
-    reduction of both (also gamma's and beta's gradients), the statistics' deltas, a copy
-    of the gradient, then x-hat x var-delta, + mean-delta, the scaled add and the
-    inverse standard deviation."""
+def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float,
+                  params: Layout | None = None) -> ComputeSets:
+    """As TensorFlow's and PopART's norm gradients call PopLibs: the whitened input again
+    (subtract, scale), then the input's gradient (`normGradients`,
+    `normStatisticsGradients`: gamma x dy, x-hat x that, one reduction of both, the
+    deltas scaled, a copy of the gradient, x-hat x var-delta, + mean-delta, the scaled add
+    and the inverse std), then gamma's and beta's gradients apart (`normParamGradients` on
+    the unscaled dy: x-hat x dy and one reduction of both per channel, over `params`,
+    the layout of one value per channel; the statistics' own layout by default)."""
     per_channel = layout.per_channel
     binary = BINARY_HALF if fp16 else BINARY_FLOAT
     copy = COPY_HALF if fp16 else COPY_FLOAT
@@ -251,11 +269,28 @@ def norm_backward(layout: Layout, tiles: int, fp16: bool, rate: float) -> Comput
         _broadcast(layout, fp16, per_channel, rate),  # + mean-delta
         _elementwise(layout, binary),  # scaled add of the gradient
         _broadcast(layout, fp16, per_channel, rate),  # x inv-std
+        _elementwise(layout, binary),  # x-hat x dy (gamma's gradient)
+        _statistics(params or layout, STATISTICS, tiles, fp16, rate),  # and beta's
     ]
     total = NONE
     for step in steps:
         total += step
     return total
+
+
+def param_layout(name: str, out_shape: str, elements: float, tiles: int) -> Layout:
+    """Where a norm's per-channel parameter gradients reduce: batch norm's statistics
+    already are per channel; a group norm's channels (dimension 1) are laid out as batch
+    norm's; a layer norm's are its last dimension, each summed over the rows (a tile's
+    values are distinct channels of a few rows)."""
+    shape = dims(out_shape)
+    if "batch_norm" in name or ("group_norm" in name and len(shape) >= 3):
+        return norm_layout("batch_norm", out_shape, elements, tiles)
+    channels = float(shape[-1]) if shape else 1.0
+    per_tile = math.ceil(elements / max(tiles, 1))
+    on_tile = min(channels, per_tile)
+    return Layout(elements, channels, per_tile, on_tile,
+                  sources_per_output(elements, channels, per_tile, on_tile, tiles))
 
 
 def row_layout(out_shape: str, elements: float, tiles: int) -> Layout:
