@@ -21,6 +21,14 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .graph { background: #fff; border: 1px solid #e1e5ea; border-radius: 6px; margin: 8px 0;
          min-width: 0; }
 .row { display: flex; gap: 14px; align-items: flex-start; }
+.static-table { border-collapse: collapse; font-size: 12px; background: #fff;
+                margin: 4px 0 8px; max-width: 100%; display: block; overflow-x: auto; }
+.static-table th { font-weight: 600; background: #f3f5f8; text-align: left;
+                   white-space: normal; }
+.static-table th, .static-table td { border: 1px solid #d6dbe1; padding: 4px 8px;
+                                     max-width: 360px; overflow: hidden;
+                                     text-overflow: ellipsis; white-space: nowrap; }
+.half .static-table td { max-width: 150px; }
 .row.two > * { flex: 1 1 0; }
 .half { flex: 1 1 0; min-width: 0; }
 /* a table in a half-width panel fits it: long text ends in an ellipsis (the full text is in

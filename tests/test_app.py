@@ -142,16 +142,21 @@ def test_summary_says_what_does_not_fit(app: Any) -> None:
 def test_trace_zoom_callback_switches_level_of_detail(app: Any) -> None:
     zoom = app.popviz_callbacks["trace.zoom"]
     search = f"?profile={GOOD}"
-    fig, status, window = zoom({"xaxis.range[0]": 0, "xaxis.range[1]": 2000}, search)
+    fig, status, window, stats, _links = zoom({"xaxis.range[0]": 0, "xaxis.range[1]": 2000},
+                                              search)
     assert fig.layout.meta["mode"] == "events" and "every event drawn" in status
     assert window == {"range": [0, 2000], "how": "Shown window"}
-    fig, status, window = zoom({"xaxis.autorange": True}, search)
+    assert _text(stats[0]).startswith("Shown window: 0 to 2,000 cycles")
+    fig, status, window, stats, links = zoom({"xaxis.autorange": True}, search)
     assert fig.layout.meta["mode"] == "buckets"
-    # the statistics follow the window the zoom wrote (a few bytes, never the figure)
+    # the statistics and links come with the figure, of the window it draws; a cleared
+    # box selection brings back the same ones
     lo, hi = fig.layout.meta["range"]
     assert window["range"] == [lo, hi] and hi - lo > 2000
-    head = _text(app.popviz_callbacks["trace.stats"](None, window, search)[0])
+    head = _text(stats[0])
     assert head.startswith(f"Shown window: {lo:,.0f} to {hi:,.0f} cycles")
+    assert _text(app.popviz_callbacks["trace.stats"](None, window, search)[0]) == head
+    assert _text(app.popviz_callbacks["trace.follow"](None, window, search)) == _text(links)
     with pytest.raises(PreventUpdate):
         zoom({"autosize": True}, search)
     with pytest.raises(PathRefused):
@@ -259,3 +264,22 @@ def test_pages_explain_tables_a_measured_profile_lacks(tmp_path: Path) -> None:
     assert trace.layout.xaxis.title.text == "time (ns)"
     assert [t.split(" · ")[0] for t in trace.layout.yaxis.ticktext
             if " · " in t] == ["rank 0", "rank 1"]  # one lane group per rank
+
+
+def test_a_static_table_shows_cells_as_the_sortable_table_does() -> None:
+    from app.common import static_table
+
+    frame = pd.DataFrame({"ipu": [1003, 2], "cycles": [1234567, 0], "share": [0.12345, 1.5],
+                          "microbatch": [-1, 3], "fits": [True, False],
+                          "op": ["aten.convolution_backward.default", "add"]})
+    tab = static_table("t", frame)
+    head = [th.children for th in tab.children[0].children.children]
+    assert head[0] == "ipu"  # the profile's words for a column (an IPU profile: as is)
+    rows = [[td.children for td in tr.children] for tr in tab.children[1].children]
+    assert rows == [["1003", "1,234,567", "0.1235", "", "yes",
+                     "aten.convolution_backward.default"],
+                    ["2", "0", "1.5", "3", "no", "add"]]
+    # each cell names its column as a DataTable's does; a long text keeps a tooltip
+    cell = tab.children[1].children[0].children[5]
+    assert cell.to_plotly_json()["props"]["data-dash-column"] == "op"
+    assert cell.title == "aten.convolution_backward.default"

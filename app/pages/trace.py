@@ -40,7 +40,7 @@ from ..common import (
     naming,
     op_templates,
     profile_of,
-    table,
+    static_table,
     title_of,
     trace_index,
     x_range,
@@ -186,10 +186,10 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     per_ipu = _pct(per_ipu, "busy_share")
     blocks = [head, html.Div([
         html.Div([html.H3(f"Time by kind ({unit})"),
-                  table("trace-stats-kind", _pct(stats.by_kind), words=words)],
+                  static_table("trace-stats-kind", _pct(stats.by_kind), words=words)],
                  className="half"),
         html.Div([html.H3(f"Per {words.device}"),
-                  table("trace-stats-ipu", per_ipu, words=words)], className="half"),
+                  static_table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
     kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
     linked, on_gpu = entry.get("compute_link", lambda: _compute_link(entry))
@@ -201,15 +201,15 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (measured "
                               + ("GPU time)" if on_gpu else "host time)")),
-                      table("trace-stats-class", _pct(stats.by_class), words=words)],
+                      static_table("trace-stats-class", _pct(stats.by_class), words=words)],
                      className="half"),
             html.Div([html.H3("Top ops (GPU time of the kernels each launched)" if on_gpu
                               else "Top ops (measured host time)"),
-                      table("trace-stats-top", _pct(top_ops), words=words)],
+                      static_table("trace-stats-top", _pct(top_ops), words=words)],
                      className="half"),
         ], className="row"))
         if on_gpu:  # on a CPU rank the compute events are those ops: no second table
-            blocks.append(html.Div([html.H3(kernels_title), table(
+            blocks.append(html.Div([html.H3(kernels_title), static_table(
                 "trace-stats-kernels", _pct(kernels), words=words)]))
     elif stats.measured and not kernels.empty:
         why = ("no kernel in this range names the op that launched it (launched outside "
@@ -219,14 +219,14 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                       "Operations page has each op's total measured GPU time.",
                       className="hint") if on_gpu else html.Div()
         blocks.append(html.Div([html.H3(kernels_title), hint,
-                                table("trace-stats-kernels", _pct(kernels), words=words)]))
+                                static_table("trace-stats-kernels", _pct(kernels), words=words)]))
     elif not stats.by_class.empty:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (modelled)"),
-                      table("trace-stats-class", _pct(stats.by_class), words=words)],
+                      static_table("trace-stats-class", _pct(stats.by_class), words=words)],
                      className="half"),
             html.Div([html.H3("Top ops"),
-                      table("trace-stats-top", _pct(stats.top_ops), words=words)],
+                      static_table("trace-stats-top", _pct(stats.top_ops), words=words)],
                      className="half"),
         ], className="row"))
     if threads(entry):
@@ -247,7 +247,7 @@ def _idle_block(entry: Entry, lo: float, hi: float, words: Naming) -> html.Div:
         html.P("Each gap's next kernel: launched late (the host was busy: what its launching "
                "thread was in when the GPU ran dry), or queued before the gap (the GPU "
                "waited on a dependency).", className="hint"),
-        table("trace-stats-idle", _pct(causes), words=words)])
+        static_table("trace-stats-idle", _pct(causes), words=words)])
 
 
 THREADS_HINT = {  # by whether the ranks ran on GPUs
@@ -361,14 +361,27 @@ def _drawn(fig: Any, how: str) -> dict[str, Any]:
     return _window(lo, hi, how)
 
 
+def _with_panels(entry: Entry, fig: Any, window: dict[str, Any]) -> tuple[Any, ...]:
+    """A redraw's outputs: the figure, its status line, the window it shows, and that
+    window's statistics and links."""
+    lo, hi = window["range"]
+    return (fig, _status(fig, naming(entry).unit), window,
+            stats_panel(entry, lo, hi, window["how"]), range_links(entry, lo, hi))
+
+
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
+    # a redraw of another window sends that window's statistics and links with the figure:
+    # one round trip, where a second one after the figure cost each zoom about 0.1 s
+    panels = (Output("trace-stats", "children", allow_duplicate=True),
+              Output("trace-links", "children", allow_duplicate=True))
+
     @app.callback(Output("trace-graph", "figure"), Output("trace-status", "children"),
-                  Output("trace-window", "data"),
+                  Output("trace-window", "data"), *panels,
                   Input("trace-graph", "relayoutData"), State("url", "search"),
                   State("trace-mode", "value"), State("trace-ranks", "value"),
                   prevent_initial_call=True)
     def zoom(relayout: dict | None, search: str, mode: str | None = FLAME,
-             picked: list | None = None) -> tuple[Any, str, dict[str, Any]]:
+             picked: list | None = None) -> tuple[Any, ...]:
         wanted = x_range(relayout)
         if wanted is None:
             raise PreventUpdate
@@ -381,16 +394,16 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         else:
             fig = trace(ctx, entry, wanted[0], wanted[1], module=module, mode=mode or FLAME,
                         op=op, ranks=ranks)
-        return fig, _status(fig, naming(entry).unit), _drawn(fig, "Shown window")
+        return _with_panels(entry, fig, _drawn(fig, "Shown window"))
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
-                  Output("trace-window", "data", allow_duplicate=True),
+                  Output("trace-window", "data", allow_duplicate=True), *panels,
                   Input("trace-whole", "n_clicks"), State("url", "search"),
                   State("trace-mode", "value"), State("trace-ranks", "value"),
                   prevent_initial_call=True)
     def whole(clicks: int | None, search: str, mode: str | None = FLAME,
-              picked: list | None = None) -> tuple[Any, str, dict[str, Any]]:
+              picked: list | None = None) -> tuple[Any, ...]:
         """The "Whole run" button: the same as a double-click's autorange."""
         if not clicks:
             raise PreventUpdate
@@ -423,11 +436,10 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
 
     @app.callback(Output("trace-graph", "figure", allow_duplicate=True),
                   Output("trace-status", "children", allow_duplicate=True),
-                  Output("trace-window", "data", allow_duplicate=True),
+                  Output("trace-window", "data", allow_duplicate=True), *panels,
                   Input("trace-init", "children"), State("url", "search"),
                   State("trace-ranks", "value"), prevent_initial_call="initial_duplicate")
-    def focus(_init: Any, search: str, picked: list | None = None
-              ) -> tuple[Any, str, dict[str, Any]]:
+    def focus(_init: Any, search: str, picked: list | None = None) -> tuple[Any, ...]:
         """With `&t0=&t1=` (`&ipu=`): open on that range; with `&module=PATH`: on that
         module's first pass, its ops outlined."""
         module = _param(search, "module")
@@ -440,12 +452,11 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
             fig = trace(ctx, entry, t0, t1, module=module, op=_op_param(search),
                         ranks=drawn_ranks(entry, threads(entry), picked, ipu))
             on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
-            return fig, _status(fig, naming(entry).unit), _drawn(fig, f"Linked range{on}")
+            return _with_panels(entry, fig, _drawn(fig, f"Linked range{on}"))
         window = module_window(entry, module) or opening_window(entry) or (None, None)
         fig = trace(ctx, entry, window[0], window[1], module=module,
                     ranks=drawn_ranks(entry, threads(entry), picked))
-        return (fig, _status(fig, naming(entry).unit),
-                _drawn(fig, f"First pass running {module}"))
+        return _with_panels(entry, fig, _drawn(fig, f"First pass running {module}"))
 
     # selectedData holds every selected bar with its hover data (220 KB for 2,000 ops):
     # the browser keeps only the box's x range for the server
@@ -453,10 +464,11 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
                             Input("trace-graph", "selectedData"), prevent_initial_call=True)
 
     @app.callback(Output("trace-stats", "children"), Input("trace-selection", "data"),
-                  Input("trace-window", "data"), State("url", "search"),
+                  State("trace-window", "data"), State("url", "search"),
                   prevent_initial_call=True)
     def stats(box: list | None, window: dict | None, search: str) -> list[Any]:
-        """The statistics of the box just selected, else of the shown window."""
+        """The statistics of the box just selected, else (the box cleared) of the shown
+        window."""
         entry = ctx.cache.get(profile_of(search))
         if box and len(box) == 2 and _selected_last():
             return stats_panel(entry, float(min(box)), float(max(box)), "Selected range")
@@ -467,7 +479,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
                            str((window or {}).get("how") or "Shown window"))
 
     @app.callback(Output("trace-links", "children"), Input("trace-selection", "data"),
-                  Input("trace-window", "data"), State("url", "search"),
+                  State("trace-window", "data"), State("url", "search"),
                   prevent_initial_call=True)
     def follow(box: list | None, window: dict | None, search: str) -> list[Any]:
         """The links carry the box just selected, else the shown window."""

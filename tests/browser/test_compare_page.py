@@ -59,6 +59,13 @@ def test_compare_page_shows_both_profiles(browser: Any, base_url: str, served: P
         text = page.inner_text(f"#compare-side-{side}")
         assert Path(rel).parent.name in text and "throughput per ipu" in text.lower()
     assert page.locator("#compare-metrics").inner_text().count("throughput") >= 2
+    # the other delta tables, one tab each, drawn when their tab is opened
+    assert page.locator("#compare-stages").count() == 0
+    page.click("#compare-tab-stages")
+    page.wait_for_selector("#compare-stages td", timeout=30_000)
+    assert "forward_ms" in page.inner_text("#compare-stages")
+    assert page.locator("#compare-metrics").count() == 0
+    page.click("#compare-tab-metrics")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
     assert errors == []
