@@ -204,6 +204,15 @@ def static_table(id_: str, frame: pd.DataFrame, words: Naming = MODELLED) -> htm
     return html.Table([html.Thead(head), html.Tbody(rows)], id=id_, className="static-table")
 
 
+def light_table(id_: str, frame: pd.DataFrame, words: Naming = MODELLED) -> Any:
+    """`static_table` for a frame of a page or less, else the sortable, paged `table` (a
+    1,024-rank job's per-rank rows: 7,000 cells drawn at once would cost more than the
+    DataTable they replace)."""
+    if len(frame) <= SMALL_TABLE_ROWS:
+        return static_table(id_, frame, words)
+    return table(id_, frame, words=words)
+
+
 def hidden_of(frame: pd.DataFrame, hidden: Sequence[str]) -> list[str]:
     """The columns of `hidden` the frame has: shown on demand, not by default."""
     return [c for c in hidden if c in frame.columns]

@@ -36,11 +36,11 @@ from ..common import (
     AppContext,
     downloads,
     graph,
+    light_table,
     message,
     naming,
     op_templates,
     profile_of,
-    static_table,
     title_of,
     trace_index,
     x_range,
@@ -176,8 +176,15 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                                 measured=words.measured)
 
     opening = opening_window(entry) or (trace_index(entry).start, trace_index(entry).end)
-    same = abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6
-    stats: RangeStats = entry.get(("range_stats", lo, hi), build) if same else build()
+    if abs(lo - opening[0]) < 1e-6 and abs(hi - opening[1]) < 1e-6:  # every visit's
+        return list(entry.get(("stats_panel", lo, hi, how),
+                              lambda: _stats_blocks(entry, lo, hi, how, build())))
+    return _stats_blocks(entry, lo, hi, how, build())
+
+
+def _stats_blocks(entry: Entry, lo: float, hi: float, how: str, stats: RangeStats
+                  ) -> list[Any]:
+    words = naming(entry)
     unit = words.unit
     head = html.Div(f"{how}: {lo:,.0f} to {hi:,.0f} {unit} ({hi - lo:,.0f} {unit}), "
                     f"{stats.events:,} device events.", id="trace-stats-head",
@@ -186,10 +193,10 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     per_ipu = _pct(per_ipu, "busy_share")
     blocks = [head, html.Div([
         html.Div([html.H3(f"Time by kind ({unit})"),
-                  static_table("trace-stats-kind", _pct(stats.by_kind), words=words)],
+                  light_table("trace-stats-kind", _pct(stats.by_kind), words=words)],
                  className="half"),
         html.Div([html.H3(f"Per {words.device}"),
-                  static_table("trace-stats-ipu", per_ipu, words=words)], className="half"),
+                  light_table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
     kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
     linked, on_gpu = entry.get("compute_link", lambda: _compute_link(entry))
@@ -201,15 +208,15 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (measured "
                               + ("GPU time)" if on_gpu else "host time)")),
-                      static_table("trace-stats-class", _pct(stats.by_class), words=words)],
+                      light_table("trace-stats-class", _pct(stats.by_class), words=words)],
                      className="half"),
             html.Div([html.H3("Top ops (GPU time of the kernels each launched)" if on_gpu
                               else "Top ops (measured host time)"),
-                      static_table("trace-stats-top", _pct(top_ops), words=words)],
+                      light_table("trace-stats-top", _pct(top_ops), words=words)],
                      className="half"),
         ], className="row"))
         if on_gpu:  # on a CPU rank the compute events are those ops: no second table
-            blocks.append(html.Div([html.H3(kernels_title), static_table(
+            blocks.append(html.Div([html.H3(kernels_title), light_table(
                 "trace-stats-kernels", _pct(kernels), words=words)]))
     elif stats.measured and not kernels.empty:
         why = ("no kernel in this range names the op that launched it (launched outside "
@@ -219,14 +226,14 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
                       "Operations page has each op's total measured GPU time.",
                       className="hint") if on_gpu else html.Div()
         blocks.append(html.Div([html.H3(kernels_title), hint,
-                                static_table("trace-stats-kernels", _pct(kernels), words=words)]))
+                                light_table("trace-stats-kernels", _pct(kernels), words=words)]))
     elif not stats.by_class.empty:
         blocks.append(html.Div([
             html.Div([html.H3("Compute by op class (modelled)"),
-                      static_table("trace-stats-class", _pct(stats.by_class), words=words)],
+                      light_table("trace-stats-class", _pct(stats.by_class), words=words)],
                      className="half"),
             html.Div([html.H3("Top ops"),
-                      static_table("trace-stats-top", _pct(stats.top_ops), words=words)],
+                      light_table("trace-stats-top", _pct(stats.top_ops), words=words)],
                      className="half"),
         ], className="row"))
     if threads(entry):
@@ -247,7 +254,7 @@ def _idle_block(entry: Entry, lo: float, hi: float, words: Naming) -> html.Div:
         html.P("Each gap's next kernel: launched late (the host was busy: what its launching "
                "thread was in when the GPU ran dry), or queued before the gap (the GPU "
                "waited on a dependency).", className="hint"),
-        static_table("trace-stats-idle", _pct(causes), words=words)])
+        light_table("trace-stats-idle", _pct(causes), words=words)])
 
 
 THREADS_HINT = {  # by whether the ranks ran on GPUs
