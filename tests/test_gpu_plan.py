@@ -248,7 +248,7 @@ def test_app_callbacks_on_a_gpu_plan(served: Path) -> None:
 
     cb = create_app(served).popviz_callbacks
     search = "?profile=mlp_h100/profile.h5"
-    _fig, status, window = cb["trace.zoom"]({"xaxis.autorange": True}, search)
+    _fig, status, window, *_ = cb["trace.zoom"]({"xaxis.autorange": True}, search)
     assert "ns" in status and "cycles" not in status
     head = component_text(cb["trace.stats"](None, window, search)[0])
     assert head.startswith("Shown window") and " ns" in head and "cycles" not in head

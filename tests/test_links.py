@@ -105,7 +105,7 @@ def test_liveness_click_links_to_the_trace_there(cb: Any, prof: Any) -> None:
     span = links.step_span(live, prof.trace, 0, step)
     assert q["ipu"] == "0" and float(q["t0"]) <= span[0] and float(q["t1"]) >= span[1]
     # /trace opens on it
-    fig, _status, window = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}&ipu=0")
+    fig, _status, window, *_ = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}&ipu=0")
     lo, hi = window["range"]
     assert window["how"].startswith("Linked range on ")
     assert list(fig.layout.meta["range"]) == [lo, hi]
@@ -129,7 +129,7 @@ def test_operations_row_links_to_the_trace(cb: Any, prof: Any) -> None:
     mid = (float(q["t0"]) + float(q["t1"])) / 2
     assert abs(mid - (span[0] + span[1]) / 2) <= 1
     # /trace opens there with the op outlined
-    fig, _status, _window = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}"
+    fig, _status, _window, *_ = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}"
                                                     f"&ipu={q['ipu']}&op={q['op']}")
     lit = [t for t in fig.data if str(t.name).endswith("(selected op)")]
     assert lit and any(int(c[8]) == int(op["op_id"]) for t in lit for c in t.customdata)

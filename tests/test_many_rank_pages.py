@@ -73,7 +73,7 @@ def test_trace_draws_the_first_ranks_then_the_picked_ones(app: Any) -> None:
     assert {row.split(" · ")[0] for row in opening.layout.meta["rows"] if " · " in row} \
         == {f"rank {r}" for r in range(SHOWN)}
     run = trace_page.trace(ctx, entry).layout.meta["range"]  # every rank's lanes
-    whole, _, _ = cb["trace.zoom"]({"xaxis.autorange": True}, SEARCH, "flame", None)
+    whole, *_ = cb["trace.zoom"]({"xaxis.autorange": True}, SEARCH, "flame", None)
     assert whole.layout.meta["range"] == run and whole.layout.meta["ranks"] == \
         list(range(SHOWN))  # the run's span, not the drawn ranks' own
     picked, status = cb["trace.ranks"]([11, 7, 99, "x", 7], "flat", {"range": list(run)},
@@ -86,7 +86,7 @@ def test_trace_draws_the_first_ranks_then_the_picked_ones(app: Any) -> None:
 
 def test_a_link_to_a_rank_not_drawn_brings_it_in(app: Any) -> None:
     cb = app.popviz_callbacks
-    fig, _, window = cb["trace.focus"](None, SEARCH + "&t0=1000&t1=5000&ipu=9", None)
+    fig, _, window, *_ = cb["trace.focus"](None, SEARCH + "&t0=1000&t1=5000&ipu=9", None)
     assert 9 in fig.layout.meta["ranks"] and len(fig.layout.meta["ranks"]) == SHOWN
     assert window["range"] == fig.layout.meta["range"]
 

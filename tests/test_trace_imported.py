@@ -107,7 +107,7 @@ def test_trace_page_of_an_imported_profile(app: Any, root: Path, name: str) -> N
     search = f"?profile={_rel(root, name)}"
     with popviz.open(root / _rel(root, name)) as p:
         lo, hi = _busy_window(p.trace)
-    fig, status, _ = app.popviz_callbacks["trace.zoom"](
+    fig, status, *_ = app.popviz_callbacks["trace.zoom"](
         {"xaxis.range[0]": lo, "xaxis.range[1]": hi}, search)
     assert fig.layout.meta["mode"] == "events"
     assert "ops" not in status and "modelled" not in status  # no op layout to promise

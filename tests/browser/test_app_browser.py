@@ -344,9 +344,12 @@ def test_clicking_the_tile_map_shows_that_tiles_breakdown(browser_context: Any, 
 
 
 # how far a table's content reaches past its half-width panel (0: it fits)
-_OVERRUN = """sel => { const t = document.querySelector(sel + ' table.cell-table');
+# (a DataTable's cell table, or a plain table's own content: its scroll width)
+_OVERRUN = """sel => { const t = document.querySelector(sel + ' table.cell-table')
+    || document.querySelector('table' + sel);
   const half = document.querySelector(sel).closest('.half');
-  return t.getBoundingClientRect().right - half.getBoundingClientRect().right; }"""
+  const r = t.getBoundingClientRect();
+  return Math.max(r.right, r.left + t.scrollWidth) - half.getBoundingClientRect().right; }"""
 
 
 @pytest.mark.parametrize(("path", "table"), [("/summary", "#peak-liveness"),
@@ -358,7 +361,7 @@ def test_summary_and_trace_tables_fit_their_half_panels(browser_context: Any, ba
     rel = next((r for r in rels if r.startswith("rn50_pipeline/")), rels[0])
     page, errors = _open(browser_context, f"{base_url}{path}?profile={quote(rel)}")
     page.set_viewport_size({"width": 1280, "height": 900})
-    page.wait_for_selector(f"{table} table.cell-table", timeout=30_000)
+    page.wait_for_selector(f"{table} table.cell-table, table{table} td", timeout=30_000)
     assert page.evaluate(_OVERRUN, table) <= 1
     assert errors == []
     page.close()
