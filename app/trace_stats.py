@@ -47,6 +47,11 @@ def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:
 
 
 def compute_link(entry: Entry) -> tuple[bool, bool]:
+    """`_compute_link`, once per open profile."""
+    return entry.get("compute_link", lambda: _compute_link(entry))
+
+
+def _compute_link(entry: Entry) -> tuple[bool, bool]:
     """(the trace names each compute event's launching host op, its compute events are GPU
     kernels). A kernel is not its host op; a CPU rank's compute events are the ops
     themselves; a profile without the link (a popviz.measure run, an older import) is on
@@ -92,7 +97,7 @@ def _stats_blocks(entry: Entry, lo: float, hi: float, how: str, stats: RangeStat
                   light_table("trace-stats-ipu", per_ipu, words=words)], className="half"),
     ], className="row")]
     kernels = stats.top_kernels if stats.top_kernels is not None else pd.DataFrame()
-    linked, on_gpu = entry.get("compute_link", lambda: compute_link(entry))
+    linked, on_gpu = compute_link(entry)
     kernels_title = "Top kernels (measured GPU time)" if on_gpu else \
         f"Top compute events ({naming(entry).timed} time)"
     if stats.measured and not stats.by_class.empty:  # compute linked to its host ops

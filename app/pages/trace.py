@@ -162,7 +162,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                if window else "")
     lo, hi = (float(v) for v in fig.layout.meta["range"])
     if threads(entry):  # no whole-run strip under these lanes
-        rows = THREADS_HINT[entry.get("compute_link", lambda: compute_link(entry))[1]]
+        rows = THREADS_HINT[compute_link(entry)[1]]
         opening = ("Opened on the first part of the run (double-click the trace for all of "
                    "it). " if window else "")
     return html.Div([
@@ -346,7 +346,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         """The statistics of the box just selected, else (the box cleared) of the shown
         window."""
         entry = ctx.cache.get(profile_of(search))
-        if box and len(box) == 2 and _selected_last():
+        if box and len(box) == 2:  # the only trigger: a box selected or cleared
             return stats_panel(entry, float(min(box)), float(max(box)), "Selected range")
         shown = (window or {}).get("range")
         if not shown or len(shown) != 2:
@@ -360,7 +360,7 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     def follow(box: list | None, window: dict | None, search: str) -> list[Any]:
         """The links carry the box just selected, else the shown window."""
         entry = ctx.cache.get(profile_of(search))
-        if box and len(box) == 2 and _selected_last():
+        if box and len(box) == 2:
             return range_links(entry, float(min(box)), float(max(box)), "the selected range")
         shown = (window or {}).get("range")
         if not shown or len(shown) != 2:
@@ -370,12 +370,3 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
     return {"zoom": zoom, "whole": whole, "focus": focus, "stats": stats, "follow": follow,
             "mode": relayout_mode, "ranks": pick_ranks,
             **trace_bsp.register(app, ctx), **trace_find.register(app, ctx)}
-
-
-def _selected_last() -> bool:
-    """Whether the running callback was fired by a selection (not a redraw)."""
-    try:
-        props = dash.ctx.triggered_prop_ids
-    except Exception:  # called directly by a test
-        return True
-    return any(k.startswith("trace-selection.") for k in props)

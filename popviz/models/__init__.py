@@ -53,14 +53,13 @@ def build(name: str, size: Any = None, num_classes: int | None = None,
     G16 variant)."""
     size = check(name, size)
     variant = dict(variant or {})
-    groups = variant.pop("group_norm", None)
-    allowed = ("group_dim", "expand_ratio") if name == "efficientnet" else ()
-    unknown = sorted(set(variant) - set(allowed)) + (["group_norm"] if groups is not None
-                                                     and name == "tutorial" else [])
+    allowed = () if name == "tutorial" else ("group_norm", *(
+        ("group_dim", "expand_ratio") if name == "efficientnet" else ()))
+    unknown = sorted(set(variant) - set(allowed))
     if unknown:
-        valid = ", ".join(("group_norm", *allowed)) if name != "tutorial" else "none"
         raise ValueError(f"model {name!r} has no variant {', '.join(unknown)} "
-                         f"(valid: {valid})")
+                         f"(valid: {', '.join(allowed) or 'none'})")
+    groups = variant.pop("group_norm", None)
     if name == "tutorial":
         return TutorialNet(image_size or 28, num_classes or 10)
     classes = num_classes or 1000
