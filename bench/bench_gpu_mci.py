@@ -6,7 +6,13 @@ bf16, TP 1, 8 GPUs so DP = 8 / PP) whose last pipeline rank logs `mem-allocated-
 A100 and H100. Cases: gpt3_mcore_tp1_pp2 and _pp4 (1F1B), gpt3_mcore_te_tp1_pp1_uniform_
 full_recompute (every layer checkpointed, --recompute-method uniform, one layer each) and
 gpt3_mcore_tp1_pp1_dist_optimizer_overlap_grad_reduce_param_gather (the distributed
-optimizer: 6 + 12 / DP bytes per parameter).
+optimizer: 6 + 12 / DP bytes per parameter). And gpt3_7b_tp1_pp4_memory_speed's DGX A100
+values (its H100 and GB200 values are held out: the plan's H100 figures are printed, not
+compared): a 7B GPT, 32 layers, hidden 4096, 32 heads in 8 query groups, untied
+embeddings, vocabulary 131,073 (padded to 131,200 as Megatron pads it), sequence 8192,
+micro-batch 1, global batch 8, PP 4 interleaved with one layer per model chunk (8 chunks a
+GPU), DP 2, bf16, Transformer Engine, the distributed optimizer; recorded as
+tooling/megatron_gpt.py's GPT (grouped-query attention as the fused kernel runs it).
 
     PYTHONPATH=. python bench/bench_gpu_mci.py
 
@@ -52,6 +58,13 @@ PUBLISHED = {("a100", 2, "plain"): (0.130, 0.949, 3.633),
              ("h100", 1, "full-recompute"): (0.110, 1.26, 2.56),
              ("a100", 1, "distopt"): (0.0896, 0.615, 4.736)}
 RUNS = ("plain", "full-recompute", "distopt")
+# gpt3_7b_tp1_pp4_memory_speed: (layers, hidden, heads, query groups, padded vocabulary),
+# sequence, micro-batch, global batch, PP; DGX A100's (median iteration s, allocated GB
+# after the step, peak allocated GB), the last rank's (evidence file, MCI)
+BIG_SHAPE = (32, 4096, 32, 8, 131200)
+BIG_SEQUENCE, BIG_MICRO_BATCH, BIG_GLOBAL_BATCH, BIG_PP = 8192, 1, 8, 4
+BIG_PUBLISHED = {"a100": (2.948, 24.51, 60.49)}
+BIG_HELD_OUT = ("h100",)  # its published values are kept out: printed, never compared
 
 
 def record() -> Any:
@@ -70,6 +83,24 @@ def planned(program: Any, target: str, pp: int, run: str = "plain") -> Any:
                       gradient_accumulation=GLOBAL_BATCH // (MICRO_BATCH * dp),
                       gpu_precision="megatron-bf16-distopt" if run == "distopt"
                       else "megatron-bf16", recomputation=run == "full-recompute")
+    return compile(program, options)
+
+
+def record_big() -> Any:
+    return gpu_program("megatron-gpt", BIG_SHAPE, BIG_MICRO_BATCH,
+                       sequence_length=BIG_SEQUENCE)
+
+
+def planned_big(program: Any, target: str) -> Any:
+    """The 7B case: one layer per model chunk (a chunk starts at each layer's first norm;
+    the embeddings ride with layer 0, the final norm, output layer and loss with layer 31),
+    Megatron's interleaved 1F1B over PP 4 GPUs, DP 2, the distributed optimizer."""
+    layers = BIG_SHAPE[0]
+    dp = GPUS // BIG_PP
+    options = Options(target=target, splits=[f"h.{i}.ln_1" for i in range(1, layers)],
+                      num_ipus=BIG_PP, schedule="Interleaved1F1B", replication_factor=dp,
+                      gradient_accumulation=BIG_GLOBAL_BATCH // (BIG_MICRO_BATCH * dp),
+                      gpu_precision="megatron-bf16-distopt")
     return compile(program, options)
 
 
@@ -102,6 +133,24 @@ def main(argv: list[str] | None = None) -> int:
               f"{step:>7.4f} {step / seconds:>6.2f}")
     print(f"last rank's peak: predicted / published {min(ratios):.2f}-{max(ratios):.2f}; "
           "iteration times not modelled (per-step logging, timers, deterministic mode)")
+    t0 = time.perf_counter()
+    big = record_big()
+    print(f"\ngpt3_7b_tp1_pp4_memory_speed (recorded in {time.perf_counter() - t0:.1f} s): "
+          f"PP {BIG_PP} interleaved, 8 chunks a GPU, DP {GPUS // BIG_PP}, distributed optimizer")
+    for target in (*BIG_PUBLISHED, *BIG_HELD_OUT):
+        report = planned_big(big, target)
+        state, top = last_rank(report)
+        step = report.summary["step_ms"] / 1e3
+        m = report.summary["microbatches"]
+        if target in BIG_PUBLISHED:
+            seconds, allocated, peak = BIG_PUBLISHED[target]
+            print(f"{target:>6} {BIG_PP:>3} {GPUS // BIG_PP:>3} {m:>2} {'distopt':>14} | "
+                  f"{peak:>7.3f} {top:>7.3f} {top / peak:>6.2f} | {allocated:>8.3f} "
+                  f"{state:>6.3f} | {seconds:>7.4f} {step:>7.4f} {step / seconds:>6.2f}")
+        else:
+            print(f"{target:>6} {BIG_PP:>3} {GPUS // BIG_PP:>3} {m:>2} {'distopt':>14} | "
+                  f"{'held out':>7} {top:>7.3f} {'':>6} | {'':>8} {state:>6.3f} | "
+                  f"{'':>7} {step:>7.4f}")
     return 0
 
 

@@ -75,3 +75,29 @@ def test_full_recomputation_checkpoints_every_layer_of_the_last_stage(
         assert recompute["max"] < backward["min"]
         if i + 1 < bench.LAYERS:
             assert recompute["min"] > span.loc[(str(i + 1), "backward"), "max"]
+
+
+@pytest.fixture(scope="module")
+def big(bench: Any) -> Any:
+    return bench.record_big()
+
+
+def test_the_7b_interleaved_case_within_10_percent(bench: Any, big: Any) -> None:
+    """gpt3_7b_tp1_pp4_memory_speed on DGX A100: the last rank's peak and the iteration
+    time; the rank's state is its 8 layers and the untied output layer at 6 + 12 / 2 B a
+    parameter (bf16 weight, fp32 main grad, a half of master, m and v)."""
+    report = bench.planned_big(big, "a100")
+    state, peak = bench.last_rank(report)
+    seconds, _allocated, published = bench.BIG_PUBLISHED["a100"]
+    assert abs(peak / published - 1) <= 0.10, (peak, published)
+    step = report.summary["step_ms"] / 1e3
+    assert abs(step / seconds - 1) <= 0.10, (step, seconds)
+    layers, h, heads, groups, vocab = bench.BIG_SHAPE
+    kv = 2 * groups * (h // heads)
+    layer = h * (h + kv) + (h + kv) + h * h + h + 2 * (4 * h * h) + 4 * h + h + 4 * h
+    layer += 2 * 2 * h  # two norms' weight and bias
+    params = layers // bench.BIG_PP * layer + h * vocab + 2 * h
+    assert state == pytest.approx(params * (6 + 12 / 2) / 1e9, rel=0.02)
+    # 28 of the last rank's 32 chunk forwards run before its first backward (Megatron's
+    # warm-up, (v - 1) g + 2 (p - 1 - r)): most of the peak is activations in flight
+    assert peak - state > 0.5 * peak

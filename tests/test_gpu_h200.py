@@ -274,3 +274,18 @@ def test_a_plan_holds_the_tied_embedding_once() -> None:
     params = t[t["category"] == "parameter"]
     assert int(params["bytes"].sum()) // 4 == CASES["gpt2-small-sdpa-s512-b8"]["parameters"]
     assert not params["name"].str.contains("lm_head").any()
+
+
+def test_grouped_query_attention_is_the_fused_kernel_with_its_own_keys() -> None:
+    """`enable_gqa` with 2 key / value groups for 4 query heads: the fused op takes the
+    keys and values unexpanded, as FlashAttention does, so nothing of [batch, heads, seq,
+    seq] is made and nothing of the keys at the query heads' count is kept."""
+    program = gpu_program("megatron-gpt", (2, 64, 4, 2, 128), 2, sequence_length=32)
+    ops = program.ops["op"].astype(str)
+    assert (ops == "aten._scaled_dot_product_flash_attention_for_cpu.default").sum() == 2
+    assert ops.str.startswith("aten._scaled_dot_product_flash_attention_for_cpu_backward")\
+        .sum() == 2
+    shapes = program.tensors["shape"].astype(str)
+    assert not shapes.str.fullmatch(r"\[2,4,32,32\]").any()  # no score matrix
+    assert shapes.str.fullmatch(r"\[2,2,32,16\]").any()  # the keys, values at 2 groups
+    assert not ops.str.contains("repeat_interleave|expand", regex=True).any()

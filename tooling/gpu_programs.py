@@ -4,6 +4,8 @@ or SGD with momentum, `foreach=True` as PyTorch picks on CUDA), cached per proce
 
     program = gpu_program("resnet", 50, batch=64)           # as the H100 fixture ran
     program = gpu_program("gpt2", "small", batch=8, sequence_length=1024)
+    program = gpu_program("megatron-gpt", (32, 4096, 32, 8, 131200), 1,
+                          sequence_length=8192)                 # Megatron CI's 7B
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from popviz.recorder.program import Program
 
-MODELS = ("resnet", "gpt2", "bert", "vit", "mlp", "pipe")
+MODELS = ("resnet", "gpt2", "megatron-gpt", "bert", "vit", "mlp", "pipe")
 
 
 def _optimiser(params: Any, name: str) -> Any:
@@ -32,6 +34,7 @@ def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
                 attn: str = "eager", activation: str = "gelu_new") -> Program:
     """One training step of `model` at `batch`, recorded in plan mode. `size`: ResNet depth
     (50), GPT-2 small / medium / tiny or a GPT-2 shape (layers, hidden, heads, vocabulary),
+    a Megatron GPT's shape (layers, hidden, heads, query groups, vocabulary: megatron_gpt.py),
     BERT base, ViT base-16, or the MLP's width. `dtype` bfloat16 / float16: weights and
     float inputs in that dtype (pure half training). `attn`: GPT-2's attention, eager (the
     matmuls and softmax) or sdpa (PyTorch's fused scaled_dot_product_attention);
@@ -87,6 +90,12 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
                 net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
                                          attn=attn, init_weights=False,
                                          activation=activation)
+        elif model == "megatron-gpt":
+            from tooling.megatron_gpt import build_megatron_gpt
+
+            layers, hidden, heads, groups, vocab = (int(x) for x in size)
+            net, inputs = build_megatron_gpt(layers, hidden, heads, groups, vocab, batch,
+                                             sequence_length=sequence_length)
         elif model in ("mlp", "pipe"):
             net, inputs = _mlp(int(size), batch, pipe=model == "pipe")
         else:

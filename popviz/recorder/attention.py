@@ -13,9 +13,13 @@ In plan mode (fake tensors: nothing is computed, so no numbers change), the reco
 each call to the fused CPU op `aten._scaled_dot_product_flash_attention_for_cpu` with the
 same shapes, whose saved tensors are the GPU kernels' (output and log-sum-exp) and whose
 backward is one op. The dropout probability is kept in the op's arguments as the GPU kernel
-takes it; the CPU op's meta function does not refuse it. Calls the fused op cannot express
-(grouped-query heads, inputs that are not [batch, heads, seq, dim], a bool mask, a mask
-that needs a gradient such as T5's learned position bias) run as recorded.
+takes it; the CPU op's meta function does not refuse it. Grouped-query attention
+(`enable_gqa`: fewer key / value heads, dividing the query heads) goes to the same op with
+the keys and values unexpanded, as FlashAttention and Transformer Engine take them: what is
+saved is their own [batch, groups, seq, dim], and the key / value gradients come out at that
+shape (the meta function checks no head counts). Calls the fused op cannot express (inputs
+that are not [batch, heads, seq, dim], a bool mask, a mask that needs a gradient such as
+T5's learned position bias) run as recorded.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
            is_causal: bool = False, scale: float | None = None,
            enable_gqa: bool = False) -> torch.Tensor | None:
-    if enable_gqa or query.dim() != 4 or key.shape[:2] != query.shape[:2] \
-            or value.shape[:2] != query.shape[:2]:
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 \
+            or not query.shape[0] == key.shape[0] == value.shape[0] \
+            or not 0 < key.shape[1] == value.shape[1] or query.shape[1] % key.shape[1] \
+            or (key.shape[1] != query.shape[1] and not enable_gqa):
         return None
     if attn_mask is not None and (attn_mask.dtype == torch.bool or attn_mask.requires_grad):
         # the fused CPU op takes an additive float mask only, and no gradient for it (T5's
