@@ -6,7 +6,9 @@ bf16, TP 1, 8 GPUs so DP = 8 / PP) whose last pipeline rank logs `mem-allocated-
 A100 and H100. Cases: gpt3_mcore_tp1_pp2 and _pp4 (1F1B), gpt3_mcore_te_tp1_pp1_uniform_
 full_recompute (every layer checkpointed, --recompute-method uniform, one layer each) and
 gpt3_mcore_tp1_pp1_dist_optimizer_overlap_grad_reduce_param_gather (the distributed
-optimizer: 6 + 12 / DP bytes per parameter). And gpt3_7b_tp1_pp4_memory_speed's DGX A100
+optimizer: 6 + 12 / DP bytes per parameter), gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline (2, 4,
+4 and 2 layers on the four GPUs, untied embeddings, unfused attention: 1F1B, as its
+model_config.yaml names no virtual stages). And gpt3_7b_tp1_pp4_memory_speed's DGX A100
 values (its H100 and GB200 values are held out: the plan's H100 figures are printed, not
 compared): a 7B GPT, 32 layers, hidden 4096, 32 heads in 8 query groups, untied
 embeddings, vocabulary 131,073 (padded to 131,200 as Megatron pads it), sequence 8192,
@@ -56,8 +58,14 @@ PUBLISHED = {("a100", 2, "plain"): (0.130, 0.949, 3.633),
              ("h100", 4, "plain"): (0.103, 0.779, 2.747),
              ("a100", 1, "full-recompute"): (0.146, 1.23, 2.53),
              ("h100", 1, "full-recompute"): (0.110, 1.26, 2.56),
-             ("a100", 1, "distopt"): (0.0896, 0.615, 4.736)}
-RUNS = ("plain", "full-recompute", "distopt")
+             ("a100", 1, "distopt"): (0.0896, 0.615, 4.736),
+             ("a100", 4, "uneven"): (0.196, 0.659, 2.386),
+             ("h100", 4, "uneven"): (0.144, 0.688, 2.416)}
+RUNS = ("plain", "full-recompute", "distopt", "uneven")
+# gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline: --decoder-first-pipeline-num-layers 2 and
+# --decoder-last-pipeline-num-layers 2 (the middle 8 layers 4 a GPU), untied embeddings,
+# --attention-backend unfused (the scores kept, as HF's eager attention keeps them)
+UNEVEN_FIRST_LAYERS = (0, 2, 6, 10)
 # gpt3_7b_tp1_pp4_memory_speed: (layers, hidden, heads, query groups, padded vocabulary),
 # sequence, micro-batch, global batch, PP; DGX A100's (median iteration s, allocated GB
 # after the step, peak allocated GB), the last rank's (evidence file, MCI)
@@ -67,9 +75,10 @@ BIG_PUBLISHED = {"a100": (2.948, 24.51, 60.49)}
 BIG_HELD_OUT = ("h100",)  # its published values are kept out: printed, never compared
 
 
-def record() -> Any:
+def record(tied: bool = True) -> Any:
+    """The small GPT; `tied=False`: its output layer its own matrix (the uneven case)."""
     return gpu_program("gpt2", (LAYERS, HIDDEN, HEADS, VOCAB), MICRO_BATCH,
-                       sequence_length=SEQUENCE, activation="gelu")
+                       sequence_length=SEQUENCE, activation="gelu", tied=tied)
 
 
 def planned(program: Any, target: str, pp: int, run: str = "plain") -> Any:
@@ -77,8 +86,9 @@ def planned(program: Any, target: str, pp: int, run: str = "plain") -> Any:
         raise ValueError(f"unknown run {run!r}; valid: {', '.join(RUNS)}")
     per = LAYERS // pp
     dp = GPUS // pp
-    options = Options(target=target, splits=[f"lm.transformer.h.{i * per}.ln_1"
-                                             for i in range(1, pp)],
+    firsts = UNEVEN_FIRST_LAYERS[1:pp] if run == "uneven" else \
+        [i * per for i in range(1, pp)]
+    options = Options(target=target, splits=[f"lm.transformer.h.{i}.ln_1" for i in firsts],
                       num_ipus=pp, schedule="1F1B", replication_factor=dp,
                       gradient_accumulation=GLOBAL_BATCH // (MICRO_BATCH * dp),
                       gpu_precision="megatron-bf16-distopt" if run == "distopt"
@@ -115,7 +125,7 @@ def last_rank(report: Any) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     t0 = time.perf_counter()
-    program = record()
+    programs = {True: record(), False: record(tied=False)}
     print(f"recorded in {time.perf_counter() - t0:.1f} s")
     print(f"{'target':>6} {'PP':>3} {'DP':>3} {'m':>2} {'run':>14} | {'peak GB':>7} "
           f"{'planned':>7} "
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'ratio':>6}")
     ratios = []
     for (target, pp, run), (seconds, allocated, peak) in PUBLISHED.items():
-        report = planned(program, target, pp, run)
+        report = planned(programs[run != "uneven"], target, pp, run)
         state, top = last_rank(report)
         step = report.summary["step_ms"] / 1e3
         ratios.append(top / peak)

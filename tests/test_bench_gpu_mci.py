@@ -77,6 +77,24 @@ def test_full_recomputation_checkpoints_every_layer_of_the_last_stage(
             assert recompute["min"] > span.loc[(str(i + 1), "backward"), "max"]
 
 
+@pytest.mark.parametrize("target", ["a100", "h100"])
+def test_the_uneven_pipeline_within_10_percent(bench: Any, target: str) -> None:
+    """2, 4, 4 and 2 layers on four GPUs with untied embeddings: the last GPU holds its two
+    layers, the final norm and its own output layer (50,304 x 512) at 18 B a parameter."""
+    report = bench.planned(bench.record(tied=False), target, 4, "uneven")
+    state, peak = bench.last_rank(report)
+    published = bench.PUBLISHED[(target, 4, "uneven")][2]
+    assert abs(peak / published - 1) <= 0.10, (peak, published)
+    ops = report.tables["ops"]
+    layer = ops["module"].astype(str).str.extract(r"\.h\.(\d+)\.")[0].dropna().astype(int)
+    per_gpu = ops.loc[layer.index].assign(layer=layer).groupby("ipu")["layer"].nunique()
+    assert per_gpu.tolist() == [2, 4, 4, 2]
+    h = bench.HIDDEN
+    layer_params = 12 * h * h + 13 * h
+    assert state == pytest.approx((2 * layer_params + bench.VOCAB * h + 2 * h) * 18 / 1e9,
+                                  rel=0.02)
+
+
 @pytest.fixture(scope="module")
 def big(bench: Any) -> Any:
     return bench.record_big()

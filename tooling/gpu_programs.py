@@ -31,34 +31,38 @@ def _optimiser(params: Any, name: str) -> Any:
 @lru_cache(maxsize=16)
 def gpu_program(model: str, size: Any, batch: int, optimiser: str = "adamw",
                 sequence_length: int = 128, image: int = 224, dtype: str = "float32",
-                attn: str = "eager", activation: str = "gelu_new") -> Program:
+                attn: str = "eager", activation: str = "gelu_new", tied: bool = True
+                ) -> Program:
     """One training step of `model` at `batch`, recorded in plan mode. `size`: ResNet depth
     (50), GPT-2 small / medium / tiny or a GPT-2 shape (layers, hidden, heads, vocabulary),
     a Megatron GPT's shape (layers, hidden, heads, query groups, vocabulary: megatron_gpt.py),
     BERT base, ViT base-16, or the MLP's width. `dtype` bfloat16 / float16: weights and
     float inputs in that dtype (pure half training). `attn`: GPT-2's attention, eager (the
     matmuls and softmax) or sdpa (PyTorch's fused scaled_dot_product_attention);
-    `activation`: GPT-2's MLP activation, gelu_new (HF's) or gelu (Megatron-LM's)."""
+    `activation`: GPT-2's MLP activation, gelu_new (HF's) or gelu (Megatron-LM's); `tied`:
+    GPT-2's output layer shares the word embedding (False: its own)."""
     import torch
 
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    if activation != "gelu_new" and model != "gpt2":
-        raise ValueError(f"activation is GPT-2's MLP activation; {model} has its own")
+    if (activation != "gelu_new" or not tied) and model != "gpt2":
+        raise ValueError(f"activation and tied are GPT-2's; {model} has its own")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     default = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))  # weights and float inputs made in it
     try:
-        return _record(model, size, batch, optimiser, sequence_length, image, attn, activation)
+        return _record(model, size, batch, optimiser, sequence_length, image, attn, activation,
+                       tied)
     finally:
         torch.set_default_dtype(default)
 
 
 def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: int,
-            image: int, attn: str = "eager", activation: str = "gelu_new") -> Program:
+            image: int, attn: str = "eager", activation: str = "gelu_new", tied: bool = True
+            ) -> Program:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -85,7 +89,8 @@ def _record(model: str, size: Any, batch: int, optimiser: str, sequence_length: 
                 layers, hidden, heads, vocab = (int(x) for x in size)
                 net, inputs = build_gpt2_shape(layers, hidden, heads, vocab, batch,
                                                sequence_length=sequence_length, attn=attn,
-                                               init_weights=False, activation=activation)
+                                               init_weights=False, activation=activation,
+                                               tied=tied)
             else:
                 net, inputs = build_gpt2(str(size), batch, sequence_length=sequence_length,
                                          attn=attn, init_weights=False,

@@ -51,10 +51,11 @@ ACTIVATIONS = ("gelu_new", "gelu")
 
 def build_gpt2_shape(layers: int, hidden: int, heads: int, vocab_size: int, batch: int, *,
                      sequence_length: int = 1024, attn: str = "eager",
-                     init_weights: bool = True, activation: str = "gelu_new"
-                     ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+                     init_weights: bool = True, activation: str = "gelu_new",
+                     tied: bool = True) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A GPT-2 of any shape (a published model's layers, hidden size, heads and
-    vocabulary) and one batch of token ids for it."""
+    vocabulary) and one batch of token ids for it; `tied=False`: the output layer its own
+    matrix (Megatron's --untie-embeddings-and-output-weights)."""
     if attn not in ("eager", "sdpa"):
         raise ValueError(f"unknown attention {attn!r}; valid: eager, sdpa")
     if activation not in ACTIVATIONS:
@@ -62,7 +63,7 @@ def build_gpt2_shape(layers: int, hidden: int, heads: int, vocab_size: int, batc
     tf = _transformers()
     config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=vocab_size,
                            n_positions=max(1024, sequence_length), attn_implementation=attn,
-                           activation_function=activation)
+                           activation_function=activation, tie_word_embeddings=tied)
     import contextlib
 
     with contextlib.nullcontext() if init_weights else _no_init_weights():
