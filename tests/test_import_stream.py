@@ -348,12 +348,16 @@ def test_rows_are_bounded_by_the_exact_counts_at_the_end() -> None:
     """Each rank is checked against bounds from an upper bound of the rows; the written
     rows' largest values are checked again against the exact counts."""
     from popviz.errors import ProfileError
-    from popviz.ingest.import_merge import Written
+    from popviz.ingest import tables as tbl
+    from popviz.ingest.import_merge import FinishedRank, Written, largest_values
+
+    def finished(ops: pd.DataFrame) -> FinishedRank:  # as a worker finishes a rank
+        return FinishedRank({"ops": ops}, tbl.TraceFacts(), None, largest_values({"ops": ops}))
 
     written = Written()
-    written.add("ops", pd.DataFrame({"op_id": [0, 1], "microbatch": [0, 1]}))
+    written.add(finished(pd.DataFrame({"op_id": [0, 1], "microbatch": [0, 1]})))
     written.check({}, {}, "job")  # within 2 rows: fine
-    written.add("ops", pd.DataFrame({"op_id": [2], "microbatch": [50]}))
+    written.add(finished(pd.DataFrame({"op_id": [2], "microbatch": [50]})))
     with pytest.raises(ProfileError, match=r"job: ops\.microbatch"):
         written.check({}, {}, "job")
 

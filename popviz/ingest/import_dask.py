@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -134,10 +135,10 @@ class DaskRanks:
         total, light)` as each arrives."""
         from distributed import as_completed
 
-        from popviz.ingest.import_rank import light_of, rank_part
+        from popviz.ingest.import_rank import light_of
 
         submit = self.client.submit
-        self.parts = [submit(rank_part, p, key=f"popviz-rank-part-{self.run}-{i}", pure=False)
+        self.parts = [submit(_parsed, p, key=f"popviz-rank-part-{self.run}-{i}", pure=False)
                       for i, p in enumerate(self.absolute)]
         lights = [submit(light_of, f, key=f"popviz-rank-light-{self.run}-{i}", pure=False)
                   for i, f in enumerate(self.parts)]
@@ -217,6 +218,21 @@ class DaskRanks:
             raise ProfileError(f"{self.paths[i]}: the Dask scheduler was lost while "
                                f"{doing} it ({' '.join(str(exc).split())[:200]}); nothing "
                                "was written") from None
+
+
+def _parsed(path: PathLike) -> RankPart:
+    """`rank_part` on a worker with the cyclic collector paused, as an import here runs it:
+    a parse makes millions of short-lived objects in no cycle, which the collector would
+    rescan again and again (a Dask worker runs with it on)."""
+    from popviz.ingest.import_rank import rank_part
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return rank_part(path)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _changed(part: RankPart, change: Callable[..., Any], *args: Any) -> RankPart:

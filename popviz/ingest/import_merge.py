@@ -123,6 +123,8 @@ class FinishedRank:
     tables: dict[str, pd.DataFrame]
     facts: tbl.TraceFacts
     transfers: pd.DataFrame | None  # its collectives and copies (exchange rows)
+    # each bounded column's largest value (`largest_values`), taken where it was finished
+    largest: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def finish_rank(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRank:
@@ -139,8 +141,8 @@ def finish_rank(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRa
         raise data_error(args.label, exc) from None
     for name, frame in tables.items():
         check_rows(name, frame, args.dims, args.label)
-    return FinishedRank({n: tables[n] for n in RANK_TABLES if n in tables}, facts,
-                        transfers)
+    kept = {n: tables[n] for n in RANK_TABLES if n in tables}
+    return FinishedRank(kept, facts, transfers, largest_values(kept))
 
 
 def finish_rank_packed(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRank:
@@ -187,6 +189,20 @@ def rank_tables(part: RankPart, waiting: pd.DataFrame | None, p2p: pd.DataFrame,
     return out
 
 
+def largest_values(tables: dict[str, pd.DataFrame]) -> dict[tuple[str, str], float]:
+    """Each bounded column's largest finite value (`bounds.COLUMNS`), per (table, column):
+    what the reader's bounds of the exact row counts are checked against at the end."""
+    out: dict[tuple[str, str], float] = {}
+    for name, frame in tables.items():
+        for column in bounds.COLUMNS.get(name, {}):
+            if column in frame.columns and len(frame) and frame[column].dtype.kind in "iuf":
+                values = frame[column].to_numpy(np.float64)
+                values = values[np.isfinite(values)]  # the rest was refused per rank
+                if len(values):
+                    out[(name, column)] = float(values.max())
+    return out
+
+
 @dataclass
 class Written:
     """What went through the sink: rows per table and each bounded column's largest value.
@@ -196,15 +212,11 @@ class Written:
     rows: dict[str, int] = field(default_factory=dict)
     largest: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def add(self, name: str, frame: pd.DataFrame) -> None:
-        self.rows[name] = self.rows.get(name, 0) + len(frame)
-        for column in bounds.COLUMNS.get(name, {}):
-            if column in frame.columns and len(frame) and frame[column].dtype.kind in "iuf":
-                values = frame[column].to_numpy(np.float64)
-                values = values[np.isfinite(values)]  # the rest was refused per rank
-                if len(values):
-                    key, top = (name, column), float(values.max())
-                    self.largest[key] = max(top, self.largest.get(key, top))
+    def add(self, done: FinishedRank) -> None:
+        for name, frame in done.tables.items():
+            self.rows[name] = self.rows.get(name, 0) + len(frame)
+        for key, top in done.largest.items():
+            self.largest[key] = max(top, self.largest.get(key, top))
 
     def check(self, small: dict[str, pd.DataFrame], meta: dict[str, Any], label: str) -> None:
         """ProfileError naming `label` if a bound of the exact counts refuses a value."""
@@ -226,8 +238,8 @@ def merge_ranks(plan: JobPlan, finished: Iterable[FinishedRank], sink: TableSink
         facts.merge(done.facts)
         if done.transfers is not None:
             transfers.append(done.transfers)
+        written.add(done)
         for name, frame in done.tables.items():
-            written.add(name, frame)
             sink.append(name, frame)
         del done
     small = {"p2p": waits.p2p_table(plan.p2p), "exchange": exchange_table(transfers),
