@@ -247,9 +247,9 @@ class _Table:
             return
         if self.name == "trace":
             self._index(frame["ipu"].to_numpy(np.int64))
+        given = {str(k): v for k, v in frame.items()}  # each column once, not by name
         for name in self.columns:
-            series = frame[name] if name in frame.columns else \
-                _missing(self.empty[name], len(frame))
+            series = given[name] if name in given else _missing(self.empty[name], len(frame))
             self._add(name, series, strings)
         self.rows += len(frame)
 

@@ -43,6 +43,15 @@ class StringTable:
         lookup = np.array([self._code(u) for u in uniques.tolist()], dtype=np.int32)
         return lookup[inverse] if len(uniques) else np.zeros(0, dtype=np.int32)
 
+    def encode_distinct(self, values: list[str]) -> np.ndarray:
+        """int32 codes of `values`, few and mostly distinct (a categorical's categories),
+        interned in the sorted order `encode` interns in, without its hashing of a
+        column."""
+        for text in sorted(set(values)):
+            self._code(text)
+        codes = self._codes
+        return np.fromiter((codes[v] for v in values), dtype=np.int32, count=len(values))
+
     def _code(self, text: str) -> int:
         code = self._codes.get(text)
         if code is None:

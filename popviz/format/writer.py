@@ -271,8 +271,8 @@ def encode_column(series: pd.Series, strings: StringTable) -> tuple[str, np.ndar
     if isinstance(series.dtype, pd.CategoricalDtype):  # each category once, then indexing
         if kind in (schema.ENC_STRING_REF, schema.ENC_INT_OR_STRING):
             categories = series.cat.categories
-            lookup = strings.encode([*(str(c) for c in categories), ""])
-            codes = series.cat.codes.to_numpy()
+            lookup = strings.encode_distinct([*(str(c) for c in categories), ""])
+            codes = series.array.codes
             return kind, lookup[np.where(codes < 0, len(categories), codes)]
         series = series.astype(series.cat.categories.dtype)
         return encode_column(series, strings)
