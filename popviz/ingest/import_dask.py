@@ -35,10 +35,10 @@ PathLike = str | os.PathLike[str]
 LOCAL = "local"
 CONNECT_SECONDS = 20  # a scheduler that does not answer in this long is refused
 # `--scheduler auto`: more traces than this go to a local cluster on a machine of at least
-# AUTO_MIN_CPUS when Dask is installed. On 2 cores a local cluster is slower than parsing
-# in one process (its start, 2-3 s, and each rank's tables pickled to the client, while
-# the client and the workers share the cores: bench_import_scale.py), so `none` is the
-# default and `auto` is asked for
+# AUTO_MIN_CPUS when Dask is installed. On 2 cores a local cluster is no faster than a pool
+# of 2 processes (its start and stop, 1.5-2 s, and the client's writing, while the client
+# and the workers share the cores: bench_import_scale.py), so `none` is the default and
+# `auto` is asked for
 AUTO_MIN_TRACES = 8
 AUTO_MIN_CPUS = 8
 
