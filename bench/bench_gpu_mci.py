@@ -122,6 +122,22 @@ def last_rank(report: Any) -> tuple[float, float]:
     return state, int(report.summary["max_memory_allocated"][str(gpu)]) / 1e9
 
 
+def _row(report: Any, target: str, pp: int, run: str,
+         published: tuple[float, float, float] | None) -> tuple[str, float | None]:
+    """One table row for `report` (the last rank's peak, state and the iteration) against
+    the published (iteration s, allocated GB, peak GB), or "held out" without them; and the
+    peak's ratio."""
+    state, top = last_rank(report)
+    step = report.summary["step_ms"] / 1e3
+    head = f"{target:>6} {pp:>3} {GPUS // pp:>3} {report.summary['microbatches']:>2} {run:>14}"
+    if published is None:
+        return (f"{head} | {'held out':>7} {top:>7.3f} {'':>6} | {'':>8} {state:>6.3f} | "
+                f"{'':>7} {step:>7.4f}"), None
+    seconds, allocated, peak = published
+    return (f"{head} | {peak:>7.3f} {top:>7.3f} {top / peak:>6.2f} | {allocated:>8.3f} "
+            f"{state:>6.3f} | {seconds:>7.4f} {step:>7.4f} {step / seconds:>6.2f}"), top / peak
+
+
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     t0 = time.perf_counter()
@@ -132,35 +148,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{'ratio':>6} | {'alloc GB':>8} {'state':>6} | {'iter s':>7} {'planned':>7} "
           f"{'ratio':>6}")
     ratios = []
-    for (target, pp, run), (seconds, allocated, peak) in PUBLISHED.items():
-        report = planned(programs[run != "uneven"], target, pp, run)
-        state, top = last_rank(report)
-        step = report.summary["step_ms"] / 1e3
-        ratios.append(top / peak)
-        print(f"{target:>6} {pp:>3} {GPUS // pp:>3} "
-              f"{report.summary['microbatches']:>2} {run:>14} | {peak:>7.3f} {top:>7.3f} "
-              f"{top / peak:>6.2f} | {allocated:>8.3f} {state:>6.3f} | {seconds:>7.4f} "
-              f"{step:>7.4f} {step / seconds:>6.2f}")
+    for (target, pp, run), published in PUBLISHED.items():
+        line, ratio = _row(planned(programs[run != "uneven"], target, pp, run), target, pp,
+                           run, published)
+        assert ratio is not None  # every row here has its published values
+        ratios.append(ratio)
+        print(line)
     print(f"last rank's peak: predicted / published {min(ratios):.2f}-{max(ratios):.2f}; "
           "iteration times not modelled (per-step logging, timers, deterministic mode)")
     t0 = time.perf_counter()
     big = record_big()
     print(f"\ngpt3_7b_tp1_pp4_memory_speed (recorded in {time.perf_counter() - t0:.1f} s): "
-          f"PP {BIG_PP} interleaved, 8 chunks a GPU, DP {GPUS // BIG_PP}, distributed optimizer")
+          f"PP {BIG_PP} interleaved, {BIG_SHAPE[0] // BIG_PP} chunks a GPU, "
+          f"DP {GPUS // BIG_PP}, distributed optimizer")
     for target in (*BIG_PUBLISHED, *BIG_HELD_OUT):
-        report = planned_big(big, target)
-        state, top = last_rank(report)
-        step = report.summary["step_ms"] / 1e3
-        m = report.summary["microbatches"]
-        if target in BIG_PUBLISHED:
-            seconds, allocated, peak = BIG_PUBLISHED[target]
-            print(f"{target:>6} {BIG_PP:>3} {GPUS // BIG_PP:>3} {m:>2} {'distopt':>14} | "
-                  f"{peak:>7.3f} {top:>7.3f} {top / peak:>6.2f} | {allocated:>8.3f} "
-                  f"{state:>6.3f} | {seconds:>7.4f} {step:>7.4f} {step / seconds:>6.2f}")
-        else:
-            print(f"{target:>6} {BIG_PP:>3} {GPUS // BIG_PP:>3} {m:>2} {'distopt':>14} | "
-                  f"{'held out':>7} {top:>7.3f} {'':>6} | {'':>8} {state:>6.3f} | "
-                  f"{'':>7} {step:>7.4f}")
+        print(_row(planned_big(big, target), target, BIG_PP, "distopt",
+                   BIG_PUBLISHED.get(target))[0])
     return 0
 
 
