@@ -69,7 +69,9 @@ CONFIGS: list[dict[str, Any]] = [
                             "half_partials": True,
                             "available_memory_proportion": 0.15,
                             "gradient_accumulation": 40, "replication_factor": 4,
-                            "schedule": "Grouped"}}},
+                            "schedule": "Grouped",
+                            # Models/efficientnet.py forces stable_norm on for ImageNet
+                            "stable_norm_statistics": True}}},
     {"name": "effnet-b4-g1-pipeline-4ipu", "point": None,
      "source": "graphcore/examples applications/tensorflow/cnns/training/configs.yml "
      "(commit b30108f): mk2_efficientnet_b4_g1_16ipus, the standard EfficientNet-B4 "
@@ -84,7 +86,9 @@ CONFIGS: list[dict[str, Any]] = [
                             "half_partials": True,
                             "available_memory_proportion": 0.15,
                             "gradient_accumulation": 64, "replication_factor": 4,
-                            "schedule": "Grouped"}}},
+                            "schedule": "Grouped",
+                            # Models/efficientnet.py forces stable_norm on for ImageNet
+                            "stable_norm_statistics": True}}},
     {"name": "resnext101-pipeline-2ipu", "point": "bow-resnext101-train-pod16-2stage-mb6",
      "source": "Graphcore, 'Performance Results', Bow platform training table, "
      "https://www.graphcore.cn/performance-results/ (stored copy read 2026-11-23); "

@@ -123,6 +123,10 @@ class Options:
     # inference: each batch norm folded into its convolution (an ONNX export in eval mode,
     # PopRT): a per-channel bias add instead of the running-statistics scale and shift
     fold_batch_norms: bool = False
+    # norms' statistics the numerically stable way: the mean reduced and subtracted before
+    # the sum of squares (TensorFlow's IPUConfig norms.use_stable_statistics, the flag
+    # Graphcore's CNN applications call --stable-norm); slower, as its documentation says
+    stable_norm_statistics: bool = False
 
     # ---- PopTorch-like setters (each returns self so calls chain) ----
     def set_available_memory_proportion(self, value: Any) -> Options:

@@ -132,6 +132,36 @@ def test_grouped_stashes_more_and_runs_faster_than_interleaved_when_uneven() -> 
     assert grouped.summary["step_cycles"] < inter.summary["step_cycles"]
 
 
+def _busiest(compute: pd.DataFrame) -> int:
+    return int((compute["end"] - compute["start"]).groupby(compute["ipu"]).sum().max())
+
+
+def test_a_grouped_clock_runs_every_forward_then_every_backward(pipelined) -> None:
+    # TensorFlow's Grouped schedule: "the pipelined stages are either all running their
+    # forward pass or all running their backward pass" (graphcore/tutorials, pipelining):
+    # in each clock every recompute and backward starts after the slowest forward and a
+    # sync, and the clock is the slowest forward plus the slowest recompute + backward
+    trace = pipelined.tables["trace"]
+    sync = get_target("mk2").sync_cycles
+    checked = 0
+    for _, step in trace.groupby("superstep"):
+        comp = step[step["kind"] == "compute"]
+        fwd, back = comp[comp["pass"] == "F"], comp[comp["pass"].isin(["R", "B"])]
+        if fwd.empty or back.empty:
+            continue
+        f_end = fwd["end"].max()
+        assert back["start"].min() == f_end + sync
+        mid = step[(step["kind"] == "sync") & (step["start"] == f_end)]
+        assert sorted(mid["ipu"]) == [0, 1, 2, 3]
+        assert f_end - comp["start"].min() == _busiest(fwd)
+        assert back["end"].max() - back["start"].min() == _busiest(back)
+        checked += 1
+    assert checked >= 8  # every clock of the main phase
+    inter = compile(synthetic_program(layers=8, batch=4, channels=16, hw=16),
+                    Options(splits=SPLITS, gradient_accumulation=8, schedule="Interleaved"))
+    assert (inter.tables["trace"]["kind"] == "sync").sum() < (trace["kind"] == "sync").sum()
+
+
 def test_sharded_never_overlaps_compute_across_ipus(program) -> None:
     r = compile(program, Options(splits=SPLITS, gradient_accumulation=4, strategy="sharded"))
     spans = sorted(busy_by_superstep(r.tables["trace"]))

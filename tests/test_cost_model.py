@@ -59,8 +59,15 @@ def test_op_and_sync_fixed_costs_add_per_op_and_per_superstep() -> None:
                     replace=True)
     slow = compile(prog, Options(splits=["l2"], gradient_accumulation=4,
                                  target="mk2-slow-sync"))
-    supersteps = base.tables["trace"]["superstep"].nunique()
-    assert slow.summary["step_cycles"] - base.summary["step_cycles"] == 10000 * supersteps
+    trace = base.tables["trace"]
+    supersteps = trace["superstep"].nunique()
+    # a Grouped clock syncs twice: after its forwards and at its end
+    compute = trace[trace["kind"] == "compute"]
+    passes = compute.groupby("superstep")["pass"].agg(set)
+    grouped = sum(1 for p in passes if "F" in p and p & {"R", "B"})
+    assert grouped == 4  # 2 stages, 4 micro-batches: clocks 1-4 run both
+    assert slow.summary["step_cycles"] - base.summary["step_cycles"] == \
+        10000 * (supersteps + grouped)
     busy = op_costs(prog.ops.assign(op_class="elementwise", flops=1, bytes_read=2,
                                     bytes_written=2), MK2, Precision.parse("16.16", True),
                     np.full(len(prog.ops), 0.6))

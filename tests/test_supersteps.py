@@ -82,6 +82,40 @@ def test_a_batch_norm_forward_by_hand() -> None:
     assert got.exchange == pytest.approx((2 * 20 * 4 + 19 * 4 + 2 * 16 * 4) / 4.0)
 
 
+def test_stable_statistics_reduce_the_mean_then_the_centred_squares_by_hand() -> None:
+    # poplin normStatisticsImpl with stableAlgo (TensorFlow's norms.use_stable_statistics):
+    # the mean reduced on its own, subtracted from every value (a per-channel broadcast),
+    # then the squares of that reduced; without it one reduceMany takes both sums
+    elements = 20 * 64 * 56 * 56
+    layout = norm_layout("aten.native_batch_norm.default", "[20,64,56,56]", elements, 1472)
+    plain = norm_forward(layout, 1472, True, 4.0)
+    stable = norm_forward(layout, 1472, True, 4.0, stable=True)
+    # two local passes of one sum for one of two; their first stages keep one result a
+    # tile each (64 x 19 over 1,472 tiles) where the joint one kept two; the second stage
+    # (19 partials) runs twice; and the centring broadcast
+    centring = VERTEX_CYCLES + 2727 * 0.25
+    assert stable.vertex - plain.vertex == pytest.approx(
+        VERTEX_CYCLES + VERTEX_CYCLES + (VERTEX_CYCLES + 19 * 0.5) + centring)
+    assert (stable.sets - plain.sets, stable.exchanging - plain.exchanging) == (4, 3)
+    # exchanged on top: the second stage's 19 float partials and 16 channels' means
+    assert (stable.exchange - plain.exchange) * 4.0 == pytest.approx(19 * 4 + 16 * 4)
+
+
+def test_stable_statistics_cost_only_the_norms_forward() -> None:
+    elements = 6 * 128 * 56 * 56
+    rows = pd.concat([_row("aten.native_group_norm.default", "norm", "[6,128,56,56]",
+                           elements),
+                      _row("aten.native_group_norm_backward.default", "norm",
+                           "[6,128,56,56]", elements),
+                      _row("aten.relu.default", "elementwise", "[6,128,56,56]", elements)],
+                     ignore_index=True)
+    plain = op_costs(rows, MK2, HALF, np.array([0.6, 0.6, 0.6]))["cycles"].to_numpy()
+    stable = op_costs(rows, MK2, Precision.parse("16.16", True, stable_norm_statistics=True),
+                      np.array([0.6, 0.6, 0.6]))["cycles"].to_numpy()
+    assert stable[0] > 1.2 * plain[0]  # a group norm's forward: one more pass of six
+    assert (stable[1:] == plain[1:]).all()  # its backward and the relu: unchanged
+
+
 def test_a_group_norm_forward_whitens_then_scales_four_passes() -> None:
     # popnn groupNormalise: subtract and scale per (sample, group), then gamma and beta
     # per channel; batch norm folds the first two into two ops over its channels

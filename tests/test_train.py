@@ -175,7 +175,22 @@ ERRORS = [
     (["--model", "resnet", "--group-norm", "0"], ["give a positive number of groups"]),
     (["--model", "resnet", "--inference", "--group-norm", "32", "--fold-batch-norms"],
      ["no batch norm for --fold-batch-norms"]),
+    (["--model", "resnet", "--target", "h100", "--stable-norm"],
+     ["--stable-norm models TensorFlow's IPU norms; h100 is a GPU"]),
 ]
+
+
+def test_stable_norm_is_the_options_stable_statistics() -> None:
+    import argparse
+
+    from popviz.cli.train.flags import add_arguments, make_options, resolve
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, want in ((["--model", "resnext", "--stable-norm"], True),
+                       (["--model", "resnext"], False)):
+        args = resolve(parser.parse_args(argv))
+        assert make_options(args, micro_batch=6, training=True).stable_norm_statistics is want
 
 
 @pytest.mark.parametrize(("argv", "expected"), ERRORS)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.actions import CONTRACT_PASSES
-from popviz.compiler.bsp import time_schedule
+from popviz.compiler.bsp import grouped_clocks, time_schedule
 from popviz.compiler.compiler import _stage_costs, compile, costed_plan
 from popviz.compiler.plan_common import compute_target
 from popviz.compiler.schedule import build_schedule
@@ -129,6 +129,7 @@ class Prepared:
     extra: np.ndarray  # per superstep: sync + exchange (independent of op cycles)
     shape: tuple[int, int]  # supersteps, IPUs
     samples: float
+    grouped: bool = False  # bsp.grouped_clocks: forwards, then recompute and backward
     terms: CostTerms | None = None
 
     def op_cycles(self, cost: CostModel) -> np.ndarray:
@@ -151,12 +152,22 @@ class Prepared:
         np.add.at(out, (self.pass_code[ok], self.stage[ok]), cycles[ok])
         return out
 
-    def step_cycles(self, cost: CostModel) -> float:
+    def compute_cycles(self, cost: CostModel) -> np.ndarray:
+        """Per superstep, the compute part of its length, as bsp.time_schedule lays it
+        out: the busiest IPU's passes, or with Grouped clocks the busiest forward plus
+        the busiest recompute and backward (their sync is in `extra`)."""
         per = self.stage_cycles(cost)
-        busy = np.zeros(self.shape)
         a = self.actions
-        np.add.at(busy, (a[:, 0], a[:, 1]), per[a[:, 3], a[:, 2]])
-        return float((busy.max(axis=1) + self.extra).sum())
+        forward = (a[:, 3] == PASSES.index("F")) & self.grouped
+        total = np.zeros(self.shape[0])
+        for m in (forward, ~forward):
+            busy = np.zeros(self.shape)
+            np.add.at(busy, (a[m, 0], a[m, 1]), per[a[m, 3], a[m, 2]])
+            total += busy.max(axis=1)
+        return total
+
+    def step_cycles(self, cost: CostModel) -> float:
+        return float((self.compute_cycles(cost) + self.extra).sum())
 
     def predict(self, cost: CostModel) -> float:
         """Samples per second with `cost`."""
@@ -167,7 +178,8 @@ def prepare(point: dict[str, Any]) -> Prepared:
     """Plan a throughput point as `compile` does, keeping what re-costing needs."""
     options = point_options(point).copy()
     target = compute_target(ipu_target(options.target), options.io_tiles)
-    precision = Precision.parse(options.precision, options.half_partials)
+    precision = Precision.parse(options.precision, options.half_partials,
+                                options.stable_norm_statistics)
     program, micro_batch, plan, ops, amp = costed_plan(point_program(point), options,
                                                        target, precision)
     amp = ops["amp_used"].fillna(0.6).to_numpy(np.float64) if len(ops) else amp
@@ -201,11 +213,9 @@ def prepare(point: dict[str, Any]) -> Prepared:
                         pass_code, n, actions, np.zeros(schedule.num_supersteps),
                         (schedule.num_supersteps, plan.num_ipus),
                         float(micro_batch * microbatches * iterations
-                              * options.replication_factor))
-    busy = np.zeros(prepared.shape)
-    per = prepared.stage_cycles(target.cost)
-    np.add.at(busy, (actions[:, 0], actions[:, 1]), per[actions[:, 3], actions[:, 2]])
-    prepared.extra = (timing.superstep_end - timing.superstep_start) - busy.max(axis=1)
+                              * options.replication_factor), grouped_clocks(schedule))
+    prepared.extra = (timing.superstep_end - timing.superstep_start) \
+        - prepared.compute_cycles(target.cost)
     return prepared
 
 

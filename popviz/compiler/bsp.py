@@ -125,9 +125,18 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     seg = pd.concat(seg_rows, ignore_index=True)
     seg = seg[seg["dur"] > 0].sort_values("order", kind="stable").reset_index(drop=True)
     seg["ipu"] = costs.ipu[seg["stage"].to_numpy()]
-    busy = np.zeros((K, num_ipus), dtype=np.int64)
-    np.add.at(busy, (seg["k"].to_numpy(), seg["ipu"].to_numpy()), seg["dur"].to_numpy())
-    compute_len = busy.max(axis=1) if num_ipus else np.zeros(K, dtype=np.int64)
+    # with one group a clock runs every pass back to back
+    forward = (seg["pass"] == "F").to_numpy() & grouped_clocks(schedule)
+    busy_f, busy_rb = (np.zeros((K, num_ipus), dtype=np.int64) for _ in range(2))
+    for busy_part, m in ((busy_f, forward), (busy_rb, ~forward)):
+        np.add.at(busy_part, (seg["k"].to_numpy()[m], seg["ipu"].to_numpy()[m]),
+                  seg["dur"].to_numpy()[m])
+    busy = busy_f + busy_rb
+    f_len, rb_len = ((b.max(axis=1) if num_ipus else np.zeros(K, dtype=np.int64))
+                     for b in (busy_f, busy_rb))
+    # a Grouped clock: every forward, a sync, then every recompute and backward
+    mid = np.where((f_len > 0) & (rb_len > 0), target.sync_cycles, 0).astype(np.int64)
+    compute_len = f_len + mid + rb_len
 
     tr = _transfers(schedule, costs, target, replicas)
     link_x = np.zeros((K, num_ipus), dtype=np.int64)
@@ -160,15 +169,18 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     end = start + length
 
-    # compute events, back to back within (superstep, ipu)
-    offs = seg.groupby(["k", "ipu"])["dur"].cumsum().to_numpy() - seg["dur"].to_numpy()
-    c_start = start[seg["k"].to_numpy()] + offs
+    # compute events, back to back within (superstep, ipu, group)
+    offs = seg.groupby([seg["k"], seg["ipu"], forward])["dur"].cumsum().to_numpy() \
+        - seg["dur"].to_numpy()
+    seg_k = seg["k"].to_numpy()
+    c_start = start[seg_k] + offs + np.where(forward, 0, f_len[seg_k] + mid[seg_k])
     stage_of_ipu = np.full(num_ipus, -1, dtype=np.int64)
     for st in range(n - 1, -1, -1):
         stage_of_ipu[costs.ipu[st]] = st
     kk, ii = (a.ravel() for a in np.meshgrid(np.arange(K), np.arange(num_ipus), indexing="ij"))
-    b = busy.ravel()
+    bf, brb = busy_f.ravel(), busy_rb.ravel()
     sync_at = start[kk] + compute_len[kk]
+    rb0 = start[kk] + f_len[kk] + mid[kk]  # where the recompute / backward group starts
     x0 = sync_at + sync[kk]
     lx, hx = link_x.ravel(), host_x.ravel()
     phase = schedule_phases(schedule, n)
@@ -186,7 +198,11 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
                        np.full(m.sum(), ""), np.full(m.sum(), label)))
 
     ones = np.ones(len(kk), dtype=bool)
-    ipu_events(ones, start[kk] + b, sync_at, "idle", "wait for sync")
+    split = mid[kk] > 0
+    ipu_events(split, start[kk] + bf, start[kk] + f_len[kk], "idle", "wait for sync")
+    ipu_events(split, start[kk] + f_len[kk], rb0, "sync", "sync")
+    ipu_events(ones, np.where(split, rb0 + brb, start[kk] + bf + brb), sync_at, "idle",
+               "wait for sync")
     ipu_events(ones, sync_at, x0, "sync", "sync")
     ipu_events(ones, x0, x0 + lx, "exchange", "exchange")
     ipu_events(ones, x0 + lx, x0 + lx + hx, "host_io", "host stream copy")
@@ -226,6 +242,16 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
 
 
 PHASES = ("ramp_up", "main", "ramp_down", "update")
+
+
+def grouped_clocks(schedule: Schedule) -> bool:
+    """Whether each clock runs as two groups: TensorFlow's Grouped schedule runs every
+    stage's forward, then every stage's recompute and backward ("at any given point in
+    time, the pipelined stages are either all running their forward pass or all running
+    their backward pass": graphcore/tutorials tutorials/tensorflow1/pipelining/README.md,
+    Grouped Scheduling): a sync between the groups; the copies to the neighbouring IPUs
+    stay at the clock's end, where the next clock needs them."""
+    return schedule.name == "Grouped" and bool((schedule.actions["pass"] == "B").any())
 
 
 def schedule_phases(schedule: Schedule, num_stages: int) -> np.ndarray:

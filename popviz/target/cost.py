@@ -33,12 +33,16 @@ class Precision:
     compute_bytes: int  # activations, activation gradients
     weight_bytes: int  # parameters, optimiser state, gradient accumulators
     half_partials: bool
+    # norms' statistics computed the numerically stable way (the mean first): TensorFlow's
+    # IPUConfig norms.use_stable_statistics, as Graphcore's CNN applications set it
+    stable_norm_statistics: bool = False
 
     @classmethod
-    def parse(cls, precision: str, half_partials: bool) -> Precision:
+    def parse(cls, precision: str, half_partials: bool,
+              stable_norm_statistics: bool = False) -> Precision:
         compute, weights = precision.split(".")
         return cls(2 if compute == "16" else 4, 2 if weights == "16" else 4,
-                   bool(half_partials) and compute == "16")
+                   bool(half_partials) and compute == "16", bool(stable_norm_statistics))
 
     @property
     def fp16(self) -> bool:
@@ -231,7 +235,8 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
             names=[names[i] for i in rest],
             in_shapes=[shapes[0][i].split(";")[0] for i in rest],
             out_shapes=[shapes[1][i] for i in rest],
-            exchange_rate=float(target.exchange_bytes_per_tile_cycle))
+            exchange_rate=float(target.exchange_bytes_per_tile_cycle),
+            stable_statistics=precision.stable_norm_statistics)
         vector[rest] = got.vertex
         moved[rest] = got.exchange
         sets[rest] = got.sets

@@ -92,10 +92,10 @@ PROVENANCE: dict[str, Provenance] = {
         "weight-update rearrangements) is PopLibs' own estimate of each dense layer within "
         "8% (bench/bench_poplibs_layers.py: 81 layers against PopLibs' pinned IpuModel "
         "cycles), and ResNet-50 inference on a C600 runs at that estimate (the held-out "
-        "PopRT / ByteMLPerf points: -0.1% / +5% / -4% at 1, -15% to -23% as fitted). So "
-        "0.81 is not the convolutions' own rate on hardware: it carries training work the "
-        "model misses outside them (vector_efficiency sits at its 0.7 bound), the open "
-        "mechanism of docs/cost-model.md section 6"),
+        "PopRT / ByteMLPerf points: about 0 / +5% / -4% at 1, -14% to -22% as fitted). So "
+        "the fitted factor is not the convolutions' own rate on hardware: it carries "
+        "training work the model misses outside them (vector_efficiency sits at its 0.7 "
+        "bound), the open mechanism of docs/cost-model.md section 6"),
     "vector_efficiency": Provenance(
         "fitted", "fraction of their popops vertex estimates (popviz/target/popops.py, "
         "supersteps.py: a 64-bit path, six workers, PopLibs' cycles per op, a norm's and a "

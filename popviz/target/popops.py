@@ -188,11 +188,12 @@ class VectorCost:
 def vector_cycles(kinds: list[VectorKind], elements_in: np.ndarray, elements_out: np.ndarray,
                   bytes_out: np.ndarray, tiles: np.ndarray, fp16: bool,
                   names: list[str] | None = None, in_shapes: list[str] | None = None,
-                  out_shapes: list[str] | None = None, exchange_rate: float = 4.0
-                  ) -> VectorCost:
+                  out_shapes: list[str] | None = None, exchange_rate: float = 4.0,
+                  stable_statistics: bool = False) -> VectorCost:
     """Each op's work on its busiest tile: its elements spread evenly over `tiles`, each
     compute set a MultiVertex (six workers and a supervisor); norms, softmax and
-    reductions as supersteps.py's compute sets (their shapes say how the statistics sit)."""
+    reductions as supersteps.py's compute sets (their shapes say how the statistics sit);
+    `stable_statistics`: norms' statistics as TensorFlow's stable statistics run them."""
     n = len(kinds)
     per_element = np.array([k.half if fp16 else k.float for k in kinds], dtype=np.float64)
     basis = np.array([k.basis for k in kinds])
@@ -213,7 +214,7 @@ def vector_cycles(kinds: list[VectorKind], elements_in: np.ndarray, elements_out
     for i in [j for j, k in enumerate(kinds) if k.steps != "plain"]:
         got = _stepped(kinds[i].steps, names[i], in_shapes[i], out_shapes[i],
                        float(elements_in[i]), float(elements_out[i]), int(tiles[i]), fp16,
-                       exchange_rate)
+                       exchange_rate, stable_statistics)
         vertex[i], exchange[i], sets[i], exchanging[i] = (got.vertex, got.exchange, got.sets,
                                                           got.exchanging)
     return VectorCost(vertex, exchange, sets, exchanging)
@@ -221,8 +222,8 @@ def vector_cycles(kinds: list[VectorKind], elements_in: np.ndarray, elements_out
 
 @functools.lru_cache(maxsize=8192)  # a program repeats its layers' shapes
 def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: float,
-             elements_out: float, tiles: int, fp16: bool, rate: float
-             ) -> supersteps.ComputeSets:
+             elements_out: float, tiles: int, fp16: bool, rate: float,
+             stable_statistics: bool = False) -> supersteps.ComputeSets:
     if steps == "reduce":
         return supersteps.reduction(in_shape, out_shape, elements_in, elements_out, tiles,
                                     fp16, rate)
@@ -237,4 +238,4 @@ def _stepped(steps: str, name: str, in_shape: str, out_shape: str, elements_in: 
     if steps == "norm backward":
         params = supersteps.param_layout(name, out_shape, elements_out, tiles)
         return supersteps.norm_backward(layout, tiles, fp16, rate, params)
-    return supersteps.norm_forward(layout, tiles, fp16, rate)
+    return supersteps.norm_forward(layout, tiles, fp16, rate, stable_statistics)

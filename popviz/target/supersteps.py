@@ -209,15 +209,18 @@ def _small(values: float, tiles: int, per_element: float) -> ComputeSets:
     return one_set(VERTEX_CYCLES + per_tile * per_element)
 
 
-def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
+def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float,
+                 stable: bool = False) -> ComputeSets:
     """Statistics and the inverse standard deviation, then the normalisation as the
     frameworks call PopLibs. Batch norm (PopART's and TensorFlow's BatchNormOpx /
     NormTrainingOp): gamma x inv-std and beta - mean x that, two ops over the channels,
     folded into one scale and one shift (popnn `batchNormalise` with a combined
     multiplicand): two broadcast ops over the values. Group and layer norm (popnn
     `groupNormalise`): whiten (subtract the mean, scale by the inverse std, per
-    statistic) then gamma and beta per channel: four."""
-    stats = _statistics(layout, STATISTICS, tiles, fp16, rate)
+    statistic) then gamma and beta per channel: four. `stable`: the statistics as
+    `stable_statistics` computes them."""
+    stats = (stable_statistics(layout, tiles, fp16, rate) if stable
+             else _statistics(layout, STATISTICS, tiles, fp16, rate))
     inv_std = _small(layout.groups, tiles, 19 / 4 if fp16 else 8 / 2)  # rsqrt
     total = stats + inv_std
     if layout.per_channel:
@@ -229,6 +232,17 @@ def norm_forward(layout: Layout, tiles: int, fp16: bool, rate: float) -> Compute
     for step in steps:
         total += step
     return total
+
+
+def stable_statistics(layout: Layout, tiles: int, fp16: bool, rate: float) -> ComputeSets:
+    """The statistics with stable statistics on (poplin `normStatisticsImpl` with
+    `stableAlgo`, TensorFlow's `norms.use_stable_statistics`): the mean reduced first,
+    subtracted from every value (a broadcast op writing a new tensor), then the sum of
+    squares of that reduced: two reductions with their own cross-tile stages and one
+    more pass over the values, where the default reduces both sums in one pass."""
+    mean = _statistics(layout, 1, tiles, fp16, rate)
+    centred = _broadcast(layout, fp16, layout.per_channel, rate)
+    return mean + centred + _statistics(layout, 1, tiles, fp16, rate)
 
 
 def norm_inference(layout: Layout, fp16: bool, rate: float) -> ComputeSets:

@@ -125,6 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tiles of each IPU kept for host streams (PopTorch numIOTiles): the "
                    "model runs on the rest and the next device iteration's input copies "
                    "overlap this one's compute (default 0: none); IPU only")
+    g.add_argument("--stable-norm", action="store_true",
+                   help="norms' statistics the stable way, mean first (TensorFlow's "
+                   "norms.use_stable_statistics, as Graphcore's CNN configs set it): one "
+                   "more pass and reduction per norm; IPU only")
     g.add_argument("--fold-batch-norms", action="store_true",
                    help="with --inference: batch norms folded into their convolutions, as "
                    "an ONNX export in eval mode leaves them for PopRT (a bias add each)")
@@ -191,6 +195,8 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         _error(f"--io-tiles must be >= 0, got {args.io_tiles}")
     if args.io_tiles and args.target in GPU_TARGET_NAMES:
         _error(f"--io-tiles are an IPU's tiles kept for host streams; {args.target} is a GPU")
+    if args.stable_norm and args.target in GPU_TARGET_NAMES:
+        _error(f"--stable-norm models TensorFlow's IPU norms; {args.target} is a GPU")
     if args.fold_batch_norms and args.target in GPU_TARGET_NAMES:
         _error(f"--fold-batch-norms models PopRT's ONNX export on an IPU; {args.target} is "
                "a GPU")
@@ -308,6 +314,7 @@ def make_options(args: argparse.Namespace, micro_batch: int, training: bool) -> 
         outlining=args.outlining,
         io_tiles=args.io_tiles,
         fold_batch_norms=args.fold_batch_norms and not training,
+        stable_norm_statistics=args.stable_norm,
         training=training,
         gpu_precision=args.gpu_precision,
     )
