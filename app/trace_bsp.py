@@ -77,7 +77,8 @@ def section(entry: Entry) -> html.Div:
         html.H3("BSP view of a superstep"),
         html.P("Click a compute or op bar in the trace (or pick an IPU and a superstep) to "
                "see its superstep tile by tile: each op computes and exchanges on the tiles "
-               "its plan uses while the others idle, then all tiles wait at the sync "
+               "its plan uses while the others idle, then all tiles wait at the sync; a "
+               "Grouped clock also syncs after its forwards "
                "(modelled from each op's plan: see docs/app.md).", className="hint"), pick,
         html.Div([html.Span("IPU ", className="label"),
                   dcc.Dropdown(id="trace-bsp-ipu", clearable=False,

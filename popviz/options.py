@@ -240,6 +240,14 @@ class Options:
         self.validate()
         return self
 
+    def set_stable_norm_statistics(self, enabled: bool = True) -> Options:
+        """Norms' statistics the numerically stable way (TensorFlow's
+        IPUConfig.norms.use_stable_statistics): the mean reduced and subtracted before the
+        sum of squares, one more pass and reduction per norm; IPU targets."""
+        self.stable_norm_statistics = bool(enabled)
+        self.validate()
+        return self
+
     def set_outlining(self, enabled: bool = True) -> Options:
         """Identical ops of repeated layers share one copy of their code, vertex state and
         exchange code (PopART / PopTorch outlining, on by default there; TensorFlow's CNN

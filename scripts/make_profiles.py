@@ -34,7 +34,9 @@ PROFILES: dict[str, list[str]] = {
         "--pipeline", "--pipeline-splits", "b1/2/relu", "b2/3/relu", "b3/3/relu",
         "--pipeline-schedule", "Grouped", "--gradient-accumulation-count", "1024",
         "--enable-recomputation", "--available-memory-proportion", "0.15",
-        "--precision", "16.32", "--enable-half-partials"],
+        "--precision", "16.32", "--enable-half-partials",
+        # mk2_resnet50_bn_16ipus's base configuration sets stable_norm
+        "--stable-norm"],
     # ResNet-50 on one IPU with the six published recomputation checkpoints, micro-batch 20,
     # FP16, half partials, AMP 0.15 (the MLPerf v1.1 configuration, one replica)
     "rn50_recompute": [

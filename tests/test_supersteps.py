@@ -101,6 +101,21 @@ def test_stable_statistics_reduce_the_mean_then_the_centred_squares_by_hand() ->
     assert (stable.exchange - plain.exchange) * 4.0 == pytest.approx(19 * 4 + 16 * 4)
 
 
+def test_stable_statistics_are_an_ipu_option() -> None:
+    from popviz.compiler import compile
+    from popviz.options import Options
+    from tooling.testing.programs import synthetic_program
+
+    program = synthetic_program(layers=2, batch=4, channels=16, hw=16)
+    with pytest.raises(ValueError, match="stable norm statistics model TensorFlow's IPU"):
+        compile(program, Options(target="h100").set_stable_norm_statistics())
+    plain = compile(program, Options()).tables["ops"]
+    stable = compile(program, Options().set_stable_norm_statistics()).tables["ops"]
+    norm = (plain["op_class"] == "norm") & (plain["pass"] == "F")
+    assert (stable.loc[norm, "cycles"] > plain.loc[norm, "cycles"]).all()
+    assert (stable.loc[~norm, "cycles"] == plain.loc[~norm, "cycles"]).all()
+
+
 def test_stable_statistics_cost_only_the_norms_forward() -> None:
     elements = 6 * 128 * 56 * 56
     rows = pd.concat([_row("aten.native_group_norm.default", "norm", "[6,128,56,56]",

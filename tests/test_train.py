@@ -187,8 +187,13 @@ def test_stable_norm_is_the_options_stable_statistics() -> None:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    for argv, want in ((["--model", "resnext", "--stable-norm"], True),
-                       (["--model", "resnext"], False)):
+    # on for resnext and efficientnet unless turned off, as the TensorFlow CNN app forces
+    # it on for them; off for resnet unless asked (its configurations ask)
+    for argv, want in ((["--model", "resnext"], True), (["--model", "efficientnet"], True),
+                       (["--model", "resnext", "--no-stable-norm"], False),
+                       (["--model", "resnet"], False),
+                       (["--model", "resnet", "--stable-norm"], True),
+                       (["--model", "resnext", "--target", "h100"], False)):
         args = resolve(parser.parse_args(argv))
         assert make_options(args, micro_batch=6, training=True).stable_norm_statistics is want
 

@@ -4,7 +4,8 @@ PopVision's BSP trace shows, per tile, when it computes, exchanges and waits at 
 modelled profile has no per-tile timeline, so this one is rebuilt from each op's plan:
 
 - The superstep is the IPU's trace events with that `superstep` (compute, then the
-  waits, sync, inter-IPU exchange and host stream copies of `popviz.compiler.bsp`).
+  waits, sync, inter-IPU exchange and host stream copies of `popviz.compiler.bsp`; a
+  Grouped training clock has a wait and a sync between its forwards and its backwards).
 - Each compute event's ops run one after another in program order, each as long as its
   share of the pass's modelled cycles (`popviz.analysis.trace_detail.pass_ops`).
 - An op runs on `tiles_used` contiguous tiles placed as `popviz.compiler.memory` places

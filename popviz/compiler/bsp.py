@@ -1,4 +1,6 @@
-"""Bulk-synchronous timing of a schedule: each superstep is compute, sync, exchange.
+"""Bulk-synchronous timing of a schedule: each superstep is compute, sync, exchange (a
+Grouped training clock: its forwards, a sync, its recomputes and backwards, then sync and
+exchange).
 
 Every IPU waits at the sync for the slowest one (that wait is `idle`), then all transfers
 of the superstep run (IPU-Links in parallel, host stream copies share the PCIe link).

@@ -56,6 +56,9 @@ def compile(program: Program, options: Options | None = None) -> Report:
         if options.fold_batch_norms:
             raise ValueError(f"folded batch norms are modelled as PopRT runs an ONNX "
                              f"export on an IPU; {options.target} is a GPU")
+        if options.stable_norm_statistics:
+            raise ValueError(f"stable norm statistics model TensorFlow's IPU norms; "
+                             f"{options.target} is a GPU")
         return compile_gpu(program, options, target)
     target = compute_target(target, options.io_tiles)
     if options.gpu_precision != "as-recorded":

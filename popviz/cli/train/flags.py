@@ -125,10 +125,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tiles of each IPU kept for host streams (PopTorch numIOTiles): the "
                    "model runs on the rest and the next device iteration's input copies "
                    "overlap this one's compute (default 0: none); IPU only")
-    g.add_argument("--stable-norm", action="store_true",
+    g.add_argument("--stable-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="norms' statistics the stable way, mean first (TensorFlow's "
-                   "norms.use_stable_statistics, as Graphcore's CNN configs set it): one "
-                   "more pass and reduction per norm; IPU only")
+                   "norms.use_stable_statistics): one more pass and reduction per norm. "
+                   "Default: on for resnext and efficientnet, as the TensorFlow CNN app "
+                   "forces it for them, off otherwise (Graphcore's ResNet-50 configs set "
+                   "it); IPU only")
     g.add_argument("--fold-batch-norms", action="store_true",
                    help="with --inference: batch norms folded into their convolutions, as "
                    "an ONNX export in eval mode leaves them for PopRT (a bias add each)")
@@ -148,6 +150,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(docs/measure.md)")
     g.add_argument("--debug", action="store_true", help="print options and model facts")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+# the models whose TensorFlow CNN application forces stable norm statistics on (ImageNet)
+STABLE_NORM_MODELS = ("resnext", "efficientnet")
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -197,6 +203,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         _error(f"--io-tiles are an IPU's tiles kept for host streams; {args.target} is a GPU")
     if args.stable_norm and args.target in GPU_TARGET_NAMES:
         _error(f"--stable-norm models TensorFlow's IPU norms; {args.target} is a GPU")
+    if args.stable_norm is None:  # graphcore/examples Models/resnext.py, efficientnet.py
+        args.stable_norm = args.name in STABLE_NORM_MODELS and \
+            args.target not in GPU_TARGET_NAMES
     if args.fold_batch_norms and args.target in GPU_TARGET_NAMES:
         _error(f"--fold-batch-norms models PopRT's ONNX export on an IPU; {args.target} is "
                "a GPU")
