@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.actions import CONTRACT_PASSES
-from popviz.compiler.bsp import grouped_clocks, time_schedule
+from popviz.compiler.bsp import group_busy, grouped_clocks, time_schedule
 from popviz.compiler.compiler import _stage_costs, compile, costed_plan
 from popviz.compiler.plan_common import compute_target
 from popviz.compiler.schedule import build_schedule
@@ -159,12 +159,9 @@ class Prepared:
         per = self.stage_cycles(cost)
         a = self.actions
         forward = (a[:, 3] == PASSES.index("F")) & self.grouped
-        total = np.zeros(self.shape[0])
-        for m in (forward, ~forward):
-            busy = np.zeros(self.shape)
-            np.add.at(busy, (a[m, 0], a[m, 1]), per[a[m, 3], a[m, 2]])
-            total += busy.max(axis=1)
-        return total
+        busy_f, busy_rb = group_busy(a[:, 0], a[:, 1], per[a[:, 3], a[:, 2]], forward,
+                                     self.shape)
+        return busy_f.max(axis=1) + busy_rb.max(axis=1)
 
     def step_cycles(self, cost: CostModel) -> float:
         return float((self.compute_cycles(cost) + self.extra).sum())
@@ -178,8 +175,7 @@ def prepare(point: dict[str, Any]) -> Prepared:
     """Plan a throughput point as `compile` does, keeping what re-costing needs."""
     options = point_options(point).copy()
     target = compute_target(ipu_target(options.target), options.io_tiles)
-    precision = Precision.parse(options.precision, options.half_partials,
-                                options.stable_norm_statistics)
+    precision = Precision.of(options)
     program, micro_batch, plan, ops, amp = costed_plan(point_program(point), options,
                                                        target, precision)
     amp = ops["amp_used"].fillna(0.6).to_numpy(np.float64) if len(ops) else amp

@@ -49,8 +49,7 @@ def amp_steps(ops: pd.DataFrame, meta: dict[str, Any],
         target = ipu_target(options.target)
     except (TypeError, ValueError, KeyError):
         return None
-    precision = Precision.parse(options.precision, options.half_partials,
-                                options.stable_norm_statistics)
+    precision = Precision.of(options)
     sel = sel.assign(shapes=sel["shapes"].fillna("").astype(str),
                      out_shape=sel["out_shape"].fillna("").astype(str)
                      if "out_shape" in sel.columns else "")

@@ -129,10 +129,8 @@ def time_schedule(schedule: Schedule, costs: StageCosts, target: Target, num_ipu
     seg["ipu"] = costs.ipu[seg["stage"].to_numpy()]
     # with one group a clock runs every pass back to back
     forward = (seg["pass"] == "F").to_numpy() & grouped_clocks(schedule)
-    busy_f, busy_rb = (np.zeros((K, num_ipus), dtype=np.int64) for _ in range(2))
-    for busy_part, m in ((busy_f, forward), (busy_rb, ~forward)):
-        np.add.at(busy_part, (seg["k"].to_numpy()[m], seg["ipu"].to_numpy()[m]),
-                  seg["dur"].to_numpy()[m])
+    busy_f, busy_rb = group_busy(seg["k"].to_numpy(), seg["ipu"].to_numpy(),
+                                 seg["dur"].to_numpy(np.int64), forward, (K, num_ipus))
     busy = busy_f + busy_rb
     f_len, rb_len = ((b.max(axis=1) if num_ipus else np.zeros(K, dtype=np.int64))
                      for b in (busy_f, busy_rb))
@@ -254,6 +252,20 @@ def grouped_clocks(schedule: Schedule) -> bool:
     Grouped Scheduling): a sync between the groups; the copies to the neighbouring IPUs
     stay at the clock's end, where the next clock needs them."""
     return schedule.name == "Grouped" and bool((schedule.actions["pass"] == "B").any())
+
+
+def group_busy(superstep: np.ndarray, ipu: np.ndarray, cycles: np.ndarray,
+               forward: np.ndarray, shape: tuple[int, int]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Each (superstep, IPU)'s compute in the forward group and in the other (recompute,
+    backward, WU): `forward` marks the actions of the first group (none without Grouped
+    clocks)."""
+    groups = []
+    for m in (forward, ~forward):
+        busy = np.zeros(shape, dtype=cycles.dtype)
+        np.add.at(busy, (superstep[m], ipu[m]), cycles[m])
+        groups.append(busy)
+    return groups[0], groups[1]
 
 
 def schedule_phases(schedule: Schedule, num_stages: int) -> np.ndarray:

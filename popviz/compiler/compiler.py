@@ -73,8 +73,7 @@ def compile(program: Program, options: Options | None = None) -> Report:
                          f"weight gradients, which PopART does not: GPU targets only "
                          f"({options.target} takes Grouped, Interleaved, Sequential, GPipe "
                          f"or 1F1B)")
-    precision = Precision.parse(options.precision, options.half_partials,
-                                options.stable_norm_statistics)
+    precision = Precision.of(options)
     # a program rebuilt from a profile (tune) holds the tied-weight copies compile made:
     # drop them so that they are made (and counted) once, as when it was recorded
     tensors = drop_copies(program.tensors)

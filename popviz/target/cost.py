@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,9 @@ from popviz.target.costmodel import CostModel
 from popviz.target.machines import Target
 from popviz.target.popops import kind_of, vector_cycles
 from popviz.target.vertices import TileArch
+
+if TYPE_CHECKING:
+    from popviz.options import Options
 
 AMP_CLASSES = ("conv", "grouped_conv", "depthwise_conv", "matmul")
 NORM_PASSES = 2.0  # passes a norm makes over its input (statistics, then normalising)
@@ -43,6 +47,12 @@ class Precision:
         compute, weights = precision.split(".")
         return cls(2 if compute == "16" else 4, 2 if weights == "16" else 4,
                    bool(half_partials) and compute == "16", bool(stable_norm_statistics))
+
+    @classmethod
+    def of(cls, options: Options) -> Precision:
+        """What `options` ask for: their precision, half partials and norm statistics."""
+        return cls.parse(options.precision, options.half_partials,
+                         options.stable_norm_statistics)
 
     @property
     def fp16(self) -> bool:
