@@ -77,9 +77,10 @@ def section(entry: Entry) -> html.Div:
         html.H3("BSP view of a superstep"),
         html.P("Click a compute or op bar in the trace (or pick an IPU and a superstep) to "
                "see its superstep tile by tile: each op computes and exchanges on the tiles "
-               "its plan uses while the others idle, then all tiles wait at the sync; a "
-               "Grouped clock also syncs after its forwards "
-               "(modelled from each op's plan: see docs/app.md).", className="hint"), pick,
+               "its plan uses while the others idle, then all tiles wait at the sync and "
+               "exchange (a Grouped training clock also syncs between its forwards and its "
+               "backwards). Modelled from each op's plan: see docs/app.md.",
+               className="hint"), pick,
         html.Div([html.Span("IPU ", className="label"),
                   dcc.Dropdown(id="trace-bsp-ipu", clearable=False,
                                options=[{"label": f"IPU {i}", "value": i} for i in ipus],

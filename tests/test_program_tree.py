@@ -187,3 +187,15 @@ def test_stage_and_layer_texts_equal_a_walk_over_each_node() -> None:
     assert _stage_texts(hand, "module", "stage", pd.Index(["a", "b", "c"])).tolist() == \
         ["0, 3", "", "1-3"]
     assert _layer_texts(hand, "module", pd.Index(["a", "b", "c"])).tolist() == ["x…y", "", "p…q"]
+
+
+def test_a_run_without_modules_lists_the_ops_of_a_clicked_box() -> None:
+    # a measured run may record no module column: every op hangs under the model, and a
+    # click on one of its boxes lists that op's rows (it raised KeyError: 'module')
+    ops = _ops().drop(columns="module")
+    tree = program_tree(ops)
+    leaves = tree[tree["kind"] == "op"]
+    assert set(leaves["parent"]) == {"model"}
+    for leaf in leaves["id"]:
+        picked = node_ops(ops, leaf)
+        assert len(picked) == leaves.loc[leaves["id"] == leaf, "ops"].item() > 0

@@ -247,7 +247,9 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
         shown = level or ROOT
         after = next_level(tree_of(entry), node, shown)
         figure = dash.no_update if after == shown else tree(ctx, entry, after)
-        return node_panel(entry, node), figure, after
+        # the panel of the node the icicle now shows: a box clicked on the way back up
+        # shows its parent's level, not the one left
+        return node_panel(entry, after if after != shown else node), figure, after
 
     # a figure replaced while Plotly still animates its zoom leaves boxes where the
     # animation had them (a gap in the column): wait for the zoom to end

@@ -179,16 +179,17 @@ def node_ops(ops: pd.DataFrame, node: str) -> pd.DataFrame:
     'module/name (pass)'), heaviest first."""
     if node in ("", ROOT):
         sel = ops
-    elif "/" in node:
-        module, leaf = node.rsplit("/", 1)
-        module = "" if module == ROOT else module
-        mods = ops["module"].fillna("").astype(str)
-        names = [f"{_short(o)} ({p})" for o, p in zip(ops["op"], ops["pass"].astype(str),
-                                                         strict=True)]
-        sel = ops[(mods == module) & (pd.Series(names, index=ops.index) == leaf)]
-    else:
-        mods = ops["module"].fillna("").astype(str)
-        sel = ops[(mods == node) | mods.str.startswith(node + ".")]
+    else:  # a measured run may record no module (every op under the model)
+        norm = _normalised(ops)
+        mods = norm["module"]
+        if "/" in node:
+            module, leaf = node.rsplit("/", 1)
+            module = "" if module == ROOT else module
+            names = [f"{_short(o)} ({p})" for o, p in zip(norm["op"], norm["pass"],
+                                                             strict=True)]
+            sel = ops[(mods == module) & (pd.Series(names, index=ops.index) == leaf)]
+        else:
+            sel = ops[(mods == node) | mods.str.startswith(node + ".")]
     if "cycles" in sel:
         sel = sel.sort_values("cycles", ascending=False, kind="stable")
     return sel

@@ -177,6 +177,13 @@ def test_tree_click_lists_ops_and_links_to_table_and_trace(browser_context: Any,
     modules = page.locator("#tree-node-ops td[data-dash-column='module']").all_inner_texts()
     assert modules and all(m == label or m.startswith(label + ".") for m in modules)
     _shot(page, "tree_clicked")
+    # its own box again goes back up: the panel follows to the model (it kept the module)
+    _click_slice(page, label)
+    page.wait_for_function("() => document.querySelector('#tree-node-head').innerText"
+                           ".startsWith('model:')", timeout=20_000)
+    _click_slice(page, label)  # and down once more, for the links below
+    page.wait_for_function("l => document.querySelector('#tree-node-head').innerText"
+                           ".startsWith(l + ':')", arg=label, timeout=20_000)
     # the ops table, filtered to the module
     page.click("#tree-to-ops")
     page.wait_for_selector("#ops-table .dash-spreadsheet")
