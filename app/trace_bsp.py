@@ -51,21 +51,20 @@ def tiles_per_ipu(entry: Entry) -> int:
 
 
 def section(entry: Entry) -> html.Div:
-    """The BSP view's controls and (empty until asked) figure, below the trace."""
+    """The BSP view's controls and (empty until asked) figure, below the trace; hidden
+    unless the profile is an IPU plan (Naming.has_tiles): a GPU plan runs kernels and a
+    measured run real times, neither BSP supersteps on tiles, so there is nothing to say."""
     pick = dcc.Store(id="trace-bsp-pick")
-    if naming(entry).gpu_plan:  # a GPU runs kernels, not BSP supersteps on tiles
+    if not naming(entry).has_tiles:
         return html.Div([pick, html.Div(id="trace-bsp-status"),
                          dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
                          dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN)],
                         id="trace-bsp", style=HIDDEN)
-    if not available(entry):
-        why = ("needs a modelled profile: a measured or imported profile has no tiles"
-               if naming(entry).measured else "needs each op's tiles and the trace's "
-               "supersteps, which this profile does not have")
+    if not available(entry):  # an IPU plan, but one that does not say its tiles
         return html.Div([
             html.H3("BSP view of a superstep"), pick,
-            # a measured page speaks of ranks and ns: no "IPU" or "cycles" here
-            html.Div(f"The BSP view (tiles x time of one superstep) {why}.",
+            html.Div("The BSP view (tiles x time of one superstep) needs each op's tiles "
+                     "and the trace's supersteps, which this profile does not have.",
                      id="trace-bsp-status", className="message info"),
             dcc.Dropdown(id="trace-bsp-ipu", options=[], style=HIDDEN),
             dcc.Input(id="trace-bsp-step", type="number", style=HIDDEN),

@@ -15,6 +15,7 @@ from popviz.analysis.links import op_span, op_window
 from . import links
 from .cache import Entry
 from .common import AppContext, naming, op_templates, profile_of
+from .trace_stats import run_window
 
 HINT = "an op, kernel or module; pass:B, mb:2 narrow it"
 
@@ -37,12 +38,13 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
     items: list[Any] = []
     found, total = find_ops(ops, query)
     templates = op_templates(entry) if len(found) else {}
+    run = run_window(entry)
     for row in found.to_dict("records"):
         at = op_span(ops, trace, int(row["op_id"]), templates)
         if at is None:
             continue
         ipu, span = at
-        t0, t1 = op_window(span, trace)
+        t0, t1 = op_window(span, trace, run=run)
         where = f"{words.label(ipu)}, {row.get('pass', '') or ''}".rstrip(", ")
         module = str(row.get("module", "") or "")
         items.append(html.Li(links.link(
@@ -52,7 +54,7 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
             f"trace-found-op-{int(row['op_id'])}")))
     kernels, many = find_kernels(trace, query)
     for i, row in enumerate(kernels.to_dict("records")):
-        t0, t1 = op_window((float(row["start"]), float(row["end"])), trace)
+        t0, t1 = op_window((float(row["start"]), float(row["end"])), trace, run=run)
         items.append(html.Li(links.link(
             f"kernel {row['op']} (of {row['host_op']}; {words.label(int(row['ipu']))}, "
             f"{float(row['start']):,.0f} {words.unit})",

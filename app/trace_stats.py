@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 from dash import html
 
+from popviz.analysis.links import run_span
 from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, readable_window
 from popviz.analysis.trace_threads import has_threads, idle_by_cause, launch_links
@@ -33,6 +34,13 @@ def threads(entry: Entry) -> bool:
     """Whether the profile is an import with thread and stream lanes (format 1.2)."""
     return entry.get("has_threads", lambda: has_threads(entry.profile.table("host_slices"),
                                                         entry.profile.trace))
+
+
+def run_window(entry: Entry) -> tuple[float, float]:
+    """The whole run as /trace draws it (with an import's host slices, which start before
+    its first device event), once per open profile: links to an op keep inside it."""
+    return entry.get("run_span", lambda: run_span(
+        entry.profile.trace, entry.profile.table("host_slices") if threads(entry) else None))
 
 
 def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:

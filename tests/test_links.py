@@ -126,8 +126,11 @@ def test_operations_row_links_to_the_trace(cb: Any, prof: Any) -> None:
     _, span = links.op_span(prof.ops, prof.trace, int(op["op_id"]), pass_ops(prof.ops))
     _, whole = links.op_span(prof.ops, prof.trace, int(op["op_id"]))
     assert whole[0] <= span[0] <= span[1] <= whole[1] and span[1] - span[0] < whole[1] - whole[0]
-    mid = (float(q["t0"]) + float(q["t1"])) / 2
-    assert abs(mid - (span[0] + span[1]) / 2) <= 1
+    # the op's own window (its width 20 times over), shifted inside the run: this early
+    # op is 18k cycles nearer the start than half that width (no negative t0)
+    t0, t1 = float(q["t0"]), float(q["t1"])
+    assert 0 <= t0 <= span[0] <= span[1] <= t1
+    assert abs((t1 - t0) - 20 * (span[1] - span[0])) <= 2
     # /trace opens there with the op outlined
     fig, _status, _window, *_ = cb["trace.focus"](None, f"{Q}&t0={q['t0']}&t1={q['t1']}"
                                                     f"&ipu={q['ipu']}&op={q['op']}")
@@ -163,3 +166,79 @@ def test_trace_range_drives_operations_and_liveness(cb: Any, prof: Any) -> None:
     assert ranges == {str(i): [lo - 0.5, hi + 0.5] for i, (lo, hi) in found.items()}
     assert "linked from the trace" in text and fig is not None
     assert "Liveness" in " ".join(component_text(c) for c in panel)
+
+
+MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
+MQ = f"?profile={MEASURED_REL}"
+
+
+def test_op_window_keeps_inside_the_run() -> None:
+    """An op near either end of the run: the window shifts inside it (never a negative
+    t0, issue: the link to a CPU run's first op asked for t0=-310,990), keeps its width
+    and holds the op; in the middle it is centred on the op."""
+    import pandas as pd
+
+    tr = pd.DataFrame({"start": [100.0, 5_000.0], "end": [200.0, 10_000.0]})
+    assert links.run_span(tr) == (100.0, 10_000.0)
+    a, b = links.op_window((110.0, 150.0), tr)  # 40 long: 800 wide
+    assert (a, b) == (100.0, 900.0)
+    a, b = links.op_window((9_900.0, 9_990.0), tr)
+    assert (a, b) == (10_000.0 - 1_800.0, 10_000.0)
+    a, b = links.op_window((5_000.0, 5_010.0), tr)
+    assert (a + b) / 2 == 5_005.0 and b - a == 200.0
+    # a run shorter than the window: the whole run (the op inside it)
+    assert links.op_window((100.0, 200.0), tr.iloc[:1]) == (100.0, 2_100.0)
+    # the run as the page draws it (a measured run's host slices start at 0, before
+    # its first device event)
+    assert links.op_window((110.0, 150.0), tr, run=(0.0, 10_000.0)) == (0.0, 800.0)
+
+
+def test_a_measured_op_is_its_host_slice() -> None:
+    with popviz.open(ROOT / MEASURED_REL) as p:
+        ops, slices = p.ops, p.table("host_slices")
+        for op_id in (0, len(ops) // 2, int(ops["op_id"].iloc[-1])):
+            op = ops[ops["op_id"] == op_id].iloc[0]
+            lit = slices.loc[links.op_slices(ops, slices, op_id)]
+            assert len(lit) == 1
+            assert (int(lit["ipu"].iloc[0]), lit["start"].iloc[0], lit["end"].iloc[0],
+                    lit["name"].iloc[0]) == (int(op["ipu"]), op["start"], op["end"], op["op"])
+        assert len(links.op_slices(ops, slices, 10**9)) == 0  # no such op
+        assert links.run_span(p.trace, slices) == (
+            float(slices["start"].min()), max(float(slices["end"].max()),
+                                              float(p.trace["end"].max())))
+
+
+def test_modelled_ops_have_no_host_slice(prof: Any) -> None:
+    import pandas as pd
+
+    slices = pd.DataFrame({"ipu": [0], "start": [0], "end": [10], "name": ["x"]})
+    assert len(links.op_slices(prof.ops, slices, int(prof.ops["op_id"].iloc[0]))) == 0
+
+
+@pytest.mark.parametrize("pick", ["first", "middle", "last"])
+def test_measured_operations_row_opens_the_trace_at_the_op_outlined(cb: Any, pick: str
+                                                                    ) -> None:
+    """A CPU-measured run (ranks, ns from its first recorded step, Perfetto's thread
+    lanes): the link from /operations opens /trace on the op, inside the run, on the op's
+    rank, with the op's own host slice outlined, as an IPU plan's op is."""
+    with popviz.open(ROOT / MEASURED_REL) as p:
+        ops, slices = p.ops, p.table("host_slices")
+    op = ops.iloc[{"first": 0, "middle": len(ops) // 2, "last": len(ops) - 1}[pick]]
+    q = _query(cb["operations.to_trace"]({"row": 0, "column": 0,
+                                          "row_id": int(op["op_id"])}, MQ),
+               "ops-trace-link")
+    t0, t1 = float(q["t0"]), float(q["t1"])
+    assert q["op"] == str(op["op_id"]) and q["ipu"] == str(op["ipu"])
+    assert float(slices["start"].min()) <= t0 <= float(op["start"])
+    assert float(op["end"]) <= t1 <= float(slices["end"].max())
+    fig, _status, window, *_ = cb["trace.focus"](None, f"{MQ}&t0={q['t0']}&t1={q['t1']}"
+                                                     f"&ipu={q['ipu']}&op={q['op']}")
+    lit = [t for t in fig.data if str(t.name).endswith("(selected op)")]
+    assert len(lit) == 1 and list(lit[0].base) == [float(op["start"])]
+    assert window["range"] == [t0, t1] and fig.layout.meta["highlighted"] == 1
+    assert list(lit[0].x) == [float(op["end"] - op["start"])]
+    assert lit[0].customdata[0][0] == op["op"]
+    # it stays outlined when the user zooms out to the whole run, in either layout
+    for mode in ("flame", "flat"):
+        fig = cb["trace.mode"](mode, {"range": [None, None]}, f"{MQ}&op={q['op']}")[0]
+        assert fig.layout.meta["highlighted"] == 1

@@ -26,7 +26,7 @@ from popviz.analysis.superstep import (
 from popviz.analysis.trace_detail import pass_ops
 from popviz.figures.superstep import COLS, ROWS, superstep_figure
 from popviz.format import reader
-from tests.dash_util import component_text
+from tests.dash_util import component_text, find_components
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 REL = "rn50_pipeline/profile.h5"
@@ -215,12 +215,25 @@ def test_trace_page_wiring(profile: Any) -> None:
     assert status.startswith(f"IPU {ipu}, superstep {step}: ")
     _, status = cb["trace.bsp_show"](ipu, int(tr["superstep"].max()) + 3, search)
     assert "has no superstep" in status
+    from popviz_app import trace_bsp
+
+    shown = trace_bsp.section(app.popviz_context.cache.get(REL))  # an IPU plan's: drawn
+    assert getattr(shown, "style", None) is None
+    assert "BSP view of a superstep" in component_text(shown)
     if (ROOT / MEASURED).exists():
         from popviz_app.pages import trace as page
 
+        # a measured run has no BSP supersteps on tiles: no section to speak of them
         entry = app.popviz_context.cache.get(MEASURED)
-        text = component_text(page.layout(app.popviz_context, entry))
-        assert "needs a modelled profile: a measured or imported profile has no tiles" in text
+        layout = page.layout(app.popviz_context, entry)
+        bsp = [c for c in find_components(layout, "Div")
+               if getattr(c, "id", None) == "trace-bsp"]
+        assert len(bsp) == 1 and getattr(bsp[0], "style", None) == {"display": "none"}
+        assert component_text(bsp[0]).strip() == ""
+        text = component_text(layout)
+        assert "BSP" not in text and "superstep" not in text
+        with pytest.raises(PreventUpdate):
+            cb["trace.bsp_pick"]({"ipu": 0, "t": 1e5}, f"?profile={MEASURED}")
 
 
 def test_a_modelled_profile_without_tiles_says_so(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from ..common import (
     title_of,
 )
 from ..common import _format as records
+from ..trace_stats import run_window
 
 PATH = "/operations"
 TITLE = "Operations"
@@ -280,7 +281,7 @@ def op_link(entry: Entry, op_id: int) -> Any:
     if found is None:
         return html.Span(f"Op {op_id} has no place on the trace.", className="hint")
     ipu, span = found
-    t0, t1 = op_window(span, entry.profile.trace)
+    t0, t1 = op_window(span, entry.profile.trace, run=run_window(entry))
     return [html.Span(f"Op {op_id}: ", className="label"),
             links.link(f"open it in the Trace ({naming(entry).label(ipu)}, "
                        f"{span[0]:,.0f} to {span[1]:,.0f} {naming(entry).unit})",

@@ -16,6 +16,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
+from popviz.analysis.links import op_slices
 from popviz.analysis.trace_detail import module_levels
 from popviz.analysis.trace_threads import (
     FLAME,
@@ -55,16 +56,20 @@ NEEDS_PROFILE = True
 def trace(ctx: AppContext, entry: Entry, lo: float | None = None, hi: float | None = None,
           module: str | None = None, mode: str = FLAME, op: int | None = None,
           ranks: list[int] | None = None) -> Any:
-    """The trace figure of [lo, hi); `ranks`: only those ranks' lanes (an import of many)."""
+    """The trace figure of [lo, hi); `op`: that op outlined (a link's `&op=`); `ranks`:
+    only those ranks' lanes (an import of many)."""
     mode = mode if mode in MODES else FLAME
     if threads(entry):
         slices = entry.profile.table("host_slices")
         links = entry.get("launch_links", lambda: launch_links(slices, entry.profile.trace))
+        # an op here is its host slice (no modelled op level to outline it in)
+        lit = None if op is None else entry.get(
+            ("op_slices", op), lambda: op_slices(entry.profile.ops, slices, op))
         return thread_lanes_figure(slices, entry.profile.trace, links, lo, hi, mode=mode,
                                    naming=naming(entry),
                                    kernels=entry.get("kernels",
                                                      lambda: entry.profile.table("kernels")),
-                                   ranks=ranks)
+                                   ranks=ranks, highlight=lit)
     levels = entry.get("module_levels", lambda: module_levels(entry.profile.ops))
     return trace_lanes_figure(trace_index(entry), lo, hi, naming=naming(entry),
                               templates=templates(entry), highlight=module or None,

@@ -51,15 +51,31 @@ def padded(span: Span, trace: pd.DataFrame, fraction: float = MIN_FRACTION) -> S
     return inside if inside[1] > inside[0] else (a, b)
 
 
+def run_span(trace: pd.DataFrame, slices: pd.DataFrame | None = None) -> Span:
+    """The whole run on the trace's time axis: its events' and (an import drawn in thread
+    lanes) its host slices' first start and last end. A measured run's clock starts at its
+    first recorded step (a ProfilerStep slice at 0), before its first device event."""
+    frames = [f for f in (trace, slices) if f is not None and len(f)]
+    if not frames:
+        return 0.0, 0.0
+    return (float(min(f["start"].min() for f in frames)),
+            float(max(f["end"].max() for f in frames)))
+
+
 def op_window(span: Span, trace: pd.DataFrame, around: float = 20.0,
-              fraction: float = 1e-5) -> Span:
-    """A window centred on an op's `span`, `around` times as wide (so the op is seen with
-    its neighbours), and at least `fraction` of the trace."""
+              fraction: float = 1e-5, run: Span | None = None) -> Span:
+    """A window about an op's `span`, `around` times as wide (so the op is seen with its
+    neighbours), and at least `fraction` of the run; centred on the op, but shifted to lie
+    inside the run (`run`, else `run_span(trace)`) when the op is near either end: a link
+    never asks for times before the run's start (a negative t0) or after its end."""
     a, b = span
-    lo, hi = float(trace["start"].min()), float(trace["end"].max())
+    lo, hi = run if run is not None else run_span(trace)
+    lo, hi = min(lo, a), max(hi, b)  # the op itself is always inside
     width = max((b - a) * around, (hi - lo) * fraction, 1.0)
-    mid = (a + b) / 2
-    return mid - width / 2, mid + width / 2
+    if width >= hi - lo:  # the whole run (a short one: at least one unit)
+        return lo, lo + width
+    start = min(max((a + b) / 2 - width / 2, lo), hi - width)
+    return start, start + width
 
 
 def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
@@ -96,6 +112,27 @@ def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
             span = end - start
             return ipu, (start + float(tpl.lo[k]) * span, start + float(tpl.hi[k]) * span)
     return ipu, (start, end)
+
+
+def op_slices(ops: pd.DataFrame, slices: pd.DataFrame, op_id: int) -> pd.Index:
+    """Index labels of the host slices of one measured op (an import's ops are its
+    `cpu_op` slices: same rank, start, end and name); none for a modelled op or one
+    without times."""
+    row = ops[ops["op_id"].to_numpy() == op_id] if "op_id" in ops.columns else ops.iloc[:0]
+    need = {"ipu", "start", "end"}
+    if row.empty or slices.empty or not need <= set(row.columns) \
+            or not need <= set(slices.columns):
+        return slices.index[:0]
+    r = row.iloc[0]
+    if not 0 <= float(r["start"]) <= float(r["end"]):
+        return slices.index[:0]
+    keep = (slices["ipu"].to_numpy() == int(r["ipu"])) \
+        & (slices["start"].to_numpy() == r["start"]) & (slices["end"].to_numpy() == r["end"])
+    if "op" in row.columns and "name" in slices.columns:
+        # a parent and its only child may share both times: the op's own name decides
+        named = keep & (slices["name"].astype(str).to_numpy() == str(r["op"]))
+        keep = named if named.any() else keep
+    return slices.index[keep]
 
 
 def step_span(liveness: pd.DataFrame, trace: pd.DataFrame, ipu: int, step: int

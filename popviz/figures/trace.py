@@ -20,6 +20,7 @@ from popviz.vocab import MEASURED, Naming
 MAX_EVENTS = 1500  # above this, bars cost the browser more than they tell
 ROW_HEIGHT = 0.76  # of each IPU's row, the rest is the gap between rows
 PIXELS = 600  # buckets per IPU row when zoomed out; each holds a few sub-segments
+HIGHLIGHT = "#ffd400"  # the outline of a selected op or module
 
 
 # Labels inside bars: Plotly lays out every bar's text before uniformtext hides what does
@@ -50,6 +51,14 @@ def drop_unfitting_labels(traces: list, lo: float, hi: float,
         px = (np.clip(end, lo, hi) - np.clip(start, lo, hi)) / span * plot_px
         need = np.fromiter((len(str(t)) for t in text), np.float64, len(text)) * char_px + 4
         trace.text = np.where(px >= need, text, "")
+
+
+def reset_to_run(fig: go.Figure, lo: float, hi: float) -> None:
+    """A double-click (an autorange) shows exactly [lo, hi], the whole run. Plotly pads a
+    bar chart's autorange by 5%; and once a user has autoranged, the figure's uirevision
+    keeps that padded autorange over a redraw whose range is the one shown before (a
+    double-click on the whole run), so the server's exact range alone cannot undo it."""
+    fig.update_layout(xaxis={"autorangeoptions": {"minallowed": lo, "maxallowed": hi}})
 
 
 def _bar(name: str, rows: np.ndarray, base: np.ndarray, width: np.ndarray,
@@ -167,6 +176,7 @@ def trace_figure(trace: pd.DataFrame | TraceIndex, start: float | None = None,
                             "range": [lo, hi]})
     fig.update_xaxes(title_text=naming.time_title, range=[lo, hi], showgrid=True,
                      tickformat=",d")
+    reset_to_run(fig, index.start, index.end)
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
                      range=[len(labels) - 0.5, -0.5], fixedrange=True, showgrid=False,
                      zeroline=False, title_text="")

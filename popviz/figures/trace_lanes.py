@@ -26,7 +26,13 @@ from popviz.figures.style import (
     base_layout,
     empty_figure,
 )
-from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
+from popviz.figures.trace import (
+    HIGHLIGHT,
+    MAX_EVENTS,
+    _stack,
+    drop_unfitting_labels,
+    reset_to_run,
+)
 from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
 
@@ -46,7 +52,6 @@ OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#c51b8a",
                     "elementwise": "#a6cee3", "reduction": "#dfc27d",
                     "data_movement": "#cab2d6", "pool": "#fdbf6f", "loss": "#ff7f00",
                     "optimiser": "#519e3e", "other": "#bbbbbb"}
-HIGHLIGHT = "#ffd400"
 
 
 @dataclass
@@ -352,6 +357,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         yaxis={"domain": [split, 1.0]})
     fig.update_layout(xaxis={"title": {"text": naming.time_title}, "range": [lo, hi],
                              "showgrid": True, "tickformat": ",d", "anchor": "y"})
+    reset_to_run(fig, index.start, index.end)
     fig.update_layout(yaxis={"tickmode": "array", "tickvals": list(range(len(lanes))),
                              "ticktext": labels, "range": [len(lanes) - 0.5, -0.5],
                              "fixedrange": True, "showgrid": False, "zeroline": False,

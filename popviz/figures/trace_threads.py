@@ -10,10 +10,9 @@ status says to zoom in)."""
 
 from __future__ import annotations
 
-import html
-import textwrap
 import zlib
 from collections.abc import Collection
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,11 +37,15 @@ from popviz.figures.style import (
     base_layout,
     empty_figure,
 )
-from popviz.figures.trace import MAX_EVENTS, _stack, drop_unfitting_labels
-from popviz.format.schema import OPTIONAL_COLUMNS
+from popviz.figures.trace import (
+    HIGHLIGHT,
+    MAX_EVENTS,
+    _stack,
+    drop_unfitting_labels,
+    reset_to_run,
+)
+from popviz.figures.trace_kernels import hover_names, kernel_labels, launch_lines
 from popviz.vocab import MEASURED, Naming
-
-KERNEL_COLUMNS = OPTIONAL_COLUMNS["kernels"]
 
 MAX_FLOWS = 300  # arrows drawn at once; more means zoom in
 ROW_PX = 22
@@ -137,44 +140,33 @@ def _host_bars(frame: pd.DataFrame, rows: np.ndarray, naming: Naming) -> list[go
     return out
 
 
+def _selected_bar(frame: pd.DataFrame, rows: np.ndarray, naming: Naming) -> list[go.Bar]:
+    """The slices of the op a link points at, outlined: a bar with no fill over their own
+    (so the slices nested in them stay seen in flat mode), drawn last so nothing covers
+    it, and drawn however short (its own bar may be merged with the short slices)."""
+    if frame.empty:
+        return []
+    unit = naming.unit
+    dur = (frame["end"] - frame["start"]).to_numpy()
+    custom = _stack([frame["name"].astype(str).to_numpy(),
+                     [f"{naming.label(int(i))} {t}" for i, t in
+                      zip(frame["ipu"], frame["thread"].astype(str))],
+                     frame["depth"].to_numpy(), frame["end"].to_numpy(), dur])
+    return [go.Bar(
+        name=f"{_labels(frame['name'])[0]} (selected op)", orientation="h", y=rows,
+        base=frame["start"].to_numpy(dtype=float), x=np.maximum(dur, 0).astype(float),
+        width=BAR, marker={"color": "rgba(0,0,0,0)",
+                           "line": {"width": 3, "color": HIGHLIGHT}},
+        customdata=custom, cliponaxis=True,
+        hovertemplate=("<b>%{customdata[0]}</b> (selected op)<br>%{customdata[1]} · depth "
+                       f"%{{customdata[2]}}<br>%{{base:,.0f}} → %{{customdata[3]:,.0f}} "
+                       f"{unit} (duration %{{customdata[4]:,.0f}} {unit})<extra></extra>"))]
+
+
 def _labels(names: pd.Series) -> np.ndarray:
     """'aten::convolution' -> 'convolution'; runtime and other names as they are."""
     text = names.astype(str)
     return text.str.replace(r"^aten::", "", regex=True).str.slice(0, 40).to_numpy()
-
-
-def launch_lines(events: pd.DataFrame, kernels: pd.DataFrame | None) -> np.ndarray:
-    """Per GPU event: its kernel's launch as hover lines ("grid 1568×1×64 · block
-    256×1×1<br>32 registers a thread · 4,224 B shared memory<br>occupancy 100% (est.) ·
-    760.2 blocks and 6,081.9 warps per SM"), "" where `kernels` has no row for it."""
-    out = np.full(len(events), "", dtype=object)
-    if kernels is None or kernels.empty or events.empty or "correlation" not in events \
-            or not set(KERNEL_COLUMNS) <= set(kernels.columns):
-        return out
-    # a (rank, correlation) that names one kernel only (a damaged table may repeat one)
-    known = kernels[kernels["correlation"] >= 0].drop_duplicates(["ipu", "correlation"],
-                                                                 keep=False)
-    keys = events[["ipu", "correlation"]].reset_index(drop=True)
-    found = keys.merge(known, on=["ipu", "correlation"], how="left")
-    dims = {c: found[c].astype(object).to_numpy() for c in ("grid", "block")}
-    num = {c: pd.to_numeric(found[c], errors="coerce").to_numpy(dtype=np.float64) for c in
-           ("registers", "shared_bytes", "occupancy_pct", "blocks_per_sm", "warps_per_sm")}
-    for i in range(len(found)):
-        shape = " · ".join(f"{c} {str(dims[c][i]).replace(',', '×')}" for c in dims
-                           if isinstance(dims[c][i], str) and dims[c][i])
-        use = " · ".join(text.format(num[c][i]) for c, text in
-                         (("registers", "{:,.0f} registers a thread"),
-                          ("shared_bytes", "{:,.0f} B shared memory"))
-                         if np.isfinite(num[c][i]))
-        per_sm = " and ".join(text.format(num[c][i]) for c, text in
-                              (("blocks_per_sm", "{:,.1f} blocks"),
-                               ("warps_per_sm", "{:,.1f} warps")) if np.isfinite(num[c][i]))
-        fill = " · ".join(
-            ([f"occupancy {num['occupancy_pct'][i]:,.0f}% (est.)"]
-             if np.isfinite(num["occupancy_pct"][i]) else [])
-            + ([f"{per_sm} per SM"] if per_sm else []))
-        out[i] = "<br>".join(x for x in (shape, use, fill) if x)
-    return out
 
 
 def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming,
@@ -209,36 +201,6 @@ def _gpu_bars(ev: pd.DataFrame, index: dict, naming: Naming,
             text=kernel_labels(sel["op"]), textposition="inside", insidetextanchor="start",
             textfont={"color": "white"}, cliponaxis=True))
     return out
-
-
-HOVER_WIDTH = 90  # characters a hover line holds before it wraps
-HOVER_LINES = 4
-
-
-def hover_names(names: pd.Series) -> np.ndarray:
-    """Kernel names for a hover, wrapped at HOVER_WIDTH characters (at most HOVER_LINES
-    lines, the rest elided): a template kernel's name runs to hundreds of characters, and
-    one such line makes the hover wider than the plot, pushing its other lines out of
-    sight."""
-    codes, uniques = pd.factorize(names.astype(str))
-    wrapped = []
-    for name in uniques:
-        lines = textwrap.wrap(str(name), HOVER_WIDTH, break_on_hyphens=False) or [""]
-        if len(lines) > HOVER_LINES:
-            lines = [*lines[:HOVER_LINES - 1], lines[HOVER_LINES - 1][:HOVER_WIDTH - 1] + "…"]
-        wrapped.append("<br>".join(html.escape(x, quote=False) for x in lines))
-    return np.asarray(wrapped, dtype=object)[codes] if len(codes) else \
-        np.zeros(0, dtype=object)
-
-
-def kernel_labels(names: pd.Series) -> np.ndarray:
-    """A kernel's name as a label: its function, without `void`, namespaces, template
-    arguments or parameters ('void at::native::vectorized_elementwise_kernel<4, ...>(...)'
-    -> 'vectorized_elementwise_kernel'); a memcpy / memset keeps its words."""
-    text = names.astype(str).str.replace(r"^void\s+", "", regex=True)
-    head = text.str.split(r"[<(]", n=1, regex=True).str[0].str.strip()
-    short = head.str.rsplit("::", n=1).str[-1]
-    return np.where(short == "", text, short).astype(str).astype(object)
 
 
 def _side_bars(ev: pd.DataFrame, index: dict, naming: Naming, links: pd.DataFrame,
@@ -326,13 +288,16 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
                         pixels: int = PIXELS, min_px: float = MIN_PX,
                         title: str = "Execution trace",
                         kernels: pd.DataFrame | None = None,
-                        ranks: Collection[int] | None = None) -> go.Figure:
+                        ranks: Collection[int] | None = None,
+                        highlight: Collection[Any] | None = None) -> go.Figure:
     """Threads, GPU idle and streams of [start, end) (everything by default). `links` is
     `analysis.trace_threads.launch_links`; `kernels` (the profile's table of that name)
-    adds each kernel's launch to its hover; `ranks`: only theirs (a job of many). The
-    x range is the whole run's either way. `layout.meta`: view (flame|flat), mode
-    (events|merged), visible_events, drawn, range, flows_drawn, flows_hidden, rows,
-    ranks (those drawn, or None: all)."""
+    adds each kernel's launch to its hover; `ranks`: only theirs (a job of many);
+    `highlight`: index labels of `slices` to outline (analysis.links.op_slices: the op a
+    link points at). The x range is the whole run's either way, and so is a double-click's
+    (reset_to_run). `layout.meta`: view (flame|flat), mode (events|merged),
+    visible_events, drawn, range, flows_drawn, flows_hidden, rows, ranks (those drawn, or
+    None: all), highlighted (slices outlined)."""
     naming = naming or MEASURED
     run = [f for f in (slices, trace) if len(f)]
     first_all = float(min(f["start"].min() for f in run)) if run else 0.0
@@ -358,6 +323,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     index = {(r.ipu, r.lane, r.key, r.depth): k for k, r in enumerate(rows)}
     vs, vg, vside = visible(slices, lo, hi), visible(gpu, lo, hi), visible(side, lo, hi)
     total = len(vs) + len(vg) + len(vside)
+    lit = vs[vs.index.isin(list(highlight))] if highlight is not None else vs.iloc[:0]
     data: list = []
     view = "events"
     if total > max_events:  # the wide slices one by one, the rest merged per pixel
@@ -401,6 +367,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         shown, hidden = shown.iloc[:0], hidden + len(shown)
     if len(shown):
         data.append(_flows(shown, index, mode, naming))
+    data += _selected_bar(lit, _slice_rows(lit, index, mode), naming)
     drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     labels = []
@@ -413,9 +380,11 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         uniformtext={"minsize": 8, "mode": "hide"},
         meta={"view": mode, "mode": view, "visible_events": int(total), "drawn": int(drawn),
               "range": [lo, hi], "flows_drawn": len(shown), "flows_hidden": int(hidden),
-              "rows": labels, "ranks": None if ranks is None else [int(r) for r in keep]})
+              "rows": labels, "ranks": None if ranks is None else [int(r) for r in keep],
+              "highlighted": len(lit)})
     fig.update_xaxes(title_text=naming.time_title, range=[lo, hi], showgrid=True,
                      tickformat=",d")
+    reset_to_run(fig, first, last)
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))), ticktext=labels,
                      range=[len(rows) - 0.5, -0.5], fixedrange=True, showgrid=False,
                      zeroline=False, tickfont={"size": 10}, automargin=True)

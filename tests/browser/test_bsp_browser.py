@@ -124,15 +124,16 @@ def test_click_a_compute_bar_for_its_superstep(browser_context: Any, base_url: s
     page.close()
 
 
-def test_measured_profile_says_it_has_no_tiles(browser_context: Any, base_url: str,
-                                               served: Path) -> None:
+def test_measured_profile_has_no_bsp_section(browser_context: Any, base_url: str,
+                                            served: Path) -> None:
+    """A measured run has no BSP supersteps on tiles: /trace says nothing of them."""
     if not (served / MEASURED).exists():
         pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
     page, errors = _open(browser_context, f"{base_url}/trace?profile={quote(MEASURED)}")
-    page.wait_for_selector("#trace-bsp-status", timeout=90_000)  # after vetting
-    text = page.inner_text("#trace-bsp-status")
-    assert "needs a modelled profile: a measured or imported profile has no tiles" in text
+    page.wait_for_selector("#trace-graph .js-plotly-plot", timeout=90_000)  # after vetting
+    assert page.locator("#trace-bsp").count() == 1 and page.locator("#trace-bsp").is_hidden()
     assert page.locator("#trace-bsp-graph").count() == 0
-    assert "IPU" not in text and "cycles" not in text  # ranks and ns on a measured page
+    text = page.inner_text("#page")
+    assert "BSP" not in text and "superstep" not in text
     assert errors == [], errors
     page.close()

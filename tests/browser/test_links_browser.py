@@ -202,3 +202,37 @@ def test_the_find_box_lists_ops_and_opens_one_centred_and_outlined(
     _shot(page, "trace_find_opened")
     assert errors == []
     page.close()
+
+
+MEASURED = "tutorial_measured_2ranks/profile.h5"
+
+
+def test_measured_operations_row_opens_the_trace_at_the_op(browser_context: Any,
+                                                           base_url: str,
+                                                           served: Path) -> None:
+    """A CPU-measured run (ranks, ns from its first recorded step, thread lanes): the
+    first op's link keeps inside the run (it asked for t0=-310,990) and /trace outlines the
+    op's host slice (it outlined nothing)."""
+    if not (served / MEASURED).exists():
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
+    page, errors = _open(browser_context, f"{base_url}/operations?profile={quote(MEASURED)}")
+    page.wait_for_selector("#ops-table .dash-spreadsheet", timeout=180_000)
+    op_id = int(page.locator("#ops-table td[data-dash-column='op_id']").first.inner_text()
+                .replace(",", ""))
+    page.locator("#ops-table td[data-dash-column='op']").first.click()
+    q = _follow_to_trace(page, "#ops-trace-link")
+    with popviz.open(served / MEASURED) as p:
+        op = p.ops[p.ops["op_id"] == op_id].iloc[0]
+    assert q["op"] == str(op_id) and q["ipu"] == str(op["ipu"]) and float(q["t0"]) >= 0
+    lo, hi = _shown_range(page)
+    assert lo == float(q["t0"]) and lo <= float(op["start"]) <= float(op["end"]) <= hi
+    # each outlined bar's drawn start and end (calcdata: Plotly's own, decoded)
+    lit = page.wait_for_function(
+        "() => { const g = document.querySelector('#trace-graph .js-plotly-plot');"
+        " return g.data.flatMap((t, i) => String(t.name).endsWith('(selected op)') ?"
+        " g.calcdata[i].map(b => [b.s0, b.s1]) : []); }", timeout=30_000).json_value()
+    assert lit == [[float(op["start"]), float(op["end"])]]
+    assert page.locator("#trace-bsp").is_hidden()  # no BSP words for a measured run
+    _shot(page, "measured_operations_to_trace")
+    assert errors == []
+    page.close()

@@ -151,6 +151,13 @@ def test_one_double_click_or_the_button_shows_the_whole_run(browser_context: Any
                 page.wait_for_function(whole, arg=f"{end:,.0f}", timeout=15_000)
                 break
         assert _head(page)[1:3] == (start, end)
+        # a double-click on the whole run keeps it exactly (it padded the axis 5% each side)
+        box = page.locator("#trace-graph .nsewdrag").first.bounding_box()
+        page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_timeout(1_000)
+        page.wait_for_function(_SETTLED, timeout=30_000)
+        assert page.evaluate("() => document.querySelector('#trace-graph .js-plotly-plot')"
+                             "._fullLayout.xaxis.range") == [start, end]
         # zoom into a tenth, then the button
         page.evaluate(f"""() => Plotly.relayout(document.querySelector(
             '#trace-graph .js-plotly-plot'), {{'xaxis.range[0]': {start},
