@@ -54,3 +54,23 @@ def test_capacity_tick_drawn_over_an_oom_bar() -> None:
     # drawn after every bar, so on top of an out-of-memory one
     order = [d.type for d in fig.data]
     assert max(i for i, t in enumerate(order) if t == "bar") < order.index("scatter")
+
+
+def test_exchange_time_axis_starts_at_zero_not_below() -> None:
+    """Two transfers far apart (resnext101_inference_mk1: a host_in at the start, a
+    host_out at the end): Plotly padded the axis by half the gap between the two bars,
+    from about -1.7M cycles. The axis is the bins' span, from 0."""
+    ex = pd.DataFrame({"src": ["host", 0], "dst": [0, "host"], "bytes": [1_204_224, 8_000],
+                       "start": [600, 3_512_155], "end": [64_012, 3_515_755],
+                       "kind": ["host_in", "host_out"]})
+    over = analysis.exchange_over_time(ex)
+    fig = figures.exchange_time_figure(over)
+    assert list(fig.layout.xaxis.range) == [0.0, 3_515_755.0]
+    # every bar inside it
+    for bar in fig.data:
+        assert min(np.asarray(bar.x) - np.asarray(bar.width) / 2) >= 0.0
+        assert max(np.asarray(bar.x) + np.asarray(bar.width) / 2) <= 3_515_755.0
+    # a clock that does not count from the profile's start keeps the bins' own start
+    late = figures.exchange_time_figure(analysis.exchange_over_time(
+        ex.assign(start=ex["start"] + 10**12, end=ex["end"] + 10**12)))
+    assert late.layout.xaxis.range[0] == 10**12 + 600

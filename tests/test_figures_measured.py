@@ -98,7 +98,9 @@ def test_stage_figures_of_a_measured_profile(measured: Any) -> None:
     stash = figures.stash_figure(stages, naming=MEASURED)
     assert list(load.data[0].x) == ["stage 0 (rank 0)", "stage 1 (rank 1)"]
     assert list(stash.data[0].x) == list(load.data[0].x)
-    assert list(stash.data[0].customdata) == ["not measured"] * 2  # not "0 B" or "none"
+    # a run's traces show no stash: no empty stash bars that read as none, the title says so
+    assert [t.name for t in stash.data] == ["peak liveness"]
+    assert "show no stash" in stash.layout.title.text
     for fig in (time, load, stash):
         assert "IPU" not in _words(fig) and "cycles" not in _words(fig)
     amp = figures.amp_figure(stages, measured.meta, naming=MEASURED)
@@ -144,8 +146,11 @@ def test_pages_of_a_measured_profile_say_rank_and_ns(ctx: AppContext) -> None:
                for c in t.columns]
     assert "peak step" in headers and "at" not in headers  # no empty column of op names
     stages = render(ctx, "/stages", query)[1]
-    assert "measured run has none" in _text(stages)
+    # a measured run has no compiler options: no AMP chart, nor a note about one
+    assert "availableMemoryProportion" not in _text(stages) and "AMP" not in _text(stages)
     assert "stages-amp" not in [g.id for g in _find(stages, "Graph")]
+    assert not [c for c in find_components(stages, "Div")
+                if getattr(c, "id", None) == "stages-amp-note"]
     headers = [c["name"] for t in _find(stages, "DataTable") for c in t.columns]
     assert "forward ns" in headers and "rank" in headers
     assert not [h for h in headers if "cycles" in h or h == "ipu"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from popviz_app import create_app, render
 
 from tests.dash_util import component_text as _text
@@ -52,3 +53,23 @@ def test_a_nearly_full_tile_is_an_amber_card() -> None:
     tight = memory_card(0.97)
     assert tight.className.split()[-1] == "warn" and "little headroom" in _text(tight)
     assert memory_card(0.90).className.split()[-1] == "warn"
+
+
+def test_a_sharded_run_waits_for_other_shards_not_in_pipeline_bubbles(
+        capsys: pytest.CaptureFixture) -> None:
+    """A sharded run has no pipeline: one shard runs at a time and each IPU idles while
+    another runs. The pipelined run of the same model keeps its pipeline bubbles."""
+    from popviz.cli.main import main
+
+    ctx = create_app(ROOT).popviz_context
+    sharded = _cards(render(ctx, "/summary", "?profile=tutorial_sharded%2Ftraining")[1])
+    idle = [_text(c) for c in sharded if "idle" in _text(c)]
+    assert len(idle) == 1 and "waiting for other shards" in idle[0]
+    page = _text(render(ctx, "/summary", "?profile=tutorial_sharded%2Ftraining")[1])
+    assert "pipeline" not in page
+    pipelined = _text(render(ctx, "/summary", "?profile=tutorial_pipelined%2Ftraining")[1])
+    assert "pipeline bubbles" in pipelined and "other shards" not in pipelined
+    # `popviz summary` says it in the same words
+    assert main(["summary", str(ROOT / "tutorial_sharded" / "training"), "--no-vet"]) == 0
+    text = capsys.readouterr().out
+    assert "waiting for other shards: " in text and "pipeline" not in text

@@ -11,10 +11,13 @@ import pandas as pd
 import pytest
 
 import popviz
-from popviz.analysis.balance import ipu_balance, profile_stages, timed_stages
+from popviz.analysis.balance import ipu_balance, profile_stages, stage_balance, timed_stages
 from popviz.analysis.compare.sides import load_side
 from popviz.analysis.insights import insights
-from popviz.metrics import CATEGORIES, idle_fractions, rank_time
+from popviz.analysis.ranks import rank_shares
+from popviz.figures.stages import ipu_time_figure, stage_load_figure
+from popviz.metrics import CATEGORIES, idle_fractions, rank_time, stage_idle_fraction
+from popviz.vocab import MEASURED as MEASURED_WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "profiles" / "tutorial_measured_2ranks"
@@ -115,6 +118,53 @@ def test_timed_stages_count_an_async_send_once() -> None:
     assert out["total_cycles"].tolist() == [15.0, 15.0]
     assert out.loc[0, "forward_cycles"] == 7.0 and out.loc[0, "exchange_cycles"] == 5.5
     assert out["bubble_fraction"].tolist() == [2.5 / 15, 1.0 / 15]
+    # rank 1's 12 untraced (mean of 14 and 10) is neither busy nor compute: only its
+    # backward (2) is, as the ranks heat map and /compare count it
+    assert out.loc[1, "untraced_cycles"] == 12.0 and out.loc[1, "other_cycles"] == 0.0
+    assert out.loc[1, "busy_cycles"] == 2.0
+    assert out["busy_cycles"].tolist() == rank_shares(OVERLAP)["busy"].sort_index().tolist()
+
+
+def test_timed_stages_split_untraced_from_passless_compute_on_a_shared_rank() -> None:
+    # rank 0 holds stages 0 and 1 (interleaved), window [0, 10]: forward 4 (stage 0),
+    # forward 2 and compute of no pass 1 (stage 1), idle 1, nothing on [4, 6]
+    trace = pd.DataFrame({"ipu": 0, "step": 0, "stage": [0, 1, 1, 1],
+                          "start": [0, 6, 8, 9], "end": [4, 8, 9, 10],
+                          "kind": ["compute", "compute", "compute", "idle"],
+                          "pass": ["F", "F", "", ""]})
+    stages = pd.DataFrame({"stage": [0, 1], "ipu": [0, 0], "forward_cycles": [0.0, 0.0],
+                           "backward_cycles": 0.0, "exchange_cycles": 0.0,
+                           "idle_cycles": 0.0, "optimiser_cycles": 0.0, "other_cycles": 0.0})
+    out = timed_stages(stages, trace, measured=True).set_index("stage")
+    assert out["untraced_cycles"].tolist() == [1.0, 1.0]  # the rank's 2, shared equally
+    assert out["other_cycles"].tolist() == [0.5, 0.5]  # the compute of no pass, likewise
+    assert stage_idle_fraction(out) == pytest.approx(0.1)  # idle 1 of the step's 10
+    bal = ipu_balance(out.reset_index())
+    assert bal["busy_cycles"].tolist() == [7.0] and bal["total_cycles"].tolist() == [10.0]
+
+
+def test_measured_stages_call_untraced_time_untraced_as_trace_and_compare_do() -> None:
+    """tutorial_measured_2ranks: 29-31% of each rank's step is host Python between ops
+    (no event). /stages counted it as busy 'other compute' (load 1.03x / 0.97x); the ranks
+    heat map, /trace's range statistics and /compare call it untraced."""
+    p = popviz.open(MEASURED)
+    timed = profile_stages(p)
+    times = rank_time(p.trace)
+    per_ipu = ipu_balance(timed).set_index("ipu")
+    assert per_ipu["untraced_cycles"].to_numpy() == pytest.approx(times["untraced"].to_numpy())
+    assert (per_ipu["untraced_cycles"] > 0.25 * times["step_time"]).all()
+    shares = rank_shares(p.trace, p.stages).sort_index()
+    assert per_ipu["busy_cycles"].to_numpy() == pytest.approx(shares["busy"].to_numpy())
+    assert per_ipu["total_cycles"].to_numpy() == pytest.approx(times["step_time"].to_numpy())
+    side = load_side(p, "A")  # /compare: untraced ms per step
+    assert side.ipus["untraced_ms"].to_numpy() * 1e6 == pytest.approx(
+        per_ipu["untraced_cycles"].to_numpy())
+    fig = ipu_time_figure(timed, naming=MEASURED_WORDS)
+    names = [t.name for t in fig.data if t.name]
+    assert "untraced (no event)" in names and "other compute" not in names
+    load = stage_load_figure(timed, naming=MEASURED_WORDS)
+    busy = stage_balance(timed)["busy_cycles"]
+    assert list(load.data[0].y) == pytest.approx((busy / busy.mean()).tolist())
 
 
 def test_verdict_speaks_ranks_for_measured_and_ipus_for_modelled() -> None:

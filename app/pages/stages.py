@@ -87,6 +87,9 @@ def _page(ctx: AppContext, entry: Entry) -> html.Div:
                          message("This profile has no stage table.", "info")])
     bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
+    if {"untraced_cycles", "other_cycles"} <= set(shown.columns):  # beside the rest of the step
+        untraced = shown.pop("untraced_cycles")
+        shown.insert(list(shown.columns).index("other_cycles") + 1, "untraced_cycles", untraced)
     words = naming(entry)
     if "stash_bytes" in shown.columns:  # in words, as /liveness and /compare say it
         measured = words.measured
@@ -95,16 +98,19 @@ def _page(ctx: AppContext, entry: Entry) -> html.Div:
         if measured:  # no stash in a run's traces: no zeros that read as none
             shown = shown.drop(columns=[c for c in ("stash_bytes", "stash_depth")
                                         if c in shown.columns])
-    # a measured run has no AMP: a note, not a chart of the compiler's default
-    amp_box = (html.Div(message(amp_note(words), "info"), id="stages-amp-note",
-                        className="half") if not words.has_amp
-               else graph("stages-amp", amp(ctx, entry)))
+    # AMP is an IPU compiler option: a chart of an IPU plan's; a GPU plan says it has none
+    # (it is a plan, IPU plans sit beside it in /compare and /tune); a measured CPU or GPU
+    # run has no compiler options at all, so nothing is said of them there
+    amp_box = ([] if words.measured else
+               [graph("stages-amp", amp(ctx, entry))] if words.has_amp else
+               [html.Div(message(amp_note(words), "info"), id="stages-amp-note",
+                         className="half")])
     return html.Div([
         html.H2(title_of(entry)),
         html.Div([graph("stages-time", ipu_time(ctx, entry)),
                   graph("stages-load", load(ctx, entry))], className="row two"),
-        html.Div([graph("stages-stash", stash(ctx, entry)),
-                  amp_box], className="row two"),
+        html.Div([graph("stages-stash", stash(ctx, entry)), *amp_box],
+                 className="row two"),
         html.H3("Stages" + (" (times: modelled ns per step)" if words.gpu_plan else
                             " (times: ns per recorded step, mean)" if words.measured else "")),
         table("stages-table", shown, words=words, hidden=DETAIL),

@@ -10,6 +10,7 @@ from dash import html
 
 from popviz import figures
 from popviz.analysis.facts import profile_warnings
+from popviz.analysis.insights import idle_title
 from popviz.figures.style import fmt_bytes, pretty
 from popviz.vocab import IMBALANCE_LIMIT, TILE_AMBER, Naming
 
@@ -68,7 +69,7 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
         cards.append(_card("bottleneck", f"stage {b['stage']} on {words.label(b['ipu'])} · "
                            f"{b['relative_load']:.2f}x mean",
                            "warn" if info["imbalance"] > IMBALANCE_LIMIT else ""))
-    cards.append(_card("pipeline bubbles", f"{info['bubble_fraction']:.0%} idle"))
+    cards.append(_card(idle_title(info.get("strategy")), f"{info['bubble_fraction']:.0%} idle"))
     return html.Div(cards, className="cards")
 
 

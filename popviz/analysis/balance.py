@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # the type only: importing popviz.format loads h5py
 # other_cycles: compute a measured run could not attribute to a pass (docs/measure.md)
 COMPUTE_COLUMNS = ("forward_cycles", "backward_cycles", "recompute_cycles", "optimiser_cycles",
                    "other_cycles")
+# what no event covers (metrics' "untraced", split out by timed_stages): neither busy nor
+# idle, as /trace, /compare and the ranks heat map count it; part of the step all the same
+UNTRACED = "untraced_cycles"
 
 
 def _num(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -30,7 +33,8 @@ def _derive(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
     out["compute_cycles"] = sum(_num(frame, c) for c in COMPUTE_COLUMNS)
     out["busy_cycles"] = out["compute_cycles"] + _num(frame, "exchange_cycles")
-    out["total_cycles"] = out["busy_cycles"] + _num(frame, "idle_cycles")
+    out["total_cycles"] = (out["busy_cycles"] + _num(frame, "idle_cycles")
+                           + _num(frame, UNTRACED))
     total = out["total_cycles"].replace(0, np.nan)
     out["busy_fraction"] = (out["busy_cycles"] / total).fillna(0.0)
     out["bubble_fraction"] = (_num(frame, "idle_cycles") / total).fillna(0.0)
@@ -44,8 +48,9 @@ def timed_stages(stages: pd.DataFrame, trace: pd.DataFrame | None,
     """The stage table with a measured run's time columns re-derived from its trace by the
     metrics core (popviz.metrics.retime_stages): overlapping events count once, each
     rank's columns add up to the step time, idle_cycles is idle + sync over that
-    rank-time, and time no event covers (host Python) is other_cycles. A modelled stage
-    table is returned as is (its columns already partition the step)."""
+    rank-time, compute of no known pass is other_cycles and time no event covers (host
+    Python) is untraced_cycles. A modelled stage table is returned as is (its columns
+    already partition the step)."""
     if not measured or trace is None or trace.empty or stages.empty:
         return stages
     return retime_stages(stages, trace)
@@ -72,8 +77,8 @@ def ipu_balance(stages: pd.DataFrame) -> pd.DataFrame:
     """The same per IPU (several stages may share one IPU, e.g. recomputation on one IPU)."""
     if stages.empty:
         return _derive(stages.assign(ipu=pd.Series(dtype="int64")))
-    cols = [c for c in (*COMPUTE_COLUMNS, "exchange_cycles", "idle_cycles", "stash_bytes")
-            if c in stages.columns]
+    cols = [c for c in (*COMPUTE_COLUMNS, "exchange_cycles", "idle_cycles", UNTRACED,
+                        "stash_bytes") if c in stages.columns]
     grouped = stages.groupby("ipu", sort=True)[cols].sum().reset_index()
     if "peak_bytes" in stages.columns:
         grouped["peak_bytes"] = stages.groupby("ipu", sort=True)["peak_bytes"].max().to_numpy()

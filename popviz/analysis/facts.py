@@ -81,7 +81,8 @@ def insight_facts(profile: Profile) -> dict[str, Any]:
             k: top[k] for k in ("ipu", "tile", "utilisation", "capacity_bytes",
                                 "largest_category") if k in top},
         "bottleneck": found["bottleneck"],
-        # the summary page's "pipeline bubbles": idle over rank-time of every device
+        # the summary page's "pipeline bubbles" (a sharded run's "waiting for other
+        # shards", insights.idle_title): idle over rank-time of every device
         "bubble_fraction": found["bubble_fraction"],
         "advice": [a.text for a in found["advice"]],
     })

@@ -28,6 +28,13 @@ def capacity_per_ipu(meta: dict[str, Any]) -> float:
     return float(target.get("tiles_per_ipu", 0)) * float(target.get("bytes_per_tile", 0))
 
 
+def idle_title(strategy: Any) -> str:
+    """What a multi-device run's idle share is called. A pipelined run's idle is its
+    pipeline bubbles (filling, draining, waiting for the slowest stage); a sharded run has
+    no pipeline: one shard runs at a time, so each IPU idles while another shard runs."""
+    return "waiting for other shards" if strategy == "sharded" else "pipeline bubbles"
+
+
 def insights(profile: Profile) -> dict[str, Any]:
     """Fit, the fullest tiles, speed, the bottleneck and advice. Reads only the small tables
     (the trace only of a measured run, which is small), so it is cheap on big profiles."""
@@ -57,6 +64,7 @@ def insights(profile: Profile) -> dict[str, Any]:
         step_ms = float(step_cycles) / clock * 1e3
     return {
         "kind": profile.kind,
+        "strategy": (meta.get("options") or {}).get("strategy"),
         "model": (meta.get("model") or {}).get("name", ""),
         "target": target.get("name", ""),
         "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)
@@ -78,4 +86,4 @@ def insights(profile: Profile) -> dict[str, Any]:
     }
 
 
-__all__ = ["Advice", "capacity_per_ipu", "insights"]
+__all__ = ["Advice", "capacity_per_ipu", "idle_title", "insights"]

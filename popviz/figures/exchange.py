@@ -111,7 +111,14 @@ def exchange_time_figure(over_time: pd.DataFrame, unit: str = "cycles",
             hovertemplate="%{x:,.0f} " + unit + ": %{y:,.2f} " + name + "<extra>" + str(kind)
             + "</extra>"))
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title_text=naming.time_title, tickformat=",d")
+    # the range set, not left to Plotly: it pads a bar axis by half the smallest gap
+    # between bar centres, whatever the bars' widths, so two bins far apart (a host_in at
+    # the start, a host_out at the end) gave an axis from minus half the step. From 0 (a
+    # profile's times count from its start), unless the bins start later than their own
+    # span (a clock that does not)
+    first, last = float(over_time["bin_start"].min()), float(over_time["bin_end"].max())
+    lo = 0.0 if 0.0 <= first <= last - first else first
+    fig.update_xaxes(title_text=naming.time_title, tickformat=",d", range=[lo, last])
     fig.update_yaxes(title_text=name)
     widths = (over_time["bin_end"] - over_time["bin_start"]).to_numpy(dtype=float)
     width = f" · bins of {float(np.median(widths)):,.0f} {unit}" if len(widths) else ""

@@ -18,7 +18,12 @@ from popviz.vocab import IMBALANCE_LIMIT, MEASURED, MODELLED, Naming
 _PARTS = [("forward_cycles", "forward", "F"), ("backward_cycles", "backward", "B"),
           ("recompute_cycles", "recompute", "R"), ("optimiser_cycles", "weight update", "WU"),
           ("other_cycles", "other compute", "compute"),
-          ("exchange_cycles", "exchange", "exchange"), ("idle_cycles", "idle", "idle")]
+          ("exchange_cycles", "exchange", "exchange"), ("idle_cycles", "idle", "idle"),
+          ("untraced_cycles", "untraced (no event)", "untraced")]
+# a measured rank's time no event covers: hatched grey, as /compare draws it
+UNTRACED_BAR = {"color": "#ffffff", "line": {"color": "#8a8a8a", "width": 1},
+                "pattern": {"shape": "/", "fgcolor": "#8a8a8a"}}
+_COLOURS = {**CATEGORY_COLOURS, "untraced": "#b0b0b0"}
 # a chart of more bars than this (a job's ranks) draws each series as one stepped area
 # (bars a pixel wide: Chromium took 1.4 s for 1,024 stacked bars, and a label a bar
 # overlapped), its figures in the hover
@@ -26,11 +31,13 @@ LABELLED_BARS = 64
 
 
 def _bars(labels: list[str], y: Any, name: str, colour: str, hover: str,
-          stack: str | None = None, **bar: Any) -> go.Bar | go.Scatter:
+          stack: str | None = None, marker: dict | None = None,
+          **bar: Any) -> go.Bar | go.Scatter:
     """A bar a label, or past LABELLED_BARS one stepped area (stacked in `stack`);
-    `bar`: what both take (customdata, showlegend)."""
+    `marker`: the bars' own (else `colour`); `bar`: what both take (customdata,
+    showlegend)."""
     if len(labels) <= LABELLED_BARS:
-        return go.Bar(x=labels, y=y, name=name, marker={"color": colour},
+        return go.Bar(x=labels, y=y, name=name, marker=marker or {"color": colour},
                       hovertemplate=hover, **bar)
     area = {"stackgroup": stack} if stack else {"fill": "tozeroy"}
     return go.Scatter(x=labels, y=y, name=name, mode="lines", hovertemplate=hover,
@@ -41,7 +48,8 @@ def _bars(labels: list[str], y: Any, name: str, colour: str, hover: str,
 def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
                     title: str | None = None, naming: Naming | None = None) -> go.Figure:
     """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top.
-    A measured profile's stage times are ns per recorded step (the mean)."""
+    A measured profile's stage times are ns per recorded step (the mean); its time no
+    event covers is a bar of its own, untraced, not compute."""
     naming = naming or (MEASURED if unit == "ns" else Naming(unit=unit))
     unit = naming.unit
     title = title or f"Time per {naming.device}"
@@ -52,9 +60,10 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
     fig = go.Figure()
     for col, name, colour in _PARTS:
         if col in bal.columns and bal[col].sum() > 0:
-            fig.add_trace(_bars(labels, bal[col], name, CATEGORY_COLOURS[colour],
+            fig.add_trace(_bars(labels, bal[col], name, _COLOURS[colour],
                                 "%{x}: %{y:,.0f} " + unit + "<extra>" + name + "</extra>",
-                                stack="time"))
+                                stack="time",
+                                marker=UNTRACED_BAR if colour == "untraced" else None))
     idle = [f"{b:.0%} idle" for b in bal["bubble_fraction"]]
     if len(labels) <= LABELLED_BARS:
         fig.add_trace(go.Scatter(
@@ -114,10 +123,19 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
 
 def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage",
                  naming: Naming = MODELLED) -> go.Figure:
+    """Stash and peak liveness per stage. A measured run's traces show no stash (not
+    none: unknown), so its figure is the peak alone, with no empty stash bars."""
     if stages.empty or "stash_bytes" not in stages.columns:
         return empty_figure("This profile has no stash figures.", title)
     s = stages.sort_values("stage")
     labels = [f"stage {a} ({naming.label(b)})" for a, b in zip(s["stage"], s["ipu"])]
+    if naming.measured:
+        peak = _bars(labels, s["peak_bytes"] / MiB, "peak liveness", "#ef8636",
+                     "%{x}: peak %{y:,.1f} MiB<extra></extra>", showlegend=False)
+        fig = go.Figure(peak)
+        fig.update_yaxes(title_text="MiB")
+        return base_layout(fig, "Peak memory per stage (a run's traces show no stash)",
+                           height=340)
     held = stash(s)  # the metrics core's definition: depth x bytes per micro-batch
     stash_part = _bars(labels, held["stash_bytes"] / MiB, "stash", "#8e6bbf",
                        "%{x}: stash %{customdata}<extra></extra>",

@@ -125,7 +125,10 @@ def retime_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     present) taken from each device's `rank_time`: per step, each instant once, adding up
     to the step time. On a device holding several stages (an interleaved schedule) each
     stage's busy columns are its own events' (`stage_time`); the device's idle and sync
-    are shared equally, and other_cycles is each stage's share of the rest of the step."""
+    are shared equally, and other_cycles is each stage's share of the rest of the step.
+    Time no event covers (rank_time's "untraced": host Python between ops) is split out of
+    other_cycles into untraced_cycles, so it is not read as compute: /trace and /compare
+    call it untraced. The columns with untraced_cycles add up to the step time."""
     if trace.empty or stages.empty:
         return stages
     times = rank_time(trace)
@@ -148,16 +151,20 @@ def retime_stages(stages: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
         rest = np.maximum(0.0, step - used - per_rank["idle_cycles"].reindex(
             sub["ipu"].astype(int)).fillna(0.0).to_numpy())
         out.loc[shared, "other_cycles"] = rest / share[shared]
+    untraced = times["untraced"].clip(lower=0.0).reindex(ipu).fillna(0.0).to_numpy() / share
+    out["untraced_cycles"] = untraced
+    out["other_cycles"] = np.maximum(0.0, out["other_cycles"].to_numpy(np.float64) - untraced)
     return out
 
 
 def stage_idle_fraction(stages: pd.DataFrame) -> float:
     """Idle over rank-time from a stage table whose time columns partition each device's
     step (compile's, measure's, or timed_stages'): sum of idle_cycles over the sum of all
-    time columns."""
+    time columns (untraced_cycles too, where retime_stages split it out)."""
     if stages.empty:
         return 0.0
-    cols = [c for c in STAGE_TIME_COLUMNS if c != "sync_cycles" and c in stages.columns]
+    cols = [c for c in (*STAGE_TIME_COLUMNS, "untraced_cycles")
+            if c != "sync_cycles" and c in stages.columns]
     total = float(stages[cols].apply(pd.to_numeric, errors="coerce").fillna(0).to_numpy().sum())
     idle = float(pd.to_numeric(stages["idle_cycles"], errors="coerce").fillna(0).sum())
     return idle / total if total else 0.0

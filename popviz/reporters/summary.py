@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from popviz.analysis.insights import idle_title
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, naming_of
 
@@ -63,7 +64,8 @@ def _insight_lines(facts: dict) -> list[str]:
         lines.append(f"  bottleneck: stage {neck['stage']} on {words.label(neck['ipu'])}, "
                      f"{neck['relative_load']:.2f}x the mean stage load")
     if int(facts.get("num_ipus") or 0) > 1 and facts.get("bubble_fraction") is not None:
-        lines.append(f"  pipeline bubbles: {facts['bubble_fraction']:.0%} idle")
+        title = idle_title((facts.get("options") or {}).get("strategy"))
+        lines.append(f"  {title}: {facts['bubble_fraction']:.0%} idle")
     advice = facts.get("advice") or []
     if advice:
         lines.append("  advice:")

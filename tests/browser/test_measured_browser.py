@@ -1,5 +1,5 @@
 """A measured profile (the measure layer's example) in a real browser: the drawn SVG and the
-page text say ranks and ns, never IPUs or cycles; /stages shows a note instead of AMP."""
+page text say ranks and ns, never IPUs or cycles; /stages says nothing of AMP."""
 
 from __future__ import annotations
 
@@ -83,12 +83,16 @@ def test_measured_exchange_shows_what_crosses_each_stage_boundary(
 def test_measured_stages_has_no_amp_chart(browser_context: Any, base_url: str,
                                           served: Path) -> None:
     page, errors = _page(browser_context, base_url, served, "/stages")
+    # a run has no compiler options: no AMP chart, nor a note about one
     assert page.locator("#stages-amp").count() == 0
-    note = page.inner_text("#stages-amp-note")
-    assert "measured run has none" in note
+    assert page.locator("#stages-amp-note").count() == 0
     page.wait_for_selector("#stages-time .xtick text", timeout=30_000)  # drawn, not settled
     assert _svg_text(page, "#stages-time .xtick text") == ["rank 0", "rank 1"]
-    _no_modelled_words(page, allowed=note)  # the note says AMP is an IPU option
+    # host Python between ops is untraced, as on /trace and /compare, not other compute
+    legend = _svg_text(page, "#stages-time .legendtext")
+    assert "untraced (no event)" in legend and "other compute" not in legend
+    _no_modelled_words(page)
+    assert "availableMemoryProportion" not in page.inner_text("#page")
     # the ranks side by side: one heat map row per rank, the straggler verdict beside it
     page.wait_for_selector("#stages-ranks .main-svg", timeout=30_000)
     rows = _svg_text(page, "#stages-ranks .ytick text")
