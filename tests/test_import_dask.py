@@ -197,3 +197,22 @@ def test_a_local_clusters_workers_keep_glibcs_own_malloc_trimming() -> None:
     import dask
 
     assert TRIM_VARIABLE in dask.config.get("distributed.nanny.pre-spawn-environ")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux only")
+def test_an_imports_local_workers_are_forked_with_the_parser_loaded() -> None:
+    """An import's local cluster forks its workers from the client, which has the parser
+    and pandas loaded (a spawned worker imports them again on its first rank, ~0.5 s on
+    2 cores); other local clusters (tune's, whose client has torch) still spawn."""
+    from popviz.ingest import import_rank  # noqa: F401 as dask_ranks loads it
+    from popviz.ingest.import_dask import dask_client
+
+    def loaded() -> bool:
+        return "popviz.ingest.import_rank" in sys.modules
+
+    with dask_client("local", 1, fork=True) as client:
+        forked = client.submit(loaded, pure=False).result()
+    with dask_client("local", 1) as client:
+        spawned = client.submit(loaded, pure=False).result()
+    assert forked is True
+    assert spawned is False

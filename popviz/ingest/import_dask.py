@@ -21,6 +21,7 @@ import gc
 import itertools
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,6 +71,15 @@ ENVIRON = "distributed.nanny.pre-spawn-environ"  # what a worker process starts 
 # 1.7x slower on a worker than here (3.5 s against 6.0 s for 32 ranks of 20,000 events).
 # The local clusters popviz starts leave glibc's defaults; a remote cluster keeps its own.
 TRIM_VARIABLE = "MALLOC_TRIM_THRESHOLD_"
+METHOD = "distributed.worker.multiprocessing-method"
+# An import's local workers are forked on Linux, as its process pool's are (import_rank.
+# rank_parts): a spawned worker starts a new interpreter and imports Dask, pandas and the
+# parser again (~1 s of each run's 4-8 s at 64 ranks on 2 cores, bench_import_scale.py);
+# a forked one has them already. The importing client runs no threads of its own then
+# (torch is not loaded: tests/test_import_stream.py); Dask supports fork as a start method.
+# Spawn elsewhere (macOS's system libraries are not fork-safe) and for `tune`'s clusters,
+# whose client has torch and its thread pools loaded.
+FORK_METHOD = "fork" if sys.platform == "linux" else None
 
 
 def _untrimmed(environ: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +87,13 @@ def _untrimmed(environ: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def dask_client(scheduler: str, workers: int = 0, tasks: int = 0) -> Iterator[Any]:
+def dask_client(scheduler: str, workers: int = 0, tasks: int = 0, *,
+                fork: bool = False) -> Iterator[Any]:
     """A Dask client of `scheduler` ("local": a cluster started here with `workers`
     processes, 0: one per CPU, at most `tasks` when given, stopped after; else a running
-    scheduler's address), with at least one worker. A missing Dask, or a scheduler that
-    does not answer, is a one-line ProfileError."""
+    scheduler's address), with at least one worker. `fork`: a local cluster's workers
+    are forked from this process where fork is safe (`FORK_METHOD`). A missing Dask, or a
+    scheduler that does not answer, is a one-line ProfileError."""
     try:
         import dask
         from distributed import Client, LocalCluster
@@ -95,7 +107,10 @@ def dask_client(scheduler: str, workers: int = 0, tasks: int = 0) -> Iterator[An
             if scheduler == LOCAL:
                 count = workers if workers > 0 else os.cpu_count() or 1
                 count = min(count, tasks) if tasks > 0 else count
-                with dask.config.set({ENVIRON: _untrimmed(dask.config.get(ENVIRON, {}))}):
+                settings: dict[str, Any] = {ENVIRON: _untrimmed(dask.config.get(ENVIRON, {}))}
+                if fork and FORK_METHOD:
+                    settings[METHOD] = FORK_METHOD
+                with dask.config.set(settings):
                     cluster = LocalCluster(n_workers=max(1, count), threads_per_worker=1,
                                            processes=True, dashboard_address=None,
                                            silence_logs=logging.ERROR)
@@ -122,7 +137,9 @@ def dask_ranks(paths: list[PathLike], scheduler: str, workers: int = 0
     `workers` processes, 0: one per CPU, and stopped after; else a running scheduler's
     address, whose own workers read the files). A missing Dask or a scheduler that does not
     answer is a ProfileError."""
-    with dask_client(scheduler, workers, len(paths)) as client:
+    from popviz.ingest import import_merge, import_rank  # noqa: F401 in forked workers
+
+    with dask_client(scheduler, workers, len(paths), fork=True) as client:
         job = DaskRanks(client, paths)
         try:
             yield job
