@@ -20,6 +20,7 @@ import pytest
 
 import popviz
 import popviz.format.stream as stream_module
+import popviz.format.stream_columns as stream_columns
 import popviz.ingest.part_store as store_module
 from popviz.format import schema
 from popviz.format.reader import open as open_profile
@@ -73,7 +74,7 @@ def test_a_streamed_import_is_the_in_memory_merge(job: list[Path], tmp_path: Pat
                                                   memory_bytes: int) -> None:
     """Small chunks (a column's chunks cross the ranks), ranks held in memory or all
     spilled: the file reads back as the in-memory merge's, byte for byte in every cell."""
-    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(stream_columns, "STREAM_CHUNK_BYTES", 4096)
     monkeypatch.setattr(store_module, "MEMORY_BYTES", memory_bytes)
     streamed = popviz.import_trace(job, tmp_path / "streamed")
     _same_profiles(_in_memory(job, tmp_path / "memory"), streamed)
@@ -154,7 +155,7 @@ def test_the_stream_widens_and_fills_columns_as_concat_does(
     lacks is NaN / "" there, as pandas' concat makes it (a bool column one slice lacks is
     False there, where concat would make text: the import's ranks share their columns);
     text that gains an int reads back as int-or-string."""
-    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 64)  # 8 int64 rows a chunk
+    monkeypatch.setattr(stream_columns, "STREAM_CHUNK_BYTES", 64)  # 8 int64 rows a chunk
     slices = [pd.DataFrame({"a": np.arange(20, dtype=np.int64), "t": ["x"] * 20}),
               pd.DataFrame({"a": np.full(5, 0.5), "t": ["y"] * 5, "b": np.arange(5)}),
               pd.DataFrame({"a": np.arange(3), "t": pd.Series([7, "z", 8], dtype=object)})]
@@ -163,6 +164,37 @@ def test_the_stream_widens_and_fills_columns_as_concat_does(
     assert got["a"].tolist() == [*range(20), *[0.5] * 5, 0.0, 1.0, 2.0]
     assert got["b"].isna().sum() == 23 and got["b"].iloc[20:25].tolist() == list(range(5))
     assert got["t"].tolist() == ["x"] * 20 + ["y"] * 5 + [7, "z", 8]
+
+
+def test_streamed_chunks_are_what_hdf5_itself_stores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream compresses its columns' chunks in a thread and stores them direct
+    (stream_columns.ChunkWriter): every chunk, the partial last one too, is the bytes
+    HDF5's own filters make of the same rows, and the column reads back whole."""
+    import h5py
+
+    monkeypatch.setattr(stream_columns, "STREAM_CHUNK_BYTES", 4096)  # 512 int64 rows
+    rng = np.random.default_rng(3)
+    slices = [pd.DataFrame({"a": rng.integers(0, 1000, n), "f": rng.random(n)})
+              for n in (700, 1, 2100, 333)]  # chunks across slices; 3,134 rows in all
+    got = _write(tmp_path / "p.h5", slices)
+    whole = pd.concat(slices, ignore_index=True)
+    pd.testing.assert_frame_equal(got[["a", "f"]], whole, check_dtype=False)
+    with h5py.File(tmp_path / "p.h5") as ours, \
+            h5py.File(tmp_path / "ref.h5", "w", libver=schema.HDF5_LIBVER) as ref:
+        for name in ("a", "f"):
+            mine = ours[f"{schema.TABLES_GROUP}/notes/{name}"]
+            theirs = ref.create_dataset(name, data=whole[name].to_numpy(), chunks=mine.chunks,
+                                        compression="gzip",
+                                        compression_opts=schema.GZIP_LEVEL, shuffle=True,
+                                        fletcher32=True)
+            count = mine.id.get_num_chunks()
+            assert count == theirs.id.get_num_chunks() == 7
+            for k in range(count):
+                offset = mine.id.get_chunk_info(k).chunk_offset
+                mask, data = mine.id.read_direct_chunk(offset)
+                assert mask == 0 and data == theirs.id.read_direct_chunk(offset)[1], \
+                    (name, offset)
 
 
 def test_trace_slices_must_come_in_device_order(tmp_path: Path) -> None:
@@ -331,7 +363,7 @@ def test_a_full_disk_reports_itself_not_what_h5py_says_after(
         return real(fd, data, offset)
 
     monkeypatch.setattr(stream_module, "RESERVE_BYTES", 0)
-    monkeypatch.setattr(stream_module, "STREAM_CHUNK_BYTES", 8192)
+    monkeypatch.setattr(stream_columns, "STREAM_CHUNK_BYTES", 8192)
     monkeypatch.setattr(os, "posix_fallocate", lambda fd, at, n: None, raising=False)
     monkeypatch.setattr(os, "pwrite", pwrite)
     rng = np.random.default_rng(1)

@@ -20,6 +20,7 @@ import contextlib
 import io
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +31,17 @@ import pandas as pd
 from popviz.errors import write_error
 from popviz.format import schema, tempfiles
 from popviz.format.guards import profile_path, refuse_foreign
-from popviz.format.lowlevel import create_chunked
+from popviz.format.stream_columns import ChunkWriter, StreamTable
 from popviz.format.strings import StringTable
 from popviz.format.writer import (
     _chunked,
     _write_root_attrs,
     _write_table,
     device_words,
-    encode_column,
-    put_names,
-    put_text,
     write_trace_offsets,
 )
 
-# a streamed column buffers up to one chunk before writing it whole (never a chunk written
-# twice): ~70 columns of an import's per-rank tables x this is the most the buffers hold
-STREAM_CHUNK_BYTES = schema.CHUNK_BYTES // 8
 RESERVE_BYTES = 32 << 20  # disk space reserved ahead of HDF5's writes
-TEXT_KINDS = (schema.ENC_STRING_REF, schema.ENC_INT_OR_STRING)
 
 
 class DiskImage(io.RawIOBase):
@@ -133,158 +127,6 @@ class DiskImage(io.RawIOBase):
         super().close()
 
 
-class _Column:
-    """One column's dataset, written in whole chunks from what is buffered."""
-
-    def __init__(self, group: h5py.Group, name: str) -> None:
-        self.group, self.name = group, name
-        self.kind: str | None = None
-        self.dtype: np.dtype | None = None
-        self.dataset: h5py.Dataset | None = None
-        self.buffered: list[np.ndarray] = []
-        self.pending = 0  # rows buffered
-        self.written = 0  # rows in the dataset
-
-    @property
-    def rows(self) -> int:
-        return self.written + self.pending
-
-    def add(self, kind: str, data: np.ndarray) -> None:
-        if not len(data):
-            return
-        if self.kind is None:
-            self.kind, self.dtype = kind, data.dtype
-        elif (kind in TEXT_KINDS) != (self.kind in TEXT_KINDS) or \
-                (kind == schema.ENC_BOOL) != (self.kind == schema.ENC_BOOL):
-            raise ValueError(f"column {self.name!r} holds {self.kind} in one slice and "
-                             f"{kind} in another")
-        elif kind in TEXT_KINDS:
-            self.kind = schema.ENC_INT_OR_STRING if schema.ENC_INT_OR_STRING in \
-                (kind, self.kind) else kind
-        elif np.result_type(self.dtype, data.dtype) != self.dtype:
-            self._widen(np.result_type(self.dtype, data.dtype))
-        assert self.dtype is not None
-        # a copy: a column's array may be a view of its frame's whole block of columns,
-        # which it would keep alive until the chunk is written
-        self.buffered.append(np.array(data, dtype=self.dtype, copy=True))
-        self.pending += len(data)
-        if self.pending >= self._chunk_rows():
-            self._flush(whole_chunks=True)
-
-    def _chunk_rows(self) -> int:
-        assert self.dtype is not None
-        return max(1, STREAM_CHUNK_BYTES // max(1, self.dtype.itemsize))
-
-    def _flush(self, whole_chunks: bool) -> None:
-        if not self.pending:
-            return
-        data = np.concatenate(self.buffered) if len(self.buffered) > 1 else self.buffered[0]
-        chunk = self._chunk_rows()
-        cut = (len(data) // chunk) * chunk if whole_chunks else len(data)
-        if not cut:
-            return
-        if self.dataset is None:
-            self.dataset = h5py.Dataset(create_chunked(
-                self.group, self.name, None, (chunk,), schema.GZIP_LEVEL, shape=(0,),
-                dtype=data.dtype, maxshape=(None,)))
-        self.dataset.resize((self.written + cut,))
-        self.dataset[self.written:self.written + cut] = data[:cut]
-        self.written += cut
-        rest = data[cut:].copy()  # not a view holding the whole concatenation
-        self.buffered, self.pending = ([rest] if len(rest) else []), len(rest)
-
-    def _widen(self, dtype: np.dtype) -> None:
-        """A later slice needs a wider type (int64 then float64): the buffered and written
-        rows are converted, the dataset rewritten chunk by chunk under the same name."""
-        self.buffered = [b.astype(dtype) for b in self.buffered]
-        old, self.dtype = self.dataset, dtype
-        if old is not None:
-            chunk = self._chunk_rows()
-            temp = f"{self.name}.popviz-widen"
-            new = h5py.Dataset(create_chunked(self.group, temp, None, (chunk,),
-                                              schema.GZIP_LEVEL, shape=old.shape,
-                                              dtype=dtype, maxshape=(None,)))
-            for at in range(0, self.written, chunk):
-                new[at:at + chunk] = old[at:at + chunk].astype(dtype)
-            del self.group[self.name]
-            self.group.move(temp, self.name)
-            self.dataset = self.group[self.name]
-
-    def finish(self, empty: pd.Series, strings: StringTable) -> None:
-        """Write what is buffered and the encoding; a column that never got a row is the
-        empty one `write_profile` would write for `empty`."""
-        if self.kind is None:
-            kind, data = encode_column(empty, strings)
-            put_text(_chunked(self.group, self.name, data), "encoding", kind)
-            return
-        if self.dataset is None:  # it all fits in one chunk: as write_profile writes it
-            data = np.concatenate(self.buffered) if len(self.buffered) > 1 \
-                else self.buffered[0]
-            put_text(_chunked(self.group, self.name, data), "encoding", self.kind)
-            return
-        self._flush(whole_chunks=False)
-        put_text(self.dataset.id, "encoding", self.kind)
-
-
-class _Table:
-    def __init__(self, parent: h5py.Group, name: str) -> None:
-        self.group = parent.create_group(name)
-        self.name = name
-        self.columns: dict[str, _Column] = {}
-        self.empty: dict[str, pd.Series] = {}  # each column's first (typed) empty slice
-        self.rows = 0
-        self.ipus: list[tuple[int, int]] = []  # trace: (ipu, first row) in order
-
-    def append(self, frame: pd.DataFrame, strings: StringTable) -> None:
-        for column in frame.columns:
-            name = str(column)
-            if name not in self.columns:
-                self.columns[name] = _Column(self.group, name)
-                self.empty[name] = frame[column].iloc[:0]
-                if self.rows:  # a column the earlier slices lacked: missing there
-                    self._add(name, _missing(frame[column], self.rows), strings)
-        if not len(frame):
-            return
-        if self.name == "trace":
-            self._index(frame["ipu"].to_numpy(np.int64))
-        given = {str(k): v for k, v in frame.items()}  # each column once, not by name
-        for name in self.columns:
-            series = given[name] if name in given else _missing(self.empty[name], len(frame))
-            self._add(name, series, strings)
-        self.rows += len(frame)
-
-    def _add(self, name: str, series: pd.Series, strings: StringTable) -> None:
-        kind, data = encode_column(series, strings)
-        self.columns[name].add(kind, data)
-
-    def _index(self, ipus: np.ndarray) -> None:
-        last = self.ipus[-1][0] if self.ipus else None
-        if (np.diff(ipus) < 0).any() or (last is not None and ipus[0] < last):
-            raise ValueError("trace slices must come in device order")
-        values, firsts = np.unique(ipus, return_index=True)
-        for value, first in zip(values.tolist(), firsts.tolist(), strict=True):
-            if value != last:
-                self.ipus.append((value, self.rows + first))
-
-    def finish(self, strings: StringTable) -> None:
-        order = list(self.columns)
-        for name in order:
-            self.columns[name].finish(self.empty[name], strings)
-        put_text(self.group, "encoding-type", "dataframe")
-        put_text(self.group, "encoding-version", "0.1.0")
-        put_names(self.group.attrs, "column-order", order)
-        self.group.attrs["n_rows"] = self.rows
-
-
-def _missing(like: pd.Series, rows: int) -> pd.Series:
-    """`rows` missing values of `like`'s kind: NaN for numbers, "" for text, False."""
-    if pd.api.types.is_bool_dtype(like.dtype):
-        return pd.Series(np.zeros(rows, dtype=bool))
-    if pd.api.types.is_numeric_dtype(like.dtype):
-        return pd.Series(np.full(rows, np.nan))
-    return pd.Series(np.full(rows, "", dtype=object))
-
-
 class ProfileStream:
     """A profile written table slice by table slice; `finish` completes and renames it,
     `abort` (or leaving a `with` block without `finish`) removes it. Slices of the trace must
@@ -301,6 +143,9 @@ class ProfileStream:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         tempfiles.remove_stale_in(self.final.parent)
         self.temp = tempfiles.temp_name(self.final)
+        # one thread compresses the columns' chunks while this one goes on (stream_columns)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="popviz-chunks")
+        self.chunks = ChunkWriter(self.pool, schema.GZIP_LEVEL)
         self.image: DiskImage | None = None
         self.h5: h5py.File | None = None
         try:
@@ -312,7 +157,7 @@ class ProfileStream:
         except BaseException as exc:
             self._fail(exc)
         self.strings = StringTable()
-        self.tables: dict[str, _Table] = {}
+        self.tables: dict[str, StreamTable] = {}
         self.finished = False
 
     def __enter__(self) -> ProfileStream:
@@ -327,7 +172,7 @@ class ProfileStream:
         try:
             table = self.tables.get(name)
             if table is None:
-                table = self.tables[name] = _Table(self.tables_group, name)
+                table = self.tables[name] = StreamTable(self.tables_group, name, self.chunks)
             table.append(frame, self.strings)
         except Exception as exc:  # h5py after a full disk: the disk's error, not h5py's
             if isinstance(exc, OSError) or (self.image is not None
@@ -363,6 +208,7 @@ class ProfileStream:
                     _write_table(self.tables_group, name, tables[name], self.strings)
             for table in self.tables.values():
                 table.finish(self.strings)
+            self.chunks.flush()
             trace = self.tables.get("trace")
             starts = trace.ipus if trace is not None else []
             write_trace_offsets(self.index_group, np.array([i for i, _ in starts]),
@@ -376,11 +222,14 @@ class ProfileStream:
             os.replace(self.temp, self.final)
         except BaseException as exc:
             self._fail(exc)
+        self.pool.shutdown(wait=False)
         self.finished = True
         return self.final
 
     def abort(self) -> None:
         """Close and remove the temporary file; nothing is left under any name."""
+        self.chunks.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
         if self.h5 is not None:
             with contextlib.suppress(Exception):
                 self.h5.close()
