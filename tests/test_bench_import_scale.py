@@ -16,11 +16,13 @@ def test_the_bench_prints_each_mode_and_the_ratios(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]
                                                    ) -> None:
     bench = load_bench("bench_import_scale")
-    assert bench.main(["--ranks", "2", "3", "--events", "400", "--dir", str(tmp_path)]) == 0
+    assert bench.main(["--ranks", "2", "3", "--events", "400", "--repeat", "2",
+                       "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if "|" in line and line[:5].strip()
             .isdigit()]
     assert {(r[0], r[1]) for r in rows} >= {(n, m) for n in ("2", "3")
                                               for m in ("here", "pool-2", "dask-1", "dask-2")}
     assert all(float(r[3]) > 0 and float(r[6]) > 0 for r in rows)
+    assert out.count("(runs: ") == 4  # each cluster size twice, at each job size
     assert "3 ranks: 2 workers" in out and "client peak, 3 ranks / 2 ranks (dask-2)" in out
