@@ -66,10 +66,14 @@ def test_a_sharded_run_waits_for_other_shards_not_in_pipeline_bubbles(
     idle = [_text(c) for c in sharded if "idle" in _text(c)]
     assert len(idle) == 1 and "waiting for other shards" in idle[0]
     page = _text(render(ctx, "/summary", "?profile=tutorial_sharded%2Ftraining")[1])
-    assert "pipeline" not in page
+    # nor a bottleneck the others wait for: the heaviest shard, and pipelining as the way
+    # to run the shards at once
+    assert "pipeline bubbles" not in page and "bottleneck" not in page
+    assert "heaviest shard" in page and "--strategy pipelined" in page
     pipelined = _text(render(ctx, "/summary", "?profile=tutorial_pipelined%2Ftraining")[1])
     assert "pipeline bubbles" in pipelined and "other shards" not in pipelined
     # `popviz summary` says it in the same words
     assert main(["summary", str(ROOT / "tutorial_sharded" / "training"), "--no-vet"]) == 0
     text = capsys.readouterr().out
-    assert "waiting for other shards: " in text and "pipeline" not in text
+    assert "waiting for other shards: " in text and "pipeline bubbles" not in text
+    assert "heaviest shard: " in text and "bottleneck" not in text

@@ -243,6 +243,8 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
+    if (meta.get("options") or {}).get("strategy") == "sharded":
+        return [_sharded_advice(meta, bal, top, load)]
     row = bal[bal["stage"] == top].iloc[0]
     ipu = int(row["ipu"])
     # a measured run is ranks and ns, a modelled one IPUs and cycles (a GPU plan: GPUs, ns)
@@ -268,6 +270,22 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
                     for r in ipu_totals(tile_memory).itertuples()} if len(tile_memory) else {}
         out += _split_moves(meta, stages, ops, tile_use, proposed_splits, top, ipu)
     return out
+
+
+def _sharded_advice(meta: dict[str, Any], bal: pd.DataFrame, top: int, load: float
+                    ) -> Advice:
+    """Sharded execution runs one IPU at a time (docs/reference: one shard after
+    another), so the step is the sum of the shards: a heavier shard does not make the
+    others wait longer than they would anyway, and moving splits does not shorten the
+    step. What does is running the shards at once: pipelining."""
+    where = naming_of(MODELLED_KIND, meta).label(int(bal.loc[bal["stage"] == top, "ipu"]
+                                                     .iloc[0]))
+    return Advice("info", "split", None, (
+        f"Sharded: the IPUs take turns, so the step is the sum of the shards' times; "
+        f"stage {top} on {where}, at {load:.2f}x the mean, holds no other IPU back, and "
+        "moving splits balances memory, not time. To run the shards at once, "
+        "pipeline them (--strategy pipelined, with gradient accumulation to fill the "
+        "pipeline)."))
 
 
 def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bool

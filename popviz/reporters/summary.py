@@ -61,7 +61,9 @@ def _insight_lines(facts: dict) -> list[str]:
                         if tile.get("largest_category") else ""))
     neck = facts.get("bottleneck")
     if neck and len(facts.get("stages") or []) > 1:
-        lines.append(f"  bottleneck: stage {neck['stage']} on {words.label(neck['ipu'])}, "
+        sharded = (facts.get("options") or {}).get("strategy") == "sharded"
+        lines.append(f"  {'heaviest shard' if sharded else 'bottleneck'}: stage "
+                     f"{neck['stage']} on {words.label(neck['ipu'])}, "
                      f"{neck['relative_load']:.2f}x the mean stage load")
     if int(facts.get("num_ipus") or 0) > 1 and facts.get("bubble_fraction") is not None:
         title = idle_title((facts.get("options") or {}).get("strategy"))
