@@ -77,3 +77,24 @@ def test_a_sharded_run_waits_for_other_shards_not_in_pipeline_bubbles(
     text = capsys.readouterr().out
     assert "waiting for other shards: " in text and "pipeline bubbles" not in text
     assert "heaviest shard: " in text and "bottleneck" not in text
+    # inference has no gradients to accumulate: device iterations fill its pipeline
+    inference = _text(render(ctx, "/summary", "?profile=tutorial_sharded%2Finference")[1])
+    assert "with device iterations to fill" in inference
+    assert "gradient accumulation" not in inference
+
+
+def test_a_sharded_runs_stages_page_paints_no_bottleneck_or_bubbles() -> None:
+    """/stages says what /summary says of a sharded run: its stages take turns, so the
+    heaviest is not red, and its idle is an idle share, not a bubble fraction; a
+    pipelined run keeps both."""
+    import json
+
+    ctx = create_app(ROOT).popviz_context
+    sharded = json.dumps(render(ctx, "/stages", "?profile=tutorial_sharded%2Ftraining")[1]
+                         .to_plotly_json(), default=str)
+    assert "red: bottleneck" not in sharded and "#c53a32" not in sharded
+    assert "sharded: they run in turn" in sharded and "shards take turns" in sharded
+    assert "bubble" not in sharded and "idle_fraction" in sharded
+    pipelined = json.dumps(render(ctx, "/stages", "?profile=tutorial_pipelined%2Ftraining")[1]
+                           .to_plotly_json(), default=str)
+    assert "bubble fraction on top" in pipelined and "bubble_fraction" in pipelined

@@ -280,12 +280,15 @@ def _sharded_advice(meta: dict[str, Any], bal: pd.DataFrame, top: int, load: flo
     step. What does is running the shards at once: pipelining."""
     where = naming_of(MODELLED_KIND, meta).label(int(bal.loc[bal["stage"] == top, "ipu"]
                                                      .iloc[0]))
+    # what fills a pipeline: micro-batches accumulated in training, batches a host call
+    # runs (device iterations) in inference, which has no gradients
+    fill = "gradient accumulation" if (meta.get("options") or {}).get("training", True) \
+        is not False else "device iterations"
     return Advice("info", "split", None, (
         f"Sharded: the IPUs take turns, so the step is the sum of the shards' times; "
         f"stage {top} on {where}, at {load:.2f}x the mean, holds no other IPU back, and "
         "moving splits balances memory, not time. To run the shards at once, "
-        "pipeline them (--strategy pipelined, with gradient accumulation to fill the "
-        "pipeline)."))
+        f"pipeline them (--strategy pipelined, with {fill} to fill the pipeline)."))
 
 
 def _ipu_balance_advice(meta: dict[str, Any], stages: pd.DataFrame, measured: bool

@@ -46,10 +46,12 @@ def _bars(labels: list[str], y: Any, name: str, colour: str, hover: str,
 
 
 def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
-                    title: str | None = None, naming: Naming | None = None) -> go.Figure:
-    """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top.
-    A measured profile's stage times are ns per recorded step (the mean); its time no
-    event covers is a bar of its own, untraced, not compute."""
+                    title: str | None = None, naming: Naming | None = None,
+                    sharded: bool = False) -> go.Figure:
+    """Stacked compute (by pass) / exchange / idle bars per IPU, bubble fraction on top
+    (`sharded`: the idle share, a sharded run has no pipeline to bubble). A measured
+    profile's stage times are ns per recorded step (the mean); its time no event covers
+    is a bar of its own, untraced, not compute."""
     naming = naming or (MEASURED if unit == "ns" else Naming(unit=unit))
     unit = naming.unit
     title = title or f"Time per {naming.device}"
@@ -76,7 +78,8 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
             top.hovertemplate = top.hovertemplate.replace("<extra>", " (%{customdata})<extra>")
     fig.update_yaxes(title_text=f"{unit} per step" if naming.in_ns else unit,
                      tickformat=",d")
-    base_layout(fig, title + " (bubble fraction on top)", height=380)
+    base_layout(fig, title + (" (idle share on top: the shards take turns)" if sharded
+                              else " (bubble fraction on top)"), height=380)
     # six categories do not fit in one row above the plot: list them on the right
     fig.update_layout(barmode="stack", legend={"orientation": "v", "x": 1.02, "y": 1,
                                                "xanchor": "left", "yanchor": "top"})
@@ -84,16 +87,18 @@ def ipu_time_figure(stages: pd.DataFrame, unit: str = "cycles",
 
 
 def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
-                      naming: Naming = MODELLED) -> go.Figure:
+                      naming: Naming = MODELLED, sharded: bool = False) -> go.Figure:
     """Busy time of each stage relative to the mean: the bottleneck stands out in red, but
     only when it is one (above the advice's imbalance limit), so a balanced run is not
-    painted as a problem."""
+    painted as a problem. A sharded run's stages take turns (`sharded`): none waits for
+    the heaviest, so none is red."""
     if stages.empty:
         return empty_figure("This profile has no stage table.", title)
     bal = stage_balance(stages)
     top = bal["busy_cycles"].idxmax()
     one_device = stages_take_turns(bal)  # never empty here: one stage is one device too
-    unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT and not one_device
+    unbalanced = float(bal["relative_load"].max()) > IMBALANCE_LIMIT and not one_device \
+        and not sharded
     colours = ["#c53a32" if i == top and unbalanced else "#3b75af" for i in bal.index]
     labels = [f"stage {s} ({naming.label(i)})" for s, i in zip(bal["stage"], bal["ipu"])]
     hover = "%{x}: %{y:.2f}x the mean busy time<extra></extra>"
@@ -116,6 +121,7 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
     fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
     note = (f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
+            else "sharded: they run in turn" if sharded
             else "red: bottleneck" if unbalanced
             else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
     return base_layout(fig, f"{title} ({note})", height=340)
