@@ -93,7 +93,9 @@ def _stats_blocks(entry: Entry, lo: float, hi: float, how: str, stats: RangeStat
     words = naming(entry)
     unit = words.unit
     head = html.Div(f"{how}: {lo:,.0f} to {hi:,.0f} {unit} ({hi - lo:,.0f} {unit}), "
-                    f"{stats.events:,} device events.", id="trace-stats-head",
+                    # a measured run's trace is its ranks' events, on a CPU run no device's
+                    f"{stats.events:,} {'trace' if words.measured else 'device'} events.",
+                    id="trace-stats-head",
                     className="status")
     per_ipu = stats.per_ipu.rename(columns={"ipu": words.device.lower()})
     per_ipu = _pct(per_ipu, "busy_share")

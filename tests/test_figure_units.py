@@ -32,6 +32,15 @@ def test_exchange_cells_in_the_colour_bar_unit() -> None:
     assert cells == {"3,072.0", "5.0"}  # the 3 GiB cell says 3,072 on a MiB bar
 
 
+def test_a_transfer_too_small_for_the_unit_is_not_shown_as_none() -> None:
+    """8 KiB beside 1 GiB on a MiB bar: "<0.1", not a 0.0 that reads as no transfer (as
+    resnext101_inference_mk1's IPU0 -> host cell read)."""
+    ex = pd.DataFrame({"src": [0, 1], "dst": [1, 0], "bytes": [2**30, 8 * 2**10],
+                       "start": [0, 0], "end": [1, 1], "kind": ["activation"] * 2})
+    heat = figures.exchange_matrix_figure(analysis.exchange_matrix(ex, 2)).data[0]
+    assert {t for row in heat.text for t in row if t} == {"1,024.0", "<0.1"}
+
+
 def test_exchange_bins_named_and_histograms_side_by_side() -> None:
     over = figures.exchange_time_figure(analysis.exchange_over_time(PROFILE.exchange, bins=40))
     assert "bins of" in over.layout.title.text

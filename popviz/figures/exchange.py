@@ -38,7 +38,7 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
             hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
     else:
         # cells in the colour bar's unit (never MiB on the bar and GiB in a cell)
-        text = np.vectorize(lambda b: f"{b / size:,.1f}" if b else "")(matrix.to_numpy())
+        text = np.vectorize(lambda b: cell_text(b, size))(matrix.to_numpy())
         fig = go.Figure(go.Heatmap(
             z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
             texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
@@ -48,6 +48,14 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     fig.update_yaxes(title_text="from", autorange="reversed")
     return base_layout(fig, f"{title} ({name}, from row to column)",
                        height=_height(len(matrix)))
+
+
+def cell_text(nbytes: float, size: float) -> str:
+    """A cell's bytes in the colour bar's unit, one decimal; a transfer too small to show
+    at that precision is "<0.1", not a 0.0 that reads as none, and no transfer is blank."""
+    if not nbytes or nbytes <= 0:
+        return ""
+    return "<0.1" if nbytes / size < 0.05 else f"{nbytes / size:,.1f}"
 
 
 # a matrix of more rows than this (a job's ranks or stages) is drawn in blocks of
@@ -170,7 +178,7 @@ def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go
         hover[i, j] = hover[i, j] + ("<br>" if hover[i, j] else "") + head + "<br>".join(lines)
     if sized:
         size, name = byte_unit(float(total.max()))
-        text = np.where(total > 0, np.vectorize(lambda b: f"{b / size:,.1f}")(total), "")
+        text = np.vectorize(lambda b: cell_text(b, size))(total)
     else:
         size, name = 1e6, "ms on the wire"
         text = np.where(total > 0, np.vectorize(_ms)(total), "")

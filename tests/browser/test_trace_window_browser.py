@@ -26,7 +26,7 @@ pytestmark = pytest.mark.browser
 LONG_RUN = "rn50_pipeline/profile.h5"  # 27,731 events: its figure is ~3 MB zoomed out
 MAX_CALLBACK_BODY = 64 * 1024  # callback requests carry ids and ranges, never figures
 _HEAD = re.compile(r"^(.+?): ([\d,.]+) to ([\d,.]+) (\w+) \(([\d,.]+) \w+\), "
-                   r"([\d,]+) device events\.$")
+                   r"([\d,]+) (?:device|trace) events\.$")
 
 
 def _head(page: Any) -> tuple[str, float, float, int]:
