@@ -10,5 +10,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The CLI caches vetting verdicts under $XDG_CACHE_HOME/popviz: never the user's own cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="popviz-test-cache-")
 
-# the imported H100 recordings (`resnet`, `pipeline`) for the import tests
-pytest_plugins = ["tests.import_fixtures"]
+# the imported H100 recordings (`resnet`, `pipeline`) for the import tests; the bundled
+# measured and modelled example profiles (`measured`, `modelled`)
+pytest_plugins = ["tests.import_fixtures", "tests.bundled_fixtures"]

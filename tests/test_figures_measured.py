@@ -6,7 +6,6 @@ pages called directly."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +17,9 @@ from popviz import analysis, figures
 from popviz.api import compare
 from popviz.figures import compare as cf
 from popviz.vocab import MEASURED, MODELLED, naming_for, naming_of
+from tests.bundled_fixtures import MEASURED_REL, MODELLED_REL, ROOT
 from tests.dash_util import component_text as _text
 from tests.dash_util import find_components
-
-ROOT = Path(__file__).resolve().parents[1] / "profiles"
-MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
-MODELLED_REL = "tutorial_pipelined/training/profile.h5"
 
 
 def test_the_example_profiles_are_there() -> None:
@@ -31,16 +27,6 @@ def test_the_example_profiles_are_there() -> None:
     assert (ROOT / MEASURED_REL).is_file() and (ROOT / MODELLED_REL).is_file()
 
 
-@pytest.fixture(scope="module")
-def measured() -> Any:
-    with popviz.open(ROOT / MEASURED_REL) as profile:
-        yield profile
-
-
-@pytest.fixture(scope="module")
-def modelled() -> Any:
-    with popviz.open(ROOT / MODELLED_REL) as profile:
-        yield profile
 
 
 def _words(fig: Any) -> str:

@@ -7,13 +7,11 @@ test_trace_window_browser.py double-clicks it in Chromium)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from popviz_app import create_app
 
-import popviz
 from popviz.analysis.trace_detail import pass_ops
 from popviz.analysis.trace_threads import launch_links
 from popviz.figures import trace_figure
@@ -21,10 +19,7 @@ from popviz.figures.lod import TraceIndex
 from popviz.figures.trace_lanes import trace_lanes_figure
 from popviz.figures.trace_threads import thread_lanes_figure
 from popviz.vocab import MEASURED
-
-ROOT = Path(__file__).resolve().parents[1] / "profiles"
-MODELLED_REL = "tutorial_pipelined/training/profile.h5"
-MEASURED_REL = "tutorial_measured_2ranks/profile.h5"
+from tests.bundled_fixtures import MEASURED_REL, MODELLED_REL, ROOT
 
 
 def _reset(fig: Any) -> tuple[float, float]:
@@ -33,16 +28,6 @@ def _reset(fig: Any) -> tuple[float, float]:
     return opts.minallowed, opts.maxallowed
 
 
-@pytest.fixture(scope="module")
-def modelled() -> Any:
-    with popviz.open(ROOT / MODELLED_REL) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def measured() -> Any:
-    with popviz.open(ROOT / MEASURED_REL) as p:
-        yield p
 
 
 def test_lanes_reset_to_the_whole_run(modelled: Any) -> None:
