@@ -8,6 +8,7 @@ import dash
 from dash import html
 
 from popviz import analysis, figures
+from popviz.analysis.balance import is_sharded
 from popviz.analysis.ranks import TOLERANCE, rank_shares, stragglers
 from popviz.analysis.stash import stash_column
 from popviz.figures.ranks import PART_TITLES, rank_heatmap
@@ -34,19 +35,14 @@ def timed_stages(entry: Entry) -> Any:
     return entry.get("profile_stages", lambda: analysis.profile_stages(entry.profile))
 
 
-def sharded(entry: Entry) -> bool:
-    """A sharded run: its IPUs take turns (no pipeline, no bottleneck to wait for)."""
-    return ((entry.profile.meta or {}).get("options") or {}).get("strategy") == "sharded"
-
-
 def ipu_time(ctx: AppContext, entry: Entry) -> Any:
     return figures.ipu_time_figure(timed_stages(entry), naming=naming(entry),
-                                   sharded=sharded(entry))
+                                   sharded=is_sharded(entry.profile.meta))
 
 
 def load(ctx: AppContext, entry: Entry) -> Any:
     return figures.stage_load_figure(timed_stages(entry), naming=naming(entry),
-                                     sharded=sharded(entry))
+                                     sharded=is_sharded(entry.profile.meta))
 
 
 def stash(ctx: AppContext, entry: Entry) -> Any:
@@ -94,7 +90,7 @@ def _page(ctx: AppContext, entry: Entry) -> html.Div:
                          message("This profile has no stage table.", "info")])
     bal = analysis.stage_balance(stages)
     shown = bal.drop(columns=[c for c in ("total_cycles",) if c in bal.columns])
-    if sharded(entry) and "bubble_fraction" in shown.columns:  # no pipeline to bubble
+    if is_sharded(entry.profile.meta) and "bubble_fraction" in shown.columns:  # no pipeline
         shown = shown.rename(columns={"bubble_fraction": "idle_fraction"})
     if {"untraced_cycles", "other_cycles"} <= set(shown.columns):  # beside the rest of the step
         untraced = shown.pop("untraced_cycles")

@@ -65,14 +65,14 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     b = info["bottleneck"]
     if int(info.get("num_ipus") or 0) < 2:  # one device: no pipeline to balance or fill
         return html.Div(cards, className="cards")
-    sharded = info.get("strategy") == "sharded"  # shards take turns: none waits on it
+    sharded = bool(info.get("sharded"))  # shards take turns: none waits on it
     if b:
         cards.append(_card("heaviest shard" if sharded else "bottleneck",
                            f"stage {b['stage']} on {words.label(b['ipu'])} · "
                            f"{b['relative_load']:.2f}x mean",
                            "warn" if info["imbalance"] > IMBALANCE_LIMIT and not sharded
                            else ""))
-    cards.append(_card(idle_title(info.get("strategy")), f"{info['bubble_fraction']:.0%} idle"))
+    cards.append(_card(idle_title(sharded), f"{info['bubble_fraction']:.0%} idle"))
     return html.Div(cards, className="cards")
 
 

@@ -17,6 +17,7 @@ from popviz.analysis.amp import amp_effect, amp_steps, amp_to_fit, effect_words,
 from popviz.analysis.balance import (
     imbalance,
     ipu_imbalance,
+    is_sharded,
     returns_to_an_ipu,
     stage_balance,
     stages_take_turns,
@@ -243,14 +244,14 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     load = imbalance(stages)
     if load < IMBALANCE_LIMIT:
         return []
-    if (meta.get("options") or {}).get("strategy") == "sharded":
-        return [_sharded_advice(meta, bal, top, load)]
     row = bal[bal["stage"] == top].iloc[0]
     ipu = int(row["ipu"])
     # a measured run is ranks and ns, a modelled one IPUs and cycles (a GPU plan: GPUs, ns)
     words = naming_of(MEASURED_KIND if measured else MODELLED_KIND, meta)  # meta's words win
     gpu = words.gpu_plan
     where, others = words.label(ipu), words.devices
+    if is_sharded(meta):
+        return [_sharded_advice(meta, where, top, load)]
     busy_time = "busy time" if measured or gpu else "busy cycles"
     wait = "wait for its activations and gradients" if gpu else "wait at every sync"
     kind, shares = bound_by(row, host_io_by_ipu(exchange).get(ipu, 0.0))
@@ -272,14 +273,11 @@ def _balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.
     return out
 
 
-def _sharded_advice(meta: dict[str, Any], bal: pd.DataFrame, top: int, load: float
-                    ) -> Advice:
+def _sharded_advice(meta: dict[str, Any], where: str, top: int, load: float) -> Advice:
     """Sharded execution runs one IPU at a time (docs/reference: one shard after
     another), so the step is the sum of the shards: a heavier shard does not make the
     others wait longer than they would anyway, and moving splits does not shorten the
     step. What does is running the shards at once: pipelining."""
-    where = naming_of(MODELLED_KIND, meta).label(int(bal.loc[bal["stage"] == top, "ipu"]
-                                                     .iloc[0]))
     # what fills a pipeline: micro-batches accumulated in training, batches a host call
     # runs (device iterations) in inference, which has no gradients
     fill = "gradient accumulation" if (meta.get("options") or {}).get("training", True) \

@@ -67,6 +67,12 @@ def stage_balance(stages: pd.DataFrame) -> pd.DataFrame:
     return _derive(stages.sort_values("stage").reset_index(drop=True))
 
 
+def is_sharded(meta: Any) -> bool:
+    """A sharded run (meta, or anything with its "options"): one IPU runs at a time, so
+    none waits for the heaviest stage and its idle is no pipeline's bubble."""
+    return ((meta or {}).get("options") or {}).get("strategy") == "sharded"
+
+
 def stages_take_turns(bal: pd.DataFrame) -> bool:
     """Fewer than two stages, or all on one device: they run in turn, none waits for
     another, so there is no balance between them to judge."""

@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from popviz.analysis.advice import Advice, advise
-from popviz.analysis.balance import bottleneck_stage, imbalance, stage_balance, timed_stages
+from popviz.analysis.balance import (
+    bottleneck_stage,
+    imbalance,
+    is_sharded,
+    stage_balance,
+    timed_stages,
+)
 from popviz.analysis.liveness import liveness_peaks
 from popviz.analysis.memory import fit_summary, fullest_tiles, ipu_totals
 from popviz.metrics import (
@@ -28,11 +34,11 @@ def capacity_per_ipu(meta: dict[str, Any]) -> float:
     return float(target.get("tiles_per_ipu", 0)) * float(target.get("bytes_per_tile", 0))
 
 
-def idle_title(strategy: Any) -> str:
+def idle_title(sharded: bool) -> str:
     """What a multi-device run's idle share is called. A pipelined run's idle is its
     pipeline bubbles (filling, draining, waiting for the slowest stage); a sharded run has
     no pipeline: one shard runs at a time, so each IPU idles while another shard runs."""
-    return "waiting for other shards" if strategy == "sharded" else "pipeline bubbles"
+    return "waiting for other shards" if sharded else "pipeline bubbles"
 
 
 def insights(profile: Profile) -> dict[str, Any]:
@@ -64,7 +70,7 @@ def insights(profile: Profile) -> dict[str, Any]:
         step_ms = float(step_cycles) / clock * 1e3
     return {
         "kind": profile.kind,
-        "strategy": (meta.get("options") or {}).get("strategy"),
+        "sharded": is_sharded(meta),
         "model": (meta.get("model") or {}).get("name", ""),
         "target": target.get("name", ""),
         "num_ipus": int(target.get("num_ipus") or stages["ipu"].nunique() if len(stages)

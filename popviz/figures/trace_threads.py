@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from popviz.analysis.links import run_span
 from popviz.analysis.trace_threads import (
     FLAME,
     SYNC_NAMES,
@@ -299,9 +300,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     visible_events, drawn, range, flows_drawn, flows_hidden, rows, ranks (those drawn, or
     None: all), highlighted (slices outlined)."""
     naming = naming or MEASURED
-    run = [f for f in (slices, trace) if len(f)]
-    first_all = float(min(f["start"].min() for f in run)) if run else 0.0
-    last_all = float(max(f["end"].max() for f in run)) if run else 0.0
+    first_all, last_all = run_span(trace, slices)  # before any rank is left out
     if ranks is not None:
         keep = np.asarray(sorted(set(int(r) for r in ranks)), dtype=np.int64)
         slices = slices[np.isin(slices["ipu"].to_numpy(), keep)]

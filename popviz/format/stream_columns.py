@@ -123,12 +123,12 @@ class StreamColumn:
                 self.group, self.name, None, (chunk,), schema.GZIP_LEVEL, shape=(0,),
                 dtype=data.dtype, maxshape=(None,)))
         self.dataset.id.set_extent((self.written + cut,))
+        # the jobs read views of `data`, which nothing writes to again (what is left
+        # over is copied out below): no copy of each chunk on the client's thread
         for at in range(0, cut, chunk):
             block = data[at:min(at + chunk, cut)]
             if len(block) < chunk:  # the last, partial chunk: padded as HDF5 stores it
                 block = np.concatenate([block, np.zeros(chunk - len(block), block.dtype)])
-            else:
-                block = block.copy()  # the job's own rows, not a view of the buffer
             self.chunks.submit(self.dataset.id, self.written + at, block)
         self.written += cut
         rest = data[cut:].copy()  # not a view holding the whole concatenation

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from popviz.analysis.balance import is_sharded
 from popviz.analysis.insights import idle_title
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, naming_of
@@ -61,12 +62,12 @@ def _insight_lines(facts: dict) -> list[str]:
                         if tile.get("largest_category") else ""))
     neck = facts.get("bottleneck")
     if neck and len(facts.get("stages") or []) > 1:
-        sharded = (facts.get("options") or {}).get("strategy") == "sharded"
+        sharded = is_sharded(facts)
         lines.append(f"  {'heaviest shard' if sharded else 'bottleneck'}: stage "
                      f"{neck['stage']} on {words.label(neck['ipu'])}, "
                      f"{neck['relative_load']:.2f}x the mean stage load")
     if int(facts.get("num_ipus") or 0) > 1 and facts.get("bubble_fraction") is not None:
-        title = idle_title((facts.get("options") or {}).get("strategy"))
+        title = idle_title(is_sharded(facts))
         lines.append(f"  {title}: {facts['bubble_fraction']:.0%} idle")
     advice = facts.get("advice") or []
     if advice:
