@@ -123,7 +123,7 @@ def test_store_round_trip_on_disk(job: list[Path]) -> None:
         assert back.calls is light.calls
 
 
-def _write(path: Path, slices: list[pd.DataFrame]) -> pd.DataFrame:
+def _write(path: Path, slices: list[Any]) -> pd.DataFrame:
     with ProfileStream(path, kind="measured", **MEASURED_WORDS) as out:
         for frame in slices:
             out.append("notes", frame)
@@ -286,14 +286,50 @@ def test_importing_a_job_does_not_load_torch(job: list[Path], tmp_path: Path) ->
 
 
 def test_categorical_text_is_written_as_the_text(tmp_path: Path) -> None:
-    """A Dask worker hands text columns over as categories (`finish_rank_packed`): they
-    read back as the text, missing as "", ints among them as int-or-string."""
+    """A frame's text as pandas Categoricals reads back as the text, missing as "",
+    ints among them as int-or-string."""
     text = pd.Series(["conv", None, "relu", "conv"], dtype=object)
     mixed = pd.Series([3, "host", 3, "host"], dtype=object)
     got = _write(tmp_path / "p.h5", [pd.DataFrame({"t": text.astype("category"),
                                                    "m": mixed.astype("category")})])
     assert got["t"].tolist() == ["conv", "", "relu", "conv"]
     assert got["m"].tolist() == [3, "host", 3, "host"]
+
+
+def _slices() -> list[pd.DataFrame]:
+    """Slices as ranks finish them: text with gaps, ints among text, bools, a column the
+    first slice lacks and one the last lacks, an empty slice, more rows than a chunk."""
+    rng = np.random.default_rng(3)
+    big = 3000  # ints of more than one 4 KiB chunk
+    return [
+        pd.DataFrame({"op": ["conv", None, "relu"], "n": [1, 2, 3],
+                      "peer": pd.Series([3, "host", None], dtype=object),
+                      "ok": [True, False, True]}),
+        pd.DataFrame({"op": rng.choice(["mm", "add", "conv"], big), "n": np.arange(big),
+                      "peer": pd.Series(["7"] * big, dtype=object),
+                      "ok": np.zeros(big, dtype=bool), "late": rng.random(big)}),
+        pd.DataFrame({"op": pd.Series([], dtype=object), "n": pd.Series([], dtype="int64"),
+                      "peer": pd.Series([], dtype=object), "ok": pd.Series([], dtype=bool),
+                      "late": pd.Series([], dtype=float)}),
+        pd.DataFrame({"n": [7, 8], "op": ["mm", "ü"], "ok": [False, True],
+                      "late": [0.5, np.nan]}),
+    ]
+
+
+def test_slices_encoded_where_made_read_back_as_the_frames(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Dask worker hands each finished table over encoded (format/encoded.py): the
+    profile reads back cell for cell as the same slices written as frames, chunks
+    crossing the slices, columns missing from some slices filled as pandas' concat
+    fills them."""
+    from popviz.format.encoded import encode_frame
+
+    monkeypatch.setattr(stream_columns, "STREAM_CHUNK_BYTES", 4096)
+    frames = _write(tmp_path / "frames.h5", _slices())
+    encoded = _write(tmp_path / "encoded.h5", [encode_frame(f) for f in _slices()])
+    pd.testing.assert_frame_equal(encoded, frames, check_exact=True)
+    assert frames["peer"].tolist()[:4] == [3, "host", "", 7]  # int-or-string, as text
+    assert frames["op"].iloc[-1] == "ü" and frames["late"].iloc[:3].isna().all()
 
 
 def test_facts_of_ranks_merged_are_the_facts_of_the_whole(job: list[Path]) -> None:

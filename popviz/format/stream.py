@@ -30,6 +30,7 @@ import pandas as pd
 
 from popviz.errors import write_error
 from popviz.format import schema, tempfiles
+from popviz.format.encoded import EncodedFrame
 from popviz.format.guards import profile_path, refuse_foreign
 from popviz.format.stream_columns import ChunkWriter, StreamTable
 from popviz.format.strings import StringTable
@@ -167,8 +168,9 @@ class ProfileStream:
         if not self.finished:  # an error, or a block left without finish(): no profile
             self.abort()
 
-    def append(self, name: str, frame: pd.DataFrame) -> None:
-        """Add `frame`'s rows to table `name` (created by its first slice)."""
+    def append(self, name: str, frame: pd.DataFrame | EncodedFrame) -> None:
+        """Add `frame`'s rows to table `name` (created by its first slice): a frame, or
+        its columns encoded where it was made (format/encoded.py)."""
         try:
             table = self.tables.get(name)
             if table is None:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from popviz.format import schema
 from popviz.format.chunks import encode_chunk
+from popviz.format.encoded import EncodedFrame
 from popviz.format.lowlevel import create_chunked
 from popviz.format.strings import StringTable
 from popviz.format.writer import _chunked, encode_column, put_names, put_text
@@ -177,26 +178,38 @@ class StreamTable:
         self.rows = 0
         self.ipus: list[tuple[int, int]] = []  # trace: (ipu, first row) in order
 
-    def append(self, frame: pd.DataFrame, strings: StringTable) -> None:
-        for column in frame.columns:
-            name = str(column)
+    def append(self, frame: pd.DataFrame | EncodedFrame, strings: StringTable) -> None:
+        """Add `frame`'s rows: a frame, or its columns encoded where it was made."""
+        if isinstance(frame, EncodedFrame):
+            columns = {name: (column.empty, lambda c=column: (c.kind, c.stored(strings)))
+                       for name, column in frame.columns.items()}
+            ipus = frame.columns["ipu"].data if "ipu" in frame.columns else None
+        else:
+            columns = {str(name): (lambda s=series: s.iloc[:0],
+                                   lambda s=series: encode_column(s, strings))
+                       for name, series in frame.items()}
+            ipus = frame["ipu"].to_numpy() if "ipu" in frame else None
+        for name, (empty, _) in columns.items():
             if name not in self.columns:
                 self.columns[name] = StreamColumn(self.group, name, self.chunks)
-                self.empty[name] = frame[column].iloc[:0]
+                self.empty[name] = empty()
                 if self.rows:  # a column the earlier slices lacked: missing there
-                    self._add(name, _missing(frame[column], self.rows), strings)
+                    self._add(name, *encode_column(_missing(self.empty[name], self.rows),
+                                                   strings))
         if not len(frame):
             return
         if self.name == "trace":
-            self._index(frame["ipu"].to_numpy(np.int64))
-        given = {str(k): v for k, v in frame.items()}  # each column once, not by name
+            assert ipus is not None, "a trace slice without its ipu column"
+            self._index(np.asarray(ipus, dtype=np.int64))
         for name in self.columns:
-            series = given[name] if name in given else _missing(self.empty[name], len(frame))
-            self._add(name, series, strings)
+            if name in columns:
+                self._add(name, *columns[name][1]())
+            else:
+                self._add(name, *encode_column(_missing(self.empty[name], len(frame)),
+                                               strings))
         self.rows += len(frame)
 
-    def _add(self, name: str, series: pd.Series, strings: StringTable) -> None:
-        kind, data = encode_column(series, strings)
+    def _add(self, name: str, kind: str, data: np.ndarray) -> None:
         self.columns[name].add(kind, data)
 
     def _index(self, ipus: np.ndarray) -> None:

@@ -43,6 +43,10 @@ class StringTable:
         lookup = np.array([self._code(u) for u in uniques.tolist()], dtype=np.int32)
         return lookup[inverse] if len(uniques) else np.zeros(0, dtype=np.int32)
 
+    def texts(self) -> list[str]:
+        """Every interned text, by code."""
+        return list(self._codes)
+
     def encode_distinct(self, values: list[str]) -> np.ndarray:
         """int32 codes of `values`, few and mostly distinct (a categorical's categories),
         interned in the sorted order `encode` interns in, without its hashing of a

@@ -80,6 +80,14 @@ METHOD = "distributed.worker.multiprocessing-method"
 # Spawn elsewhere (macOS's system libraries are not fork-safe) and for `tune`'s clusters,
 # whose client has torch and its thread pools loaded.
 FORK_METHOD = "fork" if sys.platform == "linux" else None
+# What an embedded cluster runs beside the work and the import has no use for, each a
+# share of the cores the workers and the writing client need (no dashboard shows it): the
+# workers' statistical profiler (a stack sample every 10 ms) and, in every process, the
+# event-loop tick watch (every 20 ms) and the system monitor (every 0.5 s). Measured
+# together: 0.2 s of the 7.5 s of CPU a 64-rank import takes (bench_import_scale.py).
+QUIET_LOCAL = {"distributed.worker.profile.enabled": False,
+               "distributed.admin.tick.interval": "1s",
+               "distributed.admin.system-monitor.interval": "5s"}
 
 
 def _untrimmed(environ: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +115,8 @@ def dask_client(scheduler: str, workers: int = 0, tasks: int = 0, *,
             if scheduler == LOCAL:
                 count = workers if workers > 0 else os.cpu_count() or 1
                 count = min(count, tasks) if tasks > 0 else count
-                settings: dict[str, Any] = {ENVIRON: _untrimmed(dask.config.get(ENVIRON, {}))}
+                settings: dict[str, Any] = {ENVIRON: _untrimmed(dask.config.get(ENVIRON, {})),
+                                            **QUIET_LOCAL}
                 if fork and FORK_METHOD:
                     settings[METHOD] = FORK_METHOD
                 with dask.config.set(settings):
@@ -206,10 +215,10 @@ class DaskRanks:
         return light
 
     def finished(self, order: list[int], args: list[Any], p2p: Any) -> Iterator[Any]:
-        """`finish_rank` of file order[k] with args[k] on its worker (text as
-        categories: `finish_rank_packed`), yielded in that order; a few ranks in flight,
+        """`finish_rank` of file order[k] with args[k] on its worker (its columns
+        encoded there: `finish_rank_encoded`), yielded in that order; a few ranks in flight,
         each part forgotten once finished."""
-        from popviz.ingest.import_merge import finish_rank_packed
+        from popviz.ingest.import_merge import finish_rank_encoded
 
         shared = self.client.scatter(p2p, broadcast=True)
         window = 2 * max(1, len(self.client.scheduler_info().get("workers", {}))) + 1
@@ -219,7 +228,7 @@ class DaskRanks:
         def submit() -> None:
             for i, rank_args in itertools.islice(todo, 1):
                 pending.append((i, self.client.submit(
-                    finish_rank_packed, self.parts[i], rank_args, shared,
+                    finish_rank_encoded, self.parts[i], rank_args, shared,
                     key=f"popviz-rank-finish-{self.run}-{i}", pure=False)))
 
         for _ in range(window):

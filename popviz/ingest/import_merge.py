@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from popviz.format import bounds
+from popviz.format.encoded import EncodedFrame, encode_frame
 from popviz.ingest import kineto_events as kev
 from popviz.ingest import kineto_lanes, waits
 from popviz.ingest import tables as tbl
@@ -37,8 +38,11 @@ RANK_TABLES = ("trace", "ops", "liveness", "host_slices", "kernels", "alloc_bloc
                "alloc_segments", "alloc_frames")
 
 
+Slice = pd.DataFrame | EncodedFrame  # a rank's rows of a table, as finished
+
+
 class TableSink(Protocol):
-    def append(self, name: str, frame: pd.DataFrame) -> None: ...
+    def append(self, name: str, frame: Slice) -> None: ...
 
 
 @dataclass
@@ -47,7 +51,8 @@ class MemorySink:
 
     frames: dict[str, list[pd.DataFrame]] = field(default_factory=dict)
 
-    def append(self, name: str, frame: pd.DataFrame) -> None:
+    def append(self, name: str, frame: Slice) -> None:
+        assert isinstance(frame, pd.DataFrame), "ranks finished here are frames"
         held = self.frames.setdefault(name, [])
         if len(frame) or not held:
             held.append(frame)
@@ -120,7 +125,7 @@ class FinishedRank:
     """A rank's share of every rank table, ready to write, and what the small tables, the
     summary and the meta take from it."""
 
-    tables: dict[str, pd.DataFrame]
+    tables: dict[str, Slice]
     facts: tbl.TraceFacts
     transfers: pd.DataFrame | None  # its collectives and copies (exchange rows)
     # each bounded column's largest value (`largest_values`), taken where it was finished
@@ -142,18 +147,17 @@ def finish_rank(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRa
     for name, frame in tables.items():
         check_rows(name, frame, args.dims, args.label)
     kept = {n: tables[n] for n in RANK_TABLES if n in tables}
-    return FinishedRank(kept, facts, transfers, largest_values(kept))
+    return FinishedRank(dict[str, Slice](kept), facts, transfers, largest_values(kept))
 
 
-def finish_rank_packed(part: RankPart, args: RankArgs, p2p: pd.DataFrame) -> FinishedRank:
-    """`finish_rank` with each text column as a pandas Categorical: on a worker, so the
-    tables cross to the client as codes and each distinct text once, and the writer
-    interns each distinct text once (format/writer.encode_column), not every cell."""
+def finish_rank_encoded(part: RankPart, args: RankArgs, p2p: pd.DataFrame
+                        ) -> FinishedRank:
+    """`finish_rank` with its tables' columns encoded as the profile stores them
+    (format/encoded.py): on a Dask worker, so the client that writes every rank takes
+    each in as arrays and each distinct text once."""
     done = finish_rank(part, args, p2p)
-    for frame in done.tables.values():
-        for column in frame.columns:
-            if frame[column].dtype.kind not in "iufbmM":
-                frame[column] = frame[column].astype("category")
+    done.tables = {name: encode_frame(frame) for name, frame in done.tables.items()
+                   if isinstance(frame, pd.DataFrame)}
     return done
 
 
