@@ -30,9 +30,10 @@ def test_device_names_and_kinds() -> None:
 
 
 def test_thresholds_are_the_ones_the_views_use() -> None:
-    from popviz.analysis import advice
+    from popviz.analysis import advice, advice_time
     from popviz.figures import stages
 
-    assert advice.IMBALANCE_LIMIT is vocab.IMBALANCE_LIMIT == 1.15
-    assert advice.BUBBLE_LIMIT is vocab.BUBBLE_LIMIT == 0.30
+    assert advice.IMBALANCE_LIMIT is advice_time.IMBALANCE_LIMIT is vocab.IMBALANCE_LIMIT \
+        == 1.15
+    assert advice_time.BUBBLE_LIMIT is vocab.BUBBLE_LIMIT == 0.30
     assert stages.IMBALANCE_LIMIT is vocab.IMBALANCE_LIMIT
