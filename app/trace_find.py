@@ -10,7 +10,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from popviz.analysis.find import LIMIT, find_kernels, find_ops, parse_query
-from popviz.analysis.links import op_span, op_window
+from popviz.analysis.links import kernel_ops, op_span, op_window
 
 from . import links
 from .cache import Entry
@@ -53,12 +53,18 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
                                          op=str(int(row["op_id"]))),
             f"trace-found-op-{int(row['op_id'])}")))
     kernels, many = find_kernels(trace, query)
-    for i, row in enumerate(kernels.to_dict("records")):
-        t0, t1 = op_window((float(row["start"]), float(row["end"])), trace, run=run)
+    # the op that launched each kernel, outlined, with its launch in the window
+    launched = kernel_ops(kernels, ops, entry.profile.table("host_slices")) \
+        if len(kernels) else []
+    for i, (row, by) in enumerate(zip(kernels.to_dict("records"), launched, strict=True)):
+        a, b = float(row["start"]), float(row["end"])
+        op = {} if by is None else {"op": str(by[0])}
+        t0, t1 = op_window((a, b) if by is None else (min(a, by[1][0]), max(b, by[1][1])),
+                           trace, run=run)
         items.append(html.Li(links.link(
             f"kernel {row['op']} (of {row['host_op']}; {words.label(int(row['ipu']))}, "
-            f"{float(row['start']):,.0f} {words.unit})",
-            links.href("/trace", entry.rel, t0, t1, int(row["ipu"])),
+            f"{a:,.0f} {words.unit})",
+            links.href("/trace", entry.rel, t0, t1, int(row["ipu"]), **op),
             f"trace-found-kernel-{i}")))
     shown = len(found) + len(kernels)
     if not shown:

@@ -174,3 +174,34 @@ def test_tune_cli_prints_the_amp_steps(capsys) -> None:
 
     steps = json.loads(capsys.readouterr().out)["amp_steps"]
     assert len(steps) == 4 * 6 and {s["ipu"] for s in steps} == {0, 1, 2, 3}
+
+
+def test_amp_step_labels_print_over_no_other_label_or_marker(rn50) -> None:
+    """The bundled ResNet-50: IPU1's and IPU3's AMP 0.1 points lie a few KiB apart, and
+    their '0.1' labels printed over each other (and over the other line's marker); in a
+    plot narrower than the page gives it, no label covers another label or a marker."""
+    from popviz.figures.tune import PLOT_PX, KiB, _overlap, amp_steps_figure, label_box
+
+    steps, _ = rn50
+    fig = amp_steps_figure(steps)
+    xs = np.array([x for t in fig.data for x in t.x], dtype=float)
+    ys = np.array([y for t in fig.data for y in t.y], dtype=float)
+    assert xs.max() <= steps["temp_bytes"].max() / KiB + 1
+
+    def scale(v: np.ndarray, px: float) -> np.ndarray:
+        pad = (v.max() - v.min()) * 0.05
+        return (v - v.min() + pad) / (v.max() - v.min() + 2 * pad) * px
+
+    sx, sy = scale(xs, PLOT_PX[0]), scale(ys, PLOT_PX[1])
+    texts = [str(s) for t in fig.data for s in t.text]
+    sizes = [float(s) for t in fig.data for s in t.marker.size]
+    where = [str(p) for t in fig.data for p in t.textposition]
+    labels = [label_box(x, y, s, m, p)
+              for x, y, s, m, p in zip(sx, sy, texts, sizes, where, strict=True)]
+    markers = [(x - m / 2, x + m / 2, y - m / 2, y + m / 2)
+               for x, y, m in zip(sx, sy, sizes, strict=True)]
+    for i, box in enumerate(labels):
+        for j in range(len(labels)):
+            if j != i:
+                assert _overlap(box, labels[j]) == 0, (texts[i], texts[j])
+                assert _overlap(box, markers[j]) == 0, (texts[i], j)

@@ -347,3 +347,18 @@ def test_stage_figures_of_many_ranks_are_areas_with_their_figures_in_the_hover()
     assert figures.stage_load_figure(few, naming=MEASURED).data[0].type == "bar"
     assert any(getattr(t, "mode", None) == "text"
                for t in figures.ipu_time_figure(few, naming=MEASURED).data)
+
+
+def test_the_mean_line_strikes_no_load_label_and_its_name_sits_off_the_bars() -> None:
+    """A bar at 1.06x had its label struck through by the mean line, and 'mean' sat on the
+    line over the last bar: the line is drawn under the bars, its name right of the plot
+    with a margin to hold it."""
+    from popviz import figures
+    from popviz.vocab import MEASURED
+
+    fig = figures.stage_load_figure(_stages(busy=[106, 94], idle=[10, 10]), naming=MEASURED)
+    line = [s for s in fig.layout.shapes if s.y0 == 1.0 and s.y1 == 1.0]
+    assert len(line) == 1 and line[0].layer == "below"
+    name = [a for a in fig.layout.annotations if a.text == "mean"]
+    assert len(name) == 1 and name[0].x >= 1 and name[0].xanchor == "left"
+    assert fig.layout.margin.r >= 40

@@ -251,3 +251,20 @@ def test_measured_ops_page_shows_no_minus_one_for_none(ctx: AppContext) -> None:
     rows, _, _ = operations.page(entry, "", [], 0, size=200)
     assert rows and all(r["microbatch"] != -1 and r["peer"] != -1 for r in rows)
     assert any(r["microbatch"] is None for r in rows)
+
+
+def test_tree_of_a_run_recorded_without_flops_reads_unknown(ctx: AppContext) -> None:
+    """Every op of the measured run stores 0 FLOPs (a trace recorded without them): the
+    tree's hover and its op table say unknown, never 0; a modelled run keeps its numbers."""
+    from popviz_app.pages import tree
+
+    tables = [t for t in _find(render(ctx, "/tree", f"?profile={MEASURED_REL}")[1],
+                               "DataTable") if t.id == "tree-node-ops"]
+    assert tables and tables[0].data
+    assert {r["flops"] for r in tables[0].data} == {"unknown"}
+    hover = tree.tree(ctx, ctx.cache.get(MEASURED_REL))
+    assert {str(c[2]) for c in hover.data[0].customdata} == {"unknown"}
+    modelled = [t for t in _find(render(ctx, "/tree", f"?profile={MODELLED_REL}")[1],
+                                 "DataTable") if t.id == "tree-node-ops"]
+    assert any(isinstance(r["flops"], (int, float)) and r["flops"] > 0
+               for r in modelled[0].data)

@@ -73,3 +73,49 @@ def test_an_imports_kernels_by_name(cuda: Any) -> None:
     assert total == len(named) > 0
     assert found["start"].is_monotonic_increasing and len(found) == min(total, 20)
     assert all("nchwtonhwc" in op.lower() for op in found["op"])
+
+
+@pytest.fixture(scope="module")
+def cuda_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("found")
+    popviz.import_trace(RESNET, root / "rn")
+    return root
+
+
+def test_a_found_kernel_links_to_the_op_that_launched_it(cuda_root: Path) -> None:
+    """A kernel found on /trace linked to its time alone, so nothing was outlined: its
+    link carries the op that launched it (the innermost op named as its host_op around
+    its launch), with the launch inside the window."""
+    from urllib.parse import parse_qs, urlparse
+
+    from popviz_app import ProfileCache
+    from popviz_app.common import AppContext
+    from popviz_app.trace_find import found_list
+
+    from popviz.analysis.links import kernel_ops, op_slices
+    from tests.dash_util import find_components
+
+    rel = next(cuda_root.rglob("*.h5")).relative_to(cuda_root).as_posix()
+    entry = AppContext(root=cuda_root, cache=ProfileCache(cuda_root)).cache.get(rel)
+    p = entry.profile
+    kernels, _ = find_kernels(p.trace, parse_query("NCHWtoNHWC"))
+    slices = p.table("host_slices")
+    launched = kernel_ops(kernels, p.ops, slices)
+    assert len(launched) == len(kernels) and all(x is not None for x in launched)
+    for (op_id, (a, b)), row in zip(launched, kernels.to_dict("records"), strict=True):
+        op = p.ops[p.ops["op_id"] == op_id].iloc[0]
+        assert op["op"] == row["host_op"] and op["start"] <= a <= b <= op["end"]
+        inner = p.ops[(p.ops["ipu"] == op["ipu"]) & (p.ops["start"] > op["start"])
+                      & (p.ops["start"] <= a) & (p.ops["end"] >= b)]
+        assert not (inner["op"] == row["host_op"]).any()  # the innermost such op
+        assert len(op_slices(p.ops, slices, op_id)) == 1  # what /trace outlines
+    from dash import html
+
+    found = html.Div(found_list(entry, "NCHWtoNHWC"))
+    hrefs = [link.href for link in find_components(found, "Link")
+             if str(link.id).startswith("trace-found-kernel-")]
+    assert len(hrefs) == len(kernels)
+    for href, (op_id, (a, b)) in zip(hrefs, launched, strict=True):
+        q = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
+        assert q["op"] == str(op_id)
+        assert float(q["t0"]) <= a and float(q["t1"]) >= b  # the launch is in view

@@ -80,3 +80,12 @@ def test_a_job_of_many_ranks_draws_the_fullest_and_a_band_of_all() -> None:
         held = y[at[known]]
         assert (high[known] >= held - 1e-6).all() and (low[known] <= held + 1e-6).all()
     assert "16 of 40" in fig.layout.title.text
+
+
+def test_the_plot_looks_like_the_other_pages() -> None:
+    """A white plot as the other pages draw (base_layout), not Plotly's default grey."""
+    with popviz.open(PROFILES / "tutorial_measured_2ranks") as p:
+        live = p.liveness
+    fig = allocated_over_time(live, MEASURED)
+    assert fig.layout.template.layout.plot_bgcolor == "white"
+    assert fig.layout.title.text.startswith("Allocated memory per rank")

@@ -159,3 +159,51 @@ def test_measured_trace_has_rank_lanes_and_no_op_level() -> None:
 
 def test_pass_ops_empty_without_cycles() -> None:
     assert pass_ops(pd.DataFrame({"op": ["a"], "stage": [0], "pass": ["F"]})) == {}
+
+
+def _outlined(fig: object) -> list:
+    return [t for t in fig.data if str(t.name or "").endswith("(selected op)")]  # type: ignore[attr-defined]
+
+
+def test_an_op_of_zero_cycles_is_outlined_a_few_pixels_wide() -> None:
+    """An op link (`&op=`) to an op of zero modelled cycles drew a box of zero width: no
+    outline at all. Its outline is at least MIN_FRACTION of the window wide, about it."""
+    from popviz.analysis.trace_detail import op_occurrences
+    from popviz.figures.trace_outline import MIN_FRACTION
+
+    with popviz.open(LONG) as p:
+        ops, trace = p.ops, p.trace
+    templates = pass_ops(ops)
+    zero = int(ops.loc[(ops["cycles"] == 0) & (ops["pass"] == "F"), "op_id"].iloc[0])
+    at = op_occurrences(trace, templates, zero)
+    assert len(at) and (at["end"] == at["start"]).all()
+    t = float(at["start"].iloc[0])
+    lo, hi = t - 20_000, t + 20_000
+    fig = trace_lanes_figure(TraceIndex(trace), lo, hi, templates=templates,
+                             highlight_op=zero)
+    assert fig.layout.meta["ops_drawn"] > 0  # the op level is drawn, the op's box too
+    box = _outlined(fig)
+    assert len(box) == 1 and box[0].type == "bar"
+    assert float(box[0].x[0]) >= MIN_FRACTION * (hi - lo) * 0.999
+    assert float(box[0].base[0]) < t < float(box[0].base[0]) + float(box[0].x[0])
+
+
+def test_an_outlined_op_stays_marked_on_the_whole_run() -> None:
+    """Zoomed out to the whole run (buckets, no op level), the linked op was no longer
+    outlined: a marker stands in the op lane wherever it runs (one per pixel column)."""
+    from popviz.analysis.trace_detail import op_occurrences
+
+    with popviz.open(LONG) as p:
+        ops, trace = p.ops, p.trace
+    templates = pass_ops(ops)
+    op = int(ops.loc[(ops["cycles"] > 0) & (ops["pass"] == "F"), "op_id"].iloc[0])
+    fig = trace_lanes_figure(TraceIndex(trace), templates=templates, highlight_op=op)
+    assert fig.layout.meta["mode"] == "buckets" and fig.layout.meta["ops_drawn"] == 0
+    marks = _outlined(fig)
+    assert len(marks) == 1 and marks[0].mode == "markers"
+    ops_rows = {r for r, lane in enumerate(fig.layout.meta["lanes"]) if lane.endswith(" ops")}
+    assert set(marks[0].y) <= ops_rows and 0 < len(marks[0].x) <= LANE_PIXELS
+    places = op_occurrences(trace, templates, op)
+    assert sum(marks[0].customdata) == len(places)  # every place counted in a marker
+    centres = set(((places["start"] + places["end"]) / 2).round(3))
+    assert {round(float(x), 3) for x in marks[0].x} <= centres  # each marker on a place

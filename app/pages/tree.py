@@ -15,6 +15,7 @@ from dash.exceptions import PreventUpdate
 from popviz.analysis.links import module_span, padded
 from popviz.analysis.program_tree import (
     ROOT,
+    flops_recorded,
     node_ops,
     program_tree,
     step_weights,
@@ -119,6 +120,8 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
     r = row.iloc[0]
     words = naming(entry)
     ops = node_ops(entry.profile.ops, node)
+    if "flops" in ops and not flops_recorded(entry.profile.ops):  # as the hover says
+        ops = ops.assign(flops="unknown")
     cols = [c for c in OP_COLUMNS if c in ops.columns]
     # a step's compute on every device added up: not the step's length (/summary)
     step = f" of compute per step, summed over its {words.devices}" if per_step(entry) else ""

@@ -135,6 +135,42 @@ def op_slices(ops: pd.DataFrame, slices: pd.DataFrame, op_id: int) -> pd.Index:
     return slices.index[keep]
 
 
+def kernel_ops(kernels: pd.DataFrame, ops: pd.DataFrame, slices: pd.DataFrame
+               ) -> list[tuple[int, Span] | None]:
+    """Per kernel (rows of an import's trace): (op_id, launch span) of the op that launched
+    it, the innermost op around its launch (the host slice of the same rank and
+    correlation) and named as the kernel's `host_op` where one is; None where the launch or
+    its op is not recorded."""
+    need = {"ipu", "correlation"}
+    if not need <= set(kernels.columns) or not need | {"start", "end"} <= set(slices.columns) \
+            or not {"op_id", "ipu", "start", "end"} <= set(ops.columns):
+        return [None] * len(kernels)
+    out: list[tuple[int, Span] | None] = []
+    corr, rank = slices["correlation"].to_numpy(), slices["ipu"].to_numpy()
+    o_ipu, o_start = ops["ipu"].to_numpy(), ops["start"].to_numpy(dtype=float)
+    o_end = ops["end"].to_numpy(dtype=float)
+    names = ops["op"].astype(str).to_numpy() if "op" in ops.columns else None
+    hosts = kernels["host_op"].astype(str).to_numpy() if "host_op" in kernels.columns \
+        else np.full(len(kernels), "")
+    for ipu, c, host in zip(kernels["ipu"].to_numpy(), kernels["correlation"].to_numpy(),
+                            hosts, strict=True):
+        at = np.flatnonzero((corr == c) & (rank == ipu) & (c >= 0))
+        if not len(at):
+            out.append(None)
+            continue
+        a, b = float(slices["start"].iloc[at[0]]), float(slices["end"].iloc[at[0]])
+        around = (o_ipu == ipu) & (o_start <= a) & (o_end >= b)
+        if names is not None and (around & (names == host)).any():
+            around &= names == host
+        hit = np.flatnonzero(around)
+        if not len(hit):
+            out.append(None)
+            continue
+        inner = hit[np.argmax(o_start[hit])]  # nested ops: the one that launched it
+        out.append((int(ops["op_id"].iloc[inner]), (a, b)))
+    return out
+
+
 def step_span(liveness: pd.DataFrame, trace: pd.DataFrame, ipu: int, step: int
               ) -> Span | None:
     """The time of one liveness step of a device: from the step before to the one after

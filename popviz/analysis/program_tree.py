@@ -103,6 +103,14 @@ def _aggregate(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     return out
 
 
+def flops_recorded(ops: pd.DataFrame) -> bool:
+    """Whether the ops' FLOPs mean anything: a trace recorded without them (no op with
+    any) stores 0 for every op, which is unknown, not none."""
+    if "flops" not in ops:
+        return False
+    return bool((pd.to_numeric(ops["flops"], errors="coerce") > 0).any())
+
+
 def _normalised(ops: pd.DataFrame) -> pd.DataFrame:
     """The columns the tree sums, present (zero or -1) even where a profile lacks them."""
     out = pd.DataFrame(index=ops.index)
@@ -115,7 +123,7 @@ def _normalised(ops: pd.DataFrame) -> pd.DataFrame:
     for col in ("flops", "bytes_written", "temp_bytes"):
         out[col] = pd.to_numeric(ops[col], errors="coerce").fillna(0.0).astype(float) \
             if col in ops else np.nan
-    if not (out["flops"] > 0).any():  # no op with FLOPs: a trace recorded without them
+    if not flops_recorded(ops):
         out["flops"] = np.nan
     if "cycles" not in ops:  # measured: each action's time in ns
         if "host_ns" in ops and float(ops["host_ns"].sum()) > 0:

@@ -115,6 +115,35 @@ def op_events(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
     return _lay_out(parts, lo, hi)
 
 
+def op_occurrences(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
+                   op_id: int, lo: float = -np.inf, hi: float = np.inf) -> pd.DataFrame:
+    """Where one op runs in [lo, hi] (ipu, start, end): its place in each pass that runs it,
+    as `op_events` lays it out, but kept however short (an op of zero modelled cycles is
+    a point, which `op_events` leaves out) and without laying out the other ops."""
+    out = pd.DataFrame({"ipu": pd.Series(dtype="int64"), "start": pd.Series(dtype=float),
+                        "end": pd.Series(dtype=float)})
+    rows = compute_rows(trace)
+    if rows.empty or not templates or "pass_" not in rows or "stage" not in rows:
+        return out
+    rows = rows[(rows["end"] >= lo) & (rows["start"] <= hi)]
+    stage, key = rows["stage"].to_numpy(), rows["pass_"].astype(str).to_numpy()
+    frames = []
+    for (s, k), tpl in templates.items():
+        at = np.flatnonzero(np.asarray(tpl.fields.get("op_id", [])) == op_id)
+        mine = (stage == s) & (key == k)
+        if not len(at) or not mine.any():
+            continue
+        start, end = rows["start"].to_numpy(float)[mine], rows["end"].to_numpy(float)[mine]
+        frames.append(pd.DataFrame({"ipu": rows["ipu"].to_numpy()[mine],
+                                    "start": start + tpl.lo[at[0]] * (end - start),
+                                    "end": start + tpl.hi[at[0]] * (end - start)}))
+    if not frames:
+        return out
+    found = pd.concat(frames, ignore_index=True)
+    found = found[(found["end"] >= lo) & (found["start"] <= hi)]
+    return found.sort_values(["ipu", "start"], kind="stable").reset_index(drop=True)
+
+
 def count_ops(trace: pd.DataFrame, templates: dict[tuple[int, str], PassOps],
               lo: float, hi: float) -> int:
     """How many op events `op_events` returns for [lo, hi), without building them: a pass

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from popviz.figures.style import empty_figure
+from popviz.figures.style import base_layout, empty_figure
 from popviz.vocab import Naming
 
 MAX_POINTS = 4000  # per rank
@@ -72,9 +72,10 @@ def allocated_over_time(liveness: pd.DataFrame, naming: Naming) -> go.Figure:
                                  showlegend=False, name=f"{label} peak",
                                  hovertemplate=f"{label} peak<br>%{{y:,.1f}} MiB at "
                                  "%{x:,.0f} ns<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="time (ns)", yaxis_title="MiB allocated",
-                      meta={"peaks": peaks}, height=380)
-    return fig
+    fig.update_layout(xaxis_title="time (ns)", yaxis_title="MiB allocated",
+                      meta={"peaks": peaks})
+    # the other pages' white plot and title, not Plotly's default grey
+    return base_layout(fig, title, height=380)
 
 
 def _add_band(fig: go.Figure, series: dict[int, tuple[np.ndarray, np.ndarray]],

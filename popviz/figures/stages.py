@@ -118,13 +118,19 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
             fig.add_trace(go.Scatter(x=[labels[at]], y=[bal["relative_load"].iloc[at]],
                                      mode="markers", marker={"color": "#c53a32", "size": 9},
                                      showlegend=False, hovertemplate=hover))
-    fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, annotation_text="mean")
+    # under the bars, so a bar's label near 1.00x is not struck through; its name right of
+    # the plot, where no bar reaches (inside, it sat on the line and the last bar)
+    fig.add_hline(y=1.0, line={"color": "#555", "dash": "dot"}, layer="below",
+                  annotation_text="mean", annotation_position="right",
+                  annotation_font={"color": "#555"})
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
     note = (f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
             else "sharded: they run in turn" if sharded
             else "red: bottleneck" if unbalanced
             else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
-    return base_layout(fig, f"{title} ({note})", height=340)
+    base_layout(fig, f"{title} ({note})", height=340)
+    fig.update_layout(margin={"r": 50})  # room for the mean line's name
+    return fig
 
 
 def stash_figure(stages: pd.DataFrame, title: str = "Stash and peak memory per stage",

@@ -16,7 +16,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from popviz.analysis.trace_detail import PassOps, count_ops, module_runs, op_events
+from popviz.analysis.trace_detail import (
+    PassOps,
+    count_ops,
+    module_runs,
+    op_events,
+    op_occurrences,
+)
 from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
 from popviz.figures.style import (
     CATEGORY_COLOURS,
@@ -33,6 +39,7 @@ from popviz.figures.trace import (
     drop_unfitting_labels,
     reset_to_run,
 )
+from popviz.figures.trace_outline import op_outline
 from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
 
@@ -302,6 +309,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                        if lane == "compute"})
     visible = index.count_visible(lo, hi)
     view = LaneView("events" if visible <= max_events else "buckets", visible, 0, 0, lanes)
+    ev = index.frame
     if view.mode == "events":
         rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
         ev = index.frame.iloc[np.sort(rows)]
@@ -322,6 +330,10 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
         data.append(go.Scatter(x=[lo, hi], y=[0, 0], mode="markers", name="select",
                                marker={"opacity": 0, "size": 1}, hoverinfo="skip",
                                showlegend=False))
+    if highlight_op is not None and templates:  # drawn last: nothing covers it
+        data += op_outline(op_occurrences(ev, templates, highlight_op, lo, hi), lo, hi,
+                           row_of, naming, f"op {highlight_op}", boxes=view.ops_drawn > 0,
+                           height=LANE_HEIGHT)
     drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     main_px = LANE_PX * len(lanes)

@@ -46,6 +46,7 @@ from popviz.figures.trace import (
     reset_to_run,
 )
 from popviz.figures.trace_kernels import hover_names, kernel_labels, launch_lines
+from popviz.figures.trace_outline import widened
 from popviz.vocab import MEASURED, Naming
 
 MAX_FLOWS = 300  # arrows drawn at once; more means zoom in
@@ -141,27 +142,32 @@ def _host_bars(frame: pd.DataFrame, rows: np.ndarray, naming: Naming) -> list[go
     return out
 
 
-def _selected_bar(frame: pd.DataFrame, rows: np.ndarray, naming: Naming) -> list[go.Bar]:
+def _selected_bar(frame: pd.DataFrame, rows: np.ndarray, naming: Naming, lo: float,
+                  hi: float) -> list[go.Bar]:
     """The slices of the op a link points at, outlined: a bar with no fill over their own
     (so the slices nested in them stay seen in flat mode), drawn last so nothing covers
-    it, and drawn however short (its own bar may be merged with the short slices)."""
+    it, and drawn however short (its own bar may be merged with the short slices): a few
+    pixels wide at least (trace_outline.widened)."""
     if frame.empty:
         return []
     unit = naming.unit
     dur = (frame["end"] - frame["start"]).to_numpy()
+    base, width = widened(frame["start"].to_numpy(dtype=float),
+                          frame["end"].to_numpy(dtype=float), lo, hi)
     custom = _stack([frame["name"].astype(str).to_numpy(),
                      [f"{naming.label(int(i))} {t}" for i, t in
                       zip(frame["ipu"], frame["thread"].astype(str))],
-                     frame["depth"].to_numpy(), frame["end"].to_numpy(), dur])
+                     frame["depth"].to_numpy(), frame["end"].to_numpy(), dur,
+                     frame["start"].to_numpy()])  # the bar's base is widened
     return [go.Bar(
         name=f"{_labels(frame['name'])[0]} (selected op)", orientation="h", y=rows,
-        base=frame["start"].to_numpy(dtype=float), x=np.maximum(dur, 0).astype(float),
-        width=BAR, marker={"color": "rgba(0,0,0,0)",
+        base=base, x=width, width=BAR, marker={"color": "rgba(0,0,0,0)",
                            "line": {"width": 3, "color": HIGHLIGHT}},
         customdata=custom, cliponaxis=True,
         hovertemplate=("<b>%{customdata[0]}</b> (selected op)<br>%{customdata[1]} · depth "
-                       f"%{{customdata[2]}}<br>%{{base:,.0f}} → %{{customdata[3]:,.0f}} "
-                       f"{unit} (duration %{{customdata[4]:,.0f}} {unit})<extra></extra>"))]
+                       f"%{{customdata[2]}}<br>%{{customdata[5]:,.0f}} → "
+                       f"%{{customdata[3]:,.0f}} {unit} (duration %{{customdata[4]:,.0f}} "
+                       f"{unit})<extra></extra>"))]
 
 
 def _labels(names: pd.Series) -> np.ndarray:
@@ -366,7 +372,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         shown, hidden = shown.iloc[:0], hidden + len(shown)
     if len(shown):
         data.append(_flows(shown, index, mode, naming))
-    data += _selected_bar(lit, _slice_rows(lit, index, mode), naming)
+    data += _selected_bar(lit, _slice_rows(lit, index, mode), naming, lo, hi)
     drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     labels = []

@@ -113,14 +113,19 @@ def amp_steps_figure(steps: pd.DataFrame | None,
     fig = go.Figure()
     sides = _label_sides(steps.groupby("ipu")["cycles"].mean())
     spans = (float(np.ptp(steps["temp_bytes"])) or 1.0, float(np.ptp(steps["cycles"])) or 1.0)
-    for ipu, g in steps.groupby("ipu", sort=True):
-        g = _merged(g.sort_values("amp"))
+    lines: dict[int, pd.DataFrame] = {int(ipu): _merged(g.sort_values("amp"))  # type: ignore[arg-type]  # pandas-stubs: a group key is any scalar
+                                      for ipu, g in steps.groupby("ipu", sort=True)}
+    where = unclash([(g["temp_bytes"].to_numpy(np.float64) / KiB,
+                      g["cycles"].to_numpy(np.float64) / 1e6,
+                      [str(t) for t in g["label"]], [16 if f else 8 for f in g["in_force"]],
+                      _apart(g, sides[ipu], spans)) for ipu, g in lines.items()])
+    for (ipu, g), positions in zip(lines.items(), where, strict=True):
         custom = np.stack([g["label"].to_numpy(), g["serial_ops"].to_numpy(),
                            g["over_amp_ops"].to_numpy()], axis=1)
         fig.add_trace(go.Scatter(
             x=g["temp_bytes"] / KiB, y=g["cycles"] / 1e6, mode="lines+markers+text",
             name=f"IPU{ipu}", text=g["label"],
-            textposition=_apart(g, sides[ipu], spans),
+            textposition=positions,
             cliponaxis=False,  # a label at the axis' end is not cut off
             marker={"size": [16 if f else 8 for f in g["in_force"]],
                     "symbol": ["star" if f else "circle" for f in g["in_force"]]},
@@ -175,4 +180,77 @@ def _apart(points: pd.DataFrame, side: str, spans: tuple[float, float],
         if abs(x[i] - x[i - 1]) < near and abs(y[i] - y[i - 1]) < near:
             left = i if x[i] < x[i - 1] else i - 1
             out[left], out[i + i - 1 - left] = f"{vert} left", f"{vert} right"
+    return out
+
+
+# unclash's picture of the plot, in pixels: a narrow plot (the page gives it more on most
+# screens, so a label judged clear here is clear there) and a 12 px font's digits
+PLOT_PX = (900.0, 310.0)
+CHAR_PX, TEXT_PX, GAP_PX = 7.0, 14.0, 2.0
+POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right",
+             "top left", "bottom right", "bottom left")
+Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in pixels, y up
+
+
+def label_box(x: float, y: float, text: str, size: float, position: str) -> Box:
+    """Where Plotly draws a marker's text at `position`, in pixels (see PLOT_PX)."""
+    w, h, r = len(text) * CHAR_PX, TEXT_PX, size / 2 + GAP_PX
+    vert, horiz = position.split()
+    x0 = {"center": x - w / 2, "right": x + r, "left": x - r - w}[horiz]
+    y0 = {"middle": y - h / 2, "top": y + r, "bottom": y - r - h}[vert]
+    return x0, x0 + w, y0, y0 + h
+
+
+def _overlap(a: Box, b: Box) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) * \
+        max(0.0, min(a[3], b[3]) - max(a[2], b[2]))
+
+
+def unclash(lines: list[tuple[np.ndarray, np.ndarray, list[str], list[int], list[str]]]
+            ) -> list[list[str]]:
+    """Each line's label positions, moved where a label would print over another line's
+    label, marker or segment (two IPUs' AMP 0.1 points a few KiB apart): per line (x, y,
+    texts, marker sizes, preferred positions); each label keeps its preferred position
+    when that is clear, else takes the first of POSITIONS that is, else the least
+    covered. Judged in pixels of a PLOT_PX plot over the points' own range."""
+    xs = np.concatenate([ln[0] for ln in lines]) if lines else np.zeros(0)
+    ys = np.concatenate([ln[1] for ln in lines]) if lines else np.zeros(0)
+    if not len(xs):
+        return [list(ln[4]) for ln in lines]
+
+    def scale(v: np.ndarray, px: float) -> np.ndarray:
+        lo, hi = float(v.min()), float(v.max())
+        pad = (hi - lo) * 0.05 or 1.0  # about Plotly's autorange padding
+        return (v - lo + pad) / (hi - lo + 2 * pad) * px
+
+    sx, sy = scale(xs, PLOT_PX[0]), scale(ys, PLOT_PX[1])
+    cuts = np.cumsum([0] + [len(ln[0]) for ln in lines])
+    points = [(sx[cuts[k]:cuts[k + 1]], sy[cuts[k]:cuts[k + 1]]) for k in range(len(lines))]
+    # obstacles: every marker, and each segment as a row of small dots
+    blocked: list[Box] = []
+    for (px_, py_), ln in zip(points, lines, strict=True):
+        for x, y, size in zip(px_, py_, ln[3], strict=True):
+            blocked.append((x - size / 2, x + size / 2, y - size / 2, y + size / 2))
+        for k in range(1, len(px_)):
+            n = max(2, int(np.hypot(px_[k] - px_[k - 1], py_[k] - py_[k - 1]) / 4))
+            for t in np.linspace(0, 1, n)[1:-1]:
+                x = px_[k - 1] + t * (px_[k] - px_[k - 1])
+                y = py_[k - 1] + t * (py_[k] - py_[k - 1])
+                blocked.append((x - 1.5, x + 1.5, y - 1.5, y + 1.5))
+    out = []
+    for (px_, py_), ln in zip(points, lines, strict=True):
+        chosen = []
+        for x, y, text, size, want in zip(px_, py_, ln[2], ln[3], ln[4], strict=True):
+            own = (x - size / 2, x + size / 2, y - size / 2, y + size / 2)
+            options = [want, *(p for p in POSITIONS if p != want)]
+            costs = []
+            for pos in options:
+                box = label_box(x, y, text, size, pos)
+                costs.append(sum(_overlap(box, b) for b in blocked if b != own))
+                if costs[-1] == 0:
+                    break
+            pick = options[int(np.argmin(costs))]
+            chosen.append(pick)
+            blocked.append(label_box(x, y, text, size, pick))
+        out.append(chosen)
     return out
