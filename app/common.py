@@ -129,7 +129,9 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")  # type: ignore[return-value]  # pandas-stubs: keys are any Hashable; these are column names
 
 
-CHOOSER_MIN_COLUMNS = 8  # tables with more columns than this get "Toggle Columns"
+CHOOSER_MIN_COLUMNS = 8
+# numeric columns whose missing cells mean not recorded (a trace without FLOPs), read so
+UNKNOWN_WHEN_MISSING = ("flops",)  # tables with more columns than this get "Toggle Columns"
 
 
 def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,
@@ -146,6 +148,8 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,
             integer = pd.api.types.is_integer_dtype(frame[c])
             plain = c.replace(" ", "_") in ID_COLUMNS or c.endswith("_id")  # tile 1003
             col["format"] = {"specifier": ("d" if plain else ",d") if integer else ",.4~f"}
+            if c in UNKNOWN_WHEN_MISSING:
+                col["format"]["nully"] = "unknown"
         out.append(col)
     return out
 

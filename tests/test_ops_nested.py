@@ -39,3 +39,24 @@ def test_a_modelled_profile_gets_no_measured_columns() -> None:
     with popviz.open(Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline") as p:
         table = ordered(p.ops)
     assert "host_self_ns" not in table and "gpu_inclusive_ns" not in table
+
+
+def test_flops_a_trace_did_not_record_read_unknown_not_zero(resnet: Any) -> None:
+    """The H100 recording has no FLOPs (torch.profiler without with_flops): /operations
+    holds them as missing, shown as "unknown", and a FLOPs filter keeps none of them; a
+    modelled profile keeps its numbers."""
+    from pathlib import Path
+
+    from popviz_app.common import table_columns
+
+    from popviz.analysis import filter_table
+
+    assert not (resnet.ops["flops"] > 0).any()  # the recording has none
+    table = ordered(resnet.ops, gpu=True, measured=True)
+    assert table["flops"].isna().all()
+    column = next(c for c in table_columns(table) if c["id"] == "flops")
+    assert column["type"] == "numeric" and column["format"]["nully"] == "unknown"
+    assert filter_table(table, "{flops} > 0", {}, errors=[]).empty
+    with popviz.open(Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline") as p:
+        modelled = ordered(p.ops)
+    assert (modelled["flops"] > 0).any() and not modelled["flops"].isna().any()

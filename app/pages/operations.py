@@ -17,6 +17,7 @@ from dash.exceptions import PreventUpdate
 from popviz import analysis
 from popviz.analysis.links import op_span, op_window, ops_in_range
 from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time, self_and_inclusive
+from popviz.analysis.program_tree import flops_recorded
 from popviz.vocab import Naming
 
 from .. import links
@@ -74,6 +75,8 @@ def ordered(ops: pd.DataFrame, gpu: bool = False, measured: bool = False) -> pd.
     own), as PyTorch's profiler and Perfetto give them."""
     dropped = IPU_ONLY if gpu else GPU_ONLY
     ops = ops.drop(columns=[c for c in dropped if c in ops.columns])
+    if "flops" in ops.columns and not flops_recorded(ops):  # recorded without FLOPs:
+        ops = ops.assign(flops=np.nan)  # unknown (shown so, and no filter keeps it), not 0
     if measured and len(ops) and {"start", "end"} <= set(ops.columns):
         times = self_and_inclusive(ops)
         ops = ops.assign(host_self_ns=times["host_self"].to_numpy(np.int64))
