@@ -39,8 +39,8 @@ from popviz.figures.trace import (
     drop_unfitting_labels,
     reset_to_run,
 )
+from popviz.figures.trace_host_slices import OP_PALETTE
 from popviz.figures.trace_outline import op_outline
-from popviz.figures.trace_threads import OP_PALETTE
 from popviz.vocab import Naming
 
 MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
