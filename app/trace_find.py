@@ -10,7 +10,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from popviz.analysis.find import LIMIT, find_kernels, find_ops, parse_query
-from popviz.analysis.links import kernel_ops, op_span, op_window
+from popviz.analysis.links import kernel_ops, kernel_window, op_span, op_window
 
 from . import links
 from .cache import Entry
@@ -53,14 +53,13 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
                                          op=str(int(row["op_id"]))),
             f"trace-found-op-{int(row['op_id'])}")))
     kernels, many = find_kernels(trace, query)
-    # the op that launched each kernel, outlined, with its launch in the window
+    # the op that launched each kernel, outlined, its launch in view when near the kernel
     launched = kernel_ops(kernels, ops, entry.profile.table("host_slices")) \
         if len(kernels) else []
     for i, (row, by) in enumerate(zip(kernels.to_dict("records"), launched, strict=True)):
         a, b = float(row["start"]), float(row["end"])
         op = {} if by is None else {"op": str(by[0])}
-        t0, t1 = op_window((a, b) if by is None else (min(a, by[1][0]), max(b, by[1][1])),
-                           trace, run=run)
+        t0, t1 = kernel_window((a, b), None if by is None else by[1], trace, run=run)
         items.append(html.Li(links.link(
             f"kernel {row['op']} (of {row['host_op']}; {words.label(int(row['ipu']))}, "
             f"{a:,.0f} {words.unit})",
@@ -72,7 +71,9 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
     counted = f"{total:,} op(s)" + (f" and {many:,} kernel(s)" if many else "")
     head = f"{counted} match; the first {shown} listed:" if total + many > shown \
         else f"{counted} match:"
-    return [html.Span(head, className="label"), html.Ul(items)]
+    # a kernel's name can be one 200-character word: it wraps, not widen the page
+    return [html.Span(head, className="label"),
+            html.Ul(items, style={"overflowWrap": "anywhere", "maxWidth": "100%"})]
 
 
 def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:

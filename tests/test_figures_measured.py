@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from dash import html
 from popviz_app import ProfileCache, render
 from popviz_app.common import AppContext
 
@@ -268,3 +269,20 @@ def test_tree_of_a_run_recorded_without_flops_reads_unknown(ctx: AppContext) -> 
                                  "DataTable") if t.id == "tree-node-ops"]
     assert any(isinstance(r["flops"], (int, float)) and r["flops"] > 0
                for r in modelled[0].data)
+
+
+def test_a_clicked_node_says_its_op_list_is_the_heaviest_few(ctx: AppContext) -> None:
+    """The op table under a node holds its NODE_OPS_SHOWN heaviest ops: with more, a line
+    says so (the heading counts all of them), and the rows are the heaviest."""
+    from popviz_app.pages import tree
+
+    entry = ctx.cache.get(MODELLED_REL)
+    panel = html.Div(tree.node_panel(entry, "model"))
+    caption = [d for d in _find(panel, "Div")
+               if getattr(d, "id", None) == "tree-node-ops-caption"]
+    table = next(t for t in _find(panel, "DataTable") if t.id == "tree-node-ops")
+    n = len(entry.profile.ops)
+    assert n > tree.NODE_OPS_SHOWN and len(table.data) == tree.NODE_OPS_SHOWN
+    assert caption and f"{tree.NODE_OPS_SHOWN} heaviest ops of {n:,}" in caption[0].children
+    top = entry.profile.ops["cycles"].nlargest(tree.NODE_OPS_SHOWN).min()
+    assert min(r["cycles"] for r in table.data) >= top

@@ -13,6 +13,7 @@ import pytest
 
 import popviz
 from popviz.analysis.find import Query, find_kernels, find_ops, parse_query
+from popviz.analysis.links import LAUNCH_REACH, kernel_window, op_window
 from tests.import_fixtures import RESNET
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
@@ -115,7 +116,31 @@ def test_a_found_kernel_links_to_the_op_that_launched_it(cuda_root: Path) -> Non
     hrefs = [link.href for link in find_components(found, "Link")
              if str(link.id).startswith("trace-found-kernel-")]
     assert len(hrefs) == len(kernels)
-    for href, (op_id, (a, b)) in zip(hrefs, launched, strict=True):
+    near = 0
+    for href, (op_id, launch), row in zip(hrefs, launched, kernels.to_dict("records"),
+                                          strict=True):
         q = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
+        t0, t1 = float(q["t0"]), float(q["t1"])
         assert q["op"] == str(op_id)
-        assert float(q["t0"]) <= a and float(q["t1"]) >= b  # the launch is in view
+        kernel = (float(row["start"]), float(row["end"]))
+        assert t0 <= kernel[0] and kernel[1] <= t1  # the kernel always in view
+        own = op_window(kernel, p.trace)
+        # readable: never the whole run because the GPU ran behind the host
+        assert t1 - t0 <= 1.2 * LAUNCH_REACH * (own[1] - own[0]) + 1
+        if t0 <= launch[0] and launch[1] <= t1:
+            near += 1
+    assert near > 0  # where the launch is near, it is in the window too
+
+
+def test_a_kernel_far_behind_its_launch_opens_on_the_kernel() -> None:
+    """The GPU runs behind the host: a window taking in a launch 20 ms before its 20 us
+    kernel would shrink the kernel to a pixel, so the kernel's own window is kept; a
+    launch just before it is taken in, padded."""
+    trace = pd.DataFrame({"start": [0.0], "end": [50e6]})
+    kernel = (30e6, 30e6 + 20e3)
+    own = op_window(kernel, trace)
+    assert kernel_window(kernel, (10e6, 10e6 + 5e3), trace) == own
+    assert kernel_window(kernel, None, trace) == own
+    near = kernel_window(kernel, (kernel[0] - 600e3, kernel[0] - 590e3), trace)
+    assert near[0] <= kernel[0] - 600e3 and kernel[1] <= near[1]
+    assert near[1] - near[0] == pytest.approx(1.2 * (kernel[1] - (kernel[0] - 600e3)))

@@ -60,3 +60,22 @@ def test_flops_a_trace_did_not_record_read_unknown_not_zero(resnet: Any) -> None
     with popviz.open(Path(__file__).resolve().parents[1] / "profiles" / "rn50_pipeline") as p:
         modelled = ordered(p.ops)
     assert (modelled["flops"] > 0).any() and not modelled["flops"].isna().any()
+
+
+def test_a_flops_filter_on_a_run_without_flops_says_why_nothing_is_left(
+        tmp_path: Any) -> None:
+    """`> 0` on unknown FLOPs leaves an empty table: the page says the run recorded none,
+    not only "0 of N ops"."""
+    from popviz_app import ProfileCache
+    from popviz_app.common import AppContext
+    from popviz_app.pages.operations import page
+
+    from tests.import_fixtures import RESNET
+
+    popviz.import_trace([RESNET], tmp_path / "run")
+    rel = next(tmp_path.rglob("*.h5")).relative_to(tmp_path).as_posix()
+    entry = AppContext(root=tmp_path, cache=ProfileCache(tmp_path)).cache.get(rel)
+    rows, _, note = page(entry, "{flops} > 0", None, 0)
+    assert rows == [] and "recorded no FLOPs" in note
+    rows, _, note = page(entry, "{op} contains conv", None, 0)
+    assert rows and "FLOPs" not in note

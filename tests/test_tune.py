@@ -187,6 +187,12 @@ def test_a_tile_fill_ceiling_keeps_headroom_on_every_ipu(program, options):
     fitting = [c for c in held.candidates if c.fits]
     assert fitting and all(max(c.max_tile_fill) <= now_fill + 1e-6 for c in fitting)
     assert any("--max-tile-fill" in n for n in held.notes)
+    # the page says the same in its own controls' words, never a command-line flag
+    from popviz_app.pages.tune import page_words
+
+    budgeted = tune(program, options, 4, max_compiles=2, max_tile_fill=now_fill + 1e-6)
+    assert any("--max-compiles" in n for n in budgeted.notes)
+    assert not any("--" in page_words(n) for n in [*held.notes, *budgeted.notes])
     # below it, the current layout no longer fits: its tiles over the ceiling are counted
     # from the tile table, on the IPUs that hold them
     below = tune(program, options, 4, max_compiles=2, max_tile_fill=now_fill * 0.9)

@@ -82,3 +82,44 @@ def test_run_tune_judges_fit_by_the_ceiling() -> None:
     assert star.customdata[0][5].endswith(f" > {fill:.0%})")
     with pytest.raises(ValueError, match="max-tile-fill"):
         run_tune(profile, max_compiles=2, max_tile_fill=0)
+
+
+def _plans(plan: list[str], peak: list[float], throughput: list[float]) -> pd.DataFrame:
+    n = len(plan)
+    return pd.DataFrame({
+        "plan": plan, "peak_bytes": peak, "throughput": throughput,
+        "pareto": [False] * n, "fits": [True] * n, "oom_tiles": [0] * n,
+        "splits": ["a"] * n, "amp": [0.6] * n, "recomputation": [True] * n,
+        "schedule": ["Grouped"] * n, "vs_now": [1.0] * n})
+
+
+def test_labels_of_neighbouring_plans_do_not_print_into_each_other() -> None:
+    """rn50_pipeline's tune (budget 4) drew "now, #2" and "#1" into one "now#1#2": plans
+    0.1% apart were told apart relative to each other, but both axes run from zero, where
+    they are one spot. Now one label names all three; and clusters just apart in the
+    plot's own frame get labels that cover no other label."""
+    import numpy as np
+
+    from popviz.figures.tune import PLOT_PX, _overlap, label_box
+
+    real = _plans(["now", "#1", "#2"], [535330424.0, 535801464.0, 535330424.0],
+                  [4475.85, 4504.23, 4483.02])
+    assert point_labels(real) == ["now, #1, #2", "", ""]
+    plans = _plans(["now", "#1", "#2", "#3", "#4"], [400e6, 420e6, 400e6, 100e6, 400e6],
+                   [5000.0, 5000.0, 5000.0, 3000.0, 5000.0])
+    assert point_labels(plans) == ["now, #2, #4", "#1", "", "#3", ""]
+    fig = tune_figure(plans, 900 * 2**20)
+    drawn = [(float(x), float(y), str(t), float(d.marker.size), str(p))
+             for d in fig.data if d.mode == "markers+text"
+             for x, y, t, p in zip(d.x, d.y, d.text, d.textposition, strict=True)]
+    xs, ys = np.array([d[0] for d in drawn]), np.array([d[1] for d in drawn])
+
+    def scale(v: np.ndarray, px: float) -> np.ndarray:  # an axis from zero, padded
+        pad = v.max() * 0.05
+        return (v + pad) / (v.max() + 2 * pad) * px
+
+    sx, sy = scale(xs, PLOT_PX[0]), scale(ys, PLOT_PX[1])
+    boxes = [label_box(x, y, d[2], d[3], d[4]) for x, y, d in zip(sx, sy, drawn, strict=True)]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert _overlap(boxes[i], boxes[j]) == 0, (drawn[i][2], drawn[j][2])

@@ -119,6 +119,9 @@ def page(entry: Entry, filter_query: str | None, sort_by: list[dict] | None,
         on = f" on {naming(entry).label(ipu)}" if ipu is not None else ""
         note += (f" that ran in {t0:,.0f} to {t1:,.0f} {naming(entry).unit}{on} (the range "
                  "linked from the trace)")
+    if "{flops}" in (filter_query or "") and "flops" in ops and ops["flops"].isna().all():
+        note += (" · this run recorded no FLOPs (torch.profiler without with_flops): a "
+                 "FLOPs filter keeps no op")
     if errors:
         note += " · filter not understood, ignored: " + "; ".join(
             _in_words(e, ops, naming(entry)) for e in errors)

@@ -43,6 +43,7 @@ from ..common import (
 PATH = "/tree"
 TITLE = "Program tree"
 NEEDS_PROFILE = True
+NODE_OPS_SHOWN = 25  # a clicked node lists its heaviest ops; /operations has them all
 OP_COLUMNS = ["op_id", "op", "module", "pass", "stage", "cycles", "flops", "temp_bytes",
               "bytes_written"]
 
@@ -132,8 +133,13 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
             + (f"; split names {r['layers']}" if r.get("layers") else "")
             + (f"; {starts}" if (starts := starts_text(r["stages"], stage_starts(entry)))
                else "") + ".")
+    shown = ops[cols].head(NODE_OPS_SHOWN)
+    caption = [] if len(ops) <= NODE_OPS_SHOWN else [html.Div(
+        f"Its {NODE_OPS_SHOWN} heaviest ops of {len(ops):,} (by {words.column('cycles')}); "
+        "every one is on Operations (the link above).", id="tree-node-ops-caption",
+        className="hint")]
     return [html.Div(head, id="tree-node-head", className="status"), _links(entry, node),
-            table("tree-node-ops", ops[cols].head(25), words=words)]
+            *caption, table("tree-node-ops", shown, words=words)]
 
 
 def _stage_key(entry: Entry, words: Naming) -> html.Div:

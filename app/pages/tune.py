@@ -49,6 +49,19 @@ SHOWN = ["plan", "splits", "amp", "recomputation", "schedule", "fits", "throughp
          "fullest_tile", "pareto"]
 
 
+
+# the search's notes name the command line's flags; here the boxes above set the same
+FLAG_WORDS = (("raise --max-compiles", "raise the compile budget"),
+              ("(--max-tile-fill)", "(max tile fill %)"))
+
+
+def page_words(note: str) -> str:
+    """A note of the search in the page's words (its controls, not the CLI's flags)."""
+    for flag, words in FLAG_WORDS:
+        note = note.replace(flag, words)
+    return note
+
+
 def _plan_rel(entry: Entry, budget: int, rank: int, fill: int = FULL) -> str:
     """The virtual name a compiled plan is served under (app.cache.VIRTUAL_PREFIX). A run
     with a ceiling names it (`fill60`): its plan #1 is another plan than the 100 % run's;
@@ -120,7 +133,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
         links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank,
                                                       "budget": budget, "fill": fill},
                                  n_clicks=0, className="download"))
-    notes = [html.Li(n) for n in result.notes]
+    notes = [html.Li(page_words(n)) for n in result.notes]
     return [
         html.Div(f"{result.layouts} layouts in {result.compiles} compiles "
                  f"({result.seconds:.1f} s) for {result.num_ipus} "

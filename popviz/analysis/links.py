@@ -78,6 +78,27 @@ def op_window(span: Span, trace: pd.DataFrame, around: float = 20.0,
     return start, start + width
 
 
+LAUNCH_REACH = 4.0  # a launch this many kernel windows away is left out of view
+
+
+def kernel_window(kernel: Span, launch: Span | None, trace: pd.DataFrame,
+                  run: Span | None = None) -> Span:
+    """The window a found kernel opens: `op_window` about the kernel, widened to take in
+    the host slice that launched it when the two together span at most LAUNCH_REACH such
+    windows (then padded by a tenth), else the kernel's own: the GPU can run milliseconds
+    behind the host, and a window wide enough for both would shrink the kernel to a
+    pixel."""
+    own = op_window(kernel, trace, run=run)
+    if launch is None:
+        return own
+    both = (min(kernel[0], launch[0]), max(kernel[1], launch[1]))
+    if own[0] <= both[0] and both[1] <= own[1]:
+        return own
+    if both[1] - both[0] > LAUNCH_REACH * (own[1] - own[0]):
+        return own
+    return op_window(both, trace, around=1.2, run=run)
+
+
 def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
             templates: dict | None = None) -> tuple[int, Span] | None:
     """(device, span) of one op: its own start / end when measured, else where the op

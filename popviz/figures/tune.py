@@ -36,8 +36,10 @@ def point_labels(plans: pd.DataFrame, near: float = 0.04) -> list[str]:
     others none, so labels never print over each other (issue 21)."""
     x = plans["peak_bytes"].to_numpy(dtype=float)
     y = plans["throughput"].to_numpy(dtype=float)
-    span_x = max(float(np.ptp(x)), float(np.abs(x).max(initial=0.0)) * 0.05, 1.0)
-    span_y = max(float(np.ptp(y)), float(np.abs(y).max(initial=0.0)) * 0.05, 1.0)
+    # near in the plot's own frame: both axes run from zero (tune_figure), so two plans
+    # 0.1% apart print on one spot however far apart they are relative to each other
+    span_x = max(float(np.ptp(x)), float(np.abs(x).max(initial=0.0)), 1.0)
+    span_y = max(float(np.ptp(y)), float(np.abs(y).max(initial=0.0)), 1.0)
     names = [str(n) for n in plans["plan"]]
     labels = [""] * len(names)
     anchors: list[int] = []
@@ -64,7 +66,15 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
              "splits %{customdata[0]}<br>AMP %{customdata[1]} · recomputation "
              "%{customdata[2]} · %{customdata[3]}<extra></extra>")
     fig = go.Figure()
-    plans = plans.assign(label=point_labels(plans))
+    plans = plans.assign(label=point_labels(plans)).reset_index(drop=True)
+    # two clusters a little more than `near` apart print their labels into each other
+    # ("now, #2" over "#1"): each label moved off the others and off every marker
+    sizes = [16 if p == "now" else 11 for p in plans["plan"]]
+    xs, ys = (plans["peak_bytes"] / MiB).to_numpy(float), plans["throughput"].to_numpy(float)
+    where = unclash([(np.array([x]), np.array([y]), [text], [size], ["top center"])
+                     for x, y, text, size in zip(xs, ys, plans["label"], sizes, strict=True)],
+                    ranges=((0.0, float(xs.max())), (0.0, float(ys.max()))))  # from zero
+    plans = plans.assign(position=[w[0] for w in where])
     ceiling = max_tile_fill < 1.0
     over = f" > {max_tile_fill:.0%}" if ceiling else ""
     front = plans[plans["pareto"]].sort_values("peak_bytes")
@@ -85,7 +95,8 @@ def tune_figure(plans: pd.DataFrame, capacity_bytes: float | None = None,
             continue
         fig.add_trace(go.Scatter(
             x=sel["peak_bytes"] / MiB, y=sel["throughput"], mode="markers+text",
-            text=sel["label"], textposition="top center", name=name, marker=marker,
+            text=sel["label"], textposition=sel["position"].tolist(), name=name,
+            marker=marker,
             customdata=_custom(sel, over), hovertemplate=hover))
     peak = float(plans["peak_bytes"].max())
     x_title = "peak memory of the fullest IPU (MiB)"
@@ -206,24 +217,27 @@ def _overlap(a: Box, b: Box) -> float:
         max(0.0, min(a[3], b[3]) - max(a[2], b[2]))
 
 
-def unclash(lines: list[tuple[np.ndarray, np.ndarray, list[str], list[int], list[str]]]
+def unclash(lines: list[tuple[np.ndarray, np.ndarray, list[str], list[int], list[str]]],
+            ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
             ) -> list[list[str]]:
     """Each line's label positions, moved where a label would print over another line's
     label, marker or segment (two IPUs' AMP 0.1 points a few KiB apart): per line (x, y,
     texts, marker sizes, preferred positions); each label keeps its preferred position
     when that is clear, else takes the first of POSITIONS that is, else the least
-    covered. Judged in pixels of a PLOT_PX plot over the points' own range."""
+    covered. Judged in pixels of a PLOT_PX plot over the points' own range, or over
+    `ranges` ((x0, x1), (y0, y1)) where the axes are set otherwise (from zero)."""
     xs = np.concatenate([ln[0] for ln in lines]) if lines else np.zeros(0)
     ys = np.concatenate([ln[1] for ln in lines]) if lines else np.zeros(0)
     if not len(xs):
         return [list(ln[4]) for ln in lines]
 
-    def scale(v: np.ndarray, px: float) -> np.ndarray:
-        lo, hi = float(v.min()), float(v.max())
+    def scale(v: np.ndarray, px: float, axis: tuple[float, float] | None) -> np.ndarray:
+        lo, hi = axis if axis is not None else (float(v.min()), float(v.max()))
         pad = (hi - lo) * 0.05 or 1.0  # about Plotly's autorange padding
         return (v - lo + pad) / (hi - lo + 2 * pad) * px
 
-    sx, sy = scale(xs, PLOT_PX[0]), scale(ys, PLOT_PX[1])
+    sx = scale(xs, PLOT_PX[0], ranges[0] if ranges else None)
+    sy = scale(ys, PLOT_PX[1], ranges[1] if ranges else None)
     cuts = np.cumsum([0] + [len(ln[0]) for ln in lines])
     points = [(sx[cuts[k]:cuts[k + 1]], sy[cuts[k]:cuts[k + 1]]) for k in range(len(lines))]
     # obstacles: every marker, and each segment as a row of small dots
