@@ -83,3 +83,22 @@ def test_exchange_time_axis_starts_at_zero_not_below() -> None:
     late = figures.exchange_time_figure(analysis.exchange_over_time(
         ex.assign(start=ex["start"] + 10**12, end=ex["end"] + 10**12)))
     assert late.layout.xaxis.range[0] == 10**12 + 600
+
+
+def test_an_exchange_matrix_of_equal_cells_is_coloured_from_zero() -> None:
+    """Two stages exchanging 20 MiB each way: Plotly's own range for equal cells runs
+    19.5 to 20.5 (a bar that says nothing); the bar starts at none."""
+    import pandas as pd
+
+    from popviz.figures.exchange import exchange_matrix_figure, stage_links_figure
+
+    both = 20 * 2**20
+    matrix = pd.DataFrame([[0, both], [both, 0]], index=["0", "1"], columns=["0", "1"])
+    fig = exchange_matrix_figure(matrix)
+    assert fig.data[0].zmin == 0 and fig.data[0].zmax == 20  # MiB; both, or Plotly's own
+    links = pd.DataFrame({"src_stage": [0, 1], "dst_stage": [1, 0], "bytes": [both, both],
+                          "transfers": [1, 1], "kind": ["p2p", "p2p"],
+                          "transfer_ns": [1e6, 1e6], "receiver_wait_ns": [0.0, 0.0],
+                          "sender_wait_ns": [0.0, 0.0]})
+    heat = stage_links_figure(links).data[0]
+    assert heat.zmin == 0 and heat.zmax == 20

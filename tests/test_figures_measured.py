@@ -286,3 +286,14 @@ def test_a_clicked_node_says_its_op_list_is_the_heaviest_few(ctx: AppContext) ->
     assert caption and f"{tree.NODE_OPS_SHOWN} heaviest ops of {n:,}" in caption[0].children
     top = entry.profile.ops["cycles"].nlargest(tree.NODE_OPS_SHOWN).min()
     assert min(r["cycles"] for r in table.data) >= top
+
+
+def test_measured_memory_page_says_what_it_shows_instead_of_tiles(ctx: AppContext) -> None:
+    """No per-tile memory in a measured run: the page says so in a measured run's words
+    and says what is below (its allocated bytes over time), not IPU terms alone."""
+    page = render(ctx, "/memory", f"?profile={MEASURED_REL}")[1]
+    said = " ".join(str(c) for m in _find(page, "Div") for c in
+                    ([m.children] if isinstance(m.children, str) else []))
+    assert "This measured run has no per-tile memory" in said
+    assert "Below: the bytes it allocated over time." in said
+    assert [g for g in _find(page, "Graph") if g.id == "mem-counters"]

@@ -192,13 +192,16 @@ def _counters(entry: Entry) -> list[Any]:
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     tm = entry.profile.tile_memory
     if tm.empty:
+        counters = _counters(entry)
+        below = (" Its CUDA memory snapshot's allocator is below." if alloc_view.available(
+            entry) else " Below: the bytes it allocated over time." if counters else
+            " Its trace recorded no memory events (torch.profiler records them with "
+            "profile_memory=True).")
         return html.Div([html.H2(title_of(entry)),
                          message(NO_TILES_GPU if naming(entry).gpu_plan else
-                                 "This profile has no per-tile memory (measured runs do not "
-                                 "record it)." + (" Its CUDA memory snapshot's allocator is "
-                                                  "below." if alloc_view.available(entry)
-                                                  else ""), "info"),
-                         *_counters(entry),
+                                 "This measured run has no per-tile memory (tiles are an "
+                                 "IPU's, which popviz models)." + below, "info"),
+                         *counters,
                          alloc_view.section(entry)])
     ipus = sorted(int(i) for i in tm["ipu"].unique())
     fit = insights(entry)["fit"]

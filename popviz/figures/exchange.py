@@ -34,7 +34,7 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
     if len(matrix) > TEXT_ROWS:  # small cells: no text in them, the hover's number
         fig = go.Figure(go.Heatmap(
             z=z, x=list(matrix.columns), y=list(matrix.index), colorscale="Blues",
-            colorbar={"title": name},
+            colorbar={"title": name}, zmin=0, zmax=_top(z),
             hovertemplate="%{y} → %{x}: %{z:,.2f} " + name + "<extra></extra>"))
     else:
         # cells in the colour bar's unit (never MiB on the bar and GiB in a cell)
@@ -42,12 +42,20 @@ def exchange_matrix_figure(matrix: pd.DataFrame, title: str = "Bytes exchanged",
         fig = go.Figure(go.Heatmap(
             z=z, x=list(matrix.columns), y=list(matrix.index), text=text,
             texttemplate="%{text}", colorscale="Blues", colorbar={"title": name},
+            zmin=0, zmax=_top(z),  # from none: equal cells are not a bar of 19.5-20.5
             customdata=np.vectorize(lambda b: fmt_bytes(b))(matrix.to_numpy()),
             hovertemplate="%{y} → %{x}: %{customdata}<extra></extra>"))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
     return base_layout(fig, f"{title} ({name}, from row to column)",
                        height=_height(len(matrix)))
+
+
+def _top(z: np.ndarray) -> float:
+    """The colour bar's top: the largest cell (Plotly ignores a zmin given without a
+    zmax, and colours equal cells over value +- 0.5)."""
+    finite = z[np.isfinite(z)]
+    return float(finite.max()) if len(finite) and finite.max() > 0 else 1.0
 
 
 def cell_text(nbytes: float, size: float) -> str:
@@ -187,7 +195,7 @@ def stage_links_figure(links: pd.DataFrame, title: str = "Between stages") -> go
     fig = go.Figure(go.Heatmap(
         z=z, x=labels, y=labels, text=text if small else None,
         texttemplate="%{text}" if small else None, colorscale="Blues",
-        colorbar={"title": name}, zmin=0, customdata=hover,
+        colorbar={"title": name}, zmin=0, zmax=_top(z), customdata=hover,
         hovertemplate="%{customdata}<extra></extra>", xgap=int(small), ygap=int(small)))
     fig.update_xaxes(side="bottom", title_text="to")
     fig.update_yaxes(title_text="from", autorange="reversed")
