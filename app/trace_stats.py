@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 from dash import html
 
-from popviz.analysis.links import run_span
+from popviz.analysis.links import Span, op_span, op_window, run_span
 from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, readable_window
 from popviz.analysis.trace_threads import has_threads, idle_by_cause, launch_links
@@ -41,6 +41,16 @@ def run_window(entry: Entry) -> tuple[float, float]:
     its first device event), once per open profile: links to an op keep inside it."""
     return entry.get("run_span", lambda: run_span(
         entry.profile.trace, entry.profile.table("host_slices") if threads(entry) else None))
+
+
+def op_place(entry: Entry, op_id: int) -> tuple[int, Span, Span] | None:
+    """(device, the op's span, the window a link to it opens: centred on it, inside the
+    run) for a link to one op on /trace; None where it has no place there."""
+    found = op_span(entry.profile.ops, entry.profile.trace, op_id, op_templates(entry))
+    if found is None:
+        return None
+    ipu, span = found
+    return ipu, span, op_window(span, entry.profile.trace, run=run_window(entry))
 
 
 def _pct(frame: pd.DataFrame, col: str = "share") -> pd.DataFrame:

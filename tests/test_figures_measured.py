@@ -297,3 +297,27 @@ def test_measured_memory_page_says_what_it_shows_instead_of_tiles(ctx: AppContex
     assert "This measured run has no per-tile memory" in said
     assert "Below: the bytes it allocated over time." in said
     assert [g for g in _find(page, "Graph") if g.id == "mem-counters"]
+
+
+def test_an_op_box_of_a_measured_tree_links_to_its_heaviest_op(ctx: AppContext) -> None:
+    """A measured run's ops sit under no module, so an op box offered no link at all: it
+    links to its heaviest op on /trace, outlined, in a window around it; a module box
+    of a modelled run keeps its module's links and gets no op link."""
+    from urllib.parse import parse_qs, urlparse
+
+    from popviz_app.pages import tree
+
+    entry = ctx.cache.get(MEASURED_REL)
+    frame = tree.tree_of(entry)
+    leaf = next(n for n in frame["id"] if "/" in n and n.split(" (")[0].endswith("conv2d"))
+    links = {str(k.id): k.href for k in _find(html.Div(tree.node_panel(entry, leaf)), "Link")}
+    assert set(links) == {"tree-to-op"}
+    q = {k: v[0] for k, v in parse_qs(urlparse(links["tree-to-op"]).query).items()}
+    heaviest = tree.node_ops(entry.profile.ops, leaf).iloc[0]
+    assert q["op"] == str(int(heaviest["op_id"]))
+    assert float(q["t0"]) <= float(heaviest["start"]) <= float(heaviest["end"]) \
+        <= float(q["t1"])
+    modelled = ctx.cache.get(MODELLED_REL)
+    layer = html.Div(tree.node_panel(modelled, "layer1"))
+    assert {str(k.id) for k in _find(layer, "Link")} >= {"tree-to-ops", "tree-to-trace"}
+    assert "tree-to-op" not in {str(k.id) for k in _find(layer, "Link")}

@@ -15,7 +15,7 @@ from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from popviz import analysis
-from popviz.analysis.links import op_span, op_window, ops_in_range
+from popviz.analysis.links import ops_in_range
 from popviz.analysis.op_groups import GROUP_KEYS, group_ops, has_gpu_time, self_and_inclusive
 from popviz.analysis.program_tree import flops_recorded
 from popviz.vocab import Naming
@@ -28,14 +28,13 @@ from ..common import (
     hidden_of,
     message,
     naming,
-    op_templates,
     profile_of,
     table,
     table_columns,
     title_of,
 )
 from ..common import _format as records
-from ..trace_stats import run_window
+from ..trace_stats import op_place
 
 PATH = "/operations"
 TITLE = "Operations"
@@ -283,11 +282,10 @@ def register(app: dash.Dash, ctx: AppContext) -> dict[str, Any]:
 
 def op_link(entry: Entry, op_id: int) -> Any:
     """A link to the op itself on /trace: a window centred on it, the op outlined."""
-    found = op_span(entry.profile.ops, entry.profile.trace, op_id, op_templates(entry))
+    found = op_place(entry, op_id)
     if found is None:
         return html.Span(f"Op {op_id} has no place on the trace.", className="hint")
-    ipu, span = found
-    t0, t1 = op_window(span, entry.profile.trace, run=run_window(entry))
+    ipu, span, (t0, t1) = found
     return [html.Span(f"Op {op_id}: ", className="label"),
             links.link(f"open it in the Trace ({naming(entry).label(ipu)}, "
                        f"{span[0]:,.0f} to {span[1]:,.0f} {naming(entry).unit})",

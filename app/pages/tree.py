@@ -39,6 +39,7 @@ from ..common import (
     table,
     title_of,
 )
+from ..trace_stats import op_place
 
 PATH = "/tree"
 TITLE = "Program tree"
@@ -92,24 +93,35 @@ def tree(ctx: AppContext, entry: Entry, root: str = ROOT) -> Any:
 FIGURES = {"tree": tree}
 
 
-def _links(entry: Entry, node: str) -> html.Div:
+def _links(entry: Entry, node: str, ops: pd.DataFrame) -> html.Div:
+    """Links to the views of a node: its module's ops and passes, and for an op box (a
+    measured run's ops may sit under no module) its heaviest op, outlined on /trace."""
     module = node.rsplit("/", 1)[0] if "/" in node else node
-    if module in ("", ROOT):
+    out: list[Any] = []
+    if module not in ("", ROOT):
+        ops_q = urlencode({"profile": entry.rel, "module": module})
+        found = module_span(entry.profile.ops, entry.profile.trace, module)
+        if found is None:
+            to_trace = f"/trace?{ops_q}"
+        else:  # the box's first pass, as a range any trace link can carry
+            t0, t1 = padded(found[1], entry.profile.trace)
+            to_trace = links.href("/trace", entry.rel, t0, t1, found[0], module=module)
+        out += [dcc.Link(f"ops of {module} in Operations", href=f"/operations?{ops_q}",
+                         id="tree-to-ops", className="download"),
+                dcc.Link(f"{module} in the Trace (its ops outlined)", href=to_trace,
+                         id="tree-to-trace", className="download")]
+    if "/" in node and len(ops) and "op_id" in ops:
+        op_id = int(ops["op_id"].iloc[0])  # node_ops: heaviest first
+        place = op_place(entry, op_id)
+        if place is not None:
+            ipu, _, (t0, t1) = place
+            out.append(dcc.Link(f"its heaviest op ({op_id}) in the Trace, outlined",
+                                href=links.href("/trace", entry.rel, t0, t1, ipu,
+                                                op=str(op_id)),
+                                id="tree-to-op", className="download"))
+    if not out:
         return html.Div()
-    ops_q = urlencode({"profile": entry.rel, "module": module})
-    found = module_span(entry.profile.ops, entry.profile.trace, module)
-    if found is None:
-        to_trace = f"/trace?{ops_q}"
-    else:  # the box's first pass, as a range any trace link can carry
-        t0, t1 = padded(found[1], entry.profile.trace)
-        to_trace = links.href("/trace", entry.rel, t0, t1, found[0], module=module)
-    return html.Div([
-        html.Span("Open: ", className="label"),
-        dcc.Link(f"ops of {module} in Operations", href=f"/operations?{ops_q}",
-                 id="tree-to-ops", className="download"),
-        dcc.Link(f"{module} in the Trace (its ops outlined)", href=to_trace,
-                 id="tree-to-trace", className="download"),
-    ], className="downloads")
+    return html.Div([html.Span("Open: ", className="label"), *out], className="downloads")
 
 
 def node_panel(entry: Entry, node: str) -> list[Any]:
@@ -121,6 +133,7 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
     r = row.iloc[0]
     words = naming(entry)
     ops = node_ops(entry.profile.ops, node)
+    to_views = _links(entry, node, ops)
     if "flops" in ops and not flops_recorded(entry.profile.ops):  # as the hover says
         ops = ops.assign(flops="unknown")
     cols = [c for c in OP_COLUMNS if c in ops.columns]
@@ -138,7 +151,7 @@ def node_panel(entry: Entry, node: str) -> list[Any]:
         f"Its {NODE_OPS_SHOWN} heaviest ops of {len(ops):,} (by {words.column('cycles')}); "
         "every one is on Operations (the link above).", id="tree-node-ops-caption",
         className="hint")]
-    return [html.Div(head, id="tree-node-head", className="status"), _links(entry, node),
+    return [html.Div(head, id="tree-node-head", className="status"), to_views,
             *caption, table("tree-node-ops", shown, words=words)]
 
 
