@@ -199,8 +199,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "profile_memory=True).")
         return html.Div([html.H2(title_of(entry)),
                          message(NO_TILES_GPU if naming(entry).gpu_plan else
-                                 "This measured run has no per-tile memory (tiles are an "
-                                 "IPU's, which popviz models)." + below, "info"),
+                                 "This measured run has no per-tile memory (that is what "
+                                 "popviz models for a compiled plan)." + below, "info"),
                          *counters,
                          alloc_view.section(entry)])
     ipus = sorted(int(i) for i in tm["ipu"].unique())
