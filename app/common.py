@@ -129,9 +129,9 @@ def _format(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out.to_dict("records")  # type: ignore[return-value]  # pandas-stubs: keys are any Hashable; these are column names
 
 
-CHOOSER_MIN_COLUMNS = 8
+CHOOSER_MIN_COLUMNS = 8  # tables with more columns than this get "Toggle Columns"
 # numeric columns whose missing cells mean not recorded (a trace without FLOPs), read so
-UNKNOWN_WHEN_MISSING = ("flops",)  # tables with more columns than this get "Toggle Columns"
+UNKNOWN_WHEN_MISSING = ("flops",)
 
 
 def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,

@@ -29,12 +29,12 @@ class EncodedColumn:
     data: np.ndarray  # as stored; for text kinds int32 codes into `texts`
     texts: list[str] | None = None  # text kinds: the distinct texts, by local code
 
-    def stored(self, strings: StringTable) -> np.ndarray:
-        """The array to store: text codes made codes of the profile's `strings`."""
+    def encoded(self, strings: StringTable) -> tuple[str, np.ndarray]:
+        """(kind, the array to store): text codes made codes of the profile's `strings`,
+        as `encode_column` gives a frame's column."""
         if self.texts is None:
-            return self.data
-        return strings.encode_distinct(self.texts)[self.data] if len(self.texts) \
-            else self.data
+            return self.kind, self.data
+        return self.kind, strings.encode_distinct(self.texts)[self.data]
 
     def empty(self) -> pd.Series:
         """An empty column of this one's kind (what a slice without it is filled from)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
@@ -21,7 +22,7 @@ import pandas as pd
 
 from popviz.format import schema
 from popviz.format.chunks import encode_chunk
-from popviz.format.encoded import EncodedFrame
+from popviz.format.encoded import EncodedColumn, EncodedFrame
 from popviz.format.lowlevel import create_chunked
 from popviz.format.strings import StringTable
 from popviz.format.writer import _chunked, encode_column, put_names, put_text
@@ -180,37 +181,25 @@ class StreamTable:
 
     def append(self, frame: pd.DataFrame | EncodedFrame, strings: StringTable) -> None:
         """Add `frame`'s rows: a frame, or its columns encoded where it was made."""
-        if isinstance(frame, EncodedFrame):
-            columns = {name: (column.empty, lambda c=column: (c.kind, c.stored(strings)))
-                       for name, column in frame.columns.items()}
-            ipus = frame.columns["ipu"].data if "ipu" in frame.columns else None
-        else:
-            columns = {str(name): (lambda s=series: s.iloc[:0],
-                                   lambda s=series: encode_column(s, strings))
-                       for name, series in frame.items()}
-            ipus = frame["ipu"].to_numpy() if "ipu" in frame else None
-        for name, (empty, _) in columns.items():
+        columns: dict[str, EncodedColumn | FrameColumn] = dict(frame.columns) \
+            if isinstance(frame, EncodedFrame) else \
+            {str(name): FrameColumn(series) for name, series in frame.items()}
+        for name, column in columns.items():
             if name not in self.columns:
                 self.columns[name] = StreamColumn(self.group, name, self.chunks)
-                self.empty[name] = empty()
+                self.empty[name] = column.empty()
                 if self.rows:  # a column the earlier slices lacked: missing there
-                    self._add(name, *encode_column(_missing(self.empty[name], self.rows),
-                                                   strings))
+                    self.columns[name].add(*encode_column(
+                        _missing(self.empty[name], self.rows), strings))
         if not len(frame):
             return
         if self.name == "trace":
-            assert ipus is not None, "a trace slice without its ipu column"
-            self._index(np.asarray(ipus, dtype=np.int64))
-        for name in self.columns:
-            if name in columns:
-                self._add(name, *columns[name][1]())
-            else:
-                self._add(name, *encode_column(_missing(self.empty[name], len(frame)),
-                                               strings))
+            assert "ipu" in columns, "a trace slice without its ipu column"
+            self._index(columns["ipu"].encoded(strings)[1].astype(np.int64))
+        for name, stream in self.columns.items():
+            stream.add(*(columns[name].encoded(strings) if name in columns else
+                         encode_column(_missing(self.empty[name], len(frame)), strings)))
         self.rows += len(frame)
-
-    def _add(self, name: str, kind: str, data: np.ndarray) -> None:
-        self.columns[name].add(kind, data)
 
     def _index(self, ipus: np.ndarray) -> None:
         last = self.ipus[-1][0] if self.ipus else None
@@ -229,6 +218,19 @@ class StreamTable:
         put_text(self.group, "encoding-version", "0.1.0")
         put_names(self.group.attrs, "column-order", order)
         self.group.attrs["n_rows"] = self.rows
+
+
+@dataclass
+class FrameColumn:
+    """A frame's column as `StreamTable.append` takes it, beside an `EncodedColumn`."""
+
+    series: pd.Series
+
+    def empty(self) -> pd.Series:
+        return self.series.iloc[:0]
+
+    def encoded(self, strings: StringTable) -> tuple[str, np.ndarray]:
+        return encode_column(self.series, strings)
 
 
 def _missing(like: pd.Series, rows: int) -> pd.Series:
