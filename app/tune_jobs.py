@@ -52,11 +52,19 @@ class TuneJobs:
         self._pool = ThreadPoolExecutor(max_workers=max_running, thread_name_prefix="tune")
         self._max_queued = max_queued
         self._jobs: dict[tuple[str, int, int], TuneJob] = {}
+        self._last: dict[str, tuple[str, int, int]] = {}  # per profile: the job last asked for
         self._lock = threading.Lock()
 
     def get(self, rel: str, budget: int, fill: int = FULL) -> TuneJob | None:
         with self._lock:
             return self._jobs.get((rel, int(budget), int(fill)))
+
+    def latest(self, rel: str) -> TuneJob | None:
+        """The job a Run tune press on `rel` last started or joined: what a reload of the
+        page shows again, whatever budget and fill it was run with."""
+        with self._lock:
+            key = self._last.get(rel)
+            return None if key is None else self._jobs.get(key)
 
     def start(self, rel: str, budget: int, search: Callable[[], Any],
               fill: int = FULL) -> TuneJob:
@@ -67,15 +75,18 @@ class TuneJobs:
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.state != "error":
+                self._last[rel] = key
                 return job
             busy = [j for j in self._jobs.values() if j.state in ("queued", "running")]
             same = [j for j in busy if j.rel == rel]
             if same:
+                self._last[rel] = (rel, same[0].budget, same[0].fill)
                 return same[0]
             if len(busy) >= self._max_queued:
                 raise RuntimeError(f"{len(busy)} tune searches are already waiting; try "
                                    "again when one has finished")
             job = self._jobs[key] = TuneJob(rel, int(budget), int(fill))
+            self._last[rel] = key
         self._pool.submit(self._run, job, search)
         return job
 

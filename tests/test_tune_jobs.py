@@ -16,9 +16,10 @@ import pytest
 from popviz_app import create_app, render
 from popviz_app.pages import compare as compare_page
 from popviz_app.pages import tune as tune_page
-from popviz_app.tune_jobs import TuneJob, TuneJobs
+from popviz_app.tune_jobs import FULL, TuneJob, TuneJobs
 
 from tests.dash_util import component_text as _text
+from tests.dash_util import find_components
 
 ROOT = Path(__file__).resolve().parent.parent / "profiles"
 REL = "tutorial_pipelined/training/profile.h5"
@@ -157,4 +158,15 @@ def test_a_run_at_a_ceiling_shows_it_and_compares_its_own_plan(tmp_path: Path) -
     served = ctx.cache.get(plan_rel).profile
     assert served.summary["throughput"] == pytest.approx(capped.result.candidates[0].throughput)
     assert tune_page.link_to_compare(ctx, REL, 1, 3).href != go.href
+    # a reload shows the run last asked for again, its budget and fill in the inputs
+    page = render(ctx, "/tune", f"?profile={REL}")[1]
+    inputs = {c.id: c.value for c in find_components(page, "Input")}
+    assert (inputs["tune-budget"], inputs["tune-fill"]) == (3, fill)
+    store = next(c for c in find_components(page, "Store") if c.id == "tune-job")
+    assert store.data == {"budget": 3, "fill": fill}
+    assert f"fits = every tile at most {fill}% full" in _text(page)
+    assert ctx.tune_jobs.start(REL, 3, lambda: "kept", FULL) is full  # asked for again
+    page = render(ctx, "/tune", f"?profile={REL}")[1]
+    assert {c.id: c.value for c in find_components(page, "Input")}["tune-fill"] == FULL
+    assert "every tile at most" not in _text(page)
     assert "Run tune first" in _text(tune_page.link_to_compare(ctx, REL, 1, 3, fill - 1))

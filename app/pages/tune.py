@@ -206,7 +206,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if entry.rel.startswith(VIRTUAL_PREFIX):
         return html.Div([html.H2(title_of(entry)), message(
             "This is a tune plan held in memory; tune the profile it came from.", "info")])
-    shown, done = poll(ctx, entry, DEFAULT_BUDGET)
+    # a reload shows the search last run here again, with the inputs it was run with
+    last = ctx.tune_jobs.latest(entry.rel)
+    budget, fill = (last.budget, last.fill) if last is not None else (DEFAULT_BUDGET, FULL)
+    shown, done = poll(ctx, entry, budget, fill)
     return html.Div([
         html.H2(title_of(entry)),
         html.P("Re-plans the recorded program with other split points, "
@@ -216,25 +219,25 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                "the background; one search per profile at a time.", className="hint"),
         html.Div([html.Span("compile budget", className="label"),
                   dcc.Input(id="tune-budget", type="number", min=2, max=200, step=1,
-                            value=DEFAULT_BUDGET, style={"width": 80}),
-                  *_fill_input(naming(entry).gpu_plan),
+                            value=budget, style={"width": 80}),
+                  *_fill_input(naming(entry).gpu_plan, fill),
                   html.Button("Run tune", id="tune-run", n_clicks=0)],
                  className="row", style={"alignItems": "center"}),
-        dcc.Store(id="tune-job", data={"budget": DEFAULT_BUDGET, "fill": FULL}),
+        dcc.Store(id="tune-job", data={"budget": budget, "fill": fill}),
         dcc.Interval(id="tune-poll", interval=POLL_MS, disabled=done),
         html.Div(shown, id="tune-results"),
         amp_section(entry),
     ])
 
 
-def _fill_input(gpu: bool) -> list[Any]:
+def _fill_input(gpu: bool, fill: int = FULL) -> list[Any]:
     """The max tile fill input; a GPU has no tiles, so there it is hidden at 100."""
     if gpu:
         return [dcc.Input(id="tune-fill", type="hidden", value=FULL)]
     return [html.Span("max tile fill %", className="label",
                       title="a plan fits only when no tile is fuller than this share of its "
                       "memory (popviz tune --max-tile-fill); 100: no ceiling"),
-            dcc.Input(id="tune-fill", type="number", min=1, max=FULL, step=1, value=FULL,
+            dcc.Input(id="tune-fill", type="number", min=1, max=FULL, step=1, value=fill,
                       style={"width": 70})]
 
 
