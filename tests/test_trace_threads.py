@@ -213,6 +213,10 @@ def test_a_million_slices_draw_fast_and_bounded() -> None:
     whole = time.perf_counter() - t0
     meta = fig.layout.meta
     assert meta["mode"] == "merged" and meta["visible_events"] == 1_500_000
+    # counted before the short ones are merged, host slices and stream events apart
+    assert (meta["visible_slices"], meta["visible_device_events"]) == (1_000_000, 500_000)
+    assert "1,000,000 host slices and 500,000 stream, idle and transfer events, short " \
+        "ones merged" in fig.layout.title.text
     bars = sum(len(t.x) for t in fig.data if t.type == "bar")
     assert bars <= 1500 + 500 * len(meta["rows"])  # wide slices + merged runs per row
     assert meta["flows_drawn"] == 0 and meta["flows_hidden"] == 500_000
@@ -267,3 +271,24 @@ def test_module_runs_nest_consecutive_ops() -> None:
         ["a", 0, 30], ["b", 30, 40], ["a", 40, 50]]  # a again after b: a run of its own
     assert two["module"].tolist() == ["a.x", "a.y", "b.c", "a.x"]
     assert module_runs(ops.assign(module=["", "a", "a", "a", "a"]), 2).empty
+
+
+def test_the_measured_status_counts_what_the_view_draws() -> None:
+    """The status over a measured trace counts the host slices and the events on no host
+    thread apart, as drawn: not as one sum that reads like the statistics' trace events."""
+    rel = "tutorial_measured_2ranks/profile.h5"
+    root = Path(__file__).resolve().parent.parent / "profiles"
+    if not (root / rel).exists():
+        pytest.fail("profiles/ is committed: a bundled profile is missing (make profiles)")
+    from popviz_app import create_app, render
+
+    from popviz.analysis.trace_threads import side_events
+    from tests.dash_util import component_text
+
+    ctx = create_app(root).popviz_context
+    text = component_text(render(ctx, "/trace", f"?profile={rel}")[1])
+    with popviz.open(root / rel) as profile:
+        slices, side = len(profile.table("host_slices")), len(side_events(profile.trace))
+        events = len(profile.trace)
+    assert f"{slices:,} host slices and {side:,} stream, idle and transfer events in " in text
+    assert f"{events:,} trace events" in text  # the statistics' count, of every kind

@@ -24,7 +24,7 @@ from popviz.analysis.trace_threads import (
     launch_links,
 )
 from popviz.figures.trace_lanes import trace_lanes_figure
-from popviz.figures.trace_threads import thread_lanes_figure
+from popviz.figures.trace_threads import counts_in_view, thread_lanes_figure
 
 from .. import links, trace_bsp, trace_find
 from ..cache import Entry
@@ -127,7 +127,8 @@ def _threads_status(meta: dict, unit: str) -> str:
     arrows = (f"{flows:,} launch \u2192 kernel arrows" if flows else
               f"zoom in to see the {meta['flows_hidden']:,} launch \u2192 kernel arrows"
               if meta["flows_hidden"] else "no launch \u2192 kernel link in view")
-    return (f"{meta['visible_events']:,} slices and events in {lo:,.0f} to {hi:,.0f} "
+    counted = counts_in_view(meta["visible_slices"], meta["visible_device_events"])
+    return (f"{counted} in {lo:,.0f} to {hi:,.0f} "
             f"{unit}: {drawn}; {arrows} ({meta['view']} layout).")
 
 

@@ -205,6 +205,15 @@ def _flows(links: pd.DataFrame, index: dict, mode: str, naming: Naming) -> go.Sc
                        "<extra>flow</extra>"))
 
 
+def counts_in_view(slices: int, device_events: int) -> str:
+    """What the threads view draws, counted apart: host slices (ops, annotations, runtime
+    calls; a CPU rank's ops are its compute) and the trace events on no host thread (GPU
+    streams' kernels and copies, idle gaps, transfers). Not the statistics' count of trace
+    events: there a CPU rank's ops and a rank's collectives are trace events too."""
+    return (f"{slices:,} host slice{'s' if slices != 1 else ''} and {device_events:,} "
+            f"stream, idle and transfer event{'s' if device_events != 1 else ''}")
+
+
 def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.DataFrame,
                         start: float | None = None, end: float | None = None,
                         mode: str = FLAME, naming: Naming | None = None,
@@ -220,8 +229,9 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
     `highlight`: index labels of `slices` to outline (analysis.links.op_slices: the op a
     link points at). The x range is the whole run's either way, and so is a double-click's
     (reset_to_run). `layout.meta`: view (flame|flat), mode (events|merged),
-    visible_events, drawn, range, flows_drawn, flows_hidden, rows, ranks (those drawn, or
-    None: all), highlighted (slices outlined)."""
+    visible_events (visible_slices host slices + visible_device_events), drawn, range,
+    flows_drawn, flows_hidden, rows, ranks (those drawn, or None: all), highlighted
+    (slices outlined)."""
     naming = naming or MEASURED
     first_all, last_all = run_span(trace, slices)  # before any rank is left out
     if ranks is not None:
@@ -244,7 +254,8 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         lo, hi = first, last
     index = {(r.ipu, r.lane, r.key, r.depth): k for k, r in enumerate(rows)}
     vs, vg, vside = visible(slices, lo, hi), visible(gpu, lo, hi), visible(side, lo, hi)
-    total = len(vs) + len(vg) + len(vside)
+    n_slices, n_device = len(vs), len(vg) + len(vside)  # before merging short ones
+    total = n_slices + n_device
     lit = vs[vs.index.isin(list(highlight))] if highlight is not None else vs.iloc[:0]
     data: list = []
     view = "events"
@@ -301,6 +312,7 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
         barmode="overlay", uirevision="trace-threads",
         uniformtext={"minsize": 8, "mode": "hide"},
         meta={"view": mode, "mode": view, "visible_events": int(total), "drawn": int(drawn),
+              "visible_slices": n_slices, "visible_device_events": n_device,
               "range": [lo, hi], "flows_drawn": len(shown), "flows_hidden": int(hidden),
               "rows": labels, "ranks": None if ranks is None else [int(r) for r in keep],
               "highlighted": len(lit)})
@@ -315,8 +327,9 @@ def thread_lanes_figure(slices: pd.DataFrame, trace: pd.DataFrame, links: pd.Dat
                         for k in range(1, len(rows))
                         if rows[k].ipu != rows[k - 1].ipu or rows[k].lane != rows[k - 1].lane
                         or rows[k].key != rows[k - 1].key])
-    detail = (f"{total:,} slices and events" if view == "events" else
-              f"{total:,} slices and events, short ones merged per pixel")
+    counted = counts_in_view(n_slices, n_device)
+    detail = counted if view == "events" else f"{counted}, short ones merged per pixel"
+
     base_layout(fig, f"{title} ({mode}) · {detail}", height=150 + ROW_PX * len(rows))
     fig.update_layout(margin={"l": 150, "r": 20, "t": 90, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0,
