@@ -13,15 +13,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import popviz
 from popviz.analysis.balance import profile_stages
 from popviz.cli.main import main
+from popviz.compiler import compile as compile_program
 from popviz.ingest import kineto, kineto_fast
 from popviz.ingest.import_rank import RankPart
 from popviz.ingest.import_schedule import schedule_seen
 from popviz.ingest.kineto_ops import op_classes
 from popviz.metrics import rank_time
+from popviz.options import Options
+from popviz.recorder.steps import record_program
 from tests.import_fixtures import PIPELINE, RESNET, SNAPSHOT, snapshot_inside_trace
 from tests.import_fixtures import trace_events as _events
 from tests.kineto_runs import FEATURES, MICRO_BATCH, MICROBATCHES, make_traces
@@ -95,6 +99,37 @@ def test_op_classes_from_aten_names() -> None:
                        "aten::cudnn_convolution", "aten::addmm", "aten::mul"])
     assert op_classes(names).tolist() == ["norm", "norm", "elementwise", "conv", "matmul",
                                           "elementwise"]
+
+
+def test_an_import_moves_data_where_the_recorder_does() -> None:
+    """The same train step recorded (popviz.record's classes, from torch's op schemas) and
+    traced by torch.profiler (an import's classes, from the names alone): an op is data
+    movement in both or in neither (aten::empty was elementwise on an import)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(512, 10))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+
+    def step(m: torch.nn.Module, o: torch.optim.Optimizer, x: torch.Tensor,
+             y: torch.Tensor) -> None:
+        o.zero_grad(set_to_none=True)
+        h = torch.cat([m(x), torch.zeros(4, 2)], 1)
+        torch.nn.functional.cross_entropy(h[:, :10], y).backward()
+        o.step()
+
+    program = record_program(step, model, opt, x, y, model=model, mode="plan")
+    ops = compile_program(program, Options(target="mk2")).tables["ops"]
+    recorded = dict(zip(ops["op"].astype(str).str.split(".").str[1],
+                        ops["op_class"].astype(str), strict=True))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step(model, opt, x, y)
+    names = sorted({e.name for e in prof.events() if e.name.startswith("aten::")
+                    and e.name[len("aten::"):] in recorded})
+    imported = dict(zip(names, op_classes(pd.Series(names)), strict=True))
+    moved = {n for n in names if recorded[n[len("aten::"):]] == "data_movement"}
+    assert {"aten::empty", "aten::cat", "aten::zeros", "aten::view"} <= moved
+    assert {n for n, c in imported.items() if c == "data_movement"} == moved
 
 
 def test_resnet_liveness_from_the_traces_memory_events(resnet: Any) -> None:

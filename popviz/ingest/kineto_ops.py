@@ -12,6 +12,7 @@ import pandas as pd
 
 from popviz.ingest import tables as tbl
 from popviz.ingest.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
+from popviz.op_names import DATA_MOVEMENT, VIEWS
 
 try:
     import orjson
@@ -34,9 +35,10 @@ OP_CLASSES = [
     ("norm", re.compile(r"norm(?!al)")),  # not aten::normal_ (random init)
     ("reduction", re.compile(r"::(?:sum|mean|amax|max|min|softmax|_softmax|log_softmax|"
                              r"_log_softmax|nll_loss|cross_entropy|.*pool|var|std)")),
-    ("data_movement", re.compile(r"::(?:copy_|_to_copy|to|cat|stack|transpose|t|view|"
-                                 r"reshape|permute|contiguous|clone|slice|select|expand|"
-                                 r"as_strided|index|gather|scatter|pad|constant_pad_nd)\b")),
+    # what the recorder calls data movement (popviz.op_names), by the name alone
+    ("data_movement", re.compile(
+        r"::(?:" + "|".join(sorted(DATA_MOVEMENT | VIEWS, key=lambda n: (-len(n), n)))
+        + r")$")),
     ("elementwise", re.compile(r"^aten::")),
 ]
 

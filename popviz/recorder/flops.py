@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from popviz.op_names import DATA_MOVEMENT
+
 aten = torch.ops.aten
 
 _CONV = {"convolution", "_convolution", "convolution_overrideable", "_slow_conv2d_forward",
@@ -63,15 +65,7 @@ _POOL_BACKWARD = {"max_pool2d_with_indices_backward", "max_pool3d_with_indices_b
                   "embedding_dense_backward", "_adaptive_avg_pool3d_backward"}
 _ELEMENTWISE_EXTRA = {"native_dropout", "native_dropout_backward", "where", "masked_fill",
                       "clamp", "_foreach_sqrt", "bernoulli", "rand_like", "randn_like"}
-_DATA_MOVEMENT = {
-    "_foreach_copy_", "_foreach_zero_", "_local_scalar_dense", "_to_copy", "_unsafe_view",
-    "arange", "cat", "clone", "constant_pad_nd", "contiguous", "copy_", "embedding", "empty",
-    "empty_like", "empty_strided", "fill_", "flip", "full", "full_like", "gather", "index",
-    "index_put", "index_put_", "index_select", "lift_fresh_copy", "narrow", "new_empty",
-    "new_empty_strided", "new_full", "new_ones", "new_zeros", "ones", "ones_like", "repeat",
-    "resize_", "roll", "scalar_tensor", "scatter", "select_scatter", "set_", "slice_scatter",
-    "split", "split_with_sizes", "stack", "tensor", "unbind", "zero_", "zeros", "zeros_like",
-}
+_DATA_MOVEMENT = DATA_MOVEMENT  # shared with an import's classes (popviz.op_names)
 
 
 def numel(shape: Sequence[int]) -> int:
