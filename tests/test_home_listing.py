@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from popviz_app import cache as app_cache
 from popviz_app import create_app
+from popviz_app.pages import compare as compare_page
 from popviz_app.pages import home
 
 import popviz
@@ -23,6 +24,7 @@ import popviz.vet
 from popviz.format import write_report
 from popviz.vet import Verdict, Vetter
 from tests.dash_http import find, payload
+from tests.dash_util import component_text, find_components
 from tests.serve_util import start_serve, stop
 from tooling.testing.synthetic import synthetic_report
 
@@ -210,3 +212,33 @@ def test_the_rows_a_tab_shows_are_read_first(tmp_path: Path,
     rows = cache.listing(shown=(6, 8))  # a tab on the last page of two rows each
     read = [n for n, r in enumerate(rows) if not r.get("checking")]
     assert read and set(read) <= {6, 7}
+
+
+def test_compare_waits_for_its_own_two_files_not_the_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold /compare lists every file in its pickers, one still being vetted too, and
+    waits only for the verdicts of the two it compares (it waited up to LISTING_WAIT_S for
+    the whole folder: 5.8 s on the bundled profiles just after `popviz serve` started)."""
+    def vet(path: str, timeout_s: float, memory_mb: int) -> Verdict:
+        if "slow" in str(path):
+            time.sleep(30)
+        return Verdict(True)
+
+    monkeypatch.setattr(popviz.vet, "vet_or_refuse", vet)
+    root = tmp_path / "served"
+    _folder(root, 2)
+    write_report(synthetic_report(num_ipus=2, events=200, steps=20, num_ops=20, seed=2),
+                 root / "slow.h5")
+    vetter = Vetter(workers=2)
+    try:
+        ctx = create_app(root, vetter=vetter).popviz_context
+        began = time.monotonic()
+        page = compare_page.page(ctx, "?profile=p00/profile.h5&other=p01/profile.h5")
+        assert time.monotonic() - began < 0.5 * app_cache.LISTING_WAIT_S
+        picker = next(c for c in find_components(page, "Dropdown") if c.id == "compare-a")
+        assert {o["value"] for o in picker.options} == {"p00/profile.h5", "p01/profile.h5",
+                                                       "slow.h5"}
+        text = component_text(page)
+        assert "A vs B" in text and "being checked" not in text
+    finally:
+        vetter.close()
