@@ -42,6 +42,7 @@ def test_page_shows_verdict_cards_and_figures(app_and_root: tuple[Any, Path]) ->
 
     app, root = app_and_root
     ctx = app.popviz_context
+    ctx.cache.listing()  # every file vetted (a cold page lists those being checked too)
     div = page.page(ctx, "?profile=pipe/profile.h5&other=rec/profile.h5")
     nodes = _walk(div)
     ids = {getattr(n, "id", None) for n in nodes}

@@ -236,8 +236,9 @@ def test_compare_waits_for_its_own_two_files_not_the_folder(
         page = compare_page.page(ctx, "?profile=p00/profile.h5&other=p01/profile.h5")
         assert time.monotonic() - began < 0.5 * app_cache.LISTING_WAIT_S
         picker = next(c for c in find_components(page, "Dropdown") if c.id == "compare-a")
-        assert {o["value"] for o in picker.options} == {"p00/profile.h5", "p01/profile.h5",
-                                                       "slow.h5"}
+        assert {o["value"]: o["label"] for o in picker.options} == {
+            "p00/profile.h5": "p00/profile.h5", "p01/profile.h5": "p01/profile.h5",
+            "slow.h5": "slow.h5 (being checked)"}
         text = component_text(page)
         assert "A vs B" in text and "being checked" not in text
     finally:

@@ -144,9 +144,10 @@ def test_timed_stages_split_untraced_from_passless_compute_on_a_shared_rank() ->
 
 
 def test_measured_stages_call_untraced_time_untraced_as_trace_and_compare_do() -> None:
-    """tutorial_measured_2ranks: a fifth to a third of each rank's step (it varies from one
-    recording to the next) is host Python between ops (no event). /stages counted it as busy 'other compute' (load 1.03x / 0.97x); the ranks
-    heat map, /trace's range statistics and /compare call it untraced."""
+    """tutorial_measured_2ranks: a fifth to a third of each rank's step (it varies from
+    one recording to the next) is host Python between ops (no event). /stages counted it as
+    busy 'other compute'; the ranks heat map, /trace's range statistics and /compare call
+    it untraced."""
     p = popviz.open(MEASURED)
     timed = profile_stages(p)
     times = rank_time(p.trace)

@@ -124,9 +124,10 @@ def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.
     # the names only: a file still being vetted is listed (picking a broken one shows its
     # error below), so a cold page waits for the vetting of its own two files, not all
     rows = ctx.cache.listing(wait_s=0.0, max_age_s=LISTING_MAX_AGE_S)
-    names = [r["profile"] for r in rows if not r.get("error")]
-    names += [n for n in (a, b) if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
-    opts = [{"label": n, "value": n} for n in names]
+    opts = [{"label": f"{r['profile']} (being checked)" if r.get("checking") else r["profile"],
+             "value": r["profile"]} for r in rows if not r.get("error")]
+    opts += [{"label": n, "value": n} for n in (a, b)
+             if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
     return html.Div([
         html.Span("A", className="label"),
         dcc.Dropdown(id="compare-a", options=opts, value=a or None, clearable=False,
