@@ -21,14 +21,16 @@ from .common import AppContext, error_text, graph, naming, op_templates, profile
 
 HIDDEN = {"display": "none"}
 
-# the clicked bar's IPU and end, from its customdata: a pass bar (8 fields: ..., end, ipu,
-# duration, where) or an op bar (9 fields: ..., ipu, end, duration, op_id); else nothing
+# the clicked bar's IPU and end, from its customdata (popviz.figures.trace_lanes): a pass
+# bar (9 fields: ..., end [4], ipu [5], duration, where, start) or an op bar (10 fields:
+# ..., ipu [5], end [6], duration, op_id, start); else nothing. The end comes from
+# customdata, never from the bar drawn: a bar is drawn over its part in the window only
 PICK = """function(click) {
     const p = click && click.points && click.points[0];
     const c = p && p.customdata;
     const none = window.dash_clientside.no_update;
     if (!Array.isArray(c)) { return none; }
-    const at = c.length === 8 ? 4 : (c.length === 9 ? 6 : -1);
+    const at = c.length === 9 ? 4 : (c.length === 10 ? 6 : -1);
     if (at < 0) { return none; }
     const ipu = Number(c[5]), t = Number(c[at]);
     return Number.isFinite(ipu) && Number.isFinite(t) ? {ipu: ipu, t: t} : none;

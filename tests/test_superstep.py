@@ -168,37 +168,43 @@ def test_superstep_at_and_bad_requests(profile: Any) -> None:
 
 
 def test_the_click_reads_the_bars_it_is_given(profile: Any) -> None:
-    """app/trace_bsp.PICK reads a pass bar's IPU and end at customdata[5] and [4] (8
-    fields) and an op bar's at [5] and [6] (9 fields): a change to the trace's bars must
-    change it too."""
+    """app/trace_bsp.PICK reads a pass bar's IPU and end at customdata[5] and [4] (9
+    fields, the true start last) and an op bar's at [5] and [6] (10 fields, the true start
+    last): a change to the trace's bars must change it too. The end is the bar's own, not
+    the drawn part's (a bar is drawn over its part in the window only)."""
     from popviz.figures.lod import TraceIndex
     from popviz.figures.trace_lanes import trace_lanes_figure
 
     tr = profile.trace
     first = tr[tr["kind"] == "compute"].iloc[0]
-    fig = trace_lanes_figure(TraceIndex(tr), float(first["start"]), float(first["end"]),
-                             templates=pass_ops(profile.ops))
+    # a window that cuts the first pass: its bar is drawn from lo, its customdata whole
+    lo = float(first["start"]) + 0.25 * float(first["end"] - first["start"])
+    hi = float(first["end"])
+    fig = trace_lanes_figure(TraceIndex(tr), lo, hi, templates=pass_ops(profile.ops))
     seen = set()
     for bar in fig.data:
         if bar.type != "bar" or bar.customdata is None:
             continue
         custom = np.asarray(bar.customdata, dtype=object)
-        ends = np.asarray(bar.base, dtype=float) + np.asarray(bar.x, dtype=float)
+        base = np.asarray(bar.base, dtype=float)
+        ends = base + np.asarray(bar.x, dtype=float)
         if bar.name.startswith("compute"):
-            assert custom.shape[1] == 8
-            np.testing.assert_allclose(custom[:, 4].astype(float), ends)
+            assert custom.shape[1] == 9
+            end, start = custom[:, 4].astype(float), custom[:, 8].astype(float)
             seen.add("pass")
         elif bar.name.startswith("op: "):
-            assert custom.shape[1] == 9
-            np.testing.assert_allclose(custom[:, 6].astype(float), ends)
+            assert custom.shape[1] == 10
+            end, start = custom[:, 6].astype(float), custom[:, 9].astype(float)
             seen.add("op")
         else:
             continue
+        np.testing.assert_allclose(np.minimum(end, hi), ends)
+        np.testing.assert_allclose(np.maximum(start, lo), base)
         assert set(custom[:, 5].astype(int)) <= set(tr["ipu"].astype(int))
     assert seen == {"pass", "op"}
     from popviz_app.trace_bsp import PICK
 
-    assert "c.length === 8 ? 4 : (c.length === 9 ? 6 : -1)" in PICK and "c[5]" in PICK
+    assert "c.length === 9 ? 4 : (c.length === 10 ? 6 : -1)" in PICK and "c[5]" in PICK
 
 
 def test_trace_page_wiring(profile: Any) -> None:

@@ -123,15 +123,65 @@ def test_lane_figure_draws_ops_with_true_durations(recompute: popviz.Profile) ->
     assert "IPU0 ops" in meta["lanes"] and "IPU0 compute" in meta["lanes"]
     ops = [d for d in zoom.data if d.name.startswith("op: ")]
     assert sum(len(d.x) for d in ops) == meta["ops_drawn"]
+    lo, hi = meta["range"]
     for bar in zoom.data:
-        if bar.type != "bar":
+        if bar.type != "bar" or bar.name == "modules":
             continue
-        dur_col, end_col = (7, 6) if bar.name.startswith("op: ") else (6, 4)
+        # customdata: the true start, end and duration; the bar: its part in [lo, hi]
+        dur_col, end_col, start_col = (7, 6, 9) if bar.name.startswith("op: ") else (6, 4, 8)
         for base, width, custom in zip(bar.base, bar.x, bar.customdata, strict=True):
-            assert custom[dur_col] == pytest.approx(width)
-            assert custom[end_col] == pytest.approx(base + width)
+            assert custom[dur_col] == pytest.approx(custom[end_col] - custom[start_col])
+            assert base == pytest.approx(max(custom[start_col], lo))
+            assert base + width == pytest.approx(min(custom[end_col], hi))
+            assert lo <= base <= base + width <= hi
         assert "duration %{customdata[" in bar.hovertemplate
         assert "%{x" not in bar.hovertemplate  # Plotly's x of an offset bar is its end
+        assert "%{base" not in bar.hovertemplate  # the drawn part's start, not the bar's
+
+
+def test_a_bar_cut_by_the_window_is_drawn_over_its_visible_part_with_its_label() -> None:
+    """A pass, op or module bar that starts before the window is drawn from the window's
+    left edge (Plotly centres its label on the bar drawn: on the whole bar the label sat
+    off-screen), its hover still says its true start, end and duration, and its label
+    stays where the visible part holds it."""
+    with popviz.open(LONG) as profile:
+        trace, templates = profile.trace, pass_ops(profile.ops)
+        index = TraceIndex(trace)
+    comp = trace[trace["kind"] == "compute"]
+    bar = comp.loc[(comp["end"] - comp["start"]).idxmax()]  # the widest pass
+    start, end = float(bar["start"]), float(bar["end"])
+    lo = start + 0.4 * (end - start)  # the left edge cuts it; most of what is seen is it
+    hi = end + 0.3 * (end - start)
+    fig = trace_lanes_figure(index, lo, hi, templates=templates, module_levels=2)
+    assert fig.layout.meta["range"] == [lo, hi] and fig.layout.meta["mode"] == "events"
+    hit = []
+    for trace_ in fig.data:
+        if trace_.type != "bar" or not trace_.name.startswith("compute"):
+            continue
+        for j, custom in enumerate(trace_.customdata):
+            if custom[0] == bar["op"] and int(custom[5]) == int(bar["ipu"]):
+                hit.append((trace_, j, custom))
+    assert len(hit) == 1
+    drawn, j, custom = hit[0]
+    assert drawn.base[j] == pytest.approx(lo)  # drawn from the window's left edge
+    assert drawn.base[j] + drawn.x[j] == pytest.approx(end)
+    assert (custom[8], custom[4], custom[6]) == pytest.approx((start, end, end - start))
+    assert "%{customdata[8]:,.0f} → %{customdata[4]:,.0f}" in drawn.hovertemplate
+    assert drawn.text[j] == bar["op"]  # 0.6 of it in 0.9 of the window: the label fits
+    # ops and modules cut by the left edge likewise: drawn from lo, true times in customdata
+    cut = 0
+    for trace_ in fig.data:
+        if trace_.type != "bar" or trace_.name in ("modules",) or \
+                trace_.name.startswith("compute"):
+            continue
+        assert min(trace_.base) >= lo and max(np.add(trace_.base, trace_.x)) <= hi + 1e-6
+        if trace_.name.startswith("op: "):
+            first = np.asarray([c[9] for c in trace_.customdata], dtype=float)
+            cut += int((first < lo).sum())
+            np.testing.assert_allclose(np.maximum(first, lo), np.asarray(trace_.base, float))
+    assert cut >= 1  # the window's left edge cuts an op too
+    modules = [t for t in fig.data if t.name == "modules"]
+    assert modules and min(modules[0].base) == pytest.approx(lo)
 
 
 def test_highlighted_module_is_outlined(recompute: popviz.Profile) -> None:

@@ -89,20 +89,34 @@ def lanes_of(index: TraceIndex, with_ops: bool, modules: int = 0) -> list[tuple[
     return out
 
 
-def _module_bars(ops: pd.DataFrame, row_of: dict, levels: int) -> list[go.Bar]:
+def drawn_part(start: np.ndarray, end: np.ndarray, lo: float,
+               hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """(base, width) of the part of each bar [start, end] inside the window [lo, hi]: Plotly
+    centres a bar's inside label on the bar it is given, so a bar drawn whole that starts
+    before the window (or ends after it) would centre its label off-screen. A bar is drawn
+    over what is seen of it and its hover says its true start and end (from customdata)."""
+    start = np.asarray(start, dtype=float)
+    end = np.asarray(end, dtype=float)
+    base = np.clip(start, lo, hi)
+    return base, np.maximum(np.clip(end, lo, hi) - base, 0.0)
+
+
+def _module_bars(ops: pd.DataFrame, row_of: dict, levels: int, lo: float,
+                 hi: float) -> list[go.Bar]:
     """The modules the drawn ops ran in, one row per path level (flame): consecutive ops of
-    a pass in one module are one bar, coloured by the module's name."""
+    a pass in one module are one bar, coloured by the module's name, drawn over its part
+    in [lo, hi]."""
     runs = [module_runs(ops, k).assign(level=k) for k in range(1, levels + 1)]
     runs = [r for r in runs if len(r)]
     if not runs:
         return []
     mods = pd.concat(runs, ignore_index=True)
     colours = [OP_PALETTE[zlib.crc32(m.encode()) % len(OP_PALETTE)] for m in mods["module"]]
+    base, width = drawn_part(mods["start"].to_numpy(), mods["end"].to_numpy(), lo, hi)
     return [go.Bar(
         name="modules", orientation="h",
         y=[row_of[(int(i), f"module {k}")] for i, k in zip(mods["ipu"], mods["level"])],
-        base=mods["start"].to_numpy(dtype=float),
-        x=(mods["end"] - mods["start"]).to_numpy(dtype=float), width=LANE_HEIGHT,
+        base=base, x=width, width=LANE_HEIGHT,
         marker={"color": colours, "line": {"width": 0.5, "color": "white"}},
         customdata=mods[["module"]].to_numpy(), text=mods["module"].str.rsplit(".").str[-1],
         textposition="inside", insidetextanchor="middle", textfont={"color": "#222"},
@@ -137,12 +151,16 @@ def event_where(ev: pd.DataFrame) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
+def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict, lo: float,
+               hi: float) -> list[go.Bar]:
+    """The passes (and sync, exchange, host I/O) of `ev`, each drawn over its part in
+    [lo, hi] (drawn_part). customdata: op, stage, micro-batch, pass, end, ipu, duration,
+    where, start (9 fields; app/trace_bsp.PICK reads ipu and end)."""
     codes = category_codes(ev)
     unit = naming.unit
     hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · "
              "%{customdata[7]}<br>"
-             f"%{{base:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
+             f"%{{customdata[8]:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
              f"duration %{{customdata[6]:,.0f}} {unit}<extra>%{{fullData.name}}</extra>")
     bars = []
     # a zero-bubble plan's deferred weight gradients: backward still, a darker shade
@@ -161,13 +179,12 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
         custom = _stack([label, _column(sel, "stage", -1), _column(sel, "microbatch", -1),
                          _column(sel, "pass", "").astype(str), sel["end"].to_numpy(),
                          sel["ipu"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
-                         event_where(sel)])
+                         event_where(sel), sel["start"].to_numpy()])
         rows = [row_of[(int(i), LANE_OF[name])] for i in sel["ipu"]]
         text = label if name in ("F", "B", "R", "WU", "compute") else np.full(n, "")
+        base, width = drawn_part(sel["start"].to_numpy(), sel["end"].to_numpy(), lo, hi)
         bars.append(go.Bar(
-            name=title, orientation="h", y=rows,
-            base=sel["start"].to_numpy(dtype=float),
-            x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
+            name=title, orientation="h", y=rows, base=base, x=width,
             marker={"color": colour, "line": {"width": 0}},
             width=LANE_HEIGHT, customdata=custom, hovertemplate=hover, legendgroup=name,
             text=text, textposition="inside", insidetextanchor="middle",
@@ -175,12 +192,16 @@ def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict) -> list[go.Bar]:
     return bars
 
 
-def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
+def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict, lo: float, hi: float,
              highlight: str | None, highlight_op: int | None = None) -> list[go.Bar]:
+    """The ops, each drawn over its part in [lo, hi] (drawn_part). customdata: op, class,
+    module, micro-batch, pass, ipu, end, duration, op_id, start (10 fields;
+    app/trace_bsp.PICK reads ipu and end)."""
     unit = naming.unit
     hover = ("<b>%{customdata[0]}</b> (%{customdata[1]})<br>module %{customdata[2]} · "
              f"{naming.device} %{{customdata[5]}} · micro-batch %{{customdata[3]}} · pass "
-             f"%{{customdata[4]}}<br>%{{base:,.0f}} → %{{customdata[6]:,.0f}} {unit}<br>"
+             f"%{{customdata[4]}}<br>%{{customdata[9]:,.0f}} → %{{customdata[6]:,.0f}} "
+             f"{unit}<br>"
              f"duration %{{customdata[7]:,.0f}} {unit} (modelled order)"
              "<extra>op %{customdata[8]}</extra>")
     classes = ops["op_class"].astype(str) if "op_class" in ops else pd.Series("other",
@@ -203,13 +224,12 @@ def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict,
                              module[sel.index].to_numpy(), sel["microbatch"].to_numpy(),
                              sel["pass"].astype(str).to_numpy(), sel["ipu"].to_numpy(),
                              sel["end"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
-                             _column(sel, "op_id", -1)])
+                             _column(sel, "op_id", -1), sel["start"].to_numpy()])
             colour = OP_CLASS_COLOURS.get(cls, OP_CLASS_COLOURS["other"])
+            base, width = drawn_part(sel["start"].to_numpy(), sel["end"].to_numpy(), lo, hi)
             bars.append(go.Bar(
                 name=f"op: {cls}" + (chosen if lit else ""), orientation="h",
-                y=[row_of[(int(i), "ops")] for i in sel["ipu"]],
-                base=sel["start"].to_numpy(dtype=float),
-                x=(sel["end"] - sel["start"]).to_numpy(dtype=float),
+                y=[row_of[(int(i), "ops")] for i in sel["ipu"]], base=base, x=width,
                 marker={"color": colour,
                         "line": {"width": 2 if lit else 0.3,
                                  "color": HIGHLIGHT if lit else "white"}},
@@ -313,12 +333,12 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     if view.mode == "events":
         rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
         ev = index.frame.iloc[np.sort(rows)]
-        data: list = _pass_bars(ev, naming, row_of)
+        data: list = _pass_bars(ev, naming, row_of, lo, hi)
         n_ops = count_ops(ev, templates, lo, hi) if templates else 0
         if 0 < n_ops <= max_ops:  # the exact count of the ops in view
             ops = op_events(ev, templates, lo, hi)
-            data += _op_bars(ops, naming, row_of, highlight, highlight_op)
-            data += _module_bars(ops, row_of, levels) if levels else []
+            data += _op_bars(ops, naming, row_of, lo, hi, highlight, highlight_op)
+            data += _module_bars(ops, row_of, levels, lo, hi) if levels else []
             view.ops_drawn = len(ops)
         else:
             view.ops_hidden = n_ops
