@@ -10,7 +10,7 @@ from popviz.analysis.range_stats import range_statistics
 from popviz.analysis.trace_detail import pass_ops
 from popviz.figures.memory import ipu_totals_figure
 from popviz.figures.style import CATEGORY_COLOURS
-from popviz.figures.trace_lanes import OP_CLASS_COLOURS, event_where
+from popviz.figures.trace_bars import OP_CLASS_COLOURS, event_where
 
 
 def test_memory_per_ipu_legend_is_beside_the_plot() -> None:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from popviz.analysis.superstep import KINDS, Superstep, bucketed
 from popviz.figures.style import CATEGORY_COLOURS, base_layout
-from popviz.figures.trace_lanes import OP_CLASS_COLOURS, _short
+from popviz.figures.trace_bars import OP_CLASS_COLOURS, short_name
 
 ROWS = 64  # tile rows (1472 tiles: 64 rows of 23)
 COLS = 200  # time buckets (the hover text is most of the bytes: 200 keep it under ~0.9 MB)
@@ -56,7 +56,7 @@ def _op_lane(view: Superstep) -> list[go.Bar]:
             marker={"color": OP_CLASS_COLOURS.get(cls, OP_CLASS_COLOURS["other"]),
                     "line": {"width": 0.3, "color": "white"}},
             width=0.8, customdata=custom, hovertemplate=hover, legendgroup=f"op:{cls}",
-            text=[_short(o) for o in sel["op"]], textposition="inside",
+            text=[short_name(o) for o in sel["op"]], textposition="inside",
             insidetextanchor="middle", cliponaxis=True, showlegend=False))
     return bars
 
@@ -77,7 +77,7 @@ def superstep_figure(view: Superstep, rows: int = ROWS, cols: int = COLS,
         part = np.where(pct[k] > 0, KINDS[k] + " " + pct[k].astype(str) + "%", "")
         sep = np.where((words != "") & (part != ""), ", ", "")
         words = words + sep + part
-    ops = np.array([_short(o) for o in grid.op], dtype=object)
+    ops = np.array([short_name(o) for o in grid.op], dtype=object)
     text = words + np.where(ops != "", "<br>op: " + ops, "")[None, :]
     # %{y} and %{x} are the cell's centre (the axes are the cells' edges)
     hover = (f"the {grid.tiles_per_row} tiles around tile %{{y:,.0f}} · around %{{x:,.0f}} "

@@ -9,58 +9,40 @@ its pass in modelled order (see popviz.analysis.trace_detail)."""
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 
 from popviz.analysis.trace_detail import (
     PassOps,
     count_ops,
-    module_runs,
     op_events,
     op_occurrences,
 )
-from popviz.figures.lod import CATEGORIES, TraceIndex, category_codes, share_of_row
+from popviz.figures.lod import CATEGORIES, TraceIndex, share_of_row
 from popviz.figures.style import (
     CATEGORY_COLOURS,
     CATEGORY_NAMES,
-    WEIGHT_GRAD_COLOUR,
     add_row_lines,
     base_layout,
     empty_figure,
 )
 from popviz.figures.trace import (
-    HIGHLIGHT,
     MAX_EVENTS,
-    _stack,
     drop_unfitting_labels,
     reset_to_run,
 )
-from popviz.figures.trace_host_slices import OP_PALETTE
+from popviz.figures.trace_bars import LANE_HEIGHT, LANE_OF, module_bars, op_bars, pass_bars
 from popviz.figures.trace_outline import op_outline
 from popviz.vocab import Naming
 
 MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
 LANE_PIXELS = 400  # buckets per lane when zoomed out (docs/app.md says so too)
 OVERVIEW_BUCKETS = 240  # buckets per device in the whole-run strip
-LANE_HEIGHT = 0.8
 LANE_PX = 26
 OVERVIEW_PX = 70
-# which lane each trace category is drawn in
-LANE_OF = {"F": "compute", "B": "compute", "R": "compute", "WU": "compute",
-           "compute": "compute", "sync": "sync", "idle": "sync", "exchange": "exchange",
-           "host_io": "host I/O"}
 LANES = ("compute", "ops", "sync", "exchange", "host I/O")
-# green is the weight update's (CATEGORY_COLOURS["WU"]) and the optimiser's alone
-OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#c51b8a",
-                    "elementwise": "#a6cee3", "reduction": "#dfc27d",
-                    "data_movement": "#cab2d6", "pool": "#fdbf6f", "loss": "#ff7f00",
-                    "optimiser": "#519e3e", "other": "#bbbbbb"}
-
-
 @dataclass
 class LaneView:
     """What the figure drew, for the status line and tests."""
@@ -87,157 +69,6 @@ def lanes_of(index: TraceIndex, with_ops: bool, modules: int = 0) -> list[tuple[
             present |= {"ops", *levels}
         out += [(i, lane) for lane in order if lane in present]
     return out
-
-
-def drawn_part(start: np.ndarray, end: np.ndarray, lo: float,
-               hi: float) -> tuple[np.ndarray, np.ndarray]:
-    """(base, width) of the part of each bar [start, end] inside the window [lo, hi]: Plotly
-    centres a bar's inside label on the bar it is given, so a bar drawn whole that starts
-    before the window (or ends after it) would centre its label off-screen. A bar is drawn
-    over what is seen of it and its hover says its true start and end (from customdata)."""
-    start = np.asarray(start, dtype=float)
-    end = np.asarray(end, dtype=float)
-    base = np.clip(start, lo, hi)
-    return base, np.maximum(np.clip(end, lo, hi) - base, 0.0)
-
-
-def _module_bars(ops: pd.DataFrame, row_of: dict, levels: int, lo: float,
-                 hi: float) -> list[go.Bar]:
-    """The modules the drawn ops ran in, one row per path level (flame): consecutive ops of
-    a pass in one module are one bar, coloured by the module's name, drawn over its part
-    in [lo, hi]."""
-    runs = [module_runs(ops, k).assign(level=k) for k in range(1, levels + 1)]
-    runs = [r for r in runs if len(r)]
-    if not runs:
-        return []
-    mods = pd.concat(runs, ignore_index=True)
-    colours = [OP_PALETTE[zlib.crc32(m.encode()) % len(OP_PALETTE)] for m in mods["module"]]
-    base, width = drawn_part(mods["start"].to_numpy(), mods["end"].to_numpy(), lo, hi)
-    return [go.Bar(
-        name="modules", orientation="h",
-        y=[row_of[(int(i), f"module {k}")] for i, k in zip(mods["ipu"], mods["level"])],
-        base=base, x=width, width=LANE_HEIGHT,
-        marker={"color": colours, "line": {"width": 0.5, "color": "white"}},
-        customdata=mods[["module"]].to_numpy(), text=mods["module"].str.rsplit(".").str[-1],
-        textposition="inside", insidetextanchor="middle", textfont={"color": "#222"},
-        hovertemplate="module <b>%{customdata[0]}</b><extra>module</extra>",
-        cliponaxis=True)]
-
-
-def _short(op: str) -> str:
-    """'aten.convolution_backward.default' -> 'convolution_backward'."""
-    parts = str(op).split(".")
-    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(op)
-
-
-def _column(frame: pd.DataFrame, name: str, fill: object) -> np.ndarray:
-    return frame[name].to_numpy() if name in frame else np.full(len(frame), fill)
-
-
-def event_where(ev: pd.DataFrame) -> np.ndarray:
-    """'stage 0 · micro-batch 3 · pass F' with only the fields an event has (an import's
-    kernel has no micro-batch: -1 is left out), and the host op that launched it."""
-    stage = _column(ev, "stage", -1)
-    micro = _column(ev, "microbatch", -1)
-    passes = _column(ev, "pass", "").astype(str)
-    host = _column(ev, "host_op", "").astype(str)
-    out = []
-    for s, m, p, h in zip(stage, micro, passes, host, strict=True):
-        parts = [f"stage {int(s)}"] if int(s) >= 0 else []
-        parts += [f"micro-batch {int(m)}"] if int(m) >= 0 else []
-        parts += [f"pass {p}"] if p and p != "nan" else []
-        parts += [f"launched by {h}"] if h and h != "nan" else []
-        out.append(" · ".join(parts))
-    return np.array(out, dtype=object)
-
-
-def _pass_bars(ev: pd.DataFrame, naming: Naming, row_of: dict, lo: float,
-               hi: float) -> list[go.Bar]:
-    """The passes (and sync, exchange, host I/O) of `ev`, each drawn over its part in
-    [lo, hi] (drawn_part). customdata: op, stage, micro-batch, pass, end, ipu, duration,
-    where, start (9 fields; app/trace_bsp.PICK reads ipu and end)."""
-    codes = category_codes(ev)
-    unit = naming.unit
-    hover = (f"<b>%{{customdata[0]}}</b><br>{naming.device} %{{customdata[5]}} · "
-             "%{customdata[7]}<br>"
-             f"%{{customdata[8]:,.0f}} → %{{customdata[4]:,.0f}} {unit}<br>"
-             f"duration %{{customdata[6]:,.0f}} {unit}<extra>%{{fullData.name}}</extra>")
-    bars = []
-    # a zero-bubble plan's deferred weight gradients: backward still, a darker shade
-    weight = _column(ev, "grad_part", "").astype(str) == "weight"
-    groups = [(name, codes == k, CATEGORY_NAMES[name], CATEGORY_COLOURS[name])
-              for k, name in enumerate(CATEGORIES)]
-    if weight.any():
-        groups = [(n, m & ~weight, t, c) for n, m, t, c in groups] + \
-            [("B", weight, "compute: backward, weight gradients (W)", WEIGHT_GRAD_COLOUR)]
-    for name, mask, title, colour in groups:
-        sel = ev[mask]
-        if sel.empty:
-            continue
-        n = len(sel)
-        label = _column(sel, "op", "").astype(str)
-        custom = _stack([label, _column(sel, "stage", -1), _column(sel, "microbatch", -1),
-                         _column(sel, "pass", "").astype(str), sel["end"].to_numpy(),
-                         sel["ipu"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
-                         event_where(sel), sel["start"].to_numpy()])
-        rows = [row_of[(int(i), LANE_OF[name])] for i in sel["ipu"]]
-        text = label if name in ("F", "B", "R", "WU", "compute") else np.full(n, "")
-        base, width = drawn_part(sel["start"].to_numpy(), sel["end"].to_numpy(), lo, hi)
-        bars.append(go.Bar(
-            name=title, orientation="h", y=rows, base=base, x=width,
-            marker={"color": colour, "line": {"width": 0}},
-            width=LANE_HEIGHT, customdata=custom, hovertemplate=hover, legendgroup=name,
-            text=text, textposition="inside", insidetextanchor="middle",
-            textfont={"color": "white"}, cliponaxis=True))
-    return bars
-
-
-def _op_bars(ops: pd.DataFrame, naming: Naming, row_of: dict, lo: float, hi: float,
-             highlight: str | None, highlight_op: int | None = None) -> list[go.Bar]:
-    """The ops, each drawn over its part in [lo, hi] (drawn_part). customdata: op, class,
-    module, micro-batch, pass, ipu, end, duration, op_id, start (10 fields;
-    app/trace_bsp.PICK reads ipu and end)."""
-    unit = naming.unit
-    hover = ("<b>%{customdata[0]}</b> (%{customdata[1]})<br>module %{customdata[2]} · "
-             f"{naming.device} %{{customdata[5]}} · micro-batch %{{customdata[3]}} · pass "
-             f"%{{customdata[4]}}<br>%{{customdata[9]:,.0f}} → %{{customdata[6]:,.0f}} "
-             f"{unit}<br>"
-             f"duration %{{customdata[7]:,.0f}} {unit} (modelled order)"
-             "<extra>op %{customdata[8]}</extra>")
-    classes = ops["op_class"].astype(str) if "op_class" in ops else pd.Series("other",
-                                                                             index=ops.index)
-    module = ops["module"].astype(str) if "module" in ops else pd.Series("", index=ops.index)
-    hit = (module.eq(highlight) | module.str.startswith(f"{highlight}.")) if highlight else \
-        pd.Series(False, index=ops.index)
-    chosen = " (selected module)"
-    if highlight_op is not None and "op_id" in ops:
-        hit = hit | (ops["op_id"] == highlight_op)
-        chosen = " (selected op)" if not highlight else " (selected)"
-        highlight = highlight or f"op {highlight_op}"
-    bars = []
-    for cls in sorted(classes.unique()):
-        for lit in ((False, True) if highlight else (False,)):
-            sel = ops[(classes == cls) & (hit == lit)]
-            if sel.empty:
-                continue
-            custom = _stack([sel["op"].astype(str).to_numpy(), classes[sel.index].to_numpy(),
-                             module[sel.index].to_numpy(), sel["microbatch"].to_numpy(),
-                             sel["pass"].astype(str).to_numpy(), sel["ipu"].to_numpy(),
-                             sel["end"].to_numpy(), (sel["end"] - sel["start"]).to_numpy(),
-                             _column(sel, "op_id", -1), sel["start"].to_numpy()])
-            colour = OP_CLASS_COLOURS.get(cls, OP_CLASS_COLOURS["other"])
-            base, width = drawn_part(sel["start"].to_numpy(), sel["end"].to_numpy(), lo, hi)
-            bars.append(go.Bar(
-                name=f"op: {cls}" + (chosen if lit else ""), orientation="h",
-                y=[row_of[(int(i), "ops")] for i in sel["ipu"]], base=base, x=width,
-                marker={"color": colour,
-                        "line": {"width": 2 if lit else 0.3,
-                                 "color": HIGHLIGHT if lit else "white"}},
-                opacity=1.0 if (lit or not highlight) else 0.35,
-                width=LANE_HEIGHT, customdata=custom, hovertemplate=hover,
-                legendgroup=f"op:{cls}", text=[_short(o) for o in sel["op"]],
-                textposition="inside", insidetextanchor="middle", cliponaxis=True))
-    return bars
 
 
 def _bucket_strips(index: TraceIndex, lo: float, hi: float, pixels: int, naming: Naming,
@@ -333,12 +164,12 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     if view.mode == "events":
         rows = np.concatenate([index.visible_rows(i, lo, hi) for i in index.ipus])
         ev = index.frame.iloc[np.sort(rows)]
-        data: list = _pass_bars(ev, naming, row_of, lo, hi)
+        data: list = pass_bars(ev, naming, row_of, lo, hi)
         n_ops = count_ops(ev, templates, lo, hi) if templates else 0
         if 0 < n_ops <= max_ops:  # the exact count of the ops in view
             ops = op_events(ev, templates, lo, hi)
-            data += _op_bars(ops, naming, row_of, lo, hi, highlight, highlight_op)
-            data += _module_bars(ops, row_of, levels, lo, hi) if levels else []
+            data += op_bars(ops, naming, row_of, lo, hi, highlight, highlight_op)
+            data += module_bars(ops, row_of, levels, lo, hi) if levels else []
             view.ops_drawn = len(ops)
         else:
             view.ops_hidden = n_ops
