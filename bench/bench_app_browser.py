@@ -158,6 +158,10 @@ def _after(page: Any, action: Any, changed_js: str, timeout_s: float = 60,
 
 _OPS_CELLS = ("() => [...document.querySelectorAll('#ops-table td.dash-cell')]"
               ".slice(0, 40).map(e => e.innerText)")
+# a sort as the page shows it: the CSV link carries the sort (the first rows may not move:
+# an import's ops sorted by ns ascending start with the same zero-ns ops as by op id)
+_OPS_SORTED = ("() => [(document.querySelector('#ops-csv') || {href: ''}).href, "
+               "...(" + _OPS_CELLS + ")()]")
 
 
 def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, list[float]]:
@@ -170,7 +174,7 @@ def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, 
     sort = '#ops-table th[data-dash-column="cycles"] .column-header--sort'
     cell = page.locator('th.dash-filter[data-dash-column="op"] input').first
     for k in range(repeat):
-        out["sort"].append(_after(page, lambda: page.click(sort), _OPS_CELLS))
+        out["sort"].append(_after(page, lambda: page.click(sort), _OPS_SORTED))
         word = ("conv", "add", "mm")[k % 3]
         out["filter"].append(_after(page, lambda w=word: (cell.fill(w), cell.press("Enter")),
                                     "() => document.querySelector('#ops-note').innerText"))

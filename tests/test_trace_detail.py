@@ -15,8 +15,16 @@ from popviz.analysis.trace_detail import op_events, pass_ops, readable_window
 from popviz.figures.lod import TraceIndex
 from popviz.figures.naming import MEASURED
 from popviz.figures.trace import PIXELS
-from popviz.figures.trace_lanes import LANE_PIXELS, OVERVIEW_BUCKETS, trace_lanes_figure
+from popviz.figures.trace_lanes import (
+    LANE_PIXELS,
+    LANE_PX,
+    OVERVIEW_BUCKETS,
+    OVERVIEW_ROW_PX,
+    WINDOW_BOX_MIN,
+    trace_lanes_figure,
+)
 from popviz.figures.trace_outline import MARKER_COLUMNS
+from tooling.testing.synthetic import synthetic_report
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 RECOMPUTE = ROOT / "rn50_recompute"
@@ -192,6 +200,27 @@ def test_highlighted_module_is_outlined(recompute: popviz.Profile) -> None:
     lit = [d for d in fig.data if "(selected module)" in d.name]
     assert lit and all(m.startswith("layer1.") for d in lit for m in
                        (c[2] for c in d.customdata))
+
+
+def test_the_whole_run_strip_gives_each_device_a_row_and_boxes_a_narrow_window() -> None:
+    """Sixteen IPUs' rows in the whole-run strip are 14 px each (they shared 70 px: 4 px a
+    row), and a window of 0.05% of the run is boxed at least WINDOW_BOX_MIN of it wide,
+    around the window, inside the run."""
+    trace = synthetic_report(num_ipus=16, events=2000, steps=20, num_ops=20,
+                             seed=1).tables["trace"]
+    first, last = float(trace["start"].min()), float(trace["end"].max())
+    lo = first + 0.6 * (last - first)
+    hi = lo + 0.0005 * (last - first)
+    fig = trace_lanes_figure(TraceIndex(trace), lo, hi)
+    lanes = len(fig.layout.meta["lanes"])
+    strip = fig.layout.height - 140 - LANE_PX * lanes - 55
+    assert strip == 16 * OVERVIEW_ROW_PX
+    box = next(s for s in fig.layout.shapes if s.xref == "x2")
+    assert box.x1 - box.x0 == pytest.approx(WINDOW_BOX_MIN * (last - first))
+    assert box.x0 <= lo and box.x1 >= hi and first <= box.x0 and box.x1 <= last
+    wide = trace_lanes_figure(TraceIndex(trace), first, first + 0.3 * (last - first))
+    box = next(s for s in wide.layout.shapes if s.xref == "x2")
+    assert (box.x0, box.x1) == (first, first + 0.3 * (last - first))  # as shown
 
 
 def test_measured_trace_has_rank_lanes_and_no_op_level() -> None:

@@ -41,8 +41,31 @@ MAX_OPS = 3000  # op bars drawn at once; more means zoom in further
 LANE_PIXELS = 400  # buckets per lane when zoomed out (docs/app.md says so too)
 OVERVIEW_BUCKETS = 240  # buckets per device in the whole-run strip
 LANE_PX = 26
-OVERVIEW_PX = 70
+OVERVIEW_PX = 70  # the whole-run strip, at least
+OVERVIEW_ROW_PX = 14  # ... and a readable row per device, up to 16 of them
+OVERVIEW_MAX_PX = 16 * OVERVIEW_ROW_PX
+WINDOW_BOX_MIN = 0.005  # the shown window's box on the strip: at least this share wide
 LANES = ("compute", "ops", "sync", "exchange", "host I/O")
+
+
+def overview_px(devices: int) -> int:
+    """Height of the whole-run strip: 70 px (four IPUs' rows of 17 px) and 14 px a row
+    past five devices, so sixteen are not squeezed into 4 px each."""
+    return min(OVERVIEW_MAX_PX, max(OVERVIEW_PX, OVERVIEW_ROW_PX * devices))
+
+
+def window_box(lo: float, hi: float, first: float, last: float) -> tuple[float, float]:
+    """The shown window's box on the strip: [lo, hi], widened about its centre to
+    WINDOW_BOX_MIN of the run where it is narrower (a window of 0.02% of a long run was a
+    box under a pixel wide), kept inside the run."""
+    span = max(last - first, 0.0)
+    width = max(hi - lo, WINDOW_BOX_MIN * span)
+    if width <= hi - lo or span <= 0:
+        return lo, hi
+    x0 = min(max((lo + hi - width) / 2, first), last - width)
+    return x0, x0 + width
+
+
 @dataclass
 class LaneView:
     """What the figure drew, for the status line and tests."""
@@ -188,7 +211,7 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
     drop_unfitting_labels(data, lo, hi)
     fig = go.Figure(data)
     main_px = LANE_PX * len(lanes)
-    ov_px = OVERVIEW_PX if overview else 0
+    ov_px = overview_px(len(index.ipus)) if overview else 0
     height = 140 + main_px + (ov_px + 55 if overview else 0)
     split = (ov_px + 55) / (main_px + ov_px + 55) if overview else 0.0
     if overview:
@@ -202,7 +225,8 @@ def trace_lanes_figure(index: TraceIndex, start: float | None = None,
                     "tickvals": list(range(len(index.ipus))),
                     "ticktext": [naming.label(i) for i in index.ipus],
                     "tickfont": {"size": 9}, "showgrid": False, "zeroline": False})
-        fig.add_shape(type="rect", xref="x2", yref="y2", x0=lo, x1=hi, y0=-0.5,
+        box_lo, box_hi = window_box(lo, hi, index.start, index.end)
+        fig.add_shape(type="rect", xref="x2", yref="y2", x0=box_lo, x1=box_hi, y0=-0.5,
                       y1=len(index.ipus) - 0.5, line={"color": "#222", "width": 1.5},
                       fillcolor="rgba(0,0,0,0.08)")
         fig.add_annotation(text="whole run (shown window boxed)", xref="x2 domain",
