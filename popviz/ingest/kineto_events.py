@@ -136,12 +136,21 @@ def top_level(spans: pd.DataFrame) -> np.ndarray:
 
 
 def launch_times(spans: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
-    """When each GPU event was launched on the host: its runtime call (same correlation
-    id), else its own start."""
-    rt = spans[spans["cat"] == "cuda_runtime"]
+    """When each GPU event was launched on the host: the start of the op that launched it
+    (its `External id`: the time the ops table labels that op by, so a kernel is in its
+    op's stage, pass and micro-batch), else its runtime or driver call (same correlation
+    id: cuLaunchKernel launches CUTLASS kernels), else its own start. Not the kernel's own
+    start: the GPU runs behind the host, and a backward kernel that runs while the host is
+    in the optimiser step was labelled WU."""
+    ops = spans[(spans["cat"] == "cpu_op").to_numpy() & (spans["ext"].to_numpy() >= 0)]
+    ops = ops.drop_duplicates("ext")
+    by_op = pd.Series(ops["start"].to_numpy(), index=ops["ext"].to_numpy())
+    found = by_op.reindex(gpu["ext"].to_numpy()).to_numpy(dtype=np.float64)
+    rt = spans[spans["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy()]
     when = pd.Series(rt["start"].to_numpy(), index=rt["corr"].to_numpy())
     when = when[~when.index.duplicated()]
-    found = when.reindex(gpu["corr"].to_numpy()).to_numpy()
+    called = when.reindex(gpu["corr"].to_numpy()).to_numpy(dtype=np.float64)
+    found = np.where(np.isnan(found), called, found)
     return np.where(np.isnan(found), gpu["start"].to_numpy(), found).astype(np.int64)
 
 

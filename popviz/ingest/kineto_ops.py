@@ -43,13 +43,31 @@ OP_CLASSES = [
 ]
 
 
+# an autograd node (alone, or as the engine's span around it): the backward of an aten op
+AUTOGRAD_NODE = re.compile(r"(?:^|evaluate_function: )(?:torch::autograd::)?"
+                           r"([A-Z][A-Za-z0-9]*?)Backward\d*$")
+
+
+def forward_name(name: str) -> str:
+    """The aten op whose backward an autograd node runs ('autograd::engine::
+    evaluate_function: ConvolutionBackward0' -> 'aten::convolution', 'MaxPool2DWith
+    IndicesBackward0' -> 'aten::max_pool2d_with_indices'); any other name unchanged. On a
+    CPU rank the engine's span is the top-level op, so its class is the backward's."""
+    found = AUTOGRAD_NODE.search(name)
+    if found is None:
+        return name
+    camel = re.sub(r"(\d)D", r"\1d", found.group(1))
+    return "aten::" + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", camel).lower()
+
+
 def op_class(names: pd.Series) -> np.ndarray:
-    """popviz.record's op class of each op, from its name ("other" when none fits);
-    classified once per distinct name."""
+    """popviz.record's op class of each op, from its name ("other" when none fits; an
+    autograd node the class of the op it differentiates); classified once per distinct
+    name."""
     codes, uniques = pd.factorize(names)
     out = np.full(len(uniques), "other", dtype=object)
     todo = np.ones(len(uniques), dtype=bool)
-    texts = pd.Series(np.asarray(uniques, dtype=object)).astype(str)
+    texts = pd.Series([forward_name(str(u)) for u in uniques], dtype=object)
     for cls, pattern in OP_CLASSES:
         hit = todo & texts.str.contains(pattern).to_numpy()
         out[hit] = cls
