@@ -387,10 +387,14 @@ def test_grouped_ops_of_an_import_have_self_and_inclusive_time(resnet: Any,
     inclusive; GPU self adds up to the kernels' time in the ops table (issue 21)."""
     from popviz_app import create_app
 
+    from tests.dash_util import component_text, find_components
+
     (tmp_path / "rn").mkdir()
     shutil.copy(resnet.path, tmp_path / "rn" / "profile.h5")
     app: Any = create_app(tmp_path)
-    table = app.popviz_callbacks["operations.grouped"]("op_class", "", "?profile=rn/profile.h5")
+    grouped = app.popviz_callbacks["operations.grouped"]("op_class", "", "?profile=rn/profile.h5")
+    table = find_components(grouped, "DataTable")[0]
+    assert "inclusive ones do not across rows" in component_text(grouped)
     names = [c["name"] for c in table.columns]
     assert {"host self ns", "host inclusive ns", "GPU self ns", "GPU inclusive ns",
             "share"} <= set(names), names
@@ -398,3 +402,10 @@ def test_grouped_ops_of_an_import_have_self_and_inclusive_time(resnet: Any,
     assert sum(r["GPU self ns"] for r in rows) == pytest.approx(float(resnet.ops["cycles"].sum()))
     assert all(r["host self ns"] <= r["host inclusive ns"] for r in rows)
     assert all(r["GPU self ns"] <= r["GPU inclusive ns"] + 1e-6 for r in rows)
+    # by pass, every op of a pass under another of it counted once: the pass's own time
+    by_pass = find_components(app.popviz_callbacks["operations.grouped"](
+        "pass", "", "?profile=rn/profile.h5"), "DataTable")[0].data
+    assert sum(r["GPU inclusive ns"] for r in by_pass) == pytest.approx(
+        float(resnet.ops["cycles"].sum()))
+    assert sum(r["host inclusive ns"] for r in by_pass) <= float(
+        resnet.ops["end"].max() - resnet.ops["start"].min())

@@ -43,6 +43,11 @@ def test_grouped_import_shares_are_of_gpu_self_time() -> None:
     assert g.loc["conv", "gpu_self"] == 50 and g.loc["conv", "host_self"] == 20 + 20 + 60 + 45
     assert g["share"].sum() == pytest.approx(1.0)
     assert g.loc["conv", "share"] == pytest.approx(50 / 57)
+    # conv2d > convolution > cudnn in one class: one span, not three (100 + 80 + 60)
+    assert g.loc["conv", "host_inclusive"] == 100 + 45
+    assert g.loc["conv", "gpu_inclusive"] == 50
+    by_op = group_ops(_nested(), "op", measured=True).set_index("op")
+    assert by_op.loc["aten::convolution", "host_inclusive"] == 80  # other ops: own rows
 
 
 def test_grouped_modelled_ops_by_cycles() -> None:

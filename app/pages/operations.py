@@ -155,7 +155,14 @@ def groups(entry: Entry, by: str | None, filter_query: str | None = "",
     if f"mean {unit}" in out:
         out[f"mean {unit}"] = out[f"mean {unit}"].round(0)
     out["share"] = [f"{x:.1%}" for x in out["share"]]
-    return table("ops-groups-table", out, page_size=15, words=words)
+    grouped = table("ops-groups-table", out, page_size=15, words=words)
+    if f"host inclusive {unit}" not in out:
+        return grouped
+    return html.Div([html.Div(
+        "Self times add up to the run's; inclusive ones do not across rows: an op's "
+        "inclusive time holds the ops it calls, which have rows of their own when they are "
+        "in another group (within one group, an op inside another is counted once).",
+        className="hint", id="ops-groups-hint"), grouped])
 
 
 def csv_href(rel: str, filter_query: str | None, sort_by: list[dict] | None) -> str:

@@ -33,11 +33,23 @@ def nesting(ops: pd.DataFrame) -> np.ndarray:
     return parent
 
 
-def self_and_inclusive(ops: pd.DataFrame) -> pd.DataFrame:
+def nested_in_group(parent: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Whether each op runs inside another op of its own group (an ancestor with the same
+    `key`): its inclusive time is already in that ancestor's."""
+    nested = np.zeros(len(parent), dtype=bool)
+    above = parent.copy()
+    while (live := above >= 0).any():
+        at = np.flatnonzero(live)
+        nested[at] |= key[above[at]] == key[at]
+        above[at] = parent[above[at]]
+    return nested
+
+
+def self_and_inclusive(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
     """Per op: host_inclusive (its own span), host_self (minus its children's spans),
     gpu_self (its kernels' time, the `cycles` of an import) and gpu_inclusive (with its
-    descendants'). In the profile's time unit (ns)."""
-    parent = nesting(ops)
+    descendants'). In the profile's time unit (ns). `parent`: `nesting(ops)`, if known."""
+    parent = nesting(ops) if parent is None else parent
     span = (ops["end"] - ops["start"]).to_numpy(np.int64)
     gpu = pd.to_numeric(ops["cycles"], errors="coerce").fillna(0).to_numpy(np.float64) \
         if "cycles" in ops.columns else np.zeros(len(ops))
@@ -68,13 +80,18 @@ def group_ops(ops: pd.DataFrame, by: str, measured: bool = False,
     largest first. Modelled: `cycles`. Measured (an import whose ops nest): host time, self
     and inclusive, and with `gpu` (default: whether these ops have GPU time) GPU time too;
     the shares are of the GPU self time (each kernel counted once) or, without GPU time,
-    of the host self time."""
+    of the host self time. A group's inclusive times count each of its ops once: an op
+    inside another op of the same group adds nothing (conv2d > convolution > _convolution
+    in one pass or class is one span, not three)."""
     if by not in ops.columns:
         raise ValueError(f"no column {by!r} to group by")
     key = ops[by].astype(str)
     if measured and {"start", "end"} <= set(ops.columns):
         gpu = has_gpu_time(ops) if gpu is None else gpu
-        times = self_and_inclusive(ops)
+        parent = nesting(ops)
+        times = self_and_inclusive(ops, parent)
+        inner = nested_in_group(parent, key.to_numpy())
+        times.loc[inner, ["host_inclusive", "gpu_inclusive"]] = 0
         grouped = times.groupby(key.to_numpy(), sort=False)
         out = grouped.sum()
         out.insert(0, "count", grouped.size())
