@@ -9,8 +9,15 @@ from typing import Any
 import dash
 from dash import Input, Output, State, dcc, html
 
-from popviz.analysis.find import LIMIT, find_kernels, find_ops, parse_query
-from popviz.analysis.links import kernel_ops, kernel_window, op_span, op_window
+from popviz.analysis.find import (
+    LIMIT,
+    find_kernels,
+    find_ops,
+    found_span,
+    microbatch_note,
+    parse_query,
+)
+from popviz.analysis.links import kernel_ops, kernel_window, op_window
 
 from . import links
 from .cache import Entry
@@ -29,23 +36,30 @@ def section() -> html.Div:
 
 
 def found_list(entry: Entry, typed: str | None) -> list[Any]:
-    """The matches of what was typed as links to the trace, with how many there are."""
+    """The matches of what was typed as links to the trace, with how many there are; one
+    line instead where `mb:N` cannot narrow them (no such micro-batch, or the profile
+    cannot tell an op's)."""
     query = parse_query(typed)
     if query.empty:
         return []
     words = naming(entry)
     ops, trace = entry.profile.ops, entry.profile.trace
+    note = microbatch_note(ops, trace, query)
+    if note:
+        return [html.Span(note, className="hint")]
     items: list[Any] = []
-    found, total = find_ops(ops, query)
+    found, total = find_ops(ops, query, trace=trace)
     templates = op_templates(entry) if len(found) else {}
     run = run_window(entry)
     for row in found.to_dict("records"):
-        at = op_span(ops, trace, int(row["op_id"]), templates)
+        at = found_span(ops, trace, int(row["op_id"]), query, templates)
         if at is None:
             continue
         ipu, span = at
         t0, t1 = op_window(span, trace, run=run)
         where = f"{words.label(ipu)}, {row.get('pass', '') or ''}".rstrip(", ")
+        if query.microbatch is not None:
+            where += f", mb {query.microbatch}"
         module = str(row.get("module", "") or "")
         items.append(html.Li(links.link(
             f"{row['op']} {('· ' + module) if module else ''} ({where}, {span[0]:,.0f} "

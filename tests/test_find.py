@@ -144,3 +144,154 @@ def test_a_kernel_far_behind_its_launch_opens_on_the_kernel() -> None:
     near = kernel_window(kernel, (kernel[0] - 600e3, kernel[0] - 590e3), trace)
     assert near[0] <= kernel[0] - 600e3 and kernel[1] <= near[1]
     assert near[1] - near[0] == pytest.approx(1.2 * (kernel[1] - (kernel[0] - 600e3)))
+
+
+def _app_entry(root: Path, rel: str) -> Any:
+    from popviz_app import ProfileCache
+    from popviz_app.common import AppContext
+
+    return AppContext(root=root, cache=ProfileCache(root)).cache.get(rel)
+
+
+def _found(entry: Any, typed: str) -> tuple[str, list[dict[str, str]]]:
+    """What /trace's Find box shows for `typed`: its text, and each op link's query."""
+    from urllib.parse import parse_qs, urlparse
+
+    from dash import html
+    from popviz_app.trace_find import found_list
+
+    from tests.dash_util import component_text, find_components
+
+    shown = html.Div(found_list(entry, typed))
+    queries = [{k: v[0] for k, v in parse_qs(urlparse(link.href).query).items()}
+               for link in find_components(shown, "Link")
+               if str(link.id).startswith("trace-found-op-")]
+    return component_text(shown), queries
+
+
+def _unnarrowed(ops: pd.DataFrame, q: Query) -> pd.DataFrame:
+    """The ops the query's text and passes match (every op for `mb:` alone)."""
+    plain = Query(q.text, q.passes)
+    return ops if plain.empty else find_ops(ops, plain, limit=len(ops))[0]
+
+
+@pytest.mark.parametrize("typed", ["mb:2", "pass:B mb:2 layer4"])
+def test_mb_on_a_modelled_profile_links_into_that_micro_batch(typed: str) -> None:
+    """A modelled op runs once per micro-batch (the ops table has no micro-batch): `mb:2`
+    matched all 1,440 ops and each link opened micro-batch 0's run. It keeps the ops whose
+    pass runs in micro-batch 2 (an optimiser's update runs once, in none) and each link
+    opens the op where it runs in micro-batch 2's run of its stage and pass."""
+    from popviz.analysis.trace_detail import op_occurrences, pass_ops
+
+    entry = _app_entry(PROFILES, "rn50_pipeline/profile.h5")
+    ops, trace = entry.profile.ops, entry.profile.trace
+    compute = trace[trace["kind"] == "compute"]
+    runs = compute[compute["microbatch"] == 2]
+    ran = {(r["ipu"], r["stage"], r["pass"]) for r in runs.to_dict("records")}
+    q = parse_query(typed)
+    plain = _unnarrowed(ops, q)
+    want = [r["op_id"] for r in plain.to_dict("records")
+            if (r["ipu"], r["stage"], r["pass"]) in ran]
+    assert 0 < len(want) < len(plain) or q.passes  # the update's ops are left out
+    text, queries = _found(entry, typed)
+    assert f"{len(want):,} op(s) match" in text, text
+    assert [int(x["op"]) for x in queries] == want[:len(queries)] and len(queries) == 20
+    templates = pass_ops(ops)
+    for link in queries:
+        op = ops[ops["op_id"] == int(link["op"])].iloc[0]
+        t0, t1 = float(link["t0"]), float(link["t1"])
+        assert int(link["ipu"]) == op["ipu"]
+        mine = compute[(compute["ipu"] == op["ipu"]) & (compute["stage"] == op["stage"])
+                       & (compute["pass"] == op["pass"])]
+        # the window overlaps micro-batch 2's run of the op's stage and pass, no other's
+        over = mine[(mine["start"] < t1) & (mine["end"] > t0)]
+        assert set(over["microbatch"]) == {2}, (link, over)
+        at = op_occurrences(over, templates, int(op["op_id"]))
+        assert len(at) == 1 and t0 <= at["start"][0] <= at["end"][0] <= t1
+    assert ", mb 2, " in text
+
+
+def test_mb_beyond_the_runs_micro_batches_says_so_in_one_line() -> None:
+    """`mb:99999` matched every op of a modelled run; now one line names the run's
+    micro-batches instead (a measured run's too)."""
+    for rel in ("rn50_pipeline/profile.h5", "tutorial_measured_2ranks/profile.h5"):
+        entry = _app_entry(PROFILES, rel)
+        mb = entry.profile.trace["microbatch"]
+        last = int(mb.max())
+        assert sorted(set(mb[mb >= 0])) == list(range(last + 1))
+        for typed in ("mb:99999", f"pass:B mb:{last + 1} conv"):
+            text, queries = _found(entry, typed)
+            n = typed.split("mb:")[1].split()[0]
+            assert text == f"micro-batch {n}: this run has micro-batches 0-{last}.", text
+            assert queries == []
+
+
+def _holding(ops: pd.DataFrame, trace: pd.DataFrame) -> list[int]:
+    """A plain walk: per op, the micro-batch of the latest-starting trace event on its
+    device that names one, is the host's own time (not a kernel) and holds the op's
+    start; -1 where none does."""
+    ev = trace[(trace["microbatch"] >= 0)
+               & ((trace["host_op"] == "") | (trace["host_op"] == trace["op"]))]
+    by_ipu = {ipu: g.to_dict("records") for ipu, g in ev.groupby("ipu")}
+    out = []
+    for r in ops.to_dict("records"):
+        if r.get("microbatch", -1) >= 0:
+            out.append(int(r["microbatch"]))
+            continue
+        held = [e for e in by_ipu.get(r["ipu"], [])
+                if e["start"] <= r["start"] < e["end"] or e["start"] == e["end"] == r["start"]]
+        best = max(held, key=lambda e: (e["start"], e["start"] - e["end"]), default=None)
+        out.append(-1 if best is None else int(best["microbatch"]))
+    return out
+
+
+@pytest.mark.parametrize("typed", ["mb:1", "pass:B mb:1", "aten::mm mb:3"])
+def test_mb_on_a_measured_run_keeps_the_ops_that_ran_in_it(typed: str) -> None:
+    """A CPU-measured run's ops carry no micro-batch (-1), so `mb:1` said 'Nothing
+    matches': an op is matched by the micro-batch of the trace's event its time falls in
+    (its own top-level op's, a transfer's or a wait's)."""
+    entry = _app_entry(PROFILES, "tutorial_measured_2ranks/profile.h5")
+    ops, trace = entry.profile.ops, entry.profile.trace
+    assert set(ops["microbatch"]) == {-1}  # the ops table cannot tell
+    q = parse_query(typed)
+    plain = _unnarrowed(ops, q).sort_values(["start", "op_id"], kind="stable")
+    mbs = dict(zip(ops["op_id"], _holding(ops, trace), strict=True))
+    want = [i for i in plain["op_id"] if mbs[i] == q.microbatch]
+    assert want
+    # every top-level op that is itself a trace event of that micro-batch is among them
+    tops = ops[ops["top_level"]].merge(
+        trace[(trace["kind"] == "compute") & (trace["microbatch"] == q.microbatch)],
+        on=["ipu", "start", "end"], suffixes=("", "_event"))
+    assert set(tops["op_id"]) & set(plain["op_id"]) <= set(want)
+    text, queries = _found(entry, typed)
+    assert "Nothing matches" not in text and f"{len(want):,} op(s) match" in text, text
+    assert [int(x["op"]) for x in queries] == want[:20]  # in time order
+    start = dict(zip(ops["op_id"], ops["start"], strict=True))
+    for link in queries:  # the op itself in view
+        assert float(link["t0"]) <= start[int(link["op"])] <= float(link["t1"])
+
+
+def test_op_microbatches_takes_the_event_that_holds_an_ops_start() -> None:
+    """Nested and overlapping events: the latest to start that still holds the op."""
+    from popviz.analysis.find import op_microbatches
+
+    trace = pd.DataFrame({"ipu": [0, 0, 0, 1], "start": [0, 10, 40, 0],
+                          "end": [100, 20, 50, 100], "microbatch": [0, 1, 2, 3],
+                          "op": ["wait", "x", "y", "z"], "host_op": ["", "x", "y", "k"]})
+    ops = pd.DataFrame({"op_id": range(6), "ipu": [0, 0, 0, 0, 1, 0],
+                        "start": [5, 12, 30, 45, 50, 200], "end": [6, 13, 31, 46, 51, 201],
+                        "microbatch": [-1, -1, -1, -1, -1, 7]})
+    # 30: event 1 (10-20) has ended, event 0 (0-100) holds it; rank 1's event is a kernel
+    assert op_microbatches(ops, trace).tolist() == [0, 1, 0, 2, -1, 7]
+
+
+def test_mb_where_the_profile_cannot_tell_says_so(cuda_root: Path) -> None:
+    """A recording without micro-batches (an import of one training step): `mb:1` says
+    the profile cannot tell, in one line, not 'Nothing matches'."""
+    rel = next(cuda_root.rglob("*.h5")).relative_to(cuda_root).as_posix()
+    entry = _app_entry(cuda_root, rel)
+    assert (entry.profile.trace["microbatch"] < 0).all()
+    text, queries = _found(entry, "mb:1 conv")
+    assert text == "micro-batch 1: this profile cannot tell which micro-batch its ops ran in."
+    assert queries == []
+    assert "op(s)" in _found(entry, "conv")[0]  # the text alone still finds them

@@ -1,10 +1,16 @@
 """Finding things in a profile's trace: the ops (and, for an import, the kernels) whose
 name or module holds a text, optionally in one pass or one micro-batch. Pure functions
 over the profile's tables; the /trace page's search box lists what they find and links to
-each, centred and outlined (`links.op_span`).
+each, centred and outlined (`found_span`, `links.op_span`).
 
     q = parse_query("conv pass:B mb:2")     # text "conv", backward ops of micro-batch 2
-    found, total = find_ops(profile.ops, q)
+    note = microbatch_note(profile.ops, profile.trace, q)   # "" unless mb:2 cannot narrow
+    found, total = find_ops(profile.ops, q, trace=profile.trace)
+
+A modelled op runs once in every micro-batch (its ops table has no micro-batch): `mb:N`
+keeps the ops whose pass has a run in micro-batch N, and each links to that run. A measured
+op ran once: its micro-batch is its own where the ops table has one, else that of the
+trace's event its start falls in (a CPU run's top-level ops, transfers and waits carry it).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from popviz.analysis.links import Span, op_span
 from popviz.analysis.liveness_sections import PHASE_LETTER
 
 LIMIT = 20  # matches listed at once
@@ -58,11 +65,124 @@ def _holds(column: pd.Series, text: str) -> np.ndarray:
                     dtype=bool)
 
 
-def find_ops(ops: pd.DataFrame, query: Query, limit: int = LIMIT
-             ) -> tuple[pd.DataFrame, int]:
-    """(the first `limit` ops that match, in program order, how many match). An op
-    matches when its name or module holds the text and it runs in the asked pass and
-    micro-batch (a modelled op runs in every micro-batch: `mb:` does not narrow it)."""
+def _timed(ops: pd.DataFrame) -> bool:
+    """Whether the ops carry their own times (measured), not modelled cycles alone."""
+    return {"start", "end"} <= set(ops.columns)
+
+
+def run_microbatches(trace: pd.DataFrame) -> np.ndarray:
+    """The micro-batches the trace's events name, sorted (none when it names none)."""
+    if trace.empty or "microbatch" not in trace.columns:
+        return np.array([], dtype=np.int64)
+    mb = trace["microbatch"].to_numpy()
+    return np.unique(mb[mb >= 0]).astype(np.int64)
+
+
+def op_microbatches(ops: pd.DataFrame, trace: pd.DataFrame) -> np.ndarray:
+    """Per op of a measured run, the micro-batch it ran in, -1 where the profile cannot
+    tell: the op's own `microbatch` where the ops table has one, else that of the trace
+    event on its device, naming a micro-batch, that holds the op's start (the latest
+    starting such event; a CPU run's ops carry none, its top-level ops, transfers and
+    waits on the trace do). An import's kernels are left out of that: they run after
+    their launch, not around it. All -1 for modelled ops (they run in every micro-batch)."""
+    n = len(ops)
+    out = ops["microbatch"].to_numpy(dtype=np.int64).copy() if "microbatch" in ops.columns \
+        else np.full(n, -1, dtype=np.int64)
+    need = (out < 0) & _timed(ops)
+    if not need.any() or "ipu" not in ops.columns or trace.empty \
+            or not {"ipu", "start", "end", "microbatch"} <= set(trace.columns):
+        return out
+    ev = trace[trace["microbatch"].to_numpy() >= 0]
+    if "host_op" in ev.columns and "op" in ev.columns:  # the host's own time alone
+        host = ev["host_op"].astype(str).to_numpy()
+        ev = ev[(host == "") | (host == ev["op"].astype(str).to_numpy())]
+    start, o_ipu = ops["start"].to_numpy(dtype=float), ops["ipu"].to_numpy()
+    for ipu, g in ev.groupby("ipu", sort=True):
+        mine = np.flatnonzero(need & (o_ipu == ipu) & (start >= 0))
+        if not len(mine):
+            continue
+        # equal starts: the shorter last, so the innermost of nested events is taken
+        g = g.assign(_len=g["end"] - g["start"]).sort_values(["start", "_len"],
+                                                             ascending=[True, False],
+                                                             kind="stable")
+        s, e = g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
+        m = g["microbatch"].to_numpy(dtype=np.int64)
+        at = start[mine]
+        k = np.searchsorted(s, at, side="right") - 1
+        ok = k >= 0
+        k = np.where(ok, k, 0)
+        holds = ok & ((at < e[k]) | (s[k] == e[k]))
+        # overlapping events: the latest to start may have ended; the longest-reaching
+        # event that started before still holds the op when it reaches past its start
+        reach = np.maximum.accumulate(np.where(e == np.maximum.accumulate(e),
+                                               np.arange(len(e)), 0))[k]
+        holds_too = ok & ~holds & (at < e[reach])
+        out[mine] = np.where(holds, m[k], np.where(holds_too, m[reach], -1))
+    return out
+
+
+def _spans(numbers: np.ndarray) -> str:
+    """0-15, or 0-3, 8, 10-11 (at most five runs, then ...)."""
+    runs: list[str] = []
+    nums = [int(x) for x in numbers]
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        runs.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
+
+
+def microbatch_note(ops: pd.DataFrame, trace: pd.DataFrame, query: Query) -> str:
+    """One line when `mb:N` cannot narrow the search ("" when it can or is not asked):
+    N is none of the run's micro-batches, or the profile cannot tell which micro-batch
+    its ops (and kernels) ran in."""
+    if query.microbatch is None:
+        return ""
+    n = query.microbatch
+    known = run_microbatches(trace)
+    if _timed(ops):
+        mbs = op_microbatches(ops, trace)
+        known = np.union1d(known, mbs[mbs >= 0]).astype(np.int64)
+        if not len(known):
+            return (f"micro-batch {n}: this profile cannot tell which micro-batch its ops "
+                    "ran in.")
+    elif not len(known):
+        return f"micro-batch {n}: this run's trace names no micro-batches."
+    if n in set(known.tolist()):
+        return ""
+    many = "micro-batch" if len(known) == 1 else "micro-batches"
+    return f"micro-batch {n}: this run has {many} {_spans(known)}."
+
+
+def _run_in(ops: pd.DataFrame, trace: pd.DataFrame, microbatch: int) -> np.ndarray:
+    """Which modelled ops run in `microbatch`: a compute event of the op's device, stage
+    and pass names it (an optimiser's update runs once, in none)."""
+    if trace.empty or not {"stage", "pass"} <= set(ops.columns) \
+            or not {"kind", "stage", "pass", "microbatch"} <= set(trace.columns):
+        return np.zeros(len(ops), dtype=bool)
+    c = trace[(trace["kind"].astype(str).to_numpy() == "compute")
+              & (trace["microbatch"].to_numpy() == microbatch)]
+    by_ipu = "ipu" in ops.columns and "ipu" in c.columns
+    ipus = c["ipu"].to_numpy() if by_ipu else np.zeros(len(c), dtype=np.int64)
+    ran = set(zip(ipus.astype(int).tolist(), c["stage"].astype(int).tolist(),
+                  c["pass"].astype(str).tolist(), strict=True))
+    o_ipu = ops["ipu"].to_numpy() if by_ipu else np.zeros(len(ops), dtype=np.int64)
+    return np.array([(int(i), int(s), str(p)) in ran for i, s, p in
+                     zip(o_ipu, ops["stage"], ops["pass"], strict=True)], dtype=bool)
+
+
+def find_ops(ops: pd.DataFrame, query: Query, limit: int = LIMIT,
+             trace: pd.DataFrame | None = None) -> tuple[pd.DataFrame, int]:
+    """(the first `limit` ops that match, in program order (measured: time order), how
+    many match). An op matches when its name or module holds the text and it runs in the
+    asked pass and micro-batch. `mb:N` with the run's `trace`: a modelled op when its pass
+    has a run in micro-batch N (`found_span` links to that run), a measured one when it ran
+    in N (`op_microbatches`); without a trace, by the ops' own `microbatch` alone (a
+    modelled op is then not narrowed). Where `mb:N` cannot narrow, `microbatch_note` says
+    why."""
     if query.empty or ops.empty:
         return ops.iloc[:0], 0
     keep = np.ones(len(ops), dtype=bool)
@@ -76,12 +196,28 @@ def find_ops(ops: pd.DataFrame, query: Query, limit: int = LIMIT
     elif query.passes and "phase" in ops.columns:  # a modelled program's ops: by phase
         letter = ops["phase"].astype(str).map(PHASE_LETTER).fillna("")
         keep &= letter.isin(query.passes).to_numpy()
-    if query.microbatch is not None and "microbatch" in ops.columns:
-        keep &= ops["microbatch"].to_numpy() == query.microbatch
+    if query.microbatch is not None and keep.any():
+        if trace is not None and not _timed(ops):
+            keep &= _run_in(ops, trace, query.microbatch)
+        elif trace is not None:
+            keep &= op_microbatches(ops, trace) == query.microbatch
+        elif "microbatch" in ops.columns:
+            keep &= ops["microbatch"].to_numpy() == query.microbatch
     found = ops[keep]
     if "start" in found.columns:  # measured: in time order
         found = found.sort_values(["start", "op_id"], kind="stable")
     return found.head(limit), int(keep.sum())
+
+
+def found_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int, query: Query,
+               templates: dict | None = None) -> tuple[int, Span] | None:
+    """(device, span) a found op's link opens: `links.op_span`, but a modelled op asked
+    for in micro-batch N (`mb:N`) where it runs in N's run of its pass (else in the
+    first micro-batch's run). A measured op has its own times."""
+    row = ops[ops["op_id"].to_numpy() == op_id]
+    if query.microbatch is not None and not _timed(row):
+        row = row.assign(microbatch=query.microbatch)
+    return op_span(row, trace, op_id, templates)
 
 
 def find_kernels(trace: pd.DataFrame, query: Query, limit: int = LIMIT
@@ -103,4 +239,5 @@ def find_kernels(trace: pd.DataFrame, query: Query, limit: int = LIMIT
     return found.head(limit), int(keep.sum())
 
 
-__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "parse_query"]
+__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "found_span", "microbatch_note",
+           "op_microbatches", "parse_query", "run_microbatches"]
