@@ -4,6 +4,7 @@ an operations filter error names columns as the headers do (ns, rank)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,12 @@ def test_the_program_tree_of_an_import_says_what_its_widths_are_and_what_is_unkn
     app: Any = create_app(root)
     text = component_text(render(app.popviz_context, "/tree", "?profile=rn/profile.h5")[1])
     assert "measured GPU time (ns) of each op's kernels" in text and "host time" not in text
+    # one stage, no recomputation: the words say what this run has, not a pipeline's
+    assert "over every pass (forward, backward, optimiser), coloured by stage." in text
+    assert "several stages" not in text and "recompute" not in text
+    stages = json.dumps(render(app.popviz_context, "/stages", "?profile=rn/profile.h5")[1]
+                        .to_plotly_json(), default=str)
+    assert "one stage, on rank 0" in stages and "they run in turn" not in stages
     with popviz.open(root / "rn/profile.h5") as p:
         ops = p.ops
     assert "bytes_written" not in ops.columns and not (ops["flops"] > 0).any()  # premise

@@ -166,9 +166,25 @@ def _stage_key(entry: Entry, words: Naming) -> html.Div:
                         f"stage {int(s)} ({words.label(int(i))})"],
                        style={"marginRight": 14})
              for s, i in zip(stages["stage"], stages["ipu"], strict=True)]
-    items.append(html.Span([html.Span(style={**swatch, "background": stage_colour("0-1")}),
-                            "several stages"]))
+    if len(stages) > 1:  # a box holding ops of two stages
+        items.append(html.Span([html.Span(style={**swatch,
+                                                 "background": stage_colour("0-1")}),
+                                "several stages"]))
     return html.Div(items, className="hint", id="tree-key")
+
+
+PASS_WORDS = {"F": "forward", "B": "backward", "R": "recompute", "WU": "optimiser"}
+
+
+def passes_run(entry: Entry) -> str:
+    """The passes this profile's ops ran in, in words, in pipeline order ('forward,
+    backward, optimiser' for a run with no recomputation)."""
+    ops = entry.profile.ops
+    seen = set(ops["pass"].astype(str)) if "pass" in ops.columns else set()
+    if not seen and "phase" in ops.columns:
+        seen = {k for k, v in PASS_WORDS.items() if v in set(ops["phase"].astype(str))}
+    words = [w for k, w in PASS_WORDS.items() if k in seen]
+    return ", ".join(words) or "forward, backward, recompute, optimiser"
 
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
@@ -184,9 +200,10 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     return html.Div([
         html.H2(title_of(entry)),
         html.P(f"The model's module hierarchy; each box is as wide as its {cost} over every "
-               "pass (forward, backward, recompute, optimiser), coloured by stage (grey: "
-               "several stages). Click a box to zoom into it and list its ops; click the "
-               "bar at the top to go back up.", className="hint"),
+               f"pass ({passes_run(entry)}), coloured by stage"
+               + (" (grey: several stages)" if len(entry.profile.stages) > 1 else "")
+               + ". Click a box to zoom into it and list its ops; click the bar at the top "
+               "to go back up.", className="hint"),
         _stage_key(entry, words),
         graph("tree-graph", tree(ctx, entry)),
         dcc.Store(id="tree-level", data=ROOT),  # the node the icicle shows

@@ -124,7 +124,8 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
                   annotation_text="mean", annotation_position="right",
                   annotation_font={"color": "#555"})
     fig.update_yaxes(title_text="busy / mean busy", rangemode="tozero")
-    note = (f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
+    note = (f"one stage, on {naming.label(bal['ipu'].iloc[0])}" if len(bal) == 1
+            else f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
             else "sharded: they run in turn" if sharded
             else "red: bottleneck" if unbalanced
             else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
