@@ -15,6 +15,8 @@ body { margin: 0; font-family: Inter, 'Segoe UI', Helvetica, Arial, sans-serif;
 h2 { font-size: 19px; margin: 10px 0 8px; }
 h3 { font-size: 15px; margin: 18px 0 6px; }
 .hint { color: #52606d; font-size: 13px; margin: 2px 0 6px; }
+/* a command-line flag or a call in running text: never broken across lines */
+.flag { white-space: nowrap; }
 .status { color: #3e4c59; font-size: 13px; margin: 2px 0 6px; }
 .frames { font-size: 12px; background: #f7f9fb; border: 1px solid #dde3ea; padding: 8px 10px;
           white-space: pre-wrap; word-break: break-all; max-height: 320px; overflow-y: auto; }

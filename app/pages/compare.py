@@ -13,6 +13,7 @@ from dash import Input, Output, dcc, html
 from dash.exceptions import MissingCallbackContextException
 
 from popviz.analysis.compare import Comparison, format_ratio, format_value
+from popviz.analysis.compare.terms import lead_of
 from popviz.analysis.compare.verdict import JUDGES
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
@@ -34,6 +35,11 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
                      html.Div(value, className="card-value")], className=f"card {tone}")
 
 
+def _count(n: Any, word: str) -> str:
+    """'1 rank', '4 IPUs': a count and its noun, plural unless one."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _cards(comp: Comparison, side: str) -> html.Div:
     s = comp.sides.set_index("side").loc[side]
     m = comp.metrics.set_index("metric")[side.lower()]
@@ -49,14 +55,14 @@ def _cards(comp: Comparison, side: str) -> html.Div:
         fit = ("fits its device memory", "good") if s["fits"] else \
             ("OVER DEVICE MEMORY", "bad")
     cards = [
-        _card("layout", f"{s['num_ipus']} {dev}(s) x {s['replicas']} replica(s) · "
+        _card("layout", f"{_count(s['num_ipus'], dev)} x {_count(s['replicas'], 'replica')} · "
               f"{s['target']} · {s['kind']}"),
         _card("memory", fit[0], fit[1]),
         _card(f"throughput per {dev}", val("throughput_per_ipu", "") + " samples/s",
               "good" if win else ""),
         _card(f"{dev} time per sample", val("ipu_us_per_sample", "") + f" {dev}-µs"),
         _card("throughput", val("throughput", "")
-              + f" samples/s on {s['total_ipus']} {dev}s"),
+              + f" samples/s on {_count(s['total_ipus'], dev)}"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
               "warn" if (m.get("idle_fraction") or 0) > BUBBLE_LIMIT else ""),
@@ -80,8 +86,10 @@ def _verdict(comp: Comparison) -> html.Div:
     banner = [html.Div("Not like for like: " + "; ".join(terms) + ". Compare the per-sample "
                        "figures; totals and step times measure different work.",
                        className="message info", id="compare-terms")] if terms else []
+    # the banner lists the terms: the headline does not say them again
+    headline = v["headline"].removeprefix(lead_of(terms)).lstrip() if terms else v["headline"]
     ask = " Pick one with 'Judge by' above." if v.get("questions_differ") else ""
-    return html.Div([*banner, html.Div(v["headline"] + ask, className="card-value"),
+    return html.Div([*banner, html.Div(headline + ask, className="card-value"),
                      html.Ul(items, className="hint")],
                     className=f"card {tone}", id="compare-verdict")
 
@@ -115,9 +123,13 @@ def _delta_tabs(comp: Comparison, tps: pd.DataFrame, dev: str) -> dcc.Tabs:
                     value="metrics", id="compare-delta-tabs")
 
 
-JUDGE_OPTIONS = [{"label": "both questions", "value": "both"},
-                 {"label": "total throughput (the same work in less time)", "value": "total"},
-                 {"label": "per device (the same devices doing more)", "value": "per-device"}]
+# short enough to show whole once chosen (the box is 330 px); what each asks is its title
+JUDGE_OPTIONS = [{"label": "both questions", "value": "both",
+                  "title": "a winner only when both questions have the same answer"},
+                 {"label": "total throughput", "value": "total",
+                  "title": "the same work in less time: the job's samples/s"},
+                 {"label": "throughput per device", "value": "per-device",
+                  "title": "the same devices doing more: samples/s per IPU, GPU or rank"}]
 
 
 def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.Div:
@@ -135,7 +147,9 @@ def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.
         html.Span("B", className="label"),
         dcc.Dropdown(id="compare-b", options=opts, value=b or None, clearable=False,
                      placeholder="second profile", style={"width": 380}),
-        html.Span("Judge by", className="label"),
+        html.Span("Judge by", className="label",
+                  title="total throughput: the same work in less time; throughput per "
+                  "device: the same devices doing more"),
         dcc.Dropdown(id="compare-judge", options=JUDGE_OPTIONS, value=judge or "both",
                      clearable=False, style={"width": 330}),
     ], className="row", style={"alignItems": "center"})

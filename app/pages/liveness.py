@@ -39,6 +39,7 @@ from ..common import (
     title_of,
     triggered,
 )
+from ..trace_stats import run_window
 
 PATH = "/liveness"
 TITLE = "Liveness"
@@ -368,6 +369,13 @@ def linked_view(ctx: AppContext, entry: Entry, t0: float, t1: float
     """(figure, ranges store, note) of the steps each device had in [t0, t1]."""
     found = steps_in_range(entry.profile.liveness, entry.profile.trace, t0, t1)
     words = naming(entry)
+    lo, hi = run_window(entry)
+    if hi > lo and (t1 < lo or t0 > hi):  # a hand-made URL: say so, not its 100 digits
+        return dash.no_update, dash.no_update, (
+            f"The range linked is outside the run ({lo:,.0f} to {hi:,.0f} {words.unit}): "
+            "showing every step.")
+    if hi > lo:  # what of the range the run holds (a range past its ends, in readable digits)
+        t0, t1 = max(t0, lo), min(t1, hi)
     span = f"{t0:,.0f} to {t1:,.0f} {words.unit}"
     if not found:
         return dash.no_update, dash.no_update, f"No liveness step in {span} (the range " \

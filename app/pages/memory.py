@@ -181,10 +181,14 @@ def _counters(entry: Entry) -> list[Any]:
     if not words.measured or alloc_view.available(entry) or live.empty \
             or "time" not in live.columns:
         return []
-    return [html.P("Without a memory snapshot, this is what the run's own memory events "
-                   "say: the bytes allocated over time per rank, the peak starred (an import "
-                   "of a CUDA run can add a torch.cuda.memory._snapshot() with "
-                   "--memory-snapshot for the allocator's blocks and stacks).",
+    # a flag or call in a `flag` element never wraps (a break after the first '-' of
+    # '--memory-snapshot' read as a lone '-' and another flag, '-memory-snapshot')
+    return [html.P(["Without a memory snapshot, this is what the run's own memory events "
+                    "say: the bytes allocated over time per rank, the peak starred (an import "
+                    "of a CUDA run can add a ",
+                    html.Code("torch.cuda.memory._snapshot()", className="flag"), " with ",
+                    html.Code("--memory-snapshot", className="flag"),
+                    " for the allocator's blocks and stacks)."],
                    className="hint"),
             graph("mem-counters", allocated_over_time(live, words))]
 

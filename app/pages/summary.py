@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import dash
@@ -76,9 +77,21 @@ def _cards(info: dict[str, Any], words: Naming) -> html.Div:
     return html.Div(cards, className="cards")
 
 
+FLAG = re.compile(r"(--[a-z][a-z0-9-]*)")  # a command-line flag in an advice's text
+
+
+def flags_whole(text: str) -> str | list[Any]:
+    """`text` with each command-line flag in a no-wrap `flag` element (a line broken after
+    the first '-' of '--strategy' reads as a lone '-' and another flag)."""
+    parts = FLAG.split(text)
+    if len(parts) == 1:
+        return text
+    return [html.Code(p, className="flag") if k % 2 else p for k, p in enumerate(parts) if p]
+
+
 def _advice(info: dict[str, Any]) -> html.Ul:
-    return html.Ul([html.Li(a.text, className=f"advice {a.severity}") for a in info["advice"]],
-                   id="advice")
+    return html.Ul([html.Li(flags_whole(a.text), className=f"advice {a.severity}")
+                    for a in info["advice"]], id="advice")
 
 
 def histogram(ctx: AppContext, entry: Entry) -> Any:
@@ -123,10 +136,12 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             [html.Li(w, className="advice warning") for w in warnings], id="warnings")])
         if warnings else html.Div(),
         html.H3("Advice"), _advice(info),
+        # no empty placeholder for the fullest tiles (a measured run has none): in the
+        # flex row it took the row's 14 px gap, pushing the peaks right of every other block
         html.Div([
-            html.Div([html.H3("Five fullest tiles"),
-                      table("fullest-tiles", fullest)], className="half") if len(fullest)
-            else html.Div(),
+            *([html.Div([html.H3("Five fullest tiles"),
+                         table("fullest-tiles", fullest)], className="half")]
+              if len(fullest) else []),
             html.Div([html.H3(f"Peak liveness per {words.device}"),
                       table("peak-liveness", peaks, words=words) if len(peaks)
                       else html.P("No liveness in this profile.")], className="half"),

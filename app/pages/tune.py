@@ -200,9 +200,10 @@ def amp_section(entry: Entry) -> html.Div:
 
 def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if naming(entry).measured:
-        return html.Div([html.H2(title_of(entry)), message(
+        return html.Div([html.H2(title_of(entry)), html.Div([
             "A measured profile holds no recorded program to re-plan; tune needs a modelled "
-            "one (train.py --profile).", "info")])
+            "one (", html.Code("train.py --profile", className="flag"), ")."],
+            className="message info")])
     if entry.rel.startswith(VIRTUAL_PREFIX):
         return html.Div([html.H2(title_of(entry)), message(
             "This is a tune plan held in memory; tune the profile it came from.", "info")])

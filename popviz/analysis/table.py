@@ -96,6 +96,10 @@ def _clause(frame: pd.DataFrame, raw: str,
     if col not in frame.columns:
         raise ValueError(f"no column {col!r} to filter on")
     series = frame[col]
+    # what the cell held, for a message: DataTable takes a leading operator out of what was
+    # typed (`>>>` arrives as `s> >>`), so a value still starting with one gets it back
+    typed = f"{op}{text}" if text[:1] and text[:1] in "<>=!" and op in (
+        "<", "<=", ">", ">=", "!=") else text
     if op in ("is blank", "is not blank"):
         blank = series.isna() | (series.astype(str).str.strip() == "")
         return blank if op == "is blank" else ~blank
@@ -111,7 +115,7 @@ def _clause(frame: pd.DataFrame, raw: str,
     if numeric and text and isinstance(val, str) and _number(val) is None:
         # DataTable sends a word typed in a number column as `{col} s= word`: matching it
         # as text would silently give no rows
-        raise ValueError(f"{col!r} holds numbers; {text!r} is not one{_HINT}")
+        raise ValueError(f"{col!r} holds numbers; {typed!r} is not one{_HINT}")
     if op == "contains" and numeric and isinstance(val, float):
         op = "="  # a bare number in a numeric column means equal
     if op in ("=", "!=") and not numeric and isinstance(val, str) and "*" in val:
@@ -123,7 +127,7 @@ def _clause(frame: pd.DataFrame, raw: str,
         return lower.str.contains(needle, regex=False) if op == "contains" else \
             lower.str.startswith(needle)
     if numeric and not isinstance(val, float) and op != "=" and op != "!=":
-        raise ValueError(f"{col!r} holds numbers; {text!r} is not one{_HINT}")
+        raise ValueError(f"{col!r} holds numbers; {typed!r} is not one{_HINT}")
     return _compare(series, op, val)
 
 

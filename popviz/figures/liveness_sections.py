@@ -17,6 +17,11 @@ from popviz.figures.style import CAPACITY_COLOUR, MiB, base_layout, empty_figure
 from popviz.vocab import MODELLED, Naming
 
 PIXELS = 1000
+# a bump this close to the peak's star (px) has its label as a note beside the star, its
+# edge STAR_CLEAR_PX from the nearer marker's middle (the star is 14 px across, 16 with
+# its white rim)
+ON_STAR_PX = 4.0
+STAR_CLEAR_PX = 11
 BAND_COLOURS = {"forward": "rgba(59,117,175,0.10)", "backward": "rgba(239,134,54,0.12)",
                 "recompute": "rgba(142,107,191,0.16)", "optimiser": "rgba(120,120,120,0.10)"}
 LAYERS = (("always_live_bytes", "always-live", "#3b75af", "rgba(59,117,175,0.45)"),
@@ -212,18 +217,38 @@ def liveness_sections_figure(layers: pd.DataFrame, bands: pd.DataFrame,
             # when it is near (the two overlapped)
             star = _peak_step(whole)
             where: list[str] | str = "bottom center"
+            texts = [str(t) for t in bp["label"]]
             if star is not None and hi > lo:
                 per_step = pixels / (hi - lo)  # px, as band_labels reckons them
                 # near: the star (7 px across its middle) within half the label's width
                 # (10 px text, about 6.5 px a character) and a little
                 where = [("middle left" if star >= b else "middle right")
-                         if abs(star - b) * per_step <= 9 + 3.3 * len(str(text))
+                         if abs(star - b) * per_step <= 9 + 3.3 * len(text)
                          else "bottom center"
-                         for b, text in zip(bp["step"].astype(float), bp["label"],
-                                            strict=True)]
+                         for b, text in zip(bp["step"].astype(float), texts, strict=True)]
+                # on the star (a bump's top is often the peak itself): a label beside the
+                # triangle starts inside the star (8 px each side of its middle), so it is
+                # a note clear of both markers instead
+                for k, (b, y_b) in enumerate(zip(bp["step"].astype(float), ys, strict=True)):
+                    if abs(star - b) * per_step < ON_STAR_PX and np.isfinite(y_b):
+                        # on the star's far side (left when on it) if the panel has
+                        # room there, else the other: a note past the outer marker clears
+                        # both either way
+                        need = (STAR_CLEAR_PX + 6.5 * len(texts[k])) / per_step
+                        left = star >= b
+                        if (min(star, b) - lo < need) if left else (hi - max(star, b) < need):
+                            left = not left
+                        band_notes.append({
+                            "x": min(star, b) if left else max(star, b), "y": y_b,
+                            "xref": f"x{axis}", "yref": f"y{axis}", "text": texts[k],
+                            "xanchor": "right" if left else "left",
+                            "xshift": -STAR_CLEAR_PX if left else STAR_CLEAR_PX,
+                            "yanchor": "middle", "showarrow": False,
+                            "font": {"size": 10}, "name": "bump-label"})
+                        texts[k] = ""
             fig.add_trace(go.Scatter(
                 x=bp["step"], y=ys, mode="markers+text", name="section bump",
-                legendgroup="bump", showlegend=row == 1, text=bp["label"],
+                legendgroup="bump", showlegend=row == 1, text=texts,
                 textposition=where, textfont={"size": 10},
                 marker={"symbol": "triangle-down", "size": 11, "color": "#222"},
                 customdata=bcustom,

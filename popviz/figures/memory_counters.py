@@ -72,8 +72,10 @@ def allocated_over_time(liveness: pd.DataFrame, naming: Naming) -> go.Figure:
                                  showlegend=False, name=f"{label} peak",
                                  hovertemplate=f"{label} peak<br>%{{y:,.1f}} MiB at "
                                  "%{x:,.0f} ns<extra></extra>"))
+    # from 0, as the other memory charts: autorange would start near the run's floor and
+    # hide how much of the peak is held all along
     fig.update_layout(xaxis_title="time (ns)", yaxis_title="MiB allocated",
-                      meta={"peaks": peaks})
+                      yaxis_rangemode="tozero", meta={"peaks": peaks})
     # the other pages' white plot and title, not Plotly's default grey
     return base_layout(fig, title, height=380)
 

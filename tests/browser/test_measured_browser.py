@@ -111,7 +111,7 @@ def test_compare_modelled_with_measured_names_each_side(browser_context: Any, ba
                          f"&other={quote(REL)}")
     page.wait_for_selector("#compare-verdict", timeout=60_000)
     a, b = page.inner_text("#compare-side-A"), page.inner_text("#compare-side-B")
-    assert "IPU(s)" in a and "rank(s)" in b and "THROUGHPUT PER RANK" in b.upper()
+    assert "4 IPUs x " in a and "2 ranks x " in b and "THROUGHPUT PER RANK" in b.upper()
     assert "rank" not in a and "IPU" not in b.replace("B: tutorial", "")
     ticks = _svg_text(page, "#compare-ipu-time .xtick text")
     assert "rank 1" in ticks and "IPU0" in ticks

@@ -36,6 +36,12 @@ def unequal_terms(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
+def lead_of(terms: list[str]) -> str:
+    """The sentence a headline starts with when the terms differ (a page showing the terms
+    elsewhere drops it from the headline rather than say it twice)."""
+    return "Not like for like: A and B differ in " + ", ".join(terms) + "."
+
+
 def on_equal_terms(verdict: dict[str, Any], a: dict[str, Any],
                    b: dict[str, Any]) -> dict[str, Any]:
     """`verdict` (verdict.verdict) with `terms` (what differs) added. When both fit
@@ -51,7 +57,7 @@ def on_equal_terms(verdict: dict[str, Any], a: dict[str, Any],
     fits = verdict.get("fits") or {}
     if fits.get("A") != fits.get("B") or not fits.get("A"):
         return out  # fitting decides (or neither fits): the headline says so already
-    lead = "Not like for like: A and B differ in " + ", ".join(terms) + "."
+    lead = lead_of(terms)
     if kinds_differ:
         per = verdict.get("per_device") or {}
         known = all(isinstance(per.get(k), (int, float)) and math.isfinite(per[k])

@@ -1,0 +1,216 @@
+"""Polish found by a browser sweep of `popviz serve`: a flag never wraps in a hint, the
+memory-over-time chart starts at 0, the summary's peaks line up with the other blocks,
+/compare's counts, picker and verdict read right, /liveness states a range outside the
+run readably, a filter error quotes what was typed, and a bump's label keeps off the
+peak's star."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from dash import html
+from popviz_app import create_app, render
+from popviz_app.pages import compare as compare_page
+from popviz_app.style import CSS
+
+import popviz
+from popviz import analysis
+from popviz.analysis.liveness_sections import liveness_layers, phase_bands, section_bumps
+from popviz.figures.liveness_sections import liveness_sections_figure
+from popviz.figures.memory_counters import allocated_over_time
+from popviz.vocab import naming_of
+from tests.dash_util import component_text, find_components
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+RESNET = Path(__file__).parent / "fixtures" / "kineto_resnet50_b64.json.gz"
+CUDA = "rn50_cuda/profile.h5"
+MEASURED = "tutorial_measured_2ranks/profile.h5"
+PIPELINE = "rn50_pipeline/profile.h5"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The served folder of the sweep: the ResNet-50 H100 import and two bundled runs."""
+    root = tmp_path_factory.mktemp("served")
+    popviz.import_trace([RESNET], root / "rn50_cuda")
+    for rel in (MEASURED, PIPELINE):
+        (root / rel).parent.mkdir(parents=True)
+        shutil.copy(PROFILES / rel, root / rel)
+    return create_app(root, vetter=False)
+
+
+def _page(app: Any, path: str, search: str) -> Any:
+    if path == "/compare":  # its router reads the pair from the callback's inputs
+        return compare_page.page(app.popviz_context, search)
+    return render(app.popviz_context, path, search)[1]
+
+
+def _by_id(page: Any, kind: str, id_: str) -> Any:
+    (found,) = [c for c in find_components(page, kind) if getattr(c, "id", None) == id_]
+    return found
+
+
+def _strings(component: Any) -> list[str]:
+    """The text of a tree outside any html.Code (what the browser may wrap anywhere)."""
+    if isinstance(component, str):
+        return [component]
+    if isinstance(component, html.Code):
+        return []
+    children = getattr(component, "children", None)
+    if isinstance(children, (list, tuple)):
+        return [s for c in children for s in _strings(c)]
+    return [] if children is None else _strings(children)
+
+
+@pytest.mark.parametrize("rel", [CUDA, MEASURED])
+def test_a_flag_in_the_memory_hint_is_kept_whole(app: Any, rel: str) -> None:
+    """'--memory-snapshot' wrapped after its first '-' (a lone '-' ending a line): a flag
+    is in a no-wrap `flag` element, never in running text."""
+    page = _page(app, "/memory", f"?profile={rel}")
+    flags = [c for c in find_components(page, "Code") if "flag" in str(c.className)]
+    assert "--memory-snapshot" in [c.children for c in flags]
+    assert not [s for s in _strings(page) if "--" in s]
+    assert ".flag { white-space: nowrap; }" in CSS
+
+
+def test_the_tune_page_of_a_measured_run_keeps_its_flag_whole(app: Any) -> None:
+    page = _page(app, "/tune", f"?profile={MEASURED}")
+    assert "train.py --profile" in [c.children for c in find_components(page, "Code")]
+    assert not [s for s in _strings(page) if "--" in s]
+
+
+def test_a_flag_in_an_advice_is_kept_whole() -> None:
+    """Advice names flags too ('--strategy pipelined', 'train.py --batch-size 48')."""
+    from popviz_app.pages.summary import flags_whole
+    text = "pipeline them (--strategy pipelined, with 8 to fill the pipeline)."
+    parts = flags_whole(text)
+    assert component_text(html.Li(parts)).replace(" ", "") == text.replace(" ", "")
+    assert [c.children for c in find_components(html.Li(parts), "Code")] == ["--strategy"]
+    assert not [s for s in _strings(html.Li(parts)) if "--" in s]
+    assert flags_whole("no flag - here") == "no flag - here"
+
+
+def test_memory_over_time_starts_at_zero(app: Any) -> None:
+    """The import's curve holds 400 MiB and more all run long: autorange started the axis
+    near there (its lowest tick 1,000 MiB), hiding the floor."""
+    with popviz.open(app.popviz_context.root / CUDA) as p:
+        fig = allocated_over_time(p.liveness, naming_of(dict(p.meta or {})))
+    assert fig.layout.yaxis.rangemode == "tozero"
+    graph = _by_id(_page(app, "/memory", f"?profile={CUDA}"), "Graph", "mem-counters")
+    assert graph.figure.layout.yaxis.rangemode == "tozero"
+
+
+@pytest.mark.parametrize("rel", [CUDA, MEASURED])
+def test_the_peak_liveness_block_lines_up_with_the_others(app: Any, rel: str) -> None:
+    """A measured run has no fullest tiles: their empty placeholder was the flex row's
+    first child and the row's 14 px gap pushed the peaks right of every other block."""
+    page = _page(app, "/summary", f"?profile={rel}")
+    (row,) = [d for d in find_components(page, "Div")
+              if "row" in str(getattr(d, "className", "")).split()
+              and "Peak liveness" in component_text(d)]
+    assert all("half" in str(getattr(c, "className", "")) for c in row.children), \
+        row.children
+
+
+def test_compare_cards_count_one_rank_as_one(app: Any) -> None:
+    page = _page(app, "/compare", f"?profile={PIPELINE}&other={CUDA}")
+    b = component_text(_by_id(page, "Div", "compare-side-B"))
+    assert "samples/s on 1 rank" in b and "1 ranks" not in b and "rank(s)" not in b
+    a = component_text(_by_id(page, "Div", "compare-side-A"))
+    assert "samples/s on 4 IPUs" in a and "4 IPUs x 1 replica" in a
+
+
+def test_compare_says_not_like_for_like_once(app: Any) -> None:
+    """The banner lists the terms; the bold headline said 'Not like for like: A and B
+    differ in ...' again under it."""
+    page = _page(app, "/compare", f"?profile={PIPELINE}&other={CUDA}")
+    text = component_text(_by_id(page, "Div", "compare-verdict"))
+    assert text.count("Not like for like") == 1
+    assert "kind modelled vs measured" in text and "no winner" in text
+
+
+def test_the_judge_picker_shows_its_choice_whole(app: Any) -> None:
+    """'total throughput (the same work in less time)' is 364 px at the picker's 16 px
+    font, in a 330 px box with its arrow: cut to 'total throughput (the same work…'.
+    About 8.1 px a character and 50 px of padding and arrow."""
+    page = _page(app, "/compare", f"?profile={PIPELINE}&other={CUDA}")
+    picker = _by_id(page, "Dropdown", "compare-judge")
+    assert picker.options == compare_page.JUDGE_OPTIONS
+    for option in picker.options:
+        assert len(option["label"]) * 8.1 + 50 <= picker.style["width"], option
+        assert option.get("title")  # what the question means, on hover
+
+
+@pytest.mark.parametrize(("t0", "t1"), [("9e99", "1e100"), ("-1e100", "-9e99")])
+def test_a_liveness_range_outside_the_run_is_said_readably(app: Any, t0: str,
+                                                            t1: str) -> None:
+    """It printed 'No liveness step in 8,999,999,999,...' (100 digits and more)."""
+    cb = app.popviz_callbacks["liveness.from_trace"]
+    *_, note = cb(None, f"?profile={PIPELINE}&t0={t0}&t1={t1}")
+    assert "outside the run (0 to " in note and "showing every step" in note
+    assert len(note) < 120, note  # not 100 digits of 9e99
+    with popviz.open(app.popviz_context.root / PIPELINE) as p:
+        end = float(p.trace["end"].max())
+    assert f"{end:,.0f} cycles" in note
+
+
+def test_a_liveness_range_reaching_past_the_run_is_clipped_to_it(app: Any) -> None:
+    cb = app.popviz_callbacks["liveness.from_trace"]
+    _fig, ranges, note = cb(None, f"?profile={PIPELINE}&t0=-1e30&t1=1e30")
+    with popviz.open(app.popviz_context.root / PIPELINE) as p:
+        end = float(p.trace["end"].max())
+    assert f"0 to {end:,.0f} cycles" in note and "1,000,000" not in note
+    assert ranges  # the whole run: every device has its steps
+
+
+@pytest.mark.parametrize(("query", "quoted"), [
+    ("{cycles} s> >>", "'>>>'"),  # what DataTable sends for >>> typed in the cell
+    ("{cycles} s< <", "'<<'"),
+    ("{cycles} s>= =x", "'>==x'"),
+    ("{cycles} s> lots", "'lots'"),  # an operator then a word: the word is not a number
+])
+def test_a_filter_error_quotes_what_was_typed(query: str, quoted: str) -> None:
+    errors: list[str] = []
+    analysis.filter_table(pd.DataFrame({"cycles": [1, 2]}), query, errors=errors)
+    assert len(errors) == 1 and f"holds numbers; {quoted} is not one" in errors[0], errors
+
+
+def _bump_on_star() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One training step whose activations peak at step 10, the peak of all (no
+    temporaries): the bump's triangle sits under the star."""
+    rise = [float(min(s, 20 - s)) for s in range(21)]
+    live = pd.DataFrame({"ipu": 0, "step": range(21), "always_live_bytes": 1e6,
+                         "not_always_live_bytes": [1e6 * r for r in rise],
+                         "phase": ["forward"] * 11 + ["backward"] * 10})
+    layers = liveness_layers(live, pd.DataFrame())
+    bands = phase_bands(live, pd.DataFrame())
+    return layers, bands, section_bumps(layers, bands)
+
+
+@pytest.mark.parametrize("pixels", [1000, 200])
+def test_a_bump_label_keeps_off_the_peak_star_on_it(pixels: int) -> None:
+    """A bump whose top is the peak (rn50_cuda's step 492, the measured tutorial's rank 0
+    step 128): the label beside the triangle ('middle left') began 6 px from the
+    triangle's middle, inside the 14 px star over it. It is a note past both markers."""
+    layers, bands, bumps = _bump_on_star()
+    fig = liveness_sections_figure(layers, bands, bumps, pixels=pixels)
+    (bump,) = [t for t in fig.data if t.name == "section bump"]
+    (star,) = [t for t in fig.data if t.name == "peak"]
+    assert list(bump.x) == list(star.x) == [10]
+    assert list(bump.text) == [""]  # not drawn beside the triangle
+    (note,) = [a for a in fig.layout.annotations if a.name == "bump-label"]
+    assert note.text == "F+B" and note.x == 10 and note.showarrow is False
+    # its near edge at least the star's half width and its rim (8 px) from the middle
+    assert (note.xanchor, note.xshift <= -10) == ("right", True) or \
+        (note.xanchor, note.xshift >= 10) == ("left", True)
+
+
+def test_a_bump_on_the_star_at_the_panels_left_edge_is_labelled_to_its_right() -> None:
+    layers, bands, bumps = _bump_on_star()
+    fig = liveness_sections_figure(layers, bands, bumps, start=9.5, end=30)
+    (note,) = [a for a in fig.layout.annotations if a.name == "bump-label"]
+    assert note.xanchor == "left" and note.xshift >= 10
