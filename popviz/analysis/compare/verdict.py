@@ -42,6 +42,11 @@ def _measured(side: Side) -> bool:
     return naming_of(side.facts).measured
 
 
+def _count(n: object, word: str) -> str:
+    """'1 rank', '4 IPUs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _dev(*sides: Side) -> str:
     """What the sides run on: 'IPU' (modelled), 'GPU' (a modelled GPU), 'rank' (measured),
     or 'device' (they differ)."""
@@ -107,7 +112,7 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     na, nb = sa.facts["total_ipus"], sb.facts["total_ipus"]
     have_total = bool(tot) and _ok(tot.get("a")) and _ok(tot.get("b")) and \
         min(tot["a"], tot["b"]) > 0
-    total = (f"; in total A does {tot['a']:,.1f} samples/s on {na} {_dev(sa)}(s), B "
+    total = (f"; in total A does {tot['a']:,.1f} samples/s on {_count(na, _dev(sa))}, B "
              f"{tot['b']:,.1f} on {nb}" if have_total else "")
     per_fast, per_factor = _faster(per["ratio"])
     same = na == nb or not have_total
@@ -337,6 +342,6 @@ def verdict(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
         "per_device": {
             "a": per.get("a"), "b": per.get("b"),
             "total_a": tot.get("a") if tot else None, "total_b": tot.get("b") if tot else None,
-            "devices_a": f"{sa.facts['total_ipus']} {_dev(sa)}(s)",
-            "devices_b": f"{sb.facts['total_ipus']} {_dev(sb)}(s)"} if per else {},
+            "devices_a": _count(sa.facts["total_ipus"], _dev(sa)),
+            "devices_b": _count(sb.facts["total_ipus"], _dev(sb))} if per else {},
     }, sa.facts, sb.facts)
