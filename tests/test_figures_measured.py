@@ -177,7 +177,7 @@ def test_compare_of_modelled_and_measured_names_each_sides_devices(measured: Any
     assert "Pick two profiles" in page
 
 
-def test_small_exchanges_in_kib_and_a_balanced_run_not_painted_red(measured: Any) -> None:
+def test_small_exchanges_in_kib_and_the_load_painted_as_measured(measured: Any) -> None:
     largest = int(measured.exchange["bytes"].sum())
     assert largest < 2**20  # the example's messages are a few KiB: MiB would read 0.0025
     matrix = figures.exchange_matrix_figure(analysis.exchange_matrix(measured.exchange, 2),
@@ -188,8 +188,12 @@ def test_small_exchanges_in_kib_and_a_balanced_run_not_painted_red(measured: Any
                                         naming=MEASURED)
     assert over.layout.yaxis.title.text == "KiB"
     load = figures.stage_load_figure(measured.stages, naming=MEASURED)
-    assert max(load.data[0].y) < 1.15 and "#c53a32" not in load.data[0].marker.color
-    assert "balanced within 15%" in load.layout.title.text
+    # a recording's balance is its own (gloo's waits count as busy exchange and vary from
+    # run to run): red exactly when a stage is 15% over the mean, as the title says
+    heaviest = float(max(load.data[0].y))
+    red = "#c53a32" in load.data[0].marker.color
+    assert red == (heaviest > 1.15)
+    assert ("red: bottleneck" if red else "balanced within 15%") in load.layout.title.text
 
 
 def test_measured_ops_table_shows_times_in_ns(ctx: AppContext) -> None:
