@@ -199,7 +199,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             "host time (ns) of each op")
     return html.Div([
         html.H2(title_of(entry)),
-        html.P(f"The model's module hierarchy; each box is as wide as its {cost} over every "
+        html.P(f"The model's module hierarchy, each box's parts to its right; each box is "
+               f"as tall as its {cost} over every "
                f"pass ({passes_run(entry)}), coloured by stage"
                + (" (grey: several stages)" if len(entry.profile.stages) > 1 else "")
                + ". Click a box to zoom into it and list its ops; click the bar at the top "
