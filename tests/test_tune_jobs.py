@@ -170,3 +170,16 @@ def test_a_run_at_a_ceiling_shows_it_and_compares_its_own_plan(tmp_path: Path) -
     assert {c.id: c.value for c in find_components(page, "Input")}["tune-fill"] == FULL
     assert "every tile at most" not in _text(page)
     assert "Run tune first" in _text(tune_page.link_to_compare(ctx, REL, 1, 3, fill - 1))
+
+
+def test_a_search_that_found_no_other_layout_says_so() -> None:
+    """A run whose budget found nothing besides the current layout says so and what to do;
+    its table holds the current layout alone, which read like an empty result."""
+    found = SimpleNamespace(candidates=[], layouts=0, compiles=3, seconds=1.24, num_ipus=4,
+                            target="mk2")
+    head = tune_page._head(found, gpu=False)
+    assert head.startswith("No layout besides the current one came out of 3 compiles")
+    assert "4 IPUs on mk2" in head and "raise the compile budget" in head
+    found.candidates, found.layouts, found.num_ipus = ["plan"], 7, 1
+    head = tune_page._head(found, gpu=True)
+    assert head.startswith("7 layouts in 3 compiles (1.2 s) for 1 GPU on mk2.")

@@ -135,11 +135,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
                                  n_clicks=0, className="download"))
     notes = [html.Li(page_words(n)) for n in result.notes]
     return [
-        html.Div(f"{result.layouts} layouts in {result.compiles} compiles "
-                 f"({result.seconds:.1f} s) for {result.num_ipus} "
-                 f"{'GPU' if gpu else 'IPU'}(s) on "
-                 f"{result.target}. Ranked: fitting first, then throughput, then memory "
-                 "headroom.", className="status", id="tune-head"),
+        html.Div(_head(result, gpu), className="status", id="tune-head"),
         html.Div(f"fits = every tile at most {fill}% full (max tile fill); the current "
                  "layout is judged the same way.", className="status", id="tune-ceiling")
         if fill < FULL else html.Div(),
@@ -153,6 +149,19 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
         html.Ul([html.Li(f"{p}: train.py ... {a}") for p, a in
                  zip(plans["plan"], plans["train_args"], strict=True)], className="hint"),
     ]
+
+
+def _head(result: Any, gpu: bool) -> str:
+    """What the search did, in one line; one that found no other layout says so and what
+    to do (a table of the current layout alone read like an empty result)."""
+    device = "GPU" if gpu else "IPU"
+    on = f"{result.num_ipus} {device}{'' if result.num_ipus == 1 else 's'} on {result.target}"
+    took = f"{result.compiles} compiles ({result.seconds:.1f} s)"
+    if not result.candidates:
+        return (f"No layout besides the current one came out of {took} for {on}: raise the "
+                "compile budget to search further.")
+    return (f"{result.layouts} layouts in {took} for {on}. Ranked: fitting first, then "
+            "throughput, then memory headroom.")
 
 
 def poll(ctx: AppContext, entry: Entry, budget: int,
