@@ -214,3 +214,17 @@ def test_a_bump_on_the_star_at_the_panels_left_edge_is_labelled_to_its_right() -
     fig = liveness_sections_figure(layers, bands, bumps, start=9.5, end=30)
     (note,) = [a for a in fig.layout.annotations if a.name == "bump-label"]
     assert note.xanchor == "left" and note.xshift >= 10
+
+
+def test_the_liveness_hint_says_what_a_cpu_trace_leaves_out(app: Any) -> None:
+    """A CPU rank's always-live is 0 B: its trace's memory events count only what was
+    allocated after the profiler started. The hint says so there, and on a GPU import
+    (whose allocator totals include the weights) names what always-live holds."""
+    with popviz.open(PROFILES / MEASURED) as p:
+        assert int(p.liveness.loc[p.liveness["ipu"] == 0, "always_live_bytes"].max()) == 0
+    cpu = component_text(_page(app, "/liveness", f"?profile={MEASURED}"))
+    assert "count only what was allocated after the profiler started" in cpu
+    assert "(its parameters, gradients and optimiser state)" not in cpu
+    gpu = component_text(_page(app, "/liveness", f"?profile={CUDA}"))
+    assert "(its parameters, gradients and optimiser state)" in gpu
+    assert "after the profiler started" not in gpu

@@ -30,6 +30,7 @@ from ..common import (
     axis_range,
     capacity_per_ipu,
     downloads,
+    gpu_timed,
     graph,
     insights,
     message,
@@ -215,7 +216,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
                              value=ipus[0], clearable=False, className="picker"),
                 graph("tile-live-graph", tiles(ctx, entry, ipus[0]))]
     hint = (GPU_LIVENESS if naming(entry).gpu_plan else
-            "Always-live: the rank's parameters, gradients and optimiser state; "
+            ("Always-live: the least the rank held over the recording (its parameters, "
+             "gradients and optimiser state); " if gpu_timed(entry) else
+             "Always-live: the least the rank held over the recording; on a CPU the "
+             "trace's memory events count only what was allocated after the profiler "
+             "started, so the parameters allocated before are not in it; ") +
             "not-always-live: the activations it stashes for the backward pass, per compute "
             "action. Black triangles mark bumps. " + (
                 "Click the curve to list the stashed micro-batches."
