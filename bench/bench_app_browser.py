@@ -189,7 +189,8 @@ def time_interactions(page: Any, base: str, rel: str, repeat: int) -> dict[str, 
             page.click("#ops-group-by")
             page.locator("[role=option]", has_text=label).first.click()  # a portal
 
-        out["group"].append(_after(page, pick, "() => document.querySelector('#ops-groups')"
+        out["group"].append(_after(page, pick, "() => (document.querySelector("
+                                               "'#ops-groups-table') || {innerText: ''})"
                                                ".innerText.slice(0, 200)"))
     return {k: v for k, v in out.items() if v}
 
