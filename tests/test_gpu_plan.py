@@ -218,7 +218,7 @@ def test_tune_page_of_a_gpu_plan_has_no_ipu_columns(served: Path) -> None:
     columns = {col["id"] for t in tables for col in t.columns}
     assert {"splits", "schedule", "throughput"} <= columns
     assert not {"amp", "fullest_tile"} & columns  # IPU words: no AMP, no tiles
-    assert "2 GPU(s) on h100" in " ".join(component_text(c) for c in shown)
+    assert "2 GPUs on h100" in " ".join(component_text(c) for c in shown)
 
 
 def _walk(component: Any) -> list[Any]:

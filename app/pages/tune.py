@@ -151,7 +151,7 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
     ]
 
 
-def _head(result: Any, gpu: bool) -> str:
+def _head(result: TuneResult, gpu: bool) -> str:
     """What the search did, in one line; one that found no other layout says so and what
     to do (a table of the current layout alone read like an empty result)."""
     device = "GPU" if gpu else "IPU"
