@@ -13,16 +13,16 @@ from popviz.analysis.find import (
     LIMIT,
     find_kernels,
     find_ops,
-    found_span,
     microbatch_note,
+    op_microbatches,
     parse_query,
 )
-from popviz.analysis.links import kernel_ops, kernel_window, op_window
+from popviz.analysis.links import kernel_ops, kernel_window
 
 from . import links
 from .cache import Entry
-from .common import AppContext, naming, op_templates, profile_of
-from .trace_stats import run_window
+from .common import AppContext, naming, profile_of
+from .trace_stats import op_place, run_window
 
 HINT = "an op, kernel or module; pass:B, mb:2 narrow it"
 
@@ -44,19 +44,22 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
         return []
     words = naming(entry)
     ops, trace = entry.profile.ops, entry.profile.trace
-    note = microbatch_note(ops, trace, query)
+    timed = {"start", "end"} <= set(ops.columns)
+    # each measured op's micro-batch: one sweep of the trace per profile, not per query
+    mbs = entry.get("op_microbatches", lambda: op_microbatches(ops, trace)) \
+        if query.microbatch is not None and timed else None
+    note = microbatch_note(ops, trace, query, mbs)
     if note:
         return [html.Span(note, className="hint")]
     items: list[Any] = []
-    found, total = find_ops(ops, query, trace=trace)
-    templates = op_templates(entry) if len(found) else {}
+    found, total = find_ops(ops, query, trace=trace, microbatches=mbs)
     run = run_window(entry)
     for row in found.to_dict("records"):
-        at = found_span(ops, trace, int(row["op_id"]), query, templates)
+        # a modelled op asked for in micro-batch N: in N's run of its pass
+        at = op_place(entry, int(row["op_id"]), None if timed else query.microbatch)
         if at is None:
             continue
-        ipu, span = at
-        t0, t1 = op_window(span, trace, run=run)
+        ipu, span, (t0, t1) = at
         where = f"{words.label(ipu)}, {row.get('pass', '') or ''}".rstrip(", ")
         if query.microbatch is not None:
             where += f", mb {query.microbatch}"

@@ -43,10 +43,13 @@ def run_window(entry: Entry) -> tuple[float, float]:
         entry.profile.trace, entry.profile.table("host_slices") if threads(entry) else None))
 
 
-def op_place(entry: Entry, op_id: int) -> tuple[int, Span, Span] | None:
+def op_place(entry: Entry, op_id: int, microbatch: int | None = None
+             ) -> tuple[int, Span, Span] | None:
     """(device, the op's span, the window a link to it opens: centred on it, inside the
-    run) for a link to one op on /trace; None where it has no place there."""
-    found = op_span(entry.profile.ops, entry.profile.trace, op_id, op_templates(entry))
+    run) for a link to one op on /trace (a modelled op in `microbatch`'s run of its pass,
+    if given); None where it has no place there."""
+    found = op_span(entry.profile.ops, entry.profile.trace, op_id, op_templates(entry),
+                    microbatch)
     if found is None:
         return None
     ipu, span = found

@@ -21,3 +21,8 @@ def fmt_bytes(value: float) -> str:
 def known_or(value: float, fmt: Callable[[float], str]) -> str:
     """`fmt(value)`, or 'unknown' where a profile does not record the figure (NaN)."""
     return "unknown" if value != value else fmt(value)  # NaN is the one value != itself
+
+
+def count_of(n: object, word: str) -> str:
+    """'1 rank', '4 IPUs': a count and its noun, plural unless one."""
+    return f"{n} {word}" + ("" if n == 1 else "s")

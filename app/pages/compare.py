@@ -17,6 +17,7 @@ from popviz.analysis.compare.terms import lead_of
 from popviz.analysis.compare.verdict import JUDGES
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
+from popviz.units import count_of
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
 from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
@@ -35,10 +36,6 @@ def _card(label: str, value: str, tone: str = "") -> html.Div:
                      html.Div(value, className="card-value")], className=f"card {tone}")
 
 
-def _count(n: Any, word: str) -> str:
-    """'1 rank', '4 IPUs': a count and its noun, plural unless one."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
 
 def _cards(comp: Comparison, side: str) -> html.Div:
     s = comp.sides.set_index("side").loc[side]
@@ -55,14 +52,14 @@ def _cards(comp: Comparison, side: str) -> html.Div:
         fit = ("fits its device memory", "good") if s["fits"] else \
             ("OVER DEVICE MEMORY", "bad")
     cards = [
-        _card("layout", f"{_count(s['num_ipus'], dev)} x {_count(s['replicas'], 'replica')} · "
+        _card("layout", f"{count_of(s['num_ipus'], dev)} x {count_of(s['replicas'], 'replica')} · "
               f"{s['target']} · {s['kind']}"),
         _card("memory", fit[0], fit[1]),
         _card(f"throughput per {dev}", val("throughput_per_ipu", "") + " samples/s",
               "good" if win else ""),
         _card(f"{dev} time per sample", val("ipu_us_per_sample", "") + f" {dev}-µs"),
         _card("throughput", val("throughput", "")
-              + f" samples/s on {_count(s['total_ipus'], dev)}"),
+              + f" samples/s on {count_of(s['total_ipus'], dev)}"),
         _card("step", val("step_ms", "ms") + " ms"),
         _card("idle", val("idle_fraction", "fraction"),
               "warn" if (m.get("idle_fraction") or 0) > BUBBLE_LIMIT else ""),

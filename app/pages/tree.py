@@ -14,6 +14,7 @@ from dash.exceptions import PreventUpdate
 
 from popviz.analysis.links import module_span, padded
 from popviz.analysis.program_tree import (
+    PASS_NAMES,
     ROOT,
     flops_recorded,
     node_ops,
@@ -173,8 +174,6 @@ def _stage_key(entry: Entry, words: Naming) -> html.Div:
     return html.Div(items, className="hint", id="tree-key")
 
 
-PASS_WORDS = {"F": "forward", "B": "backward", "R": "recompute", "WU": "optimiser"}
-
 
 def passes_run(entry: Entry) -> str:
     """The passes this profile's ops ran in, in words, in pipeline order ('forward,
@@ -182,8 +181,8 @@ def passes_run(entry: Entry) -> str:
     ops = entry.profile.ops
     seen = set(ops["pass"].astype(str)) if "pass" in ops.columns else set()
     if not seen and "phase" in ops.columns:
-        seen = {k for k, v in PASS_WORDS.items() if v in set(ops["phase"].astype(str))}
-    words = [w for k, w in PASS_WORDS.items() if k in seen]
+        seen = {k for k, v in PASS_NAMES.items() if v in set(ops["phase"].astype(str))}
+    words = [w for k, w in PASS_NAMES.items() if k in seen]
     return ", ".join(words) or "forward, backward, recompute, optimiser"
 
 

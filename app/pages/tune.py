@@ -21,6 +21,7 @@ from popviz.analysis.amp import amp_steps
 from popviz.errors import ProfileError
 from popviz.figures.tune import amp_steps_figure, tune_figure
 from popviz.format.memory import ReportProfile
+from popviz.units import count_of
 
 from ..cache import VIRTUAL_PREFIX, Entry
 from ..common import (
@@ -155,7 +156,7 @@ def _head(result: TuneResult, gpu: bool) -> str:
     """What the search did, in one line; one that found no other layout says so and what
     to do (a table of the current layout alone read like an empty result)."""
     device = "GPU" if gpu else "IPU"
-    on = f"{result.num_ipus} {device}{'' if result.num_ipus == 1 else 's'} on {result.target}"
+    on = f"{count_of(result.num_ipus, device)} on {result.target}"
     took = f"{result.compiles} compiles ({result.seconds:.1f} s)"
     if not result.candidates:
         return (f"No layout besides the current one came out of {took} for {on}: raise the "

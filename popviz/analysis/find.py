@@ -1,7 +1,7 @@
 """Finding things in a profile's trace: the ops (and, for an import, the kernels) whose
 name or module holds a text, optionally in one pass or one micro-batch. Pure functions
 over the profile's tables; the /trace page's search box lists what they find and links to
-each, centred and outlined (`found_span`, `links.op_span`).
+each, centred and outlined (`links.op_span`, in micro-batch N's pass with `mb:N`).
 
     q = parse_query("conv pass:B mb:2")     # text "conv", backward ops of micro-batch 2
     note = microbatch_note(profile.ops, profile.trace, q)   # "" unless mb:2 cannot narrow
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from popviz.analysis.links import Span, op_span
 from popviz.analysis.liveness_sections import PHASE_LETTER
 
 LIMIT = 20  # matches listed at once
@@ -135,16 +134,18 @@ def _spans(numbers: np.ndarray) -> str:
     return ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
 
 
-def microbatch_note(ops: pd.DataFrame, trace: pd.DataFrame, query: Query) -> str:
+def microbatch_note(ops: pd.DataFrame, trace: pd.DataFrame, query: Query,
+                    microbatches: np.ndarray | None = None) -> str:
     """One line when `mb:N` cannot narrow the search ("" when it can or is not asked):
     N is none of the run's micro-batches, or the profile cannot tell which micro-batch
-    its ops (and kernels) ran in."""
+    its ops (and kernels) ran in. `microbatches`: `op_microbatches(ops, trace)`, if
+    known."""
     if query.microbatch is None:
         return ""
     n = query.microbatch
     known = run_microbatches(trace)
     if _timed(ops):
-        mbs = op_microbatches(ops, trace)
+        mbs = op_microbatches(ops, trace) if microbatches is None else microbatches
         known = np.union1d(known, mbs[mbs >= 0]).astype(np.int64)
         if not len(known):
             return (f"micro-batch {n}: this profile cannot tell which micro-batch its ops "
@@ -175,12 +176,14 @@ def _run_in(ops: pd.DataFrame, trace: pd.DataFrame, microbatch: int) -> np.ndarr
 
 
 def find_ops(ops: pd.DataFrame, query: Query, limit: int = LIMIT,
-             trace: pd.DataFrame | None = None) -> tuple[pd.DataFrame, int]:
+             trace: pd.DataFrame | None = None,
+             microbatches: np.ndarray | None = None) -> tuple[pd.DataFrame, int]:
     """(the first `limit` ops that match, in program order (measured: time order), how
     many match). An op matches when its name or module holds the text and it runs in the
     asked pass and micro-batch. `mb:N` with the run's `trace`: a modelled op when its pass
-    has a run in micro-batch N (`found_span` links to that run), a measured one when it ran
-    in N (`op_microbatches`); without a trace, by the ops' own `microbatch` alone (a
+    has a run in micro-batch N (`links.op_span(..., microbatch=N)` places it in that run),
+    a measured one when it ran in N (`op_microbatches`, or `microbatches` when given);
+    without a trace, by the ops' own `microbatch` alone (a
     modelled op is then not narrowed). Where `mb:N` cannot narrow, `microbatch_note` says
     why."""
     if query.empty or ops.empty:
@@ -200,24 +203,14 @@ def find_ops(ops: pd.DataFrame, query: Query, limit: int = LIMIT,
         if trace is not None and not _timed(ops):
             keep &= _run_in(ops, trace, query.microbatch)
         elif trace is not None:
-            keep &= op_microbatches(ops, trace) == query.microbatch
+            mbs = op_microbatches(ops, trace) if microbatches is None else microbatches
+            keep &= mbs == query.microbatch
         elif "microbatch" in ops.columns:
             keep &= ops["microbatch"].to_numpy() == query.microbatch
     found = ops[keep]
     if "start" in found.columns:  # measured: in time order
         found = found.sort_values(["start", "op_id"], kind="stable")
     return found.head(limit), int(keep.sum())
-
-
-def found_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int, query: Query,
-               templates: dict | None = None) -> tuple[int, Span] | None:
-    """(device, span) a found op's link opens: `links.op_span`, but a modelled op asked
-    for in micro-batch N (`mb:N`) where it runs in N's run of its pass (else in the
-    first micro-batch's run). A measured op has its own times."""
-    row = ops[ops["op_id"].to_numpy() == op_id]
-    if query.microbatch is not None and not _timed(row):
-        row = row.assign(microbatch=query.microbatch)
-    return op_span(row, trace, op_id, templates)
 
 
 def find_kernels(trace: pd.DataFrame, query: Query, limit: int = LIMIT
@@ -239,5 +232,5 @@ def find_kernels(trace: pd.DataFrame, query: Query, limit: int = LIMIT
     return found.head(limit), int(keep.sum())
 
 
-__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "found_span", "microbatch_note",
-           "op_microbatches", "parse_query", "run_microbatches"]
+__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "microbatch_note", "op_microbatches",
+           "parse_query", "run_microbatches"]

@@ -100,11 +100,12 @@ def kernel_window(kernel: Span, launch: Span | None, trace: pd.DataFrame,
 
 
 def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
-            templates: dict | None = None) -> tuple[int, Span] | None:
+            templates: dict | None = None, microbatch: int | None = None
+            ) -> tuple[int, Span] | None:
     """(device, span) of one op: its own start / end when measured, else where the op
     runs in the first pass of its stage on its device (modelled ops run in every
-    micro-batch's): its share of the pass as `templates` (trace_detail.pass_ops) lay it
-    out, or the whole pass without them."""
+    micro-batch's; `microbatch`: in that micro-batch's pass): its share of the pass as
+    `templates` (trace_detail.pass_ops) lay it out, or the whole pass without them."""
     row = ops[ops["op_id"].to_numpy() == op_id]
     if row.empty or trace.empty or "ipu" not in row.columns:
         return None
@@ -114,7 +115,8 @@ def op_span(ops: pd.DataFrame, trace: pd.DataFrame, op_id: int,
         return ipu, (float(r["start"]), float(r["end"]))
     if "stage" not in row.columns or "pass" not in row.columns:
         return None
-    mb = int(r["microbatch"]) if "microbatch" in row.columns else None
+    mb = microbatch if microbatch is not None else \
+        int(r["microbatch"]) if "microbatch" in row.columns else None
     hit = _passes(trace, ipu, int(r["stage"]), str(r["pass"]), mb)
     if "grad_part" in hit.columns and "grad_part" in row.columns:
         # a zero-bubble plan runs the backward's two parts apart: the op's own part

@@ -32,6 +32,18 @@ LABEL_PLOT_PX = 1800
 LABEL_CHAR_PX = 4.5
 
 
+def drawn_part(start: np.ndarray, end: np.ndarray, lo: float,
+               hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """(base, width) of the part of each bar [start, end] inside the window [lo, hi]: Plotly
+    centres a bar's inside label on the bar it is given, so a bar drawn whole that starts
+    before the window (or ends after it) would centre its label off-screen. A bar is drawn
+    over what is seen of it and its hover says its true start and end (from customdata)."""
+    start = np.asarray(start, dtype=float)
+    end = np.asarray(end, dtype=float)
+    base = np.clip(start, lo, hi)
+    return base, np.maximum(np.clip(end, lo, hi) - base, 0.0)
+
+
 def drop_unfitting_labels(traces: list, lo: float, hi: float,
                           plot_px: float = LABEL_PLOT_PX,
                           char_px: float = LABEL_CHAR_PX) -> None:
@@ -48,7 +60,7 @@ def drop_unfitting_labels(traces: list, lo: float, hi: float,
             continue
         start = np.asarray(trace.base, dtype=np.float64)
         end = start + np.asarray(trace.x, dtype=np.float64)
-        px = (np.clip(end, lo, hi) - np.clip(start, lo, hi)) / span * plot_px
+        px = drawn_part(start, end, lo, hi)[1] / span * plot_px
         need = np.fromiter((len(str(t)) for t in text), np.float64, len(text)) * char_px + 4
         trace.text = np.where(px >= need, text, "")
 

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from popviz.analysis.trace_detail import module_runs
 from popviz.figures.lod import CATEGORIES, category_codes
 from popviz.figures.style import CATEGORY_COLOURS, CATEGORY_NAMES, WEIGHT_GRAD_COLOUR
-from popviz.figures.trace import HIGHLIGHT, _stack
+from popviz.figures.trace import HIGHLIGHT, _stack, drawn_part
 from popviz.figures.trace_host_slices import OP_PALETTE
 from popviz.vocab import Naming
 
@@ -28,18 +28,6 @@ OP_CLASS_COLOURS = {"conv": "#1f5f99", "matmul": "#6a3d9a", "norm": "#c51b8a",
                     "elementwise": "#a6cee3", "reduction": "#dfc27d",
                     "data_movement": "#cab2d6", "pool": "#fdbf6f", "loss": "#ff7f00",
                     "optimiser": "#519e3e", "other": "#bbbbbb"}
-
-
-def drawn_part(start: np.ndarray, end: np.ndarray, lo: float,
-               hi: float) -> tuple[np.ndarray, np.ndarray]:
-    """(base, width) of the part of each bar [start, end] inside the window [lo, hi]: Plotly
-    centres a bar's inside label on the bar it is given, so a bar drawn whole that starts
-    before the window (or ends after it) would centre its label off-screen. A bar is drawn
-    over what is seen of it and its hover says its true start and end (from customdata)."""
-    start = np.asarray(start, dtype=float)
-    end = np.asarray(end, dtype=float)
-    base = np.clip(start, lo, hi)
-    return base, np.maximum(np.clip(end, lo, hi) - base, 0.0)
 
 
 def module_bars(ops: pd.DataFrame, row_of: dict, levels: int, lo: float,

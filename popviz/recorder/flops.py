@@ -65,7 +65,6 @@ _POOL_BACKWARD = {"max_pool2d_with_indices_backward", "max_pool3d_with_indices_b
                   "embedding_dense_backward", "_adaptive_avg_pool3d_backward"}
 _ELEMENTWISE_EXTRA = {"native_dropout", "native_dropout_backward", "where", "masked_fill",
                       "clamp", "_foreach_sqrt", "bernoulli", "rand_like", "randn_like"}
-_DATA_MOVEMENT = DATA_MOVEMENT  # shared with an import's classes (popviz.op_names)
 
 
 def numel(shape: Sequence[int]) -> int:
@@ -89,7 +88,7 @@ def kind_of(func: Any) -> str:
         return "pool"
     if name in _POOL_BACKWARD:
         return "pool_backward"
-    if func.is_view or name in _DATA_MOVEMENT:
+    if func.is_view or name in DATA_MOVEMENT:  # shared with an import's (popviz.op_names)
         return "data_movement"
     tags = func.tags
     if torch.Tag.reduction in tags:

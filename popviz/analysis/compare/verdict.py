@@ -12,6 +12,7 @@ from typing import Any
 from popviz.analysis.compare.sides import Side
 from popviz.analysis.compare.table import Comparison
 from popviz.analysis.compare.terms import on_equal_terms, shown
+from popviz.units import count_of
 from popviz.units import fmt_bytes as _fmt_bytes
 from popviz.vocab import ipu_label, naming_of, rank_label
 
@@ -40,11 +41,6 @@ def _ok(value: Any) -> bool:
 
 def _measured(side: Side) -> bool:
     return naming_of(side.facts).measured
-
-
-def _count(n: object, word: str) -> str:
-    """'1 rank', '4 IPUs'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _dev(*sides: Side) -> str:
@@ -112,7 +108,7 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
     na, nb = sa.facts["total_ipus"], sb.facts["total_ipus"]
     have_total = bool(tot) and _ok(tot.get("a")) and _ok(tot.get("b")) and \
         min(tot["a"], tot["b"]) > 0
-    total = (f"; in total A does {tot['a']:,.1f} samples/s on {_count(na, _dev(sa))}, B "
+    total = (f"; in total A does {tot['a']:,.1f} samples/s on {count_of(na, _dev(sa))}, B "
              f"{tot['b']:,.1f} on {nb}" if have_total else "")
     per_fast, per_factor = _faster(per["ratio"])
     same = na == nb or not have_total
@@ -342,6 +338,6 @@ def verdict(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
         "per_device": {
             "a": per.get("a"), "b": per.get("b"),
             "total_a": tot.get("a") if tot else None, "total_b": tot.get("b") if tot else None,
-            "devices_a": _count(sa.facts["total_ipus"], _dev(sa)),
-            "devices_b": _count(sb.facts["total_ipus"], _dev(sb))} if per else {},
+            "devices_a": count_of(sa.facts["total_ipus"], _dev(sa)),
+            "devices_b": count_of(sb.facts["total_ipus"], _dev(sb))} if per else {},
     }, sa.facts, sb.facts)
