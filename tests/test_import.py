@@ -22,6 +22,7 @@ from popviz.compiler import compile as compile_program
 from popviz.ingest import kineto, kineto_fast
 from popviz.ingest.import_rank import RankPart
 from popviz.ingest.import_schedule import schedule_seen
+from popviz.ingest.kineto_events import Labeller
 from popviz.ingest.kineto_ops import op_classes
 from popviz.metrics import rank_time
 from popviz.options import Options
@@ -167,6 +168,56 @@ def test_resnet_liveness_from_the_traces_memory_events(resnet: Any) -> None:
     assert len(live) == len(events)
     assert int(total.max()) == max(allocated)
     assert int(live["always_live_bytes"].iloc[0]) == min(allocated)
+
+
+def test_an_idle_gap_is_in_the_pass_of_the_work_that_ends_it(resnet: Any) -> None:
+    """The GPU idles waiting for the work that ends the gap: the gap takes that work's
+    pass. It took the host's pass at the gap's own time, and the host runs ahead of the
+    GPU: gaps between backward kernels read WU, as the host was in the optimiser."""
+    tr = resnet.trace
+    busy = tr[~tr["kind"].isin(["idle", "sync"])].sort_values("start", kind="stable")
+    idle = tr[tr["kind"] == "idle"]
+    first = busy.drop_duplicates("start").set_index("start")["pass"].astype(str)
+    ending = first.reindex(idle["end"].to_numpy())
+    assert len(idle) > 500 and ending.notna().all()
+    assert (idle["pass"].astype(str).to_numpy() == ending.to_numpy()).all()
+    kernels = busy[busy["pass"] == "B"]  # gaps inside the backward are backward
+    inner = idle[(idle["start"] > kernels["start"].min()) & (idle["end"] < kernels["end"].max())]
+    assert set(inner["pass"]) == {"B"}
+
+
+def test_what_a_backward_frees_as_it_returns_is_backward(resnet: Any) -> None:
+    """Memory events after the last autograd function and before Optimizer.step (the loss
+    and its gradient freed as `backward()` returns) are B, not F: a step's liveness reads
+    F, then B, then WU, once each (it read F, B, F, WU)."""
+    events = sorted((e for e in _events(RESNET) if e.get("name") == "[memory]"
+                     and e["args"].get("Device Type") == 1), key=lambda e: e["ts"])
+    spans = _events(RESNET)
+    backward_end = max(e["ts"] + e["dur"] for e in spans if str(e.get("name", "")).startswith(
+        "autograd::engine::evaluate_function"))
+    step = min(e["ts"] for e in spans if str(e.get("name", "")).startswith("Optimizer.step"))
+    tail = [i for i, e in enumerate(events) if backward_end <= e["ts"] < step]
+    live = resnet.liveness.sort_values("time", kind="stable").reset_index(drop=True)
+    assert tail and len(live) == len(events)
+    assert set(live.loc[tail, "pass"]) == {"B"}
+    runs = live["pass"][live["pass"] != live["pass"].shift()].tolist()
+    assert runs == ["F", "B", "WU"]
+
+
+def test_a_forward_between_two_backwards_stays_forward() -> None:
+    """Only the gap up to an optimiser step is the backward's tail. Schedule1F1B writes no
+    annotations: the next micro-batch's forward runs between two backwards, then the
+    optimiser; that forward stays F, what comes after the last backward is B, and what
+    follows the optimiser (the next step, zero_grad) F again."""
+    spans = pd.DataFrame(
+        [("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 10, 20),
+         ("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 40, 50),
+         ("user_annotation", "Optimizer.step#SGD.step", 70, 80)],
+        columns=["cat", "name", "start", "end"])
+    _, passes, _ = Labeller(spans, rank=0).label(np.array([5, 15, 30, 45, 60, 75, 90]))
+    assert passes.tolist() == ["F", "B", "F", "B", "B", "WU", "F"]
+    no_step = Labeller(spans.iloc[:2], rank=0)  # no optimiser: nothing says a tail ends
+    assert no_step.label(np.array([30, 60]))[1].tolist() == ["F", "F"]
 
 
 def test_memory_snapshot_gives_the_liveness(tmp_path: Path) -> None:

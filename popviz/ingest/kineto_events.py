@@ -172,11 +172,38 @@ class Labeller:
             spans["name"], lambda n: n.str.startswith("autograd::engine::evaluate_function"))]
         self.bwd = merged_intervals(bwd["start"].to_numpy(), bwd["end"].to_numpy())
 
+    def backward_tail(self, t: np.ndarray) -> np.ndarray:
+        """Mask of times after a backward and before the optimiser step that follows it,
+        with no other backward between: what `loss.backward()` frees as it returns, the
+        loss read back, gradient clipping. They were `F` (nothing marks them), so a
+        step's memory read F, B, then F again. Only up to an optimiser step: without one
+        what follows a backward may be the next micro-batch's forward (Schedule1F1B
+        runs without annotations), and that stays F."""
+        (bs, be), (ws, we) = self.bwd, self.wu
+        if len(t) == 0 or len(be) == 0 or len(ws) == 0:
+            return np.zeros(len(t), dtype=bool)
+        none = np.iinfo(np.int64).min
+
+        def last_end(ends: np.ndarray) -> np.ndarray:  # latest end at or before t
+            i = np.searchsorted(ends, t, side="right") - 1
+            return np.where(i >= 0, ends[np.clip(i, 0, None)], none)
+
+        def next_start(starts: np.ndarray) -> np.ndarray:  # earliest start after t
+            i = np.searchsorted(starts, t, side="right")
+            return np.where(i < len(starts), starts[np.clip(i, 0, len(starts) - 1)],
+                            np.iinfo(np.int64).max)
+
+        after_backward = last_end(be) > last_end(we)
+        wu_next = next_start(ws)
+        return after_backward & (wu_next < np.iinfo(np.int64).max) \
+            & (wu_next <= next_start(bs))
+
     def label(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         stage = np.full(len(t), self.default_stage, dtype=np.int64)
         mb = np.full(len(t), -1, dtype=np.int64)
         ps = np.full(len(t), "F", dtype=object)
         ps[inside(t, *self.bwd) >= 0] = "B"
+        ps[self.backward_tail(t)] = "B"
         ps[inside(t, *self.wu) >= 0] = "WU"
         idx = inside(t, self.pp_start, self.pp_end)
         hit = idx >= 0
@@ -241,7 +268,11 @@ def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     gap_s, gap_e = busy_e[:-1], busy_s[1:]
     keep = gap_e > gap_s
     gap_s, gap_e = gap_s[keep], gap_e[keep]
-    g_stage, g_pass, g_mb = lab.label(gap_s)
+    # a gap is the GPU waiting for the work that ends it: labelled as that work is (its
+    # launch), not by the host's pass at the gap's own time, which runs ahead of the GPU
+    by_start = np.argsort(ev["start"].to_numpy(), kind="stable")
+    ending = by_start[np.searchsorted(ev["start"].to_numpy()[by_start], gap_e)]
+    g_stage, g_pass, g_mb = stage[ending], ps[ending], mb[ending]
     idle = pd.DataFrame({"ipu": rank, "start": gap_s, "end": gap_e, "kind": "idle",
                          "stage": g_stage, "microbatch": g_mb, "pass": g_pass,
                          "op": "GPU idle", "step": 0, "bytes": 0, "peer": -1,
