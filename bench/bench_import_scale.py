@@ -10,7 +10,10 @@ Each run is a fresh interpreter (bench_import.measure's way): wall seconds, the 
 own peak RSS and the peak of the process tree's summed RSS (the client and its local
 workers; psutil sampling). Traces are bench_import.write_traces's (torch.profiler shaped,
 ProfilerStep annotations, NCCL and compute streams), written once per size under --dir.
-Printed side by side in one run, with the ratios the issue asks for: 2 workers against 1
+A cluster row also gives its phases: the cluster's start, every rank parsed, every rank
+finished and written (docs/import.md: the parse splits over two workers, the finish,
+where the client writes, does not). Printed side by side in one run, with the ratios the
+issue asks for: 2 workers against 1
 on the same job (each cluster size run `--repeat` times, taking turns, and the median
 kept: one run of each varies by up to 1.4x here), and the client's peak at the largest
 job against the smallest.
@@ -41,16 +44,38 @@ def _child(mode: str, folder: Path, result: Path) -> None:
 
     files = sorted(folder.glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     t0 = time.perf_counter()
+    marks: dict[str, float] = {}  # seconds from t0 at which every rank was parsed, written
+
+    def parsed(done: int, total: int, _part: object) -> None:
+        if done == total:
+            marks["parsed"] = time.perf_counter() - t0
+
+    def written(done: int, total: int, _rank: int) -> None:
+        if done == total:
+            marks["written"] = time.perf_counter() - t0
+
     if mode == "hta":
         run_hta(folder)
     else:
+        if mode.startswith("dask"):  # when the cluster is up: the first parse is sent
+            from popviz.ingest import import_dask
+
+            starting = import_dask.DaskRanks.parse
+
+            def parse(self: object, *args: object, **kwargs: object) -> object:
+                marks["up"] = time.perf_counter() - t0
+                return starting(self, *args, **kwargs)
+
+            import_dask.DaskRanks.parse = parse
         with tempfile.TemporaryDirectory() as tmp:
             workers = int(mode.split("-")[1]) if "-" in mode else 1
             popviz.import_trace(files, Path(tmp) / "profile.h5", workers=workers,
-                                scheduler="local" if mode.startswith("dask") else None)
+                                scheduler="local" if mode.startswith("dask") else None,
+                                on_progress=parsed, on_written=written)
     seconds = time.perf_counter() - t0
     me = resource.getrusage(resource.RUSAGE_SELF)
-    result.write_text(json.dumps({"seconds": seconds, "client_peak": me.ru_maxrss * 1024}))
+    result.write_text(json.dumps({"seconds": seconds, "client_peak": me.ru_maxrss * 1024,
+                                  "marks": marks}))
 
 
 def measure(mode: str, folder: Path) -> dict:
@@ -76,12 +101,21 @@ def _median(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
 
 
+def _phases(out: dict) -> str:
+    """A cluster run's seconds to start, parse every rank and finish and write them."""
+    marks = out.get("marks", {})
+    if not {"up", "parsed", "written"} <= set(marks):
+        return ""
+    up, parsed, written = marks["up"], marks["parsed"], marks["written"]
+    return f"  [start {up:.2f}, parse {parsed - up:.2f}, finish {written - parsed:.2f} s]"
+
+
 def _print(ranks: int, mode: str, out: dict, runs: list[dict]) -> None:
     seconds = ", ".join(f"{r['seconds']:.2f}" for r in runs)
     each = f"  (runs: {seconds} s)" if len(runs) > 1 else ""
     print(f"{ranks:>5} {mode:>7} | {out['wall']:>7.2f} {out['seconds']:>7.2f} | "
-          f"{out['client_peak'] / 2**20:>10.0f} {out['tree_peak'] / 2**20:>9.0f}{each}",
-          flush=True)
+          f"{out['client_peak'] / 2**20:>10.0f} {out['tree_peak'] / 2**20:>9.0f}{each}"
+          f"{_phases(out)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,4 +25,7 @@ def test_the_bench_prints_each_mode_and_the_ratios(tmp_path: Path,
                                               for m in ("here", "pool-2", "dask-1", "dask-2")}
     assert all(float(r[3]) > 0 and float(r[6]) > 0 for r in rows)
     assert out.count("(runs: ") == 4  # each cluster size twice, at each job size
+    phases = [line for line in out.splitlines() if " dask-" in line]
+    assert len(phases) == 4 and all("[start " in line and ", finish " in line
+                                    for line in phases)
     assert "3 ranks: 2 workers" in out and "client peak, 3 ranks / 2 ranks (dask-2)" in out
