@@ -147,7 +147,8 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,
             col["type"] = "numeric"
             integer = pd.api.types.is_integer_dtype(frame[c])
             plain = c.replace(" ", "_") in ID_COLUMNS or c.endswith("_id")  # tile 1003
-            col["format"] = {"specifier": ("d" if plain else ",d") if integer else ",.4~f"}
+            col["format"] = {"specifier": ("d" if plain else ",d") if integer else
+                             ".1%" if is_share(str(c)) else ",.4~f"}
             if c in UNKNOWN_WHEN_MISSING:
                 col["format"]["nully"] = "unknown"
         out.append(col)
@@ -186,8 +187,20 @@ def _cell(value: Any, column: str) -> str:
         plain = column.replace(" ", "_") in ID_COLUMNS or column.endswith("_id")
         return f"{int(value)}" if plain else f"{int(value):,}"
     if isinstance(value, (float, np.floating)):
+        if is_share(column):
+            return f"{float(value):.1%}"
         return f"{float(value):,.4f}".rstrip("0").rstrip(".")
     return str(value)
+
+
+SHARE_COLUMNS = ("fullest_tile",)  # /tune's plans: the fullest tile's share of its memory
+
+
+def is_share(column: str) -> bool:
+    """A column of shares of a whole (busy_fraction, bubble_fraction, a plan's fullest
+    tile): shown as percent, as the cards and figures say them ("12% idle"), sorted and
+    filtered as the number."""
+    return column.endswith("_fraction") or column in SHARE_COLUMNS
 
 
 def _td(text: str, keyed: dict[str, Any]) -> html.Td:

@@ -283,3 +283,21 @@ def test_a_static_table_shows_cells_as_the_sortable_table_does() -> None:
     cell = tab.children[1].children[0].children[5]
     assert cell.to_plotly_json()["props"]["data-dash-column"] == "op"
     assert cell.title == "aten.convolution_backward.default"
+
+
+def test_shares_read_as_percent_and_sort_as_numbers() -> None:
+    """A column of shares (busy_fraction, a tune plan's fullest tile) reads as the cards
+    say it, 75.0%, in both tables, and stays a number: /tune's shares were text ("9 %"),
+    which sorted "100 %" before "9 %"."""
+    from app.common import static_table, table
+
+    frame = pd.DataFrame({"stage": [0, 1], "busy_fraction": [0.75, 0.0625],
+                          "fullest_tile": [1.0, 0.09], "load": [0.75, 1.25]})
+    columns = {c["id"]: c for c in table("t", frame).columns}
+    assert columns["busy_fraction"]["type"] == "numeric"
+    assert columns["busy_fraction"]["format"]["specifier"] == ".1%"
+    assert columns["fullest_tile"]["format"]["specifier"] == ".1%"
+    assert columns["load"]["format"]["specifier"] == ",.4~f"  # a ratio, not a share
+    rows = [[td.children for td in tr.children]
+            for tr in static_table("s", frame).children[1].children]
+    assert rows == [["0", "75.0%", "100.0%", "0.75"], ["1", "6.2%", "9.0%", "1.25"]]

@@ -125,10 +125,10 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
                          throughput_per_ipu=plans["throughput_per_ipu"].round().astype("int64"),
                          step_ms=plans["step_ms"].round(3),
                          vs_now=plans["vs_now"].round(2),
-                         fullest_tile=(plans["fullest_tile"] * 100).round(0).astype(int)
-                         .astype(str) + " %",
-                         idle_fraction=(plans["idle_fraction"] * 100).round(0).astype(int)
-                         .astype(str) + " %")[columns]
+                         # shares stay numbers (shown as percent: common.is_share), so
+                         # they sort as numbers: as text "100 %" came before "9 %"
+                         fullest_tile=plans["fullest_tile"].astype(float),
+                         idle_fraction=plans["idle_fraction"].astype(float))[columns]
     links: list[Any] = [html.Span("Compare with this profile: ", className="label")]
     for rank in range(1, len(result.candidates) + 1):
         links.append(html.Button(f"plan #{rank}", id={"type": "tune-compare", "rank": rank,

@@ -344,7 +344,7 @@ def test_tune_page_ranks_plans_and_opens_compare(browser_context: Any, base_url:
         "td => [td.dataset.dashColumn, td.innerText.trim()])))") if r]
     fitting = [r for r in rows if r["fits"] == "yes"]
     assert fitting, rows
-    for r in fitting:  # shown rounded to a whole percent: never above a whole ceiling
+    for r in fitting:  # shown to a tenth of a percent: never above a whole ceiling
         assert float(r["fullest_tile"].rstrip(" %")) <= fill, r
     assert all(r["fits"].endswith(f"> {fill}%)") for r in rows if r["fits"] != "yes")
     _drawn(page, "tune-graph")
