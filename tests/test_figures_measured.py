@@ -193,7 +193,8 @@ def test_small_exchanges_in_kib_and_the_load_painted_as_measured(measured: Any) 
     heaviest = float(max(load.data[0].y))
     red = "#c53a32" in load.data[0].marker.color
     assert red == (heaviest > 1.15)
-    assert ("red: bottleneck" if red else "balanced within 15%") in load.layout.title.text
+    title = load.layout.title.text
+    assert ("red: bottleneck" if red else "busiest within 15% of the mean") in title
 
 
 def test_measured_ops_table_shows_times_in_ns(ctx: AppContext) -> None:

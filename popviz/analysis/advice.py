@@ -66,6 +66,7 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
                 ": no stages to balance, nothing to change."
         else:
             fit = "Fits, and the stages" if fitting else "The stages"
-            text = f"{fit} are balanced within {IMBALANCE_LIMIT - 1:.0%}: nothing to change."
+            text = (f"{fit} are balanced: the busiest is within {IMBALANCE_LIMIT - 1:.0%} "
+                    "of the mean, nothing to change.")
         out.append(Advice("info", "ok", None, text))
     return out

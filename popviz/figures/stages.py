@@ -128,7 +128,7 @@ def stage_load_figure(stages: pd.DataFrame, title: str = "Load per stage",
             else f"all on {naming.label(bal['ipu'].iloc[0])}: they run in turn" if one_device
             else "sharded: they run in turn" if sharded
             else "red: bottleneck" if unbalanced
-            else f"balanced within {IMBALANCE_LIMIT - 1:.0%}")
+            else f"busiest within {IMBALANCE_LIMIT - 1:.0%} of the mean")
     base_layout(fig, f"{title} ({note})", height=340)
     fig.update_layout(margin={"r": 50})  # room for the mean line's name
     return fig

@@ -14,7 +14,7 @@ from popviz.analysis.compare.table import Comparison
 from popviz.analysis.compare.terms import on_equal_terms, shown
 from popviz.units import count_of
 from popviz.units import fmt_bytes as _fmt_bytes
-from popviz.vocab import ipu_label, naming_of, rank_label
+from popviz.vocab import IMBALANCE_LIMIT, ipu_label, naming_of, rank_label
 
 TIE = 0.02  # throughputs within 2% are "about the same"
 WHY = {
@@ -164,7 +164,10 @@ def _idlest_ipu(comp: Comparison, side: Side) -> str:
     rank_time = step if _ok(step) and step else ipus[list(need)].sum(axis=1)
     share = ipus["idle_ms"] / rank_time
     ipu = int(share.idxmax())  # type: ignore[call-overload]  # pandas-stubs: a label is Hashable
-    uneven = ": stages are unbalanced" if share.max() - share.min() > 0.15 else ""
+    # unbalanced as /stages and the advice judge it: the busiest device over the mean
+    busy = ipus["compute_ms"] + ipus["exchange_ms"]
+    uneven = ": stages are unbalanced" if busy.mean() > 0 \
+        and float(busy.max() / busy.mean()) > IMBALANCE_LIMIT else ""
     return f", most on {_name(side, ipu)} ({share[ipu]:.0%} of its step{uneven})"
 
 
