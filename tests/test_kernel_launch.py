@@ -47,9 +47,9 @@ def test_the_hover_says_the_launch_in_words(resnet: Any) -> None:
     block = "×".join(map(str, first["block"]))
     want = (f"grid {grid} · block {block}<br>{first['registers per thread']} registers a "
             f"thread · {first['shared memory']:,} B shared memory<br>occupancy "
-            f"{first['est. achieved occupancy %']:.0f}% (est.) · "
-            f"{first['blocks per SM']:,.1f} blocks and {first['warps per SM']:,.1f} warps "
-            "per SM")
+            f"{first['est. achieved occupancy %']:.0f}% (CUPTI's estimate) · grid over the "
+            f"SMs: {first['blocks per SM']:,.1f} blocks and {first['warps per SM']:,.1f} "
+            "warps each")
     assert launch_lines(row, kernels).tolist() == [want]
     # a kernel the table does not hold, or no table (a 1.3 profile): nothing added
     assert launch_lines(row, kernels.iloc[:0]).tolist() == [""]
@@ -57,8 +57,12 @@ def test_the_hover_says_the_launch_in_words(resnet: Any) -> None:
     partial = kernels.assign(grid="", registers=np.nan, blocks_per_sm=np.nan)
     assert launch_lines(row, partial).tolist() == [
         f"block {block}<br>{first['shared memory']:,} B shared memory<br>occupancy "
-        f"{first['est. achieved occupancy %']:.0f}% (est.) · "
-        f"{first['warps per SM']:,.1f} warps per SM"]
+        f"{first['est. achieved occupancy %']:.0f}% (CUPTI's estimate) · "
+        f"grid over the SMs: {first['warps per SM']:,.1f} warps each"]
+    # Kineto's 0% is CUPTI failing to estimate (one block, opt-in shared memory), and its
+    # per-SM figures are the grid's share: 95 warps a SM is no resident count (64 at most)
+    zero = kernels.assign(occupancy_pct=0.0)
+    assert "occupancy not estimated (CUPTI gives 0%)" in launch_lines(row, zero)[0]
 
 
 ODD = [  # (args of a kernel event) -> what both readers keep

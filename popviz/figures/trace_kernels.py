@@ -16,8 +16,12 @@ KERNEL_COLUMNS = OPTIONAL_COLUMNS["kernels"]
 
 def launch_lines(events: pd.DataFrame, kernels: pd.DataFrame | None) -> np.ndarray:
     """Per GPU event: its kernel's launch as hover lines ("grid 1568×1×64 · block
-    256×1×1<br>32 registers a thread · 4,224 B shared memory<br>occupancy 100% (est.) ·
-    760.2 blocks and 6,081.9 warps per SM"), "" where `kernels` has no row for it."""
+    256×1×1<br>32 registers a thread · 4,224 B shared memory<br>occupancy 100% (CUPTI's
+    estimate) · grid over the SMs: 760.2 blocks and 6,081.9 warps each"), "" where
+    `kernels` has no row for it. Kineto's "blocks / warps per SM" are the whole grid
+    divided by the SMs (6,081.9 is no resident count: an SM holds at most 64 warps), and
+    its occupancy estimate is 0 where CUPTI's calculation fails (a single block, shared
+    memory past the default 48 KiB): said as no estimate, not as an idle kernel."""
     out = np.full(len(events), "", dtype=object)
     if kernels is None or kernels.empty or events.empty or "correlation" not in events \
             or not set(KERNEL_COLUMNS) <= set(kernels.columns):
@@ -40,10 +44,11 @@ def launch_lines(events: pd.DataFrame, kernels: pd.DataFrame | None) -> np.ndarr
         per_sm = " and ".join(text.format(num[c][i]) for c, text in
                               (("blocks_per_sm", "{:,.1f} blocks"),
                                ("warps_per_sm", "{:,.1f} warps")) if np.isfinite(num[c][i]))
+        occupancy = num["occupancy_pct"][i]
         fill = " · ".join(
-            ([f"occupancy {num['occupancy_pct'][i]:,.0f}% (est.)"]
-             if np.isfinite(num["occupancy_pct"][i]) else [])
-            + ([f"{per_sm} per SM"] if per_sm else []))
+            ([f"occupancy {occupancy:,.0f}% (CUPTI's estimate)" if occupancy > 0 else
+              "occupancy not estimated (CUPTI gives 0%)"] if np.isfinite(occupancy) else [])
+            + ([f"grid over the SMs: {per_sm} each"] if per_sm else []))
         out[i] = "<br>".join(x for x in (shape, use, fill) if x)
     return out
 
