@@ -96,6 +96,12 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     gpu = spans[spans["cat"].isin(GPU_CATS)]
     per_ext = (gpu["end"] - gpu["start"]).groupby(gpu["ext"].to_numpy()).agg(["sum", "size"])
     found = per_ext.reindex(ops["ext"].to_numpy())
+    # its compute: the kernels the trace counts as compute (not NCCL's, nor copies and
+    # sets, which it counts as exchange), so an op's cycles add up to the stages' compute
+    work = gpu[(gpu["cat"].astype(str) == "kernel").to_numpy()
+               & ~name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))]
+    computed = (work["end"] - work["start"]).groupby(work["ext"].to_numpy()).agg(
+        ["sum", "size"]).reindex(ops["ext"].to_numpy())
     comm = name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern))
     stage, ps, mb = lab.label(ops["start"].to_numpy())
     phase = np.array([PHASE.get(p, "other") for p in ps], dtype=object)
@@ -103,16 +109,18 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     start, end = ops["start"].to_numpy(), ops["end"].to_numpy()
     gpu_ns = found["sum"].fillna(0).to_numpy(np.int64)
     top = top_level(ops)
-    # device time of an op, each instant once: its own kernels' GPU time (a kernel belongs
-    # to the innermost op that launched it), or on a CPU run the host time of top-level ops
-    cycles = np.where(comm, 0, gpu_ns if len(gpu) else np.where(top, end - start, 0))
+    # device time of an op, each instant once: its own compute kernels' GPU time (a kernel
+    # belongs to the innermost op that launched it), or on a CPU run the host time of
+    # top-level ops
+    compute_ns = computed["sum"].fillna(0).to_numpy(np.int64)
+    cycles = np.where(comm, 0, compute_ns if len(gpu) else np.where(top, end - start, 0))
     cls = op_classes(ops["name"])
     return pd.DataFrame({
         "op_id": 0, "op": ops["name"].to_numpy(), "phase": phase, "ipu": rank, "stage": stage,
         "microbatch": mb, "pass": ps, "step": 0, "start": start, "end": end,
         "host_ns": end - start, "bytes": 0, "peer": -1, "waiting_ns": 0, "transfer_ns": 0,
         "cycles": cycles, "op_class": cls, "gpu_ns": gpu_ns,
-        "kernels": found["size"].fillna(0).to_numpy(np.int64),
+        "kernels": computed["size"].fillna(0).to_numpy(np.int64),
         "shapes": _shapes(ops["dims"]),
         "flops": ops["flops"].to_numpy(), "top_level": top},
     )[[*tbl.OPS_COLUMNS, *EXTRA_COLUMNS]]

@@ -141,7 +141,28 @@ def op_records(profile: Profile, comp: Comparison, side: str) -> pd.DataFrame:
         "op": name.map(short_op), "op_class": cls, "module": _text(work, "module"),
         "pass": _text(work, "pass"),
         "seconds": (_num(work, "end") - _num(work, "start")).clip(lower=0) * scale / steps,
-        "count": 1.0 / steps, "temp_bytes": np.nan, "bytes_written": np.nan})
+        "count": _calls_per_event(profile.ops, host, work["kind"]) / steps,
+        "temp_bytes": np.nan, "bytes_written": np.nan})
+
+
+def _calls_per_event(ops: pd.DataFrame, host: pd.Series, kind: pd.Series) -> np.ndarray:
+    """Each work event's share of a call of the host op that launched it, so that a
+    group's count is calls, not kernels: an op whose 53 calls launched 295 compute
+    kernels counts 53/295 a kernel and nothing for its memsets (convolution_backward
+    read 318 'calls per step'). Events of an op with no compute kernel (a copy), events no
+    op launched, and a CPU run's (each event is an op) count 1."""
+    out = np.ones(len(host))
+    if ops.empty or not {"op", "kernels"} <= set(ops.columns):
+        return out
+    kernels = pd.to_numeric(ops["kernels"], errors="coerce").fillna(0)
+    launched = ops[kernels.to_numpy() > 0]
+    if launched.empty:
+        return out
+    names = launched["op"].astype(str)
+    share = (names.value_counts() / kernels[kernels > 0].groupby(names.to_numpy()).sum())
+    known = host.map(share).to_numpy(dtype=np.float64)
+    computing = (kind.astype(str) == "compute").to_numpy()
+    return np.where(np.isfinite(known), np.where(computing, known, 0.0), 1.0)
 
 
 def _keys(records: pd.DataFrame, by: str, depth: int) -> pd.Series:
