@@ -182,3 +182,20 @@ def test_compare_calls_stages_unbalanced_as_the_stages_page_does(name: str) -> N
         red = "#c53a32" in list(stage_load_figure(p.stages).data[0].marker.color)
     comp = build(side, side)
     assert ("stages are unbalanced" in _idlest_ipu(comp, side)) == red
+
+
+def test_amp_advice_off_the_bottleneck_says_the_step_hardly_shortens() -> None:
+    """rn50_pipeline's only advice raised AMP on IPU2 and IPU3 (cycles -0.9% / -0.8%),
+    the two least loaded IPUs, while IPU1 sets the pace: said so now. A sharded run's
+    IPUs all add to the step: no such note there."""
+    with popviz.open(ROOT / "rn50_pipeline" / "profile.h5") as p:
+        texts = {a.ipu: a.text for a in advise(p.meta, p.stages, p.tile_memory, p.ops)
+                 if a.topic == "amp"}
+        busiest = p.stages.groupby("ipu")[["forward_cycles", "backward_cycles",
+                                           "recompute_cycles"]].sum().sum(axis=1).idxmax()
+    assert texts and busiest not in texts
+    assert all(t.endswith(f"{ipu_label(busiest)}, the busiest, sets the step's pace: the "
+                          "step hardly shortens.") for t in texts.values())
+    with popviz.open(ROOT / "tutorial_sharded" / "training" / "profile.h5") as p:
+        assert not any("pace" in a.text for a in advise(p.meta, p.stages, p.tile_memory,
+                                                          p.ops))

@@ -21,6 +21,7 @@ from popviz.analysis.advice_time import (
     shared_parameter_advice,
 )
 from popviz.analysis.amp import amp_steps
+from popviz.analysis.balance import ipu_imbalance, is_sharded
 from popviz.analysis.gpu_advice import micro_batch_advice
 from popviz.metrics import fits
 from popviz.vocab import IMBALANCE_LIMIT, naming_of
@@ -55,7 +56,9 @@ def advise(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.DataFrame
     out += bubble_advice(meta, stages)
     out += one_device_advice(stages, measured)
     out += [Advice(*a) for a in micro_batch_advice(meta, stages)]
-    out += headroom_advice(meta, tile_memory, ops, steps)
+    pipelined = not stages.empty and stages["ipu"].nunique() > 1 and not is_sharded(meta)
+    out += headroom_advice(meta, tile_memory, ops, steps,
+                           ipu_imbalance(stages)[0] if pipelined else None)
     out += amp_ignored_advice(ops)
     out += shared_parameter_advice(meta)
     if not out:

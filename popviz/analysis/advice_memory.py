@@ -122,7 +122,11 @@ def _multi_pass_ops(ops: pd.DataFrame) -> pd.Series | None:
 
 
 def headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
-                     ops: pd.DataFrame, steps: Callable[[], Any]) -> list[Advice]:
+                     ops: pd.DataFrame, steps: Callable[[], Any],
+                     busiest: int | None = None) -> list[Advice]:
+    """A higher AMP where tiles have room. `busiest`: the IPU that sets a pipeline's step
+    (None: every IPU's cycles add to it, as a sharded run's do); a saving elsewhere is
+    said not to shorten the step."""
     if tile_memory.empty or not oom_tiles(tile_memory).empty:
         return []
     multi_pass = _multi_pass_ops(ops)
@@ -145,7 +149,8 @@ def headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
                 out.append(Advice("info", "amp", int(row.ipu),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
                                   f"{ipu_label(row.ipu)}: the fullest tile is only "
                                   f"{row.max_tile_utilisation:.0%} used; raise "
-                                  f"availableMemoryProportion {effect_words(amp, effect)}."))
+                                  f"availableMemoryProportion {effect_words(amp, effect)}."
+                                  + _not_the_step(int(row.ipu), busiest)))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
             continue
         if multi_pass is None:
             why = "may save cycles."
@@ -160,8 +165,17 @@ def headroom_advice(meta: dict[str, Any], tile_memory: pd.DataFrame,
                           f"{ipu_label(row.ipu)}: the fullest tile is only "
                           f"{row.max_tile_utilisation:.0%} used; raising "
                           f"availableMemoryProportion from {amp:g} toward "
-                          f"{DEFAULT_AMP:g} {why}"))
+                          f"{DEFAULT_AMP:g} {why}" + _not_the_step(int(row.ipu), busiest)))  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
     return out
+
+
+def _not_the_step(ipu: int, busiest: int | None) -> str:
+    """' IPU1, the busiest, sets the step's pace: the step hardly shortens.' for a
+    pipeline's other IPUs: their saved cycles mostly become idle time (only where they
+    are the slowest of a superstep, in the fill and drain, do they shorten the step)."""
+    if busiest is None or ipu == busiest:
+        return ""
+    return f" {ipu_label(busiest)}, the busiest, sets the step's pace: the step hardly shortens."
 
 
 def amp_ignored_advice(ops: pd.DataFrame) -> list[Advice]:
