@@ -9,10 +9,11 @@ from popviz.target.machines import BOW, MK1, MK2
 
 
 def test_one_rack_is_a_ring_over_ipu_links() -> None:
-    # Pod64, 51.2 MB of fp16 gradients: 2 x 63/64 of them over 320 GB/s, plus one
-    # transfer latency and 2 x 63 ring-step latencies of 1 us
+    # Pod64, 51.2 MB of fp16 gradients: each IPU sends 2 x 63/64 of them while it takes
+    # as many in, so over its ten links one way, 160 GB/s (the 320 GB/s quoted counts
+    # them both ways), plus one transfer latency and 2 x 63 ring-step latencies of 1 us
     g = 51.2e6
-    seconds = 2 * 63 / 64 * g / 320e9 + 1e-6 + 126 * 1e-6
+    seconds = 2 * 63 / 64 * g / 160e9 + 1e-6 + 126 * 1e-6
     assert BOW.allreduce_cycles(g, 64) == pytest.approx(seconds * 1.85e9, rel=1e-9)
     assert BOW.racks(64) == 1 and MK2.racks(16) == 1
 
@@ -23,7 +24,7 @@ def test_two_racks_add_a_gateway_stage_on_each_ipus_shard() -> None:
     # its IPU-Machine's GW-Links (25 GB/s shared by 4 IPUs = 6.25 GB/s an IPU): 128 us,
     # plus 2 ring-step latencies
     g = 51.2e6
-    in_rack = (2 * 63 / 64 * g / 320e9 + 1e-6 + 126e-6) * 1.33e9
+    in_rack = (2 * 63 / 64 * g / 160e9 + 1e-6 + 126e-6) * 1.33e9
     across = (0.8e6 / 6.25e9 + 2e-6) * 1.33e9
     assert MK2.racks(128) == 2
     assert MK2.allreduce_cycles(g, 128) == pytest.approx(in_rack + across, rel=1e-9)
@@ -34,7 +35,7 @@ def test_replicas_of_several_ipus_count_every_ipu() -> None:
     # EfficientNet-B4 on a Pod256: 128 replicas x 2 IPUs = 256 IPUs = 4 racks of 32
     # replicas; the cross-rack ring moves 2 x 3/4 of each 1/32 shard
     g = 10e6
-    in_rack = (2 * 31 / 32 * g / 320e9 + 1e-6 + 62e-6) * 1.85e9
+    in_rack = (2 * 31 / 32 * g / 160e9 + 1e-6 + 62e-6) * 1.85e9
     across = (1.5 * g / 32 / 6.25e9 + 6e-6) * 1.85e9
     assert BOW.racks(256) == 4
     assert BOW.allreduce_cycles(g, 128, 2) == pytest.approx(in_rack + across, rel=1e-9)

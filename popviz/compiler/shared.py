@@ -5,7 +5,8 @@ reads it (always-live memory there), and its gradient is sent from each reader I
 IPU that owns the parameter and its optimiser state at every weight update (one row per
 update in the exchange table, kind "shared_gradient", timed from the start of the owner's
 update). The transfer is not added to the step time: the model treats it as overlapped
-with the update, which understates the step by at most link_cycles(bytes) per update.
+with the update, which understates the step by at most stage_copy_cycles(bytes) per update
+(one way over the links joining the two IPUs, as a stage's copy).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def gradient_exchange(exchange: pd.DataFrame, trace: pd.DataFrame, shared: pd.Da
     scale = dtype_scale(shared["dtype"], weight_bytes)
     for (_, s), factor in zip(shared.iterrows(), scale, strict=True):
         nbytes = int(np.ceil(s["bytes"] * factor))
-        cycles = int(np.ceil(target.link_cycles(nbytes)))
+        cycles = int(np.ceil(target.stage_copy_cycles(nbytes)))
         starts = wu.loc[(wu["stage"] == s["home_stage"]) & (wu["ipu"] == s["home_ipu"]),
                         "start"]
         for start in starts.drop_duplicates().tolist():

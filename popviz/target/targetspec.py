@@ -92,9 +92,12 @@ class Target:
             return 0.0
         return (latency_s + nbytes / bytes_per_s) * self.clock_hz
 
-    def link_cycles(self, nbytes: float) -> float:
-        """Cycles to move `nbytes` over IPU-Links, latency included."""
-        return self._transfer_cycles(nbytes, self.ipu_link_latency_s, self.ipu_link_bytes_per_s)
+    def ring_cycles(self, nbytes: float) -> float:
+        """Cycles for each IPU of a ring to send `nbytes` on while it takes as many in:
+        all its IPU-Links one way, half of `ipu_link_bytes_per_s`, which counts them both
+        ways (Mk2: 10 links x 16 GB/s each way = 320 GB/s in all), latency included."""
+        return self._transfer_cycles(nbytes, self.ipu_link_latency_s,
+                                     self.ipu_link_bytes_per_s / 2)
 
     def stage_copy_cycles(self, nbytes: float) -> float:
         """Cycles to copy `nbytes` from one pipeline stage's IPU to a neighbour's."""
@@ -110,7 +113,9 @@ class Target:
     def allreduce_cycles(self, nbytes: float, replicas: int, ipus_per_replica: int = 1) -> float:
         """Cycles of one gradient all-reduce of `nbytes` per replica over `replicas`.
 
-        Within a rack a ring over IPU-Links (2(r-1)/r of the bytes, 2(r-1) transfers).
+        Within a rack a ring over IPU-Links: each IPU sends 2(r-1)/r of the bytes while
+        it receives as many, so at most its links' one-way rate (`ring_cycles`), in
+        2(r-1) transfers.
         When the replicas span R racks the reduction is hierarchical: reduce-scatter in
         each rack, an all-reduce of each IPU's 1/r shard across the racks over the
         GW-Links (a ring: 2(R-1)/R of the shard, 2(R-1) transfers; the IPUs of one
@@ -120,7 +125,7 @@ class Target:
         racks = self.racks(replicas * ipus_per_replica)
         r = max(1, replicas // racks)  # replicas in one rack
         lat = self.ipu_link_latency_s
-        cycles = (self.link_cycles(2.0 * (r - 1) / r * nbytes)
+        cycles = (self.ring_cycles(2.0 * (r - 1) / r * nbytes)
                   + 2 * (r - 1) * lat * self.clock_hz) if r > 1 else 0.0
         if racks > 1:
             shard = nbytes / r
