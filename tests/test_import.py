@@ -159,6 +159,18 @@ def test_compare_counts_an_imported_ops_calls_not_its_kernels(resnet: Any) -> No
     assert calls.reindex(want.index).to_numpy() == pytest.approx(want.to_numpy())
 
 
+def test_stages_of_one_rank_move_nothing_between_devices(pipeline: Any) -> None:
+    """The interleaved run's two stages share its one rank: their copies are internal,
+    and /compare read them as 128 KiB of rank-to-rank traffic."""
+    from popviz.analysis.compare import compare
+
+    ex = pipeline.exchange
+    assert len(ex) and (ex["src"].astype(str) == ex["dst"].astype(str)).all()
+    assert ex["bytes"].sum() > 0
+    metrics = compare(pipeline, pipeline).metrics.set_index("metric")
+    assert metrics.loc["inter_ipu_bytes", "a"] == 0
+
+
 def test_an_import_moves_data_where_the_recorder_does() -> None:
     """The same train step recorded (popviz.record's classes, from torch's op schemas) and
     traced by torch.profiler (an import's classes, from the names alone): an op is data

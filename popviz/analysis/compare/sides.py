@@ -229,7 +229,12 @@ def load_side(profile: Profile, label: str) -> Side:
         # a measured run's transfers cover every recorded step: the metric is one step's
         steps = exchange["step"].nunique() if "step" in exchange.columns else 1
         ex_bytes = _col(exchange, "bytes") / max(int(steps), 1)
-        ex_host, inter = float(ex_bytes[host].sum()), float(ex_bytes[~host].sum())
+        # a copy between two stages of one device (interleaved stages on one rank) moves
+        # nothing between devices: a one-rank run read 128 KiB of rank-to-rank traffic
+        between = exchange["src"].astype(str).to_numpy() != exchange["dst"].astype(str)\
+            .to_numpy()
+        ex_host = float(ex_bytes[host].sum())
+        inter = float(ex_bytes[~host & between].sum())
     fits = fit_verdict(tile_memory, liveness, meta)
     fits = fits_or_stored(tile_memory, summary) if fits is None else fits
     n_oom = float(len(over)) if len(tile_memory) else float(_num(summary.get("oom_tiles")) or 0)
