@@ -228,3 +228,20 @@ def test_the_liveness_hint_says_what_a_cpu_trace_leaves_out(app: Any) -> None:
     gpu = component_text(_page(app, "/liveness", f"?profile={CUDA}"))
     assert "(its parameters, gradients and optimiser state)" in gpu
     assert "after the profiler started" not in gpu
+
+
+def test_sizes_keep_one_unit_a_column(app: Any) -> None:
+    """The summary's peaks mixed units down a column ('827.0 KiB' under '17.1 MiB', sorted
+    as text); /compare's metrics said 'bytes' beside '510.5 MiB'."""
+    peaks = _by_id(_page(app, "/summary", f"?profile={PIPELINE}"), "DataTable",
+                   "peak-liveness")
+    columns = {c["id"]: c for c in peaks.columns}
+    for name in ("peak MiB", "always-live MiB", "not-always-live MiB"):
+        assert columns[name]["type"] == "numeric"
+    with popviz.open(app.popviz_context.root / PIPELINE) as p:
+        peak = p.liveness.eval("always_live_bytes + not_always_live_bytes").max() / 2**20
+    assert max(r["peak MiB"] for r in peaks.data) == pytest.approx(peak, abs=0.05)
+    page = _page(app, "/compare", f"?profile={PIPELINE}&other={CUDA}")
+    metrics = _by_id(page, "DataTable", "compare-metrics")
+    sizes = [r for r in metrics.data if r["metric"] == "peak_bytes_max"]
+    assert sizes and sizes[0]["unit"] == "" and sizes[0]["A"].endswith("MiB")

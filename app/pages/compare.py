@@ -95,7 +95,8 @@ def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
     if frame.empty:
         return html.P("Nothing to compare here.", className="hint")
     out = frame[keys].copy()
-    out["unit"] = frame["unit"]
+    # a size is written with its own unit (510.5 MiB): the column saying "bytes" misread
+    out["unit"] = frame["unit"].replace({"bytes": ""})
     for col, name in (("a", "A"), ("b", "B"), ("delta", "B - A")):
         out[name] = [format_value(v, u) for v, u in zip(frame[col], frame["unit"], strict=True)]
     out["B / A"] = [format_ratio(r) for r in frame["ratio"]]

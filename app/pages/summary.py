@@ -120,9 +120,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
     if len(peaks):
         peaks = pd.DataFrame({
             "ipu": peaks["ipu"], "peak step": peaks["peak_step"],
-            "peak": [fmt_bytes(x) for x in peaks["peak_bytes"]],
-            "always-live": [fmt_bytes(x) for x in peaks["always_live_bytes"]],
-            "not-always-live": [fmt_bytes(x) for x in peaks["not_always_live_bytes"]],
+            # one unit a column, as numbers: per value (827.0 KiB under 17.1 MiB) they
+            # read as one unit and sorted as text
+            "peak MiB": (peaks["peak_bytes"] / 2**20).round(1),
+            "always-live MiB": (peaks["always_live_bytes"] / 2**20).round(1),
+            "not-always-live MiB": (peaks["not_always_live_bytes"] / 2**20).round(1),
             "phase": peaks["phase"], "at": peaks["label"],
         })
         if not peaks["at"].astype(str).str.strip().any():  # a measured run names no op
