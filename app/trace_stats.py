@@ -14,6 +14,7 @@ from popviz.analysis.links import Span, op_span, op_window, run_span
 from popviz.analysis.range_stats import RangeStats, range_statistics
 from popviz.analysis.trace_detail import PassOps, readable_window
 from popviz.analysis.trace_threads import has_threads, idle_by_cause, launch_links
+from popviz.metrics import step_time
 from popviz.vocab import Naming
 
 from .cache import Entry
@@ -101,13 +102,27 @@ def stats_panel(entry: Entry, lo: float, hi: float, how: str) -> list[Any]:
     return _stats_blocks(entry, lo, hi, how, build())
 
 
+def _window_note(entry: Entry, span: float, unit: str) -> str:
+    """For a measured run whose window here is not its step: the shares below are this
+    window's, and /summary's and /stages' are the step's (the whole run of an import
+    holds time before and after its steps: 23.7% idle here, 24.5% on /summary)."""
+    if not naming(entry).measured:
+        return ""
+    step = entry.get("step_window", lambda: step_time(entry.profile.trace))
+    if not step or abs(span - step) <= 0.01 * step:
+        return ""
+    return (f" Shares below are over this window; /summary and /stages count over the "
+            f"step ({step:,.0f} {unit}).")
+
+
 def _stats_blocks(entry: Entry, lo: float, hi: float, how: str, stats: RangeStats
                   ) -> list[Any]:
     words = naming(entry)
     unit = words.unit
     head = html.Div(f"{how}: {lo:,.0f} to {hi:,.0f} {unit} ({hi - lo:,.0f} {unit}), "
                     # a measured run's trace is its ranks' events, on a CPU run no device's
-                    f"{stats.events:,} {'trace' if words.measured else 'device'} events.",
+                    f"{stats.events:,} {'trace' if words.measured else 'device'} events."
+                    + _window_note(entry, hi - lo, unit),
                     id="trace-stats-head",
                     className="status")
     per_ipu = stats.per_ipu.rename(columns={"ipu": words.device.lower()})
