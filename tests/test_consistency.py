@@ -199,3 +199,20 @@ def test_amp_advice_off_the_bottleneck_says_the_step_hardly_shortens() -> None:
     with popviz.open(ROOT / "tutorial_sharded" / "training" / "profile.h5") as p:
         assert not any("pace" in a.text for a in advise(p.meta, p.stages, p.tile_memory,
                                                           p.ops))
+
+
+def test_a_measured_bottleneck_says_how_much_of_its_step_is_untraced() -> None:
+    """The tutorial run's advice called rank 0 'compute-bound (84% compute, 16%
+    exchange)': shares of its busy time, while 46% of its step is Python between traced
+    ops. The advice says both, from the same timed stages /stages shows."""
+    from popviz.analysis.balance import stage_balance, timed_stages
+
+    with popviz.open(ROOT / "tutorial_measured_2ranks" / "profile.h5") as p:
+        text = " ".join(a["text"] if isinstance(a, dict) else a.text
+                        for a in insights(p)["advice"])
+        bal = stage_balance(timed_stages(p.stages, p.trace, True)).set_index("stage")
+    top = bal["busy_cycles"].idxmax()
+    untraced = bal.loc[top, "untraced_cycles"] / bal.loc[top, "total_cycles"]
+    assert untraced > 0.1
+    assert f"of its busy time). That busy time is {bal.loc[top, 'busy_fraction']:.0%} of " \
+        f"its step; {untraced:.0%} is untraced" in text

@@ -9,6 +9,7 @@ import pandas as pd
 
 from popviz.analysis.advice_base import Advice, KiB
 from popviz.analysis.balance import (
+    UNTRACED,
     imbalance,
     ipu_imbalance,
     is_sharded,
@@ -37,6 +38,10 @@ from popviz.vocab import (
     ipu_label,
     naming_of,
 )
+
+# a measured bottleneck's untraced share of its step past this is said beside its busy
+# time's split (a CPU rank's Python between ops: 46% of the bundled tutorial's rank 0)
+UNTRACED_WORTH_SAYING = 0.10
 
 
 def _pct(shares: dict[str, float]) -> str:
@@ -131,7 +136,11 @@ def balance_advice(meta: dict[str, Any], stages: pd.DataFrame, tile_memory: pd.D
     kind, shares = bound_by(row, host_io_by_ipu(exchange).get(ipu, 0.0))
     head = (f"Stage {top} on {where} is the bottleneck: {load:.2f}x the mean {busy_time} "
             f"of all stages, so the other {others} {wait}. It is {kind}-bound "
-            f"({_pct(shares)}).")
+            f"({_pct(shares)} of its busy time).")
+    untraced = float(row.get(UNTRACED, 0.0) or 0.0) / float(row["total_cycles"] or 1.0)
+    if measured and untraced > UNTRACED_WORTH_SAYING:  # what no event covers: not work
+        head += (f" That busy time is {float(row['busy_fraction']):.0%} of its step; "
+                 f"{untraced:.0%} is untraced (host time between traced ops).")
     if kind == "host I/O":
         return [Advice("warning", "host_io", ipu, head + " Moving splits does not shorten "
                        "host transfers: send fewer or smaller inputs (uint8 or half images, "
