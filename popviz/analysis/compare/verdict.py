@@ -123,12 +123,18 @@ def _speed(comp: Comparison, sa: Side, sb: Side, judge: str | None = None
             f"({fv:,.1f} vs {sv:,.1f} samples/s per {dev}){total}."), False
     tot_fast, tot_factor = _faster(tot["ratio"])
     per_words = (f"per {dev} A does {per['a']:,.1f} and B {per['b']:,.1f} samples/s")
+    # "the same work" only of one model: of two (or of traces that name none) the samples
+    # are not the same work, and the note below the verdict says so
+    alike = sa.facts["model"] == sb.facts["model"]
     if tot_fast is None:
-        total_words = (f"A and B do the same work in about the same time ({tot['a']:,.1f} vs "
-                       f"{tot['b']:,.1f} samples/s on {na} vs {nb} {dev}s)")
+        total_words = (("A and B do the same work in about the same time" if alike else
+                        "A and B have about the same total throughput")
+                       + f" ({tot['a']:,.1f} vs {tot['b']:,.1f} samples/s on {na} vs {nb} "
+                       f"{dev}s)")
     else:
         fast, slow = (sb, sa) if tot_fast == "B" else (sa, sb)
-        total_words = (f"{_who(fast)} does the same work in less time: {tot_factor:.2f}x "
+        does = "does the same work in less time" if alike else "has the higher total throughput"
+        total_words = (f"{_who(fast)} {does}: {tot_factor:.2f}x "
                        f"{_who(slow)}'s total throughput ({max(tot['a'], tot['b']):,.1f} vs "
                        f"{min(tot['a'], tot['b']):,.1f} samples/s, on "
                        f"{fast.facts['total_ipus']} vs {slow.facts['total_ipus']} {dev}s)")
