@@ -185,6 +185,15 @@ def test_a_verdict_does_not_call_two_models_the_same_work(resnet: Any) -> None:
     assert same.startswith("A and B do the same work in about the same time")
 
 
+def test_time_zero_is_the_first_event_memory_included(pipeline: Any) -> None:
+    """The interleaved run's first [memory] event comes before its first kept span: it sat
+    at -234,832 ns, and /memory's axis began there. Time 0 is now the first event of any
+    kind, so nothing is before it."""
+    live = pipeline.liveness
+    assert live["time"].min() == 0
+    assert min(pipeline.trace["start"].min(), pipeline.ops["start"].min()) >= 0
+
+
 def test_an_import_moves_data_where_the_recorder_does() -> None:
     """The same train step recorded (popviz.record's classes, from torch's op schemas) and
     traced by torch.profiler (an import's classes, from the names alone): an op is data

@@ -193,9 +193,14 @@ def rank_part(path: PathLike) -> RankPart:
 def _rank_part(path: PathLike) -> RankPart:
     t = read_trace(path)
     spans = t.spans
+    time, allocated, device = memsnap.trace_series(t.memory)
+    # the rank's first event, its memory events included: one recorded before the first
+    # span sat before time 0 (an interleaved run's memory axis began at -234,832 ns)
+    firsts = ([int(spans["start"].min())] if len(spans) else []) + \
+        ([int(np.min(time))] if len(spans) and len(time) else [])
     part = RankPart(path=t.path, meta=t.meta, rank=t.rank, world_size=t.world_size,
                     backend=t.backend, base_ns=t.base_ns,
-                    first_ns=int(spans["start"].min()) if len(spans) else None,
+                    first_ns=min(firsts) if firsts else None,
                     warnings=list(t.warnings))
     if spans.empty:
         return part
@@ -209,7 +214,6 @@ def _rank_part(path: PathLike) -> RankPart:
     part.events["op_class"] = np.where(launched, op_classes(part.events["host_op"]), "")
     part.step_starts = profiler_steps(spans)
     part.calls = kev.p2p_calls(spans, t.rank, lab, part.step_of).assign(on_gpu=part.on_gpu)
-    time, allocated, device = memsnap.trace_series(t.memory)
     part.liveness = liveness_of(part, time, allocated)
     if device is not None:  # a GPU's memory events: its capacity holds them
         part.device_memory = device_memory(t.meta, device)
