@@ -258,3 +258,12 @@ def test_the_trace_says_its_window_is_not_the_step(app: Any) -> None:
     assert f"count over the step ({step:,.0f} ns)" in component_text(head)
     modelled = _by_id(_page(app, "/trace", f"?profile={PIPELINE}"), "Div", "trace-stats-head")
     assert "count over the step" not in component_text(modelled)
+
+
+def test_a_measured_stage_table_shows_whole_ns(app: Any) -> None:
+    """Means over recorded steps read '7,061,044.5' ns: whole ns on a measured run."""
+    table = _by_id(_page(app, "/stages", f"?profile={MEASURED}"), "DataTable",
+                   "stages-table")
+    times = [c["id"] for c in table.columns if "_cycles" in c["id"]]
+    assert "idle_cycles" in times and "forward_cycles_per_microbatch" in times
+    assert all(isinstance(r[c], int) for r in table.data for c in times)
