@@ -267,3 +267,11 @@ def test_a_measured_stage_table_shows_whole_ns(app: Any) -> None:
     times = [c["id"] for c in table.columns if "_cycles" in c["id"]]
     assert "idle_cycles" in times and "forward_cycles_per_microbatch" in times
     assert all(isinstance(r[c], int) for r in table.data for c in times)
+
+
+def test_a_compare_card_never_shows_an_empty_value(app: Any) -> None:
+    """An import names no split: its card read 'splits · recomputation off'."""
+    page = _page(app, "/compare", f"?profile={CUDA}&other={MEASURED}")
+    side = _by_id(page, "Div", "compare-side-A")
+    text = component_text(side)
+    assert "splits none named ·" in text and "splits ·" not in text

@@ -66,8 +66,10 @@ def _cards(comp: Comparison, side: str) -> html.Div:
         _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")
+    # a run that names no split (one stage, or an imported pipeline's annotations) says so
+    splits = str(s["splits"] or "").strip() or "none named"
     return html.Div([html.H3(title), html.Div(
-        f"{s['model']} · splits {s['splits']} · "
+        f"{s['model']} · splits {splits} · "
         + ("" if dev == "rank" else f"AMP {s['amp']} · ") + "recomputation "
         f"{'on' if s['recomputation'] else 'off'}", className="hint"),
         html.Div(cards, className="cards")], className="half", id=f"compare-side-{side}")
