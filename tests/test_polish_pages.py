@@ -269,9 +269,13 @@ def test_a_measured_stage_table_shows_whole_ns(app: Any) -> None:
     assert all(isinstance(r[c], int) for r in table.data for c in times)
 
 
-def test_a_compare_card_never_shows_an_empty_value(app: Any) -> None:
-    """An import names no split: its card read 'splits · recomputation off'."""
-    page = _page(app, "/compare", f"?profile={CUDA}&other={MEASURED}")
-    side = _by_id(page, "Div", "compare-side-A")
-    text = component_text(side)
+def test_a_compare_card_never_shows_an_empty_value(tmp_path: Path) -> None:
+    """The interleaved import's stages come from its annotations and name no split: its
+    card read 'splits · recomputation off'."""
+    popviz.import_trace([RESNET.parent / "kineto_pipelining_interleaved_1rank.json.gz"],
+                        tmp_path / "interleaved")
+    served = create_app(tmp_path, vetter=False)
+    page = compare_page.page(served.popviz_context,
+                             "?profile=interleaved/profile.h5&other=interleaved/profile.h5")
+    text = component_text(_by_id(page, "Div", "compare-side-A"))
     assert "splits none named ·" in text and "splits ·" not in text
