@@ -123,3 +123,17 @@ def test_labels_of_neighbouring_plans_do_not_print_into_each_other() -> None:
     for i in range(len(boxes)):
         for j in range(i + 1, len(boxes)):
             assert _overlap(boxes[i], boxes[j]) == 0, (drawn[i][2], drawn[j][2])
+
+
+def test_a_sharded_profiles_plans_are_written_in_its_flags() -> None:
+    """/tune's 'now' of tutorial_sharded read '--shards 4 --pipeline --pipeline-schedule
+    Sequential', beside the summary's advice to pipeline it: the page gave every plan
+    pipelined flags where `popviz tune` gives the profile's own strategy's."""
+    path = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_sharded" / "training"
+    with popviz.open(path / "profile.h5") as profile:
+        assert profile.meta["options"]["strategy"] == "sharded"
+        result = run_tune(profile, max_compiles=3)
+    flags = plans_table(result, "sharded")["train_args"].tolist()
+    assert flags and all("--shards 4" in f and "--pipeline " not in f for f in flags)
+    assert all("--pipeline-schedule" in f
+               for f in plans_table(result)["train_args"])  # pipelined: as before

@@ -116,7 +116,9 @@ def results(ctx: AppContext, entry: Entry, budget: int, result: TuneResult,
             fill: int = FULL) -> list[Any]:
     """The ranked plans, the Pareto figure and a compare link per plan (its button names
     the run it came from: budget and fill)."""
-    plans = plans_table(result)
+    strategy = str(((entry.profile.meta or {}).get("options") or {}).get("strategy")
+                   or "pipelined")  # the flags popviz tune prints for this profile
+    plans = plans_table(result, strategy)
     gpu = naming(entry).gpu_plan  # no AMP and no tiles on a GPU: no columns of them
     columns = [c for c in SHOWN if not (gpu and c in ("amp", "fullest_tile"))]
     shown = plans.assign(fits=_fits_words(plans, fill), recomputation=plans["recompute"],

@@ -31,7 +31,7 @@ def run_tune(profile: Profile, num_ipus: int | None = None, max_compiles: int = 
                 max_tile_fill=max_tile_fill)
 
 
-def _row(name: str, c: Candidate) -> dict:
+def _row(name: str, c: Candidate, strategy: str = "pipelined") -> dict:
     amps = [f"{a:g}" for a in c.amp]
     return {"plan": name, "splits": " ".join(c.splits) or "-",
             "amp": amps[0] if len(set(amps)) == 1 else "/".join(amps),
@@ -43,7 +43,7 @@ def _row(name: str, c: Candidate) -> dict:
             "idle_fraction": float(c.idle_fraction),
             "peak_bytes": float(max(c.peak_bytes, default=0)),
             "fullest_tile": float(max(c.max_tile_fill, default=0.0)),
-            "imbalance": float(c.imbalance), "train_args": c.train_args()}
+            "imbalance": float(c.imbalance), "train_args": c.train_args(strategy)}
 
 
 def pareto(plans: pd.DataFrame) -> pd.Series:
@@ -60,10 +60,12 @@ def pareto(plans: pd.DataFrame) -> pd.Series:
     return out
 
 
-def plans_table(result: TuneResult) -> pd.DataFrame:
-    """'now' then the ranked plans '#1', '#2', ... with their figures and Pareto flag."""
-    rows = [_row("now", result.baseline)]
-    rows += [_row(f"#{i}", c) for i, c in enumerate(result.candidates, 1)]
+def plans_table(result: TuneResult, strategy: str = "pipelined") -> pd.DataFrame:
+    """'now' then the ranked plans '#1', '#2', ... with their figures and Pareto flag;
+    `train_args` in the flags of the profile's `strategy`, as `popviz tune` prints them (a
+    sharded profile's layouts have no --pipeline)."""
+    rows = [_row("now", result.baseline, strategy)]
+    rows += [_row(f"#{i}", c, strategy) for i, c in enumerate(result.candidates, 1)]
     frame = pd.DataFrame(rows)
     frame["pareto"] = pareto(frame)
     return frame[PLAN_COLUMNS]
