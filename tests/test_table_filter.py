@@ -71,6 +71,8 @@ def test_filters_agree_with_pandas_on_a_profile() -> None:
     ("{flops} s!= lots", "'flops' holds numbers; 'lots' is not one"),
     ("{flops} contains lots", "'flops' holds numbers; 'lots' is not one"),
     ("{nope} s> 1", "no column 'nope'"),
+    # a size compared against names: as text every name sorts after "5" (all rows kept)
+    ("{op} s> 5", "'op' holds text; '> 5' compares numbers"),
     ("flops > 1", "cannot read filter"),
 ])
 def test_bad_filters_say_why(query: str, reason: str) -> None:

@@ -128,6 +128,10 @@ def _clause(frame: pd.DataFrame, raw: str,
             lower.str.startswith(needle)
     if numeric and not isinstance(val, float) and op != "=" and op != "!=":
         raise ValueError(f"{col!r} holds numbers; {typed!r} is not one{_HINT}")
+    if not numeric and op in ("<", "<=", ">", ">="):
+        # as text every name sorts after "5": "> 5" kept every row and said nothing
+        raise ValueError(f"{col!r} holds text; {op + ' ' + text!r} compares numbers (type "
+                         "part of a name to match it, e.g. conv)")
     return _compare(series, op, val)
 
 
