@@ -279,3 +279,16 @@ def test_a_compare_card_never_shows_an_empty_value(tmp_path: Path) -> None:
                              "?profile=interleaved/profile.h5&other=interleaved/profile.h5")
     text = component_text(_by_id(page, "Div", "compare-side-A"))
     assert "splits none named ·" in text and "splits ·" not in text
+
+
+def test_a_compare_link_to_a_missing_profile_says_so(app: Any) -> None:
+    """`other=nope.h5&judge=bogus` showed only 'Pick two profiles': the B picker had no
+    option for nope.h5 and cleared it. It keeps it, marked, and the page says what is
+    wrong with the link."""
+    page = _page(app, "/compare", f"?profile={PIPELINE}&other=nope.h5&judge=bogus")
+    picker = _by_id(page, "Dropdown", "compare-b")
+    assert picker.value == "nope.h5"
+    assert {"label": "nope.h5 (not served)", "value": "nope.h5"} in picker.options
+    text = component_text(_by_id(page, "Div", "compare-body"))
+    assert "no profile 'nope.h5'" in text and "judge='bogus' is not a question" in text
+    assert "Pick two profiles" not in text

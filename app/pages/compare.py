@@ -6,6 +6,7 @@ from the URL (shareable); the dropdowns rewrite the URL, which re-renders the pa
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import dash
 import pandas as pd
@@ -140,6 +141,12 @@ def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.
              "value": r["profile"]} for r in rows if not r.get("error")]
     opts += [{"label": n, "value": n} for n in (a, b)
              if n and n.startswith(VIRTUAL_PREFIX)]  # tune plans
+    # a name the folder does not serve (a link from elsewhere) stays picked, marked: the
+    # dropdown would clear a value it has no option for, and the page then asked to
+    # "pick two profiles" instead of saying that one is not there
+    listed = {o["value"] for o in opts}
+    opts += [{"label": f"{n} (not served)", "value": n} for n in dict.fromkeys((a, b))
+             if n and n not in listed]
     return html.Div([
         html.Span("A", className="label"),
         dcc.Dropdown(id="compare-a", options=opts, value=a or None, clearable=False,
@@ -193,8 +200,12 @@ def _drawn(ea: Entry, eb: Entry, comp: Comparison) -> list[Any]:
 def page(ctx: AppContext, search: str | None) -> html.Div:
     a, b = pair_of(search)
     judge = judge_of(search)
+    asked = parse_qs((search or "").lstrip("?")).get("judge", [""])[0]
+    unknown = [] if not asked or asked == judge else [message(
+        f"judge={asked!r} is not a question this page asks (total or per-device): both "
+        "are answered.", "info")]
     return html.Div([html.H2("Compare two layouts"), _pickers(ctx, a, b, judge),
-                     html.Div(body(ctx, a, b, judge), id="compare-body")])
+                     html.Div([*unknown, *body(ctx, a, b, judge)], id="compare-body")])
 
 
 def layout(ctx: AppContext, entry: Entry | None = None) -> html.Div:

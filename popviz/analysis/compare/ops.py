@@ -141,7 +141,8 @@ def op_records(profile: Profile, comp: Comparison, side: str) -> pd.DataFrame:
         "op": name.map(short_op), "op_class": cls, "module": _text(work, "module"),
         "pass": _text(work, "pass"),
         "seconds": (_num(work, "end") - _num(work, "start")).clip(lower=0) * scale / steps,
-        "count": _calls_per_event(profile.ops, host, work["kind"]) / steps,
+        "count": _calls_per_event(getattr(profile, "ops", pd.DataFrame()), host,
+                                  work["kind"]) / steps,
         "temp_bytes": np.nan, "bytes_written": np.nan})
 
 

@@ -229,10 +229,11 @@ def load_side(profile: Profile, label: str) -> Side:
         # a measured run's transfers cover every recorded step: the metric is one step's
         steps = exchange["step"].nunique() if "step" in exchange.columns else 1
         ex_bytes = _col(exchange, "bytes") / max(int(steps), 1)
-        # a copy between two stages of one device (interleaved stages on one rank) moves
-        # nothing between devices: a one-rank run read 128 KiB of rank-to-rank traffic
-        between = exchange["src"].astype(str).to_numpy() != exchange["dst"].astype(str)\
-            .to_numpy()
+        # a copy between two stages of one device (interleaved stages on one rank, kind
+        # internal) moves nothing between devices: a one-rank run read 128 KiB of
+        # rank-to-rank traffic (an all-reduce's row names one IPU too, and does cross)
+        between = (exchange["kind"].astype(str) != "internal").to_numpy() \
+            if "kind" in exchange.columns else np.ones(len(exchange), dtype=bool)
         ex_host = float(ex_bytes[host].sum())
         inter = float(ex_bytes[~host & between].sum())
     fits = fit_verdict(tile_memory, liveness, meta)
