@@ -66,15 +66,21 @@ def _strings(component: Any) -> list[str]:
     return [] if children is None else _strings(children)
 
 
-@pytest.mark.parametrize("rel", [CUDA, MEASURED])
-def test_a_flag_in_the_memory_hint_is_kept_whole(app: Any, rel: str) -> None:
+def test_a_flag_in_the_memory_hint_is_kept_whole(app: Any) -> None:
     """'--memory-snapshot' wrapped after its first '-' (a lone '-' ending a line): a flag
     is in a no-wrap `flag` element, never in running text."""
-    page = _page(app, "/memory", f"?profile={rel}")
+    page = _page(app, "/memory", f"?profile={CUDA}")
     flags = [c for c in find_components(page, "Code") if "flag" in str(c.className)]
     assert "--memory-snapshot" in [c.children for c in flags]
     assert not [s for s in _strings(page) if "--" in s]
     assert ".flag { white-space: nowrap; }" in CSS
+
+
+def test_a_cpu_run_is_not_told_to_take_a_cuda_snapshot(app: Any) -> None:
+    """The gloo CPU run's memory hint suggested torch.cuda.memory._snapshot(): a CPU run
+    has no CUDA allocator to snapshot."""
+    text = component_text(_page(app, "/memory", f"?profile={MEASURED}"))
+    assert "cuda" not in text.lower() and "CPU allocator" in text
 
 
 def test_the_tune_page_of_a_measured_run_keeps_its_flag_whole(app: Any) -> None:

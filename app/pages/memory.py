@@ -43,6 +43,7 @@ from ..common import (
     title_of,
     triggered,
 )
+from ..trace_stats import compute_link
 
 PATH = "/memory"
 TITLE = "Memory"
@@ -183,6 +184,11 @@ def _counters(entry: Entry) -> list[Any]:
         return []
     # a flag or call in a `flag` element never wraps (a break after the first '-' of
     # '--memory-snapshot' read as a lone '-' and another flag, '-memory-snapshot')
+    if not compute_link(entry)[1]:  # a CPU run: no CUDA allocator, so no snapshot of one
+        return [html.P("This is what the run's own memory events say: the bytes PyTorch's "
+                       "CPU allocator held over time per rank, the peak starred.",
+                       className="hint"),
+                graph("mem-counters", allocated_over_time(live, words))]
     return [html.P(["Without a memory snapshot, this is what the run's own memory events "
                     "say: the bytes allocated over time per rank, the peak starred (an import "
                     "of a CUDA run can add a ",

@@ -203,7 +203,7 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
             className="row"),
         html.Div(id="ops-groups"),
         html.Div(note, id="ops-note", className="status"),
-        html.Div(html.Span("Click a row to open its op in the Trace.", className="hint"),
+        html.Div(html.Span("Click a row for a link to its op in the Trace.", className="hint"),
                  id="ops-to-trace", className="downloads"),
         html.Div(id="ops-init", style={"display": "none"}),
         dash_table.DataTable(  # type: ignore[attr-defined, unused-ignore]  # dash 4 builds dash_table's names at import
