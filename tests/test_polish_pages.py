@@ -298,3 +298,14 @@ def test_a_compare_link_to_a_missing_profile_says_so(app: Any) -> None:
     text = component_text(_by_id(page, "Div", "compare-body"))
     assert "no profile 'nope.h5'" in text and "judge='bogus' is not a question" in text
     assert "Pick two profiles" not in text
+
+
+@pytest.mark.parametrize(("rel", "offered"), [(CUDA, False), (MEASURED, False),
+                                              (PIPELINE, True)])
+def test_variables_csv_only_where_there_are_variables(app: Any, rel: str,
+                                                      offered: bool) -> None:
+    """An import keeps no variables: its /liveness offered a variables.csv of a header."""
+    links = [c.children for c in find_components(_page(app, "/liveness", f"?profile={rel}"),
+                                                 "A")]
+    assert "liveness.csv" in links
+    assert ("variables.csv" in links) == offered
