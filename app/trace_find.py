@@ -4,9 +4,11 @@ outlined (popviz.analysis.find, popviz.analysis.links). Wiring only."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import dash
+import pandas as pd
 from dash import Input, Output, State, dcc, html
 
 from popviz.analysis.find import (
@@ -14,10 +16,12 @@ from popviz.analysis.find import (
     find_kernels,
     find_ops,
     microbatch_note,
+    microbatch_unknown,
     op_microbatches,
     parse_query,
 )
 from popviz.analysis.links import kernel_ops, kernel_window
+from popviz.figures.trace_kernels import kernel_labels
 
 from . import links
 from .cache import Entry
@@ -49,8 +53,13 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
     mbs = entry.get("op_microbatches", lambda: op_microbatches(ops, trace)) \
         if query.microbatch is not None and timed else None
     note = microbatch_note(ops, trace, query, mbs)
-    if note:
+    before: list[Any] = []
+    if note and not microbatch_unknown(note):
         return [html.Span(note, className="hint")]
+    if note:  # no micro-batches at all: the rest of what was typed still has an answer
+        before = [html.Span(f"{note} Found without mb:{query.microbatch}:", className="hint"),
+                  html.Br()]
+        query, mbs = dataclasses.replace(query, microbatch=None), None
     items: list[Any] = []
     found, total = find_ops(ops, query, trace=trace, microbatches=mbs)
     run = run_window(entry)
@@ -77,19 +86,22 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
         a, b = float(row["start"]), float(row["end"])
         op = {} if by is None else {"op": str(by[0])}
         t0, t1 = kernel_window((a, b), None if by is None else by[1], trace, run=run)
+        # a template kernel's name runs to 1,200 characters: its function, the whole name
+        # on hover
+        name = str(row["op"])
         items.append(html.Li(links.link(
-            f"kernel {row['op']} (of {row['host_op']}; {words.label(int(row['ipu']))}, "
-            f"{a:,.0f} {words.unit})",
+            f"kernel {kernel_labels(pd.Series([name]))[0]} (of {row['host_op']}; "
+            f"{words.label(int(row['ipu']))}, {a:,.0f} {words.unit})",
             links.href("/trace", entry.rel, t0, t1, int(row["ipu"]), **op),
-            f"trace-found-kernel-{i}")))
+            f"trace-found-kernel-{i}"), title=name))
     shown = len(found) + len(kernels)
     if not shown:
-        return [html.Span(f"Nothing matches {str(typed)[:200]!r}.", className="hint")]
+        return [*before, html.Span(f"Nothing matches {str(typed)[:200]!r}.", className="hint")]
     counted = f"{total:,} op(s)" + (f" and {many:,} kernel(s)" if many else "")
     head = f"{counted} match; the first {shown} listed:" if total + many > shown \
         else f"{counted} match:"
     # a kernel's name can be one 200-character word: it wraps, not widen the page
-    return [html.Span(head, className="label"),
+    return [*before, html.Span(head, className="label"),
             html.Ul(items, style={"overflowWrap": "anywhere", "maxWidth": "100%"})]
 
 

@@ -287,11 +287,35 @@ def test_op_microbatches_takes_the_event_that_holds_an_ops_start() -> None:
 
 def test_mb_where_the_profile_cannot_tell_says_so(cuda_root: Path) -> None:
     """A recording without micro-batches (an import of one training step): `mb:1` says
-    the profile cannot tell, in one line, not 'Nothing matches'."""
+    the profile cannot tell, not 'Nothing matches', and the rest of what was typed is
+    answered (`mb:2 pass:F` gave the note alone: the pass was dropped unsaid)."""
     rel = next(cuda_root.rglob("*.h5")).relative_to(cuda_root).as_posix()
     entry = _app_entry(cuda_root, rel)
     assert (entry.profile.trace["microbatch"] < 0).all()
     text, queries = _found(entry, "mb:1 conv")
-    assert text == "micro-batch 1: this profile cannot tell which micro-batch its ops ran in."
-    assert queries == []
-    assert "op(s)" in _found(entry, "conv")[0]  # the text alone still finds them
+    plain_text, plain = _found(entry, "conv")
+    assert text.startswith("micro-batch 1: this profile cannot tell which micro-batch its "
+                           "ops ran in. Found without mb:1:")
+    assert "op(s)" in plain_text and queries == plain  # as if mb:1 was not typed
+    passed, forward = _found(entry, "mb:2 pass:F")
+    assert "Found without mb:2" in passed and forward == _found(entry, "pass:F")[1]
+    assert forward and all(entry.profile.ops.set_index("op_id").loc[int(q["op"]), "pass"]
+                           == "F" for q in forward)
+
+
+def test_a_found_kernel_is_named_by_its_function(cuda_root: Path) -> None:
+    """Find 'conv' listed a template kernel by its whole name, 1,200 characters over 12
+    lines: its function now, the whole name on hover."""
+    from dash import html
+    from popviz_app.trace_find import found_list
+
+    from tests.dash_util import find_components
+
+    rel = next(cuda_root.rglob("*.h5")).relative_to(cuda_root).as_posix()
+    shown = html.Div(found_list(_app_entry(cuda_root, rel), "cudnn"))
+    kernels = [li for li in find_components(shown, "Li") if getattr(li, "title", None)]
+    assert kernels
+    longest = max(kernels, key=lambda li: len(li.title))
+    assert len(longest.title) > 200 and longest.title not in str(longest.children)
+    text = str(find_components(longest, "Link")[0].children)
+    assert text.startswith("kernel ") and len(text) < 200
