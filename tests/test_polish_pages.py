@@ -249,8 +249,20 @@ def test_sizes_keep_one_unit_a_column(app: Any) -> None:
     assert max(r["peak MiB"] for r in peaks.data) == pytest.approx(peak, abs=0.05)
     page = _page(app, "/compare", f"?profile={PIPELINE}&other={CUDA}")
     metrics = _by_id(page, "DataTable", "compare-metrics")
-    sizes = [r for r in metrics.data if r["metric"] == "peak_bytes_max"]
+    sizes = [r for r in metrics.data if r["metric"] == "peak bytes max"]
     assert sizes and sizes[0]["unit"] == "" and sizes[0]["A"].endswith("MiB")
+
+
+def test_compare_metrics_are_named_in_the_sides_words(app: Any) -> None:
+    """Two ranks read 'throughput_per_ipu', 'total_ipus', 'oom_tiles' (a GPU and a CPU
+    run have no tiles): named per device in the sides' words, the JSON unchanged."""
+    page = _page(app, "/compare", f"?profile={CUDA}&other={MEASURED}")
+    names = [r["metric"] for r in _by_id(page, "DataTable", "compare-metrics").data]
+    assert {"throughput per rank", "total ranks", "inter rank bytes"} <= set(names)
+    assert not [n for n in names if "ipu" in n or "tile" in n or "_" in n]
+    ipus = _page(app, "/compare", f"?profile={PIPELINE}&other={PIPELINE}")
+    names = [r["metric"] for r in _by_id(ipus, "DataTable", "compare-metrics").data]
+    assert "throughput per IPU" in names and "oom tiles" in names
 
 
 def test_the_trace_says_its_window_is_not_the_step(app: Any) -> None:

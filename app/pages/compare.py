@@ -106,11 +106,28 @@ def _delta_table(id_: str, frame: pd.DataFrame, keys: list[str]) -> Any:
     return table(id_, out.astype(str), page_size=20)
 
 
+def _metrics_in_words(comp: Comparison) -> pd.DataFrame:
+    """The metrics as the two sides' words name them: per rank or GPU where neither side
+    is an IPU ('throughput_per_ipu' of two ranks: 'throughput per rank'), no tile counts
+    where neither side has tiles. The JSON keeps the contract's names."""
+    words = [naming_of(s) for s in comp.sides.to_dict("records")]
+    devices = {w.device for w in words}
+    dev = devices.pop() if len(devices) == 1 else "device"
+    frame = comp.metrics
+    if not any(w.has_tiles for w in words):
+        frame = frame[~frame["metric"].isin(["oom_tiles", "fullest_tile_utilisation"])]
+    name = frame["metric"].astype(str).str.replace(r"(^|_)ipus(_|$)", rf"\1{dev}s\2",
+                                                     regex=True)
+    name = name.str.replace(r"(^|_)ipu(_|$)", rf"\1{dev}\2", regex=True)
+    return frame.assign(metric=name.str.replace("_", " "))
+
+
 def _delta_tabs(comp: Comparison, tps: pd.DataFrame, dev: str) -> dcc.Tabs:
     """The delta tables, one tab each: the browser draws only the open tab's table (each
     sortable table costs a new tab about 70 ms to draw, and five of them were a third of
     the page's load)."""
-    tabs = [("metrics", "Metrics", _delta_table("compare-metrics", comp.metrics, ["metric"])),
+    tabs = [("metrics", "Metrics", _delta_table("compare-metrics", _metrics_in_words(comp),
+                                                ["metric"])),
             ("time", f"{dev} time per sample by category",
              _delta_table("compare-time-table", tps[(tps["a"] != 0) | (tps["b"] != 0)],
                           ["category"])),
