@@ -122,6 +122,12 @@ def _metrics_in_words(comp: Comparison) -> pd.DataFrame:
     return frame.assign(metric=name.str.replace("_", " "))
 
 
+def _device_word(dev: str) -> str:
+    """The per-device table's key column: 'ipu' (the contract's) for IPUs, else 'rank',
+    'gpu' or 'device' ('IPU / rank' where the sides differ)."""
+    return "ipu" if dev == "IPU" else "device" if "/" in dev else dev.lower()
+
+
 def _delta_tabs(comp: Comparison, tps: pd.DataFrame, dev: str) -> dcc.Tabs:
     """The delta tables, one tab each: the browser draws only the open tab's table (each
     sortable table costs a new tab about 70 ms to draw, and five of them were a third of
@@ -131,7 +137,9 @@ def _delta_tabs(comp: Comparison, tps: pd.DataFrame, dev: str) -> dcc.Tabs:
             ("time", f"{dev} time per sample by category",
              _delta_table("compare-time-table", tps[(tps["a"] != 0) | (tps["b"] != 0)],
                           ["category"])),
-            ("ipus", f"Per {dev}", _delta_table("compare-ipus", comp.ipus, ["ipu", "metric"])),
+            ("ipus", f"Per {dev}", _delta_table(
+                "compare-ipus", comp.ipus.rename(columns={"ipu": _device_word(dev)}),
+                [_device_word(dev), "metric"])),
             ("ops", "Compute per sample by op class",
              _delta_table("compare-ops", comp.op_classes, ["op_class", "phase"])),
             ("stages", "Per stage",
