@@ -8,6 +8,7 @@ import itertools
 import pandas as pd
 
 from popviz.analysis.liveness_sections import (
+    bump_label,
     fitted_range,
     liveness_layers,
     phase_bands,
@@ -112,9 +113,10 @@ def test_an_unsectioned_run_has_one_short_bump_per_training_step() -> None:
     live = _two_training_steps(1)
     layers, bands = liveness_layers(live, pd.DataFrame()), phase_bands(live, pd.DataFrame())
     found = section_bumps(layers, bands)
-    # one bump per training step (the optimiser ends a unit), labelled first…last band
+    # one bump per training step (the optimiser ends a unit), labelled by the band its
+    # peak is in (steps 5 and 14 are backwards; first…last read 'F…B')
     assert found["step"].tolist() == [5, 14]
-    assert found["label"].tolist() == ["F…B", "F…B"]
+    assert found["label"].tolist() == ["B", "B"]
 
 
 def test_narrow_bands_share_labels_that_do_not_overlap() -> None:
@@ -189,3 +191,26 @@ def test_a_bump_label_moves_aside_of_a_near_peak_star() -> None:
         (star,) = [t for t in fig.data if t.name == "peak"]
         assert list(star.x) == [3.0] and list(bump.x) == [4, 7]
         assert list(bump.textposition) == want
+
+
+def test_a_long_units_bump_is_named_by_the_band_of_its_peak() -> None:
+    """A measured 1F1B step is one unit of many bands (F B F B ... F): its bumps read
+    'F…F', first and last, while each peak sits in a backward. Named by the band the
+    peak is in now; a short unit keeps every band ('R3+B3')."""
+    from pathlib import Path
+
+    import popviz
+
+    assert bump_label(["R3", "B3"]) == "R3+B3"
+    assert bump_label(["F", "B", "F", "B", "F"], at_peak="B") == "B"
+    assert bump_label(["F", "B", "F", "B", "F"]) == "F…F"  # the peak's band unknown
+    path = Path(__file__).resolve().parents[1] / "profiles" / "tutorial_measured_2ranks"
+    with popviz.open(path / "profile.h5") as p:
+        live = p.liveness
+        bands = phase_bands(live, p.ops)
+        bumps = section_bumps(liveness_layers(live, p.table("variables")), bands)
+    assert len(bumps)
+    for bump in bumps.itertuples():
+        held = bands[(bands["ipu"] == bump.ipu) & (bands["first_step"] <= bump.step)
+                     & (bands["last_step"] >= bump.step)]
+        assert bump.label == held["label"].iloc[-1] and "…" not in bump.label

@@ -92,10 +92,14 @@ def liveness_layers(liveness: pd.DataFrame, variables: pd.DataFrame) -> pd.DataF
     return out
 
 
-def bump_label(labels: list[str], most: int = 3) -> str:
+def bump_label(labels: list[str], most: int = 3, at_peak: str | None = None) -> str:
     """A unit's bands as one short label: 'R3+B3'; a long run (an unsectioned program's
-    F B F B ...) as its first and last band, 'F…B', so it stays readable over the curve."""
-    return "+".join(labels) if len(labels) <= most else f"{labels[0]}…{labels[-1]}"
+    F B F B ..., a measured 1F1B step) as the band its peak is in, 'B3', where that is
+    known (its first and last band, 'F…F', said nothing of the peak the label sits on),
+    else as its first and last band."""
+    if len(labels) <= most:
+        return "+".join(labels)
+    return at_peak if at_peak else f"{labels[0]}…{labels[-1]}"
 
 
 def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
@@ -131,7 +135,11 @@ def section_bumps(layers: pd.DataFrame, bands: pd.DataFrame,
             rise, fall = seg[top] - seg[0], seg[top] - seg[-1]
             if min(rise, fall) < rel_rise * span:
                 continue
-            rows.append((int(ipu), int(u["section"].iloc[0]), bump_label(list(u["label"])),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+            peak = int(steps[a + top])
+            holds = u[(u["first_step"] <= peak) & (u["last_step"] >= peak)]
+            at_peak = str(holds["label"].iloc[-1]) if len(holds) else None
+            rows.append((int(ipu), int(u["section"].iloc[0]),  # type: ignore[arg-type]  # pandas-stubs: a cell is any scalar
+                         bump_label(list(u["label"]), at_peak=at_peak),
                          int(steps[a + top]),
                          float(seg[top]), float(total[a + top]), float(rise), float(fall),
                          int(steps[a]), int(steps[z - 1])))
