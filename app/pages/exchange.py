@@ -94,7 +94,11 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         *([html.H3("Between stages"), html.P(
             "What crosses each stage boundary (an interleaved schedule's stages, not only "
             "its ranks): transfers, bytes, time on the wire and how long each side waited "
-            "for the other to post; a stage's collectives on the diagonal.",
+            "for the other to post; a stage's collectives on the diagonal. Totals of the "
+            "whole recording, per message: a rank waiting on a send and a recv at once "
+            "counts both waits, so they add up to more than its idle on Stages (each "
+            "instant once, per step), and a message's time on the wire is counted once "
+            "where Trace and Stages count it on both ranks.",
             className="hint"),
            html.Div([graph("exchange-stages", between_stages(ctx, entry)),
                      html.Div(table("exchange-stage-links", _links_table(entry),
