@@ -148,7 +148,9 @@ def table_columns(frame: pd.DataFrame, words: Naming = MODELLED,
             integer = pd.api.types.is_integer_dtype(frame[c])
             plain = c.replace(" ", "_") in ID_COLUMNS or c.endswith("_id")  # tile 1003
             col["format"] = {"specifier": ("d" if plain else ",d") if integer else
-                             ".1%" if is_share(str(c)) else ",.4~f"}
+                             ".1%" if is_share(str(c)) else
+                             # sizes to one place, every row: "457" sat beside "510.5"
+                             ",.1f" if str(c).endswith(" MiB") else ",.4~f"}
             if c in UNKNOWN_WHEN_MISSING:
                 col["format"]["nully"] = "unknown"
         out.append(col)

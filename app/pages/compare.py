@@ -67,8 +67,9 @@ def _cards(comp: Comparison, side: str) -> html.Div:
         _card(f"peak memory (fullest {dev})", val("peak_bytes_max", "bytes")),
     ]
     title = f"{side}: {s['name']}" + ("  ✓ better" if win else "")
-    # a run that names no split (one stage, or an imported pipeline's annotations) says so
-    splits = str(s["splits"] or "").strip() or "none named"
+    # a run that names no split (an imported pipeline's stages come from its annotations)
+    # says so, as the layout differences below do
+    splits = str(s["splits"] or "").strip() or "unknown"
     return html.Div([html.H3(title), html.Div(
         f"{s['model']} · splits {splits} · "
         + ("" if dev == "rank" else f"AMP {s['amp']} · ") + "recomputation "
