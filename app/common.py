@@ -23,7 +23,9 @@ from popviz.vocab import MODELLED, Naming, naming_for
 from .cache import Entry, PathRefused, ProfileCache, relative_message
 from .tune_jobs import TuneJobs
 
-GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "scrollZoom": True,
+# no Plotly tips: its "Double-click to zoom back out" toast sat over the nav bar's right end
+# (each page's hint says how to zoom back)
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "scrollZoom": True, "showTips": False,
                                   "toImageButtonOptions": {"format": "png", "scale": 2}}
 SMALL_TABLE_ROWS = 15
 # numbers that name things (shown without thousands separators)
