@@ -203,7 +203,11 @@ def test_a_kernel_says_its_launch_on_hover(browser_context: Any, base_url: str,
         assert f"grid {launch['grid'].replace(',', '×')}" in text, text
         assert f"block {launch['block'].replace(',', '×')}" in text, text
         assert f"{launch['registers']:,.0f} registers a thread" in text, text
-        assert f"occupancy {launch['occupancy_pct']:,.0f}% (est.)" in text, text
+        occupancy = float(launch["occupancy_pct"])
+        assert (f"occupancy {occupancy:,.0f}% (CUPTI's estimate)" if occupancy > 0 else
+                "occupancy not estimated (CUPTI gives 0%)") in text, text
+        # Kineto's per-SM figures are the grid's share of each SM, and are said so
+        assert f"grid over the SMs: {launch['blocks_per_sm']:,.1f} blocks" in text, text
         page.screenshot(path=str(SCREENSHOTS / "lanes_kernel_hover.png"), full_page=True)
         assert errors == []
         page.close()
