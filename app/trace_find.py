@@ -15,8 +15,8 @@ from popviz.analysis.find import (
     LIMIT,
     find_kernels,
     find_ops,
+    known_microbatches,
     microbatch_note,
-    microbatch_unknown,
     op_microbatches,
     parse_query,
 )
@@ -52,9 +52,10 @@ def found_list(entry: Entry, typed: str | None) -> list[Any]:
     # each measured op's micro-batch: one sweep of the trace per profile, not per query
     mbs = entry.get("op_microbatches", lambda: op_microbatches(ops, trace)) \
         if query.microbatch is not None and timed else None
-    note = microbatch_note(ops, trace, query, mbs)
+    known = known_microbatches(ops, trace, mbs) if query.microbatch is not None else None
+    note = microbatch_note(ops, trace, query, mbs, known)
     before: list[Any] = []
-    if note and not microbatch_unknown(note):
+    if note and known is not None and len(known):  # N is not one of the run's
         return [html.Span(note, className="hint")]
     if note:  # no micro-batches at all: the rest of what was typed still has an answer
         before = [html.Span(f"{note} Found without mb:{query.microbatch}:", className="hint"),

@@ -6,7 +6,6 @@ from the URL (shareable); the dropdowns rewrite the URL, which re-renders the pa
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs
 
 import dash
 import pandas as pd
@@ -24,7 +23,7 @@ from popviz.vocab import BUBBLE_LIMIT, naming_of
 from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
-from .compare_pair import comparison, judge_of, pair_of, pair_query
+from .compare_pair import asked_judge, comparison, judge_of, pair_of, pair_query
 
 PATH = "/compare"
 TITLE = "Compare"
@@ -226,7 +225,7 @@ def _drawn(ea: Entry, eb: Entry, comp: Comparison) -> list[Any]:
 def page(ctx: AppContext, search: str | None) -> html.Div:
     a, b = pair_of(search)
     judge = judge_of(search)
-    asked = parse_qs((search or "").lstrip("?")).get("judge", [""])[0]
+    asked = asked_judge(search)
     unknown = [] if not asked or asked == judge else [message(
         f"judge={asked!r} is not a question this page asks (total or per-device): both "
         "are answered.", "info")]

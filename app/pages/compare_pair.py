@@ -17,10 +17,15 @@ def pair_of(search: str | None) -> tuple[str, str]:
     return (q.get("profile", [""])[0], q.get("other", [""])[0])
 
 
+def asked_judge(search: str | None) -> str:
+    """The `&judge=` of a URL search string as typed ('' when absent)."""
+    return parse_qs((search or "").lstrip("?")).get("judge", [""])[0]
+
+
 def judge_of(search: str | None) -> str | None:
     """The question the verdict answers (`&judge=total|per-device`), None for both; an
     unknown value is ignored (a shared link from elsewhere must not break the page)."""
-    value = parse_qs((search or "").lstrip("?")).get("judge", [""])[0]
+    value = asked_judge(search)
     return value if value in JUDGES else None
 
 

@@ -255,7 +255,8 @@ def layout(ctx: AppContext, entry: Entry) -> html.Div:
         html.Div(_box(entry, live), id="live-vars-box"),
         *heat,
         # no variables table (an import keeps none): no CSV of only its header
-        downloads(entry.rel, ["liveness"] + (["variables"] if has_variables(entry) else []),
+        downloads(entry.rel, ["liveness"] + (["variables"] if len(entry.profile.variables)
+                                             else []),
                   list(FIGURES) if ipus else ["liveness"],  # no tiles: no tile heat map
                   words=naming(entry)),
     ])
@@ -391,8 +392,3 @@ def linked_view(ctx: AppContext, entry: Entry, t0: float, t1: float
     steps = "; ".join(f"{words.label(i)} steps {lo:,} to {hi:,}" for i, (lo, hi) in
                       sorted(found.items()))
     return fig, ranges, f"The range linked from the trace, {span}: {steps}."
-
-
-def has_variables(entry: Entry) -> bool:
-    """Whether the profile holds any variable (a modelled program's tensors)."""
-    return entry.get("has_variables", lambda: len(entry.profile.table("variables")) > 0)

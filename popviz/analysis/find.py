@@ -134,33 +134,33 @@ def _spans(numbers: np.ndarray) -> str:
     return ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
 
 
-CANNOT_TELL = "this profile cannot tell which micro-batch its ops ran in"
-NAMES_NONE = "this run's trace names no micro-batches"
-
-
-def microbatch_unknown(note: str) -> bool:
-    """Whether `microbatch_note`'s line says the profile names no micro-batch at all
-    (then the rest of the query still has an answer), not that N is not one of them."""
-    return note.endswith((CANNOT_TELL + ".", NAMES_NONE + "."))
-
-
-def microbatch_note(ops: pd.DataFrame, trace: pd.DataFrame, query: Query,
-                    microbatches: np.ndarray | None = None) -> str:
-    """One line when `mb:N` cannot narrow the search ("" when it can or is not asked):
-    N is none of the run's micro-batches, or the profile cannot tell which micro-batch
-    its ops (and kernels) ran in. `microbatches`: `op_microbatches(ops, trace)`, if
-    known."""
-    if query.microbatch is None:
-        return ""
-    n = query.microbatch
+def known_microbatches(ops: pd.DataFrame, trace: pd.DataFrame,
+                       microbatches: np.ndarray | None = None) -> np.ndarray:
+    """The micro-batches the profile can place its ops in: its trace's, and a measured
+    run's ops' (`microbatches`: `op_microbatches(ops, trace)`, if known). Empty: `mb:N`
+    cannot narrow anything, and the rest of a query still has an answer."""
     known = run_microbatches(trace)
     if _timed(ops):
         mbs = op_microbatches(ops, trace) if microbatches is None else microbatches
         known = np.union1d(known, mbs[mbs >= 0]).astype(np.int64)
-        if not len(known):
-            return f"micro-batch {n}: {CANNOT_TELL}."
-    elif not len(known):
-        return f"micro-batch {n}: {NAMES_NONE}."
+    return known
+
+
+def microbatch_note(ops: pd.DataFrame, trace: pd.DataFrame, query: Query,
+                    microbatches: np.ndarray | None = None,
+                    known: np.ndarray | None = None) -> str:
+    """One line when `mb:N` cannot narrow the search ("" when it can or is not asked):
+    N is none of the run's micro-batches, or the profile cannot tell which micro-batch
+    its ops (and kernels) ran in. `microbatches`: `op_microbatches(ops, trace)`, and
+    `known`: `known_microbatches(...)`, if already known."""
+    if query.microbatch is None:
+        return ""
+    n = query.microbatch
+    known = known_microbatches(ops, trace, microbatches) if known is None else known
+    if not len(known):
+        return (f"micro-batch {n}: this profile cannot tell which micro-batch its ops "
+                "ran in." if _timed(ops) else
+                f"micro-batch {n}: this run's trace names no micro-batches.")
     if n in set(known.tolist()):
         return ""
     many = "micro-batch" if len(known) == 1 else "micro-batches"
@@ -241,6 +241,6 @@ def find_kernels(trace: pd.DataFrame, query: Query, limit: int = LIMIT
     return found.head(limit), int(keep.sum())
 
 
-__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "microbatch_note",
-           "microbatch_unknown", "op_microbatches",
+__all__ = ["LIMIT", "Query", "find_kernels", "find_ops", "known_microbatches",
+           "microbatch_note", "op_microbatches",
            "parse_query", "run_microbatches"]

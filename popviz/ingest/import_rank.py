@@ -193,14 +193,14 @@ def rank_part(path: PathLike) -> RankPart:
 def _rank_part(path: PathLike) -> RankPart:
     t = read_trace(path)
     spans = t.spans
-    time, allocated, device = memsnap.trace_series(t.memory)
+    time, allocated, device = memsnap.trace_series(t.memory)  # time sorted
     # the rank's first event, its memory events included: one recorded before the first
     # span sat before time 0 (an interleaved run's memory axis began at -234,832 ns)
-    firsts = ([int(spans["start"].min())] if len(spans) else []) + \
-        ([int(np.min(time))] if len(spans) and len(time) else [])
+    first = int(spans["start"].min()) if len(spans) else None
+    if first is not None and len(time):
+        first = min(first, int(time[0]))
     part = RankPart(path=t.path, meta=t.meta, rank=t.rank, world_size=t.world_size,
-                    backend=t.backend, base_ns=t.base_ns,
-                    first_ns=min(firsts) if firsts else None,
+                    backend=t.backend, base_ns=t.base_ns, first_ns=first,
                     warnings=list(t.warnings))
     if spans.empty:
         return part

@@ -241,12 +241,19 @@ def launching_ops(spans: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     return names.reindex(gpu["ext"].to_numpy()).fillna("").to_numpy(dtype=object)
 
 
+def compute_kernels(gpu: pd.DataFrame) -> np.ndarray:
+    """Mask of the GPU events a trace counts as compute: kernels, NCCL's excepted (its
+    kernels are exchange, as copies and sets are). The ops table's cycles count these."""
+    return (gpu["cat"].astype(str) == "kernel").to_numpy() \
+        & ~name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))
+
+
 def gpu_events(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     """Kernels, copies and sets as trace events, the host's sync calls, and idle gaps."""
     gpu = spans[spans["cat"].isin(GPU_CATS)]
     cat = gpu["cat"].astype(str).to_numpy()
     kind = np.full(len(gpu), "compute", dtype=object)
-    kind[name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))] = "exchange"
+    kind[(cat == "kernel") & ~compute_kernels(gpu)] = "exchange"  # NCCL's kernels
     copy = cat == "gpu_memcpy"
     host = name_test(gpu["name"], lambda n: n.str.contains("HtoD|DtoH|HtoH", regex=True))
     kind[copy & host] = "host_io"

@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 
 from popviz.ingest import tables as tbl
-from popviz.ingest.kineto_events import COMM_OP, GPU_CATS, Labeller, name_test, top_level
+from popviz.ingest.kineto_events import (
+    COMM_OP,
+    GPU_CATS,
+    Labeller,
+    compute_kernels,
+    name_test,
+    top_level,
+)
 from popviz.op_names import DATA_MOVEMENT, VIEWS
 
 try:
@@ -98,8 +105,7 @@ def ops_table(spans: pd.DataFrame, rank: int, lab: Labeller) -> pd.DataFrame:
     found = per_ext.reindex(ops["ext"].to_numpy())
     # its compute: the kernels the trace counts as compute (not NCCL's, nor copies and
     # sets, which it counts as exchange), so an op's cycles add up to the stages' compute
-    work = gpu[(gpu["cat"].astype(str) == "kernel").to_numpy()
-               & ~name_test(gpu["name"], lambda n: n.str.contains("nccl", case=False))]
+    work = gpu[compute_kernels(gpu)]
     computed = (work["end"] - work["start"]).groupby(work["ext"].to_numpy()).agg(
         ["sum", "size"]).reindex(ops["ext"].to_numpy())
     comm = name_test(ops["name"], lambda n: n.str.match(COMM_OP.pattern))
