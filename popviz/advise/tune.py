@@ -32,6 +32,7 @@ from popviz.advise.tune_search import (
     candidate_options,
     layout_options,
 )
+from popviz.compiler.plan_common import ACCUMULATE_GRADIENT
 from popviz.errors import ProfileError
 from popviz.format.profile import Profile
 from popviz.format.reader import open as open_profile
@@ -55,10 +56,11 @@ NEAR_EQUAL = 1e-3  # layouts this close in throughput (same fit, recomputation, 
 def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Options]:
     """The recorded Program and the Options a modelled profile was compiled with.
 
-    The profile's `ops` are the program's ops plus compiler columns and synthesized
-    recompute rows (source_op >= 0); `tensors` are the program's tensors plus stage and
-    ipu. Dropping those gives back the program exactly, so compiling it with the stored
-    options reproduces the stored tables (if the compiler has not changed since)."""
+    The profile's `ops` are the program's ops plus compiler columns and synthesized rows
+    (recompute copies, source_op >= 0; gradient accumulations); `tensors` are the
+    program's tensors plus stage and ipu. Dropping those gives back the program exactly,
+    so compiling it with the stored options reproduces the stored tables (if the compiler
+    has not changed since)."""
     if isinstance(profile, str | os.PathLike):
         with open_profile(profile) as opened:  # opened here, so closed here
             return load_program(opened)
@@ -74,7 +76,8 @@ def load_program(profile: Profile | str | os.PathLike[str]) -> tuple[Program, Op
         what = f"lacks {', '.join(missing[:5])}" if missing else "has no ops"
         raise ProfileError(f"{where}: the recorded program cannot be rebuilt (ops/tensors "
                            f"{what}); record it again with train.py --profile")
-    ops = ops[ops["source_op"] < 0].sort_values("op_id", kind="stable")
+    synthesized = (ops["source_op"] >= 0) | (ops["op"].astype(str) == ACCUMULATE_GRADIENT)
+    ops = ops[~synthesized].sort_values("op_id", kind="stable")
     ops = ops[[*OP_COLUMNS, *(c for c in OP_EXTRA_COLUMNS if c in ops.columns)]]
     ops = ops.reset_index(drop=True)
     tensors = tensors[list(TENSOR_COLUMNS)].reset_index(drop=True)

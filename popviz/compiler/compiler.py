@@ -23,6 +23,7 @@ from popviz.compiler.plan_common import (
     compute_target,
     inference_norms,
     step_rates,
+    with_gradient_accumulation,
 )
 from popviz.compiler.report import Report
 from popviz.compiler.schedule import Schedule, build_schedule
@@ -127,6 +128,7 @@ def costed_plan(program: Program, options: Options, target: Target, precision: P
     micro-batch (forward only for inference), its stages, and every op's cost in program
     order. Returns (program, micro_batch, plan, costed ops, each op's requested AMP)."""
     program, micro_batch = _rescale(program, options)
+    program = with_gradient_accumulation(program, options)
     if not options.training:
         program = inference_norms(_forward_only(program), fold=options.fold_batch_norms)
     plan = plan_stages(program, options)

@@ -89,6 +89,52 @@ def inference_norms(program: Program, fold: bool = False) -> Program:
     return Program(ops, program.tensors, program.model, program.mode)
 
 
+# Gradient accumulation on an IPU: every micro-batch adds each weight's gradient into its
+# accumulator in place, a popops add over the whole weight (TensorFlow's pipelined
+# GradientAccumulatorAdd and StatefulGradientAccumulate: popops::addInPlace, graphcore/
+# tensorflow poplar/driver/ops/custom_ops/poputil/stateful_gradient_accumulate.cc; PopART's
+# AccumulateOp), so each stage pays a pass over its own weights a micro-batch, after its
+# backward (costed as popops.FAST_BINARY). The recorded step has none: its autograd stores
+# the first gradient.
+ACCUMULATE_GRADIENT = "popviz.accumulate_gradient"
+
+
+def with_gradient_accumulation(program: Program, options: Options) -> Program:
+    """`program` with an ACCUMULATE_GRADIENT op after the backward for each weight's
+    gradient when a step accumulates micro-batches (training, gradient_accumulation > 1),
+    in the module and layer of the op that makes the gradient; a program rebuilt from a
+    profile (tune) has its old ones replaced. The ops read no recorded tensor: the
+    accumulators' bytes are memory.py's."""
+    ops = program.ops
+    old = ops["op"].astype(str).to_numpy() == ACCUMULATE_GRADIENT
+    if old.any():
+        ops = ops[~old].reset_index(drop=True)
+    t = program.tensors
+    grads = t[(t["category"] == "gradient") & (t["producer"] >= 0)
+              & t["producer"].isin(ops["op_id"])]
+    if not (options.training and options.gradient_accumulation > 1) or grads.empty:
+        return program if not old.any() else Program(ops, t, program.model, program.mode)
+    maker = ops.set_index("op_id").loc[grads["producer"].to_numpy(np.int64)]
+    nbytes = grads["bytes"].to_numpy(np.int64)
+    shape = grads["shape"].astype(str).to_numpy()
+    first = int(ops["op_id"].max()) + 1
+    rows = pd.DataFrame({
+        "op_id": np.arange(first, first + len(grads), dtype=np.int64),
+        "op": ACCUMULATE_GRADIENT, "op_class": "elementwise", "phase": "backward",
+        "module": maker["module"].astype(str).to_numpy(),
+        "layer": maker["layer"].astype(str).to_numpy(),
+        "block": maker["block"].astype(str).to_numpy(), "checkpoint": False,
+        "flops": np.round(nbytes / element_bytes(grads["dtype"])).astype(np.int64),
+        "bytes_read": 2 * nbytes, "bytes_written": nbytes,
+        "shapes": [f"{s};{s}" for s in shape], "out_shape": shape,
+        "dtype": grads["dtype"].astype(str).to_numpy(), "host_ns": np.int64(0),
+        "inputs": "", "outputs": "", "kernel_path": ""})
+    for c in ops.columns.difference(rows.columns):  # a column this row has no say in
+        rows[c] = 0 if ops[c].dtype.kind in "iufb" else ""
+    merged = pd.concat([ops, rows[ops.columns]], ignore_index=True)
+    return Program(merged, t, program.model, program.mode)
+
+
 def compute_target(target: Target, io_tiles: int) -> Target:
     """The IPU a program runs on when `io_tiles` of each IPU's tiles serve host streams:
     the rest, each tile as fast as before (the IPU-wide compute, memory and exchange rates

@@ -116,7 +116,7 @@ KINDS = (FAST_BINARY, BINARY, SELECT, RELU, EXP, TANH, SIGMOID, DIVIDE, SQRT, RS
 _BY_NAME: dict[str, VectorKind] = {}
 for _kind, _names in (
     (FAST_BINARY, "add sub rsub mul neg addcmul addcdiv lerp axpby scale mul_scalar "
-                  "add_scalar zero fill ones_like zeros_like full_like"),
+                  "add_scalar zero fill ones_like zeros_like full_like accumulate_gradient"),
     (SELECT, "maximum minimum max_pool2d_with_indices_backward threshold_backward where "
              "masked_fill clamp clamp_min clamp_max hardtanh hardtanh_backward "
              "leaky_relu_backward abs sign"),
