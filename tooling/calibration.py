@@ -59,13 +59,14 @@ def plan_program(name: str, size: Any, batch: int, image: int = 224,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from popviz.models import build
-    from popviz.models.training import train_step
+    from popviz.models.training import settle_optimiser, train_step
     from popviz.recorder import record_program
 
     with FakeTensorMode():
         torch.manual_seed(0)
         model = build(name, size, variant=dict(variant))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        settle_optimiser(opt)  # a steady-state update: momentum scaled, gradient added
         x = torch.randn(batch, 3, image, image)
         y = torch.randint(0, classes, (batch,))
         return record_program(train_step, model, opt, x, y, model=model, mode="plan",
@@ -84,6 +85,7 @@ def plan_transformer(name: str, size: str, batch: int,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from popviz.models.hf import build_transformer, loss_step
+    from popviz.models.training import settle_optimiser
     from popviz.recorder import record_program
 
     with FakeTensorMode():
@@ -91,6 +93,7 @@ def plan_transformer(name: str, size: str, batch: int,
         model, inputs = build_transformer(name, size, batch, init_weights=False,
                                           **dict(variant))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        settle_optimiser(opt)  # a steady-state update: the moments exist already
         return record_program(loss_step, model, opt, inputs, model=model, mode="plan",
                               progress=False)
 

@@ -49,6 +49,22 @@ def _progress(total: int, desc: str, quiet: bool) -> tqdm:
                 leave=False, dynamic_ncols=True)
 
 
+def settle_optimiser(optimiser: torch.optim.Optimizer) -> None:
+    """One update with zero gradients, not recorded, so that the step recorded next is a
+    steady-state one, as a real run records its second update (`train`'s record_at): an
+    optimiser's first step builds its state (SGD's momentum is a copy of the gradient,
+    AdamW's moments start as zeros) where every later step updates it (SGD: the momentum
+    scaled and the gradient added). Used where one step is recorded on its own (plan
+    mode); the gradients are dropped again, as `zero_grad` leaves them."""
+    params = [p for group in optimiser.param_groups for p in group["params"]
+              if p.requires_grad]
+    with torch.no_grad():
+        for p in params:
+            p.grad = torch.zeros_like(p)
+    optimiser.step()
+    optimiser.zero_grad(set_to_none=True)
+
+
 def train_step(model: nn.Module, optimiser: torch.optim.Optimizer, images: torch.Tensor,
                labels: torch.Tensor) -> torch.Tensor:
     """One real step on one micro-batch: zero grads, forward, backward, update. Returns

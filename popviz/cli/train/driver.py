@@ -17,7 +17,7 @@ import torch
 
 from popviz.models import build, input_channels
 from popviz.models.common import SyntheticImages
-from popviz.models.training import RunResult, evaluate, model_info, train
+from popviz.models.training import RunResult, evaluate, model_info, settle_optimiser, train
 
 OptionsFactory = Callable[[argparse.Namespace, int, bool], Any]
 
@@ -211,6 +211,7 @@ def _plan_one(args: argparse.Namespace, options: Any, out: Path | None, training
         labels = torch.randint(0, args.num_classes, (micro,))
         if training:
             optimiser = _optimiser(args, model)
+            settle_optimiser(optimiser)  # a steady-state step, as a real run records
             with session.step(model=model):
                 _, loss = model(images, labels)
                 loss.backward()
