@@ -105,15 +105,17 @@ def with_gradient_accumulation(program: Program, options: Options) -> Program:
     in the module and layer of the op that makes the gradient; a program rebuilt from a
     profile (tune) has its old ones replaced. The ops read no recorded tensor: the
     accumulators' bytes are memory.py's."""
-    ops = program.ops
+    ops, t = program.ops, program.tensors
     old = ops["op"].astype(str).to_numpy() == ACCUMULATE_GRADIENT
     if old.any():
         ops = ops[~old].reset_index(drop=True)
-    t = program.tensors
+        program = Program(ops, t, program.model, program.mode)
+    if not (options.training and options.gradient_accumulation > 1):
+        return program  # most compiles: nothing more to look at
     grads = t[(t["category"] == "gradient") & (t["producer"] >= 0)
               & t["producer"].isin(ops["op_id"])]
-    if not (options.training and options.gradient_accumulation > 1) or grads.empty:
-        return program if not old.any() else Program(ops, t, program.model, program.mode)
+    if grads.empty:
+        return program
     maker = ops.set_index("op_id").loc[grads["producer"].to_numpy(np.int64)]
     nbytes = grads["bytes"].to_numpy(np.int64)
     shape = grads["shape"].astype(str).to_numpy()
