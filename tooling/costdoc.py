@@ -2,6 +2,8 @@
 
     python -m tooling.costdoc --write   # refresh docs/cost-model.md between markers
     python -m tooling.costdoc --check   # exit 1 if it is stale (a test does this too)
+    python -m tooling.costdoc --write --results   # ... and the calibration results
+                                                  # (tooling/costdoc_results.py, ~1 min)
 
 Every machine figure and every cost model constant must have a provenance; a missing one
 is an error here (so a new constant cannot be added silently).
@@ -89,13 +91,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--results", action="store_true",
+                        help="with --write: also regenerate the calibration results tables "
+                             "(every point modelled, the fit's leave-one-out: about a minute)")
     args = parser.parse_args(argv)
+    if args.results and not args.write:
+        parser.error("--results regenerates the tables it writes: give --write too")
     missing = missing_provenance()
     if missing:
         print(f"constants without provenance: {', '.join(missing)}", file=sys.stderr)
         return 1
     text = DOC.read_text()
     new = render(text)
+    if args.results:
+        from tooling.costdoc_results import render_results
+
+        new = render_results(new)
     if args.write:
         DOC.write_text(new)
     elif args.check and new != text:
