@@ -10,6 +10,7 @@ should match) and as fitted (the factors' share of hardware over estimate).
 
     PYTHONPATH=. python bench/bench_poplibs_layers.py            # ~30 s
     PYTHONPATH=. python bench/bench_poplibs_layers.py --worst 20 --targets mk2
+    PYTHONPATH=. python bench/bench_poplibs_layers.py --fit      # ~4 min: plan_compute_set_cycles
 
 Columns: layers, mean |log(popviz / PopLibs)|, the geometric-mean ratio, the worst
 layer's ratio.
@@ -27,7 +28,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tooling.poplibs_layers import class_errors, compare, load_layers  # noqa: E402
+from popviz.target.costmodel import CostModel  # noqa: E402
+from tooling.poplibs_layers import (  # noqa: E402
+    class_errors,
+    compare,
+    fit_set_cycles,
+    load_layers,
+    set_cycles_error,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["mk1", "mk2"])
     parser.add_argument("--worst", type=int, default=10,
                         help="list this many layers furthest from PopLibs (at the estimates)")
+    parser.add_argument("--fit", action="store_true",
+                        help="fit plan_compute_set_cycles to these layers (mk1 and mk2) "
+                             "and print it against the model's default")
     args = parser.parse_args(argv)
+    if args.fit:
+        return _fit()
     pd.set_option("display.width", 160)
     layers = load_layers()
     start = time.perf_counter()
@@ -54,6 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"furthest {args.worst} at the estimates:")
     print(worst[["layer", "class", "target", "poplibs", "popviz", "ratio"]]
           .round(3).to_string(index=False))
+    return 0
+
+
+def _fit() -> int:
+    start = time.perf_counter()
+    best, grid = fit_set_cycles(load_layers())
+    default = CostModel().plan_compute_set_cycles
+    print(f"plan_compute_set_cycles fitted to PopLibs' simulated cycles of its layers "
+          f"(mk1 and mk2, every fitted factor 1) in {time.perf_counter() - start:.1f} s:")
+    for value in sorted({0, best, default}):
+        err = float(grid.loc[grid["cycles"] == value, "mean_abs_log"].iloc[0]) \
+            if value in set(grid["cycles"]) else set_cycles_error(load_layers(), value)
+        mark = " (best)" if value == best else ""
+        mark += " (the model's default)" if value == default else ""
+        print(f"  {value:>5} cycles a compute set: mean |log(popviz / PopLibs)| {err:.4f}{mark}")
     return 0
 
 

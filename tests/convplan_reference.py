@@ -110,17 +110,23 @@ def reference_grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np
     # does); the copies that come over the exchange are, with the partials, or the incoming
     # partials of the reduction. (PopLibs' estimate counts every input and weight.)
     temp = np.maximum(copies + partial_bytes, np.where(split, r * pi * arch.partial_bytes, 0))
+    # each compute set's start-up: the partials', then one per reduction stage (poplin
+    # getNumReduceStages: 1 under 16 partials, 2 under 125, else 3) or the partials' cast
+    stages = np.where(pi <= 1, 0, np.where(pi < 16, 1, np.where(pi < 125, 2, 3)))
+    later = stages + ((stages == 0) & (arch.partial_bytes != arch.out_bytes))
+    start = (arch.set_start_cycles * (1 + later)).astype(np.float64)
     grid = {"pb": pb, "ph": ph, "pw": pw, "pg": pg, "pi": pi, "po": po, "used": used,
             "compute": (conv + zero).astype(np.float64),
             "exchange": (exch + transform).astype(np.float64),
-            "reduce": (red + cast).astype(np.float64), "temp": temp.astype(np.float64)}
+            "reduce": (red + cast).astype(np.float64), "start": start,
+            "temp": temp.astype(np.float64)}
     return reference_frontier(grid)
 
 
 def reference_frontier(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The rows no other beats on both cycles and temporary memory, by a stable sort on
     temp and a running minimum of the cycles."""
-    total = grid["compute"] + grid["exchange"] + grid["reduce"]
+    total = grid["compute"] + grid["exchange"] + grid["reduce"] + grid["start"]
     order = np.argsort(grid["temp"], kind="stable")  # leanest first
     ranked = total[order]
     best_before = np.minimum.accumulate(np.concatenate(([np.inf], ranked[:-1])))

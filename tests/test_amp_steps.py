@@ -57,7 +57,9 @@ def test_resnet50_amp_steps_are_monotone_and_visible(rn50) -> None:
     assert (low["temp_bytes"] <= 0.85 * high["temp_bytes"]).all()
     assert (low["temp_bytes"] <= 0.5 * high["temp_bytes"]).any()
     assert low["cycles"].sum() >= 1.03 * high["cycles"].sum()
-    assert (low["serial_ops"] > 0).all() and (high["serial_ops"] == 0).all()
+    # serial slices where the bound bites (IPU0's convolutions fit 0.1 without them: each
+    # slice's compute sets pay their start-up again, so the search slices only when it must)
+    assert (low["serial_ops"] > 0).sum() >= 3 and (high["serial_ops"] == 0).all()
     # the rows at the AMP in force are the stored ops table's (the same planner)
     now = steps[steps["in_force"]].set_index("ipu")
     assert (now["amp"] == 0.15).all()

@@ -95,10 +95,34 @@ def test_each_point_is_within_its_tolerance(evaluator: Evaluator, point: dict) -
 
 
 def test_mean_in_sample_error_is_pinned(evaluator: Evaluator) -> None:
-    # over issue 20's 25 fitted throughput points: 5.9% in sample under IPU model v4.2
-    # (stable norm statistics and Grouped clocks; 7.3% under v4.1, 8.5% under v3.1); a
-    # change that makes it worse fails here
-    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.065
+    # over issue 20's 25 fitted throughput points: 5.4% in sample under IPU model v4.5
+    # (each planned compute set's start-up; 5.9% under v4.2, 7.3% under v4.1, 8.5% under
+    # v3.1); a change that makes it worse fails here
+    assert np.mean(np.abs(evaluator.errors(DEFAULT_COST))) <= 0.06
+
+
+def test_resnext_is_inside_ten_percent(evaluator: Evaluator) -> None:
+    """Issue #29's target for the one grouped-convolution training point: ResNeXt-101 on
+    a 2-IPU pipeline within 10% of its published throughput (+8.4% under IPU model v4.5,
+    +10.0% before each compute set paid its start-up)."""
+    point = next(p for p in FIT_POINTS if p["id"] == "bow-resnext101-train-pod16-2stage-mb6")
+    assert abs(evaluator.predict(point, DEFAULT_COST) / point["value"] - 1) <= 0.10
+
+
+def test_the_docs_table_of_fitted_points_is_the_models(evaluator: Evaluator) -> None:
+    """docs/cost-model.md's table of the fitted points shows what the committed constants
+    model and the in-sample error: a refit without `python -m tooling.costdoc --write
+    --results` leaves it stale and fails here (the leave-one-out column is the fit's)."""
+    from tooling.costdoc_results import FIT_HEADER
+
+    table = DOC.read_text().split(FIT_HEADER, 1)[1].split("\n\n", 1)[0]
+    rows = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]]
+                              for line in table.splitlines()[2:]) if c and c[1] == "fit"}
+    assert set(rows) == {p["id"] for p in FIT_POINTS}
+    for point, error in zip(FIT_POINTS, evaluator.errors(DEFAULT_COST), strict=True):
+        got = evaluator.predict(point, DEFAULT_COST)
+        assert rows[point["id"]][3] == f"{got:,.1f}", point["id"]
+        assert rows[point["id"]][4] == f"{error:+.1%}", point["id"]
 
 
 def test_the_committed_constants_are_what_the_fit_gives(evaluator: Evaluator) -> None:
@@ -113,8 +137,8 @@ def test_leave_one_out_mean_error_is_pinned(evaluator: Evaluator) -> None:
     inside = np.abs(evaluator.errors(DEFAULT_COST))
     # issue 20's target: <= 10% over >= 25 published throughput / latency figures
     assert len(FIT_POINTS) >= 25
-    assert np.mean(np.abs(loo)) <= 0.07  # 6.3% under IPU model v4.2 (7.8% under v4.1,
-    # 9.1% under v3.1)
+    assert np.mean(np.abs(loo)) <= 0.065  # 5.6% under IPU model v4.5 (6.3% under v4.2,
+    # 7.8% under v4.1, 9.1% under v3.1)
     # the fit minimises weighted squared log error, not mean |error|: out of sample may read
     # a fraction of a percent better, never much better (that would mean a leak)
     assert np.mean(np.abs(loo)) >= np.mean(inside) - 0.01

@@ -50,7 +50,7 @@ def test_frontier_matches_a_sort_with_ties() -> None:
     for n in (1, 2, 5, 40, 500):
         for _ in range(20):  # small integers: many equal cycles and equal temps
             grid = {k: rng.integers(0, 6, n).astype(np.float64)
-                    for k in ("compute", "exchange", "reduce", "temp")}
+                    for k in ("compute", "exchange", "reduce", "start", "temp")}
             grid["used"] = np.arange(n)
             rows = convgrid._frontier(grid)
             _same({k: v[rows] for k, v in grid.items()}, reference_frontier(grid))

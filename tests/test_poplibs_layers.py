@@ -40,15 +40,16 @@ def test_the_extract_holds_every_layer_with_both_models() -> None:
 
 
 def test_dense_convolutions_are_poplibs_estimate(at_estimates) -> None:
-    """81 dense layers per IPU model: popviz's plan within about 8% of PopLibs' estimate on
-    average, none off by more than 1.35x."""
+    """81 dense layers per IPU model: popviz's plan within about 12% of PopLibs' estimate
+    on average (4-12% slow since each compute set pays its start-up), none off by more
+    than 1.35x."""
     frame, table = at_estimates
     for target in ("mk1", "mk2"):
         for cls in ("1x1 conv", "kxk conv"):
             row = table.loc[(target, cls)]
             assert row["layers"] >= 39
             assert row["mean_abs_log"] <= 0.12, (target, cls, row)
-            assert 0.93 <= row["geomean_ratio"] <= 1.07, (target, cls, row)
+            assert 0.95 <= row["geomean_ratio"] <= 1.13, (target, cls, row)
     dense = frame[frame["class"].isin(["1x1 conv", "kxk conv"])]
     assert dense["log_error"].abs().max() <= math.log(1.35)
 
@@ -64,14 +65,45 @@ def test_large_matmuls_are_poplibs_estimate(at_estimates) -> None:
         assert bert.loc[bert["target"] == target, "log_error"].abs().mean() <= 0.1
 
 
+def test_small_layers_pay_each_compute_set_s_start_up(at_estimates) -> None:
+    """PopLibs' simulation of a layer counts each compute set's vertex and exchange start-up
+    on every tile, which its planner's estimate leaves out (CostModel
+    plan_compute_set_cycles): the layers under 40k cycles, whose passes are mostly that
+    start-up (1 x 1,000 x 5 FC layers, MobileNet's small depthwise, BERT's small batched
+    matmuls), come within 10% of PopLibs' cycles on average, where at 0 they were 20%
+    fast; the matmul class, mostly small FC layers, within 0.12 mean |log error|."""
+    frame, table = at_estimates
+    small = frame[frame["poplibs"] < 40_000]
+    assert len(small) >= 60
+    assert abs(small["log_error"].mean()) <= math.log(1.10)
+    for target in ("mk1", "mk2"):
+        assert table.loc[(target, "matmul"), "mean_abs_log"] <= 0.12
+        assert table.loc[(target, "grouped matmul"), "mean_abs_log"] <= 0.12
+
+
+def test_the_compute_set_start_up_is_fitted_to_the_layers(at_estimates) -> None:
+    """The model's plan_compute_set_cycles is a minimum of the layers' mean |log error|
+    (what `bench/bench_poplibs_layers.py --fit` searches): 10 cycles either side does no
+    better, and none at all does much worse. It is fitted to PopLibs' simulation, not
+    chosen."""
+    from popviz.target.costmodel import CostModel
+    from tooling.poplibs_layers import set_cycles_error
+
+    frame, _ = at_estimates
+    value = CostModel().plan_compute_set_cycles
+    here = float(frame["log_error"].abs().mean())  # the same as set_cycles_error(value)
+    assert here <= set_cycles_error(load_layers(), value - 10)
+    assert here <= set_cycles_error(load_layers(), value + 10)
+    assert here < set_cycles_error(load_layers(), 0) - 0.03
+
+
 def test_the_known_misses_do_not_grow(at_estimates) -> None:
-    """Where a PopLibs mechanism is still missing (docs/cost-model.md: small matmuls' fixed
-    costs, depthwise weight updates without VMAC, a 1-channel 5 x 200 kernel's gradient
-    without outChanFlattenDims), the miss is bounded so a change that worsens it fails."""
+    """Where a PopLibs mechanism is still missing (docs/cost-model.md: depthwise weight
+    updates without VMAC, a 1-channel 5 x 200 kernel's gradient without
+    outChanFlattenDims), the miss is bounded so a change that worsens it fails."""
     frame, table = at_estimates
     assert table.loc[("mk2", "depthwise"), "mean_abs_log"] <= 0.40
     assert table.loc[("mk1", "depthwise"), "mean_abs_log"] <= 0.55
-    assert table.loc[("mk2", "matmul"), "mean_abs_log"] <= 0.30
     worst = frame.loc[frame["layer"] == "conv_5x200_1_in_100_out_bs1440", "ratio"]
     assert worst.max() <= 10.0  # 12.8x before expandDims took its forward pass
 

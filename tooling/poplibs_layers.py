@@ -102,10 +102,11 @@ def _program(name: str) -> Any:
         return record_program(_step, model, opt, x, model=model, mode="plan", progress=False)
 
 
-def modelled(layer: dict[str, Any], target_name: str, at_estimates: bool = False
-             ) -> dict[str, Any]:
+def modelled(layer: dict[str, Any], target_name: str, at_estimates: bool = False,
+             **cost_values: float) -> dict[str, Any]:
     """popviz's cycles of one layer's training step on `target_name` (loss ops left out),
-    per pass, with the plans it chose; `at_estimates`: every fitted factor at 1."""
+    per pass, with the plans it chose; `at_estimates`: every fitted factor at 1;
+    `cost_values`: cost model constants changed (CostModel.with_values)."""
     from dataclasses import replace
 
     from popviz.compiler.compiler import costed_plan
@@ -118,6 +119,8 @@ def modelled(layer: dict[str, Any], target_name: str, at_estimates: bool = False
     target = ipu_target(options.target)
     if at_estimates:
         target = replace(target, cost=target.cost.at_estimates())
+    if cost_values:
+        target = replace(target, cost=target.cost.with_values(**cost_values))
     precision = Precision.parse(options.precision, False)
     _, _, _, ops, _ = costed_plan(_program(layer["name"]), options, target, precision)
     kept = ops[~ops["op"].astype(str).str.startswith(LOSS_OPS)]
@@ -151,3 +154,39 @@ def class_errors(frame: pd.DataFrame) -> pd.DataFrame:
     out["geomean_ratio"] = np.exp(out["mean_log"])
     out["worst_ratio"] = g["ratio"].agg(lambda r: r.iloc[np.argmax(np.abs(np.log(r)))])
     return out.drop(columns="mean_log")
+
+
+COARSE_GRID = range(0, 1501, 50)  # plan_compute_set_cycles tried by `fit_set_cycles` first
+FINE_STEP = 10  # then every 10 cycles within 40 of the best
+
+
+def set_cycles_error(layers: list[dict[str, Any]], value: int,
+                     targets: tuple[str, ...] = ("mk1", "mk2")) -> float:
+    """Mean |log(popviz / PopLibs)| over every (layer, target) with every fitted factor 1
+    and plan_compute_set_cycles at `value` (the planner counts it, so each value plans)."""
+    errors = [abs(math.log(modelled(layer, name, True, plan_compute_set_cycles=value)["cycles"]
+                           / layer["models"][MODELS[name]]["cycles"]))
+              for layer in layers for name in targets]
+    return float(np.mean(errors))
+
+
+def fit_set_cycles(layers: list[dict[str, Any]], targets: tuple[str, ...] = ("mk1", "mk2")
+                   ) -> tuple[int, pd.DataFrame]:
+    """The CostModel `plan_compute_set_cycles` that brings popviz's plans at PopLibs'
+    estimates (every fitted factor 1) nearest PopLibs' simulated cycles of its benchmark
+    layers: the least mean |log(popviz / PopLibs)| over every (layer, target), searched
+    every 50 cycles from 0 to 1,500, then every 10 within 40 of the best (ties: the
+    smaller). Returns the value and every value tried (columns `cycles`,
+    `mean_abs_log`)."""
+    tried: dict[int, float] = {}
+
+    def error(value: int) -> float:
+        if value not in tried:
+            tried[value] = set_cycles_error(layers, value, targets)
+        return tried[value]
+
+    coarse = min(COARSE_GRID, key=lambda v: (error(v), v))
+    fine = range(max(0, coarse - 40), coarse + 41, FINE_STEP)
+    best = min(fine, key=lambda v: (error(v), v))
+    grid = pd.DataFrame(sorted(tried.items()), columns=["cycles", "mean_abs_log"])
+    return best, grid

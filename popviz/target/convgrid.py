@@ -137,7 +137,9 @@ def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, 
                  ) -> tuple[np.ndarray, ...]:
     """Per (groups, in, out) split: the AMP vertex's loop cycles and weight blocks, output
     blocks, input and weight bytes, the share of the inputs that comes over the exchange and
-    its rate, the reduction's incoming bytes per output and its depth term."""
+    its rate, the reduction's incoming bytes per output and its depth term, and the
+    compute sets after the partials' (the reduction's stages, else a cast of the partials
+    when they are not the output's type)."""
     height = arch.weights_per_unit // in_group
     icb, ocb = math.ceil(in_chans / in_group), math.ceil(out_chans / arch.units)
     axes = [cands(groups, arch.tiles), cands(icb, arch.tiles), cands(ocb, arch.tiles)]
@@ -163,8 +165,11 @@ def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, 
     split = pi > 1
     incoming = np.where(split, pi * arch.partial_bytes, 0)  # x outputs per tile
     depth = np.where(split, 2 * (pi - 1) + 8, 0)
+    # poplin getNumReduceStages: one stage under 16 partials, two under 125 (convplan.py)
+    stages = np.where(pi <= 1, 0, np.where(pi < 16, 1, np.where(pi < 125, 2, 3)))
+    later_sets = stages + ((stages == 0) & (arch.partial_bytes != arch.out_bytes))
     return _frozen(loops, blocks, out_blocks, in_bytes, w_bytes, in_share, in_rate, split,
-                   incoming, depth)
+                   incoming, depth, later_sets)
 
 
 def rearranged_bytes(p: ConvParams, arch: TileArch, in_group: int) -> int:
@@ -219,8 +224,8 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     per_block, zero_per_block, positions, in_field, w_share = _field_tables(
         p.batch, p.field, p.kernel, p.stride, arch, arch.weights_per_unit // in_group)
     loops, blocks, out_blocks, in_bytes_c, w_bytes, in_share, in_rate, split, incoming, \
-        depth = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel, p.stride, arch,
-                             in_group)
+        depth, later_sets = _chan_tables(p.groups, p.in_chans, p.out_chans, p.kernel,
+                                         p.stride, arch, in_group)
     per_used, loops_used, transform = _used_tables(
         p.positions * p.groups * p.out_chans, rearranged_bytes(p, arch, in_group), arch)
     # the partitions: gathers and the few operations that mix the three sides
@@ -248,9 +253,13 @@ def grid(p: ConvParams, arch: TileArch, in_group: int) -> dict[str, np.ndarray]:
     # does); the copies that come over the exchange are, with the partials, or the incoming
     # partials of the reduction. (PopLibs' estimate counts every input and weight.)
     temp = np.maximum(in_copy + w_copy + partial_elems * arch.partial_bytes, partials_in)
+    # each compute set's start-up on every tile (CostModel plan_compute_set_cycles): the
+    # partials', then the reduction's stages or the partials' cast
+    start = (arch.set_start_cycles * (1 + later_sets[ci])).astype(np.float64)
     costs = {"compute": (conv + zero).astype(np.float64),
              "exchange": exch + transform[u],
-             "reduce": red.astype(np.float64), "temp": temp.astype(np.float64)}
+             "reduce": red.astype(np.float64), "start": start,
+             "temp": temp.astype(np.float64)}
     rows = _frontier(costs)
     front = {k: v[rows] for k, v in costs.items()}
     index = (*np.unravel_index(fi[rows], [len(a) for a in steps[:3]]),
@@ -269,7 +278,7 @@ def _frontier(costs: dict[str, np.ndarray]) -> np.ndarray:
     fastest row (ties: the first in that order) is the last kept; the rest are the
     frontier of the rows before it. So the frontier is peeled from its fast end, one
     row per pass over the shrinking candidates: no sort of the whole grid."""
-    total = costs["compute"] + costs["exchange"] + costs["reduce"]
+    total = costs["compute"] + costs["exchange"] + costs["reduce"] + costs["start"]
     temp = costs["temp"]
     cand = np.arange(len(total))
     keep: list[int] = []

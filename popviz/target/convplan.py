@@ -9,6 +9,8 @@ tile being the op's time (all tiles run the same vertex in one BSP compute phase
     cycles = exchange of the tile's inputs and weights
            + zeroing its partials + the conv vertex (AMP, SLIC or HMAC: vertices.py)
            + (input channels split) exchange of the partials + their reduction
+           + each compute set's start-up (TileArch.set_start_cycles: what PopLibs'
+             simulation counts beyond its planner's estimate, `Plan.estimate`)
 
 and its temporary memory per tile is what a plan adds while it runs: the exchanged input
 and weight slices, the partials, and the incoming partials of the reduction. The plan kept
@@ -67,10 +69,17 @@ class Plan:
     reduce_cycles: float
     temp_bytes: float  # per tile, the busiest
     ignored: bool  # no plan within the AMP bound: the bound was ignored
+    start_cycles: float = 0.0  # its compute sets' start-up (TileArch.set_start_cycles)
+
+    @property
+    def estimate(self) -> float:
+        """PopLibs' planner estimate of the pass: its vertices, exchange and reduction."""
+        return self.compute_cycles + self.exchange_cycles + self.reduce_cycles
 
     @property
     def cycles(self) -> float:
-        return self.compute_cycles + self.exchange_cycles + self.reduce_cycles
+        """What the search minimises: the estimate and its compute sets' start-up."""
+        return self.estimate + self.start_cycles
 
     def describe(self) -> str:
         b, h, w, g, i, o = self.partition
@@ -101,7 +110,7 @@ def compute_sets(plan: Plan, arch: TileArch) -> tuple[int, int]:
 
 
 def _best(grid: dict[str, np.ndarray], bound: float | None) -> int | None:
-    total = grid["compute"] + grid["exchange"] + grid["reduce"]
+    total = grid["compute"] + grid["exchange"] + grid["reduce"] + grid["start"]
     if bound is not None:
         total = np.where(grid["temp"] <= bound, total, np.inf)
     if not len(total) or not np.isfinite(total.min()):
@@ -117,7 +126,8 @@ def _plan_from(grid: dict[str, np.ndarray], i: int, method: str, serial: tuple[s
     part = tuple(int(grid[k][i]) for k in ("pb", "ph", "pw", "pg", "pi", "po"))
     return Plan(method, part, serial, int(grid["used"][i]),  # type: ignore[arg-type]
                 float(grid["compute"][i]) * s, float(grid["exchange"][i]) * s,
-                float(grid["reduce"][i]) * s, float(grid["temp"][i]), ignored)
+                float(grid["reduce"][i]) * s, float(grid["temp"][i]), ignored,
+                float(grid["start"][i]) * s)
 
 
 def _variants(p: ConvParams, arch: TileArch) -> list[tuple[str, ConvParams, int]]:
@@ -198,14 +208,15 @@ def _vector_plan(p: ConvParams, arch: TileArch) -> Plan | None:
     w_bytes = g_t * p.in_chans * p.out_chans * kh * kw * arch.elem_bytes
     partials = g_t * pos_t * p.out_chans
     exch = exchange_cycles(arch, w_bytes * (1 - 1 / pp))
-    cast = cast_cycles(partials, arch.vector_width) if arch.partial_bytes != arch.out_bytes \
-        else np.zeros(len(pg))
-    total = conv + exch + cast
+    casts = arch.partial_bytes != arch.out_bytes
+    cast = cast_cycles(partials, arch.vector_width) if casts else np.zeros(len(pg))
+    start = float(arch.set_start_cycles * (1 + casts))  # the conv's and the cast's sets
+    total = conv + exch + cast + start
     i = int(np.argmin(total))
     return Plan(method, (1, int(pp[i]), 1, int(pg[i]), 1, 1), ("", 1), int(pg[i] * pp[i]),
                 float(conv[i]), float(exch[i]), float(cast[i]),
                 float((w_bytes * (1 - 1 / pp))[i] + partials[i] * arch.partial_bytes),
-                False)
+                False, start)
 
 
 @lru_cache(maxsize=65536)
@@ -247,7 +258,7 @@ def _leanest(options: list, vec: Plan | None) -> Plan:
     found = [replace(vec, ignored=True)] if vec is not None else []
     for method, _g, grid, serial in options:
         if len(grid["temp"]):
-            total = grid["compute"] + grid["exchange"] + grid["reduce"]
+            total = grid["compute"] + grid["exchange"] + grid["reduce"] + grid["start"]
             i = int(np.lexsort((total, grid["temp"]))[0])
             found.append(_plan_from(grid, i, method, serial, True))
     return min(found, key=lambda c: (c.temp_bytes, c.cycles, c.tiles, c.method))

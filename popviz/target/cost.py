@@ -103,7 +103,8 @@ def tile_arch(target: Target, precision: Precision) -> TileArch:
                     units=units, weights_per_unit=wpu, load_elems=load, core=core,
                     elem_bytes=precision.compute_bytes, partial_bytes=precision.partial_bytes,
                     out_bytes=precision.compute_bytes,
-                    exchange_bytes_per_cycle=target.exchange_bytes_per_tile_cycle, slic=slic)
+                    exchange_bytes_per_cycle=target.exchange_bytes_per_tile_cycle, slic=slic,
+                    set_start_cycles=int(target.cost.plan_compute_set_cycles))
 
 
 def _units(derived: float) -> int:

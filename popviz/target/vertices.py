@@ -46,6 +46,9 @@ class TileArch:
     out_bytes: int  # the conv's output element (partials are cast to it)
     exchange_bytes_per_cycle: float  # per tile, incoming
     slic: bool  # the SLIC vertex (IPU2 and later, half inputs)
+    # each compute set's start-up on every tile beyond PopLibs' estimate (CostModel
+    # plan_compute_set_cycles): the planner counts it, so a plan of fewer compute sets can win
+    set_start_cycles: int = 0
 
     @property
     def in_groups(self) -> tuple[int, ...]:
