@@ -110,3 +110,20 @@ def test_fp32_compute_is_slower_and_mk1_slower_than_mk2() -> None:
     assert fp32 > 2 * fp16
     mk1 = op_costs(table, get_target("mk1"), HALF, amp)["cycles"].iloc[0] / 1.6e9
     assert mk1 > fp16 / 1.33e9  # seconds: Mk1 is the slower chip
+
+
+def test_the_compute_set_start_up_comes_from_the_cost_model_given() -> None:
+    """plan_compute_set_cycles is read from the `cost` op_costs is given, as every other
+    constant is (a re-costing with a changed cost model must not keep the target's), and
+    each planned compute set pays it: a 3 x 3 conv's forward is two (the partials and one
+    reduction stage) or one."""
+    from dataclasses import replace
+
+    o = ops(conv(64))
+    amp = np.array([0.6])
+    here = op_costs(o, MK2, HALF, amp)["cycles"].iloc[0]
+    none = MK2.cost.with_values(plan_compute_set_cycles=0)
+    given = op_costs(o, MK2, HALF, amp, cost=none)["cycles"].iloc[0]
+    assert given == op_costs(o, replace(MK2, cost=none), HALF, amp)["cycles"].iloc[0]
+    assert given < here <= given + 2 * MK2.cost.plan_compute_set_cycles \
+        / MK2.cost.conv_efficiency + 1

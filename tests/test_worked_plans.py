@@ -221,7 +221,6 @@ def test_the_planner_matches_the_hand_worked_plan(case: Case) -> None:
     stages = 0 if depth <= 1 else 1 if depth < 16 else 2 if depth < 125 else 3
     start = case.target.cost.plan_compute_set_cycles
     assert plan.start_cycles == start * (1 + stages) * plan.serial[1]
-    assert plan.cycles == hand["total"] + plan.start_cycles
     # within the bound: AMP x 638,976 bytes per tile
     assert not plan.ignored and hand["temp"] <= case.amp * case.target.bytes_per_tile
     # no plan beats the AMP peak spread over the tiles used

@@ -83,9 +83,11 @@ def element_bytes(dtypes: pd.Series) -> np.ndarray:
     return np.maximum(np.array(size, dtype=np.float64)[codes], 1.0)
 
 
-def tile_arch(target: Target, precision: Precision) -> TileArch:
+def tile_arch(target: Target, precision: Precision, cost: CostModel | None = None
+              ) -> TileArch:
     """The tile's convolution figures for a precision, from the target's published peaks
-    (vertices.py: MACs per tile cycle = units x chain / core cycles):
+    (vertices.py: MACs per tile cycle = units x chain / core cycles), and each planned
+    compute set's start-up from `cost` (default: the target's cost model):
 
     - half inputs: a chain of 16 weights, 4 worker cycles a position, so units = peak
       fp16 MACs per tile cycle x 4 / 16 (Mk2, Bow: 16; Mk1: 8); with float partials at
@@ -104,7 +106,7 @@ def tile_arch(target: Target, precision: Precision) -> TileArch:
                     elem_bytes=precision.compute_bytes, partial_bytes=precision.partial_bytes,
                     out_bytes=precision.compute_bytes,
                     exchange_bytes_per_cycle=target.exchange_bytes_per_tile_cycle, slic=slic,
-                    set_start_cycles=int(target.cost.plan_compute_set_cycles))
+                    set_start_cycles=float((cost or target.cost).plan_compute_set_cycles))
 
 
 def _units(derived: float) -> int:
@@ -209,7 +211,7 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
     ignored = np.zeros(n, dtype=bool)
     plans = [""] * n
     sets, exchanging, moved = np.zeros(n), np.zeros(n), np.zeros(n)
-    arch = tile_arch(target, precision)
+    arch = tile_arch(target, precision, cost)
     for i in np.flatnonzero(features.is_amp):
         chosen = [plan_conv(p, arch, round(float(amp[i]), 6)) for p in features.passes[i]]
         if not chosen:
@@ -223,7 +225,8 @@ def cost_terms(ops: pd.DataFrame, target: Target, precision: Precision, amp: np.
         counted = [compute_sets(c, arch) for c in chosen]
         sets[i] = sum(c[0] for c in counted)
         exchanging[i] = sum(c[1] for c in counted)
-        plans[i] = "; ".join(f"{p.kind}: {c.describe()}, {c.cycles:,.0f} cycles planned, "
+        plans[i] = "; ".join(f"{p.kind}: {c.describe()}, {c.estimate:,.0f} cycles planned "
+                             f"+ {c.start_cycles:,.0f} start-up, "
                              f"{c.temp_bytes:,.0f} B temporary per tile"
                              + (" (over the AMP bound: the leanest plan)" if c.ignored else "")
                              for p, c in zip(features.passes[i], chosen, strict=True))

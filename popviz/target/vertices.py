@@ -48,7 +48,7 @@ class TileArch:
     slic: bool  # the SLIC vertex (IPU2 and later, half inputs)
     # each compute set's start-up on every tile beyond PopLibs' estimate (CostModel
     # plan_compute_set_cycles): the planner counts it, so a plan of fewer compute sets can win
-    set_start_cycles: int = 0
+    set_start_cycles: float = 0.0
 
     @property
     def in_groups(self) -> tuple[int, ...]:
