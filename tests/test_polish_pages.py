@@ -314,6 +314,19 @@ def test_a_compare_link_to_a_missing_profile_says_so(app: Any) -> None:
     assert "Pick two profiles" not in text
 
 
+def test_a_compare_link_by_folder_name_picks_the_listed_profile(app: Any) -> None:
+    """Every page takes a profile's folder (`?profile=rn50_pipeline`); /compare showed both
+    sides as "rn50_pipeline (not served)" while comparing them. The pickers now hold the
+    listed profile.h5 of that folder."""
+    folder = PIPELINE.split("/")[0]
+    page = _page(app, "/compare", f"?profile={folder}&other={MEASURED.split('/')[0]}")
+    a, b = _by_id(page, "Dropdown", "compare-a"), _by_id(page, "Dropdown", "compare-b")
+    assert (a.value, b.value) == (PIPELINE, MEASURED)
+    labels = [o["label"] for o in a.options]
+    assert not any("not served" in label for label in labels)
+    assert "no profile" not in component_text(_by_id(page, "Div", "compare-body"))
+
+
 @pytest.mark.parametrize(("rel", "offered"), [(CUDA, False), (MEASURED, False),
                                               (PIPELINE, True)])
 def test_variables_csv_only_where_there_are_variables(app: Any, rel: str,

@@ -17,10 +17,11 @@ from popviz.analysis.compare.terms import lead_of
 from popviz.analysis.compare.verdict import JUDGES
 from popviz.errors import ProfileError
 from popviz.figures import compare as cf
+from popviz.format.reader import profile_file
 from popviz.units import count_of
 from popviz.vocab import BUBBLE_LIMIT, naming_of
 
-from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused
+from ..cache import LISTING_MAX_AGE_S, VIRTUAL_PREFIX, Entry, PathRefused, resolve_profile
 from ..common import AppContext, graph, message, table
 from . import compare_ops as ops_part
 from .compare_pair import asked_judge, comparison, judge_of, pair_of, pair_query
@@ -158,6 +159,19 @@ JUDGE_OPTIONS = [{"label": "both questions", "value": "both",
                   "title": "the same devices doing more: samples/s per IPU, GPU or rank"}]
 
 
+def _as_listed(ctx: AppContext, name: str, listed: set[str]) -> str:
+    """`name` as the listing names the same file (a folder: its profile.h5), else as
+    given."""
+    if not name or name in listed or name.startswith(VIRTUAL_PREFIX):
+        return name
+    try:
+        path = profile_file(resolve_profile(ctx.cache.root, name))
+        rel = path.relative_to(ctx.cache.root.resolve()).as_posix()
+    except (PathRefused, ProfileError, OSError, ValueError):
+        return name
+    return rel if rel in listed else name
+
+
 def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.Div:
     # the names only: a file still being vetted is listed (picking a broken one shows its
     # error below), so a cold page waits for the vetting of its own two files, not all
@@ -170,6 +184,9 @@ def _pickers(ctx: AppContext, a: str, b: str, judge: str | None = None) -> html.
     # dropdown would clear a value it has no option for, and the page then asked to
     # "pick two profiles" instead of saying that one is not there
     listed = {o["value"] for o in opts}
+    # a folder's name (`?profile=rn50_pipeline`, which every page takes) is its listed
+    # profile.h5: picked as listed, not marked "(not served)"
+    a, b = (_as_listed(ctx, n, listed) for n in (a, b))
     opts += [{"label": f"{n} (not served)", "value": n} for n in dict.fromkeys((a, b))
              if n and n not in listed]
     return html.Div([
