@@ -49,6 +49,17 @@ MIN_TILE_SHARE = 8  # partitions using under 1/8 of the tiles are not searched
 WIDTH_LIMIT = 8  # the width is split last (rows stay whole for the worklists): few counts
 
 
+# poplin ConvReducePlan.cpp getNumReduceStages: partials per output from which one, two or
+# three compute sets reduce them (none for one partial; one under 16, two under 125)
+REDUCE_STAGE_DEPTHS = (2, 16, 125)
+
+
+def reduce_stages(depth: int | np.ndarray) -> np.ndarray:
+    """Compute sets PopLibs reduces a conv's partials in, `depth` partials per output
+    (elementwise for an array of depths)."""
+    return np.searchsorted(REDUCE_STAGE_DEPTHS, depth, side="right")
+
+
 @lru_cache(maxsize=4096)
 def _steps(size: int, limit: int) -> tuple[int, ...]:
     """Split counts worth trying for a dimension of `size`: small counts, round numbers
@@ -165,8 +176,7 @@ def _chan_tables(groups: int, in_chans: int, out_chans: int, kernel: tuple[int, 
     split = pi > 1
     incoming = np.where(split, pi * arch.partial_bytes, 0)  # x outputs per tile
     depth = np.where(split, 2 * (pi - 1) + 8, 0)
-    # poplin getNumReduceStages: one stage under 16 partials, two under 125 (convplan.py)
-    stages = np.where(pi <= 1, 0, np.where(pi < 16, 1, np.where(pi < 125, 2, 3)))
+    stages = reduce_stages(pi)
     later_sets = stages + ((stages == 0) & (arch.partial_bytes != arch.out_bytes))
     return _frozen(loops, blocks, out_blocks, in_bytes, w_bytes, in_share, in_rate, split,
                    incoming, depth, later_sets)

@@ -43,6 +43,7 @@ import numpy as np
 
 from popviz.target.convgrid import cands as _cands
 from popviz.target.convgrid import grid as _grid
+from popviz.target.convgrid import reduce_stages
 from popviz.target.convparams import WU, ConvParams
 from popviz.target.vertices import (
     TileArch,
@@ -89,20 +90,12 @@ class Plan:
                 f"on {self.tiles} tiles{serial}")
 
 
-def reduce_stages(depth: int) -> int:
-    """Compute sets PopLibs reduces a conv's partials in, `depth` partials per output
-    (poplin ConvReducePlan.cpp `getNumReduceStages`: one under 16, two under 125)."""
-    if depth <= 1:
-        return 0
-    return 1 if depth < 16 else 2 if depth < 125 else 3
-
-
 def compute_sets(plan: Plan, arch: TileArch) -> tuple[int, int]:
     """(compute sets, those that exchange) of one planned pass, per serial slice summed:
     the partials' compute set after its exchange of inputs and weights, the reduction's
     stages, and a cast of the partials when nothing reduces them (the reduction casts as
     it writes)."""
-    stages = reduce_stages(plan.partition[4])
+    stages = int(reduce_stages(plan.partition[4]))
     cast = int(stages == 0 and arch.partial_bytes != arch.out_bytes)
     slices = plan.serial[1]
     exchanging = int(plan.exchange_cycles > 0) + stages
